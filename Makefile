@@ -1,0 +1,45 @@
+# One-command set-up: `make demo` and `make test` each build .venv if missing, install what they
+# need, then do their job. torch is installed first, pinned to the CPU wheel on this machine's disk,
+# so that nothing that depends on it pulls a multi-GB CUDA build.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+export MLFLOW_DISABLE_TELEMETRY := true
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export DS_BUILD_OPS := 0
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: install demo test lint synth bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[agent,cdk,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/spotrelay demo --out demo-out --json demo-out/summary.json
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy spotrelay functions agent cdk
+
+synth: $(STAMP)
+	$(BIN)/python app.py
+
+bench: $(STAMP)
+	$(BIN)/python bench/checkpoint.py
+
+clean:
+	rm -rf $(VENV) cdk.out .cache demo-out

@@ -1,0 +1,1 @@
+"""The node agent and the training library (checkpoint engine, training API)."""

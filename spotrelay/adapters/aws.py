@@ -1,0 +1,41 @@
+"""Cached boto3 clients, built on first use (cold starts pay only for what a handler touches)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import boto3
+from botocore.config import Config
+
+_CONFIG = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=30)
+
+
+@lru_cache(maxsize=64)
+def client(service: str, region: str | None = None) -> Any:
+    from spotrelay.settings import settings
+
+    s = settings()
+    return boto3.session.Session().client(
+        service, region_name=region or s.region, endpoint_url=s.endpoint_url, config=_CONFIG
+    )
+
+
+@lru_cache(maxsize=8)
+def resource(service: str, region: str | None = None) -> Any:
+    from spotrelay.settings import settings
+
+    s = settings()
+    return boto3.session.Session().resource(
+        service, region_name=region or s.region, endpoint_url=s.endpoint_url, config=_CONFIG
+    )
+
+
+def error_code(exc: Exception) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))
+
+
+def reset_clients() -> None:
+    client.cache_clear()
+    resource.cache_clear()

@@ -1,0 +1,1 @@
+"""Wire contracts shared by the agent and the controller."""

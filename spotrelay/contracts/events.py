@@ -1,0 +1,88 @@
+"""Agent events (EventBridge source ``spotrelay.agent``) and controller directives.
+
+The agent publishes events with ``detail-type`` equal to the model's ``kind``; the controller parses
+``detail`` with :func:`parse_agent_event`. Directives travel the other way in the node's DynamoDB
+item (``directive`` attribute) which the agent polls; see docs/agent.md.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+AGENT_SOURCE = "spotrelay.agent"
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    event_id: str = Field(..., min_length=8, description="unique per event; the dedupe key")
+    job_id: str
+    node_id: str
+    instance_id: str
+    attempt: int = Field(..., ge=1)
+    rank: int = Field(..., ge=0)
+    time: float = Field(..., description="epoch seconds on the node")
+
+
+class NodeReady(_Event):
+    kind: Literal["NodeReady"] = "NodeReady"
+    private_ip: str
+    region: str
+    az: str
+
+
+class Heartbeat(_Event):
+    kind: Literal["Heartbeat"] = "Heartbeat"
+    step: int | None = None
+
+
+class CheckpointCommitted(_Event):
+    kind: Literal["CheckpointCommitted"] = "CheckpointCommitted"
+    step: int = Field(..., ge=0)
+    uri: str
+    duration_s: float = Field(..., ge=0)
+    emergency: bool = False
+    deadline: float | None = None  # epoch seconds, when the save raced a notice
+    met_deadline: bool | None = None
+
+
+class TrainingExited(_Event):
+    kind: Literal["TrainingExited"] = "TrainingExited"
+    exit_code: int
+    reason: str  # ExitCode.describe(exit_code) plus detail
+    last_step: int | None = None
+    last_committed_step: int | None = None
+
+
+class Anomaly(_Event):
+    kind: Literal["Anomaly"] = "Anomaly"
+    what: str  # deadline-missed | imds-unreachable | upload-failed | ...
+    detail: str = ""
+
+
+AgentEvent = Annotated[
+    NodeReady | Heartbeat | CheckpointCommitted | TrainingExited | Anomaly, Field(discriminator="kind")
+]
+_ADAPTER: TypeAdapter[AgentEvent] = TypeAdapter(AgentEvent)
+
+
+def parse_agent_event(detail: dict[str, object]) -> AgentEvent:
+    return _ADAPTER.validate_python(detail)
+
+
+class DirectiveKind(StrEnum):
+    CHECKPOINT_NOW = "CHECKPOINT_NOW"  # save at the next step boundary, then exit PREEMPTED_SAVED
+    CHECKPOINT = "CHECKPOINT"  # proactive save (rebalance); keep training
+    STOP = "STOP"  # stop without saving (cancel)
+    RESTART = "RESTART"  # restart the training command from the latest checkpoint
+
+
+class Directive(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    directive_id: str
+    kind: DirectiveKind
+    deadline: float | None = None  # epoch seconds by which the checkpoint must be durable
+    reason: str = ""
+    issued_at: float

@@ -1,0 +1,1 @@
+"""Pure domain: no boto3, no clock, no randomness it did not receive."""

@@ -1,0 +1,112 @@
+"""Job, node and attempt records as the job store keeps them."""
+
+from __future__ import annotations
+
+import hashlib
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from spotrelay.domain.status import JobStatus
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Pool(Record):
+    """Where a gang can be launched: one AZ, one instance type, one market."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    region: str
+    az: str
+    instance_type: str
+    market: str  # "spot" | "on-demand"
+
+    @property
+    def key(self) -> str:
+        return f"{self.region}/{self.az}/{self.instance_type}/{self.market}"
+
+
+class CheckpointRef(Record):
+    step: int
+    uri: str
+    committed_at: float  # epoch seconds
+    duration_s: float | None = None
+
+
+class Attempt(Record):
+    """One launch of the cluster. A job has attempt 1, then one more per recovery or restart."""
+
+    number: int
+    pool: Pool | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    end_reason: str | None = None  # interrupted | node-lost | user-error | succeeded | cancelled
+    resumed_from_step: int | None = None
+    cost: float = 0.0
+
+
+class Job(Record):
+    job_id: str
+    name: str
+    status: JobStatus
+    version: int = 0  # bumped on every write; conditional writes check it
+    spec: dict[str, Any] = Field(default_factory=dict)
+    spec_hash: str = ""
+    submission_key: str = ""
+    submission_etag: str = ""
+    reasons: list[str] = Field(default_factory=list)  # why REJECTED / FAILED
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    execution_arn: str | None = None
+    attempt: int = 0
+    attempts: list[Attempt] = Field(default_factory=list)
+    recoveries: int = 0
+    user_restarts: int = 0
+    excluded_pools: list[str] = Field(default_factory=list)  # pool keys not to use next placement
+    last_checkpoint: CheckpointRef | None = None
+    last_step: int = 0
+    steps_lost: int = 0
+    cost_so_far: float = 0.0
+    task_tokens: dict[str, str] = Field(default_factory=dict)  # wait name -> Step Functions token
+    mlflow_run_id: str | None = None
+
+
+class NodeState(StrEnum):
+    PENDING = "PENDING"  # launched, agent not registered yet
+    READY = "READY"  # agent registered and reported NodeReady
+    RUNNING = "RUNNING"  # training is running
+    DOOMED = "DOOMED"  # a spot interruption was announced for it
+    LOST = "LOST"  # gone without notice (state change, stale heartbeat)
+    EXITED = "EXITED"  # training exited; agent done
+    TERMINATED = "TERMINATED"  # we terminated it or EC2 confirmed it gone
+
+
+class Node(Record):
+    job_id: str
+    node_id: str  # "a<attempt>-r<rank>", unique within the job
+    attempt: int
+    rank: int
+    instance_id: str
+    pool: Pool
+    state: NodeState = NodeState.PENDING
+    private_ip: str | None = None
+    launched_at: float = 0.0
+    last_heartbeat: float | None = None
+    version: int = 0
+    directive: dict[str, Any] | None = None  # CHECKPOINT_NOW / STOP / RESTART for the agent
+    exit_code: int | None = None
+
+
+def job_id_for(key: str, etag: str) -> str:
+    """A job id that a redelivered S3 event maps to the same value: (key, etag) -> id."""
+    digest = hashlib.sha256(f"{key}\n{etag.strip(chr(34))}".encode()).hexdigest()[:12]
+    stem = key.rsplit("/", 1)[-1].rsplit(".", 1)[0].lower()
+    safe = "".join(c if c.isalnum() or c == "-" else "-" for c in stem)[:40].strip("-") or "job"
+    return f"{safe}-{digest}"
+
+
+def node_id_for(attempt: int, rank: int) -> str:
+    return f"a{attempt}-r{rank}"

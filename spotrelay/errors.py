@@ -1,0 +1,81 @@
+"""One root error, split into retryable and permanent.
+
+Adapters translate AWS error codes into these (``raise ... from exc``). Their class names are the
+``errorType`` that Step Functions Retry/Catch match on, so renaming one is a workflow change.
+"""
+
+from __future__ import annotations
+
+
+class SpotrelayError(Exception):
+    """Root of every error spotrelay raises on purpose."""
+
+
+class RetryableError(SpotrelayError):
+    """The same call may succeed later (throttling, capacity, a lost race worth re-reading)."""
+
+
+class PermanentError(SpotrelayError):
+    """Retrying the same call will fail the same way."""
+
+
+# --- job store -------------------------------------------------------------------------------
+class NotFoundError(PermanentError):
+    """The job, node or object does not exist."""
+
+
+class AlreadyExistsError(PermanentError):
+    """A create found the item already there (a redelivered event, usually)."""
+
+
+class ConflictError(RetryableError):
+    """A conditional write lost: the item's status or version moved since it was read."""
+
+
+class InvalidTransitionError(PermanentError):
+    """The status transition is not in the table (a late or out-of-order event)."""
+
+
+# --- specs -----------------------------------------------------------------------------------
+class SpecError(PermanentError):
+    """A job spec is invalid; ``errors`` lists (field path, message) pairs."""
+
+    def __init__(self, source: str, errors: list[tuple[str, str]]) -> None:
+        self.source = source
+        self.errors = errors
+        lines = "; ".join(f"{path}: {msg}" for path, msg in errors)
+        super().__init__(f"{source}: {lines}")
+
+
+# --- capacity and placement ------------------------------------------------------------------
+class InsufficientCapacityError(RetryableError):
+    """EC2 had no capacity for the pool (InsufficientInstanceCapacity, partial fleet)."""
+
+
+class QuotaExceededError(RetryableError):
+    """An account limit (vCPU quota, MaxSpotInstanceCountExceeded) blocked the launch."""
+
+
+class NoPlacementError(PermanentError):
+    """No candidate pool is left for the job (all excluded, too expensive or cooling down)."""
+
+
+class RetryBudgetExhaustedError(PermanentError):
+    """The job used every recovery (or user restart) its spec allows."""
+
+
+class BudgetExceededError(PermanentError):
+    """The job's cost reached its budget."""
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+class CheckpointError(SpotrelayError):
+    """Root for checkpoint problems."""
+
+
+class CorruptCheckpointError(CheckpointError, PermanentError):
+    """A shard is missing, has the wrong size or checksum, or the manifest is unreadable."""
+
+
+class UnsafeCheckpointError(CheckpointError, PermanentError):
+    """A checkpoint file would execute code when loaded (a pickle with globals)."""

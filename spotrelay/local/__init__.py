@@ -1,0 +1,1 @@
+"""Running without AWS: moto's server, the Lambda seam, the twin."""

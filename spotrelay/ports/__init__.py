@@ -1,0 +1,1 @@
+"""Ports: Protocols the services depend on; adapters implement them."""

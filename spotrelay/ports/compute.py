@@ -1,0 +1,45 @@
+"""Capacity: gang launches and termination (EC2 CreateFleet in AWS, local processes in the twin)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from spotrelay.domain.models import Pool
+
+
+class LaunchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    job_id: str
+    attempt: int
+    pool: Pool
+    count: int
+    ranks: list[int]  # one rank per instance, in launch order
+    user_data: str = ""
+    config_uri: str = ""  # where the agent reads the job spec
+
+
+class Instance(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    instance_id: str
+    pool: Pool
+    rank: int
+    private_ip: str | None = None
+    state: str = "pending"
+    job_id: str | None = None
+    attempt: int | None = None
+
+
+class Compute(Protocol):
+    def launch(self, request: LaunchRequest) -> list[Instance]:
+        """All ``count`` instances or none: a partial fleet is terminated and
+        ``InsufficientCapacityError`` raised; ``QuotaExceededError`` for limits."""
+
+    def terminate(self, instance_ids: list[str], region: str) -> None: ...
+
+    def terminate_job(self, job_id: str, regions: list[str]) -> list[str]:
+        """Terminate every instance tagged with the job; return their ids."""
+
+    def list_tagged(self, regions: list[str]) -> list[Instance]:
+        """Every live instance carrying spotrelay tags (for reconcile's orphan sweep)."""

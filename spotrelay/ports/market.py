@@ -1,0 +1,22 @@
+"""Market data for placement: prices, interruption signals, capacity hints."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from spotrelay.domain.models import Pool
+
+
+class PoolQuote(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pool: Pool
+    price_per_hour: float  # USD per instance-hour now
+    advisor_band: int | None = None  # Spot Advisor interruption band 0 (<5%) .. 4 (>20%); None on-demand
+    placement_score: float | None = None  # 1..10 spot placement score; None if unknown
+
+
+class MarketData(Protocol):
+    def quotes(self, regions: list[str], instance_types: list[str], markets: list[str]) -> list[PoolQuote]:
+        ...

@@ -1,0 +1,55 @@
+"""Settings read from the environment on first use, never at import time."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+from spotrelay.resources import IDEMPOTENCY, JOBS, NODES, POOLS, RESOURCES
+
+
+@dataclass(frozen=True)
+class Settings:
+    region: str
+    endpoint_url: str | None  # moto's server locally; None on AWS
+    jobs_table: str
+    nodes_table: str
+    pools_table: str
+    idempotency_table: str
+    bucket: str
+    topic_arn: str | None
+    state_machine_arn: str | None
+    event_bus: str
+    slack_secret_arn: str | None
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    return value if value else default
+
+
+@lru_cache(maxsize=1)
+def settings() -> Settings:
+    r = RESOURCES
+    return Settings(
+        region=_env("AWS_REGION", _env("AWS_DEFAULT_REGION", "us-east-1")) or "us-east-1",
+        endpoint_url=_env("AWS_ENDPOINT_URL"),
+        jobs_table=_env(JOBS.env, JOBS.default_name) or JOBS.default_name,
+        nodes_table=_env(NODES.env, NODES.default_name) or NODES.default_name,
+        pools_table=_env(POOLS.env, POOLS.default_name) or POOLS.default_name,
+        idempotency_table=_env(IDEMPOTENCY.env, IDEMPOTENCY.default_name) or IDEMPOTENCY.default_name,
+        bucket=_env(r.bucket_env, r.bucket_default) or r.bucket_default,
+        topic_arn=_env(r.topic_env),
+        state_machine_arn=_env(r.state_machine_env),
+        event_bus=_env(r.event_bus_env, "default") or "default",
+        slack_secret_arn=_env(r.slack_secret_env),
+    )
+
+
+def reset() -> None:
+    """Forget cached settings and clients (tests and the twin change the environment)."""
+    settings.cache_clear()
+    from spotrelay.adapters import aws
+
+    aws.reset_clients()

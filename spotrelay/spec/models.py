@@ -1,0 +1,187 @@
+"""Pydantic models of the job spec. Unknown fields are errors everywhere (``extra="forbid"``)."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+INSTANCE_TYPE_RE = re.compile(r"^[a-z][a-z0-9-]*\d[a-z0-9-]*\.[a-z0-9]+$")
+NAME_RE = r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Market(StrEnum):
+    SPOT = "spot"
+    ON_DEMAND = "on-demand"
+
+
+class Entrypoint(Strict):
+    """What to run on every rank: ``command`` (argv list) or ``script`` plus ``args``."""
+
+    command: list[str] | None = Field(None, min_length=1, description="argv, e.g. [python, train.py]")
+    script: str | None = Field(None, min_length=1, description="a Python script run by the launcher")
+    args: list[str] = Field(default_factory=list)
+    working_dir: str = "."
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Entrypoint:
+        if (self.command is None) == (self.script is None):
+            raise ValueError("give exactly one of 'command' or 'script'")
+        if self.command is not None and self.args:
+            raise ValueError("'args' goes with 'script'; put arguments in 'command'")
+        return self
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for key in env:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"'{key}' is not a valid environment variable name")
+        return env
+
+
+class Launcher(Strict):
+    type: Literal["torchrun", "deepspeed"] = "torchrun"
+    deepspeed_config: dict[str, Any] | str | None = Field(
+        None, description="DeepSpeed config inline, or a path relative to working_dir"
+    )
+
+    @model_validator(mode="after")
+    def _config_for_deepspeed(self) -> Launcher:
+        if self.type == "torchrun" and self.deepspeed_config is not None and not isinstance(
+            self.deepspeed_config, (dict, str)
+        ):
+            raise ValueError("deepspeed_config must be a mapping or a path")
+        if self.type == "deepspeed" and self.deepspeed_config is None:
+            raise ValueError("the deepspeed launcher needs 'deepspeed_config'")
+        return self
+
+
+class Resources(Strict):
+    nodes: int = Field(..., ge=1, le=512)
+    gpus_per_node: int = Field(8, ge=0, le=16, description="0 runs on CPU (the local twin)")
+    instance_types: list[str] = Field(
+        default_factory=lambda: ["p5.48xlarge", "p4d.24xlarge"], min_length=1,
+        description="in order of preference",
+    )
+    markets: list[Market] = Field(default_factory=lambda: [Market.SPOT, Market.ON_DEMAND], min_length=1)
+    regions: list[str] = Field(default_factory=lambda: ["us-east-1"], min_length=1, max_length=4)
+    max_hourly_price: float | None = Field(None, gt=0, description="USD per instance-hour, any market")
+
+    @field_validator("instance_types")
+    @classmethod
+    def _types(cls, values: list[str]) -> list[str]:
+        for value in values:
+            if not INSTANCE_TYPE_RE.fullmatch(value):
+                raise ValueError(f"'{value}' is not an EC2 instance type like p5.48xlarge")
+        if len(set(values)) != len(values):
+            raise ValueError("instance types repeat")
+        return values
+
+    @field_validator("regions")
+    @classmethod
+    def _regions(cls, values: list[str]) -> list[str]:
+        for value in values:
+            if not REGION_RE.fullmatch(value):
+                raise ValueError(f"'{value}' is not an AWS region like us-east-1")
+        if len(set(values)) != len(values):
+            raise ValueError("regions repeat")
+        return values
+
+    @field_validator("markets")
+    @classmethod
+    def _markets(cls, values: list[Market]) -> list[Market]:
+        if len(set(values)) != len(values):
+            raise ValueError("markets repeat")
+        return values
+
+
+S3_URI = Annotated[str, Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")]
+
+
+class Fsx(Strict):
+    mount_path: str = Field("/fsx", pattern=r"^/")
+    storage_capacity_gib: int = Field(1200, ge=1200)
+
+
+class Dataset(Strict):
+    uri: S3_URI
+    replicas: dict[str, S3_URI] = Field(default_factory=dict, description="region -> S3 URI")
+    fsx: Fsx | None = None
+
+    @field_validator("replicas")
+    @classmethod
+    def _replica_regions(cls, values: dict[str, str]) -> dict[str, str]:
+        for region in values:
+            if not REGION_RE.fullmatch(region):
+                raise ValueError(f"'{region}' is not an AWS region like us-east-1")
+        return values
+
+
+class Checkpoint(Strict):
+    every_steps: int | None = Field(None, ge=1)
+    every_minutes: float | None = Field(None, gt=0)
+    keep_local: int = Field(2, ge=1, le=100)
+    keep_s3: int = Field(5, ge=1, le=1000)
+    s3_prefix: S3_URI | None = Field(None, description="default: the jobs bucket's checkpoints/<job>/")
+    local_dir: str = Field("/opt/spotrelay/checkpoints", description="fast tier: NVMe or FSx path")
+
+    @model_validator(mode="after")
+    def _interval(self) -> Checkpoint:
+        if self.every_steps is None and self.every_minutes is None:
+            raise ValueError("give 'every_steps', 'every_minutes' or both")
+        return self
+
+
+class Recovery(Strict):
+    strategy: Literal["replace-cluster", "replace-lost-nodes"] = "replace-cluster"
+    max_recoveries: int = Field(10, ge=0, le=1000)
+    max_user_restarts: int = Field(0, ge=0, le=100)
+    retry_exit_codes: list[int] = Field(default_factory=list)
+
+    @field_validator("retry_exit_codes")
+    @classmethod
+    def _codes(cls, values: list[int]) -> list[int]:
+        for code in values:
+            if not 1 <= code <= 255:
+                raise ValueError(f"exit code {code} is outside 1..255")
+        return values
+
+
+class Tracking(Strict):
+    mlflow_experiment: str | None = None
+    tracking_uri: str | None = None
+    tags: dict[str, str] = Field(default_factory=dict)
+
+
+class Notifications(Strict):
+    sns_topic_arn: str | None = Field(None, pattern=r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[\w-]+$")
+    slack_channel: str | None = Field(None, pattern=r"^#?[a-z0-9_-]{1,80}$")
+
+
+class Budget(Strict):
+    max_total_cost: float | None = Field(None, gt=0, description="USD for the whole job")
+
+
+class JobSpec(Strict):
+    """A training job: what to run, on what, how to checkpoint and recover it."""
+
+    version: Literal[1]
+    name: str = Field(..., pattern=NAME_RE)
+    entrypoint: Entrypoint
+    launcher: Launcher = Field(default_factory=Launcher)
+    resources: Resources
+    dataset: Dataset | None = None
+    checkpoint: Checkpoint
+    recovery: Recovery = Field(default_factory=Recovery)
+    tracking: Tracking = Field(default_factory=Tracking)
+    notifications: Notifications = Field(default_factory=Notifications)
+    budget: Budget = Field(default_factory=Budget)

@@ -1,0 +1,50 @@
+"""Shared fixtures: one moto server per test session, reset between tests that ask for AWS."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EVENTS = Path(__file__).resolve().parent / "events"
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
+os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "spotrelay")
+os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
+os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "spotrelay")
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[object]:
+    from spotrelay.local import motoserver
+
+    server = motoserver.start(apply_env=True)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def aws(moto_server: object) -> Iterator[dict[str, str]]:
+    """A clean moto with the controller's tables, bucket and topic; yields their names."""
+    from spotrelay.local import provision
+    from spotrelay.settings import reset, settings
+
+    moto_server.reset()  # type: ignore[attr-defined]
+    for key in ("SPOTRELAY_TOPIC_ARN", "SPOTRELAY_STATE_MACHINE_ARN"):
+        os.environ.pop(key, None)
+    reset()
+    created = provision.create_storage()
+    os.environ["SPOTRELAY_TOPIC_ARN"] = created["topic_arn"]
+    reset()
+    s = settings()
+    yield {"bucket": s.bucket, "jobs_table": s.jobs_table, "topic_arn": created["topic_arn"]}
+
+
+def load_event(name: str) -> dict[str, object]:
+    import json
+
+    return json.loads((EVENTS / name).read_text())
