@@ -1,0 +1,1 @@
+"""Services: one use case each, over ports. No boto3 here."""

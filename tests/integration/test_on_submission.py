@@ -1,0 +1,132 @@
+"""on_submission fed real-format S3 EventBridge events against moto: valid, invalid, duplicate."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import Any
+
+import pytest
+
+from spotrelay.adapters.aws import client
+from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+from spotrelay.domain.status import JobStatus
+from tests.conftest import ROOT, load_event
+
+PASS_MACHINE = {"StartAt": "Done", "States": {"Done": {"Type": "Pass", "End": True}}}
+
+
+@pytest.fixture
+def env(aws: dict[str, str]) -> dict[str, str]:
+    from functions import _submission_deps
+    from spotrelay.settings import reset
+
+    arn = client("stepfunctions").create_state_machine(
+        name="spotrelay-job-run", definition=json.dumps(PASS_MACHINE),
+        roleArn="arn:aws:iam::123456789012:role/sfn",
+    )["stateMachineArn"]
+    os.environ["SPOTRELAY_STATE_MACHINE_ARN"] = arn
+    reset()
+    _submission_deps.reset()
+    return {**aws, "state_machine_arn": arn}
+
+
+def _drop(bucket: str, key: str, body: bytes) -> dict[str, Any]:
+    """Put the object and build the EventBridge event S3 would send for it."""
+    etag = client("s3").put_object(Bucket=bucket, Key=key, Body=body)["ETag"].strip('"')
+    event = copy.deepcopy(load_event("s3_object_created_submission.json"))
+    event["detail"]["bucket"]["name"] = bucket
+    event["detail"]["object"].update({"key": key, "etag": etag, "size": len(body)})
+    return event
+
+
+def _invoke(event: dict[str, Any]) -> dict[str, Any]:
+    from functions.on_submission import handler
+    from spotrelay.local.lambda_seam import LambdaContext
+
+    result: dict[str, Any] = handler(event, LambdaContext("spotrelay-on-submission"))
+    return result
+
+
+def _executions(arn: str) -> list[dict[str, Any]]:
+    return list(client("stepfunctions").list_executions(stateMachineArn=arn)["executions"])
+
+
+def test_valid_submission_creates_job_and_starts_one_execution(env: dict[str, str]) -> None:
+    body = (ROOT / "examples" / "tiny.yaml").read_bytes()
+    event = _drop(env["bucket"], "submissions/tiny.yaml", body)
+    first = _invoke(event)
+    assert first["outcome"] == "started"
+    job = DynamoDBJobStore().get_job(first["job_id"])
+    assert job.status is JobStatus.VALIDATED
+    assert job.execution_arn == first["execution_arn"]
+    assert job.spec["name"] == "tiny-demo" and len(job.spec_hash) == 64
+    executions = _executions(env["state_machine_arn"])
+    assert [e["name"] for e in executions] == [first["job_id"]]
+    exec_input = json.loads(client("stepfunctions").describe_execution(
+        executionArn=first["execution_arn"])["input"])
+    assert exec_input["job_id"] == first["job_id"]
+
+    # The same event again (at-least-once delivery): nothing new, nothing changed.
+    second = _invoke(event)
+    assert second["outcome"] == "duplicate" and second["job_id"] == first["job_id"]
+    assert DynamoDBJobStore().get_job(first["job_id"]).version == job.version
+    assert len(_executions(env["state_machine_arn"])) == 1
+
+
+def test_invalid_submission_is_rejected_with_field_errors(env: dict[str, str]) -> None:
+    body = b"version: 1\nname: bad job!\nentrypoint: {command: [python]}\nresources: {nodes: 0}\n" \
+           b"checkpoint: {every_steps: 10}\nsurprise: 1\n"
+    event = _drop(env["bucket"], "submissions/bad.yaml", body)
+    result = _invoke(event)
+    assert result["outcome"] == "rejected"
+    job = DynamoDBJobStore().get_job(result["job_id"])
+    assert job.status is JobStatus.REJECTED
+    report = json.loads(client("s3").get_object(
+        Bucket=env["bucket"], Key="submissions/bad.yaml.rejected.json")["Body"].read())
+    fields = {e["field"] for e in report["errors"]}
+    assert {"name", "resources.nodes", "surprise"} <= fields
+    assert _executions(env["state_machine_arn"]) == []
+    # the rejection report is itself an Object Created under submissions/: it must be ignored
+    echo = _drop(env["bucket"], "submissions/bad.yaml.rejected.json", b"{}")
+    assert _invoke(echo)["outcome"] == "ignored"
+
+
+@pytest.mark.parametrize("body", [b"\x00\xff not yaml: [", b"- a\n- list\n", b"!!python/object:os.system {}\n"])
+def test_garbage_never_crashes_and_never_touches_existing_jobs(env: dict[str, str], body: bytes) -> None:
+    good = _invoke(_drop(env["bucket"], "submissions/tiny.yaml", (ROOT / "examples" / "tiny.yaml").read_bytes()))
+    before = DynamoDBJobStore().get_job(good["job_id"])
+    result = _invoke(_drop(env["bucket"], "submissions/garbage.yaml", body))
+    assert result["outcome"] == "rejected"
+    assert DynamoDBJobStore().get_job(good["job_id"]) == before
+
+
+def test_oversized_submission_is_rejected_without_reading(env: dict[str, str]) -> None:
+    body = b"# " + b"x" * (300 * 1024)
+    result = _invoke(_drop(env["bucket"], "submissions/huge.yaml", body))
+    assert result["outcome"] == "rejected"
+    assert "limit" in result["reasons"][0]
+
+
+def test_crash_before_start_is_healed_by_redelivery(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from functions import _submission_deps
+
+    event = _drop(env["bucket"], "submissions/tiny.yaml", (ROOT / "examples" / "tiny.yaml").read_bytes())
+    wf = _submission_deps.workflow()
+
+    def boom(job_id: str, payload: dict[str, Any]) -> str:
+        raise RuntimeError("lambda timed out")
+
+    monkeypatch.setattr(wf, "start", boom)
+    with pytest.raises(RuntimeError):
+        _invoke(event)
+    monkeypatch.undo()
+    result = _invoke(event)
+    assert result["outcome"] == "started"
+    assert len(_executions(env["state_machine_arn"])) == 1
+
+
+def test_other_prefixes_are_ignored(env: dict[str, str]) -> None:
+    result = _invoke(_drop(env["bucket"], "checkpoints/x/manifest.json", b"{}"))
+    assert result["outcome"] == "ignored"
