@@ -26,11 +26,18 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return path or "(root)"
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "none", "list", "dict"}
+
+
+def _is_tag(part: int | str) -> bool:
+    """pydantic puts union member names and validator tags into ``loc``; they are not fields."""
+    return isinstance(part, str) and (part in _TYPE_TAGS or "[" in part or part.startswith("function-"))
+
+
 def _errors(exc: ValidationError) -> list[tuple[str, str]]:
     out = []
     for err in exc.errors():
-        # pydantic appends the union member name or validator tag to the path; drop those
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-", "dict[", "str"))))
+        loc = tuple(p for p in err["loc"] if not _is_tag(p))
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown field"

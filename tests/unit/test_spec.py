@@ -1,0 +1,132 @@
+"""Job spec validation: the shipped examples pass, bad specs fail naming the field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from spotrelay.errors import SpecError
+from spotrelay.spec import JobSpec, load_spec, parse_spec, spec_hash
+from tests.conftest import ROOT
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+MINIMAL = {
+    "version": 1,
+    "name": "ok",
+    "entrypoint": {"script": "train.py"},
+    "resources": {"nodes": 2},
+    "checkpoint": {"every_steps": 100},
+}
+
+
+def _errors(data: object) -> dict[str, str]:
+    with pytest.raises(SpecError) as info:
+        parse_spec(json.dumps(data))
+    return dict(info.value.errors)
+
+
+def _with(path: str, value: object) -> dict[str, object]:
+    data = json.loads(json.dumps(MINIMAL))
+    node = data
+    parts = path.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return data
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_valid(path: Path) -> None:
+    spec = load_spec(path)
+    assert isinstance(spec, JobSpec)
+
+
+def test_three_examples_ship() -> None:
+    assert len(EXAMPLES) >= 3
+
+
+def test_minimal_defaults() -> None:
+    spec = parse_spec(json.dumps(MINIMAL))
+    assert spec.resources.instance_types == ["p5.48xlarge", "p4d.24xlarge"]
+    assert [m.value for m in spec.resources.markets] == ["spot", "on-demand"]
+    assert spec.recovery.strategy == "replace-cluster"
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field", "needle"),
+    [
+        ("resources.nodes", 0, "resources.nodes", "greater than or equal to 1"),
+        ("resources.regions", ["us-east-1", "moon-1"], "resources.regions", "not an AWS region"),
+        ("resources.regions", ["us-east-1", "us-east-2", "us-west-1", "us-west-2", "eu-west-1"],
+         "resources.regions", "at most 4"),
+        ("resources.markets", ["spot", "reserved"], "resources.markets[1]", "spot"),
+        ("resources.instance_types", ["p5"], "resources.instance_types", "not an EC2 instance type"),
+        ("resources.max_hourly_price", -1, "resources.max_hourly_price", "greater than 0"),
+        ("launcher.type", "mpirun", "launcher.type", "torchrun"),
+        ("checkpoint", {"keep_local": 2}, "checkpoint", "every_steps"),
+        ("recovery.strategy", "pray", "recovery.strategy", "replace-cluster"),
+        ("recovery.retry_exit_codes", [0], "recovery.retry_exit_codes", "outside 1..255"),
+        ("dataset", {"uri": "http://x"}, "dataset.uri", "pattern"),
+        ("entrypoint", {"script": "a.py", "command": ["b"]}, "entrypoint", "exactly one"),
+        ("entrypoint.env", {"1BAD": "x"}, "entrypoint.env", "not a valid environment variable"),
+        ("name", "has spaces", "name", "pattern"),
+        ("version", 2, "version", "1"),
+        ("notifications.sns_topic_arn", "topic", "notifications.sns_topic_arn", "pattern"),
+    ],
+)
+def test_bad_fields_are_named(path: str, value: object, field: str, needle: str) -> None:
+    errors = _errors(_with(path, value))
+    assert field in errors, errors
+    assert needle in errors[field]
+
+
+def test_unknown_fields_are_errors_at_any_depth() -> None:
+    data = _with("resources.gpu_type", "h100")
+    data["extra_top"] = True
+    errors = _errors(data)
+    assert errors["resources.gpu_type"] == "unknown field"
+    assert errors["extra_top"] == "unknown field"
+
+
+def test_deepspeed_launcher_needs_a_config() -> None:
+    errors = _errors(_with("launcher", {"type": "deepspeed"}))
+    assert "deepspeed_config" in errors["launcher"]
+
+
+def test_missing_required_fields() -> None:
+    errors = _errors({"version": 1})
+    assert {"name", "entrypoint", "resources", "checkpoint"} <= set(errors)
+
+
+@pytest.mark.parametrize("text", ["a: [1", "- 1\n- 2", "just a string", ""])
+def test_not_a_mapping_or_not_yaml(text: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, source="job.yaml")
+    assert str(info.value).startswith("job.yaml:")
+
+
+def test_yaml_python_tags_are_refused() -> None:
+    with pytest.raises(SpecError):
+        parse_spec("!!python/object/apply:os.system ['echo pwned']")
+
+
+def test_oversized_file(tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    big.write_text("#" + "x" * (300 * 1024))
+    with pytest.raises(SpecError, match="limit"):
+        load_spec(big)
+
+
+def test_missing_file_names_the_file(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="nope.yaml"):
+        load_spec(tmp_path / "nope.yaml")
+
+
+def test_hash_ignores_formatting_but_not_content() -> None:
+    a = parse_spec(json.dumps(MINIMAL))
+    b = parse_spec(yaml.safe_dump(MINIMAL, sort_keys=False))
+    assert spec_hash(a) == spec_hash(b)
+    assert spec_hash(a) != spec_hash(parse_spec(json.dumps(_with("resources.nodes", 3))))
