@@ -1,0 +1,1 @@
+"""The ``spotrelay`` command line."""

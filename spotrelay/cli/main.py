@@ -1,0 +1,149 @@
+"""``spotrelay``: submit, watch and cancel jobs; validate specs. Same CLI for AWS and the local twin."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from spotrelay.cli import config
+from spotrelay.errors import SpecError, SpotrelayError
+
+app = typer.Typer(help="Train on spot capacity without losing work.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+out = Console()
+err = Console(stderr=True)
+
+EndpointOpt = Annotated[str | None, typer.Option("--endpoint-url", help="AWS endpoint (the local twin)")]
+BucketOpt = Annotated[str | None, typer.Option("--bucket", help="jobs bucket")]
+TableOpt = Annotated[str | None, typer.Option("--table", help="jobs table")]
+RegionOpt = Annotated[str | None, typer.Option("--region", help="home region")]
+
+
+def _connect(endpoint: str | None, bucket: str | None, table: str | None, region: str | None) -> None:
+    try:
+        config.apply({"endpoint_url": endpoint, "bucket": bucket, "jobs_table": table, "region": region})
+    except ValueError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+
+
+def _print_spec_error(exc: SpecError) -> None:
+    err.print(f"[red]invalid spec[/] {exc.source}")
+    for path, msg in exc.errors:
+        err.print(f"  [bold]{path}[/]: {msg}")
+
+
+@app.command()
+def validate(file: Path) -> None:
+    """Validate a job spec; exit 0 when good, 2 with every error when not."""
+    from spotrelay.spec import load_spec
+
+    try:
+        spec = load_spec(file)
+    except SpecError as exc:
+        _print_spec_error(exc)
+        raise typer.Exit(2) from exc
+    out.print(f"[green]ok[/] {file}: job '{spec.name}', {spec.resources.nodes} node(s)")
+
+
+@app.command()
+def schema() -> None:
+    """Print the job spec's JSON Schema (point your editor's YAML plugin at it)."""
+    from spotrelay.spec import JobSpec
+
+    sys.stdout.write(json.dumps(JobSpec.model_json_schema(), indent=2) + "\n")
+
+
+@app.command()
+def submit(file: Path, endpoint_url: EndpointOpt = None, bucket: BucketOpt = None, table: TableOpt = None,
+           region: RegionOpt = None) -> None:
+    """Validate locally, upload to the submissions prefix and print the job id."""
+    from spotrelay.adapters.s3_object_store import S3ObjectStore
+    from spotrelay.domain.models import job_id_for
+    from spotrelay.resources import RESOURCES
+    from spotrelay.spec import load_spec
+
+    try:
+        spec = load_spec(file)
+    except SpecError as exc:
+        _print_spec_error(exc)
+        raise typer.Exit(2) from exc
+    _connect(endpoint_url, bucket, table, region)
+    key = f"{RESOURCES.submissions_prefix}{spec.name}-{time.strftime('%Y%m%dT%H%M%S')}{file.suffix or '.yaml'}"
+    etag = S3ObjectStore().put(key, file.read_bytes(), "application/yaml")
+    job_id = job_id_for(key, etag)
+    out.print(f"submitted [bold]{spec.name}[/] as s3 key {key}")
+    sys.stdout.write(job_id + "\n")
+
+
+@app.command()
+def jobs(endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None) -> None:
+    """List jobs, newest last."""
+    from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+
+    _connect(endpoint_url, None, table, region)
+    grid = Table("job", "name", "status", "attempt", "step", "last checkpoint", "cost $")
+    for job in DynamoDBJobStore().all_jobs():
+        ckpt = f"step {job.last_checkpoint.step}" if job.last_checkpoint else "-"
+        grid.add_row(job.job_id, job.name, job.status.value, str(job.attempt), str(job.last_step), ckpt,
+                     f"{job.cost_so_far:.2f}")
+    out.print(grid)
+
+
+@app.command()
+def status(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None,
+           as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Show one job: status, attempts, checkpoint, nodes, reasons."""
+    from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+
+    _connect(endpoint_url, None, table, region)
+    store = DynamoDBJobStore()
+    try:
+        job = store.get_job(job_id)
+    except SpotrelayError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from exc
+    nodes = store.nodes_of(job_id)
+    if as_json:
+        sys.stdout.write(json.dumps({"job": job.model_dump(mode="json", exclude={"task_tokens"}),
+                                     "nodes": [n.model_dump(mode="json") for n in nodes]}, indent=2) + "\n")
+        return
+    out.print(f"[bold]{job.name}[/] ({job.job_id}) [cyan]{job.status.value}[/] attempt {job.attempt}, "
+              f"step {job.last_step}, recoveries {job.recoveries}, cost ${job.cost_so_far:.2f}")
+    if job.last_checkpoint:
+        out.print(f"last checkpoint: step {job.last_checkpoint.step} at {job.last_checkpoint.uri}")
+    for reason in job.reasons:
+        out.print(f"  [yellow]{reason}[/]")
+    grid = Table("node", "rank", "instance", "pool", "state", "ip")
+    for n in sorted(nodes, key=lambda n: (n.attempt, n.rank)):
+        grid.add_row(n.node_id, str(n.rank), n.instance_id, n.pool.key, n.state.value, n.private_ip or "-")
+    out.print(grid)
+
+
+@app.command()
+def cancel(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None,
+           reason: Annotated[str, typer.Option(help="recorded on the job")] = "") -> None:
+    """Cancel a job; its workflow tears the cluster down."""
+    from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+    from spotrelay.adapters.sfn_workflow import SfnWorkflow
+    from spotrelay.services.cancel import request_cancel
+
+    _connect(endpoint_url, None, table, region)
+    try:
+        job = request_cancel(job_id, store=DynamoDBJobStore(), workflow=SfnWorkflow(), now=time.time(),
+                             reason=reason)
+    except SpotrelayError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from exc
+    out.print(f"{job.job_id}: {job.status.value}")
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()

@@ -1,0 +1,72 @@
+"""The CLI against moto's server: validate, schema, submit (drops into S3), jobs, status, cancel."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from typer.testing import CliRunner
+
+from spotrelay.adapters.aws import client
+from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+from spotrelay.cli.main import app
+from spotrelay.domain.models import Job
+from spotrelay.domain.status import JobStatus
+from tests.conftest import ROOT
+
+runner = CliRunner()
+TINY = str(ROOT / "examples" / "tiny.yaml")
+
+
+def test_validate_good_and_bad(tmp_path: object) -> None:
+    good = runner.invoke(app, ["validate", TINY])
+    assert good.exit_code == 0, good.output
+    bad_file = os.path.join(str(tmp_path), "bad.yaml")
+    with open(bad_file, "w") as fh:
+        fh.write("version: 1\nname: x\nentrypoint: {script: a.py}\nresources: {nodes: -1}\ncheckpoint: {}\n")
+    bad = runner.invoke(app, ["validate", bad_file])
+    assert bad.exit_code == 2
+    assert "resources.nodes" in bad.output and "checkpoint" in bad.output
+
+
+def test_schema_is_json_schema() -> None:
+    result = runner.invoke(app, ["schema"])
+    schema = json.loads(result.stdout)
+    assert schema["title"] == "JobSpec" and "resources" in schema["properties"]
+
+
+def test_submit_uploads_and_prints_job_id(aws: dict[str, str]) -> None:
+    result = runner.invoke(app, ["submit", TINY, "--endpoint-url", os.environ["AWS_ENDPOINT_URL"]])
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.strip().splitlines()[-1]
+    keys = [o["Key"] for o in client("s3").list_objects_v2(Bucket=aws["bucket"])["Contents"]]
+    assert len(keys) == 1 and keys[0].startswith("submissions/tiny-demo-")
+    etag = client("s3").head_object(Bucket=aws["bucket"], Key=keys[0])["ETag"]
+    from spotrelay.domain.models import job_id_for
+
+    assert job_id == job_id_for(keys[0], etag)
+
+
+def test_submit_refuses_bad_spec_without_uploading(aws: dict[str, str], tmp_path: object) -> None:
+    bad_file = os.path.join(str(tmp_path), "bad.yaml")
+    with open(bad_file, "w") as fh:
+        fh.write("version: 1\n")
+    result = runner.invoke(app, ["submit", bad_file])
+    assert result.exit_code == 2
+    assert "Contents" not in client("s3").list_objects_v2(Bucket=aws["bucket"])
+
+
+def test_jobs_status_and_cancel(aws: dict[str, str]) -> None:
+    store = DynamoDBJobStore()
+    store.create_job(Job(job_id="j-running", name="llm", status=JobStatus.SUBMITTED, created_at=1, updated_at=1))
+    listed = runner.invoke(app, ["jobs"])
+    assert listed.exit_code == 0 and "j-running" in listed.output
+    shown = runner.invoke(app, ["status", "j-running", "--json"])
+    assert json.loads(shown.stdout)["job"]["status"] == "SUBMITTED"
+    cancelled = runner.invoke(app, ["cancel", "j-running"])
+    assert cancelled.exit_code == 0, cancelled.output
+    assert store.get_job("j-running").status is JobStatus.CANCELLED
+    again = runner.invoke(app, ["cancel", "j-running"])
+    assert again.exit_code == 1 and "already ended" in again.output
+    missing = runner.invoke(app, ["status", "nope"])
+    assert missing.exit_code == 1
