@@ -79,3 +79,17 @@ class CorruptCheckpointError(CheckpointError, PermanentError):
 
 class UnsafeCheckpointError(CheckpointError, PermanentError):
     """A checkpoint file would execute code when loaded (a pickle with globals)."""
+
+
+# --- node agent ------------------------------------------------------------------------------
+class ImdsUnavailableError(RetryableError):
+    """The instance metadata service did not answer (timeouts, refused, 5xx) after retries."""
+
+
+class AgentConfigError(PermanentError):
+    """The agent was not told what it needs (job id, rank, ...) by user data, tags or environment."""
+
+
+# --- workflow signals ------------------------------------------------------------------------
+class JobCancelledError(PermanentError):
+    """A user cancelled the job; task-token waits fail with this so the workflow tears down."""
