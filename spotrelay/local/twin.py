@@ -1,0 +1,189 @@
+"""The local twin: the whole controller on this machine (DESIGN.md section 7).
+
+moto's server on 127.0.0.1 holds the resources the CDK app creates, built from the same description
+(``spotrelay.resources``): tables, the jobs bucket with EventBridge notifications, the topic, one SQS
+queue per EventBridge rule, and the job-run state machine from the same ASL file. Step Functions'
+Lambda tasks and the rule targets both run our handlers in this process through the Lambda seam. The
+Compute and MarketData ports are served by the local compute adapter (real agent processes) and the
+market model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spotrelay.local import lambda_seam, motoserver, provision
+from spotrelay.local.compute import LocalCompute
+from spotrelay.local.dispatcher import Dispatcher, Ticker, scheduled_event
+from spotrelay.local.ec2_events import Ec2EventBus
+from spotrelay.local.market import MarketModel
+from spotrelay.resources import RESOURCES
+
+log = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parents[2]
+
+# Workflow waits for the twin: seconds, not minutes (read by WorkflowTimings.from_env()).
+TWIN_TIMINGS = {
+    "ready_timeout_s": 120, "heartbeat_s": 60, "outcome_timeout_s": 1800, "backoff_s": 1,
+    "backoff_max_s": 5, "provision_retry_s": 2,
+}
+
+
+def queue_name(rule_logical: str) -> str:
+    return f"spotrelay-{rule_logical.lower()}"
+
+
+@dataclass
+class TwinOptions:
+    root: Path
+    market: MarketModel = field(default_factory=MarketModel)
+    reconcile_every_s: float = 10.0  # the production schedule is one minute
+    timings: dict[str, int] = field(default_factory=lambda: dict(TWIN_TIMINGS))
+    agent_cmd: list[str] | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)  # for the controller and the agents
+
+
+class Twin:
+    def __init__(self, options: TwinOptions) -> None:
+        self.options = options
+        self.root = options.root
+        self.market = options.market
+        self.moto: motoserver.MotoServer | None = None
+        self.bus = Ec2EventBus()
+        self.compute: LocalCompute | None = None
+        self.dispatcher: Dispatcher | None = None
+        self.ticker: Ticker | None = None
+        self.state_machine_arn: str | None = None
+        self.env: dict[str, str] = {}  # what a CLI or an agent needs to talk to this twin
+
+    # --- bring-up -----------------------------------------------------------------------------
+    def start(self) -> Twin:
+        from spotrelay.settings import reset
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.environ.update({f"SPOTRELAY_WF_{k.upper()}": str(v) for k, v in self.options.timings.items()})
+        os.environ.update(self.options.extra_env)
+        self.moto = motoserver.start(apply_env=True)
+        created = provision.create_storage()
+        os.environ[RESOURCES.topic_env] = created["topic_arn"]
+        reset()
+        routes = self._create_rules()
+        self.compute = LocalCompute(self.market, self.root, agent_env={}, agent_cmd=self.options.agent_cmd,
+                                    bus=self.bus)
+        self._install_ports()
+        self.state_machine_arn = self._create_workflow()
+        if self.state_machine_arn:
+            os.environ[RESOURCES.state_machine_env] = self.state_machine_arn
+        reset()
+        self.env = self._env()
+        self.compute.agent_env = dict(self.env)
+        self.dispatcher = Dispatcher(routes)
+        self.dispatcher.start()
+        reconcile = lambda_seam.register_module("reconcile") if _has_handler("reconcile") else None
+        if reconcile:
+            rule_arn = "arn:aws:events:us-east-1:123456789012:rule/spotrelay-reconcile"
+            self.ticker = Ticker(self.options.reconcile_every_s,
+                                 lambda: self.dispatcher.invoke(reconcile, scheduled_event(rule_arn))
+                                 if self.dispatcher else None)
+            self.ticker.start()
+        log.info("twin up at %s", self.moto.url)
+        return self
+
+    def stop(self) -> None:
+        if self.ticker:
+            self.ticker.stop()
+        if self.compute:
+            self.compute.close()
+        if self.dispatcher:
+            self.dispatcher.stop()
+        if self.moto:
+            self.moto.stop()
+
+    def __enter__(self) -> Twin:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- pieces --------------------------------------------------------------------------------
+    def _create_rules(self) -> dict[str, str]:
+        """One queue per rule with a handler; rule -> queue; return queue URL -> function name."""
+        from spotrelay.adapters.aws import client
+        from spotrelay.settings import settings
+
+        sqs, events = client("sqs"), client("events")
+        bus = settings().event_bus
+        routes: dict[str, str] = {}
+        for rule in RESOURCES.rules:
+            if rule.handler is None or not _has_handler(rule.handler):
+                log.warning("no handler module functions/%s.py yet; rule %s not served", rule.handler, rule.logical)
+                continue
+            url = sqs.create_queue(QueueName=queue_name(rule.logical))["QueueUrl"]
+            arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+            name = f"spotrelay-{rule.logical.lower()}"
+            events.put_rule(Name=name, EventPattern=json.dumps(rule.pattern), State="ENABLED",
+                            Description=rule.description, EventBusName=bus)
+            events.put_targets(Rule=name, EventBusName=bus, Targets=[{"Id": "queue", "Arn": arn}])
+            routes[url] = lambda_seam.register_module(rule.handler)
+        return routes
+
+    def _install_ports(self) -> None:
+        """Point the controller's Compute and MarketData factories at the twin's adapters."""
+        try:
+            from functions import _runtime
+        except ImportError:
+            log.warning("functions/_runtime.py not present: the controller keeps its default adapters")
+            return
+        compute, market = self.compute, self.market
+        _runtime.set_factories(compute=lambda: compute, market=lambda: market)
+
+    def _create_workflow(self) -> str | None:
+        """Lambda functions and the job-run state machine from the ASL file (the controller's setup)."""
+        try:
+            from spotrelay.local import workflow_setup
+        except ImportError:
+            log.warning("spotrelay/local/workflow_setup.py not present: no state machine in the twin")
+            return None
+        try:
+            arn: str = workflow_setup.create_workflow()
+        except ModuleNotFoundError as exc:  # a handler the ASL names is not written
+            log.error("job-run state machine not created: %s", exc)
+            return None
+        return arn
+
+    def _env(self) -> dict[str, str]:
+        assert self.moto is not None
+        keep = [RESOURCES.topic_env, RESOURCES.state_machine_env, RESOURCES.bucket_env, RESOURCES.event_bus_env]
+        keep += [t.env for t in RESOURCES.tables]
+        env = {**self.moto.env(), **{k: os.environ[k] for k in keep if os.environ.get(k)}}
+        env.update(self.options.extra_env)
+        return env
+
+    # --- helpers for the demo and the CLI --------------------------------------------------------
+    def submit(self, spec_text: str, name: str) -> str:
+        """Drop a spec under submissions/ (the S3 event starts everything); return the key."""
+        from spotrelay.adapters.aws import client
+        from spotrelay.settings import settings
+
+        key = f"{RESOURCES.submissions_prefix}{name}"
+        client("s3").put_object(Bucket=settings().bucket, Key=key, Body=spec_text.encode())
+        return key
+
+    def job_for_key(self, key: str) -> Any:
+        """The job created for a submission key (None until the handler ran)."""
+        from spotrelay.adapters.aws import client
+        from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+        from spotrelay.domain.models import job_id_for
+        from spotrelay.settings import settings
+
+        etag = client("s3").head_object(Bucket=settings().bucket, Key=key)["ETag"]
+        return DynamoDBJobStore().find_job(job_id_for(key, etag))
+
+
+def _has_handler(name: str) -> bool:
+    return (REPO / "functions" / f"{name}.py").exists()
