@@ -1,0 +1,87 @@
+"""The cost ledger: what each launch costs, what the job has spent, what on-demand would have cost.
+
+Pure: callers pass ``now``. One ``CostEntry`` per gang launch (a whole cluster, or the replacement
+ranks of a ``replace-lost-nodes`` recovery); an attempt's cost is the sum of the entries with its
+number that are billed during it. Prices are USD per instance-hour at launch (spot prices move; the
+ledger is an estimate, AWS billing is the truth). EC2 bills P instances per second.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from spotrelay.domain.models import Pool
+from spotrelay.errors import BudgetExceededError
+
+
+def attempt_cost(price_per_hour: float, nodes: int, started_at: float, ended_at: float) -> float:
+    """USD for ``nodes`` instances at ``price_per_hour`` from ``started_at`` to ``ended_at`` (epoch s)."""
+    if price_per_hour < 0 or nodes < 0:
+        raise ValueError("price and node count cannot be negative")
+    return price_per_hour * nodes * max(0.0, ended_at - started_at) / 3600.0
+
+
+class CostEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    attempt: int = Field(..., ge=1)
+    pool: Pool
+    nodes: int = Field(..., ge=1)
+    price_per_hour: float = Field(..., ge=0)
+    on_demand_price_per_hour: float = Field(..., ge=0, description="same type, same region, on-demand")
+    started_at: float
+    ended_at: float | None = None  # None while the instances run
+
+    def hours(self, now: float) -> float:
+        end = self.ended_at if self.ended_at is not None else now
+        return max(0.0, end - self.started_at) / 3600.0
+
+    def cost(self, now: float) -> float:
+        return attempt_cost(self.price_per_hour, self.nodes, self.started_at, self.started_at + self.hours(now) * 3600)
+
+    def on_demand_cost(self, now: float) -> float:
+        return self.on_demand_price_per_hour * self.nodes * self.hours(now)
+
+
+class CostLedger(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    entries: tuple[CostEntry, ...] = ()
+
+    def opened(self, entry: CostEntry) -> CostLedger:
+        return self.model_copy(update={"entries": (*self.entries, entry)})
+
+    def closed(self, ended_at: float, attempt: int | None = None) -> CostLedger:
+        """Stop the clock of the open entries (of ``attempt``, or all)."""
+        entries = tuple(
+            e.model_copy(update={"ended_at": ended_at})
+            if e.ended_at is None and (attempt is None or e.attempt == attempt) else e
+            for e in self.entries
+        )
+        return self.model_copy(update={"entries": entries})
+
+    def attempt_cost(self, attempt: int, now: float) -> float:
+        return sum(e.cost(now) for e in self.entries if e.attempt == attempt)
+
+    def cost_so_far(self, now: float) -> float:
+        return sum(e.cost(now) for e in self.entries)
+
+    def on_demand_equivalent(self, now: float) -> float:
+        return sum(e.on_demand_cost(now) for e in self.entries)
+
+    def savings(self, now: float) -> tuple[float, float]:
+        """(USD saved vs on-demand, fraction saved 0..1)."""
+        od, spent = self.on_demand_equivalent(now), self.cost_so_far(now)
+        return od - spent, (od - spent) / od if od > 0 else 0.0
+
+    def summary(self, now: float) -> str:
+        saved, fraction = self.savings(now)
+        return (f"cost so far ${self.cost_so_far(now):,.2f} (on-demand ${self.on_demand_equivalent(now):,.2f}, "
+                f"saved ${saved:,.2f} = {fraction:.0%})")
+
+    def check_budget(self, max_total_cost: float | None, now: float) -> None:
+        check_budget(self.cost_so_far(now), max_total_cost)
+
+
+def check_budget(spent: float, max_total_cost: float | None) -> None:
+    """``BudgetExceededError`` once ``spent`` reaches the spec's ``budget.max_total_cost``."""
+    if max_total_cost is not None and spent >= max_total_cost:
+        raise BudgetExceededError(f"cost ${spent:,.2f} reached the budget of ${max_total_cost:,.2f}")

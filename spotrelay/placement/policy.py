@@ -1,0 +1,205 @@
+"""Placement: score every candidate pool by expected USD per useful training hour; lowest wins.
+
+Pure: no clock, no I/O. The formula, its assumptions and a worked example are in docs/placement.md.
+In short, for a gang of N nodes in a pool with price p (USD per instance-hour)::
+
+    lambda = (interruptions + lambda_prior * H0) / (hours_observed + H0)     per instance-hour
+             (+ a small hardware failure rate for every market; spot only for the rest)
+    loss   = restore_hours + unannounced_share * checkpoint_interval_hours / 2
+    useful = 1 / (1 + N * lambda * loss)                                      fraction of paid time
+    speed  = throughput(type) * locality(region)                              vs N x p4d.24xlarge
+    score  = (N * p + N * transfer_usd) * (1 + capacity_risk) / (useful * speed)
+
+Nothing orders markets or types by name: spot P5 before spot P4d before on-demand is what the
+numbers say for today's prices and bands, and it changes when they do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from spotrelay.domain.models import Pool
+from spotrelay.errors import NoPlacementError
+from spotrelay.placement import catalog
+from spotrelay.placement.pool_stats import PoolStats
+from spotrelay.ports.market import PoolQuote
+from spotrelay.spec.models import JobSpec
+
+HOURS_PER_MONTH = 730.0
+
+
+class PlacementConfig(BaseModel):
+    """Assumptions of the score. Defaults are documented in docs/placement.md."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    prior_hours: float = Field(200.0, gt=0, description="instance-hours the Spot Advisor prior weighs")
+    unknown_band: int = Field(3, ge=0, le=4, description="band assumed when none is known")
+    node_failure_rate: float = Field(2e-5, ge=0, description="hardware losses per instance-hour, any market")
+    unannounced_share: float = Field(0.1, ge=0, le=1, description="losses that come without a notice")
+    assumed_checkpoint_minutes: float = Field(30.0, gt=0, description="when the spec gives only steps")
+    default_restore_minutes: float = Field(12.0, ge=0)
+    remote_data_slowdown: float = Field(0.9, gt=0, le=1, description="speed factor without a replica")
+    transfer_usd_per_node_hour: float = Field(0.5, ge=0, description="cross-region reads per node-hour")
+    capacity_risk_weight: float = Field(0.1, ge=0, description="score uplift at certain launch failure")
+    capacity_prior_weight: float = Field(4.0, gt=0, description="launches the placement-score prior weighs")
+    throughput: dict[str, float] = Field(default_factory=dict, description="overrides of catalog throughput")
+
+
+DEFAULT_CONFIG = PlacementConfig()
+
+
+class ScoredPool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pool: Pool
+    quote: PoolQuote
+    score: float  # expected USD per useful training hour for the whole gang (lower is better)
+    breakdown: dict[str, float]
+
+
+class Ranking(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ranked: list[ScoredPool]
+    dropped: dict[str, str]  # pool key -> why it is not a candidate
+
+
+def band_rate(band: int) -> float:
+    """Spot Advisor band -> interruptions per instance-hour (monthly frequency as a Poisson rate)."""
+    monthly = catalog.BAND_MONTHLY_FREQUENCY[max(0, min(4, band))]
+    return -math.log(1.0 - monthly) / HOURS_PER_MONTH
+
+
+def interruption_rate(quote: PoolQuote, stats: PoolStats | None, config: PlacementConfig) -> tuple[float, float]:
+    """(prior, blended) spot interruptions per instance-hour; on-demand is (0, 0)."""
+    if quote.pool.market != "spot":
+        return 0.0, 0.0
+    band = quote.advisor_band
+    if band is None:
+        band = catalog.advisor_band(quote.pool.region, quote.pool.instance_type)
+    prior = band_rate(config.unknown_band if band is None else band)
+    seen, hours = (stats.interruptions, stats.hours_observed) if stats else (0, 0.0)
+    return prior, (seen + prior * config.prior_hours) / (hours + config.prior_hours)
+
+
+def capacity_risk(quote: PoolQuote, stats: PoolStats | None, config: PlacementConfig) -> float:
+    """Chance a launch fails for capacity: the placement score as prior, launches seen as evidence."""
+    prior = 0.5 if quote.placement_score is None else max(0.0, min(1.0, (10.0 - quote.placement_score) / 10.0))
+    if quote.pool.market != "spot" and quote.placement_score is None:
+        prior = 0.1  # on-demand capacity for P instances is scarce too, but less often
+    fails, good = (stats.capacity_failures, stats.launches) if stats else (0, 0)
+    w = config.capacity_prior_weight
+    return (fails + prior * w) / (fails + good + w)
+
+
+def checkpoint_hours(spec: JobSpec, config: PlacementConfig) -> float:
+    minutes = spec.checkpoint.every_minutes or config.assumed_checkpoint_minutes
+    return minutes / 60.0
+
+
+def score_pool(
+    spec: JobSpec, quote: PoolQuote, stats: PoolStats | None, config: PlacementConfig = DEFAULT_CONFIG
+) -> ScoredPool:
+    """Score one pool (no filtering)."""
+    pool, n = quote.pool, spec.resources.nodes
+    info = catalog.instance(pool.instance_type)
+    throughput = config.throughput.get(pool.instance_type) or (info.throughput if info else 1.0)
+    restore_h = (info.restore_minutes if info else config.default_restore_minutes) / 60.0
+    prior, spot_rate = interruption_rate(quote, stats, config)
+    rate = spot_rate + config.node_failure_rate
+    # announced losses keep the work (emergency checkpoint); unannounced ones lose half an interval
+    loss_h = restore_h + config.unannounced_share * checkpoint_hours(spec, config) / 2.0
+    gang_rate = n * rate
+    useful = 1.0 / (1.0 + gang_rate * loss_h)
+    remote = (
+        spec.dataset is not None and bool(spec.dataset.replicas) and pool.region not in spec.dataset.replicas
+    )
+    locality = config.remote_data_slowdown if remote else 1.0
+    transfer = n * config.transfer_usd_per_node_hour if remote else 0.0
+    risk = capacity_risk(quote, stats, config)
+    gang_price = n * quote.price_per_hour
+    score = (gang_price + transfer) * (1.0 + config.capacity_risk_weight * risk) / (
+        useful * throughput * locality
+    )
+    breakdown = {
+        "price_per_hour": quote.price_per_hour,
+        "gang_price_per_hour": gang_price,
+        "prior_rate": prior,
+        "interruption_rate": rate,
+        "gang_interruptions_per_hour": gang_rate,
+        "loss_hours_per_interruption": loss_h,
+        "useful_fraction": useful,
+        "throughput": throughput,
+        "locality": locality,
+        "transfer_usd_per_hour": transfer,
+        "capacity_risk": risk,
+    }
+    return ScoredPool(pool=pool, quote=quote, score=score, breakdown=breakdown)
+
+
+def _why_not(
+    spec: JobSpec, quote: PoolQuote, stats: PoolStats | None, now: float, excluded: frozenset[str],
+    quotas: Mapping[str, float] | None,
+) -> str | None:
+    res, pool = spec.resources, quote.pool
+    if pool.key in excluded:
+        return "excluded"
+    if pool.instance_type not in res.instance_types:
+        return "instance type not allowed by the spec"
+    if pool.market not in {m.value for m in res.markets}:
+        return "market not allowed by the spec"
+    if pool.region not in res.regions:
+        return "region not allowed by the spec"
+    if res.max_hourly_price is not None and quote.price_per_hour > res.max_hourly_price:
+        return f"price {quote.price_per_hour:.2f} above max_hourly_price {res.max_hourly_price:.2f}"
+    if stats is not None and stats.cooling(now):
+        return f"cooling down until {stats.cooldown_until:.0f} after {stats.last_event}"
+    info = catalog.instance(pool.instance_type)
+    quota = quotas.get(f"{pool.region}/{pool.market}") if quotas else None
+    if quota is not None and info is not None and res.nodes * info.vcpus > quota:
+        return f"needs {res.nodes * info.vcpus} vCPUs, quota leaves {quota:.0f}"
+    return None
+
+
+def evaluate_pools(
+    spec: JobSpec, quotes: list[PoolQuote], stats: Mapping[str, PoolStats], now: float,
+    excluded: frozenset[str] = frozenset(), *, quotas: Mapping[str, float] | None = None,
+    config: PlacementConfig = DEFAULT_CONFIG,
+) -> Ranking:
+    """Candidates best first, and why each other quoted pool was dropped."""
+    ranked: list[ScoredPool] = []
+    dropped: dict[str, str] = {}
+    for quote in quotes:
+        reason = _why_not(spec, quote, stats.get(quote.pool.key), now, excluded, quotas)
+        if reason is None:
+            ranked.append(score_pool(spec, quote, stats.get(quote.pool.key), config))
+        else:
+            dropped[quote.pool.key] = reason
+    ranked.sort(key=lambda s: (s.score, s.pool.key))
+    return Ranking(ranked=ranked, dropped=dropped)
+
+
+def rank_pools(
+    spec: JobSpec, quotes: list[PoolQuote], stats: dict[str, PoolStats], now: float,
+    excluded: frozenset[str] = frozenset(), *, quotas: Mapping[str, float] | None = None,
+    config: PlacementConfig = DEFAULT_CONFIG,
+) -> list[ScoredPool]:
+    """Candidate pools best first (lowest expected USD per useful hour). ``quotas`` maps
+    ``"<region>/<market>"`` to the vCPUs the account can still start there."""
+    return evaluate_pools(spec, quotes, stats, now, excluded, quotas=quotas, config=config).ranked
+
+
+def best_pool(
+    spec: JobSpec, quotes: list[PoolQuote], stats: dict[str, PoolStats], now: float,
+    excluded: frozenset[str] = frozenset(), *, quotas: Mapping[str, float] | None = None,
+    config: PlacementConfig = DEFAULT_CONFIG,
+) -> ScoredPool:
+    """The winner, or ``NoPlacementError`` saying why every quoted pool was dropped."""
+    ranking = evaluate_pools(spec, quotes, stats, now, excluded, quotas=quotas, config=config)
+    if ranking.ranked:
+        return ranking.ranked[0]
+    if not ranking.dropped:
+        raise NoPlacementError("no pool was quoted for the spec's regions, types and markets")
+    reasons = "; ".join(f"{key}: {why}" for key, why in sorted(ranking.dropped.items()))
+    raise NoPlacementError(f"no candidate pool left: {reasons}")

@@ -1,0 +1,151 @@
+"""Recovery strategies, registered by name; the job spec's ``recovery.strategy`` picks one.
+
+A strategy is a small pure class: given how the attempt ended, the gang's nodes and the market, it
+returns a ``RecoveryPlan`` (where to launch which ranks, which instances to keep or terminate).
+Placement scoring is the same ``rank_pools`` the first launch uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from spotrelay.domain.models import Node, NodeState, Pool
+from spotrelay.placement.policy import DEFAULT_CONFIG, PlacementConfig, ScoredPool, best_pool, evaluate_pools
+from spotrelay.placement.pool_stats import PoolStats
+from spotrelay.ports.market import PoolQuote
+from spotrelay.recovery.classify import Outcome
+from spotrelay.spec.models import JobSpec
+
+_GONE = (NodeState.DOOMED, NodeState.LOST, NodeState.TERMINATED)
+
+
+class RecoveryContext(BaseModel):
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    spec: JobSpec
+    outcome: Outcome
+    nodes: list[Node]  # the gang of the attempt that ended (all ranks, any state)
+    quotes: list[PoolQuote]
+    stats: dict[str, PoolStats] = Field(default_factory=dict)
+    now: float
+    excluded: frozenset[str] = frozenset()
+    quotas: dict[str, float] | None = None
+    config: PlacementConfig = DEFAULT_CONFIG
+    keep_margin: float = Field(0.05, ge=0, description="keep survivors unless another pool is this much cheaper")
+
+    def survivors(self) -> list[Node]:
+        lost = set(self.outcome.lost_ranks)
+        return sorted((n for n in self.nodes if n.rank not in lost and n.state not in _GONE), key=lambda n: n.rank)
+
+    def lost_ranks(self) -> list[int]:
+        alive = {n.rank for n in self.survivors()}
+        return [r for r in range(self.spec.resources.nodes) if r not in alive]
+
+
+class RecoveryPlan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    strategy: str
+    action: Literal["new-cluster", "replace-lost", "restart-in-place"]
+    pool: Pool
+    scored: ScoredPool | None = None  # the score of ``pool`` (None only when no market data was needed)
+    launch_ranks: list[int]  # ranks to launch now, in launch order
+    keep_instance_ids: list[str]  # survivors that stay in the gang
+    terminate_instance_ids: list[str]  # survivors to release
+    reason: str
+
+
+class RecoveryStrategy(Protocol):
+    name: str
+
+    def plan(self, ctx: RecoveryContext) -> RecoveryPlan: ...
+
+
+_REGISTRY: dict[str, Callable[[], RecoveryStrategy]] = {}
+
+
+def register(name: str) -> Callable[[type], type]:
+    def wrap(cls: type) -> type:
+        if name in _REGISTRY:
+            raise ValueError(f"recovery strategy '{name}' is registered twice")
+        cls.name = name  # type: ignore[attr-defined]
+        _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def strategy_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_strategy(name: str) -> RecoveryStrategy:
+    try:
+        return _REGISTRY[name]()
+    except KeyError:
+        raise ValueError(f"unknown recovery strategy '{name}'; known: {strategy_names()}") from None
+
+
+def plan_recovery(ctx: RecoveryContext) -> RecoveryPlan:
+    """Plan with the strategy the spec names."""
+    return get_strategy(ctx.spec.recovery.strategy).plan(ctx)
+
+
+@register("replace-cluster")
+class ReplaceCluster:
+    """Release every survivor and launch a whole new gang in the best pool."""
+
+    name: str
+
+    def plan(self, ctx: RecoveryContext) -> RecoveryPlan:
+        best = best_pool(ctx.spec, ctx.quotes, ctx.stats, ctx.now, ctx.excluded, quotas=ctx.quotas,
+                         config=ctx.config)
+        return self.new_cluster(ctx, best, f"{ctx.outcome.kind}: new gang in {best.pool.key}")
+
+    def new_cluster(self, ctx: RecoveryContext, best: ScoredPool, reason: str) -> RecoveryPlan:
+        return RecoveryPlan(
+            strategy=self.name, action="new-cluster", pool=best.pool, scored=best,
+            launch_ranks=list(range(ctx.spec.resources.nodes)), keep_instance_ids=[],
+            terminate_instance_ids=[n.instance_id for n in ctx.survivors()], reason=reason,
+        )
+
+
+@register("replace-lost-nodes")
+class ReplaceLostNodes(ReplaceCluster):
+    """Keep survivors; launch only the lost ranks in the survivors' pool (same AZ, same placement
+    group). Falls back to a new cluster when that pool is cooling down, excluded or no longer
+    quoted, or when another pool is cheaper per useful hour by more than ``keep_margin``."""
+
+    def plan(self, ctx: RecoveryContext) -> RecoveryPlan:
+        survivors = ctx.survivors()
+        if not survivors:
+            return super().plan(ctx)
+        pools = {n.pool for n in survivors}
+        if len(pools) != 1:
+            return self._fallback(ctx, "survivors span several pools")
+        home = pools.pop()
+        ranking = evaluate_pools(ctx.spec, ctx.quotes, ctx.stats, ctx.now, ctx.excluded, quotas=ctx.quotas,
+                                 config=ctx.config)
+        if home.key in ranking.dropped:
+            return self._fallback(ctx, f"pool {home.key} is not usable: {ranking.dropped[home.key]}")
+        same = next((s for s in ranking.ranked if s.pool == home), None)
+        if same is None:
+            return self._fallback(ctx, f"pool {home.key} has no quote")
+        best = ranking.ranked[0]
+        if same.score > best.score * (1.0 + ctx.keep_margin):
+            return self.new_cluster(
+                ctx, best, f"{best.pool.key} costs {best.score:.2f} per useful hour vs {same.score:.2f} in "
+                f"{home.key}: new gang",
+            )
+        lost = ctx.lost_ranks()
+        return RecoveryPlan(
+            strategy=self.name, action="replace-lost" if lost else "restart-in-place", pool=home, scored=same,
+            launch_ranks=lost, keep_instance_ids=[n.instance_id for n in survivors], terminate_instance_ids=[],
+            reason=f"{ctx.outcome.kind}: keep {len(survivors)} survivors in {home.key}, launch ranks {lost}",
+        )
+
+    def _fallback(self, ctx: RecoveryContext, why: str) -> RecoveryPlan:
+        best = best_pool(ctx.spec, ctx.quotes, ctx.stats, ctx.now, ctx.excluded, quotas=ctx.quotas,
+                         config=ctx.config)
+        return self.new_cluster(ctx, best, f"{why}: new gang in {best.pool.key}")
