@@ -33,7 +33,7 @@ def notifier() -> Notifier | None:
         from spotrelay.adapters.sns_notifier import SnsNotifier  # written with the controller
     except ImportError:
         return None
-    return SnsNotifier()  # type: ignore[no-any-return]
+    return SnsNotifier()
 
 
 def reset() -> None:

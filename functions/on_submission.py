@@ -22,7 +22,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     obj = parsed.detail.object
     logger.append_keys(key=obj.key)
     result = submit(
-        obj.key, obj.etag or "", obj.size or 0,
+        obj.key, obj.etag or "", int(obj.size or 0),
         store=deps.store(), objects=deps.objects(), workflow=deps.workflow(), now=time.time(),
         notifier=deps.notifier(),
     )

@@ -16,7 +16,7 @@ def client(service: str, region: str | None = None) -> Any:
     from spotrelay.settings import settings
 
     s = settings()
-    return boto3.session.Session().client(
+    return boto3.session.Session().client(  # type: ignore[call-overload]
         service, region_name=region or s.region, endpoint_url=s.endpoint_url, config=_CONFIG
     )
 
@@ -26,7 +26,7 @@ def resource(service: str, region: str | None = None) -> Any:
     from spotrelay.settings import settings
 
     s = settings()
-    return boto3.session.Session().resource(
+    return boto3.session.Session().resource(  # type: ignore[call-overload]
         service, region_name=region or s.region, endpoint_url=s.endpoint_url, config=_CONFIG
     )
 

@@ -48,7 +48,7 @@ class S3ObjectStore:
         out = self._s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType=content_type)
         return str(out["ETag"]).strip('"')
 
-    def list(self, prefix: str) -> list[str]:
+    def list_keys(self, prefix: str) -> list[str]:
         keys: list[str] = []
         for page in self._s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
             keys.extend(obj["Key"] for obj in page.get("Contents", []))

@@ -99,5 +99,5 @@ def install() -> None:
         return
     from moto.awslambda_simple.models import LambdaSimpleBackend
 
-    LambdaSimpleBackend.invoke = _invoke  # type: ignore[method-assign,assignment]
+    LambdaSimpleBackend.invoke = _invoke  # type: ignore[method-assign]
     _installed = True

@@ -121,7 +121,7 @@ def test_oversized_file(tmp_path: Path) -> None:
 
 
 def test_missing_file_names_the_file(tmp_path: Path) -> None:
-    with pytest.raises(SpecError, match="nope.yaml"):
+    with pytest.raises(SpecError, match=r"nope\.yaml"):
         load_spec(tmp_path / "nope.yaml")
 
 
