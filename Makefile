@@ -32,7 +32,6 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
 	$(BIN)/mypy spotrelay functions agent cdk
 
 synth: $(STAMP)
