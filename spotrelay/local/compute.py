@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spotrelay.domain.models import Pool
 from spotrelay.local.ec2_events import Ec2EventBus
 from spotrelay.local.fake_imds import FakeImds
 from spotrelay.local.market import MarketModel
+from spotrelay.local.motoserver import free_port
 from spotrelay.ports.compute import Instance, LaunchRequest
 
 log = logging.getLogger(__name__)
@@ -64,12 +64,14 @@ class LocalCompute:
     """Implements ``spotrelay.ports.compute.Compute`` with local processes."""
 
     def __init__(self, market: MarketModel, root: Path, agent_env: dict[str, str] | None = None,
-                 agent_cmd: list[str] | None = None, bus: Ec2EventBus | None = None) -> None:
+                 agent_cmd: list[str] | None = None, bus: Ec2EventBus | None = None,
+                 code_dir: Path | None = None) -> None:
         self.market = market
         self.root = root
         self.agent_env = agent_env or {}
         self.agent_cmd = agent_cmd or [_python(), "-m", "agent.main"]
         self.bus = bus or Ec2EventBus()
+        self.code_dir = code_dir or Path.cwd()  # where the job's code is "baked into the AMI"
         self._instances: dict[str, LocalInstance] = {}
         self._lock = threading.RLock()
         self._closed = False
@@ -77,9 +79,10 @@ class LocalCompute:
     # --- Compute port ------------------------------------------------------------------------
     def launch(self, request: LaunchRequest) -> list[Instance]:
         self.market.check_capacity(request.pool)  # all or nothing: nothing was started yet
+        port = free_port()  # one rendezvous port per gang
         launched = []
         for rank in request.ranks[: request.count]:
-            launched.append(self._start_instance(request, rank))
+            launched.append(self._start_instance(request, rank, port))
         return [li.instance for li in launched]
 
     def terminate(self, instance_ids: list[str], region: str) -> None:
@@ -147,14 +150,14 @@ class LocalCompute:
                 self._end(li.instance.instance_id, "terminated", graceful=False, emit=False)
 
     # --- internals -----------------------------------------------------------------------------
-    def _start_instance(self, request: LaunchRequest, rank: int) -> LocalInstance:
+    def _start_instance(self, request: LaunchRequest, rank: int, port: int) -> LocalInstance:
         iid = "i-" + secrets.token_hex(8)[:17]
         work = self.root / "nodes" / f"{request.job_id}-a{request.attempt}-r{rank}-{iid}"
         work.mkdir(parents=True, exist_ok=True)
         inst = Instance(instance_id=iid, pool=request.pool, rank=rank, private_ip="127.0.0.1",
                         state="pending", job_id=request.job_id, attempt=request.attempt)
-        tags = {"spotrelay:job": request.job_id, "spotrelay:attempt": str(request.attempt),
-                "spotrelay:rank": str(rank)}
+        tags = {"spotrelay:job-id": request.job_id, "spotrelay:attempt": str(request.attempt),
+                "spotrelay:rank": str(rank), "spotrelay:nodes": str(request.count)}
         imds = FakeImds(instance_id=iid, region=request.pool.region, az=request.pool.az,
                         instance_type=request.pool.instance_type, private_ip="127.0.0.1", tags=tags,
                         user_data=request.user_data or None).start()
@@ -162,20 +165,20 @@ class LocalCompute:
                            user_data=request.user_data)
         with self._lock:
             self._instances[iid] = li
-        timer = threading.Timer(self.market.boot_delay_s(), self._boot, (li, request))
+        timer = threading.Timer(self.market.boot_delay_s(), self._boot, (li, request, port))
         timer.daemon = True
         li.timers.append(timer)
         timer.start()
         return li
 
-    def _boot(self, li: LocalInstance, request: LaunchRequest) -> None:
+    def _boot(self, li: LocalInstance, request: LaunchRequest, port: int) -> None:
         with self._lock:
             if not li.alive or self._closed:
                 return
-            env = {**os.environ, **self.agent_env, **agent_environment(li, request)}
+            env = {**os.environ, **self.agent_env, **agent_environment(li, request, port)}
             log_file = open(li.work_dir / "agent.log", "ab")  # noqa: SIM115 - the child owns it
             li.process = subprocess.Popen(
-                self.agent_cmd, cwd=str(li.work_dir), env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                self.agent_cmd, cwd=str(self.code_dir), env=env, stdout=log_file, stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: kill takes torchrun and ranks too
             )
             log_file.close()
@@ -201,19 +204,22 @@ class LocalCompute:
         log.info("instance %s (rank %s) %s", iid, li.instance.rank, reason)
 
 
-def agent_environment(li: LocalInstance, request: LaunchRequest) -> dict[str, str]:
-    """What a real node learns from IMDS, tags and user data, plus where its disks are."""
+def agent_environment(li: LocalInstance, request: LaunchRequest, master_port: int) -> dict[str, str]:
+    """What a real node learns from tags and user data, plus where its own disks are.
+
+    Every node gets its own work dir and fast checkpoint tier (two "instances" on one machine must
+    not share a disk), and the gang one rendezvous port (they share 127.0.0.1).
+    """
     i = li.instance
-    return {
-        "SPOTRELAY_IMDS_ENDPOINT": li.imds.url,
-        "SPOTRELAY_AGENT_WORK_DIR": str(li.work_dir),
-        "SPOTRELAY_JOB_ID": request.job_id,
-        "SPOTRELAY_ATTEMPT": str(request.attempt),
-        "SPOTRELAY_RANK": str(i.rank),
-        "SPOTRELAY_NNODES": str(request.count),
-        "SPOTRELAY_CONFIG_URI": request.config_uri,
-        "SPOTRELAY_INSTANCE_ID": i.instance_id,
+    agent = {
+        "job_id": request.job_id, "attempt": str(request.attempt), "rank": str(i.rank),
+        "nodes": str(request.count), "imds_endpoint": li.imds.url, "work_dir": str(li.work_dir),
+        "checkpoint_dir": str(li.work_dir / "checkpoints"), "master_port": str(master_port),
+        "private_ip": "127.0.0.1",
     }
+    if request.config_uri:
+        agent["config_uri"] = request.config_uri
+    return {f"SPOTRELAY_AGENT_{k.upper()}": v for k, v in agent.items()}
 
 
 def _stop_process(proc: subprocess.Popen[bytes] | None, graceful: bool, grace_s: float = 5.0) -> None:
@@ -263,6 +269,3 @@ def _python() -> str:
 
     return sys.executable
 
-
-def pool_of(region: str, az: str, instance_type: str, market: str) -> Pool:
-    return Pool(region=region, az=az, instance_type=instance_type, market=market)

@@ -46,6 +46,7 @@ class TwinOptions:
     timings: dict[str, int] = field(default_factory=lambda: dict(TWIN_TIMINGS))
     agent_cmd: list[str] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)  # for the controller and the agents
+    moto: motoserver.MotoServer | None = None  # reuse a running server (tests); it is reset first
 
 
 class Twin:
@@ -60,15 +61,25 @@ class Twin:
         self.ticker: Ticker | None = None
         self.state_machine_arn: str | None = None
         self.env: dict[str, str] = {}  # what a CLI or an agent needs to talk to this twin
+        self._saved_env: dict[str, str] | None = None
 
     # --- bring-up -----------------------------------------------------------------------------
     def start(self) -> Twin:
         from spotrelay.settings import reset
 
         self.root.mkdir(parents=True, exist_ok=True)
+        self._saved_env = dict(os.environ)
         os.environ.update({f"SPOTRELAY_WF_{k.upper()}": str(v) for k, v in self.options.timings.items()})
         os.environ.update(self.options.extra_env)
-        self.moto = motoserver.start(apply_env=True)
+        if self.options.moto is not None:
+            self.moto = self.options.moto
+            os.environ.update(self.moto.env())
+            for key in (RESOURCES.topic_env, RESOURCES.state_machine_env):
+                os.environ.pop(key, None)
+            reset()
+            self.moto.reset()
+        else:
+            self.moto = motoserver.start(apply_env=True)
         created = provision.create_storage()
         os.environ[RESOURCES.topic_env] = created["topic_arn"]
         reset()
@@ -101,8 +112,24 @@ class Twin:
             self.compute.close()
         if self.dispatcher:
             self.dispatcher.stop()
-        if self.moto:
+        if self.moto and self.options.moto is None:
             self.moto.stop()
+        self._restore()
+
+    def _restore(self) -> None:
+        """Give the process its environment and adapters back (tests run more after a twin)."""
+        from spotrelay.settings import reset
+
+        if self._saved_env is not None:
+            os.environ.clear()
+            os.environ.update(self._saved_env)
+        try:
+            from functions import _runtime
+
+            _runtime.set_factories(compute=None, market=None)
+        except ImportError:
+            pass
+        reset()
 
     def __enter__(self) -> Twin:
         return self.start()

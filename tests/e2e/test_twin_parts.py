@@ -1,0 +1,139 @@
+"""The twin's parts on their own: market model, local compute (processes, notices, EC2 events),
+and the rules -> SQS -> handler path. Fast: no training."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from spotrelay.domain.models import Pool
+from spotrelay.errors import InsufficientCapacityError
+from spotrelay.local.compute import LocalCompute
+from spotrelay.local.ec2_events import Ec2EventBus
+from spotrelay.local.market import CapacityRule, ChaosAction, MarketModel, load_removals, trace_interruption_rate
+from spotrelay.ports.compute import LaunchRequest
+
+POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
+
+# A stand-in for the agent: reads its IMDS the way the agent does and records what it saw.
+PROBE = """
+import json, os, time, requests
+url = os.environ["SPOTRELAY_AGENT_IMDS_ENDPOINT"]
+out = os.path.join(os.environ["SPOTRELAY_AGENT_WORK_DIR"], "probe.json")
+while True:
+    tok = requests.put(url + "/latest/api/token", headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"}).text
+    h = {"X-aws-ec2-metadata-token": tok}
+    iid = requests.get(url + "/latest/meta-data/instance-id", headers=h).text
+    action = requests.get(url + "/latest/meta-data/spot/instance-action", headers=h)
+    with open(out + ".tmp", "w") as fh:
+        json.dump({"instance_id": iid, "notice": action.status_code == 200,
+                   "rank": os.environ["SPOTRELAY_AGENT_RANK"]}, fh)
+    os.replace(out + ".tmp", out)
+    time.sleep(0.2)
+"""
+
+
+def test_market_quotes_are_stable_and_spot_is_cheaper() -> None:
+    market = MarketModel(regions=["us-east-1", "us-west-2"])
+    quotes = market.quotes(["us-east-1", "us-west-2"], ["p5.48xlarge", "p4d.24xlarge"], ["spot", "on-demand"])
+    assert len(quotes) == 2 * 2 * 2 * 2
+    assert quotes == MarketModel().quotes(["us-east-1", "us-west-2"], ["p5.48xlarge", "p4d.24xlarge"],
+                                          ["spot", "on-demand"])
+    for q in quotes:
+        if q.pool.market == "spot":
+            assert q.price_per_hour < market.on_demand_price(q.pool.instance_type, q.pool.region)
+            assert q.advisor_band is not None
+    assert len({q.price_per_hour for q in quotes if q.pool.market == "spot"}) > 1  # pools differ
+
+
+def test_capacity_rules_fail_matching_launches_then_run_out() -> None:
+    market = MarketModel(capacity=[CapacityRule("us-east-1/*/p5.48xlarge/spot", times=2)])
+    for _ in range(2):
+        with pytest.raises(InsufficientCapacityError):
+            market.check_capacity(POOL)
+    market.check_capacity(POOL)
+    market.check_capacity(POOL.model_copy(update={"instance_type": "p4d.24xlarge"}))
+
+
+def test_chaos_fires_once_at_its_step() -> None:
+    market = MarketModel(chaos=[ChaosAction.parse("interrupt:1@step=10"), ChaosAction.parse("kill:a2-r0@t=5")])
+    assert market.due_chaos(step=9, elapsed_s=1, attempt=1) == []
+    due = market.due_chaos(step=10, elapsed_s=1, attempt=1)
+    assert [(a.kind, a.node) for a in due] == [("interrupt", "1")]
+    assert market.due_chaos(step=11, elapsed_s=2, attempt=1) == []
+    assert [a.kind for a in market.due_chaos(step=None, elapsed_s=6, attempt=2)] == ["kill"]
+    with pytest.raises(ValueError):
+        ChaosAction.parse("explode:1")
+
+
+def test_trace_replay_is_scaled() -> None:
+    removals = load_removals()
+    assert len(removals) == 74 and removals == sorted(removals)
+    assert 0 < trace_interruption_rate() < 5
+    market = MarketModel()
+    market.use_trace(speedup=1000.0)
+    first = removals[0] / 1000.0
+    assert market.due_trace_removals(first - 0.01) == 0
+    assert market.due_trace_removals(first) >= 1
+
+
+@pytest.fixture
+def compute(aws: dict[str, str], tmp_path: Path) -> Iterator[tuple[LocalCompute, list[tuple[str, dict]]]]:
+    seen: list[tuple[str, dict]] = []
+    bus = Ec2EventBus()
+    bus.listeners.append(lambda kind, detail: seen.append((kind, detail)))
+    market = MarketModel(boot_time_s=20, time_scale=0.01, notice_window_s=1.5,
+                         capacity=[CapacityRule("*/p4d.24xlarge/spot")])
+    c = LocalCompute(market, tmp_path, agent_cmd=[sys.executable, "-c", PROBE], bus=bus)
+    yield c, seen
+    c.close()
+
+
+def _probe(c: LocalCompute, ref: str, timeout: float = 15) -> dict:
+    path = c.find(ref).work_dir / "probe.json"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if path.exists():
+            return json.loads(path.read_text())
+        time.sleep(0.1)
+    raise AssertionError(f"no probe output at {path}")
+
+
+def test_local_compute_launch_interrupt_kill(compute: tuple[LocalCompute, list[tuple[str, dict]]]) -> None:
+    c, seen = compute
+    with pytest.raises(InsufficientCapacityError):
+        c.launch(LaunchRequest(job_id="j", attempt=1, pool=POOL.model_copy(update={"instance_type": "p4d.24xlarge"}),
+                               count=2, ranks=[0, 1]))
+    assert c.list_tagged([]) == []
+
+    insts = c.launch(LaunchRequest(job_id="j", attempt=1, pool=POOL, count=2, ranks=[0, 1]))
+    assert [i.rank for i in insts] == [0, 1]
+    assert {i.job_id for i in c.list_tagged(["us-east-1"])} == {"j"}
+    first = _probe(c, "a1-r1")
+    assert first["instance_id"] == insts[1].instance_id and first["notice"] is False
+
+    c.interrupt("1")
+    deadline = time.time() + 5
+    while not _probe(c, "1")["notice"]:
+        assert time.time() < deadline, "the notice never reached the node's IMDS"
+        time.sleep(0.1)
+    assert seen[0] == ("EC2 Spot Instance Interruption Warning",
+                       {"instance-id": insts[1].instance_id, "instance-action": "terminate"})
+    time.sleep(2.5)  # the notice window ends: the instance is taken
+    rank1 = next(li for li in c.instances() if li.instance.rank == 1)
+    assert rank1.end_reason == "interrupted" and rank1.process is not None and rank1.process.poll() is not None
+    gone = {"instance-id": insts[1].instance_id, "state": "terminated"}
+    assert ("EC2 Instance State-change Notification", gone) in seen
+
+    killed = c.kill("0")
+    rank0 = next(li for li in c.instances() if li.instance.instance_id == killed)
+    assert rank0.end_reason == "killed" and rank0.process is not None and rank0.process.poll() == -9
+    assert c.list_tagged([]) == []
+    with pytest.raises(requests.ConnectionError):
+        requests.put(rank0.imds.url + "/latest/api/token", timeout=1)
