@@ -19,20 +19,14 @@ from typing import Literal
 
 from spotrelay.domain.models import Pool
 from spotrelay.errors import InsufficientCapacityError
+from spotrelay.placement import catalog
 from spotrelay.ports.market import PoolQuote
 
 TRACE = Path(__file__).resolve().parent / "data" / "bamboo-g4dn-trace.csv"
 
-# USD per instance-hour on demand (us-east-1 list prices); spot trades at a discount per pool.
-ON_DEMAND_PRICE: dict[str, float] = {
-    "p5.48xlarge": 98.32,
-    "p4d.24xlarge": 32.77,
-    "p4de.24xlarge": 40.97,
-    "g5.xlarge": 1.006,
-    "g4dn.xlarge": 0.526,
-}
+# Fallbacks for instance types the placement catalog does not list (USD per instance-hour).
+ON_DEMAND_PRICE: dict[str, float] = {"g5.xlarge": 1.006, "g4dn.xlarge": 0.526}
 DEFAULT_ON_DEMAND = 10.0
-REGION_PREMIUM = {"us-east-1": 1.0, "us-east-2": 1.0, "us-west-2": 1.0, "eu-west-1": 1.1}
 
 
 def az_names(region: str, count: int) -> list[str]:
@@ -100,21 +94,24 @@ class MarketModel:
     def quotes(self, regions: list[str], instance_types: list[str], markets: list[str]) -> list[PoolQuote]:
         out: list[PoolQuote] = []
         for region in regions:
-            for az in az_names(region, self.azs_per_region):
-                for itype in instance_types:
+            for itype in instance_types:
+                for az in catalog.zones(region, itype)[: self.azs_per_region] or az_names(region, self.azs_per_region):
                     for market in markets:
                         out.append(self.quote(Pool(region=region, az=az, instance_type=itype, market=market)))
         return out
 
     def quote(self, pool: Pool) -> PoolQuote:
-        od = ON_DEMAND_PRICE.get(pool.instance_type, DEFAULT_ON_DEMAND)
-        od *= REGION_PREMIUM.get(pool.region, 1.05)
+        od = catalog.on_demand_price(pool.region, pool.instance_type) or ON_DEMAND_PRICE.get(
+            pool.instance_type, DEFAULT_ON_DEMAND)
         if pool.market != "spot":
             return PoolQuote(pool=pool, price_per_hour=round(od, 4))
-        jitter = _unit(pool.key, "price") * 0.2 - 0.1
-        band = int(_unit(pool.key, "band") * 3)  # 0..2: the Spot Advisor bands GPU pools usually sit in
+        jitter = _unit(pool.key, "price") * 0.2 - 0.1  # pools of one type differ a little, stably
+        band = catalog.advisor_band(pool.region, pool.instance_type)
+        if band is None:
+            band = int(_unit(pool.key, "band") * 3)
         score = round(3 + _unit(pool.key, "score") * 7, 1)
-        price = od * (1 - self.spot_discount + jitter)
+        typical = catalog.typical_spot_price(pool.region, pool.instance_type) or od * (1 - self.spot_discount)
+        price = typical * (1 + jitter)
         return PoolQuote(pool=pool, price_per_hour=round(price, 4), advisor_band=band, placement_score=score)
 
     def on_demand_price(self, instance_type: str, region: str = "us-east-1") -> float:
