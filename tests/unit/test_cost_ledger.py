@@ -1,0 +1,52 @@
+"""The cost ledger: per-attempt cost, cost so far, the on-demand line, the budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from spotrelay.domain.cost import CostEntry, CostLedger, attempt_cost, check_budget
+from spotrelay.domain.models import Pool
+from spotrelay.errors import BudgetExceededError
+
+T0 = 1_800_000_000.0
+P5 = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
+
+
+def entry(attempt: int, nodes: int, start: float, end: float | None = None, price: float = 22.0) -> CostEntry:
+    return CostEntry(attempt=attempt, pool=P5, nodes=nodes, price_per_hour=price, on_demand_price_per_hour=55.0,
+                     started_at=start, ended_at=end)
+
+
+def test_attempt_cost_is_price_times_nodes_times_hours() -> None:
+    assert attempt_cost(22.0, 4, T0, T0 + 1800) == pytest.approx(44.0)
+    assert attempt_cost(22.0, 4, T0, T0 - 5) == 0.0
+    with pytest.raises(ValueError):
+        attempt_cost(-1.0, 1, T0, T0 + 1)
+
+
+def test_ledger_sums_attempts_and_replacements_and_keeps_the_clock_running() -> None:
+    ledger = CostLedger().opened(entry(1, 4, T0))
+    ledger = ledger.closed(T0 + 3600)  # attempt 1: 4 nodes for an hour = 88
+    ledger = ledger.opened(entry(2, 4, T0 + 4000))
+    # replace-lost-nodes in attempt 3: attempt 2's survivors keep running, one new node joins
+    ledger = ledger.closed(T0 + 7600, attempt=2).opened(entry(2, 3, T0 + 7600)).opened(entry(3, 1, T0 + 7600))
+    now = T0 + 7600 + 1800
+    assert ledger.attempt_cost(1, now) == pytest.approx(88.0)
+    assert ledger.attempt_cost(2, now) == pytest.approx(88.0 + 3 * 11.0)
+    assert ledger.attempt_cost(3, now) == pytest.approx(11.0)
+    assert ledger.cost_so_far(now) == pytest.approx(88.0 + 88.0 + 33.0 + 11.0)
+    assert ledger.on_demand_equivalent(now) == pytest.approx(220.0 * 55.0 / 22.0)
+    saved, fraction = ledger.savings(now)
+    assert fraction == pytest.approx(0.6) and saved == pytest.approx(550.0 - 220.0)
+    assert "saved $330.00 = 60%" in ledger.summary(now)
+
+
+def test_budget_check() -> None:
+    ledger = CostLedger().opened(entry(1, 2, T0))
+    ledger.check_budget(None, T0 + 10 * 3600)
+    ledger.check_budget(100.0, T0 + 3600)  # 44 spent
+    with pytest.raises(BudgetExceededError, match=r"\$132.00 reached the budget of \$100.00"):
+        ledger.check_budget(100.0, T0 + 3 * 3600)
+    with pytest.raises(BudgetExceededError):
+        check_budget(100.0, 100.0)
+    assert CostLedger().savings(T0) == (0.0, 0.0)

@@ -1,0 +1,79 @@
+"""How attempts end and whether the retry budget allows another."""
+
+from __future__ import annotations
+
+import pytest
+
+from spotrelay.domain.models import Node, NodeState, Pool
+from spotrelay.errors import RetryBudgetExhaustedError
+from spotrelay.recovery import AttemptEnd, Charge, check_retry_budget, classify_attempt, classify_nodes
+from spotrelay.spec.models import Recovery
+
+POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
+
+
+@pytest.mark.parametrize(
+    ("codes", "doomed", "lost", "kind", "gone"),
+    [
+        ({0: 0, 1: 0}, [], [], AttemptEnd.SUCCEEDED, ()),
+        ({0: 75, 1: 75}, [1], [], AttemptEnd.INTERRUPTED, (1,)),
+        ({0: 75}, [], [], AttemptEnd.INTERRUPTED, ()),  # the IMDS path alone
+        ({0: 77}, [], [1], AttemptEnd.NODE_LOST, (1,)),  # survivors see a broken collective
+        ({0: 1, 1: 77}, [], [], AttemptEnd.USER_ERROR, ()),  # user code is the root cause
+        ({0: 0, 1: 3}, [], [], AttemptEnd.USER_ERROR, ()),
+        ({0: 77, 1: 0}, [], [], AttemptEnd.INFRA_ERROR, (0,)),
+        ({0: -9}, [], [], AttemptEnd.INFRA_ERROR, (0,)),
+        ({0: 78, 1: 75}, [1], [], AttemptEnd.CANCELLED, (1,)),
+    ],
+)
+def test_classify_attempt(codes: dict[int, int], doomed: list[int], lost: list[int], kind: AttemptEnd,
+                          gone: tuple[int, ...]) -> None:
+    outcome = classify_attempt(codes, doomed, lost)
+    assert outcome.kind is kind
+    assert outcome.lost_ranks == gone
+
+
+def test_classify_names_the_deciding_rank_and_code() -> None:
+    out = classify_attempt({0: 77, 1: 0, 2: 13, 3: 1})
+    assert (out.kind, out.rank, out.exit_code) == (AttemptEnd.USER_ERROR, 2, 13)
+    assert "exited 13 on rank 2" in out.reason
+    unsaved = classify_attempt({0: 76, 1: 76}, doomed_ranks=[0])
+    assert "missed the deadline" in unsaved.reason
+    with pytest.raises(ValueError):
+        classify_attempt({})
+
+
+def test_classify_from_node_records() -> None:
+    def node(rank: int, state: NodeState, code: int | None = None) -> Node:
+        return Node(job_id="j", node_id=f"a1-r{rank}", attempt=1, rank=rank, instance_id=f"i-{rank}", pool=POOL,
+                    state=state, exit_code=code)
+
+    out = classify_nodes([node(0, NodeState.EXITED, 77), node(1, NodeState.LOST), node(2, NodeState.RUNNING)])
+    assert out.kind is AttemptEnd.NODE_LOST and out.lost_ranks == (1,)
+    assert classify_nodes([node(0, NodeState.RUNNING)], cancelled=True).kind is AttemptEnd.CANCELLED
+
+
+def test_recoveries_are_charged_until_the_budget_is_spent() -> None:
+    policy = Recovery(max_recoveries=2)
+    outcome = classify_attempt({0: 75}, doomed_ranks=[0])
+    d = check_retry_budget(policy, outcome, recoveries_used=1, user_restarts_used=0)
+    assert (d.charge, d.recoveries, d.user_restarts) == (Charge.RECOVERY, 2, 0)
+    with pytest.raises(RetryBudgetExhaustedError, match=r"recoveries spent \(2 of max_recoveries=2\)"):
+        check_retry_budget(policy, outcome, recoveries_used=2, user_restarts_used=0)
+
+
+def test_user_errors_follow_the_restart_policy() -> None:
+    crash = classify_attempt({0: 3})
+    with pytest.raises(RetryBudgetExhaustedError, match="max_user_restarts=0"):
+        check_retry_budget(Recovery(), crash, 0, 0)  # default: no user restarts
+    d = check_retry_budget(Recovery(max_user_restarts=1), crash, 5, 0)
+    assert (d.charge, d.recoveries, d.user_restarts) == (Charge.USER_RESTART, 5, 1)
+    only_oom = Recovery(max_user_restarts=3, retry_exit_codes=[137])
+    with pytest.raises(RetryBudgetExhaustedError, match=r"exit code 3 is not in retry_exit_codes \[137\]"):
+        check_retry_budget(only_oom, crash, 0, 0)
+    assert check_retry_budget(only_oom, classify_attempt({1: 137}), 0, 2).user_restarts == 3
+
+
+def test_finished_attempts_are_not_retried() -> None:
+    with pytest.raises(ValueError):
+        check_retry_budget(Recovery(), classify_attempt({0: 0}), 0, 0)
