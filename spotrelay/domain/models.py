@@ -46,6 +46,8 @@ class Attempt(Record):
     end_reason: str | None = None  # interrupted | node-lost | user-error | succeeded | cancelled
     resumed_from_step: int | None = None
     cost: float = 0.0
+    price_per_hour: float = 0.0  # USD per instance-hour at launch (the cost ledger's price)
+    nodes: int = 0  # instances billed for this attempt
 
 
 class Job(Record):

@@ -1,0 +1,195 @@
+"""Shared Lambda runtime: one Powertools Logger, lazily built adapters, idempotency.
+
+Nothing here creates a client at import time. Each factory builds its adapter on first use and
+caches it. The Compute and MarketData adapters can be swapped (the local twin and the tests use
+their own), either with :func:`set_factories` or with environment variables naming a factory,
+``SPOTRELAY_COMPUTE_FACTORY=package.module:callable`` (same for ``SPOTRELAY_MARKET_FACTORY``,
+``SPOTRELAY_POOL_STATS_FACTORY``, ``SPOTRELAY_NOTIFIER_FACTORY``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+from aws_lambda_powertools import Logger
+from aws_lambda_powertools.utilities.idempotency import (
+    DynamoDBPersistenceLayer,
+    IdempotencyConfig,
+    idempotent_function,
+)
+
+from spotrelay.ports.compute import Compute
+from spotrelay.ports.job_store import JobStore
+from spotrelay.ports.market import MarketData
+from spotrelay.ports.notifier import Notifier
+from spotrelay.ports.workflow import Workflow
+
+logger = Logger(service="spotrelay")
+
+Factory = Callable[[], Any]
+_overrides: dict[str, Factory] = {}
+_ENV = {
+    "compute": "SPOTRELAY_COMPUTE_FACTORY",
+    "market": "SPOTRELAY_MARKET_FACTORY",
+    "pool_stats": "SPOTRELAY_POOL_STATS_FACTORY",
+    "notifier": "SPOTRELAY_NOTIFIER_FACTORY",
+}
+_cache: dict[str, Any] = {}
+
+
+def set_factories(**factories: Factory | None) -> None:
+    """Replace adapters (``compute=``, ``market=``, ``pool_stats=``, ``notifier=``, ``store=``,
+    ``workflow=``); ``None`` restores the default. Clears cached instances."""
+    for name, factory in factories.items():
+        if factory is None:
+            _overrides.pop(name, None)
+        else:
+            _overrides[name] = factory
+    reset()
+
+
+def reset() -> None:
+    """Forget built adapters (after the environment or the factories changed)."""
+    _cache.clear()
+    _persistence.cache_clear()
+
+
+def _from_env(name: str) -> Factory | None:
+    spec = os.environ.get(_ENV.get(name, ""), "")
+    if not spec:
+        return None
+    module, _, attr = spec.partition(":")
+    factory: Factory = getattr(importlib.import_module(module), attr)
+    return factory
+
+
+def _build(name: str, default: Factory) -> Any:
+    if name not in _cache:
+        factory = _overrides.get(name) or _from_env(name) or default
+        _cache[name] = factory()
+    return _cache[name]
+
+
+def _default_store() -> JobStore:
+    from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+
+    return DynamoDBJobStore()
+
+
+def _default_workflow() -> Workflow:
+    from spotrelay.adapters.sfn_workflow import SfnWorkflow
+
+    return SfnWorkflow()
+
+
+def _default_compute() -> Compute:
+    from spotrelay.adapters.ec2_compute import Ec2Compute  # type: ignore[import-not-found,unused-ignore]
+
+    return Ec2Compute()
+
+
+def _default_market() -> MarketData:
+    from spotrelay.adapters.ec2_market import Ec2Market  # type: ignore[import-not-found,unused-ignore]
+
+    return Ec2Market()
+
+
+def _default_pool_stats() -> Any:
+    from spotrelay.adapters.dynamodb_pool_stats import (  # type: ignore[import-not-found,unused-ignore]
+        DynamoDBPoolStats,
+    )
+
+    return DynamoDBPoolStats()
+
+
+def _default_notifier() -> Notifier:
+    from spotrelay.adapters.sns_notifier import SnsNotifier
+
+    return SnsNotifier()
+
+
+def store() -> JobStore:
+    return _build("store", _default_store)
+
+
+def workflow() -> Workflow:
+    return _build("workflow", _default_workflow)
+
+
+def compute() -> Compute:
+    return _build("compute", _default_compute)
+
+
+def market() -> MarketData:
+    return _build("market", _default_market)
+
+
+def pool_stats() -> Any:
+    return _build("pool_stats", _default_pool_stats)
+
+
+def notifier() -> Notifier:
+    return _build("notifier", _default_notifier)
+
+
+# --- idempotency -------------------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def _persistence() -> DynamoDBPersistenceLayer:
+    from spotrelay.adapters.aws import client
+    from spotrelay.settings import settings
+
+    return DynamoDBPersistenceLayer(table_name=settings().idempotency_table, boto3_client=client("dynamodb"))
+
+
+def once(name: str, key: dict[str, Any], action: Callable[[], dict[str, Any]], context: Any = None,
+         expires_after_s: int = 24 * 3600) -> dict[str, Any]:
+    """Run ``action`` at most once per ``(name, key)`` (DESIGN.md section 3 dedupe keys).
+
+    A repeat returns the first result; a failed run leaves no record, so a redelivery retries.
+    """
+    config = IdempotencyConfig(expires_after_seconds=expires_after_s, raise_on_no_idempotency_key=True)
+    if context is not None:
+        config.register_lambda_context(context)
+
+    def run(key: dict[str, Any]) -> dict[str, Any]:
+        return action()
+
+    run.__qualname__ = run.__name__ = name  # the record id is "<function>.<name>#<hash of key>"
+    guarded = idempotent_function(data_keyword_argument="key", persistence_store=_persistence(), config=config)(run)
+    result: dict[str, Any] = guarded(key=key)
+    return result
+
+
+def controller() -> Any:
+    """The ports bundled for the services (spotrelay.services.controller.Controller)."""
+    from spotrelay.services.controller import Controller
+
+    return Controller(store=store(), workflow=workflow(), compute=_lazy("compute", compute),
+                      market=_lazy("market", market), pool_stats=_lazy("pool_stats", pool_stats),
+                      notifier=_optional_notifier())
+
+
+class _Lazy:
+    """Builds the adapter on first attribute access: a handler that never launches pays nothing."""
+
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self._factory = factory
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._factory(), name)
+
+
+def _lazy(name: str, factory: Callable[[], Any]) -> Any:
+    return _cache[name] if name in _cache else _Lazy(factory)
+
+
+def _optional_notifier() -> Notifier | None:
+    from spotrelay.settings import settings
+
+    if "notifier" not in _overrides and not _from_env("notifier") and not settings().topic_arn:
+        return None
+    return _lazy("notifier", notifier)

@@ -1,0 +1,20 @@
+"""Workflow task: gang-launch in the first candidate pool with capacity; capacity errors propagate."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from functions._runtime import controller, logger
+from spotrelay.services.task_payloads import ProvisionTask
+
+
+@logger.inject_lambda_context(clear_state=True)
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    task = ProvisionTask.model_validate(event)
+    logger.append_keys(job_id=task.job_id)
+    from spotrelay.services.workflow_tasks import provision
+
+    return provision(controller(), task.job_id, task.plan, time.time())

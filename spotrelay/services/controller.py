@@ -1,0 +1,68 @@
+"""What the controller's services work with: the ports, bundled, plus small shared look-ups."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from spotrelay.domain.models import Job, Node
+from spotrelay.ports.compute import Compute
+from spotrelay.ports.job_store import JobStore
+from spotrelay.ports.market import MarketData
+from spotrelay.ports.notifier import Notifier
+from spotrelay.ports.workflow import Workflow
+from spotrelay.spec.models import JobSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Controller:
+    """Ports the services need. Handlers build one from ``functions/_runtime.py``; tests and the
+    twin pass their own adapters. Unused ports may be ``None`` for a service that does not touch them."""
+
+    store: JobStore
+    workflow: Workflow | None = None
+    compute: Compute | None = None
+    market: MarketData | None = None
+    pool_stats: Any = None  # spotrelay.placement.PoolStatsStore
+    notifier: Notifier | None = None
+
+    def need_workflow(self) -> Workflow:
+        assert self.workflow is not None, "this service needs the workflow port"
+        return self.workflow
+
+    def need_compute(self) -> Compute:
+        assert self.compute is not None, "this service needs the compute port"
+        return self.compute
+
+
+def spec_of(job: Job) -> JobSpec:
+    return JobSpec.model_validate(job.spec)
+
+
+def regions_of(job: Job, nodes: list[Node] | None = None) -> list[str]:
+    """Every region the job may have instances in: the spec's and any node's."""
+    regions = list(job.spec.get("resources", {}).get("regions", []))
+    for node in nodes or []:
+        if node.pool.region not in regions:
+            regions.append(node.pool.region)
+    return regions
+
+
+def current_node(store: JobStore, instance_id: str) -> tuple[Job, Node] | None:
+    """The node record of ``instance_id`` in its job's current attempt (a survivor kept by
+    replace-lost-nodes has one record per attempt), with its job; None if it is not ours."""
+    found = store.node_by_instance(instance_id)
+    if found is None:
+        return None
+    job = store.find_job(found.job_id)
+    if job is None:
+        return None
+    mine = [n for n in store.nodes_of(job.job_id) if n.instance_id == instance_id]
+    return job, max(mine or [found], key=lambda n: n.attempt)
+
+
+def attempt_nodes(store: JobStore, job: Job) -> list[Node]:
+    return [n for n in store.nodes_of(job.job_id) if n.attempt == job.attempt]

@@ -1,0 +1,115 @@
+"""Agent events (source ``spotrelay.agent``): NodeReady, Heartbeat, CheckpointCommitted,
+TrainingExited, Anomaly. Each updates its node and job with conditional writes, then settles the
+workflow's waits. Events of an older attempt, an unknown node or a finished job are no-ops.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from spotrelay.contracts.events import (
+    AgentEvent,
+    Anomaly,
+    CheckpointCommitted,
+    Heartbeat,
+    NodeReady,
+    TrainingExited,
+)
+from spotrelay.domain.models import CheckpointRef, Job, Node, NodeState
+from spotrelay.domain.status import JobStatus, transition
+from spotrelay.errors import NotFoundError
+from spotrelay.services.controller import Controller, attempt_nodes
+from spotrelay.services.waits import heartbeat, settle
+
+log = logging.getLogger(__name__)
+_FINAL = (NodeState.EXITED, NodeState.LOST, NodeState.TERMINATED)
+
+
+def _ignored(why: str, event: AgentEvent) -> dict[str, Any]:
+    log.info("agent event ignored", extra={"job_id": event.job_id, "kind": event.kind, "why": why})
+    return {"result": "ignored", "why": why, "kind": event.kind}
+
+
+def handle_agent_event(ctl: Controller, event: AgentEvent, now: float) -> dict[str, Any]:
+    job = ctl.store.find_job(event.job_id)
+    if job is None:
+        return _ignored("unknown job", event)
+    if job.status.terminal:
+        return _ignored(f"job already {job.status.value}", event)
+    if event.attempt != job.attempt:
+        return _ignored(f"late: attempt {event.attempt}, the job is on attempt {job.attempt}", event)
+    try:
+        node = ctl.store.get_node(event.job_id, event.node_id)
+    except NotFoundError:
+        return _ignored("unknown node", event)
+    if node.instance_id != event.instance_id:
+        return _ignored("instance does not match the node", event)
+
+    if isinstance(event, NodeReady):
+        changed = _update_node(ctl, node, lambda n: n.model_copy(update={
+            "state": NodeState.READY, "private_ip": event.private_ip, "last_heartbeat": event.time})
+            if n.state is NodeState.PENDING else None)
+    elif isinstance(event, Heartbeat):
+        changed = _on_heartbeat(ctl, job, node, event, now)
+    elif isinstance(event, CheckpointCommitted):
+        changed = _on_checkpoint(ctl, job, event, now)
+    elif isinstance(event, TrainingExited):
+        changed = _on_exit(ctl, job, node, event, now)
+    else:
+        assert isinstance(event, Anomaly)
+        log.warning("agent anomaly", extra={"job_id": job.job_id, "node_id": node.node_id,
+                                            "what": event.what, "detail": event.detail})
+        changed = False
+    decides = isinstance(event, (NodeReady, TrainingExited))  # the only kinds that can end a wait
+    verdict = settle(ctl, job.job_id, now) if changed and decides else None
+    return {"result": "applied" if changed else "no-op", "kind": event.kind,
+            "settled": verdict["outcome"] if verdict else None}
+
+
+def _update_node(ctl: Controller, node: Node, change: Any) -> bool:
+    return ctl.store.update_node(node.job_id, node.node_id, change) is not None
+
+
+def _on_heartbeat(ctl: Controller, job: Job, node: Node, event: Heartbeat, now: float) -> bool:
+    changed = _update_node(ctl, node, lambda n: n.model_copy(update={"last_heartbeat": event.time})
+                           if (n.last_heartbeat or 0) < event.time and n.state not in _FINAL else None)
+    if event.rank == 0 and event.step is not None and event.step > job.last_step:
+        step = event.step
+        ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={"last_step": step, "updated_at": now})
+                             if step > j.last_step and not j.status.terminal else None)
+    heartbeat(ctl, job)
+    return changed
+
+
+def _on_checkpoint(ctl: Controller, job: Job, event: CheckpointCommitted, now: float) -> bool:
+    doomed = any(n.state is NodeState.DOOMED for n in attempt_nodes(ctl.store, job))
+    ref = CheckpointRef(step=event.step, uri=event.uri, committed_at=event.time, duration_s=event.duration_s)
+
+    def record(j: Job) -> Job | None:
+        newer = j.last_checkpoint is None or event.step > j.last_checkpoint.step
+        back_to_running = j.status is JobStatus.CHECKPOINTING and not doomed and not event.emergency
+        if not newer and not back_to_running:
+            return None  # every rank reports the same global commit: the first one wins
+        update: dict[str, Any] = {"updated_at": now}
+        if newer:
+            update["last_checkpoint"] = ref
+            update["last_step"] = max(j.last_step, event.step)
+        if back_to_running:  # the proactive (rebalance) checkpoint is durable: keep training
+            update["status"] = transition(j.status, JobStatus.RUNNING)
+        return j.model_copy(update=update)
+
+    return ctl.store.update_job(job.job_id, record) is not None
+
+
+def _on_exit(ctl: Controller, job: Job, node: Node, event: TrainingExited, now: float) -> bool:
+    changed = _update_node(ctl, node, lambda n: n.model_copy(update={
+        "state": NodeState.EXITED, "exit_code": event.exit_code})
+        if n.state not in _FINAL else None)
+    last = event.last_step
+    if changed and last is not None and last > job.last_step:
+        ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={"last_step": last, "updated_at": now})
+                             if last > j.last_step and not j.status.terminal else None)
+    log.info("training exited", extra={"job_id": job.job_id, "rank": event.rank, "exit_code": event.exit_code,
+                                       "reason": event.reason})
+    return changed

@@ -1,0 +1,44 @@
+"""Payloads the job-run workflow sends its Lambda tasks (the ASL's ``Parameters``), validated."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from spotrelay.contracts.workflow import WorkflowTimings
+
+
+class _Task(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    job_id: str = Field(..., min_length=1)
+
+
+class PlanTask(_Task):
+    timings: WorkflowTimings = Field(default_factory=WorkflowTimings)
+    recovery: dict[str, Any] = Field(default_factory=dict)
+
+
+class ProvisionTask(_Task):
+    plan: dict[str, Any]
+
+
+class RegisterWaitTask(_Task):
+    wait: Literal["ready", "outcome"]
+    attempt: int = Field(..., ge=1)
+    task_token: str = Field(..., min_length=1)
+
+
+class RecoverTask(_Task):
+    timings: WorkflowTimings = Field(default_factory=WorkflowTimings)
+    outcome: dict[str, Any]
+
+
+class TeardownTask(_Task):
+    pass
+
+
+class FinalizeTask(_Task):
+    result: Literal["SUCCEEDED", "FAILED", "CANCELLED"]
+    error: dict[str, Any] | None = None
+    outcome: dict[str, Any] | None = None

@@ -1,0 +1,227 @@
+"""The job-run workflow's Lambda tasks: plan, provision, teardown, finalize (recover is in
+recovery_flow.py). Each one is safe to run twice: a retried task finds its own earlier write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from spotrelay.domain.cost import attempt_cost
+from spotrelay.domain.models import Attempt, Job, Node, NodeState, Pool, node_id_for
+from spotrelay.domain.status import JobStatus, transition
+from spotrelay.errors import (
+    BudgetExceededError,
+    InsufficientCapacityError,
+    JobCancelledError,
+    NoPlacementError,
+    QuotaExceededError,
+)
+from spotrelay.placement import PoolEvent, best_pool, rank_pools
+from spotrelay.ports.compute import LaunchRequest
+from spotrelay.services.controller import Controller, regions_of, spec_of
+from spotrelay.services.notify import announce
+from spotrelay.settings import settings
+
+log = logging.getLogger(__name__)
+MAX_CANDIDATES = 8  # pools provision may try before backing off and re-planning
+
+
+def _live(job: Job) -> Job:
+    if job.status is JobStatus.CANCELLING:
+        raise JobCancelledError(f"job {job.job_id} is being cancelled")
+    return job
+
+
+def _close_attempt(job: Job, now: float, reason: str) -> dict[str, Any]:
+    """Fields that stop the clock of the current attempt and add its cost (once)."""
+    if not job.attempts or job.attempts[-1].ended_at is not None:
+        return {}
+    last = job.attempts[-1]
+    start = last.started_at or now
+    cost = attempt_cost(last.price_per_hour, last.nodes, start, now)
+    closed = last.model_copy(update={"ended_at": now, "end_reason": reason, "cost": cost})
+    return {"attempts": [*job.attempts[:-1], closed], "cost_so_far": job.cost_so_far + cost}
+
+
+# --- plan --------------------------------------------------------------------------------------
+def plan(ctl: Controller, job_id: str, now: float, recovery: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Score the pools; move the job to PLACING; return the candidates best first.
+
+    After a ``replace-lost-nodes`` recovery (``recovery`` holds ``keep_instance_ids``), the only
+    candidate is the survivors' pool unless it has been excluded since (then a whole new gang).
+    """
+    job = _live(ctl.store.get_job(job_id))
+    spec = spec_of(job)
+    budget = spec.budget.max_total_cost
+    if budget is not None and job.cost_so_far >= budget:
+        raise BudgetExceededError(f"job {job_id} spent ${job.cost_so_far:.2f} of its ${budget:.2f} budget")
+    assert ctl.market is not None and ctl.pool_stats is not None
+    res = spec.resources
+    quotes = ctl.market.quotes(res.regions, res.instance_types, [m.value for m in res.markets])
+    stats = ctl.pool_stats.get_many([q.pool.key for q in quotes])
+    excluded = frozenset(job.excluded_pools)
+    ranked = rank_pools(spec, quotes, stats, now, excluded)
+    if not ranked:
+        best_pool(spec, quotes, stats, now, excluded)  # raises NoPlacementError with the reasons
+        raise NoPlacementError(f"no candidate pool for job {job_id}")
+    keep = list((recovery or {}).get("keep_instance_ids") or [])
+    ranks = list(range(res.nodes))
+    candidates = ranked[:MAX_CANDIDATES]
+    home = (recovery or {}).get("pool")
+    if keep and home and home not in [p for p in excluded]:
+        same = [s for s in ranked if s.pool.key == home]
+        if same:
+            candidates, ranks = same, list((recovery or {}).get("launch_ranks") or [])
+        else:
+            keep = []
+    else:
+        keep = []
+
+    def to_placing(current: Job) -> Job | None:
+        _live(current)
+        if current.status is JobStatus.PLACING:
+            return None
+        return current.model_copy(update={"status": transition(current.status, JobStatus.PLACING),
+                                          "updated_at": now})
+
+    ctl.store.update_job(job_id, to_placing)
+    log.info("placement", extra={"job_id": job_id, "candidates": [c.pool.key for c in candidates]})
+    return {
+        "candidates": [{"pool": c.pool.model_dump(), "price_per_hour": c.quote.price_per_hour,
+                        "score": round(c.score, 4)} for c in candidates],
+        "launch_ranks": ranks,
+        "keep_instance_ids": keep,
+    }
+
+
+# --- provision ---------------------------------------------------------------------------------
+def provision(ctl: Controller, job_id: str, plan_result: dict[str, Any], now: float) -> dict[str, Any]:
+    """Gang-launch in the first candidate with capacity. Every failed pool is recorded (cooldown)
+    and excluded for the next plan; when all fail, raise the capacity error for the workflow."""
+    job = _live(ctl.store.get_job(job_id))
+    if job.status is JobStatus.STARTING and job.attempts and job.attempts[-1].ended_at is None:
+        return _launch_result(job)  # a retried task: the launch already happened
+    if job.status is not JobStatus.PROVISIONING:
+        job = ctl.store.save_job(job.model_copy(update={
+            "status": transition(job.status, JobStatus.PROVISIONING), "updated_at": now}), job.status, job.version)
+    spec = spec_of(job)
+    ranks = list(plan_result.get("launch_ranks") or range(spec.resources.nodes))
+    keep = list(plan_result.get("keep_instance_ids") or [])
+    attempt = job.attempt + 1
+    failed: list[str] = []
+    last_error: Exception | None = None
+    compute = ctl.need_compute()
+    for candidate in plan_result["candidates"]:
+        pool = Pool.model_validate(candidate["pool"])
+        request = LaunchRequest(job_id=job_id, attempt=attempt, pool=pool, count=len(ranks), ranks=ranks,
+                                config_uri=f"s3://{settings().bucket}/{job.submission_key}")
+        try:
+            instances = compute.launch(request) if ranks else []
+        except (InsufficientCapacityError, QuotaExceededError) as exc:
+            event = PoolEvent.QUOTA_EXCEEDED if isinstance(exc, QuotaExceededError) else PoolEvent.CAPACITY_FAILURE
+            ctl.pool_stats.record(pool.key, event, now)
+            failed.append(pool.key)
+            last_error = exc
+            log.info("no capacity", extra={"job_id": job_id, "pool": pool.key, "error": str(exc)})
+            continue
+        ctl.pool_stats.record(pool.key, PoolEvent.LAUNCHED, now)
+        nodes = [Node(job_id=job_id, node_id=node_id_for(attempt, i.rank), attempt=attempt, rank=i.rank,
+                      instance_id=i.instance_id, pool=pool, private_ip=i.private_ip, launched_at=now)
+                 for i in instances]
+        nodes += _carry_survivors(ctl, job, keep, attempt, now)
+        for node in nodes:
+            ctl.store.put_node(node)
+        record = Attempt(number=attempt, pool=pool, price_per_hour=float(candidate["price_per_hour"]),
+                         nodes=len(nodes), resumed_from_step=job.last_checkpoint.step if job.last_checkpoint else None)
+
+        def started(current: Job, record: Attempt = record) -> Job:
+            return current.model_copy(update={
+                "status": transition(current.status, JobStatus.STARTING), "attempt": attempt,
+                "attempts": [*current.attempts, record], "excluded_pools": [], "task_tokens": {},
+                "updated_at": now})
+
+        launched = ctl.store.update_job(job_id, started)
+        assert launched is not None
+        return _launch_result(launched)
+
+    ctl.store.update_job(job_id, lambda cur: cur.model_copy(update={
+        "excluded_pools": sorted(set(cur.excluded_pools) | set(failed)), "updated_at": now}))
+    kind = type(last_error) if last_error is not None else InsufficientCapacityError
+    raise kind(f"no capacity for {len(ranks)} nodes in {len(failed)} pools: {', '.join(failed)}")
+
+
+def _carry_survivors(ctl: Controller, job: Job, keep: list[str], attempt: int, now: float) -> list[Node]:
+    """Survivors kept by replace-lost-nodes join the new attempt: a new node record each, with a
+    RESTART directive so their agents restart training in the new gang and report NodeReady again."""
+    if not keep:
+        return []
+    old = [n for n in ctl.store.nodes_of(job.job_id) if n.attempt == job.attempt and n.instance_id in keep]
+    directive = {"directive_id": f"restart-{job.job_id}-a{attempt}", "kind": "RESTART", "deadline": None,
+                 "reason": f"replacement nodes joined; attempt {attempt}", "issued_at": now}
+    return [n.model_copy(update={"node_id": node_id_for(attempt, n.rank), "attempt": attempt, "version": 0,
+                                 "state": NodeState.PENDING, "directive": directive, "exit_code": None})
+            for n in old]
+
+
+def _launch_result(job: Job) -> dict[str, Any]:
+    last = job.attempts[-1]
+    return {"attempt": job.attempt, "pool": last.pool.model_dump() if last.pool else None,
+            "price_per_hour": last.price_per_hour, "nodes": last.nodes}
+
+
+# --- teardown ----------------------------------------------------------------------------------
+def teardown(ctl: Controller, job_id: str, now: float) -> dict[str, Any]:
+    """Terminate every instance of the job. Nodes are marked TERMINATED first, so the state-change
+    events our own termination causes are recognised as no-ops."""
+    job = ctl.store.get_job(job_id)
+    nodes = ctl.store.nodes_of(job_id)
+    for node in nodes:
+        if node.state is not NodeState.TERMINATED:
+            ctl.store.update_node(job_id, node.node_id, lambda n: None if n.state is NodeState.TERMINATED
+                                  else n.model_copy(update={"state": NodeState.TERMINATED}))
+    terminated = ctl.need_compute().terminate_job(job_id, regions_of(job, nodes))
+    log.info("teardown", extra={"job_id": job_id, "terminated": terminated})
+    return {"terminated": sorted(terminated)}
+
+
+# --- finalize ----------------------------------------------------------------------------------
+def error_reason(error: dict[str, Any] | None) -> str:
+    """A reason line from a Step Functions Catch result ({"Error": ..., "Cause": ...})."""
+    if not error:
+        return "failed"
+    name = str(error.get("Error", "Error"))
+    cause = error.get("Cause") or ""
+    try:
+        parsed = json.loads(cause)
+        cause = parsed.get("errorMessage", cause) if isinstance(parsed, dict) else cause
+    except (TypeError, ValueError):
+        pass
+    return f"{name}: {cause}" if cause else name
+
+
+def finalize(ctl: Controller, job_id: str, result: str, now: float,
+             error: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Record the terminal status (SUCCEEDED, FAILED with the reason, CANCELLED) and notify once."""
+    target = JobStatus(result)
+
+    def finish(job: Job) -> Job | None:
+        if job.status.terminal:
+            return None  # already final: a retry or a late duplicate
+        final = JobStatus.CANCELLED if job.status is JobStatus.CANCELLING else target
+        status = job.status
+        if final is JobStatus.CANCELLED and status is not JobStatus.CANCELLING:
+            status = transition(status, JobStatus.CANCELLING)
+        update: dict[str, Any] = {"status": transition(status, final), "updated_at": now, "task_tokens": {}}
+        update.update(_close_attempt(job, now, final.value.lower()))
+        if final is JobStatus.FAILED:
+            update["reasons"] = [*job.reasons, error_reason(error)]
+        return job.model_copy(update=update)
+
+    done = ctl.store.update_job(job_id, finish)
+    if done is None:
+        return {"status": ctl.store.get_job(job_id).status.value, "changed": False}
+    announce(ctl.notifier, done.status.value.lower(), done, now)
+    log.info("job finished", extra={"job_id": job_id, "status": done.status.value, "reasons": done.reasons})
+    return {"status": done.status.value, "changed": True, "cost": round(done.cost_so_far, 4)}
