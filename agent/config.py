@@ -1,0 +1,151 @@
+"""What the agent is told: its job, attempt, rank and where things are.
+
+Sources, later ones win:
+
+1. instance tags read through IMDS (``spotrelay:job-id``, ``spotrelay:rank`` ...: the field name
+   with ``-`` for ``_``), so a node launched from a tagged fleet knows who it is;
+2. a JSON file (``--config`` or ``SPOTRELAY_AGENT_CONFIG``); the user-data template writes it to
+   ``/etc/spotrelay/agent.json``;
+3. the environment, ``SPOTRELAY_AGENT_<FIELD>`` (tests and the local twin).
+
+What the node can find out itself (instance id, region, AZ, private IP, instance type) comes from
+IMDS when it is not given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from spotrelay.domain.models import Job, node_id_for
+from spotrelay.errors import AgentConfigError
+from spotrelay.ports.job_store import JobStore
+from spotrelay.spec.load import load_spec, parse_spec
+from spotrelay.spec.models import JobSpec
+
+ENV_PREFIX = "SPOTRELAY_AGENT_"
+ENV_CONFIG_FILE = "SPOTRELAY_AGENT_CONFIG"
+TAG_PREFIX = "spotrelay:"
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # who we are
+    job_id: str = Field(..., min_length=1)
+    attempt: int = Field(..., ge=1)
+    rank: int = Field(..., ge=0, description="node rank within the job (0 hosts the rendezvous)")
+    nodes: int = Field(..., ge=1, description="nodes in this attempt")
+    node_id: str | None = Field(None, description="default a<attempt>-r<rank>")
+    nproc_per_node: int | None = Field(None, ge=1, description="default: the spec's gpus_per_node, or 1")
+    config_uri: str | None = Field(None, description="job spec: s3://..., a path; default: the job record")
+    # where we are (IMDS fills what is missing)
+    instance_id: str | None = None
+    region: str | None = None
+    az: str | None = None
+    private_ip: str | None = None
+    instance_type: str | None = None
+    # AWS names (default: spotrelay.settings, i.e. the controller's names)
+    jobs_table: str | None = None
+    nodes_table: str | None = None
+    event_bus: str | None = None
+    imds_endpoint: str = "http://169.254.169.254"
+    # local paths
+    work_dir: Path = Path("/opt/spotrelay/run")
+    control_dir: Path | None = Field(None, description="default <work_dir>/control")
+    checkpoint_dir: Path | None = Field(None, description="fast tier; default: the spec's local_dir/<job>")
+    checkpoint_uri: str | None = Field(None, description="durable tier; default s3://<bucket>/checkpoints/<job>")
+    python: str | None = Field(None, description="interpreter for the launcher; default: the agent's")
+    # rendezvous and timing
+    master_port: int = Field(29500, ge=1, le=65535)
+    imds_poll_s: float = Field(2.0, gt=0, description="IMDS notices are checked this often")
+    directive_poll_s: float = Field(5.0, gt=0)
+    heartbeat_s: float = Field(30.0, gt=0)
+    rank0_wait_s: float = Field(900.0, gt=0, description="give up waiting for rank 0's address")
+    stop_grace_s: float = Field(30.0, gt=0, description="after a deadline, wait this long before killing")
+    imds_failures_anomaly: int = Field(3, ge=1, description="consecutive failed polls before an Anomaly")
+
+    @property
+    def node(self) -> str:
+        return self.node_id or node_id_for(self.attempt, self.rank)
+
+    @property
+    def control(self) -> Path:
+        return self.control_dir or self.work_dir / "control"
+
+
+def from_tags(tags: Mapping[str, str]) -> dict[str, Any]:
+    fields = AgentConfig.model_fields
+    out: dict[str, Any] = {}
+    for key, value in tags.items():
+        if key.startswith(TAG_PREFIX):
+            name = key[len(TAG_PREFIX):].replace("-", "_")
+            if name in fields:
+                out[name] = value
+    return out
+
+
+def from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in AgentConfig.model_fields:
+        value = env.get(ENV_PREFIX + name.upper())
+        if value:
+            out[name] = value
+    return out
+
+
+def from_file(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise AgentConfigError(f"cannot read agent config {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise AgentConfigError(f"agent config {path} must be a JSON object")
+    return data
+
+
+def load_config(
+    env: Mapping[str, str] | None = None,
+    file: Path | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> AgentConfig:
+    """Merge tags < file < environment; ``AgentConfigError`` naming what is missing or wrong."""
+    env = os.environ if env is None else env
+    merged: dict[str, Any] = from_tags(tags or {})
+    path = file or (Path(env[ENV_CONFIG_FILE]) if env.get(ENV_CONFIG_FILE) else None)
+    if path is not None:
+        merged.update(from_file(path))
+    merged.update(from_env(env))
+    try:
+        return AgentConfig.model_validate(merged)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise AgentConfigError(f"agent config: {problems}") from exc
+
+
+def with_instance_facts(config: AgentConfig, facts: Mapping[str, str | None]) -> AgentConfig:
+    """Fill instance_id/region/az/private_ip/instance_type that were not given (from IMDS)."""
+    missing = {k: v for k, v in facts.items() if v and getattr(config, k) is None}
+    return config.model_copy(update=missing) if missing else config
+
+
+def load_job_and_spec(config: AgentConfig, store: JobStore) -> tuple[Job, JobSpec]:
+    """The job record and its spec: from ``config_uri`` (s3:// or a path) or the job record."""
+    job = store.get_job(config.job_id)
+    uri = config.config_uri
+    if uri is None:
+        if not job.spec:
+            raise AgentConfigError(f"job {config.job_id} has no spec and no config_uri was given")
+        return job, JobSpec.model_validate(job.spec)
+    if uri.startswith("s3://"):
+        from spotrelay.adapters.aws import client
+
+        bucket, _, key = uri.removeprefix("s3://").partition("/")
+        text = client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+        return job, parse_spec(text, uri)
+    return job, load_spec(uri.removeprefix("file://"))

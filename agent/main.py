@@ -1,0 +1,277 @@
+"""``spotrelay-agent``: the daemon on each training node.
+
+register -> wait for rank 0's address -> launch -> loop (detect, decide, act, follow, heartbeat)
+-> report the exit -> exit with the node's code (spotrelay.contracts.exit_codes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from agent import reporting
+from agent.actions import Responder, classify_exit
+from agent.config import AgentConfig, load_config, load_job_and_spec, with_instance_facts
+from agent.imds import ImdsClient
+from agent.launcher import Rendezvous, TrainingProcess, build_plan, contract_env
+from agent.monitors import DirectiveMonitor, Monitor, Notice, NoticeKind, RebalanceMonitor, SpotInterruptionMonitor
+from agent.notice_store import NoticeStore
+from agent.reporting import EventBridgePublisher, JobTracking, Reporter, info, warn
+from spotrelay.contracts import control
+from spotrelay.contracts.exit_codes import ExitCode
+from spotrelay.domain.models import Node, NodeState, Pool
+from spotrelay.errors import AgentConfigError, ImdsUnavailableError, NotFoundError, SpotrelayError
+from spotrelay.ports.job_store import JobStore
+from spotrelay.spec.models import JobSpec
+
+TICK_S = 0.25
+
+
+class Agent:
+    def __init__(
+        self, config: AgentConfig, store: JobStore, reporter: Reporter, imds: ImdsClient,
+        clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.config, self.store, self.reporter, self.imds = config, store, reporter, imds
+        self.clock, self.sleep = clock, sleep
+        self.control = config.control
+        self.responder = Responder(self.control, reporter, clock)
+        self.notices = NoticeStore()
+        self.imds_monitors: list[Monitor] = [SpotInterruptionMonitor(imds), RebalanceMonitor(imds)]
+        self.directives = DirectiveMonitor(self._own_node, self._bad_directive)
+        self.imds_failures = 0
+        self.signals: list[int] = []
+        self.killed = False
+
+    def _bad_directive(self, why: str) -> None:
+        self.reporter.anomaly("bad-directive", why)
+
+    # --- registration -----------------------------------------------------------------------------
+    def _own_node(self) -> Node:
+        return self.store.get_node(self.config.job_id, self.config.node)
+
+    def register(self) -> None:
+        c = self.config
+
+        def ready(node: Node) -> Node:
+            return node.model_copy(update={
+                "private_ip": c.private_ip, "state": NodeState.READY, "last_heartbeat": self.clock(),
+                "instance_id": c.instance_id or node.instance_id,
+            })
+
+        try:
+            self.store.update_node(c.job_id, c.node, ready)
+        except NotFoundError:  # started without the controller (a manual run): create our own item
+            pool = Pool(region=c.region or "", az=c.az or "", instance_type=c.instance_type or "", market="spot")
+            node = Node(job_id=c.job_id, node_id=c.node, attempt=c.attempt, rank=c.rank,
+                        instance_id=c.instance_id or "unknown", pool=pool, launched_at=self.clock())
+            self.store.put_node(ready(node))
+        self.reporter.node_ready()
+
+    def wait_for_rank0(self) -> str:
+        c = self.config
+        if c.rank == 0:
+            return c.private_ip or "127.0.0.1"
+        give_up = self.clock() + c.rank0_wait_s
+        while self.clock() < give_up:
+            for node in self.store.nodes_of(c.job_id):
+                if node.attempt == c.attempt and node.rank == 0 and node.private_ip and node.state in (
+                    NodeState.READY, NodeState.RUNNING
+                ):
+                    return node.private_ip
+            self.sleep(1.0)
+        raise AgentConfigError(f"rank 0 of {c.job_id} attempt {c.attempt} did not register in {c.rank0_wait_s}s")
+
+    def _set_node(self, **fields: Any) -> None:
+        try:
+            self.store.update_node(self.config.job_id, self.config.node, lambda n: n.model_copy(update=fields))
+        except SpotrelayError as exc:
+            warn("node update failed", fields=fields, error=str(exc))
+
+    # --- detect ---------------------------------------------------------------------------------
+    def _poll_imds(self) -> list[Notice]:
+        found: list[Notice] = []
+        try:
+            for monitor in self.imds_monitors:
+                found += monitor.poll()
+        except (ImdsUnavailableError, ValueError) as exc:
+            self.imds_failures += 1
+            if self.imds_failures == self.config.imds_failures_anomaly:
+                self.reporter.anomaly("imds-unreachable", str(exc))
+            return found
+        self.imds_failures = 0
+        return found
+
+    def _poll_directives(self) -> list[Notice]:
+        try:
+            return self.directives.poll()
+        except Exception as exc:  # DynamoDB throttled or unreachable: IMDS still covers notices
+            warn("directive poll failed", error=str(exc))
+            return []
+
+    def _clear_directive(self, directive_id: str) -> None:
+        def clear(node: Node) -> Node | None:
+            if not node.directive or node.directive.get("directive_id") != directive_id:
+                return None
+            return node.model_copy(update={"directive": None})
+
+        try:
+            self.store.update_node(self.config.job_id, self.config.node, clear)
+        except SpotrelayError as exc:
+            warn("could not clear directive", directive_id=directive_id, error=str(exc))
+
+    # --- run ------------------------------------------------------------------------------------
+    def run(self, spec: JobSpec, env: dict[str, str], tracking: JobTracking | None = None) -> int:
+        c = self.config
+        self.register()
+        master = self.wait_for_rank0()
+        rdzv = Rendezvous(c.nodes, c.rank, c.nproc_per_node or max(spec.resources.gpus_per_node, 1),
+                          master, c.master_port)
+        plan = build_plan(spec, rdzv, env, c.instance_type, c.python or sys.executable)
+        control.clear_request(self.control)
+        events_file = self.control / control.EVENTS_FILE
+        offset = events_file.stat().st_size if events_file.exists() else 0  # earlier runs' events are old news
+        c.work_dir.mkdir(parents=True, exist_ok=True)
+        with open(c.work_dir / f"train-a{c.attempt}.log", "ab") as log:
+            proc = TrainingProcess(plan, self.control, log)
+            info("launching", argv=plan.argv, master=master)
+            proc.start()
+            self._set_node(state=NodeState.RUNNING)
+            code, offset = self._loop(proc, offset)
+        events, _ = control.read_events(self.control, offset)
+        self.responder.on_events(events)
+        exit_code, reason = classify_exit(code, proc.worker_codes(), self.responder.pending,
+                                          self.responder.committed_since_request, self.killed)
+        last = self.responder.last_committed
+        self.reporter.training_exited(exit_code, reason, control.read_progress(self.control),
+                                      last.step if last else None)
+        self._set_node(state=NodeState.EXITED, exit_code=exit_code)
+        if tracking:
+            tracking.attempt_ended(exit_code, last.step if last else None)
+        info("training exited", exit_code=exit_code, reason=reason)
+        return exit_code
+
+    def _loop(self, proc: TrainingProcess, offset: int) -> tuple[int, int]:
+        c = self.config
+        next_imds = next_directive = 0.0
+        next_beat = self.clock() + c.heartbeat_s
+        while True:
+            now = self.clock()
+            found: list[Notice] = []
+            if now >= next_imds:
+                found += self._poll_imds()
+                next_imds = now + c.imds_poll_s
+            if now >= next_directive:
+                found += self._poll_directives()
+                next_directive = now + c.directive_poll_s
+            for notice in found:
+                self._handle(notice, proc)
+            self._handle_signals(proc)
+            events, offset = control.read_events(self.control, offset)
+            self.responder.on_events(events)
+            self.responder.check_deadline(now)
+            code = proc.poll()
+            if code is not None:
+                return code, offset
+            if not self.killed and self.responder.kill_due(now, c.stop_grace_s):
+                warn("trainer did not stop in time; killing it")
+                self.killed = True
+                return proc.kill_tree(5.0), offset
+            if now >= next_beat:
+                self._heartbeat()
+                next_beat = now + c.heartbeat_s
+            self.sleep(TICK_S)
+
+    def _handle(self, notice: Notice, proc: TrainingProcess) -> None:
+        new = self.notices.add(notice, self.clock())
+        if new is None:
+            return
+        decision = self.responder.apply(new)
+        if new.kind is NoticeKind.SPOT_INTERRUPTION:
+            self._set_node(state=NodeState.DOOMED)
+        if decision.restart:
+            info("restarting the training command")
+            proc.kill_tree(self.config.stop_grace_s)
+            self.responder.reset()
+            proc.start()
+        if new.kind is NoticeKind.DIRECTIVE and new.notice_id:
+            self._clear_directive(new.notice_id)
+
+    def _heartbeat(self) -> None:
+        step = control.read_progress(self.control)
+        self._set_node(last_heartbeat=self.clock())
+        self.reporter.heartbeat(step)
+
+    # --- signals --------------------------------------------------------------------------------
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.signals.append(signum)
+
+    def _handle_signals(self, proc: TrainingProcess) -> None:
+        while self.signals:
+            signum = self.signals.pop(0)
+            stops = (signal.SIGTERM, signal.SIGINT)
+            if signum in stops and self.responder.pending is None:
+                # first stop signal (shutdown, systemctl stop): save and stop like a preemption
+                self.responder.ask(control.RequestKind.CHECKPOINT_AND_STOP,
+                                   self.clock() + self.config.stop_grace_s, f"agent got signal {signum}")
+            else:
+                proc.relay(signum)  # a second stop signal, or HUP/USR1/USR2: the launcher passes it on
+
+
+def node_store(config: AgentConfig) -> JobStore:
+    from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+
+    return DynamoDBJobStore(config.jobs_table, config.nodes_table)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="spotrelay-agent", description=__doc__)
+    parser.add_argument("--config", type=Path, help="agent config JSON (default $SPOTRELAY_AGENT_CONFIG)")
+    args = parser.parse_args(argv)
+    sys.exit(run_agent(args.config))
+
+
+def run_agent(config_file: Path | None = None) -> int:
+    try:
+        config = load_config(file=config_file)
+    except AgentConfigError:
+        config = None  # maybe the tags say who we are: ask IMDS below
+    endpoint = config.imds_endpoint if config else "http://169.254.169.254"
+    imds = ImdsClient(endpoint)
+    try:
+        if config is None:
+            config = load_config(file=config_file, tags=imds.tags())
+        config = with_instance_facts(config, {
+            "instance_id": imds.instance_id(), "region": imds.region(), "az": imds.availability_zone(),
+            "private_ip": imds.private_ip(), "instance_type": imds.instance_type(),
+        })
+    except ImdsUnavailableError as exc:
+        if config is None:
+            raise
+        warn("IMDS unavailable at start; using configured facts", error=str(exc))
+    reporting.setup_logging(config.job_id, config.node)
+    store = node_store(config)
+    reporter = Reporter(config, EventBridgePublisher(config.event_bus))
+    agent = Agent(config, store, reporter, imds)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, agent.on_signal)
+    try:
+        job, spec = load_job_and_spec(config, store)
+        tracking = JobTracking.for_job(config, job, spec, store) if config.rank == 0 else None
+        env = contract_env(config, job, spec, tracking.run_id if tracking else job.mlflow_run_id)
+        return agent.run(spec, env, tracking)
+    except SpotrelayError as exc:
+        reporting.log.exception("agent failed")
+        reporter.anomaly("agent-failed", str(exc))
+        reporter.training_exited(ExitCode.INFRA_ERROR, f"infra-error: {exc}", None, None)
+        return ExitCode.INFRA_ERROR
+
+
+if __name__ == "__main__":
+    main()

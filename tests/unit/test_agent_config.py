@@ -1,0 +1,42 @@
+"""Agent configuration from tags, a file and the environment."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.config import AgentConfig, load_config, with_instance_facts
+from spotrelay.errors import AgentConfigError
+
+
+def test_env_beats_file_beats_tags(tmp_path: Path) -> None:
+    file = tmp_path / "agent.json"
+    file.write_text(json.dumps({"job_id": "from-file", "attempt": 2, "rank": 1, "nodes": 4}))
+    tags = {"spotrelay:job-id": "from-tags", "spotrelay:master-port": "29999", "Name": "x", "spotrelay:bogus": "1"}
+    env = {"SPOTRELAY_AGENT_CONFIG": str(file), "SPOTRELAY_AGENT_RANK": "3", "SPOTRELAY_AGENT_HEARTBEAT_S": "2.5"}
+    config = load_config(env=env, tags=tags)
+    assert (config.job_id, config.attempt, config.rank, config.nodes) == ("from-file", 2, 3, 4)
+    assert config.master_port == 29999 and config.heartbeat_s == 2.5
+    assert config.node == "a2-r3"
+    assert config.control == Path("/opt/spotrelay/run/control")
+
+
+def test_tags_alone_are_enough() -> None:
+    tags = {"spotrelay:job-id": "j", "spotrelay:attempt": "1", "spotrelay:rank": "0", "spotrelay:nodes": "2"}
+    assert load_config(env={}, tags=tags).job_id == "j"
+
+
+def test_missing_fields_are_named() -> None:
+    with pytest.raises(AgentConfigError, match="job_id"):
+        load_config(env={"SPOTRELAY_AGENT_RANK": "0"})
+    with pytest.raises(AgentConfigError, match="rank"):
+        load_config(env={"SPOTRELAY_AGENT_JOB_ID": "j", "SPOTRELAY_AGENT_ATTEMPT": "1",
+                         "SPOTRELAY_AGENT_NODES": "1", "SPOTRELAY_AGENT_RANK": "-1"})
+
+
+def test_instance_facts_fill_only_gaps() -> None:
+    config = AgentConfig(job_id="j", attempt=1, rank=0, nodes=1, private_ip="127.0.0.1")
+    filled = with_instance_facts(config, {"private_ip": "10.0.0.9", "instance_id": "i-1", "az": None})
+    assert filled.private_ip == "127.0.0.1" and filled.instance_id == "i-1" and filled.az is None

@@ -1,0 +1,128 @@
+"""Launch commands (torchrun, DeepSpeed), the EFA/NCCL environment, and the per-rank exit record."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.config import AgentConfig
+from agent.launcher import LaunchPlan, Rendezvous, TrainingProcess, build_plan, contract_env, read_exit_records
+from spotrelay.contracts import control
+from spotrelay.domain.models import Job
+from spotrelay.domain.status import JobStatus
+from spotrelay.spec.models import JobSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+RDZV = Rendezvous(nodes=2, node_rank=1, nproc_per_node=8, master_addr="10.0.0.5", master_port=29500)
+
+
+def _spec(**over: Any) -> JobSpec:
+    data: dict[str, Any] = {
+        "version": 1, "name": "t", "entrypoint": {"script": "train.py", "args": ["--steps", "5"], "env": {"A": "1"}},
+        "resources": {"nodes": 2}, "checkpoint": {"every_steps": 10},
+    }
+    data.update(over)
+    return JobSpec.model_validate(data)
+
+
+def test_torchrun_command() -> None:
+    plan = build_plan(_spec(), RDZV, {"X": "y"}, "p5.48xlarge", "/py")
+    assert plan.argv == [
+        "/py", "-m", "torch.distributed.run", "--nnodes=2", "--node-rank=1", "--nproc-per-node=8",
+        "--master-addr=10.0.0.5", "--master-port=29500", "--max-restarts=0",
+        "-m", "agent.launcher", "train.py", "--steps", "5",
+    ]
+    assert plan.env["FI_PROVIDER"] == "efa" and plan.env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert plan.env["A"] == "1" and plan.env["X"] == "y"
+
+
+def test_non_python_command_runs_without_wrapper() -> None:
+    spec = _spec(entrypoint={"command": ["/bin/train-binary", "--fast"]})
+    assert build_plan(spec, RDZV, {}, None, "/py").argv[-3:] == ["--no-python", "/bin/train-binary", "--fast"]
+    spec = _spec(entrypoint={"command": ["python", "train.py", "--x"]})
+    assert build_plan(spec, RDZV, {}, None, "/py").argv[-4:] == ["-m", "agent.launcher", "train.py", "--x"]
+
+
+def test_deepspeed_command() -> None:
+    spec = _spec(launcher={"type": "deepspeed", "deepspeed_config": {"train_batch_size": 8}})
+    argv = build_plan(spec, RDZV, {}, "p4d.24xlarge", "/py").argv
+    assert argv[:4] == ["/py", "-u", "-m", "deepspeed.launcher.launch"]
+    world = json.loads(base64.urlsafe_b64decode(argv[4].split("=", 1)[1]))
+    assert world == {"node-0": list(range(8)), "node-1": list(range(8))}
+    assert "--node_rank=1" in argv and "--master_addr=10.0.0.5" in argv
+    assert argv[-5:] == ["--module", "agent.launcher", "train.py", "--steps", "5"]
+
+
+def test_efa_only_on_gpu_p5_p4d() -> None:
+    assert "FI_PROVIDER" not in build_plan(_spec(), RDZV, {}, "g5.xlarge", "/py").env
+    cpu = _spec(resources={"nodes": 2, "gpus_per_node": 0})
+    assert "FI_PROVIDER" not in build_plan(cpu, RDZV, {}, "p5.48xlarge", "/py").env
+
+
+def test_contract_environment(tmp_path: Path) -> None:
+    config = AgentConfig(job_id="j-1", attempt=3, rank=0, nodes=2, work_dir=tmp_path, checkpoint_uri="s3://b/c/j-1")
+    job = Job(job_id="j-1", name="t", status=JobStatus.RUNNING, spec_hash="abc")
+    env = contract_env(config, job, _spec(), "run-9")
+    assert env[control.ENV_CONTROL_DIR] == str(tmp_path / "control")
+    assert env[control.ENV_ATTEMPT] == "3" and env[control.ENV_SPEC_HASH] == "abc"
+    assert env[control.ENV_CHECKPOINT_URI] == "s3://b/c/j-1" and env[control.ENV_CHECKPOINT_EVERY_STEPS] == "10"
+    assert env[control.ENV_MLFLOW_RUN_ID] == "run-9"
+    # user env cannot redirect the control channel
+    spec = _spec(entrypoint={"script": "t.py", "env": {control.ENV_CONTROL_DIR: "/elsewhere"}})
+    plan = build_plan(spec, RDZV, env, None, "/py")
+    assert plan.env[control.ENV_CONTROL_DIR] == str(tmp_path / "control")
+
+
+@pytest.mark.parametrize(("body", "code"), [("import sys; sys.exit(75)", 75), ("raise ValueError('x')", 1), ("", 0)])
+def test_wrapper_records_rank_exit_code(tmp_path: Path, body: str, code: int) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(body)
+    env = {**os.environ, control.ENV_CONTROL_DIR: str(tmp_path / "ctl"), "RANK": "3",
+           "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-m", "agent.launcher", str(script)], env=env, capture_output=True)
+    assert result.returncode == code
+    assert read_exit_records(tmp_path / "ctl") == {3: code}
+
+
+def test_wrapper_passes_argv_and_deepspeed_local_rank(tmp_path: Path) -> None:
+    script = tmp_path / "script.py"
+    script.write_text("import sys, json; print(json.dumps(sys.argv[1:]))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-m", "agent.launcher", "--local_rank=2", str(script), "--a", "b"],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == ["--local_rank=2", "--a", "b"]
+
+
+def test_process_kill_tree_and_stale_records(tmp_path: Path) -> None:
+    ctl = tmp_path / "ctl"
+    control.write_atomic(ctl / "exit" / "rank-0.json", json.dumps({"rank": 0, "code": 75}))
+    # a launcher whose child sleeps: both die with the session
+    child = "import os,sys,time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)"
+    launcher = f"import subprocess,sys,time; subprocess.Popen([sys.executable,'-c',{child!r},sys.argv[1]])"
+    launcher += "; time.sleep(60)"
+    pid_file = tmp_path / "child.pid"
+    proc = TrainingProcess(LaunchPlan([sys.executable, "-c", launcher, str(pid_file)]), ctl)
+    proc.start()
+    assert proc.worker_codes() == {}  # the previous run's records are gone
+    for _ in range(100):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.05)
+    assert proc.kill_tree(grace_s=2) == -15
+    child_pid = int(pid_file.read_text())
+    for _ in range(40):
+        try:
+            os.kill(child_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the launcher's child survived")
