@@ -1,0 +1,67 @@
+"""Session settings, read from the SPOTRELAY_* environment the agent sets for the trainer."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from spotrelay.contracts import control as c
+
+
+def _float(name: str) -> float | None:
+    value = os.environ.get(name)
+    return float(value) if value else None
+
+
+def _int(name: str, default: int | None) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value else default
+
+
+def code_hash(path: str | None = None) -> str:
+    """sha256 of the training script (the entry point), so a resumed run can tell code changed."""
+    target = Path(path or sys.argv[0])
+    try:
+        return hashlib.sha256(target.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return ""
+
+
+class SessionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    checkpoint_dir: Path = Path("checkpoints")
+    checkpoint_uri: str | None = None  # s3://bucket/checkpoints/<job>; None: local tier only
+    control_dir: Path | None = None
+    job_id: str = "local"
+    spec_hash: str = ""
+    code_hash: str = ""
+    every_steps: int | None = Field(None, ge=1)
+    every_minutes: float | None = Field(None, gt=0)
+    keep_local: int = Field(2, ge=1)
+    keep_s3: int = Field(5, ge=1)
+    save_final: bool = True
+    commit_timeout_s: float = 900.0
+
+    @classmethod
+    def from_env(cls, **defaults: Any) -> SessionConfig:
+        """``defaults`` from the script (None ignored); the agent's environment wins where set."""
+        values: dict[str, Any] = {"code_hash": code_hash()}
+        values.update({k: v for k, v in defaults.items() if v is not None})
+        env: dict[str, Any] = {
+            "checkpoint_dir": os.environ.get(c.ENV_CHECKPOINT_DIR) or None,
+            "checkpoint_uri": os.environ.get(c.ENV_CHECKPOINT_URI) or None,
+            "control_dir": os.environ.get(c.ENV_CONTROL_DIR) or None,
+            "job_id": os.environ.get(c.ENV_JOB_ID) or None,
+            "spec_hash": os.environ.get(c.ENV_SPEC_HASH) or None,
+            "every_steps": _int(c.ENV_CHECKPOINT_EVERY_STEPS, None),
+            "every_minutes": _float(c.ENV_CHECKPOINT_EVERY_MINUTES),
+            "keep_local": _int(c.ENV_KEEP_LOCAL, None),
+            "keep_s3": _int(c.ENV_KEEP_S3, None),
+        }
+        values.update({k: v for k, v in env.items() if v is not None})
+        return cls(**values)

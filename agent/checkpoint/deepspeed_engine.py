@@ -1,0 +1,97 @@
+"""DeepSpeed: our own ``CheckpointEngine`` plugged into the DeepSpeed engine.
+
+DeepSpeed's ``save_checkpoint`` decides what each rank saves (ZeRO 0-3 partitions, module
+states, LR scheduler, client state) and hands every file to ``checkpoint_engine.save``. Ours
+copies the tensors into CPU memory and returns; the background thread ``torch.save``s them.
+Loading goes through ``safe_torch_load`` (weights_only), never DeepSpeed's pickle load.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agent.checkpoint.engines import Writer
+from agent.checkpoint.safety import safe_torch_load
+from agent.checkpoint.state import snapshot_tree
+
+try:
+    from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
+except ImportError:  # pragma: no cover - only the DDP path runs without DeepSpeed
+    CheckpointEngine = object
+
+
+class SnapshotCheckpointEngine(CheckpointEngine):
+    """Collects (path, CPU copy) pairs during ``save_checkpoint``; writes them later."""
+
+    def __init__(self) -> None:
+        self.name = "SpotrelaySnapshotEngine"
+        self.pending: list[tuple[str, Any]] = []
+
+    def create(self, info: Any) -> None:
+        self.pending = []
+
+    def save(self, state_dict: Any, path: str) -> None:
+        self.pending.append((path, snapshot_tree(state_dict)))
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        return safe_torch_load(path, map_location=map_location)
+
+    def commit(self, info: Any) -> bool:
+        return True
+
+    def preserves_storage_sharing(self) -> bool:
+        return False  # we copy every tensor ourselves; DeepSpeed's extra clone would double it
+
+    def take(self) -> list[tuple[str, Any]]:
+        pending, self.pending = self.pending, []
+        return pending
+
+
+class DeepSpeedEngine:
+    kind = "deepspeed"
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.ckpt = SnapshotCheckpointEngine()
+        engine.checkpoint_engine = self.ckpt
+
+    def snapshot(self, root: Path, step_dir: Path) -> Writer:
+        self.engine.checkpoint_engine = self.ckpt
+        self.engine.save_checkpoint(str(root), tag=step_dir.name, save_latest=False)
+        pending = self.ckpt.take()
+
+        def write() -> list[Path]:
+            files = []
+            for path, state in pending:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                torch.save(state, path)
+                files.append(Path(path))
+            return files
+
+        return write
+
+    def load(self, root: Path, step_dir: Path) -> None:
+        self.engine.checkpoint_engine = self.ckpt
+        path, _ = self.engine.load_checkpoint(
+            str(root), tag=step_dir.name, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        if path is None:
+            raise FileNotFoundError(f"DeepSpeed found no checkpoint in {step_dir}")
+
+    def describe(self) -> dict[str, Any]:
+        e = self.engine
+        return {
+            "layout": {
+                "dp": int(getattr(e, "dp_world_size", 1)),
+                "tp": int(getattr(e, "mp_world_size", 1)),
+                "pp": int(getattr(e, "num_stages", 1) or 1),
+            },
+            "zero_stage": int(e.zero_optimization_stage()),
+        }
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,144 @@
+"""The commit protocol's records: shards with size and sha256, per-rank parts, the manifest.
+
+A step folder ``step-<N>/`` counts only once its ``manifest.json`` exists and every shard it
+lists has the recorded size and sha256. Each rank first writes ``parts/rank-<R>.json`` (its own
+shards, after they are durable); a committer writes the manifest from all parts, then moves
+the ``latest`` pointer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from spotrelay.errors import CorruptCheckpointError
+
+MANIFEST = "manifest.json"
+LATEST = "latest"
+PARTS_DIR = "parts"
+FORMAT = 1
+_STEP_RE = re.compile(r"^step-(\d{8,})$")
+_CHUNK = 8 << 20
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def parse_step(name: str) -> int | None:
+    match = _STEP_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def part_name(rank: int) -> str:
+    return f"{PARTS_DIR}/rank-{rank}.json"
+
+
+class Shard(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str  # relative to the step folder, POSIX separators
+    size: int
+    sha256: str
+    rank: int
+
+
+class RankPart(BaseModel):
+    """What one rank wrote for one step; written only after its shards are durable."""
+
+    model_config = ConfigDict(extra="forbid")
+    step: int
+    rank: int
+    shards: list[Shard]
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format: int = FORMAT
+    job_id: str = ""
+    step: int
+    samples: int = 0
+    engine: str  # "deepspeed" | "dcp"
+    world_size: int
+    ranks: list[int]  # ranks whose shards are listed (all of them in a complete checkpoint)
+    layout: dict[str, int] = Field(default_factory=dict)  # dp/tp/pp sizes
+    zero_stage: int = 0
+    data_state: dict[str, Any] = Field(default_factory=dict)
+    spec_hash: str = ""
+    code_hash: str = ""
+    request_id: str | None = None
+    created: float = 0.0
+    shards: list[Shard]
+
+    @property
+    def complete(self) -> bool:
+        return sorted(self.ranks) == list(range(self.world_size))
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.size for s in self.shards)
+
+
+def sha256_file(path: Path) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def describe_shards(step_dir: Path, files: Iterable[Path], rank: int) -> list[Shard]:
+    shards = []
+    for path in files:
+        fsync_file(path)
+        size, digest = sha256_file(path)
+        rel = path.resolve().relative_to(step_dir.resolve()).as_posix()
+        shards.append(Shard(path=rel, size=size, sha256=digest, rank=rank))
+    return shards
+
+
+def merge_parts(parts: Iterable[RankPart]) -> tuple[list[int], list[Shard]]:
+    """Ranks covered and shards, deduplicated by path (ranks on a shared folder may overlap)."""
+    ranks: set[int] = set()
+    by_path: dict[str, Shard] = {}
+    for part in parts:
+        ranks.add(part.rank)
+        for shard in part.shards:
+            by_path.setdefault(shard.path, shard)
+    return sorted(ranks), sorted(by_path.values(), key=lambda s: s.path)
+
+
+def verify(step_dir: Path, manifest: Manifest) -> None:
+    """Raise CorruptCheckpointError naming the first missing, short or altered shard."""
+    for shard in manifest.shards:
+        path = step_dir / shard.path
+        if not path.is_file():
+            raise CorruptCheckpointError(f"{step_dir.name}: shard {shard.path} is missing")
+        if path.stat().st_size != shard.size:
+            raise CorruptCheckpointError(
+                f"{step_dir.name}: shard {shard.path} has {path.stat().st_size} bytes, manifest says {shard.size}"
+            )
+        if sha256_file(path)[1] != shard.sha256:
+            raise CorruptCheckpointError(f"{step_dir.name}: shard {shard.path} fails its sha256 check")
+
+
+def read_manifest(text: str, source: str) -> Manifest:
+    try:
+        return Manifest.model_validate_json(text)
+    except ValueError as exc:
+        raise CorruptCheckpointError(f"{source}: unreadable manifest ({exc.__class__.__name__})") from exc

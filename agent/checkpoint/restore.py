@@ -1,0 +1,80 @@
+"""Pick the checkpoint to resume from: the newest valid manifest in either tier.
+
+A step is a candidate once its manifest exists (in the local tier or in S3). The local copy is
+verified first (sizes and sha256); if it is missing, partial or corrupt, the S3 copy is
+downloaded into a staging folder, verified, then moved into place. A candidate that fails is
+logged with the reason and the previous one is tried.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+from agent.checkpoint.local_tier import LocalTier
+from agent.checkpoint.manifest import Manifest, step_name, verify
+from agent.checkpoint.s3_tier import S3Tier
+from spotrelay.errors import CorruptCheckpointError
+
+log = logging.getLogger("spotrelay.checkpoint")
+
+
+def candidates(local: LocalTier, s3: S3Tier | None) -> list[int]:
+    found = set(local.steps())
+    if s3 is not None:
+        found |= set(s3.steps())
+    return sorted(found, reverse=True)
+
+
+def materialize(step: int, local: LocalTier, s3: S3Tier | None) -> Manifest:
+    """Make a verified, complete copy of ``step`` in the local tier; return its manifest."""
+    reasons = []
+    if (local.step_dir(step) / "manifest.json").is_file():
+        try:
+            return local.verified(step)
+        except CorruptCheckpointError as exc:
+            reasons.append(f"local: {exc}")
+    if s3 is not None:
+        try:
+            return _download(step, local, s3)
+        except CorruptCheckpointError as exc:
+            reasons.append(f"s3: {exc}")
+    else:
+        reasons.append("no S3 tier configured")
+    raise CorruptCheckpointError(f"{step_name(step)} unusable: " + "; ".join(reasons))
+
+
+def _download(step: int, local: LocalTier, s3: S3Tier) -> Manifest:
+    manifest = s3.manifest(step)
+    if manifest is None:
+        raise CorruptCheckpointError(f"{s3.step_uri(step)} has no manifest")
+    if not manifest.complete:
+        raise CorruptCheckpointError(f"{s3.step_uri(step)} lists ranks {manifest.ranks} only")
+    staging = local.root / f".download-{step_name(step)}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        s3.download(step, manifest, staging)
+    except Exception as exc:  # a missing object or a broken connection both mean "not this one"
+        shutil.rmtree(staging, ignore_errors=True)
+        raise CorruptCheckpointError(f"{s3.step_uri(step)}: download failed ({exc})") from exc
+    try:
+        verify(staging, manifest)
+    except CorruptCheckpointError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    target = local.step_dir(step)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(staging, target)
+    log.info("downloaded %s from %s (%d bytes)", step_name(step), s3.step_uri(step), manifest.total_bytes)
+    return manifest
+
+
+def choose(local: LocalTier, s3: S3Tier | None) -> Manifest | None:
+    """The newest usable checkpoint, made local and verified; None when there is none."""
+    for step in candidates(local, s3):
+        try:
+            return materialize(step, local, s3)
+        except CorruptCheckpointError as exc:
+            log.warning("skipping checkpoint, falling back to the previous one: %s", exc)
+    return None

@@ -1,0 +1,227 @@
+"""The durable tier: S3 under ``s3://bucket/checkpoints/<job>/``, same layout as the local tier.
+
+Files go up as parallel multipart uploads (parts read with ``pread``, no extra copy in memory).
+Objects become visible in this order: shards, ``parts/rank-<R>.json``, ``manifest.json``,
+``latest``; a reader trusts nothing without a manifest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from agent.checkpoint.manifest import (
+    LATEST,
+    MANIFEST,
+    PARTS_DIR,
+    Manifest,
+    RankPart,
+    parse_step,
+    part_name,
+    read_manifest,
+    step_name,
+)
+
+log = logging.getLogger("spotrelay.checkpoint")
+MiB = 1 << 20
+
+
+def parse_uri(uri: str) -> tuple[str, str]:
+    if not uri.startswith("s3://"):
+        raise ValueError(f"{uri!r} is not an s3:// URI")
+    bucket, _, prefix = uri[5:].partition("/")
+    return bucket, prefix.strip("/")
+
+
+def _default_client() -> Any:
+    from spotrelay.adapters import aws
+
+    return aws.client("s3")
+
+
+class S3Tier:
+    def __init__(
+        self,
+        uri: str,
+        client: Callable[[], Any] = _default_client,
+        part_size: int = 16 * MiB,
+        workers: int = 8,
+    ) -> None:
+        self.uri = uri.rstrip("/")
+        self.bucket, self.prefix = parse_uri(uri)
+        self._client_factory = client
+        self._client: Any = None
+        self.part_size = part_size
+        self.workers = workers
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="s3-part")
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = self._client_factory()
+        return self._client
+
+    def key(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}" if self.prefix else rel
+
+    def step_uri(self, step: int) -> str:
+        return f"{self.uri}/{step_name(step)}"
+
+    # --- upload --------------------------------------------------------------------------------
+    def upload_files(self, files: list[tuple[Path, str]]) -> int:
+        """Upload (local path, relative key) pairs, every part of every file in parallel."""
+        pending: list[Future[None]] = []
+        uploads: list[tuple[str, str, list[Future[dict[str, Any]]]]] = []
+        total = 0
+        try:
+            for path, rel in files:
+                size = path.stat().st_size
+                total += size
+                if size <= self.part_size:
+                    pending.append(self._pool.submit(self._put_small, path, rel))
+                    continue
+                key = self.key(rel)
+                upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"]
+                parts = [
+                    self._pool.submit(self._put_part, path, key, upload_id, n + 1, offset, size)
+                    for n, offset in enumerate(range(0, size, self.part_size))
+                ]
+                uploads.append((key, upload_id, parts))
+            for fut in pending:
+                fut.result()
+            for key, upload_id, parts in uploads:
+                done = [fut.result() for fut in parts]
+                self.client.complete_multipart_upload(
+                    Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": done}
+                )
+        except BaseException:
+            for fut in pending:
+                fut.cancel()
+            for _, _, parts in uploads:
+                for part in parts:
+                    part.cancel()
+            for key, upload_id, _ in uploads:
+                self._abort(key, upload_id)
+            raise
+        return total
+
+    def _put_small(self, path: Path, rel: str) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self.key(rel), Body=path.read_bytes())
+
+    def _put_part(self, path: Path, key: str, upload_id: str, number: int, offset: int, size: int) -> dict[str, Any]:
+        length = min(self.part_size, size - offset)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            body = os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+        resp = self.client.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body)
+        return {"PartNumber": number, "ETag": resp["ETag"]}
+
+    def _abort(self, key: str, upload_id: str) -> None:
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except Exception:  # best effort; the bucket's lifecycle rule cleans leftovers
+            log.warning("could not abort multipart upload of %s", key)
+
+    def put_text(self, rel: str, text: str) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self.key(rel), Body=text.encode())
+
+    def write_part(self, part: RankPart) -> None:
+        self.put_text(f"{step_name(part.step)}/{part_name(part.rank)}", part.model_dump_json())
+
+    def commit(self, manifest: Manifest) -> None:
+        self.put_text(f"{step_name(manifest.step)}/{MANIFEST}", manifest.model_dump_json(indent=1))
+        current = self.latest()
+        if current is None or manifest.step >= current:
+            self.put_text(LATEST, step_name(manifest.step) + "\n")
+
+    # --- reading -------------------------------------------------------------------------------
+    def get_text(self, rel: str) -> str | None:
+        try:
+            return str(self.client.get_object(Bucket=self.bucket, Key=self.key(rel))["Body"].read().decode())
+        except self.client.exceptions.NoSuchKey:
+            return None
+
+    def list_keys(self, rel_prefix: str) -> list[str]:
+        keys = []
+        base = self.key(rel_prefix)
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
+            keys += [obj["Key"][len(self.key("")) :] for obj in page.get("Contents", [])]
+        return keys
+
+    def latest(self) -> int | None:
+        text = self.get_text(LATEST)
+        return parse_step(text.strip()) if text else None
+
+    def steps(self) -> list[int]:
+        """Steps that have a manifest, newest first."""
+        found = set()
+        for rel in self.list_keys("step-"):
+            folder, _, rest = rel.partition("/")
+            step = parse_step(folder)
+            if step is not None and rest == MANIFEST:
+                found.add(step)
+        return sorted(found, reverse=True)
+
+    def manifest(self, step: int) -> Manifest | None:
+        text = self.get_text(f"{step_name(step)}/{MANIFEST}")
+        return read_manifest(text, f"{self.step_uri(step)}/{MANIFEST}") if text is not None else None
+
+    def wait_parts(self, step: int, world_size: int, timeout: float) -> list[RankPart]:
+        end = time.monotonic() + timeout
+        prefix = f"{step_name(step)}/{PARTS_DIR}/"
+        while len(self.list_keys(prefix)) < world_size:
+            if time.monotonic() > end:
+                raise TimeoutError(f"{self.step_uri(step)}: not every rank uploaded its part")
+            time.sleep(0.05)
+        parts = []
+        for rank in range(world_size):
+            text = self.get_text(f"{step_name(step)}/{part_name(rank)}")
+            if text is None:
+                raise TimeoutError(f"{self.step_uri(step)}: part of rank {rank} is missing")
+            parts.append(RankPart.model_validate_json(text))
+        return parts
+
+    def wait_manifest(self, step: int, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        while self.get_text(f"{step_name(step)}/{MANIFEST}") is None:
+            if time.monotonic() > end:
+                raise TimeoutError(f"{self.step_uri(step)}: no manifest after {timeout:.0f} s")
+            time.sleep(0.1)
+
+    def download(self, step: int, manifest: Manifest, dest: Path) -> None:
+        """Fetch every shard of a step into ``dest`` in parallel (verification is the caller's)."""
+        folder = step_name(step)
+
+        def fetch(rel: str) -> None:
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.client.download_file(self.bucket, self.key(f"{folder}/{rel}"), str(target))
+
+        for fut in [self._pool.submit(fetch, shard.path) for shard in manifest.shards]:
+            fut.result()
+        (dest / MANIFEST).write_text(manifest.model_dump_json(indent=1))
+
+    # --- retention -----------------------------------------------------------------------------
+    def prune(self, keep: int) -> list[int]:
+        """Delete committed steps beyond the newest ``keep`` and abandoned older uploads."""
+        committed = self.steps()
+        if len(committed) <= keep:
+            return []
+        oldest_kept = committed[keep - 1]
+        doomed = [key for key in self.list_keys("step-") if (parse_step(key.split("/")[0]) or 0) < oldest_kept]
+        for start in range(0, len(doomed), 1000):
+            chunk = [{"Key": self.key(k)} for k in doomed[start : start + 1000]]
+            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk, "Quiet": True})
+        removed = sorted({parse_step(k.split("/")[0]) or 0 for k in doomed})
+        log.info("pruned S3 checkpoints %s (keep %d)", removed, keep)
+        return removed
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

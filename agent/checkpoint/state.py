@@ -1,0 +1,77 @@
+"""The per-rank trainer state that is not model or optimizer: RNGs, counters, data position.
+
+Saved as one torch file per rank (``trainer/rank-<R>.pt``) holding only tensors, numbers,
+strings and containers, so it loads with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from agent.checkpoint.safety import safe_torch_load
+
+TRAINER_DIR = "trainer"
+
+
+def trainer_file(step_dir: Path, rank: int) -> Path:
+    return step_dir / TRAINER_DIR / f"rank-{rank}.pt"
+
+
+def capture_rng() -> dict[str, Any]:
+    """Python, numpy, torch and (when present) CUDA generator states, in loadable types."""
+    version, internal, gauss = random.getstate()
+    _kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    return {
+        "python": {"version": version, "state": list(internal), "gauss": gauss},
+        "numpy": {
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64).copy()),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    npst = state["numpy"]
+    keys = npst["keys"].numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", keys, npst["pos"], npst["has_gauss"], npst["cached"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def snapshot_tree(obj: Any) -> Any:
+    """A copy of a state tree whose tensors no longer alias live training memory (one memcpy)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        items = [(k, snapshot_tree(v)) for k, v in obj.items()]
+        return dict(items) if type(obj) is dict else type(obj)(items)
+    if isinstance(obj, list):
+        return [snapshot_tree(v) for v in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(snapshot_tree(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+def save_trainer_state(path: Path, state: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, path)
+
+
+def load_trainer_state(path: Path) -> dict[str, Any]:
+    loaded = safe_torch_load(path, map_location="cpu")
+    if not isinstance(loaded, dict):
+        raise TypeError(f"{path}: trainer state is a {type(loaded).__name__}, not a dict")
+    return loaded

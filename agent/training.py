@@ -1,0 +1,261 @@
+"""The training API: resume, steps, periodic and requested checkpoints, a meaningful exit code.
+
+    session = spotrelay_session(model_engine, dataloader=loader)     # or model=, optimizer=
+    for step, batch in session.steps(max_steps):
+        loss = ...; model_engine.backward(loss); model_engine.step()
+        session.step_done(loss)
+    sys.exit(session.close())
+
+See docs/training-api.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from agent.checkpoint.config import SessionConfig
+from agent.checkpoint.engines import Engine
+from agent.checkpoint.local_tier import LocalTier
+from agent.checkpoint.pipeline import Pipeline, SaveJob, Topology
+from agent.checkpoint.restore import choose, materialize
+from agent.checkpoint.s3_tier import S3Tier
+from agent.checkpoint.state import capture_rng, load_trainer_state, restore_rng, snapshot_tree, trainer_file
+from agent.stop import RequestPoller, agree, all_ok, gather_ids
+from spotrelay.contracts.control import RequestKind, TrainerEvent, append_event, write_progress
+from spotrelay.contracts.exit_codes import ExitCode
+from spotrelay.errors import CheckpointError
+
+log = logging.getLogger("spotrelay.training")
+
+
+def _topology() -> Topology:
+    if dist.is_available() and dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, world = 0, 1
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    return Topology(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world)
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+class Session:
+    def __init__(
+        self,
+        engine: Engine,
+        config: SessionConfig,
+        dataloader: Any = None,
+        lr_scheduler: Any = None,
+        stateful: dict[str, Any] | None = None,
+    ) -> None:
+        self.engine, self.config = engine, config
+        self.dataloader, self.lr_scheduler = dataloader, lr_scheduler
+        self.stateful = dict(stateful or {})
+        self.topo = _topology()
+        self.local = LocalTier(config.checkpoint_dir)
+        self.s3 = S3Tier(config.checkpoint_uri) if config.checkpoint_uri else None
+        self.pipeline = Pipeline(
+            self.local, self.s3, self.topo, config.control_dir,
+            keep_local=config.keep_local, keep_s3=config.keep_s3, timeout_s=config.commit_timeout_s,
+        )  # fmt: skip
+        self.poller = RequestPoller(config.control_dir)
+        self.step = self.samples = self.epoch = 0
+        self.resumed_from: int | None = None
+        self.exit_code = ExitCode.DONE
+        self.last_loss: float | None = None
+        self._last_saved = -1
+        self._last_save_time = time.monotonic()
+        self._iter: Iterator[Any] | None = None
+        self._device = "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
+
+    # --- resume ------------------------------------------------------------------------------------
+    def resume(self) -> int | None:
+        """Load the newest valid checkpoint (every rank the same step); return its step or None."""
+        chosen: list[int | None] = [None]
+        if self.topo.rank == 0:
+            manifest = choose(self.local, self.s3)
+            chosen = [manifest.step if manifest else None]
+        if dist.is_initialized():
+            dist.broadcast_object_list(chosen, src=0)
+        step = chosen[0]
+        if step is None:
+            return None
+        if self.topo.local_rank == 0 and self.topo.rank != 0:
+            materialize(step, self.local, self.s3)  # another node: fetch from S3 if not local
+        _barrier()
+        manifest = self.local.manifest(step)
+        if manifest.world_size != self.topo.world_size:
+            raise CheckpointError(
+                f"step-{step} was saved by {manifest.world_size} ranks; this run has {self.topo.world_size}"
+            )
+        if manifest.spec_hash and self.config.spec_hash and manifest.spec_hash != self.config.spec_hash:
+            log.warning("resuming step %d saved under spec %s, now %s", step, manifest.spec_hash, self.config.spec_hash)
+        step_dir = self.local.step_dir(step)
+        self.engine.load(self.local.root, step_dir)
+        self._load_trainer_state(load_trainer_state(trainer_file(step_dir, self.topo.rank)))
+        self.resumed_from = self._last_saved = step
+        log.info("resumed from step %d (%s)", step, step_dir)
+        self._event(TrainerEvent(kind="resumed", step=step, uri=str(step_dir), time=time.time()))
+        return step
+
+    def _trainer_state(self, request_id: str | None) -> dict[str, Any]:
+        handled = sorted(self.poller.handled | ({request_id} if request_id else set()))
+        return snapshot_tree({
+            "step": self.step, "samples": self.samples, "epoch": self.epoch, "rng": capture_rng(),
+            "data": self.dataloader.state_dict() if hasattr(self.dataloader, "state_dict") else None,
+            "scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+            "extra": {name: obj.state_dict() for name, obj in self.stateful.items()},
+            "handled_requests": handled,
+        })  # fmt: skip
+
+    def _load_trainer_state(self, state: dict[str, Any]) -> None:
+        self.step, self.samples, self.epoch = int(state["step"]), int(state["samples"]), int(state["epoch"])
+        if state["data"] is not None and hasattr(self.dataloader, "load_state_dict"):
+            self.dataloader.load_state_dict(state["data"])
+        if state["scheduler"] is not None and self.lr_scheduler is not None:
+            self.lr_scheduler.load_state_dict(state["scheduler"])
+        for name, obj in self.stateful.items():
+            obj.load_state_dict(state["extra"][name])
+        self.poller.handled.update(state["handled_requests"])
+        if self.dataloader is not None:
+            self._start_epoch()  # a new loader iterator draws a seed from torch's RNG: draw it first
+        restore_rng(state["rng"])
+
+    # --- the loop ----------------------------------------------------------------------------------
+    def steps(self, max_steps: int) -> Iterator[tuple[int, Any]]:
+        """Yield (step index, batch) from where the last checkpoint left off until ``max_steps``."""
+        if self.resumed_from is None:
+            self.resume()
+        while self.step < max_steps:
+            batch = self._next_batch() if self.dataloader is not None else None
+            yield self.step, batch
+            self.step += 1
+            if self._boundary(max_steps):
+                return
+        if self.config.save_final and self._last_saved != self.step and self.step > 0:
+            self.save()
+
+    def step_done(self, loss: Any = None, samples: int | None = None) -> None:
+        """Record the step's loss and sample count (optional; used for progress and the manifest)."""
+        if loss is not None:
+            self.last_loss = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
+        if samples is not None:
+            self.samples += samples
+
+    def _next_batch(self) -> Any:
+        while True:
+            if self._iter is None:
+                self._start_epoch()
+            assert self._iter is not None
+            try:
+                return next(self._iter)
+            except StopIteration:
+                self._iter, self.epoch = None, self.epoch + 1
+
+    def _start_epoch(self) -> None:
+        sampler: Any = getattr(self.dataloader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(self.epoch)
+        self._iter = iter(self.dataloader)
+
+    def _boundary(self, max_steps: int) -> bool:
+        """After each step: progress, one collective, then save/stop as agreed. True ends the loop."""
+        cfg = self.config
+        if cfg.control_dir is not None and self.topo.local_rank == 0:
+            write_progress(cfg.control_dir, self.step)
+        request = self.poller.poll()
+        due = bool(cfg.every_minutes and time.monotonic() - self._last_save_time >= cfg.every_minutes * 60)
+        decision = agree(request, due, self._device)
+        request_id = None
+        if decision.kind is not None:  # every rank learns the ids, so none acts on them again
+            ids = gather_ids(request.request_id if request is not None else None)
+            self.poller.handled.update(ids)
+            request_id = ids[0] if ids else None
+        if decision.kind is RequestKind.STOP:
+            self.exit_code = ExitCode.CANCELLED
+            self._event(TrainerEvent(kind="stopping", step=self.step, request_id=request_id, time=time.time()))
+            return True
+        if decision.kind is RequestKind.CHECKPOINT_AND_STOP:
+            job = self.save(emergency=True, deadline=decision.deadline, request_id=request_id)
+            wait = (decision.deadline - time.time()) if decision.deadline else cfg.commit_timeout_s
+            ok = job.done.wait(max(wait, 1.0)) and job.error is None
+            # Nobody exits before the global commit: torchrun stops the whole group on a first exit.
+            ok = all_ok(ok, self._device)
+            self.exit_code = ExitCode.PREEMPTED_SAVED if ok else ExitCode.PREEMPTED_UNSAVED
+            self._event(TrainerEvent(kind="stopping", step=self.step, request_id=request_id, time=time.time()))
+            return True
+        periodic = bool(cfg.every_steps and self.step % cfg.every_steps == 0 and self.step < max_steps)
+        if decision.kind is RequestKind.CHECKPOINT or periodic or decision.checkpoint_due:
+            self.save(request_id=request_id)
+        return False
+
+    # --- saving ------------------------------------------------------------------------------------
+    def save(self, emergency: bool = False, deadline: float | None = None, request_id: str | None = None) -> SaveJob:
+        """Snapshot now (blocks only for the in-memory copy); the pipeline writes and uploads."""
+        started = time.time()
+        step_dir = self.local.step_dir(self.step)
+        writer = self.engine.snapshot(self.local.root, step_dir)
+        fields = {
+            "job_id": self.config.job_id, "engine": self.engine.kind, "samples": self.samples,
+            "data_state": {"epoch": self.epoch, "step": self.step, "samples": self.samples},
+            "spec_hash": self.config.spec_hash, "code_hash": self.config.code_hash, **self.engine.describe(),
+        }  # fmt: skip
+        job = SaveJob(
+            step=self.step, writer=writer, trainer_state=self._trainer_state(request_id), manifest_fields=fields,
+            emergency=emergency, started=started, deadline=deadline, request_id=request_id,
+        )  # fmt: skip
+        self._last_saved, self._last_save_time = self.step, time.monotonic()
+        return self.pipeline.submit(job)
+
+    def close(self) -> int:
+        """Wait for pending uploads (the final checkpoint included); return the exit code."""
+        self.pipeline.close()
+        _barrier()  # ranks leave together: torchrun stops the group when the first one exits
+        self.engine.close()
+        return int(self.exit_code)
+
+    def _event(self, event: TrainerEvent) -> None:
+        if self.config.control_dir is not None and self.topo.local_rank == 0:
+            append_event(self.config.control_dir, event)
+
+
+def spotrelay_session(
+    model: Any,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    lr_scheduler: Any = None,
+    dataloader: Any = None,
+    stateful: dict[str, Any] | None = None,
+    **config: Any,
+) -> Session:
+    """A Session for a DeepSpeed engine, or for a torch model (plain, DDP or FSDP) and optimizer.
+
+    ``config`` holds SessionConfig defaults (checkpoint_dir, every_steps, ...); the SPOTRELAY_*
+    environment set by the agent overrides them.
+    """
+    cfg = SessionConfig.from_env(**config)
+    engine: Engine
+    if hasattr(model, "save_checkpoint") and hasattr(model, "load_checkpoint"):
+        from agent.checkpoint.deepspeed_engine import DeepSpeedEngine
+
+        engine = DeepSpeedEngine(model)
+    else:
+        if optimizer is None:
+            raise ValueError("a plain torch model needs its optimizer")
+        from agent.checkpoint.dcp_engine import DcpEngine
+
+        engine = DcpEngine(model, optimizer)
+    Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    return Session(engine, cfg, dataloader=dataloader, lr_scheduler=lr_scheduler, stateful=stateful)

@@ -1,0 +1,171 @@
+"""A tiny transformer trained with the spotrelay training API (DeepSpeed ZeRO or torch DDP + DCP).
+
+    torchrun --nproc_per_node 2 examples/tiny/train.py --engine deepspeed --steps 10 --out run.json
+
+Reads SPOTRELAY_* from the environment (checkpoint dir/URI, control dir, intervals); flags give
+defaults. ``--out`` gets, per rank, ``<out>.rank<R>.json`` with the losses of the steps this
+process ran and a sha256 of the final parameters and optimizer state (for bit-identity checks).
+``--stop-at K`` makes rank 0 write a checkpoint_and_stop request during step K-1, the way the
+agent would, to exercise the coordinated stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DistributedSampler, TensorDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from agent.training import spotrelay_session  # noqa: E402
+from spotrelay.contracts.control import ENV_CONTROL_DIR, RequestKind, StopRequest, write_request  # noqa: E402
+
+VOCAB, SEQ = 64, 16
+
+
+class TinyLM(nn.Module):
+    def __init__(self, d_model: int = 32, layers: int = 2, heads: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, d_model)
+        self.pos = nn.Parameter(torch.zeros(SEQ, d_model))
+        block = nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.1, batch_first=True)
+        self.body = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d_model, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        mask = nn.Transformer.generate_square_subsequent_mask(tokens.shape[1])
+        return self.head(self.body(self.embed(tokens) + self.pos, mask=mask, is_causal=True))
+
+
+def lm_loss(model: Any, tokens: torch.Tensor) -> torch.Tensor:
+    logits = model(tokens[:, :-1])
+    return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+
+
+def tensor_digest(obj: Any, digest: Any) -> None:
+    """Hash every tensor and number in a state tree, in a stable order."""
+    if isinstance(obj, torch.Tensor):
+        digest.update(obj.detach().cpu().contiguous().numpy().tobytes())
+    elif isinstance(obj, dict):
+        for key in sorted(obj, key=str):
+            digest.update(str(key).encode())
+            tensor_digest(obj[key], digest)
+    elif isinstance(obj, list | tuple):
+        for item in obj:
+            tensor_digest(item, digest)
+    elif isinstance(obj, int | float | bool | str) or obj is None:
+        digest.update(repr(obj).encode())
+
+
+def build(args: argparse.Namespace, loader: StatefulDataLoader) -> tuple[Any, Any, Any]:
+    """(thing to step, optimizer for hashing, session)."""
+    model = TinyLM()
+    common = {"dataloader": loader, "checkpoint_dir": args.checkpoint_dir, "every_steps": args.every}
+    if args.engine == "deepspeed":
+        import deepspeed
+
+        config = {
+            "train_micro_batch_size_per_gpu": args.batch,
+            "gradient_accumulation_steps": 1,
+            "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01, "torch_adam": True}},
+            "scheduler": {
+                "type": "WarmupLR",
+                "params": {"warmup_min_lr": 0, "warmup_max_lr": 3e-3, "warmup_num_steps": 5},
+            },
+            "zero_optimization": {"stage": args.zero_stage},
+            "steps_per_print": 10**9,
+        }  # fmt: skip
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        return engine, optimizer, spotrelay_session(engine, **common)
+    ddp: nn.Module = nn.parallel.DistributedDataParallel(model) if dist.is_initialized() else model
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=3e-3, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.2, total_iters=5)
+    session = spotrelay_session(ddp, optimizer, lr_scheduler=scheduler, **common)
+    return (ddp, optimizer, scheduler), optimizer, session
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--engine", choices=["deepspeed", "ddp"], default="ddp")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--every", type=int, default=None, help="checkpoint every N steps")
+    p.add_argument("--zero-stage", type=int, default=2)
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--stop-at", type=int, default=None)
+    p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+
+    torch.set_num_threads(1)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    if "WORLD_SIZE" in os.environ and not dist.is_initialized():
+        if args.engine == "deepspeed":
+            import deepspeed
+
+            deepspeed.init_distributed(dist_backend="gloo")
+        else:
+            dist.init_process_group("gloo")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+
+    data = torch.randint(0, VOCAB, (128, SEQ + 1), generator=torch.Generator().manual_seed(7))
+    dataset = TensorDataset(data)
+    sampler: DistributedSampler[Any] | None = None
+    if dist.is_initialized():
+        sampler = DistributedSampler(dataset, shuffle=True, seed=args.seed)
+    loader = StatefulDataLoader(dataset, batch_size=args.batch, sampler=sampler, shuffle=sampler is None)
+    stepper, optimizer, session = build(args, loader)
+
+    losses: list[tuple[int, float]] = []
+    for step, (tokens,) in session.steps(args.steps):
+        if args.engine == "deepspeed":
+            loss = lm_loss(stepper, tokens)
+            stepper.backward(loss)
+            stepper.step()
+        else:
+            model, opt, sched = stepper
+            opt.zero_grad(set_to_none=True)
+            loss = lm_loss(model, tokens)
+            loss.backward()
+            opt.step()
+            sched.step()
+        session.step_done(loss, samples=tokens.shape[0])
+        losses.append((step, loss.item()))
+        if args.stop_at is not None and step == args.stop_at - 1 and rank == 0:
+            control = Path(os.environ[ENV_CONTROL_DIR])
+            write_request(control, StopRequest(request_id=f"stop-{step}", kind=RequestKind.CHECKPOINT_AND_STOP,
+                                               deadline=time.time() + 120, reason="test"))  # fmt: skip
+        time.sleep(args.step_sleep)
+    code = session.close()
+    if args.out:
+        model_for_hash = stepper.module if args.engine == "deepspeed" else stepper[0]
+        digest = hashlib.sha256()
+        tensor_digest(model_for_hash.state_dict(), digest)
+        tensor_digest(optimizer.state_dict(), digest)
+        result = {"losses": losses, "state_sha256": digest.hexdigest(), "exit": code}
+        result["resumed_from"] = session.resumed_from
+        Path(f"{args.out}.rank{rank}.json").write_text(json.dumps(result))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
