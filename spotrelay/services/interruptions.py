@@ -1,0 +1,126 @@
+"""EC2 events about our instances: spot interruption notices, rebalance recommendations, and
+state changes (stopping, stopped, shutting-down, terminated).
+
+- A notice dooms the node, tells every rank to checkpoint now (deadline = the reclaim time), cools
+  the pool down, and moves a RUNNING job to CHECKPOINTING.
+- A rebalance recommendation asks for a proactive checkpoint (RUNNING -> CHECKPOINTING -> RUNNING).
+- A state change of a node we did not retire is a loss: announced (doomed) nodes become
+  TERMINATED, unannounced ones LOST, and the workflow's waits are settled.
+
+Instances that are not ours, nodes of an older attempt, and finished jobs are no-ops.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any
+
+from spotrelay.contracts.events import Directive, DirectiveKind
+from spotrelay.domain.models import Job, Node, NodeState
+from spotrelay.domain.status import JobStatus, transition
+from spotrelay.placement import PoolEvent
+from spotrelay.services.controller import Controller, attempt_nodes, current_node
+from spotrelay.services.waits import settle
+
+log = logging.getLogger(__name__)
+NOTICE_LEAD_S = 120.0  # EC2 reclaims a spot instance two minutes after the warning
+_GONE = (NodeState.LOST, NodeState.TERMINATED)
+
+
+def _ignored(why: str, instance_id: str, job_id: str | None = None) -> dict[str, Any]:
+    log.info("ec2 event ignored", extra={"instance_id": instance_id, "why": why, "job_id": job_id})
+    return {"result": "ignored", "why": why, "instance_id": instance_id, "job_id": job_id}
+
+
+def _ours(ctl: Controller, instance_id: str) -> tuple[Job, Node] | dict[str, Any]:
+    found = current_node(ctl.store, instance_id)
+    if found is None:
+        return _ignored("not a spotrelay node", instance_id)
+    job, node = found
+    if job.status.terminal:
+        return _ignored(f"job already {job.status.value}", instance_id, job.job_id)
+    if node.attempt != job.attempt:
+        return _ignored(f"node of attempt {node.attempt}; the job is on attempt {job.attempt}", instance_id, job.job_id)
+    return job, node
+
+
+def _direct(ctl: Controller, job: Job, directive: Directive) -> int:
+    """Give every live rank of the attempt the directive (the agents poll their node item)."""
+    sent = 0
+    body = directive.model_dump(mode="json")
+    for node in attempt_nodes(ctl.store, job):
+        if node.state in _GONE or node.state is NodeState.EXITED:
+            continue
+        changed = ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(
+            update={"directive": body}) if (n.directive or {}).get("directive_id") != directive.directive_id
+            and n.state not in _GONE else None)
+        sent += changed is not None
+    return sent
+
+
+def _directive_id(kind: str, instance_id: str, when: float) -> str:
+    return f"{kind.lower()}-" + hashlib.sha256(f"{instance_id}:{when}".encode()).hexdigest()[:12]
+
+
+def interruption_notice(ctl: Controller, instance_id: str, notice_time: float, now: float) -> dict[str, Any]:
+    found = _ours(ctl, instance_id)
+    if isinstance(found, dict):
+        return found
+    job, node = found
+    if node.state in (NodeState.DOOMED, *_GONE):
+        return _ignored(f"node already {node.state.value}", instance_id, job.job_id)
+    ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update={"state": NodeState.DOOMED})
+                          if n.state not in (NodeState.DOOMED, *_GONE) else None)
+    ctl.pool_stats.record(node.pool.key, PoolEvent.INTERRUPTED, now)
+    deadline = notice_time + NOTICE_LEAD_S
+    directive = Directive(directive_id=_directive_id("checkpoint-now", instance_id, notice_time),
+                          kind=DirectiveKind.CHECKPOINT_NOW, deadline=deadline, issued_at=now,
+                          reason=f"spot interruption of {instance_id} (rank {node.rank})")
+    sent = _direct(ctl, job, directive)
+    ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={
+        "status": transition(j.status, JobStatus.CHECKPOINTING), "updated_at": now})
+        if j.status is JobStatus.RUNNING else None)
+    verdict = settle(ctl, job.job_id, now)  # before training started, the ready wait ends here
+    log.info("interruption notice", extra={"job_id": job.job_id, "node_id": node.node_id, "deadline": deadline,
+                                           "directives": sent})
+    return {"result": "applied", "job_id": job.job_id, "node_id": node.node_id, "deadline": deadline,
+            "directives": sent, "settled": verdict["outcome"] if verdict else None}
+
+
+def rebalance(ctl: Controller, instance_id: str, event_time: float, now: float) -> dict[str, Any]:
+    found = _ours(ctl, instance_id)
+    if isinstance(found, dict):
+        return found
+    job, node = found
+    if job.status is not JobStatus.RUNNING or node.state in (NodeState.DOOMED, *_GONE):
+        return _ignored(f"job is {job.status.value}, node {node.state.value}: no proactive checkpoint",
+                        instance_id, job.job_id)
+    directive = Directive(directive_id=_directive_id("checkpoint", instance_id, event_time),
+                          kind=DirectiveKind.CHECKPOINT, issued_at=now,
+                          reason=f"rebalance recommendation for {instance_id} (rank {node.rank})")
+    changed = ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={
+        "status": transition(j.status, JobStatus.CHECKPOINTING), "updated_at": now})
+        if j.status is JobStatus.RUNNING else None)
+    sent = _direct(ctl, job, directive) if changed is not None else 0
+    return {"result": "applied" if changed else "no-op", "job_id": job.job_id, "directives": sent}
+
+
+def instance_state(ctl: Controller, instance_id: str, state: str, now: float) -> dict[str, Any]:
+    found = _ours(ctl, instance_id)
+    if isinstance(found, dict):
+        return found
+    job, node = found
+    if node.state in _GONE:
+        return _ignored(f"node already {node.state.value}", instance_id, job.job_id)
+    announced = node.state in (NodeState.DOOMED, NodeState.EXITED)
+    target = NodeState.TERMINATED if announced else NodeState.LOST
+    changed = ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update={"state": target})
+                                    if n.state not in _GONE else None)
+    if changed is None:
+        return _ignored("node changed meanwhile", instance_id, job.job_id)
+    verdict = settle(ctl, job.job_id, now)
+    log.info("instance going away", extra={"job_id": job.job_id, "node_id": node.node_id, "ec2_state": state,
+                                           "node_state": target.value})
+    return {"result": "applied", "job_id": job.job_id, "node_id": node.node_id, "node_state": target.value,
+            "settled": verdict["outcome"] if verdict else None}

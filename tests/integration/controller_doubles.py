@@ -1,0 +1,179 @@
+"""Test doubles and helpers for the controller's handler and workflow tests.
+
+``ScriptedCompute`` implements the Compute port with real bookkeeping (instances exist until
+terminated; tags by job/attempt/rank) and raises capacity errors per a script, which EC2 in moto
+never does. ``QuotedMarket`` returns a fixed price table. Agent events are built from the
+real-format samples in tests/events/.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from spotrelay.domain.models import Job, Node, Pool
+from spotrelay.domain.status import JobStatus
+from spotrelay.errors import InsufficientCapacityError, QuotaExceededError
+from spotrelay.ports.compute import Instance, LaunchRequest
+from spotrelay.ports.market import PoolQuote
+
+EVENTS = Path(__file__).resolve().parents[1] / "events"
+_ids = itertools.count(1)
+
+
+def load_event(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((EVENTS / name).read_text())
+    return data
+
+
+def pool(itype: str = "p5.48xlarge", market: str = "spot", region: str = "us-east-1",
+         az: str = "us-east-1a") -> Pool:
+    return Pool(region=region, az=az, instance_type=itype, market=market)
+
+
+class ScriptedCompute:
+    """Compute port double. ``fail`` maps a pool key to the error class its launches raise, or
+    takes a callable (pool, launch number) -> error class or None."""
+
+    def __init__(self, fail: dict[str, type[Exception]] | Callable[[Pool, int], type[Exception] | None] | None = None):
+        self._fail = fail or {}
+        self.live: dict[str, Instance] = {}
+        self.terminated: list[str] = []
+        self.tried: list[str] = []  # pool keys, in launch order
+        self.launched: list[LaunchRequest] = []
+
+    def _error(self, p: Pool) -> type[Exception] | None:
+        if callable(self._fail):
+            return self._fail(p, len(self.tried))
+        return self._fail.get(p.key)
+
+    def launch(self, request: LaunchRequest) -> list[Instance]:
+        self.tried.append(request.pool.key)
+        error = self._error(request.pool)
+        if error is not None:
+            raise error(f"scripted {error.__name__} in {request.pool.key}")
+        self.launched.append(request)
+        out = []
+        for rank in request.ranks:
+            iid = f"i-{next(_ids):017x}"
+            inst = Instance(instance_id=iid, pool=request.pool, rank=rank, private_ip=f"10.0.0.{rank + 10}",
+                            state="running", job_id=request.job_id, attempt=request.attempt)
+            self.live[iid] = inst
+            out.append(inst)
+        return out
+
+    def terminate(self, instance_ids: list[str], region: str) -> None:
+        for iid in instance_ids:
+            if self.live.pop(iid, None) is not None:
+                self.terminated.append(iid)
+
+    def terminate_job(self, job_id: str, regions: list[str]) -> list[str]:
+        ids = [i.instance_id for i in self.live.values() if i.job_id == job_id and i.pool.region in regions]
+        self.terminate(ids, "")
+        return ids
+
+    def list_tagged(self, regions: list[str]) -> list[Instance]:
+        return [i for i in self.live.values() if i.pool.region in regions]
+
+    def running(self, job_id: str) -> list[str]:
+        return [i.instance_id for i in self.live.values() if i.job_id == job_id]
+
+
+CAPACITY = InsufficientCapacityError
+QUOTA = QuotaExceededError
+
+DEFAULT_PRICES = {
+    pool("p5.48xlarge", "spot").key: 30.0,
+    pool("p4d.24xlarge", "spot").key: 12.0,
+    pool("p5.48xlarge", "on-demand").key: 98.0,
+    pool("p4d.24xlarge", "on-demand").key: 32.0,
+}
+
+
+class QuotedMarket:
+    """MarketData double: a fixed table of pool key -> USD per instance-hour."""
+
+    def __init__(self, prices: dict[str, float] | None = None) -> None:
+        self.prices = dict(prices or DEFAULT_PRICES)
+
+    def quotes(self, regions: list[str], instance_types: list[str], markets: list[str]) -> list[PoolQuote]:
+        out = []
+        for key, price in self.prices.items():
+            region, az, itype, market = key.split("/")
+            if region in regions and itype in instance_types and market in markets:
+                out.append(PoolQuote(pool=Pool(region=region, az=az, instance_type=itype, market=market),
+                                     price_per_hour=price, advisor_band=1 if market == "spot" else None))
+        return out
+
+
+def spec(nodes: int = 2, **recovery: Any) -> dict[str, Any]:
+    return {
+        "version": 1, "name": "wf-test",
+        "entrypoint": {"command": ["python", "train.py"]},
+        "resources": {"nodes": nodes, "gpus_per_node": 0, "instance_types": ["p5.48xlarge", "p4d.24xlarge"],
+                      "regions": ["us-east-1"]},
+        "checkpoint": {"every_steps": 10},
+        "recovery": {"max_recoveries": 2, **recovery},
+    }
+
+
+def new_job(store: Any, job_id: str = "job-under-test", status: JobStatus = JobStatus.VALIDATED,
+            **recovery: Any) -> Job:
+    job = Job(job_id=job_id, name="wf-test", status=status, spec=spec(**recovery), created_at=time.time(),
+              updated_at=time.time(), submission_key=f"submissions/{job_id}.yaml")
+    store.create_job(job)
+    return job
+
+
+def agent_event(kind: str, node: Node, **fields: Any) -> dict[str, Any]:
+    """A real-format EventBridge envelope for an agent event about ``node``."""
+    sample = {"NodeReady": "agent_node_ready.json", "Heartbeat": "agent_heartbeat.json",
+              "CheckpointCommitted": "agent_checkpoint_committed.json",
+              "TrainingExited": "agent_training_exited.json", "Anomaly": "agent_anomaly.json"}[kind]
+    event = copy.deepcopy(load_event(sample))
+    event["id"] = str(uuid.uuid4())
+    event["detail"].update({"event_id": f"evt-{uuid.uuid4().hex}", "job_id": node.job_id, "node_id": node.node_id,
+                            "instance_id": node.instance_id, "attempt": node.attempt, "rank": node.rank,
+                            "time": time.time()})
+    if kind == "NodeReady":
+        event["detail"].update({"region": node.pool.region, "az": node.pool.az})
+    event["detail"].update(fields)
+    return event
+
+
+def ec2_event(sample: str, instance_id: str, **detail: Any) -> dict[str, Any]:
+    event = copy.deepcopy(load_event(sample))
+    event["id"] = str(uuid.uuid4())
+    event["detail"]["instance-id"] = instance_id
+    event["detail"].update(detail)
+    event["resources"] = [f"arn:aws:ec2:us-east-1:123456789012:instance/{instance_id}"]
+    return event
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Ctx:
+    """Lambda context for handlers called directly by a test."""
+
+    function_name = "spotrelay-test"
+    function_version = "$LATEST"
+    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:spotrelay-test"
+    memory_limit_in_mb = 256
+    aws_request_id = "test"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 60_000
