@@ -1,0 +1,280 @@
+"""Compute on EC2: gang launches with CreateFleet (type instant), termination by tag.
+
+One launch = one fleet request for ``count`` instances of ONE type in ONE AZ, in a cluster
+placement group, all or nothing (``MinTargetCapacity = count``; a partial answer is terminated
+anyway). EFA: Fleet overrides cannot carry network interfaces, so each launch writes a short-lived
+launch template whose interfaces follow the type's network cards (p5.48xlarge: 32 EFA interfaces,
+card 0 device 0 plus cards 1-31 device 1; p4d/p4de.24xlarge: 4), and the Fleet override pins the
+instance type, AZ and placement group. The template is deleted once the fleet answered.
+
+The placement group is named per job and AZ (``spotrelay-<job>-<az>``), not per attempt, so the
+replacement ranks of ``replace-lost-nodes`` join the survivors' group; ``terminate_job`` removes it.
+Subnets, security groups and the AMI come from ``Ec2ComputeConfig`` or, when absent, are found by the
+tag ``spotrelay:role=training`` (what the CDK app puts on them).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from botocore.exceptions import ClientError
+from pydantic import BaseModel, ConfigDict, Field
+
+from spotrelay.adapters.aws import client, error_code
+from spotrelay.domain.models import Pool
+from spotrelay.errors import InsufficientCapacityError, QuotaExceededError
+from spotrelay.placement import catalog
+from spotrelay.ports.compute import Instance, LaunchRequest
+
+TAG_JOB, TAG_ATTEMPT, TAG_RANK = "spotrelay:job", "spotrelay:attempt", "spotrelay:rank"
+LIVE_STATES = ["pending", "running", "stopping", "stopped"]
+CAPACITY_CODES = {
+    "InsufficientInstanceCapacity", "InsufficientCapacity", "UnfulfillableCapacity",
+    "InsufficientHostCapacity", "InsufficientReservedInstanceCapacity", "SpotMaxPriceTooLow",
+}
+QUOTA_CODES = {"VcpuLimitExceeded", "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded",
+               "MaxSpotFleetRequestCountExceeded"}
+
+ClientFactory = Callable[..., Any]
+
+
+class Ec2ComputeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    image_ids: dict[str, str] = Field(default_factory=dict, description="region -> AMI id")
+    subnet_ids: dict[str, str] = Field(default_factory=dict, description="AZ -> subnet id")
+    security_group_ids: dict[str, list[str]] = Field(default_factory=dict, description="region -> ids")
+    instance_profile_arn: str | None = None
+    role_tag: tuple[str, str] = ("spotrelay:role", "training")
+
+
+def efa_interfaces(instance_type: str, subnet_id: str, groups: list[str]) -> list[dict[str, Any]]:
+    """One EFA interface per network card; card 0 is the primary (device 0)."""
+    info = catalog.instance(instance_type)
+    cards = info.efa_interfaces if info else 1
+    return [
+        {"NetworkCardIndex": card, "DeviceIndex": 0 if card == 0 else 1, "InterfaceType": "efa",
+         "SubnetId": subnet_id, "Groups": groups, "DeleteOnTermination": True}
+        for card in range(cards)
+    ]
+
+
+def placement_group_name(job_id: str, az: str) -> str:
+    return f"spotrelay-{job_id}-{az}"[:255]
+
+
+def _fleet_error(errors: list[dict[str, Any]], pool: Pool, got: int, wanted: int) -> Exception:
+    codes = sorted({str(e.get("ErrorCode", "")) for e in errors})
+    detail = "; ".join(f"{e.get('ErrorCode')}: {e.get('ErrorMessage', '')}" for e in errors[:3])
+    if codes and all(c in QUOTA_CODES for c in codes):
+        return QuotaExceededError(f"{pool.key}: {detail}")
+    return InsufficientCapacityError(f"{pool.key}: got {got} of {wanted} instances; {detail or 'no errors'}")
+
+
+class Ec2Compute:
+    def __init__(self, config: Ec2ComputeConfig | None = None, client_factory: ClientFactory = client) -> None:
+        self._config = config or Ec2ComputeConfig()
+        self._client = client_factory
+
+    # --- launch --------------------------------------------------------------------------------
+    def launch(self, request: LaunchRequest) -> list[Instance]:
+        if len(request.ranks) != request.count:
+            raise ValueError(f"{request.count} instances need {request.count} ranks, got {request.ranks}")
+        pool = request.pool
+        ec2 = self._client("ec2", pool.region)
+        existing = self._already_launched(ec2, request)
+        if existing:  # a retried call: the gang is already there
+            return existing
+        group = self._ensure_placement_group(ec2, request.job_id, pool.az)
+        template = self._create_template(ec2, request)
+        try:
+            response = ec2.create_fleet(**self._fleet_args(request, template, group))
+        except ClientError as exc:
+            code = error_code(exc)
+            if code in CAPACITY_CODES:
+                raise InsufficientCapacityError(f"{pool.key}: {code}") from exc
+            if code in QUOTA_CODES:
+                raise QuotaExceededError(f"{pool.key}: {code}") from exc
+            raise
+        finally:
+            self._delete_template(ec2, template)
+        ids = [i for item in response.get("Instances", []) for i in item.get("InstanceIds", [])]
+        if len(ids) < request.count:
+            if ids:  # partial capacity is released, never kept
+                ec2.terminate_instances(InstanceIds=ids)
+            raise _fleet_error(response.get("Errors", []), pool, len(ids), request.count)
+        ids = ids[: request.count]
+        for instance_id, rank in zip(ids, request.ranks, strict=True):
+            ec2.create_tags(Resources=[instance_id], Tags=[
+                {"Key": TAG_RANK, "Value": str(rank)},
+                {"Key": "Name", "Value": f"{request.job_id}-a{request.attempt}-r{rank}"},
+            ])
+        ips = self._private_ips(ec2, ids)
+        return [
+            Instance(instance_id=i, pool=pool, rank=r, private_ip=ips.get(i), job_id=request.job_id,
+                     attempt=request.attempt)
+            for i, r in zip(ids, request.ranks, strict=True)
+        ]
+
+    def _fleet_args(self, request: LaunchRequest, template: str, group: str) -> dict[str, Any]:
+        pool, n = request.pool, request.count
+        market = "spot" if pool.market == "spot" else "on-demand"
+        tags = [{"Key": TAG_JOB, "Value": request.job_id}, {"Key": TAG_ATTEMPT, "Value": str(request.attempt)},
+                {"Key": "spotrelay:pool", "Value": pool.key}]
+        if request.config_uri:
+            tags.append({"Key": "spotrelay:config-uri", "Value": request.config_uri[:256]})
+        single = {"SingleInstanceType": True, "SingleAvailabilityZone": True, "MinTargetCapacity": n}
+        return {
+            "Type": "instant",
+            "LaunchTemplateConfigs": [{
+                "LaunchTemplateSpecification": {"LaunchTemplateName": template, "Version": "$Latest"},
+                "Overrides": [{"InstanceType": pool.instance_type, "AvailabilityZone": pool.az,
+                               "Placement": {"GroupName": group}}],
+            }],
+            "TargetCapacitySpecification": {"TotalTargetCapacity": n, "DefaultTargetCapacityType": market},
+            "SpotOptions": {"AllocationStrategy": "capacity-optimized", **single},
+            "OnDemandOptions": {"AllocationStrategy": "lowest-price", **single},
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags},
+                                  {"ResourceType": "fleet", "Tags": tags}],
+        }
+
+    def _create_template(self, ec2: Any, request: LaunchRequest) -> str:
+        pool = request.pool
+        subnet = self._subnet(ec2, pool.az)
+        groups = self._groups(ec2, pool.region)
+        data: dict[str, Any] = {
+            "ImageId": self._image(ec2, pool.region),
+            "NetworkInterfaces": efa_interfaces(pool.instance_type, subnet, groups),
+            "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 2},
+            "UserData": base64.b64encode(request.user_data.encode()).decode(),
+        }
+        if self._config.instance_profile_arn:
+            data["IamInstanceProfile"] = {"Arn": self._config.instance_profile_arn}
+        name = f"spotrelay-{request.job_id}-a{request.attempt}-{uuid.uuid4().hex[:8]}"[:128]
+        ec2.create_launch_template(LaunchTemplateName=name, LaunchTemplateData=data)
+        return name
+
+    @staticmethod
+    def _delete_template(ec2: Any, name: str) -> None:
+        with contextlib.suppress(ClientError):  # a leftover template costs nothing
+            ec2.delete_launch_template(LaunchTemplateName=name)
+
+    def _ensure_placement_group(self, ec2: Any, job_id: str, az: str) -> str:
+        name = placement_group_name(job_id, az)
+        try:
+            ec2.create_placement_group(GroupName=name, Strategy="cluster", TagSpecifications=[
+                {"ResourceType": "placement-group", "Tags": [{"Key": TAG_JOB, "Value": job_id}]}])
+        except ClientError as exc:
+            if error_code(exc) != "InvalidPlacementGroup.Duplicate":
+                raise
+        return name
+
+    def _already_launched(self, ec2: Any, request: LaunchRequest) -> list[Instance]:
+        found = [
+            i for i in self._describe(ec2, request.pool.region, [
+                {"Name": f"tag:{TAG_JOB}", "Values": [request.job_id]},
+                {"Name": f"tag:{TAG_ATTEMPT}", "Values": [str(request.attempt)]},
+                {"Name": "tag:spotrelay:pool", "Values": [request.pool.key]},
+            ]) if i.rank in request.ranks
+        ]
+        return sorted(found, key=lambda i: request.ranks.index(i.rank)) if len(found) == request.count else []
+
+    # --- discovery -----------------------------------------------------------------------------
+    def _role_filter(self) -> dict[str, Any]:
+        key, value = self._config.role_tag
+        return {"Name": f"tag:{key}", "Values": [value]}
+
+    def _subnet(self, ec2: Any, az: str) -> str:
+        if az in self._config.subnet_ids:
+            return self._config.subnet_ids[az]
+        subnets = ec2.describe_subnets(Filters=[self._role_filter(), {"Name": "availability-zone", "Values": [az]}])
+        if not subnets.get("Subnets"):
+            raise InsufficientCapacityError(f"no subnet tagged {self._config.role_tag} in {az}")
+        return str(subnets["Subnets"][0]["SubnetId"])
+
+    def _groups(self, ec2: Any, region: str) -> list[str]:
+        if region in self._config.security_group_ids:
+            return self._config.security_group_ids[region]
+        found = ec2.describe_security_groups(Filters=[self._role_filter()]).get("SecurityGroups", [])
+        return [str(g["GroupId"]) for g in found]
+
+    def _image(self, ec2: Any, region: str) -> str:
+        if region in self._config.image_ids:
+            return self._config.image_ids[region]
+        images = ec2.describe_images(Owners=["self"], Filters=[self._role_filter()]).get("Images", [])
+        if not images:
+            raise ValueError(f"no AMI tagged {self._config.role_tag} in {region}; set image_ids")
+        return str(max(images, key=lambda i: i.get("CreationDate", ""))["ImageId"])
+
+    # --- termination and listing ---------------------------------------------------------------
+    def terminate(self, instance_ids: list[str], region: str) -> None:
+        if not instance_ids:
+            return
+        ec2 = self._client("ec2", region)
+        try:
+            ec2.terminate_instances(InstanceIds=instance_ids)
+        except ClientError as exc:
+            if error_code(exc) != "InvalidInstanceID.NotFound":
+                raise
+            if len(instance_ids) > 1:  # some are already gone: terminate the rest one by one
+                for one in instance_ids:
+                    self.terminate([one], region)
+
+    def terminate_job(self, job_id: str, regions: list[str]) -> list[str]:
+        ids: list[str] = []
+        for region in regions:
+            ec2 = self._client("ec2", region)
+            mine = [i.instance_id for i in self._describe(ec2, region, [
+                {"Name": f"tag:{TAG_JOB}", "Values": [job_id]}])]
+            self.terminate(mine, region)
+            ids.extend(mine)
+            self._delete_placement_groups(ec2, job_id)
+        return ids
+
+    @staticmethod
+    def _delete_placement_groups(ec2: Any, job_id: str) -> None:
+        groups = ec2.describe_placement_groups(Filters=[{"Name": f"tag:{TAG_JOB}", "Values": [job_id]}])
+        for group in groups.get("PlacementGroups", []):
+            # fails while it still holds shutting-down instances; reconcile's next sweep retries
+            with contextlib.suppress(ClientError):
+                ec2.delete_placement_group(GroupName=group["GroupName"])
+
+    def list_tagged(self, regions: list[str]) -> list[Instance]:
+        out: list[Instance] = []
+        for region in regions:
+            out.extend(self._describe(self._client("ec2", region), region,
+                                      [{"Name": "tag-key", "Values": [TAG_JOB]}]))
+        return out
+
+    def _describe(self, ec2: Any, region: str, filters: list[dict[str, Any]]) -> list[Instance]:
+        filters = [*filters, {"Name": "instance-state-name", "Values": LIVE_STATES}]
+        out: list[Instance] = []
+        for page in ec2.get_paginator("describe_instances").paginate(Filters=filters):
+            for reservation in page.get("Reservations", []):
+                out.extend(_instance(region, raw) for raw in reservation.get("Instances", []))
+        return out
+
+    @staticmethod
+    def _private_ips(ec2: Any, ids: list[str]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for reservation in ec2.describe_instances(InstanceIds=ids).get("Reservations", []):
+            for raw in reservation.get("Instances", []):
+                if raw.get("PrivateIpAddress"):
+                    found[raw["InstanceId"]] = raw["PrivateIpAddress"]
+        return found
+
+
+def _instance(region: str, raw: dict[str, Any]) -> Instance:
+    tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+    market = "spot" if raw.get("InstanceLifecycle") == "spot" else "on-demand"
+    pool = Pool(region=region, az=raw.get("Placement", {}).get("AvailabilityZone", ""),
+                instance_type=raw.get("InstanceType", ""), market=market)
+    attempt = tags.get(TAG_ATTEMPT)
+    return Instance(
+        instance_id=raw["InstanceId"], pool=pool, rank=int(tags.get(TAG_RANK, "-1")),
+        private_ip=raw.get("PrivateIpAddress"), state=raw.get("State", {}).get("Name", "unknown"),
+        job_id=tags.get(TAG_JOB), attempt=int(attempt) if attempt and attempt.isdigit() else None,
+    )
