@@ -13,11 +13,15 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from spotrelay.domain.models import Job, Node, Pool
+import pytest
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from spotrelay.domain.models import Job, Node, NodeState, Pool
 from spotrelay.domain.status import JobStatus
 from spotrelay.errors import InsufficientCapacityError, QuotaExceededError
 from spotrelay.ports.compute import Instance, LaunchRequest
@@ -177,3 +181,96 @@ class Ctx:
 
     def get_remaining_time_in_millis(self) -> int:
         return 60_000
+
+
+def ctx() -> LambdaContext:
+    return cast(LambdaContext, Ctx())
+
+
+class RecordingWorkflow:
+    """Workflow port double for handler tests (no execution behind the tokens): records every
+    completion and, like Step Functions, refuses a second completion of the same token."""
+
+    def __init__(self) -> None:
+        self.completed: list[tuple[str, str, dict[str, Any]]] = []  # (kind, token, output or error)
+        self.heartbeats: list[str] = []
+        self.executions: dict[str, str] = {}  # arn -> status
+        self._closed: set[str] = set()
+
+    def _close(self, token: str) -> None:
+        from spotrelay.errors import ConflictError
+
+        if token in self._closed:
+            raise ConflictError(f"task token {token} no longer valid")
+        self._closed.add(token)
+
+    def start(self, job_id: str, payload: dict[str, Any]) -> str:
+        arn = f"arn:aws:states:us-east-1:123456789012:execution:spotrelay-job-run:{job_id}"
+        self.executions.setdefault(arn, "RUNNING")
+        return arn
+
+    def stop(self, execution_arn: str, cause: str) -> None:
+        self.executions[execution_arn] = "ABORTED"
+
+    def send_success(self, task_token: str, output: dict[str, Any]) -> None:
+        self._close(task_token)
+        self.completed.append(("success", task_token, output))
+
+    def send_failure(self, task_token: str, error: str, cause: str) -> None:
+        self._close(task_token)
+        self.completed.append(("failure", task_token, {"error": error, "cause": cause}))
+
+    def send_heartbeat(self, task_token: str) -> None:
+        self.heartbeats.append(task_token)
+
+    def describe(self, execution_arn: str) -> dict[str, Any]:
+        from spotrelay.errors import NotFoundError
+
+        if execution_arn not in self.executions:
+            raise NotFoundError(execution_arn)
+        return {"executionArn": execution_arn, "status": self.executions[execution_arn]}
+
+
+def running_job(store: Any, compute: ScriptedCompute, nodes: int = 2, status: JobStatus = JobStatus.RUNNING,
+                tokens: dict[str, str] | None = None, job_id: str = "job-under-test",
+                market: str = "spot") -> tuple[Job, list[Node]]:
+    """A job on attempt 1 with a launched gang (as provision leaves it), in ``status``."""
+    job = new_job(store, job_id=job_id, status=status)
+    where = pool(market=market)
+    request = LaunchRequest(job_id=job_id, attempt=1, pool=where, count=nodes, ranks=list(range(nodes)))
+    gang = []
+    for inst in compute.launch(request):
+        node = Node(job_id=job_id, node_id=f"a1-r{inst.rank}", attempt=1, rank=inst.rank,
+                    instance_id=inst.instance_id, pool=where, launched_at=time.time(),
+                    state=NodeState.PENDING if status is JobStatus.STARTING else NodeState.READY)
+        gang.append(store.put_node(node))
+    from spotrelay.domain.models import Attempt
+
+    job = store.update_job(job_id, lambda j: j.model_copy(update={
+        "attempt": 1, "attempts": [Attempt(number=1, pool=where, price_per_hour=30.0, nodes=nodes,
+                                           started_at=time.time())],
+        "task_tokens": tokens or {}, "execution_arn": f"arn:aws:states:us-east-1:123456789012:execution:"
+                                                      f"spotrelay-job-run:{job_id}"}))
+    return job, gang
+
+
+@dataclass
+class Env:
+    store: Any
+    compute: ScriptedCompute
+    stats: Any
+    workflow: RecordingWorkflow
+
+
+@pytest.fixture
+def env(aws: dict[str, str]) -> Iterator[Env]:
+    """moto storage plus the controller's runtime wired to doubles for compute/market/workflow."""
+    from functions import _runtime
+    from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+    from spotrelay.placement import InMemoryPoolStatsStore
+
+    compute, stats, workflow = ScriptedCompute(), InMemoryPoolStatsStore(), RecordingWorkflow()
+    _runtime.set_factories(compute=lambda: compute, market=QuotedMarket, pool_stats=lambda: stats,
+                           workflow=lambda: workflow)
+    yield Env(DynamoDBJobStore(), compute, stats, workflow)
+    _runtime.set_factories(compute=None, market=None, pool_stats=None, workflow=None)

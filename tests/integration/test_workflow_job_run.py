@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from functions import _runtime
-from functions import on_agent_event, on_instance_state, on_interruption_notice
+from functions import _runtime, on_agent_event, on_instance_state, on_interruption_notice
 from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
 from spotrelay.adapters.sfn_workflow import SfnWorkflow
 from spotrelay.contracts.workflow import WorkflowInput, WorkflowTimings
@@ -25,10 +24,10 @@ from spotrelay.services.cancel import request_cancel
 from spotrelay.settings import reset
 from tests.integration.controller_doubles import (
     CAPACITY,
-    Ctx,
     QuotedMarket,
     ScriptedCompute,
     agent_event,
+    ctx,
     ec2_event,
     new_job,
     wait_until,
@@ -65,13 +64,13 @@ class Harness:
     def agents_ready(self, attempt: int) -> list[Node]:
         nodes = self.gang(attempt)
         for node in nodes:
-            on_agent_event.handler(agent_event("NodeReady", node), Ctx())
+            on_agent_event.handler(agent_event("NodeReady", node), ctx())
         wait_until(lambda: self.job().status is JobStatus.RUNNING, what="RUNNING")
         return nodes
 
     def exit_all(self, nodes: list[Node], code: int, **fields: Any) -> None:
         for node in nodes:
-            on_agent_event.handler(agent_event("TrainingExited", node, exit_code=code, reason="test", **fields), Ctx())
+            on_agent_event.handler(agent_event("TrainingExited", node, exit_code=code, reason="test", **fields), ctx())
 
     def finished(self, arn: str) -> dict[str, Any]:
         out: dict[str, Any] = wait_until(
@@ -107,7 +106,8 @@ def test_clean_success(wf: Harness) -> None:
     final = wf.job()
     assert final.status is JobStatus.SUCCEEDED and final.attempt == 1 and final.recoveries == 0
     assert final.attempts[0].ended_at is not None and final.task_tokens == {}
-    assert wf.compute.running(job.job_id) == [] and sorted(wf.compute.terminated) == sorted(n.instance_id for n in nodes)
+    assert wf.compute.running(job.job_id) == []
+    assert sorted(wf.compute.terminated) == sorted(n.instance_id for n in nodes)
     assert wf.compute.tried == [wf.compute.launched[0].pool.key]  # the best pool had capacity
     assert "Recover" not in wf.states_entered(arn)
 
@@ -116,17 +116,17 @@ def test_one_interruption_then_success(wf: Harness) -> None:
     job = new_job(wf.store)
     arn = wf.start(job)
     first = wf.agents_ready(1)
-    on_agent_event.handler(agent_event("Heartbeat", first[0], step=40), Ctx())
+    on_agent_event.handler(agent_event("Heartbeat", first[0], step=40), ctx())
     doomed = first[0]
     notice = ec2_event("ec2_spot_interruption_warning.json", doomed.instance_id)
-    assert on_interruption_notice.handler(notice, Ctx())["result"] == "applied"
+    assert on_interruption_notice.handler(notice, ctx())["result"] == "applied"
     assert wf.job().status is JobStatus.CHECKPOINTING
     assert all(n.directive and n.directive["kind"] == "CHECKPOINT_NOW" for n in wf.store.nodes_of(job.job_id))
     on_agent_event.handler(agent_event("CheckpointCommitted", doomed, step=42, uri="s3://b/ckpt/step-42/",
-                                       emergency=True), Ctx())
+                                       emergency=True), ctx())
     wf.exit_all(first, 75, last_step=42, last_committed_step=42)
     # EC2 takes the doomed instance away after the checkpoint: an announced loss, no double count
-    on_instance_state.handler(ec2_event("ec2_instance_state_terminated.json", doomed.instance_id), Ctx())
+    on_instance_state.handler(ec2_event("ec2_instance_state_terminated.json", doomed.instance_id), ctx())
 
     second = wf.agents_ready(2)
     job2 = wf.job()
@@ -163,7 +163,7 @@ def test_retry_budget_exhausted_fails_with_reason_and_no_instance(wf: Harness) -
     for attempt in (1, 2):
         nodes = wf.agents_ready(attempt)
         # an unannounced loss: the instance just disappears
-        on_instance_state.handler(ec2_event("ec2_instance_state_terminated.json", nodes[1].instance_id), Ctx())
+        on_instance_state.handler(ec2_event("ec2_instance_state_terminated.json", nodes[1].instance_id), ctx())
     result = wf.finished(arn)
     assert result["status"] == "FAILED"
     final = wf.job()

@@ -1,0 +1,105 @@
+"""The every-minute sweep: what events alone can miss.
+
+1. Stale heartbeats: a node of a RUNNING/CHECKPOINTING job silent for ``stale_after_s`` is LOST
+   (an unannounced loss; the outcome wait is settled and recovery resumes from the last checkpoint).
+2. Orphans: instances tagged for a job that does not exist or has ended, or left over from an older
+   attempt, are terminated.
+3. Stuck executions: a live job whose execution is no longer RUNNING (failed, timed out, aborted)
+   is marked FAILED and its instances terminated.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from spotrelay.domain.models import Job, NodeState
+from spotrelay.domain.status import JobStatus, transition
+from spotrelay.errors import NotFoundError
+from spotrelay.services.controller import Controller, attempt_nodes, regions_of
+from spotrelay.services.notify import announce
+from spotrelay.services.waits import settle
+
+log = logging.getLogger(__name__)
+LIVE = (JobStatus.VALIDATED, JobStatus.PLACING, JobStatus.PROVISIONING, JobStatus.STARTING, JobStatus.RUNNING,
+        JobStatus.CHECKPOINTING, JobStatus.RECOVERING, JobStatus.CANCELLING)
+_HEARTBEATING = (NodeState.READY, NodeState.RUNNING, NodeState.DOOMED)
+
+
+def reconcile(ctl: Controller, now: float, stale_after_s: float = 300.0,
+              regions: list[str] | None = None) -> dict[str, Any]:
+    jobs = [job for status in LIVE for job in ctl.store.jobs_by_status(status)]
+    report: dict[str, Any] = {"jobs": len(jobs), "lost": [], "orphans": [], "stuck": []}
+    for job in jobs:
+        if job.status in (JobStatus.RUNNING, JobStatus.CHECKPOINTING):
+            report["lost"] += _stale(ctl, job, now, stale_after_s)
+    for job in jobs:
+        if job.execution_arn and _stuck(ctl, job, now):
+            report["stuck"].append(job.job_id)
+    report["orphans"] = _orphans(ctl, jobs, regions or [])
+    log.info("reconciled", extra=report)
+    return report
+
+
+def _stale(ctl: Controller, job: Job, now: float, stale_after_s: float) -> list[str]:
+    lost = []
+    for node in attempt_nodes(ctl.store, job):
+        seen = node.last_heartbeat or node.launched_at
+        if node.state in _HEARTBEATING and seen < now - stale_after_s:
+            changed = ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(
+                update={"state": NodeState.LOST}) if n.state in _HEARTBEATING else None)
+            if changed is not None:
+                lost.append(f"{job.job_id}/{node.node_id}")
+                log.warning("stale heartbeat: node lost", extra={"job_id": job.job_id, "node_id": node.node_id,
+                                                                 "silent_s": round(now - seen, 1)})
+    if lost:
+        settle(ctl, job.job_id, now)
+    return lost
+
+
+def _stuck(ctl: Controller, job: Job, now: float) -> bool:
+    assert job.execution_arn is not None
+    try:
+        status = str(ctl.need_workflow().describe(job.execution_arn)["status"])
+    except NotFoundError:
+        status = "MISSING"
+    if status == "RUNNING":
+        return False
+    reason = f"workflow execution {status} while the job was {job.status.value}"
+
+    def fail(cur: Job) -> Job | None:
+        if cur.status.terminal:
+            return None
+        target = JobStatus.CANCELLED if cur.status is JobStatus.CANCELLING else JobStatus.FAILED
+        return cur.model_copy(update={"status": transition(cur.status, target), "updated_at": now,
+                                      "reasons": [*cur.reasons, reason], "task_tokens": {}})
+
+    done = ctl.store.update_job(job.job_id, fail)
+    if done is None:
+        return False
+    ctl.need_compute().terminate_job(job.job_id, regions_of(done, ctl.store.nodes_of(job.job_id)))
+    announce(ctl.notifier, done.status.value.lower(), done, now)
+    log.warning("stuck execution", extra={"job_id": job.job_id, "reason": reason})
+    return True
+
+
+def _orphans(ctl: Controller, live: list[Job], regions: list[str]) -> list[str]:
+    scan = set(regions)
+    for each in live:
+        scan.update(regions_of(each))
+    by_id = {each.job_id: each for each in live}
+    doomed: dict[str, list[str]] = {}
+    for inst in ctl.need_compute().list_tagged(sorted(scan)):
+        job: Job | None = by_id.get(inst.job_id or "")
+        if job is None and inst.job_id:
+            job = ctl.store.find_job(inst.job_id)
+        if job is not None and not job.status.terminal:
+            if inst.attempt is None or inst.attempt >= job.attempt:
+                continue  # current (or being launched)
+            if any(n.instance_id == inst.instance_id for n in attempt_nodes(ctl.store, job)):
+                continue  # a survivor carried into the current attempt
+        doomed.setdefault(inst.pool.region, []).append(inst.instance_id)
+    for region, ids in doomed.items():
+        ctl.need_compute().terminate(ids, region)
+        log.warning("orphans terminated", extra={"region": region, "instance_ids": ids})
+    return sorted(i for ids in doomed.values() for i in ids)
