@@ -8,6 +8,7 @@ crafted ``__reduce__`` (``os.system``, ``builtins.eval``...) is refused before a
 
 from __future__ import annotations
 
+import importlib
 import io
 import pickle
 import pickletools
@@ -97,7 +98,10 @@ def _deepspeed_globals() -> list[Any]:
         from deepspeed.runtime.fp16 import loss_scaler
         from deepspeed.runtime.zero import config as zero_config
 
+        # deepspeed.utils re-exports a class named tensor_fragment that hides the module
+        tensor_fragment = importlib.import_module("deepspeed.utils.tensor_fragment")
         found += [loss_scaler.LossScaler, loss_scaler.DynamicLossScaler, zero_config.ZeroStageEnum]
+        found.append(tensor_fragment.fragment_address)
     except ImportError:  # the DDP path does not need DeepSpeed installed
         pass
     return found
