@@ -92,7 +92,7 @@ def test_unannounced_loss_settles_outcome_once_and_late_notice_is_ignored(env: E
 
 
 def test_announced_loss_is_terminated_not_lost(env: Env) -> None:
-    job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    _job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
     on_interruption_notice.handler(_notice(gang[0].instance_id), ctx())
     result = on_instance_state.handler(ec2_event("ec2_instance_state_terminated.json", gang[0].instance_id), ctx())
     assert result["node_state"] == "TERMINATED"

@@ -1,0 +1,117 @@
+"""on_agent_event and sfn_register_wait with real-format agent events against moto: task tokens
+completed once whatever the order; duplicates, old attempts and finished jobs change nothing."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from functions import on_agent_event, sfn_register_wait
+from spotrelay.domain.models import NodeState
+from spotrelay.domain.status import JobStatus
+from tests.integration.controller_doubles import Env, agent_event, ctx, env, load_event, running_job
+
+__all__ = ["env"]
+
+
+def test_all_ready_completes_the_ready_wait_once(env: Env) -> None:
+    job, gang = running_job(env.store, env.compute, status=JobStatus.STARTING, tokens={"ready": "tok-ready"})
+    first = agent_event("NodeReady", gang[0])
+    assert on_agent_event.handler(first, ctx())["settled"] is None  # rank 1 not ready yet
+    assert on_agent_event.handler(first, ctx())["settled"] is None  # duplicate: cached result
+    again = agent_event("NodeReady", gang[0])  # same report, new event id: a no-op
+    assert on_agent_event.handler(again, ctx())["result"] == "no-op"
+    assert on_agent_event.handler(agent_event("NodeReady", gang[1]), ctx())["settled"] == "ready"
+    assert env.workflow.completed == [("success", "tok-ready", {"outcome": "ready", "attempt": 1, "detail": ""})]
+    current = env.store.get_job(job.job_id)
+    assert current.status is JobStatus.RUNNING and current.task_tokens == {}
+    assert current.attempts[0].started_at is not None
+    assert env.store.get_node(job.job_id, "a1-r1").private_ip == "10.0.1.17"
+
+
+def test_token_registered_after_the_events_is_settled_at_registration(env: Env) -> None:
+    job, gang = running_job(env.store, env.compute, status=JobStatus.STARTING)
+    for node in gang:
+        on_agent_event.handler(agent_event("NodeReady", node), ctx())
+    assert env.workflow.completed == []  # nobody waits yet
+    out = sfn_register_wait.handler({"job_id": job.job_id, "wait": "ready", "attempt": 1, "task_token": "late"},
+                                    ctx())
+    assert out == {"registered": True, "wait": "ready", "settled": True}
+    assert env.workflow.completed[0][:2] == ("success", "late")
+    assert env.store.get_job(job.job_id).status is JobStatus.RUNNING
+
+
+def test_register_wait_for_a_cancelling_job_fails_the_token(env: Env) -> None:
+    job, _ = running_job(env.store, env.compute)
+    env.store.update_job(job.job_id, lambda j: j.model_copy(update={"status": JobStatus.CANCELLING}))
+    out = sfn_register_wait.handler({"job_id": job.job_id, "wait": "outcome", "attempt": 1, "task_token": "t"},
+                                    ctx())
+    assert out["registered"] is False
+    assert env.workflow.completed[0][0] == "failure" and env.workflow.completed[0][2]["error"] == "JobCancelledError"
+
+
+def test_exits_in_any_order_deliver_one_outcome(env: Env) -> None:
+    job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    assert on_agent_event.handler(agent_event("TrainingExited", gang[1], exit_code=0, reason="done"), ctx())[
+        "settled"] is None
+    done = agent_event("TrainingExited", gang[0], exit_code=0, reason="done", last_step=500)
+    assert on_agent_event.handler(done, ctx())["settled"] == "succeeded"
+    assert on_agent_event.handler(done, ctx())["settled"] == "succeeded"  # the cached first result
+    assert len(env.workflow.completed) == 1 and env.workflow.completed[0][2]["outcome"] == "succeeded"
+    assert env.store.get_job(job.job_id).last_step == 500
+
+
+def test_user_error_ends_the_attempt_at_once(env: Env) -> None:
+    _, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    result = on_agent_event.handler(agent_event("TrainingExited", gang[1], exit_code=1, reason="user-error"), ctx())
+    assert result["settled"] == "user-error"
+    assert env.workflow.completed[0][2]["exit_code"] == 1
+
+
+def test_heartbeat_and_checkpoint_update_job_once(env: Env) -> None:
+    job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    on_agent_event.handler(agent_event("Heartbeat", gang[0], step=120), ctx())
+    assert env.workflow.heartbeats == ["tok-out"]
+    assert env.store.get_job(job.job_id).last_step == 120
+    for node in gang:  # every node reports the same global commit
+        on_agent_event.handler(agent_event("CheckpointCommitted", node, step=150, emergency=False), ctx())
+    current = env.store.get_job(job.job_id)
+    assert current.last_checkpoint is not None and current.last_checkpoint.step == 150
+    version = current.version
+    older = agent_event("CheckpointCommitted", gang[0], step=100, emergency=False)  # reordered: older commit
+    assert on_agent_event.handler(older, ctx())["result"] == "no-op"
+    assert env.store.get_job(job.job_id).version == version
+
+
+def test_proactive_checkpoint_returns_job_to_running(env: Env) -> None:
+    job, gang = running_job(env.store, env.compute, status=JobStatus.CHECKPOINTING)
+    on_agent_event.handler(agent_event("CheckpointCommitted", gang[0], step=10, emergency=False), ctx())
+    assert env.store.get_job(job.job_id).status is JobStatus.RUNNING
+
+
+def test_late_events_are_no_ops(env: Env) -> None:
+    job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    old = agent_event("TrainingExited", gang[0], exit_code=75, reason="late", attempt=1)
+    env.store.update_job(job.job_id, lambda j: j.model_copy(update={"attempt": 2}))
+    assert "late" in on_agent_event.handler(old, ctx())["why"]
+    env.store.update_job(job.job_id, lambda j: j.model_copy(update={"attempt": 1, "status": JobStatus.FAILED}))
+    result = on_agent_event.handler(agent_event("TrainingExited", gang[1], exit_code=0, reason="x"), ctx())
+    assert result["result"] == "ignored" and "FAILED" in result["why"]
+    unknown = agent_event("NodeReady", gang[0], job_id="no-such-job")
+    assert on_agent_event.handler(unknown, ctx())["why"] == "unknown job"
+    assert all(n.state is NodeState.READY for n in env.store.nodes_of(job.job_id))
+    assert env.workflow.completed == []
+
+
+def test_anomaly_is_logged_only(env: Env) -> None:
+    job, gang = running_job(env.store, env.compute)
+    before = env.store.get_job(job.job_id)
+    result = on_agent_event.handler(agent_event("Anomaly", gang[0], what="upload-failed"), ctx())
+    assert result["result"] == "no-op" and env.store.get_job(job.job_id) == before
+
+
+def test_malformed_agent_event_is_rejected(env: Env) -> None:
+    event = load_event("agent_node_ready.json")
+    del event["detail"]["instance_id"]
+    with pytest.raises(ValidationError):
+        on_agent_event.handler(event, ctx())

@@ -1,0 +1,75 @@
+"""reconcile with the real scheduled-event format against moto: stale heartbeats, orphans, stuck
+executions; a redelivered run changes nothing twice."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+from functions import reconcile
+from spotrelay.domain.models import NodeState
+from spotrelay.domain.status import JobStatus
+from spotrelay.ports.compute import LaunchRequest
+from tests.integration.controller_doubles import Env, ctx, env, load_event, pool, running_job
+
+__all__ = ["env"]
+
+
+def _run(minute: int) -> dict[str, object]:
+    event = copy.deepcopy(load_event("scheduled_event.json"))
+    event["time"] = f"2026-11-30T03:{minute:02d}:00Z"
+    return reconcile.handler(event, ctx())
+
+
+def test_stale_heartbeat_is_a_node_loss(env: Env) -> None:
+    job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    fresh, silent = time.time(), time.time() - 3600
+    env.store.update_node(job.job_id, "a1-r0", lambda n: n.model_copy(update={"last_heartbeat": fresh}))
+    env.store.update_node(job.job_id, "a1-r1", lambda n: n.model_copy(update={"last_heartbeat": silent}))
+    report = _run(1)
+    assert report["lost"] == [f"{job.job_id}/a1-r1"]
+    assert env.store.get_node(job.job_id, "a1-r1").state is NodeState.LOST
+    assert env.store.get_node(job.job_id, "a1-r0").state is NodeState.READY
+    assert [c[2]["outcome"] for c in env.workflow.completed] == ["node-lost"]
+    assert _run(1) == report  # the same run delivered twice
+    assert _run(2)["lost"] == []  # the next minute: already lost, nothing new
+    assert len(env.workflow.completed) == 1
+
+
+def test_orphans_and_instances_of_finished_jobs_are_terminated(env: Env) -> None:
+    job, gang = running_job(env.store, env.compute)
+    env.workflow.start(job.job_id, {})  # its execution runs
+    done, done_gang = running_job(env.store, env.compute, job_id="job-finished")
+    env.store.update_job(done.job_id, lambda j: j.model_copy(update={"status": JobStatus.SUCCEEDED}))
+    stray = env.compute.launch(LaunchRequest(job_id="job-unknown", attempt=1, pool=pool(), count=1, ranks=[0]))
+    # a leftover of attempt 1 after the job moved on to attempt 2
+    env.store.update_job(job.job_id, lambda j: j.model_copy(update={"attempt": 2}))
+    env.compute.launch(LaunchRequest(job_id=job.job_id, attempt=2, pool=pool(), count=1, ranks=[0]))
+    report = _run(3)
+    expected = sorted([stray[0].instance_id, *(n.instance_id for n in done_gang), *(n.instance_id for n in gang)])
+    assert report["orphans"] == expected and report["stuck"] == []
+    assert len(env.compute.running(job.job_id)) == 1  # the current attempt's instance stays
+    assert env.compute.running(done.job_id) == [] and env.compute.running("job-unknown") == []
+
+
+def test_stuck_execution_fails_the_job_and_releases_it(env: Env) -> None:
+    job, gang = running_job(env.store, env.compute)
+    assert job.execution_arn is not None
+    env.workflow.executions[job.execution_arn] = "FAILED"
+    report = _run(4)
+    assert report["stuck"] == [job.job_id]
+    final = env.store.get_job(job.job_id)
+    assert final.status is JobStatus.FAILED and "workflow execution FAILED" in final.reasons[-1]
+    assert env.compute.running(job.job_id) == []
+
+
+def test_healthy_jobs_are_left_alone(env: Env) -> None:
+    job, gang = running_job(env.store, env.compute)
+    assert job.execution_arn is not None
+    env.workflow.executions[job.execution_arn] = "RUNNING"
+    for node in gang:
+        env.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update={"last_heartbeat": time.time()}))
+    before = env.store.get_job(job.job_id)
+    report = _run(5)
+    assert report == {"jobs": 1, "lost": [], "orphans": [], "stuck": []}
+    assert env.store.get_job(job.job_id) == before and len(env.compute.running(job.job_id)) == 2
