@@ -22,7 +22,7 @@ def _run(minute: int) -> dict[str, object]:
 
 
 def test_stale_heartbeat_is_a_node_loss(env: Env) -> None:
-    job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    job, _gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
     fresh, silent = time.time(), time.time() - 3600
     env.store.update_node(job.job_id, "a1-r0", lambda n: n.model_copy(update={"last_heartbeat": fresh}))
     env.store.update_node(job.job_id, "a1-r1", lambda n: n.model_copy(update={"last_heartbeat": silent}))
@@ -53,7 +53,7 @@ def test_orphans_and_instances_of_finished_jobs_are_terminated(env: Env) -> None
 
 
 def test_stuck_execution_fails_the_job_and_releases_it(env: Env) -> None:
-    job, gang = running_job(env.store, env.compute)
+    job, _gang = running_job(env.store, env.compute)
     assert job.execution_arn is not None
     env.workflow.executions[job.execution_arn] = "FAILED"
     report = _run(4)
