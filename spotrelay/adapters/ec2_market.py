@@ -1,0 +1,118 @@
+"""MarketData from EC2: live spot prices per AZ and spot placement scores; the rest from the catalog.
+
+- Spot price: ``DescribeSpotPriceHistory`` (Linux/UNIX) from now, the newest entry per AZ and type.
+- Placement score: ``GetSpotPlacementScores`` per instance type with ``SingleAvailabilityZone``;
+  it answers with zone IDs, mapped to this account's zone names via ``DescribeAvailabilityZones``.
+  The call needs its own IAM permission and is rate limited: when it fails, scores are None.
+- Spot Advisor band and on-demand price: the static catalog (there is no API for the band; the
+  Pricing API lives in two regions only and is slow, and the table is good enough to rank pools).
+- When price history fails for a region (throttled, not enabled), that region's spot quotes come
+  from the fallback market (the catalog) so placement never stops for want of a price.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from spotrelay.adapters.aws import client
+from spotrelay.adapters.static_market import StaticMarketData
+from spotrelay.domain.models import Pool
+from spotrelay.placement import catalog
+from spotrelay.ports.market import MarketData, PoolQuote
+
+log = logging.getLogger(__name__)
+_FAILURES = (ClientError, BotoCoreError)
+
+
+class Ec2MarketData:
+    def __init__(
+        self, fallback: MarketData | None = None, client_factory: Callable[..., Any] = client,
+        clock: Callable[[], float] = time.time, target_capacity: int = 1, placement_scores: bool = True,
+    ) -> None:
+        self._fallback = fallback or StaticMarketData()
+        self._client = client_factory
+        self._clock = clock
+        self._target = target_capacity  # instances the placement score is asked about
+        self._use_scores = placement_scores
+
+    def quotes(self, regions: list[str], instance_types: list[str], markets: list[str]) -> list[PoolQuote]:
+        scores = self._placement_scores(regions, instance_types) if "spot" in markets and self._use_scores else {}
+        out: list[PoolQuote] = []
+        for region in regions:
+            prices = self._spot_prices(region, instance_types)
+            if prices is None:
+                out.extend(self._fallback.quotes([region], instance_types, markets))
+                continue
+            for itype in instance_types:
+                zones = sorted(az for az, t in prices if t == itype) or list(catalog.zones(region, itype))
+                for az in zones:
+                    if "spot" in markets and (az, itype) in prices:
+                        pool = Pool(region=region, az=az, instance_type=itype, market="spot")
+                        out.append(PoolQuote(
+                            pool=pool, price_per_hour=prices[(az, itype)],
+                            advisor_band=catalog.advisor_band(region, itype),
+                            placement_score=scores.get((region, az, itype)),
+                        ))
+                    od = catalog.on_demand_price(region, itype)
+                    if "on-demand" in markets and od is not None:
+                        pool = Pool(region=region, az=az, instance_type=itype, market="on-demand")
+                        out.append(PoolQuote(pool=pool, price_per_hour=od))
+        return out
+
+    def _spot_prices(self, region: str, instance_types: list[str]) -> dict[tuple[str, str], float] | None:
+        """(az, type) -> newest spot price, or None when the region cannot be asked."""
+        ec2 = self._client("ec2", region)
+        newest: dict[tuple[str, str], tuple[datetime, float]] = {}
+        try:
+            pages = ec2.get_paginator("describe_spot_price_history").paginate(
+                InstanceTypes=instance_types, ProductDescriptions=["Linux/UNIX"],
+                StartTime=datetime.fromtimestamp(self._clock(), UTC),
+            )
+            for page in pages:
+                for entry in page.get("SpotPriceHistory", []):
+                    key = (entry["AvailabilityZone"], entry["InstanceType"])
+                    stamp, price = entry["Timestamp"], float(entry["SpotPrice"])
+                    if key not in newest or stamp > newest[key][0]:
+                        newest[key] = (stamp, price)
+        except _FAILURES as exc:
+            log.warning("spot price history failed in %s, using the catalog: %s", region, exc)
+            return None
+        return {key: price for key, (_, price) in newest.items()}
+
+    def _placement_scores(self, regions: list[str], instance_types: list[str]) -> dict[tuple[str, str, str], float]:
+        """(region, az name, type) -> score 1..10, for what the API would answer."""
+        out: dict[tuple[str, str, str], float] = {}
+        names: dict[str, dict[str, str]] = {}
+        home = self._client("ec2", regions[0]) if regions else None
+        for itype in instance_types:
+            try:
+                answer = home.get_spot_placement_scores(  # type: ignore[union-attr]
+                    InstanceTypes=[itype], TargetCapacity=self._target, TargetCapacityUnitType="units",
+                    SingleAvailabilityZone=True, RegionNames=regions,
+                )
+            except _FAILURES as exc:
+                log.info("spot placement scores unavailable for %s: %s", itype, exc)
+                continue
+            for item in answer.get("SpotPlacementScores", []):
+                region, zone_id = item.get("Region"), item.get("AvailabilityZoneId")
+                if not region or not zone_id:
+                    continue
+                if region not in names:
+                    names[region] = self._zone_names(region)
+                az = names[region].get(zone_id)
+                if az:
+                    out[(region, az, itype)] = float(item["Score"])
+        return out
+
+    def _zone_names(self, region: str) -> dict[str, str]:
+        try:
+            zones = self._client("ec2", region).describe_availability_zones()["AvailabilityZones"]
+        except _FAILURES:
+            return {}
+        return {z["ZoneId"]: z["ZoneName"] for z in zones}
