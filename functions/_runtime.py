@@ -87,23 +87,29 @@ def _default_workflow() -> Workflow:
 
 
 def _default_compute() -> Compute:
-    from spotrelay.adapters.ec2_compute import Ec2Compute  # type: ignore[import-not-found,unused-ignore]
+    from spotrelay.adapters.ec2_compute import Ec2Compute, Ec2ComputeConfig
 
-    return Ec2Compute()
+    # AMIs, subnets, security groups and the instance profile come from the stack as JSON
+    raw = os.environ.get("SPOTRELAY_EC2_CONFIG", "")
+    return Ec2Compute(Ec2ComputeConfig.model_validate_json(raw) if raw else None)
 
 
 def _default_market() -> MarketData:
-    from spotrelay.adapters.ec2_market import Ec2Market  # type: ignore[import-not-found,unused-ignore]
+    from spotrelay.adapters.ec2_market import Ec2MarketData
 
-    return Ec2Market()
+    return Ec2MarketData()
 
 
 def _default_pool_stats() -> Any:
-    from spotrelay.adapters.dynamodb_pool_stats import (  # type: ignore[import-not-found,unused-ignore]
-        DynamoDBPoolStats,
-    )
+    try:
+        module = importlib.import_module("spotrelay.adapters.dynamodb_pool_stats")
+    except ImportError:  # not deployed yet: cooldowns then last one invocation only
+        from spotrelay.placement import InMemoryPoolStatsStore
 
-    return DynamoDBPoolStats()
+        logger.warning("spotrelay.adapters.dynamodb_pool_stats missing: pool stats kept in memory")
+        return InMemoryPoolStatsStore()
+    factory = getattr(module, "DynamoDBPoolStatsStore", None) or module.DynamoDBPoolStats
+    return factory()
 
 
 def _default_notifier() -> Notifier:
