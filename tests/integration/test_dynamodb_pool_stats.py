@@ -1,0 +1,40 @@
+"""PoolStats on DynamoDB (moto): same results as the pure bookkeeping, atomic under concurrency."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from spotrelay.adapters.dynamodb_pool_stats import DynamoDBPoolStatsStore
+from spotrelay.placement import CooldownPolicy, InMemoryPoolStatsStore, PoolEvent
+
+KEY = "us-east-1/us-east-1a/p5.48xlarge/spot"
+T0 = 1_800_000_000.0
+POLICY = CooldownPolicy(capacity_s=600, interruption_s=1800, quota_s=3600)
+
+
+def test_records_match_the_pure_bookkeeping(aws: dict[str, str]) -> None:
+    ddb, mem = DynamoDBPoolStatsStore(policy=POLICY), InMemoryPoolStatsStore(POLICY)
+    script = [
+        (PoolEvent.CAPACITY_FAILURE, T0, 0.0), (PoolEvent.CAPACITY_FAILURE, T0 + 10, 0.0),
+        (PoolEvent.LAUNCHED, T0 + 2000, 0.0), (PoolEvent.OBSERVED, T0 + 9000, 12.5),
+        (PoolEvent.INTERRUPTED, T0 + 9000, 0.0), (PoolEvent.QUOTA_EXCEEDED, T0 + 9100, 0.0),
+        (PoolEvent.CAPACITY_FAILURE, T0 + 9200, 0.0),  # shorter than the quota cooldown: no change
+    ]
+    for event, now, hours in script:
+        got, want = ddb.record(KEY, event, now, hours), mem.record(KEY, event, now, hours)
+        assert got == want, event
+    stored = ddb.get_many([KEY, "us-west-2/us-west-2a/p4d.24xlarge/spot"])
+    assert list(stored) == [KEY] and stored[KEY] == mem.all()[KEY]
+    assert stored[KEY].cooldown_until == T0 + 9100 + 3600
+    assert stored[KEY].hours_observed == 12.5 and stored[KEY].failure_streak == 1
+    assert ddb.all() == {KEY: stored[KEY]}
+
+
+def test_concurrent_notices_are_all_counted_and_the_latest_cooldown_wins(aws: dict[str, str]) -> None:
+    store = DynamoDBPoolStatsStore(policy=POLICY)
+    times = [T0 + i for i in range(12)]
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        list(pool.map(lambda t: store.record(KEY, PoolEvent.INTERRUPTED, t), reversed(times)))
+    stats = store.get_many([KEY])[KEY]
+    assert stats.interruptions == 12
+    assert stats.cooldown_until == max(times) + 1800
