@@ -69,3 +69,33 @@ def announce(notifier: Notifier | None, kind: str, job: Job, now: float, **extra
     except Exception:
         log.exception("notification failed", extra={"job_id": job.job_id, "kind": kind})
     return context
+
+
+_EMOJI = {"succeeded": ":white_check_mark:", "failed": ":x:", "rejected": ":no_entry:", "interrupted": ":warning:",
+          "recovered": ":arrows_counterclockwise:", "started": ":rocket:", "submitted": ":inbox_tray:",
+          "cancelled": ":octagonal_sign:"}
+_FIELDS = (("attempt", "Attempt"), ("pool", "Pool"), ("steps_lost", "Steps lost"),
+           ("checkpoint_step", "Checkpoint step"), ("checkpoint_age_s", "Checkpoint age (s)"),
+           ("cost_so_far", "Cost so far (USD)"), ("reason", "Reason"))
+
+
+def slack_payload(message: dict[str, Any], channel: str | None = None) -> dict[str, Any]:
+    """A Slack incoming-webhook body for one SNS message published by :func:`announce`."""
+    kind = str(message.get("kind", "event"))
+    context = message.get("context") or {}
+    subject = str(message.get("subject") or f"spotrelay: job {message.get('job_id')} {kind}")
+    facts = [f"*{label}:* {context[key]}" for key, label in _FIELDS if context.get(key) not in (None, "")]
+    for reason in context.get("reasons", [])[-2:]:
+        facts.append(f"*Why:* {reason}")
+    text = f"{_EMOJI.get(kind, ':information_source:')} {subject}"
+    body: dict[str, Any] = {
+        "text": text,
+        "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": text}}],
+    }
+    if facts:
+        body["blocks"].append({"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(facts)}})
+    body["blocks"].append({"type": "context", "elements": [
+        {"type": "mrkdwn", "text": f"job `{message.get('job_id')}`"}]})
+    if channel:
+        body["channel"] = channel
+    return body
