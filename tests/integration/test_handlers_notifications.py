@@ -30,7 +30,7 @@ class Webhook:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 length = int(self.headers["Content-Length"])
                 outer.bodies.append(json.loads(self.rfile.read(length)))
                 self.send_response(outer.status)
