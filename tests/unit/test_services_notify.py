@@ -1,0 +1,55 @@
+"""Notification context and the Slack message built from it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spotrelay.domain.models import Attempt, CheckpointRef, Job, Pool
+from spotrelay.domain.status import JobStatus
+from spotrelay.services.notify import announce, job_context, slack_payload, topic_for
+
+POOL = Pool(region="us-west-2", az="us-west-2b", instance_type="p4d.24xlarge", market="spot")
+
+
+def _job(**update: Any) -> Job:
+    base = Job(job_id="j-1", name="llm", status=JobStatus.RUNNING, attempt=3, recoveries=2, steps_lost=12,
+               last_step=900, cost_so_far=1234.567, attempts=[Attempt(number=3, pool=POOL)],
+               last_checkpoint=CheckpointRef(step=888, uri="s3://b/x", committed_at=100.0))
+    return base.model_copy(update=update)
+
+
+class Recorder:
+    def __init__(self, fail: bool = False) -> None:
+        self.sent: list[tuple[str, str, str, dict[str, Any], str | None]] = []
+        self.fail = fail
+
+    def notify(self, kind: str, job_id: str, subject: str, context: dict[str, Any],
+               topic_arn: str | None = None) -> None:
+        if self.fail:
+            raise RuntimeError("sns down")
+        self.sent.append((kind, job_id, subject, context, topic_arn))
+
+
+def test_context_has_what_people_ask() -> None:
+    context = job_context(_job(), now=160.0)
+    assert context["attempt"] == 3 and context["steps_lost"] == 12 and context["cost_so_far"] == 1234.57
+    assert context["checkpoint_age_s"] == 60.0 and context["pool"] == POOL.key
+
+
+def test_announce_uses_the_spec_topic_and_survives_failures() -> None:
+    topic = "arn:aws:sns:us-east-1:123456789012:team-ml"
+    job = _job(spec={"notifications": {"sns_topic_arn": topic}})
+    assert topic_for(job) == topic
+    rec = Recorder()
+    announce(rec, "recovered", job, 160.0)
+    assert rec.sent[0][2] == "spotrelay: job llm recovered (attempt 3)" and rec.sent[0][4] == topic
+    assert announce(Recorder(fail=True), "failed", job, 0.0) is not None
+    assert announce(None, "failed", job, 0.0) is None
+
+
+def test_slack_payload() -> None:
+    body = slack_payload({"kind": "succeeded", "job_id": "j-1", "subject": "spotrelay: job llm succeeded",
+                          "context": job_context(_job(), 160.0)}, channel="#ml")
+    assert body["text"] == ":white_check_mark: spotrelay: job llm succeeded" and body["channel"] == "#ml"
+    facts = body["blocks"][1]["text"]["text"]
+    assert "*Steps lost:* 12" in facts and "*Pool:* us-west-2/us-west-2b/p4d.24xlarge/spot" in facts
