@@ -1,0 +1,118 @@
+"""What a training node runs with in one region: its role, security group and launch template.
+
+The role reaches only the agent's own calls: checkpoints and data of this region's bucket, resume
+reads from the home bucket's checkpoints, its node item in the home Nodes table, and PutEvents with
+source ``spotrelay.agent`` on the home bus. Job and rank come from instance tags read through IMDS
+(InstanceMetadataTags), so the role needs no ec2:Describe*.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Aws, CfnParameter, CfnTag, Fn
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from cdk.config import AppConfig
+from cdk.storage import jobs_bucket_name, table_name
+from spotrelay.contracts.events import AGENT_SOURCE
+from spotrelay.resources import JOBS, NODES, RESOURCES
+
+ROOT_VOLUME_GIB = 500
+USER_DATA = """#!/bin/bash
+# spotrelay agent bootstrap: job id, rank and role come from instance tags (IMDS), not from here.
+set -euo pipefail
+export SPOTRELAY_HOME_REGION={home_region} SPOTRELAY_DATA_BUCKET={data_bucket} SPOTRELAY_PREFIX={prefix}
+export SPOTRELAY_EVENT_BUS=arn:aws:events:{home_region}:{account}:event-bus/default
+if [ -d /opt/spotrelay ]; then
+  /opt/spotrelay/bin/spotrelay-agent
+else
+  python3 -m venv /opt/spotrelay
+  aws s3 cp --recursive s3://{data_bucket}/artifacts/agent/ /tmp/spotrelay-wheels/
+  /opt/spotrelay/bin/pip install /tmp/spotrelay-wheels/*.whl
+  /opt/spotrelay/bin/spotrelay-agent
+fi
+"""
+
+
+def agent_role_name(config: AppConfig, region: str) -> str:
+    # permissions.PassRole matches <prefix>-agent-*; the controller passes it when launching
+    return f"{config.prefix}-agent-{region}"
+
+
+class AgentFleet(Construct):
+    def __init__(self, scope: Construct, id: str, *, config: AppConfig, region: str, vpc: ec2.IVpc,
+                 data_bucket: s3.IBucket) -> None:
+        super().__init__(scope, id)
+        part, acct, home = Aws.PARTITION, Aws.ACCOUNT_ID, config.home_region
+        ckpt = f"{RESOURCES.checkpoints_prefix}*"
+
+        self.security_group = ec2.SecurityGroup(
+            self, "Members", vpc=vpc, allow_all_outbound=True,
+            description="spotrelay cluster members: all traffic among members (NCCL, EFA), nothing else in",
+        )
+        # EFA needs all traffic to and from the same group, in both directions.
+        self.security_group.add_ingress_rule(self.security_group, ec2.Port.all_traffic(), "members (NCCL/EFA)")
+        self.security_group.add_egress_rule(self.security_group, ec2.Port.all_traffic(), "members (EFA)")
+
+        self.role = iam.Role(
+            self, "Role", role_name=agent_role_name(config, region),
+            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            description="spotrelay agent: its checkpoints/data paths and its own agent calls only",
+        )
+        data_bucket.grant_read(self.role, "data/*")
+        data_bucket.grant_read(self.role, "artifacts/agent/*")
+        data_bucket.grant_read_write(self.role, ckpt)
+        data_bucket.grant_delete(self.role, ckpt)  # keep-newest-K pruning of the durable tier
+        home_bucket = f"arn:{part}:s3:::{jobs_bucket_name(config, home)}"
+        self.role.add_to_policy(iam.PolicyStatement(
+            actions=["s3:GetObject"], resources=[f"{home_bucket}/{ckpt}"]))
+        self.role.add_to_policy(iam.PolicyStatement(
+            actions=["s3:ListBucket"], resources=[home_bucket],
+            conditions={"StringLike": {"s3:prefix": [ckpt]}}))
+        table_arn = f"arn:{part}:dynamodb:{home}:{acct}:table/"
+        self.role.add_to_policy(iam.PolicyStatement(
+            actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
+            resources=[table_arn + table_name(config, NODES)]))
+        self.role.add_to_policy(iam.PolicyStatement(
+            actions=["dynamodb:GetItem"], resources=[table_arn + table_name(config, JOBS)]))
+        self.role.add_to_policy(iam.PolicyStatement(
+            actions=["events:PutEvents"],
+            resources=[f"arn:{part}:events:{home}:{acct}:event-bus/default"],
+            conditions={"StringEquals": {"events:source": [AGENT_SOURCE]}}))
+        self.instance_profile = iam.InstanceProfile(self, "Profile", role=self.role)
+
+        ami = CfnParameter(
+            self, "DeepLearningAmi", type="AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>",
+            default=config.dlami_ssm_parameter,
+            description="SSM parameter holding the Deep Learning AMI id (resolved at deploy time)",
+        )
+        user_data = USER_DATA.format(home_region=home, data_bucket=data_bucket.bucket_name,
+                                     prefix=config.prefix, account=acct)
+        self.launch_template = ec2.CfnLaunchTemplate(
+            self, "LaunchTemplate",
+            launch_template_name=f"{config.prefix}-agent",
+            launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
+                image_id=ami.value_as_string,
+                instance_type=config.instance_types[0],
+                iam_instance_profile=ec2.CfnLaunchTemplate.IamInstanceProfileProperty(
+                    arn=self.instance_profile.instance_profile_arn),
+                metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(
+                    http_tokens="required", http_endpoint="enabled", http_put_response_hop_limit=2,
+                    instance_metadata_tags="enabled"),
+                # EFA on network card 0; p4d/p5 get their other EFA cards from the fleet request
+                network_interfaces=[ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
+                    device_index=0, network_card_index=0, interface_type="efa",
+                    groups=[self.security_group.security_group_id], delete_on_termination=True)],
+                block_device_mappings=[ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
+                    device_name="/dev/sda1",
+                    ebs=ec2.CfnLaunchTemplate.EbsProperty(
+                        volume_size=ROOT_VOLUME_GIB, volume_type="gp3", encrypted=True,
+                        delete_on_termination=True))],
+                monitoring=ec2.CfnLaunchTemplate.MonitoringProperty(enabled=True),
+                user_data=Fn.base64(user_data),
+                tag_specifications=[ec2.CfnLaunchTemplate.TagSpecificationProperty(
+                    resource_type="volume", tags=[CfnTag(key="spotrelay:deployment", value=config.prefix)])],
+            ),
+        )

@@ -1,0 +1,122 @@
+"""One Lambda per ``functions/<module>.py`` handler, each with its own role, log group and grants."""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+
+from aws_cdk import Acknowledgment, Aws, Duration, RemovalPolicy, Validations
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from cdk import staging
+from cdk.config import AppConfig
+from cdk.permissions import Grants, grants_for
+from spotrelay.local.lambda_seam import function_name_for
+from spotrelay.resources import RESOURCES
+
+# Per-handler timeouts: sfn tasks call EC2 (CreateFleet can take a while); the rest are quick.
+TIMEOUTS = {"sfn_": 120, "reconcile": 120}
+
+
+@dataclass(frozen=True)
+class HandlerEnv:
+    """Names and ARNs handlers read through spotrelay.settings (env var -> value)."""
+
+    values: dict[str, str]
+
+
+def runtime() -> lambda_.Runtime:
+    version = staging.lambda_python_version()
+    return {"3.11": lambda_.Runtime.PYTHON_3_11, "3.12": lambda_.Runtime.PYTHON_3_12}[version]
+
+
+def architecture() -> lambda_.Architecture:
+    # the layer holds this machine's compiled wheels
+    return lambda_.Architecture.ARM_64 if platform.machine() in ("arm64", "aarch64") else lambda_.Architecture.X86_64
+
+
+class Functions(Construct):
+    def __init__(self, scope: Construct, id: str, *, config: AppConfig, env: HandlerEnv, grants: Grants,
+                 handlers: list[str] | None = None) -> None:
+        super().__init__(scope, id)
+        self.handlers = handlers if handlers is not None else staging.discover_handlers()
+        self.layer = lambda_.LayerVersion(
+            self, "Layer",
+            code=lambda_.Code.from_asset(str(staging.stage_layer())),
+            compatible_runtimes=[runtime()],
+            compatible_architectures=[architecture()],
+            description="spotrelay dependencies: powertools, pydantic, pyyaml, requests (no torch)",
+        )
+        code = lambda_.Code.from_asset(str(staging.stage_handlers()))
+        self.functions: dict[str, lambda_.Function] = {}
+        self.names: dict[str, str] = {}  # module -> function name (lambda_seam.function_name_for)
+        for module in self.handlers:
+            name = function_name_for(module, prefix=f"{config.prefix}-")
+            construct_id = "".join(part.title() for part in module.split("_"))
+            role = iam.Role(
+                self, f"{construct_id}Role",
+                assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+                description=f"{name}: only what {module} needs",
+            )
+            log_group = logs.LogGroup(
+                self, f"{construct_id}Logs", log_group_name=f"/aws/lambda/{name}",
+                removal_policy=RemovalPolicy.DESTROY,
+            )
+            # RetentionDays is a name enum in Python; the days from config go in directly
+            log_group.node.default_child.retention_in_days = config.log_retention_days  # type: ignore[union-attr]
+            timeout = next((t for key, t in TIMEOUTS.items() if module.startswith(key)), 60)
+            fn = lambda_.Function(
+                self, construct_id,
+                function_name=name,
+                runtime=runtime(),
+                architecture=architecture(),
+                handler=f"functions.{module}.handler",
+                code=code,
+                layers=[self.layer],
+                role=role,
+                log_group=log_group,
+                memory_size=512,
+                timeout=Duration.seconds(timeout),
+                tracing=lambda_.Tracing.ACTIVE,
+                environment={
+                    **env.values,
+                    "POWERTOOLS_SERVICE_NAME": "spotrelay",
+                    "POWERTOOLS_METRICS_NAMESPACE": "spotrelay",
+                    "SPOTRELAY_FUNCTION": module,
+                },
+                description=f"spotrelay {module}",
+            )
+            grants_for(module).apply(role, grants)
+            Validations.of(fn).acknowledge(Acknowledgment(
+                id="AwsSolutions-L1",
+                reason="runtime pinned to the Python minor version the layer's compiled wheels "
+                       "(pydantic-core, PyYAML) were built for; see cdk/staging.py"))
+            self.functions[module] = fn
+            self.names[module] = name
+
+    def function(self, module: str) -> lambda_.Function | None:
+        return self.functions.get(module)
+
+
+def handler_env(config: AppConfig, *, tables: dict[str, str], bucket: str, topic_arn: str,
+                state_machine_arn: str, slack_secret_arn: str) -> HandlerEnv:
+    """The variables spotrelay.settings reads, plus what provisioning needs to reach the regions."""
+    r = RESOURCES
+    values = {table.env: tables[table.logical] for table in r.tables}
+    values.update({
+        r.bucket_env: bucket,
+        r.topic_env: topic_arn,
+        r.state_machine_env: state_machine_arn,
+        r.event_bus_env: "default",
+        r.slack_secret_env: slack_secret_arn,
+        "SPOTRELAY_PREFIX": config.prefix,
+        "SPOTRELAY_HOME_REGION": config.home_region,
+        "SPOTRELAY_TRAINING_REGIONS": ",".join(config.training_regions),
+        "SPOTRELAY_INSTANCE_TYPES": ",".join(config.instance_types),
+        "SPOTRELAY_REGION_PARAMETER_PATH": f"/{config.prefix}/training/",
+        "SPOTRELAY_ACCOUNT": Aws.ACCOUNT_ID,
+    })
+    return HandlerEnv(values)

@@ -1,0 +1,124 @@
+"""Stage the Lambda code and layer into ``layers/build/`` so that no asset is a folder with .venv in it.
+
+- ``layers/build/handlers/``: only the ``functions/`` and ``spotrelay/`` Python files (plus the
+  workflow JSON); one asset shared by every handler.
+- ``layers/build/layer/python/``: the third-party packages listed in ``layers/requirements.txt`` and
+  their dependencies, copied from the installed distributions (offline: no pip download). Packages the
+  Lambda Python runtime already ships (boto3 and its dependencies) are left out; torch and deepspeed
+  are refused outright.
+
+Compiled wheels (pydantic-core, PyYAML) are built for the interpreter that runs the synth, so the
+Lambda runtime is pinned to that interpreter's minor version (:func:`lambda_python_version`).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "layers" / "build"
+REQUIREMENTS = ROOT / "layers" / "requirements.txt"
+SUPPORTED_PYTHON = ("3.11", "3.12")
+# In the Lambda Python runtime already (and pinned there to versions botocore works with).
+RUNTIME_PROVIDED = {"boto3", "botocore", "s3transfer", "jmespath", "urllib3", "python-dateutil", "six"}
+FORBIDDEN = {"torch", "deepspeed", "nvidia-nccl-cu12", "triton"}
+
+
+def lambda_python_version() -> str:
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if version not in SUPPORTED_PYTHON:
+        raise RuntimeError(f"synthesize with Python {' or '.join(SUPPORTED_PYTHON)} (the layer's compiled "
+                           f"wheels must match the Lambda runtime); this is {version}")
+    return version
+
+
+def discover_handlers(functions_dir: Path = ROOT / "functions") -> list[str]:
+    """Modules ``functions/<name>.py`` that define a top-level ``handler`` (names with ``_`` skipped)."""
+    found = []
+    for path in sorted(functions_dir.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        names = {
+            node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        } | {
+            target.id for node in tree.body if isinstance(node, ast.Assign)
+            for target in node.targets if isinstance(target, ast.Name)
+        }
+        if "handler" in names:
+            found.append(path.stem)
+    return found
+
+
+def _copy_tree(src: Path, dst: Path, patterns: tuple[str, ...]) -> None:
+    for pattern in patterns:
+        for path in sorted(src.rglob(pattern)):
+            if "__pycache__" in path.parts:
+                continue
+            target = dst / path.relative_to(src.parent)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+
+
+def stage_handlers(root: Path = ROOT, out: Path = BUILD / "handlers") -> Path:
+    """Copy ``functions/`` and ``spotrelay/`` source (no tests, no caches) to a clean folder."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    _copy_tree(root / "functions", out, ("*.py", "*.json"))
+    _copy_tree(root / "spotrelay", out, ("*.py", "*.json", "*.yaml"))
+    return out
+
+
+def _name(dist_name: str) -> str:
+    return re.sub(r"[-_.]+", "-", dist_name).lower()
+
+
+def _requirements() -> list[str]:
+    lines = REQUIREMENTS.read_text().splitlines()
+    return [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+
+
+def layer_distributions(roots: list[str] | None = None) -> list[metadata.Distribution]:
+    """The installed distributions the layer needs: the roots and their (marker-true) dependencies."""
+    todo = [Requirement(r) for r in (roots if roots is not None else _requirements())]
+    seen: dict[str, metadata.Distribution] = {}
+    while todo:
+        req = todo.pop()
+        name = _name(req.name)
+        if name in seen or name in RUNTIME_PROVIDED:
+            continue
+        if name in FORBIDDEN:
+            raise RuntimeError(f"{name} must never enter the Lambda layer")
+        dist = metadata.distribution(req.name)
+        seen[name] = dist
+        envs = [{"extra": extra} for extra in req.extras] or [{"extra": ""}]
+        for dep in dist.requires or []:
+            dep_req = Requirement(dep)
+            if dep_req.marker is None or any(dep_req.marker.evaluate(env) for env in envs):
+                todo.append(dep_req)
+    return sorted(seen.values(), key=lambda d: _name(d.metadata["Name"]))
+
+
+def stage_layer(out: Path = BUILD / "layer") -> Path:
+    """Copy the files of every layer distribution into ``out/python`` (the layout Lambda expects)."""
+    shutil.rmtree(out, ignore_errors=True)
+    site = out / "python"
+    site.mkdir(parents=True)
+    for dist in layer_distributions():
+        for file in dist.files or []:
+            parts = Path(str(file)).parts
+            if parts[0] == ".." or "__pycache__" in parts or str(file).endswith((".pyc", ".pth")):
+                continue  # scripts outside site-packages, caches, editable-install hooks
+            src = Path(str(dist.locate_file(file)))
+            if src.is_file():
+                target = site / file
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, target)
+    return out
