@@ -126,7 +126,10 @@ class Ec2Compute:
                 {"Key": "spotrelay:pool", "Value": pool.key}]
         if request.config_uri:
             tags.append({"Key": "spotrelay:config-uri", "Value": request.config_uri[:256]})
+        # all or nothing: MinTargetCapacity needs single type and single AZ (instant fleets only)
         single = {"SingleInstanceType": True, "SingleAvailabilityZone": True, "MinTargetCapacity": n}
+        options = ({"SpotOptions": {"AllocationStrategy": "capacity-optimized", **single}} if market == "spot"
+                   else {"OnDemandOptions": {"AllocationStrategy": "lowest-price", **single}})
         return {
             "Type": "instant",
             "LaunchTemplateConfigs": [{
@@ -135,8 +138,7 @@ class Ec2Compute:
                                "Placement": {"GroupName": group}}],
             }],
             "TargetCapacitySpecification": {"TotalTargetCapacity": n, "DefaultTargetCapacityType": market},
-            "SpotOptions": {"AllocationStrategy": "capacity-optimized", **single},
-            "OnDemandOptions": {"AllocationStrategy": "lowest-price", **single},
+            **options,
             "TagSpecifications": [{"ResourceType": "instance", "Tags": tags},
                                   {"ResourceType": "fleet", "Tags": tags}],
         }

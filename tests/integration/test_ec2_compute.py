@@ -3,6 +3,7 @@ never runs out of capacity), and the launch/tag/list/terminate path against moto
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,14 +39,22 @@ def expect_launch_prelude(stub: Stubber) -> None:
     stub.add_response("describe_instances", {"Reservations": []})  # nothing launched yet
     stub.add_response("create_placement_group", {}, {
         "GroupName": "spotrelay-llm-1-us-east-1a", "Strategy": "cluster", "TagSpecifications": ANY})
+    data = {"ImageId": "ami-12345678", "NetworkInterfaces": efa_interfaces("p5.48xlarge", "subnet-1", ["sg-1"]),
+            "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 2},
+            "UserData": base64.b64encode(b"#!/bin/bash\necho agent").decode()}
     stub.add_response("create_launch_template", {"LaunchTemplate": {"LaunchTemplateName": "spotrelay-llm-1"}},
-                      {"LaunchTemplateName": ANY, "LaunchTemplateData": ANY})
+                      {"LaunchTemplateName": ANY, "LaunchTemplateData": data})
 
 
 def fleet_args() -> dict[str, Any]:
-    return {"Type": "instant", "LaunchTemplateConfigs": ANY, "TargetCapacitySpecification": {
-        "TotalTargetCapacity": 3, "DefaultTargetCapacityType": "spot"}, "SpotOptions": ANY,
-        "OnDemandOptions": ANY, "TagSpecifications": ANY}
+    return {"Type": "instant", "LaunchTemplateConfigs": [{
+        "LaunchTemplateSpecification": {"LaunchTemplateName": ANY, "Version": "$Latest"},
+        "Overrides": [{"InstanceType": "p5.48xlarge", "AvailabilityZone": "us-east-1a",
+                       "Placement": {"GroupName": "spotrelay-llm-1-us-east-1a"}}]}],
+        "TargetCapacitySpecification": {"TotalTargetCapacity": 3, "DefaultTargetCapacityType": "spot"},
+        "SpotOptions": {"AllocationStrategy": "capacity-optimized", "SingleInstanceType": True,
+                        "SingleAvailabilityZone": True, "MinTargetCapacity": 3},
+        "TagSpecifications": ANY}
 
 
 def test_capacity_errors_in_the_fleet_answer_become_insufficient_capacity(stubbed: tuple[Ec2Compute, Stubber]) -> None:
@@ -154,8 +163,8 @@ def moto_compute() -> tuple[Ec2Compute, PlacementGroupsOnTop]:
                       TagSpecifications=[{"ResourceType": "subnet", "Tags": role}])
     ec2.create_security_group(GroupName="nodes", Description="nodes", VpcId=vpc,
                               TagSpecifications=[{"ResourceType": "security-group", "Tags": role}])
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    config = Ec2ComputeConfig(image_ids={"us-east-1": image})  # subnet and SG found by tag
+    # moto does not check AMI ids; subnet and security group are found by their tag
+    config = Ec2ComputeConfig(image_ids={"us-east-1": "ami-12345678"})
     return Ec2Compute(config, client_factory=lambda service, region=None: ec2), ec2
 
 
