@@ -145,5 +145,12 @@ def cancel(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None
     out.print(f"{job.job_id}: {job.status.value}")
 
 
+# The local twin (spotrelay/cli/local.py): `spotrelay local up|interrupt|kill|nodes` and `spotrelay demo`.
+from spotrelay.cli.local import demo, local_app  # noqa: E402
+
+app.add_typer(local_app, name="local")
+app.command("demo")(demo)
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app()

@@ -153,7 +153,7 @@ class LocalCompute:
     def _start_instance(self, request: LaunchRequest, rank: int, port: int) -> LocalInstance:
         iid = "i-" + secrets.token_hex(8)[:17]
         work = self.root / "nodes" / f"{request.job_id}-a{request.attempt}-r{rank}-{iid}"
-        work.mkdir(parents=True, exist_ok=True)
+        self._prepare_disk(work)
         inst = Instance(instance_id=iid, pool=request.pool, rank=rank, private_ip="127.0.0.1",
                         state="pending", job_id=request.job_id, attempt=request.attempt)
         tags = {"spotrelay:job-id": request.job_id, "spotrelay:attempt": str(request.attempt),
@@ -171,6 +171,18 @@ class LocalCompute:
         timer.start()
         return li
 
+    def _prepare_disk(self, work: Path) -> None:
+        """The node's own disk with the job's code on it, as if baked into the AMI: the top-level
+        entries of ``code_dir`` linked in, so relative paths in the spec resolve per node."""
+        work.mkdir(parents=True, exist_ok=True)
+        root = self.root.resolve()
+        for entry in self.code_dir.resolve().iterdir():
+            if entry.name.startswith(".") or root.is_relative_to(entry) or entry == root:
+                continue
+            link = work / entry.name
+            if not link.exists():
+                link.symlink_to(entry)
+
     def _boot(self, li: LocalInstance, request: LaunchRequest, port: int) -> None:
         with self._lock:
             if not li.alive or self._closed:
@@ -178,7 +190,7 @@ class LocalCompute:
             env = {**os.environ, **self.agent_env, **agent_environment(li, request, port)}
             log_file = open(li.work_dir / "agent.log", "ab")  # noqa: SIM115 - the child owns it
             li.process = subprocess.Popen(
-                self.agent_cmd, cwd=str(self.code_dir), env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                self.agent_cmd, cwd=str(li.work_dir), env=env, stdout=log_file, stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: kill takes torchrun and ranks too
             )
             log_file.close()

@@ -1,0 +1,146 @@
+"""``spotrelay local ...`` (the twin as a long-running service) and ``spotrelay demo``.
+
+Wired into the main app as ``app.add_typer(local_app, name="local")`` and ``app.command("demo")(demo)``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+local_app = typer.Typer(help="Run the whole system on this machine (the local twin) and inject faults.",
+                        no_args_is_help=True)
+out = Console()
+err = Console(stderr=True)
+
+StateOpt = Annotated[Path, typer.Option("--state", help="the twin's state file (written by `local up`)")]
+
+
+@local_app.command()
+def up(
+    work_dir: Annotated[Path, typer.Option("--dir", help="node work dirs and logs")] = Path(".cache/twin"),
+    trace: Annotated[bool, typer.Option(help="interrupt spot nodes as the bamboo g4dn trace did")] = False,
+    speedup: Annotated[float, typer.Option(help="trace seconds per twin second")] = 600.0,
+    capacity_error: Annotated[list[str] | None, typer.Option(
+        "--capacity-error", help="pool glob that fails its next launch, e.g. 'us-east-1/*/p5.48xlarge/spot'")] = None,
+    boot_s: Annotated[float, typer.Option(help="modeled boot time, seconds")] = 300.0,
+    time_scale: Annotated[float, typer.Option(help="twin seconds per modeled second of boot")] = 0.01,
+    notice_s: Annotated[float, typer.Option(help="twin seconds from a spot notice to the reclaim")] = 30.0,
+    write_config: Annotated[bool, typer.Option(help="write ./.spotrelay.toml for the CLI")] = True,
+    state: StateOpt = Path(".spotrelay-twin.json"),
+) -> None:
+    """Start the twin and keep it running; print the environment that points the CLI at it."""
+    from spotrelay.cli import config
+    from spotrelay.local.chaos import ChaosDriver
+    from spotrelay.local.control import ENV_URL, ControlServer, write_state
+    from spotrelay.local.market import CapacityRule, MarketModel
+    from spotrelay.local.twin import Twin, TwinOptions
+    from spotrelay.local.twinlog import quiet_logs
+
+    market = MarketModel(regions=["us-east-1", "us-west-2"], boot_time_s=boot_s, time_scale=time_scale,
+                         notice_window_s=notice_s, capacity=[CapacityRule(p) for p in capacity_error or []])
+    if trace:
+        market.use_trace(speedup=speedup)
+    term = Console(file=quiet_logs(work_dir / "twin.log"))
+    twin = Twin(TwinOptions(root=work_dir.resolve(), market=market)).start()
+    assert twin.compute is not None
+    control = ControlServer(twin.compute, twin.env).start()
+    chaos = ChaosDriver(market, twin.compute).start()
+    env = {**twin.env, ENV_URL: control.url}
+    write_state(state, control.url, env)
+    cfg = Path(".spotrelay.toml")
+    if write_config:
+        config.write_file(cfg, {k: env[v] for k, v in config.KEYS.items() if env.get(v)})
+    term.print(f"[green]twin up[/] (moto at {twin.env['AWS_ENDPOINT_URL']}); logs in {work_dir}/twin.log")
+    term.print("# point the CLI at it (or use ./.spotrelay.toml, written now):")
+    for key, value in sorted(env.items()):
+        term.print(f"export {key}={value}", highlight=False, soft_wrap=True)
+    term.print("# then: spotrelay submit examples/tiny.yaml; spotrelay jobs; spotrelay local nodes; "
+              "spotrelay local interrupt 1. Ctrl-C stops the twin.")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        chaos.stop()
+        control.stop()
+        twin.stop()
+        state.unlink(missing_ok=True)
+        if write_config:
+            cfg.unlink(missing_ok=True)
+        term.print("twin stopped")
+
+
+def _fault(kind: str, node: str, state: Path) -> None:
+    from spotrelay.local.control import call
+
+    try:
+        status, body = call("POST", f"/{kind}/{node}", state)
+    except RuntimeError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    if status != 200:
+        err.print(f"[red]error:[/] {body.get('error')}")
+        raise typer.Exit(1)
+    out.print(f"{kind}: {body['instance_id']}")
+
+
+@local_app.command()
+def interrupt(node: Annotated[str, typer.Argument(help="rank, node id (a1-r0) or instance id")],
+              state: StateOpt = Path(".spotrelay-twin.json")) -> None:
+    """Announce a spot interruption on a node (IMDS notice + EventBridge warning); it is reclaimed
+    when the notice window ends."""
+    _fault("interrupt", node, state)
+
+
+@local_app.command()
+def kill(node: Annotated[str, typer.Argument(help="rank, node id (a1-r0) or instance id")],
+         state: StateOpt = Path(".spotrelay-twin.json")) -> None:
+    """Take a node away without notice (only the EC2 state-change event tells)."""
+    _fault("kill", node, state)
+
+
+@local_app.command()
+def nodes(state: StateOpt = Path(".spotrelay-twin.json"), as_json: bool = typer.Option(False, "--json")) -> None:
+    """The twin's instances: live and gone."""
+    from rich.table import Table
+
+    from spotrelay.local.control import call
+
+    try:
+        _, body = call("GET", "/nodes", state)
+    except RuntimeError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    if as_json:
+        out.print_json(json.dumps(body["nodes"]))
+        return
+    table = Table("instance", "job", "node", "pool", "state")
+    for n in body["nodes"]:
+        table.add_row(n["instance_id"], n["job_id"], f"a{n['attempt']}-r{n['rank']}", n["pool"],
+                      n["end_reason"] or ("running" if n["booted_at"] else "booting"))
+    out.print(table)
+
+
+def demo(
+    out_dir: Annotated[Path, typer.Option("--out", help="where the timeline, logs and MLflow store go")] = Path(
+        "demo-out"),
+    json_file: Annotated[Path | None, typer.Option("--json", help="write the summary as JSON here")] = None,
+    spec: Annotated[Path, typer.Option(help="the job to run")] = Path("examples/tiny.yaml"),
+    live: Annotated[bool, typer.Option(help="live Rich view (off: one line per change)")] = True,
+) -> None:
+    """Run the whole system on this machine: submit a 2-node job, interrupt it with a spot notice,
+    lose a node without notice, recover both, and check the result against an uninterrupted run."""
+    from spotrelay.local.demo import DemoOptions, run_demo
+
+    summary = run_demo(DemoOptions(out=out_dir, json_path=json_file, spec=spec, live=live))
+    raise typer.Exit(0 if summary.ok else 1)

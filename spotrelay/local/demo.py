@@ -1,0 +1,214 @@
+"""``spotrelay demo``: the whole system on this machine, interrupted twice and recovered.
+
+Submits the tiny 2-node job by dropping it into the twin's S3, announces a spot interruption on one
+node mid-run, later takes a node of the next attempt away without notice, lets the controller
+recover both, then checks the final model against an uninterrupted reference run and reports.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.live import Live
+
+from spotrelay.contracts.control import read_events
+from spotrelay.domain.models import Job, Node
+from spotrelay.local import demo_report as report
+from spotrelay.local.chaos import ChaosDriver, Fired, node_step
+from spotrelay.local.compute import LocalInstance
+from spotrelay.local.demo_summary import RESULT, print_summary, summarize
+from spotrelay.local.demo_view import EventLog, render
+from spotrelay.local.dispatcher import Delivery
+from spotrelay.local.market import ChaosAction, MarketModel
+from spotrelay.local.reference import start_reference
+from spotrelay.local.twin import Twin, TwinOptions
+from spotrelay.local.twinlog import quiet_logs
+from spotrelay.spec.load import parse_spec
+
+
+@dataclass
+class DemoOptions:
+    out: Path = Path("demo-out")
+    json_path: Path | None = None
+    spec: Path = Path("examples/tiny.yaml")
+    live: bool = True
+    notice_step: int = 20  # spot notice on rank 1 when attempt 1 reaches this step
+    kill_step: int = 45  # rank 0 of attempt 2 vanishes at this step
+    step_sleep_s: float = 0.25  # pace training so the faults land mid-run and a human can follow
+    timeout_s: float = 270.0
+    boot_s: float = 300.0  # modeled boot time of a GPU instance
+    time_scale: float = 0.01
+    notice_window_s: float = 30.0
+    reference: bool = True
+
+
+def prepare_spec(path: Path, out: Path, step_sleep_s: float) -> tuple[str, str]:
+    """The example spec with the demo's pacing, per-node results and the local MLflow store."""
+    data = yaml.safe_load(path.read_text())
+    args = [a for a in data["entrypoint"].get("args", [])]
+    args += ["--step-sleep", str(step_sleep_s), "--out", RESULT]
+    data["entrypoint"]["args"] = args
+    uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
+    data.setdefault("tracking", {})["tracking_uri"] = uri
+    text = yaml.safe_dump(data, sort_keys=False)
+    parse_spec(text, source=str(path))  # fail here, not in the twin, if the example is broken
+    return text, uri
+
+
+class Recorder:
+    """Everything the demo watches, for the live view and the report."""
+
+    def __init__(self, twin: Twin, log: EventLog) -> None:
+        self.twin, self.log = twin, log
+        self.faults: list[report.Fault] = []
+        self.job: Job | None = None
+        self.nodes: list[Node] = []
+        self.steps: dict[str, int | None] = {}
+        self._status: str | None = None
+        self._resumed: dict[str, int] = {}
+
+    def on_delivery(self, d: Delivery) -> None:
+        what = d.detail_type or "schedule"
+        kind = d.detail.get("kind") if isinstance(d.detail, dict) else None
+        if kind == "Heartbeat":
+            return
+        label = f"{d.function.removeprefix('spotrelay-')} <- {kind or what}"
+        self.log.add(label + (f"  [{d.error}]" if d.error else ""), "red" if d.error else "")
+
+    def on_ec2(self, detail_type: str, detail: dict[str, object]) -> None:
+        extra = f" {detail.get('state')}" if "state" in detail else ""
+        self.log.add(f"EC2 {detail_type.removeprefix('EC2 ')} {detail.get('instance-id')}{extra}", "yellow")
+
+    def on_fault(self, f: Fired) -> None:
+        kind = "spot-notice" if f.kind == "interrupt" else "node-lost"
+        attempt = int(f.node[1:].split("-")[0])
+        self.faults.append(report.Fault(kind, f.time, f.node, f.instance_id, f.step, attempt))
+        self.log.add(f"CHAOS {kind} on {f.node} ({f.instance_id}) at step {f.step}", "bold red")
+
+    def poll(self, key: str) -> None:
+        from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+
+        if self.job is None:
+            self.job = self.twin.job_for_key(key)
+        else:
+            self.job = DynamoDBJobStore().find_job(self.job.job_id) or self.job
+        if self.job is None:
+            return
+        self.nodes = DynamoDBJobStore().nodes_of(self.job.job_id)
+        if self.job.status.value != self._status:
+            self._status = self.job.status.value
+            self.log.add(f"job {self._status} (attempt {self.job.attempt})", "bold cyan")
+        assert self.twin.compute is not None
+        for li in self.twin.compute.instances():
+            if li.alive and li.booted_at is not None:
+                self.steps[li.instance.instance_id] = node_step(li)
+            self._watch_resume(li)
+
+    def _watch_resume(self, li: LocalInstance) -> None:
+        """Close a fault when a later attempt has finished a step after resuming."""
+        attempt = li.instance.attempt or 0
+        iid = li.instance.instance_id
+        if iid not in self._resumed:
+            events, _ = read_events(li.work_dir / "control")
+            resumed = [e for e in events if e.kind == "resumed"]
+            if resumed:
+                self._resumed[iid] = resumed[0].step
+                self.log.add(f"a{attempt}-r{li.instance.rank} resumed from step {resumed[0].step}", "green")
+        step = self.steps.get(iid)
+        for fault in self.faults:
+            if fault.resumed_at is None and attempt > fault.attempt and step is not None:
+                fault.resumed_at = time.time()
+                fault.resumed_from_step = self._resumed.get(iid)
+
+
+def run_demo(opts: DemoOptions) -> report.Summary:
+    out = opts.out
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    console = Console(file=quiet_logs(out / "twin.log"))
+    spec_text, tracking_uri = prepare_spec(opts.spec, out, opts.step_sleep_s)
+    spec = parse_spec(spec_text)
+    experiment = spec.tracking.mlflow_experiment or "spotrelay"
+    report.ensure_experiment(tracking_uri, experiment, out / "mlartifacts")
+    market = MarketModel(
+        regions=spec.resources.regions, boot_time_s=opts.boot_s, time_scale=opts.time_scale,
+        notice_window_s=opts.notice_window_s,
+        chaos=[ChaosAction("interrupt", "1", at_step=opts.notice_step, attempt=1),
+               ChaosAction("kill", "0", at_step=opts.kill_step, attempt=2)],
+    )
+    t0 = time.time()
+    log = EventLog(t0)
+    twin = Twin(TwinOptions(root=(out / "twin").resolve(), market=market)).start()
+    assert twin.compute is not None and twin.dispatcher is not None
+    ref_proc = start_reference(spec, (out / "reference").resolve(), Path.cwd()) if opts.reference else None
+    rec = Recorder(twin, log)
+    twin.dispatcher.listeners.append(rec.on_delivery)
+    twin.bus.listeners.append(rec.on_ec2)
+    chaos = ChaosDriver(market, twin.compute)
+    chaos.listeners.append(rec.on_fault)
+    chaos.start()
+    key = twin.submit(spec_text, f"{spec.name}.yaml")
+    log.add(f"submitted s3://{twin.env.get('SPOTRELAY_BUCKET', 'spotrelay-jobs')}/{key}")
+    live = opts.live and console.is_terminal
+    try:
+        with Live(console=console, refresh_per_second=4, transient=False) if live else _NoLive() as view:
+            while time.time() - t0 < opts.timeout_s:
+                rec.poll(key)
+                frame = render(rec.job, rec.nodes, twin.compute.instances(), rec.steps, log, time.time() - t0,
+                               "ref run: " + _ref_state(ref_proc))
+                view.update(frame)
+                if rec.job is not None and rec.job.status.terminal:
+                    break
+                time.sleep(0.5)
+        if not live:
+            for line in log.all():
+                console.print(f"{line['t']:7.1f}s  {line['event']}", highlight=False)
+        if ref_proc is not None:
+            _wait(ref_proc, t0 + opts.timeout_s + 60 - time.time())
+        summary = summarize(opts, twin, rec, market, spec.resources.nodes, tracking_uri, experiment, t0)
+    finally:
+        chaos.stop()
+        twin.stop()
+        if ref_proc is not None and ref_proc.poll() is None:
+            ref_proc.kill()
+    (out / "events.json").write_text(json.dumps(log.all(), indent=1))
+    if opts.json_path:
+        opts.json_path.parent.mkdir(parents=True, exist_ok=True)
+        opts.json_path.write_text(summary.to_json())
+    print_summary(console, summary)
+    return summary
+
+
+class _NoLive:
+    def __enter__(self) -> _NoLive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, _: object) -> None:
+        return None
+
+
+def _ref_state(proc: object) -> str:
+    if proc is None:
+        return "off"
+    code = proc.poll()  # type: ignore[attr-defined]
+    return "running" if code is None else f"done ({code})"
+
+
+def _wait(proc: object, timeout: float) -> None:
+    import subprocess
+
+    try:
+        proc.wait(max(timeout, 1))  # type: ignore[attr-defined]
+    except subprocess.TimeoutExpired:
+        proc.kill()  # type: ignore[attr-defined]
+

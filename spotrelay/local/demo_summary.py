@@ -1,0 +1,133 @@
+"""Turn what the demo recorded into its summary: results from every node's disk, the reference
+comparison, recovery times, cost, the PNG and the MLflow record."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
+
+from spotrelay.local import demo_report as report
+from spotrelay.local.market import MarketModel
+from spotrelay.local.reference import read_results
+
+if TYPE_CHECKING:
+    from spotrelay.local.demo import DemoOptions, Recorder
+    from spotrelay.local.twin import Twin
+
+RESULT = "result"  # the training script's --out, relative to each node's disk
+
+
+def attempt_results(twin: Twin) -> dict[int, dict[int, dict[str, Any]]]:
+    """attempt -> rank -> the training script's result file on that node's disk."""
+    assert twin.compute is not None
+    out: dict[int, dict[int, dict[str, Any]]] = {}
+    for li in twin.compute.instances():
+        for rank, result in read_results(li.work_dir / RESULT).items():
+            out.setdefault(li.instance.attempt or 0, {})[rank] = result
+    return out
+
+
+def _losses(results: dict[int, dict[str, Any]]) -> dict[int, float]:
+    rank0 = results.get(0) or {}
+    return {int(step): float(loss) for step, loss in rank0.get("losses", [])}
+
+
+def summarize(opts: DemoOptions, twin: Twin, rec: Recorder, market: MarketModel, nodes: int, tracking_uri: str,
+              experiment: str, t0: float) -> report.Summary:
+    assert twin.compute is not None
+    end = time.time()
+    problems: list[str] = []
+    job = rec.job
+    status = job.status.value if job else "NOT-CREATED"
+    if status != "SUCCEEDED":
+        problems.append(f"job ended {status}" + (f": {'; '.join(job.reasons)}" if job and job.reasons else ""))
+    per_attempt = attempt_results(twin)
+    losses = {a: _losses(r) for a, r in per_attempt.items()}
+    ref = read_results((opts.out / "reference" / RESULT).resolve())
+    ref_losses = _losses(ref)
+    final = per_attempt.get(max(per_attempt), {}) if per_attempt else {}
+    final_sha = [final[r]["state_sha256"] for r in sorted(final)]
+    ref_sha = [ref[r]["state_sha256"] for r in sorted(ref)]
+    finished = bool(final) and all(r.get("exit") == 0 for r in final.values())
+    bit_identical = (final_sha == ref_sha and len(final_sha) == nodes) if (ref and finished) else None
+    if opts.reference and not ref:
+        problems.append("the reference run wrote no results (see reference/train.log)")
+    if bit_identical is False:
+        problems.append("the final model differs from the uninterrupted reference")
+    compared = [(s, v) for attempt in losses.values() for s, v in attempt.items() if s in ref_losses]
+    losses_identical = all(ref_losses[s] == v for s, v in compared) if compared else None
+    if losses_identical is False:
+        problems.append("some per-step losses differ from the reference")
+    faults = rec.faults
+    if not any(f.kind == "spot-notice" for f in faults) or not any(f.kind == "node-lost" for f in faults):
+        problems.append("not every planned fault fired (the run may have been too fast or too slow)")
+    for f in faults:
+        if f.resumed_at is None:
+            problems.append(f"no recovery seen after the {f.kind} on {f.node}")
+    lifetimes = twin.compute.history()
+    clean_s = _reference_seconds(opts.out / "reference" / "train.log")
+    png = opts.out / "timeline.png"
+    try:
+        report.timeline_png(png, ref_losses, losses, faults, lifetimes, t0)
+    except Exception as exc:  # the summary still matters without a picture
+        problems.append(f"timeline not drawn: {exc}")
+    ckpt_step = job.last_checkpoint.step if job and job.last_checkpoint else None
+    steps_lost = job.steps_lost if job else 0
+    if not steps_lost:  # the controller's count, else ours: steps run past the checkpoint resumed from
+        steps_lost = sum(max(0, (f.step or 0) - (f.resumed_from_step or f.step or 0)) for f in faults)
+    summary = report.Summary(
+        ok=not problems, job_id=job.job_id if job else None, status=status,
+        attempts=job.attempt if job else 0,
+        interruptions=sum(f.kind == "spot-notice" for f in faults),
+        node_losses=sum(f.kind == "node-lost" for f in faults), steps_lost=steps_lost,
+        recoveries=report.recoveries(faults, market), bit_identical=bit_identical,
+        final_state_sha256=final_sha[0] if final_sha else None,
+        reference_state_sha256=ref_sha[0] if ref_sha else None,
+        losses_compared=len(compared), losses_identical=losses_identical,
+        cost=report.costs(lifetimes, market, nodes, clean_s, end), wall_s=round(end - t0, 1),
+        timeline_png=str(png) if png.exists() else None, mlflow_run_id=None, mlflow_tracking_uri=tracking_uri,
+        problems=problems,
+    )
+    summary.cost["controller_cost_so_far_usd"] = round(job.cost_so_far, 4) if job else 0.0
+    if ckpt_step is not None:
+        summary.cost["final_checkpoint_step"] = float(ckpt_step)
+    try:
+        summary.mlflow_run_id = report.log_to_mlflow(tracking_uri, job.mlflow_run_id if job else None,
+                                                     experiment, summary, [png])
+    except Exception as exc:
+        summary.problems.append(f"MLflow logging failed: {exc}")
+    return summary
+
+
+def _reference_seconds(log: Path) -> float | None:
+    """Wall time of the reference run (what a clean on-demand run pays for): start marker to last log write."""
+    marker = log.parent / "started"
+    try:
+        return log.stat().st_mtime - marker.stat().st_mtime
+    except OSError:
+        return None
+
+
+def print_summary(console: Console, s: report.Summary) -> None:
+    table = Table(title="spotrelay demo summary", show_header=False)
+    table.add_row("result", "[bold green]OK[/]" if s.ok else "[bold red]PROBLEMS[/]")
+    table.add_row("job", f"{s.job_id} {s.status} after {s.attempts} attempt(s), {s.wall_s:.0f}s")
+    table.add_row("faults", f"{s.interruptions} spot notice(s), {s.node_losses} unannounced node loss(es)")
+    table.add_row("steps lost", str(s.steps_lost))
+    for r in s.recoveries:
+        table.add_row(f"recovery after {r['kind']}",
+                      f"{r['recovery_s']}s here; {r['recovery_with_modeled_boot_s']}s with a modeled "
+                      f"boot; resumed from step {r['resumed_from_step']}")
+    ident = {True: "[green]bit-identical[/]", False: "[red]DIFFERENT[/]", None: "not checked"}[s.bit_identical]
+    table.add_row("final model vs reference", f"{ident} (sha256 {str(s.final_state_sha256)[:16]}...)")
+    table.add_row("losses vs reference", f"{s.losses_compared} steps compared, identical: {s.losses_identical}")
+    table.add_row("cost", ", ".join(f"{k}={v}" for k, v in s.cost.items()))
+    table.add_row("timeline", str(s.timeline_png))
+    table.add_row("MLflow", f"run {s.mlflow_run_id} in {s.mlflow_tracking_uri}")
+    for p in s.problems:
+        table.add_row("[red]problem[/]", p)
+    console.print(table)
