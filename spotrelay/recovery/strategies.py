@@ -39,6 +39,12 @@ class RecoveryContext(BaseModel):
         lost = set(self.outcome.lost_ranks)
         return sorted((n for n in self.nodes if n.rank not in lost and n.state not in _GONE), key=lambda n: n.rank)
 
+    def release(self, keep: list[Node]) -> list[str]:
+        """Instances of the gang not kept and not known gone (suspect nodes are released too)."""
+        kept = {n.instance_id for n in keep}
+        return [n.instance_id for n in sorted(self.nodes, key=lambda n: n.rank)
+                if n.instance_id not in kept and n.state is not NodeState.TERMINATED]
+
     def lost_ranks(self) -> list[int]:
         alive = {n.rank for n in self.survivors()}
         return [r for r in range(self.spec.resources.nodes) if r not in alive]
@@ -52,7 +58,7 @@ class RecoveryPlan(BaseModel):
     scored: ScoredPool | None = None  # the score of ``pool`` (None only when no market data was needed)
     launch_ranks: list[int]  # ranks to launch now, in launch order
     keep_instance_ids: list[str]  # survivors that stay in the gang
-    terminate_instance_ids: list[str]  # survivors to release
+    terminate_instance_ids: list[str]  # every other instance of the gang not known to be terminated
     reason: str
 
 
@@ -107,7 +113,7 @@ class ReplaceCluster:
         return RecoveryPlan(
             strategy=self.name, action="new-cluster", pool=best.pool, scored=best,
             launch_ranks=list(range(ctx.spec.resources.nodes)), keep_instance_ids=[],
-            terminate_instance_ids=[n.instance_id for n in ctx.survivors()], reason=reason,
+            terminate_instance_ids=ctx.release([]), reason=reason,
         )
 
 
@@ -141,7 +147,8 @@ class ReplaceLostNodes(ReplaceCluster):
         lost = ctx.lost_ranks()
         return RecoveryPlan(
             strategy=self.name, action="replace-lost" if lost else "restart-in-place", pool=home, scored=same,
-            launch_ranks=lost, keep_instance_ids=[n.instance_id for n in survivors], terminate_instance_ids=[],
+            launch_ranks=lost, keep_instance_ids=[n.instance_id for n in survivors],
+            terminate_instance_ids=ctx.release(survivors),
             reason=f"{ctx.outcome.kind}: keep {len(survivors)} survivors in {home.key}, launch ranks {lost}",
         )
 

@@ -56,7 +56,7 @@ def test_replace_lost_nodes_keeps_survivors_in_the_same_pool() -> None:
     plan = plan_recovery(ctx(spec(), gang({2: NodeState.LOST})))
     assert plan.action == "replace-lost" and plan.pool == HOME
     assert plan.launch_ranks == [2]
-    assert plan.keep_instance_ids == ["i-0", "i-1", "i-3"] and plan.terminate_instance_ids == []
+    assert plan.keep_instance_ids == ["i-0", "i-1", "i-3"] and plan.terminate_instance_ids == ["i-2"]
 
 
 def test_replace_lost_nodes_falls_back_when_the_pool_cools_down() -> None:
@@ -64,7 +64,7 @@ def test_replace_lost_nodes_falls_back_when_the_pool_cools_down() -> None:
     plan = plan_recovery(ctx(spec(), gang({1: NodeState.DOOMED}), stats=stats))
     assert plan.action == "new-cluster" and plan.pool != HOME
     assert plan.launch_ranks == [0, 1, 2, 3]
-    assert sorted(plan.terminate_instance_ids) == ["i-0", "i-2", "i-3"]
+    assert plan.terminate_instance_ids == ["i-0", "i-1", "i-2", "i-3"]  # the doomed one too
     assert "cooling down" in plan.reason
 
 
@@ -85,6 +85,13 @@ def test_user_error_restarts_in_place_or_on_a_new_cluster_per_strategy() -> None
     assert len(in_place.keep_instance_ids) == 4
     fresh = plan_recovery(ctx(spec("replace-cluster"), nodes, {0: 1}))
     assert fresh.action == "new-cluster" and len(fresh.terminate_instance_ids) == 4
+
+
+def test_an_infra_error_replaces_the_suspect_rank_and_releases_its_node() -> None:
+    nodes = gang({3: NodeState.TERMINATED})
+    plan = plan_recovery(ctx(spec(), nodes, {0: 0, 1: 77, 2: 0}))
+    assert plan.action == "replace-lost" and plan.launch_ranks == [1, 3]
+    assert plan.keep_instance_ids == ["i-0", "i-2"] and plan.terminate_instance_ids == ["i-1"]
 
 
 def test_replace_cluster_picks_the_best_pool_and_raises_when_none_is_left() -> None:
