@@ -170,3 +170,11 @@ def test_score_is_usd_per_useful_hour_for_the_gang() -> None:
     expected = b["gang_price_per_hour"] * (1 + 0.1 * b["capacity_risk"]) / b["useful_fraction"]
     assert scored.score == pytest.approx(expected)
     assert 0.999 < b["useful_fraction"] < 1.0
+
+
+def test_across_four_regions_every_spot_p5_pool_precedes_spot_p4d_then_on_demand() -> None:
+    spec = make_spec(regions=["us-east-1", "us-east-2", "us-west-2", "eu-west-1"])
+    order = ["spot p5.48xlarge", "spot p4d.24xlarge", "on-demand p5.48xlarge", "on-demand p4d.24xlarge"]
+    kinds = [order.index(kind(s.pool)) for s in rank_pools(spec, quotes_for(spec), {}, NOW)]
+    assert kinds == sorted(kinds) and set(kinds) == {0, 1, 2, 3}
+    assert len(kinds) == len(quotes_for(spec))  # nothing dropped: all four regions compete
