@@ -83,6 +83,8 @@ class Ec2Compute:
     def launch(self, request: LaunchRequest) -> list[Instance]:
         if len(request.ranks) != request.count:
             raise ValueError(f"{request.count} instances need {request.count} ranks, got {request.ranks}")
+        if request.count == 0:  # a restart in place launches nothing
+            return []
         pool = request.pool
         ec2 = self._client("ec2", pool.region)
         existing = self._already_launched(ec2, request)

@@ -114,6 +114,13 @@ def test_unknown_errors_are_re_raised(stubbed: tuple[Ec2Compute, Stubber]) -> No
         compute.launch(request())
 
 
+def test_nothing_to_launch_calls_nothing(stubbed: tuple[Ec2Compute, Stubber]) -> None:
+    compute, _ = stubbed  # the stubber fails on any call
+    assert compute.launch(request(count=0)) == []
+    with pytest.raises(ValueError, match="ranks"):
+        compute.launch(LaunchRequest(job_id="j", attempt=1, pool=POOL, count=2, ranks=[0]))
+
+
 def test_efa_layout_follows_network_cards() -> None:
     p5 = efa_interfaces("p5.48xlarge", "subnet-1", ["sg-1"])
     assert len(p5) == 32 and all(n["InterfaceType"] == "efa" for n in p5)
