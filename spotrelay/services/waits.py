@@ -16,7 +16,7 @@ from typing import Any
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.domain.status import JobStatus, transition
-from spotrelay.errors import ConflictError, JobCancelledError
+from spotrelay.errors import ConflictError, InvalidTransitionError, JobCancelledError
 from spotrelay.services.controller import Controller, attempt_nodes
 from spotrelay.services.notify import announce
 
@@ -134,7 +134,7 @@ def register_wait(ctl: Controller, job_id: str, wait: str, attempt: int, token: 
     if ctl.store.update_job(job_id, keep) is None:
         job = ctl.store.get_job(job_id)
         why = f"job {job_id} is {job.status} (attempt {job.attempt}); not waiting for attempt {attempt}"
-        error = JobCancelledError.__name__ if job.status is JobStatus.CANCELLING else "StaleWaitError"
+        error = (JobCancelledError if job.status is JobStatus.CANCELLING else InvalidTransitionError).__name__
         with contextlib.suppress(ConflictError):
             ctl.need_workflow().send_failure(token, error, why)
         return {"registered": False, "reason": why}

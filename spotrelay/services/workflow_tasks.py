@@ -63,6 +63,9 @@ def plan(ctl: Controller, job_id: str, now: float, recovery: dict[str, Any] | No
     stats = ctl.pool_stats.get_many([q.pool.key for q in quotes])
     excluded = frozenset(job.excluded_pools)
     ranked = rank_pools(spec, quotes, stats, now, excluded)
+    if not ranked and excluded:  # every pool failed this run: retry those whose cooldown has passed
+        excluded = frozenset()
+        ranked = rank_pools(spec, quotes, stats, now, excluded)
     if not ranked:
         best_pool(spec, quotes, stats, now, excluded)  # raises NoPlacementError with the reasons
         raise NoPlacementError(f"no candidate pool for job {job_id}")

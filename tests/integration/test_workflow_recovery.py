@@ -1,0 +1,70 @@
+"""More job-run executions in moto: a node that never comes up (ready timeout), keeping survivors
+(replace-lost-nodes), the user restart policy, and cancelling while waiting for capacity."""
+
+from __future__ import annotations
+
+from functions import on_agent_event, on_instance_state
+from spotrelay.domain.models import NodeState
+from spotrelay.domain.status import JobStatus
+from spotrelay.services.cancel import request_cancel
+from tests.integration.controller_doubles import CAPACITY, agent_event, ctx, ec2_event, new_job, wait_until
+from tests.integration.test_workflow_job_run import FAST, Harness, wf
+
+__all__ = ["wf"]
+
+
+def test_ready_timeout_replaces_the_silent_node(wf: Harness) -> None:
+    job = new_job(wf.store)
+    arn = wf.start(job, FAST.model_copy(update={"ready_timeout_s": 1}))
+    first = wf.gang(1)
+    on_agent_event.handler(agent_event("NodeReady", first[0]), ctx())  # rank 1 never reports
+    second = wf.agents_ready(2)
+    done = wf.job()
+    assert done.attempts[0].end_reason == "node-lost" and done.recoveries == 1
+    assert wf.store.get_node(job.job_id, "a1-r1").state is NodeState.TERMINATED
+    assert not set(wf.compute.running(job.job_id)) & {n.instance_id for n in first}
+    wf.exit_all(second, 0)
+    assert wf.finished(arn)["status"] == "SUCCEEDED"
+    assert "ReadyTimedOut" in wf.states_entered(arn)
+
+
+def test_replace_lost_nodes_keeps_the_survivor(wf: Harness) -> None:
+    job = new_job(wf.store, strategy="replace-lost-nodes")
+    arn = wf.start(job)
+    first = wf.agents_ready(1)
+    on_instance_state.handler(ec2_event("ec2_instance_state_terminated.json", first[1].instance_id), ctx())
+    second = wf.gang(2)
+    assert second[0].instance_id == first[0].instance_id  # the survivor joins attempt 2
+    assert second[0].directive is not None and second[0].directive["kind"] == "RESTART"
+    assert second[1].instance_id != first[1].instance_id and second[1].pool == first[1].pool
+    assert [r.ranks for r in wf.compute.launched] == [[0, 1], [1]]
+    for node in second:
+        on_agent_event.handler(agent_event("NodeReady", node), ctx())
+    wait_until(lambda: wf.job().status is JobStatus.RUNNING, what="RUNNING again")
+    wf.exit_all(second, 0)
+    assert wf.finished(arn)["status"] == "SUCCEEDED"
+    assert wf.compute.running(job.job_id) == []
+
+
+def test_user_error_follows_the_restart_policy(wf: Harness) -> None:
+    job = new_job(wf.store, max_user_restarts=1)
+    arn = wf.start(job)
+    for attempt in (1, 2):
+        nodes = wf.agents_ready(attempt)
+        on_agent_event.handler(agent_event("TrainingExited", nodes[0], exit_code=1, reason="user-error"), ctx())
+    assert wf.finished(arn)["status"] == "FAILED"
+    final = wf.job()
+    assert final.status is JobStatus.FAILED and final.user_restarts == 1 and final.recoveries == 0
+    assert "max_user_restarts=1" in final.reasons[-1]
+    assert wf.compute.running(job.job_id) == []
+
+
+def test_cancel_while_waiting_for_capacity(wf: Harness) -> None:
+    wf.compute._fail = lambda pool, n: CAPACITY
+    job = new_job(wf.store)
+    arn = wf.start(job, FAST.model_copy(update={"provision_retry_s": 2}))
+    wait_until(lambda: len(wf.compute.tried) >= len(wf.market.prices), what="every pool refused")
+    request_cancel(job.job_id, store=wf.store, workflow=wf.workflow, now=0.0, reason="no capacity anyway")
+    assert wf.finished(arn)["status"] == "SUCCEEDED"
+    assert wf.job().status is JobStatus.CANCELLED
+    assert "CapacityBackoff" in wf.states_entered(arn) and "Cancel" in wf.states_entered(arn)
