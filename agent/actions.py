@@ -145,16 +145,20 @@ class Responder:
 
     def _committed(self, event: TrainerEvent) -> None:
         when = event.time or self.clock()
-        stop = self.pending if self.pending and self.pending.kind is RequestKind.CHECKPOINT_AND_STOP else None
-        deadline = event.deadline if event.deadline is not None else (stop.deadline if stop else None)
-        met = None if deadline is None else when <= deadline
-        self.reporter.checkpoint_committed(
-            event.step, event.uri, event.duration_s, event.emergency or stop is not None, deadline, met
+        pending = self.pending
+        # a periodic save that happens to finish after a notice is not the emergency save
+        answers = pending is not None and self.requested_at is not None and when >= self.requested_at and (
+            event.emergency if pending.kind is RequestKind.CHECKPOINT_AND_STOP else event.request_id is not None
         )
+        deadline = event.deadline
+        if deadline is None and answers and pending is not None and event.emergency:
+            deadline = pending.deadline
+        met = None if deadline is None else when <= deadline
+        self.reporter.checkpoint_committed(event.step, event.uri, event.duration_s, event.emergency, deadline, met)
         self.last_committed = event
-        if self.requested_at is not None and when >= self.requested_at:
+        if answers and pending is not None:
             self.committed_since_request = True
-            if self.pending and self.pending.kind is RequestKind.CHECKPOINT:
+            if pending.kind is RequestKind.CHECKPOINT:
                 control.clear_request(self.control_dir)  # done: training goes on
                 self.pending = self.requested_at = None
         if met is False:

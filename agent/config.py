@@ -31,6 +31,7 @@ from spotrelay.spec.models import JobSpec
 ENV_PREFIX = "SPOTRELAY_AGENT_"
 ENV_CONFIG_FILE = "SPOTRELAY_AGENT_CONFIG"
 TAG_PREFIX = "spotrelay:"
+TAG_ALIASES = {"job": "job_id"}  # the EC2 compute adapter tags spotrelay:job
 
 
 class AgentConfig(BaseModel):
@@ -40,7 +41,7 @@ class AgentConfig(BaseModel):
     job_id: str = Field(..., min_length=1)
     attempt: int = Field(..., ge=1)
     rank: int = Field(..., ge=0, description="node rank within the job (0 hosts the rendezvous)")
-    nodes: int = Field(..., ge=1, description="nodes in this attempt")
+    nodes: int | None = Field(None, ge=1, description="nodes in this attempt; default: the spec's")
     node_id: str | None = Field(None, description="default a<attempt>-r<rank>")
     nproc_per_node: int | None = Field(None, ge=1, description="default: the spec's gpus_per_node, or 1")
     config_uri: str | None = Field(None, description="job spec: s3://..., a path; default: the job record")
@@ -85,6 +86,7 @@ def from_tags(tags: Mapping[str, str]) -> dict[str, Any]:
     for key, value in tags.items():
         if key.startswith(TAG_PREFIX):
             name = key[len(TAG_PREFIX):].replace("-", "_")
+            name = TAG_ALIASES.get(name, name)
             if name in fields:
                 out[name] = value
     return out

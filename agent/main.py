@@ -22,11 +22,12 @@ from agent.imds import ImdsClient
 from agent.launcher import Rendezvous, TrainingProcess, build_plan, contract_env
 from agent.monitors import DirectiveMonitor, Monitor, Notice, NoticeKind, RebalanceMonitor, SpotInterruptionMonitor
 from agent.notice_store import NoticeStore
-from agent.reporting import EventBridgePublisher, JobTracking, Reporter, info, warn
+from agent.reporting import JobTracking, Reporter, info, warn
 from spotrelay.contracts import control
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.domain.models import Node, NodeState, Pool
 from spotrelay.errors import AgentConfigError, ImdsUnavailableError, NotFoundError, SpotrelayError
+from spotrelay.ports.events import EventPublisher
 from spotrelay.ports.job_store import JobStore
 from spotrelay.spec.models import JobSpec
 
@@ -131,8 +132,8 @@ class Agent:
         c = self.config
         self.register()
         master = self.wait_for_rank0()
-        rdzv = Rendezvous(c.nodes, c.rank, c.nproc_per_node or max(spec.resources.gpus_per_node, 1),
-                          master, c.master_port)
+        per_node = c.nproc_per_node or max(spec.resources.gpus_per_node, 1)  # CPU jobs: one rank per node
+        rdzv = Rendezvous(c.nodes or spec.resources.nodes, c.rank, per_node, master, c.master_port)
         plan = build_plan(spec, rdzv, env, c.instance_type, c.python or sys.executable)
         control.clear_request(self.control)
         events_file = self.control / control.EVENTS_FILE
@@ -224,6 +225,12 @@ class Agent:
                 proc.relay(signum)  # a second stop signal, or HUP/USR1/USR2: the launcher passes it on
 
 
+def publisher(config: AgentConfig) -> EventPublisher:
+    from spotrelay.adapters.eventbridge_publisher import EventBridgePublisher
+
+    return EventBridgePublisher(config.event_bus)  # the home bus, in AWS_REGION (the home region)
+
+
 def node_store(config: AgentConfig) -> JobStore:
     from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
 
@@ -257,7 +264,7 @@ def run_agent(config_file: Path | None = None) -> int:
         warn("IMDS unavailable at start; using configured facts", error=str(exc))
     reporting.setup_logging(config.job_id, config.node)
     store = node_store(config)
-    reporter = Reporter(config, EventBridgePublisher(config.event_bus))
+    reporter = Reporter(config, publisher(config))
     agent = Agent(config, store, reporter, imds)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, agent.on_signal)

@@ -26,7 +26,6 @@ from spotrelay.contracts.events import (
     TrainingExited,
 )
 from spotrelay.domain.models import Job
-from spotrelay.errors import RetryableError
 from spotrelay.ports.events import EventPublisher
 from spotrelay.ports.job_store import JobStore
 from spotrelay.spec.models import JobSpec
@@ -69,26 +68,6 @@ def info(msg: str, **fields: Any) -> None:
 
 def warn(msg: str, **fields: Any) -> None:
     log.warning(msg, extra={"fields": fields})
-
-
-class EventBridgePublisher:
-    """EventPublisher on an EventBridge bus (the controller's home bus by default)."""
-
-    def __init__(self, bus: str | None = None) -> None:
-        self.bus = bus
-
-    def publish(self, source: str, detail_type: str, detail: dict[str, Any]) -> None:
-        from spotrelay.adapters.aws import client
-        from spotrelay.settings import settings
-
-        answer = client("events").put_events(
-            Entries=[{
-                "Source": source, "DetailType": detail_type, "Detail": json.dumps(detail),
-                "EventBusName": self.bus or settings().event_bus,
-            }]
-        )
-        if answer.get("FailedEntryCount"):
-            raise RetryableError(f"EventBridge refused {detail_type}: {answer['Entries']}")
 
 
 class Reporter:

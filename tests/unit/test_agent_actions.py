@@ -132,3 +132,16 @@ def test_classify_exit() -> None:
     assert classify_exit(-15, {}, cancel, False, True)[0] == ExitCode.CANCELLED
     assert classify_exit(1, {}, None, False, False)[0] == ExitCode.INFRA_ERROR
     assert classify_exit(1, {0: 0, 1: 0}, None, False, False)[0] == ExitCode.INFRA_ERROR
+
+
+def test_periodic_commit_after_a_notice_is_not_the_emergency_save(tmp_path: Path) -> None:
+    now = [1000.0]
+    responder, recorder = _responder(tmp_path, now)
+    responder.ask(RequestKind.CHECKPOINT_AND_STOP, 1120.0, "itn")
+    responder.on_events([TrainerEvent(kind="checkpoint_committed", step=4, uri="u4", time=1001.0)])
+    event = parse_agent_event(recorder.sent[-1][2])
+    assert isinstance(event, CheckpointCommitted) and not event.emergency and event.met_deadline is None
+    assert not responder.committed_since_request
+    responder.on_events([TrainerEvent(kind="checkpoint_committed", step=5, uri="u5", emergency=True,
+                                      deadline=1120.0, time=1002.0)])
+    assert responder.committed_since_request

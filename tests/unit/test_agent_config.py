@@ -26,14 +26,17 @@ def test_env_beats_file_beats_tags(tmp_path: Path) -> None:
 def test_tags_alone_are_enough() -> None:
     tags = {"spotrelay:job-id": "j", "spotrelay:attempt": "1", "spotrelay:rank": "0", "spotrelay:nodes": "2"}
     assert load_config(env={}, tags=tags).job_id == "j"
+    # as the EC2 compute adapter tags instances: spotrelay:job, no node count (the spec has it)
+    ec2 = {"spotrelay:job": "j2", "spotrelay:attempt": "3", "spotrelay:rank": "1", "spotrelay:config-uri": "s3://b/k"}
+    config = load_config(env={}, tags=ec2)
+    assert (config.job_id, config.attempt, config.rank, config.nodes, config.config_uri) == ("j2", 3, 1, None, "s3://b/k")
 
 
 def test_missing_fields_are_named() -> None:
     with pytest.raises(AgentConfigError, match="job_id"):
         load_config(env={"SPOTRELAY_AGENT_RANK": "0"})
     with pytest.raises(AgentConfigError, match="rank"):
-        load_config(env={"SPOTRELAY_AGENT_JOB_ID": "j", "SPOTRELAY_AGENT_ATTEMPT": "1",
-                         "SPOTRELAY_AGENT_NODES": "1", "SPOTRELAY_AGENT_RANK": "-1"})
+        load_config(env={"SPOTRELAY_AGENT_JOB_ID": "j", "SPOTRELAY_AGENT_ATTEMPT": "1", "SPOTRELAY_AGENT_RANK": "-1"})
 
 
 def test_instance_facts_fill_only_gaps() -> None:

@@ -1,0 +1,236 @@
+"""Two real agent processes as the two nodes of one job (one gloo rank each) against moto's server.
+
+A notice reaches one node (through its fake IMDS, or only as a controller directive on its node
+item); both ranks save the same step, CheckpointCommitted arrives before the deadline, both nodes
+exit PREEMPTED_SAVED; a fresh pair (attempt 2, empty local disks) resumes from S3 and ends
+bit-identical to one uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spotrelay.adapters.aws import client
+from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+from spotrelay.contracts import control
+from spotrelay.contracts.events import AGENT_SOURCE, Directive, DirectiveKind, parse_agent_event
+from spotrelay.contracts.exit_codes import ExitCode
+from spotrelay.domain.models import Job, Node, NodeState, Pool, node_id_for
+from spotrelay.domain.status import JobStatus
+from spotrelay.local.fake_imds import FakeImds
+from spotrelay.local.motoserver import free_port
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 10
+JOB = "tiny-agent-job"
+POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
+TRAIN_ARGS = ["--engine", "ddp", "--steps", str(STEPS), "--step-sleep", "0.4"]
+TIMEOUT_S = 240
+
+
+def _spec(out: Path) -> dict[str, Any]:
+    return {
+        "version": 1, "name": "tiny-agent",
+        "entrypoint": {"script": "examples/tiny/train.py", "args": [*TRAIN_ARGS, "--out", str(out)],
+                       "env": {"OMP_NUM_THREADS": "1"}},
+        "resources": {"nodes": 2, "gpus_per_node": 0},
+        "checkpoint": {"every_steps": 4, "keep_local": 2, "keep_s3": 3},
+    }
+
+
+def _results(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """One uninterrupted run, same world size (2 gloo ranks), no agent: what resume must reproduce."""
+    tmp = tmp_path_factory.mktemp("reference")
+    env = {**os.environ, control.ENV_CHECKPOINT_DIR: str(tmp / "ckpt"), "OMP_NUM_THREADS": "1"}
+    for key in (control.ENV_CONTROL_DIR, control.ENV_CHECKPOINT_URI):
+        env.pop(key, None)
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+         f"--master-port={free_port()}", "examples/tiny/train.py", *TRAIN_ARGS, "--step-sleep", "0",
+         "--out", str(tmp / "ref")],
+        cwd=ROOT, env=env, check=True, timeout=TIMEOUT_S, capture_output=True,
+    )
+    return _results(tmp / "ref")
+
+
+class AgentEvents:
+    """EventBridge rule on source spotrelay.agent -> an SQS queue we read."""
+
+    def __init__(self) -> None:
+        sqs = client("sqs")
+        self.url = sqs.create_queue(QueueName="agent-events")["QueueUrl"]
+        arn = sqs.get_queue_attributes(QueueUrl=self.url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        events = client("events")
+        events.put_rule(Name="agent-events", EventPattern=json.dumps({"source": [AGENT_SOURCE]}))
+        events.put_targets(Rule="agent-events", Targets=[{"Id": "q", "Arn": arn}])
+        self.seen: list[tuple[str, Any]] = []
+
+    def drain(self) -> list[tuple[str, Any]]:
+        sqs = client("sqs")
+        while True:
+            got = sqs.receive_message(QueueUrl=self.url, MaxNumberOfMessages=10).get("Messages", [])
+            if not got:
+                return self.seen
+            for message in got:
+                body = json.loads(message["Body"])
+                self.seen.append((body["detail-type"], parse_agent_event(body["detail"])))
+                sqs.delete_message(QueueUrl=self.url, ReceiptHandle=message["ReceiptHandle"])
+
+    def of(self, kind: str, attempt: int) -> list[Any]:
+        return [e for k, e in self.drain() if k == kind and e.attempt == attempt]
+
+
+@dataclass
+class Pair:
+    """Two nodes of one attempt: fake IMDS + agent process each."""
+
+    attempt: int
+    root: Path
+    imds: list[FakeImds] = field(default_factory=list)
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def control(self, rank: int) -> Path:
+        return self.root / f"node{rank}" / "control"
+
+    def progress(self, rank: int) -> int:
+        return control.read_progress(self.control(rank)) or 0
+
+    def wait(self) -> list[int]:
+        codes = []
+        for rank, proc in enumerate(self.procs):
+            try:
+                codes.append(proc.wait(TIMEOUT_S))
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"agent {rank} did not finish; log:\n{self.log(rank)}")
+        return codes
+
+    def log(self, rank: int) -> str:
+        node = self.root / f"node{rank}"
+        return "".join(p.read_text()[-3000:] for p in sorted(node.glob("*.log")))
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for imds in self.imds:
+            imds.stop()
+
+
+@pytest.fixture
+def job(aws: dict[str, str], tmp_path: Path) -> Iterator[tuple[DynamoDBJobStore, AgentEvents, list[Pair]]]:
+    store = DynamoDBJobStore()
+    store.create_job(Job(job_id=JOB, name="tiny-agent", status=JobStatus.RUNNING, spec=_spec(tmp_path / "unused"),
+                         spec_hash="h1", attempt=1))
+    pairs: list[Pair] = []
+    yield store, AgentEvents(), pairs
+    for pair in pairs:
+        pair.stop()
+
+
+def start_pair(store: DynamoDBJobStore, pairs: list[Pair], attempt: int, root: Path) -> Pair:
+    """Act as the controller (node items, spec) and the instances (IMDS, agent processes)."""
+    pair = Pair(attempt, root)
+    pairs.append(pair)
+    spec_file = root / "spec.json"
+    root.mkdir(parents=True)
+    spec_file.write_text(json.dumps(_spec(root / "out")))
+    port = free_port()
+    for rank in (0, 1):
+        iid = f"i-0a{attempt}r{rank}"
+        store.put_node(Node(job_id=JOB, node_id=node_id_for(attempt, rank), attempt=attempt, rank=rank,
+                            instance_id=iid, pool=POOL, launched_at=time.time()))
+        imds = FakeImds(instance_id=iid, az=POOL.az).start()
+        pair.imds.append(imds)
+        node = root / f"node{rank}"
+        agent = {
+            "job_id": JOB, "attempt": attempt, "rank": rank, "nodes": 2, "nproc_per_node": 1,
+            "config_uri": str(spec_file), "imds_endpoint": imds.url, "work_dir": node,
+            "checkpoint_dir": node / "ckpt", "master_port": port, "imds_poll_s": 0.5, "directive_poll_s": 0.5,
+            "heartbeat_s": 2, "stop_grace_s": 20,
+        }
+        env = {**os.environ, **{f"SPOTRELAY_AGENT_{k.upper()}": str(v) for k, v in agent.items()}}
+        node.mkdir()
+        log = open(node / "agent.log", "wb")  # noqa: SIM115 - the child writes it
+        pair.procs.append(subprocess.Popen([sys.executable, "-m", "agent.main"], cwd=ROOT, env=env,
+                                           stdout=log, stderr=subprocess.STDOUT))
+        log.close()
+    return pair
+
+
+def wait_for_step(pair: Pair, rank: int, step: int) -> None:
+    give_up = time.time() + TIMEOUT_S
+    while pair.progress(rank) < step:
+        if time.time() > give_up or any(p.poll() is not None for p in pair.procs):
+            pytest.fail(f"training never reached step {step}; log:\n{pair.log(rank)}")
+        time.sleep(0.2)
+
+
+def check_preempted_then_resumed(
+    store: DynamoDBJobStore, events: AgentEvents, pairs: list[Pair], first: Pair, deadline: float,
+    reference: list[dict[str, Any]], tmp_path: Path,
+) -> None:
+    assert first.wait() == [ExitCode.PREEMPTED_SAVED] * 2, first.log(0) + first.log(1)
+    committed = [e for e in events.of("CheckpointCommitted", 1) if e.emergency]
+    assert sorted(e.rank for e in committed) == [0, 1]  # both nodes report the global commit
+    assert len({e.step for e in committed}) == 1  # of the same step
+    stop_step = committed[0].step
+    assert all(e.met_deadline and e.time <= deadline and e.deadline == pytest.approx(deadline, abs=1)
+               for e in committed)
+    exited = events.of("TrainingExited", 1)
+    assert sorted((e.rank, e.exit_code, e.last_committed_step) for e in exited) == [
+        (0, 75, stop_step), (1, 75, stop_step)]
+    assert {e.rank for e in events.of("NodeReady", 1)} == {0, 1}
+    assert all(n.state is NodeState.EXITED and n.exit_code == 75 for n in store.nodes_of(JOB))
+    interrupted = _results(first.root / "out")
+    assert all(r["exit"] == 75 for r in interrupted)
+
+    second = start_pair(store, pairs, 2, tmp_path / "a2")  # fresh disks: resume from S3
+    assert second.wait() == [ExitCode.DONE] * 2, second.log(0) + second.log(1)
+    resumed = _results(second.root / "out")
+    for rank in (0, 1):
+        assert resumed[rank]["resumed_from"] == stop_step
+        losses = interrupted[rank]["losses"][:stop_step] + resumed[rank]["losses"]
+        assert losses == reference[rank]["losses"]  # the same loss at every step, bit for bit
+        assert resumed[rank]["state_sha256"] == reference[rank]["state_sha256"]
+    assert sorted(e.exit_code for e in events.of("TrainingExited", 2)) == [0, 0]
+
+
+def test_imds_notice_on_one_node(job: Any, reference: list[dict[str, Any]], tmp_path: Path) -> None:
+    store, events, pairs = job
+    first = start_pair(store, pairs, 1, tmp_path / "a1")
+    wait_for_step(first, 1, 3)
+    deadline = float(int(time.time()) + 90)
+    first.imds[1].set_interruption("terminate", deadline)  # only node 1 is told, and only by IMDS
+    check_preempted_then_resumed(store, events, pairs, first, deadline, reference, tmp_path)
+    doomed = store.get_node(JOB, node_id_for(1, 1))
+    assert doomed.directive is None
+
+
+def test_directive_only(job: Any, reference: list[dict[str, Any]], tmp_path: Path) -> None:
+    store, events, pairs = job
+    first = start_pair(store, pairs, 1, tmp_path / "a1")
+    wait_for_step(first, 0, 3)
+    deadline = time.time() + 90
+    directive = Directive(directive_id="d-123456", kind=DirectiveKind.CHECKPOINT_NOW, deadline=deadline,
+                          reason="spot interruption warning (EventBridge)", issued_at=time.time())
+    store.update_node(JOB, node_id_for(1, 0), lambda n: n.model_copy(update={"directive": directive.model_dump()}))
+    check_preempted_then_resumed(store, events, pairs, first, deadline, reference, tmp_path)
+    assert store.get_node(JOB, node_id_for(1, 0)).directive is None  # acted on, cleared
