@@ -9,8 +9,12 @@ instance type, AZ and placement group. The template is deleted once the fleet an
 
 The placement group is named per job and AZ (``spotrelay-<job>-<az>``), not per attempt, so the
 replacement ranks of ``replace-lost-nodes`` join the survivors' group; ``terminate_job`` removes it.
-Subnets, security groups and the AMI come from ``Ec2ComputeConfig`` or, when absent, are found by the
-tag ``spotrelay:role=training`` (what the CDK app puts on them).
+Subnets, security groups, the AMI, the instance profile and the launch template data to start from
+(root volume, IMDS options, default user data) are resolved per region by ``ec2_discovery``:
+explicit config, else the CDK stack's SSM parameters, else resources tagged ``spotrelay:role=training``.
+Instances carry ``spotrelay:job`` and ``spotrelay:job-id`` (the tag the controller's IAM policy
+requires on everything it creates), ``spotrelay:attempt``, ``spotrelay:pool`` and, per instance,
+``spotrelay:rank``; IMDS exposes them to the agent (``InstanceMetadataTags`` is always enabled).
 """
 
 from __future__ import annotations
@@ -22,15 +26,20 @@ from collections.abc import Callable
 from typing import Any
 
 from botocore.exceptions import ClientError
-from pydantic import BaseModel, ConfigDict, Field
 
 from spotrelay.adapters.aws import client, error_code
+from spotrelay.adapters.ec2_discovery import Ec2ComputeConfig, RegionSetup, resolve_region
 from spotrelay.domain.models import Pool
 from spotrelay.errors import InsufficientCapacityError, QuotaExceededError
 from spotrelay.placement import catalog
 from spotrelay.ports.compute import Instance, LaunchRequest
 
+__all__ = ["Ec2Compute", "Ec2ComputeConfig", "efa_interfaces", "placement_group_name"]
+
 TAG_JOB, TAG_ATTEMPT, TAG_RANK = "spotrelay:job", "spotrelay:attempt", "spotrelay:rank"
+TAG_JOB_ID = "spotrelay:job-id"  # the tag the controller's IAM conditions check (cdk/permissions.py)
+_BASE_KEYS = ("BlockDeviceMappings", "Monitoring", "TagSpecifications", "UserData", "KeyName", "EbsOptimized")
+_METADATA_KEYS = ("HttpTokens", "HttpPutResponseHopLimit", "HttpEndpoint", "HttpProtocolIpv6")
 LIVE_STATES = ["pending", "running", "stopping", "stopped"]
 CAPACITY_CODES = {
     "InsufficientInstanceCapacity", "InsufficientCapacity", "UnfulfillableCapacity",
@@ -40,15 +49,6 @@ QUOTA_CODES = {"VcpuLimitExceeded", "MaxSpotInstanceCountExceeded", "InstanceLim
                "MaxSpotFleetRequestCountExceeded"}
 
 ClientFactory = Callable[..., Any]
-
-
-class Ec2ComputeConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    image_ids: dict[str, str] = Field(default_factory=dict, description="region -> AMI id")
-    subnet_ids: dict[str, str] = Field(default_factory=dict, description="AZ -> subnet id")
-    security_group_ids: dict[str, list[str]] = Field(default_factory=dict, description="region -> ids")
-    instance_profile_arn: str | None = None
-    role_tag: tuple[str, str] = ("spotrelay:role", "training")
 
 
 def efa_interfaces(instance_type: str, subnet_id: str, groups: list[str]) -> list[dict[str, Any]]:
@@ -78,6 +78,13 @@ class Ec2Compute:
     def __init__(self, config: Ec2ComputeConfig | None = None, client_factory: ClientFactory = client) -> None:
         self._config = config or Ec2ComputeConfig()
         self._client = client_factory
+        self._setups: dict[str, RegionSetup] = {}  # per region, kept while the Lambda stays warm
+
+    def _setup(self, region: str) -> RegionSetup:
+        if region not in self._setups:
+            ssm = self._client("ssm", region) if self._config.ssm_prefix else None
+            self._setups[region] = resolve_region(self._config, region, self._client("ec2", region), ssm)
+        return self._setups[region]
 
     # --- launch --------------------------------------------------------------------------------
     def launch(self, request: LaunchRequest) -> list[Instance]:
@@ -124,8 +131,8 @@ class Ec2Compute:
     def _fleet_args(self, request: LaunchRequest, template: str, group: str) -> dict[str, Any]:
         pool, n = request.pool, request.count
         market = "spot" if pool.market == "spot" else "on-demand"
-        tags = [{"Key": TAG_JOB, "Value": request.job_id}, {"Key": TAG_ATTEMPT, "Value": str(request.attempt)},
-                {"Key": "spotrelay:pool", "Value": pool.key}]
+        tags = [{"Key": TAG_JOB, "Value": request.job_id}, {"Key": TAG_JOB_ID, "Value": request.job_id},
+                {"Key": TAG_ATTEMPT, "Value": str(request.attempt)}, {"Key": "spotrelay:pool", "Value": pool.key}]
         if request.config_uri:
             tags.append({"Key": "spotrelay:config-uri", "Value": request.config_uri[:256]})
         # all or nothing: MinTargetCapacity needs single type and single AZ (instant fleets only)
@@ -146,17 +153,23 @@ class Ec2Compute:
         }
 
     def _create_template(self, ec2: Any, request: LaunchRequest) -> str:
-        pool = request.pool
-        subnet = self._subnet(ec2, pool.az)
-        groups = self._groups(ec2, pool.region)
-        data: dict[str, Any] = {
-            "ImageId": self._image(ec2, pool.region),
-            "NetworkInterfaces": efa_interfaces(pool.instance_type, subnet, groups),
-            "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 2},
-            "UserData": base64.b64encode(request.user_data.encode()).decode(),
-        }
-        if self._config.instance_profile_arn:
-            data["IamInstanceProfile"] = {"Arn": self._config.instance_profile_arn}
+        pool, setup = request.pool, self._setup(request.pool.region)
+        subnet = setup.subnets.get(pool.az)
+        if subnet is None:  # this pool cannot be used; the workflow moves on to the next one
+            raise InsufficientCapacityError(f"{pool.key}: no training subnet in {pool.az}")
+        if setup.image_id is None:
+            raise ValueError(f"no AMI for {pool.region}: set image_ids, ssm_prefix or tag an image")
+        base = setup.base_data
+        data: dict[str, Any] = {k: base[k] for k in _BASE_KEYS if k in base}
+        metadata = {k: v for k, v in base.get("MetadataOptions", {}).items() if k in _METADATA_KEYS}
+        data["MetadataOptions"] = {"HttpTokens": "required", "HttpPutResponseHopLimit": 2, **metadata,
+                                   "InstanceMetadataTags": "enabled"}  # the agent reads its tags
+        data["ImageId"] = setup.image_id
+        data["NetworkInterfaces"] = efa_interfaces(pool.instance_type, subnet, setup.security_groups)
+        if request.user_data:
+            data["UserData"] = base64.b64encode(request.user_data.encode()).decode()
+        if setup.instance_profile_arn:
+            data["IamInstanceProfile"] = {"Arn": setup.instance_profile_arn}
         name = f"spotrelay-{request.job_id}-a{request.attempt}-{uuid.uuid4().hex[:8]}"[:128]
         ec2.create_launch_template(LaunchTemplateName=name, LaunchTemplateData=data)
         return name
@@ -170,7 +183,8 @@ class Ec2Compute:
         name = placement_group_name(job_id, az)
         try:
             ec2.create_placement_group(GroupName=name, Strategy="cluster", TagSpecifications=[
-                {"ResourceType": "placement-group", "Tags": [{"Key": TAG_JOB, "Value": job_id}]}])
+                {"ResourceType": "placement-group", "Tags": [{"Key": TAG_JOB, "Value": job_id},
+                                                             {"Key": TAG_JOB_ID, "Value": job_id}]}])
         except ClientError as exc:
             if error_code(exc) != "InvalidPlacementGroup.Duplicate":
                 raise
@@ -185,33 +199,6 @@ class Ec2Compute:
             ]) if i.rank in request.ranks
         ]
         return sorted(found, key=lambda i: request.ranks.index(i.rank)) if len(found) == request.count else []
-
-    # --- discovery -----------------------------------------------------------------------------
-    def _role_filter(self) -> dict[str, Any]:
-        key, value = self._config.role_tag
-        return {"Name": f"tag:{key}", "Values": [value]}
-
-    def _subnet(self, ec2: Any, az: str) -> str:
-        if az in self._config.subnet_ids:
-            return self._config.subnet_ids[az]
-        subnets = ec2.describe_subnets(Filters=[self._role_filter(), {"Name": "availability-zone", "Values": [az]}])
-        if not subnets.get("Subnets"):
-            raise InsufficientCapacityError(f"no subnet tagged {self._config.role_tag} in {az}")
-        return str(subnets["Subnets"][0]["SubnetId"])
-
-    def _groups(self, ec2: Any, region: str) -> list[str]:
-        if region in self._config.security_group_ids:
-            return self._config.security_group_ids[region]
-        found = ec2.describe_security_groups(Filters=[self._role_filter()]).get("SecurityGroups", [])
-        return [str(g["GroupId"]) for g in found]
-
-    def _image(self, ec2: Any, region: str) -> str:
-        if region in self._config.image_ids:
-            return self._config.image_ids[region]
-        images = ec2.describe_images(Owners=["self"], Filters=[self._role_filter()]).get("Images", [])
-        if not images:
-            raise ValueError(f"no AMI tagged {self._config.role_tag} in {region}; set image_ids")
-        return str(max(images, key=lambda i: i.get("CreationDate", ""))["ImageId"])
 
     # --- termination and listing ---------------------------------------------------------------
     def terminate(self, instance_ids: list[str], region: str) -> None:

@@ -40,7 +40,8 @@ def expect_launch_prelude(stub: Stubber) -> None:
     stub.add_response("create_placement_group", {}, {
         "GroupName": "spotrelay-llm-1-us-east-1a", "Strategy": "cluster", "TagSpecifications": ANY})
     data = {"ImageId": "ami-12345678", "NetworkInterfaces": efa_interfaces("p5.48xlarge", "subnet-1", ["sg-1"]),
-            "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 2},
+            "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 2,
+                                "InstanceMetadataTags": "enabled"},
             "UserData": base64.b64encode(b"#!/bin/bash\necho agent").decode()}
     stub.add_response("create_launch_template", {"LaunchTemplate": {"LaunchTemplateName": "spotrelay-llm-1"}},
                       {"LaunchTemplateName": ANY, "LaunchTemplateData": data})
@@ -198,3 +199,37 @@ def test_launch_tags_ranks_lists_and_terminates_by_job(aws: dict[str, str]) -> N
     assert set(killed) == {gang[1].instance_id, gang[2].instance_id, extra[0].instance_id}
     assert compute.list_tagged(["us-east-1"]) == []
     assert ec2.groups == {}
+
+
+def test_settings_come_from_the_stacks_ssm_parameters_and_base_template(aws: dict[str, str]) -> None:
+    from spotrelay.adapters.aws import client
+
+    ec2, ssm = PlacementGroupsOnTop(client("ec2", "us-east-1")), client("ssm", "us-east-1")
+    vpc = ec2.create_vpc(CidrBlock="10.1.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.1.2.0/24", AvailabilityZone="us-east-1a")["Subnet"]
+    group = ec2.create_security_group(GroupName="members", Description="m", VpcId=vpc)["GroupId"]
+    template = ec2.create_launch_template(LaunchTemplateName="spotrelay-agent", LaunchTemplateData={
+        "ImageId": "ami-0base0000", "UserData": base64.b64encode(b"#!/bin/bash\nbase").decode(),
+        "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 2},
+        "BlockDeviceMappings": [{"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 500, "VolumeType": "gp3"}}],
+    })["LaunchTemplate"]["LaunchTemplateId"]
+    for key, value in {"subnets": subnet["SubnetId"], "security-group": group, "launch-template": template,
+                       "instance-profile": "arn:aws:iam::123456789012:instance-profile/agent"}.items():
+        ssm.put_parameter(Name=f"/spotrelay/training/{key}", Value=value, Type="String")
+    clients = {"ec2": ec2, "ssm": ssm}
+    compute = Ec2Compute(Ec2ComputeConfig(ssm_prefix="/spotrelay/training"),
+                         client_factory=lambda service, region=None: clients[service])
+
+    (node,) = compute.launch(LaunchRequest(job_id="j2", attempt=1, pool=POOL, count=1, ranks=[0]))
+    raw = ec2.describe_instances(InstanceIds=[node.instance_id])["Reservations"][0]["Instances"][0]
+    assert raw["ImageId"] == "ami-0base0000"  # from the stack's template
+    tags = {t["Key"]: t["Value"] for t in raw["Tags"]}
+    assert tags["spotrelay:job"] == tags["spotrelay:job-id"] == "j2" and tags["spotrelay:rank"] == "0"
+    data = ec2.describe_instance_attribute(InstanceId=node.instance_id, Attribute="userData")["UserData"]["Value"]
+    assert base64.b64decode(data) == b"#!/bin/bash\nbase"  # no user data in the request: the stack's
+    (other,) = compute.launch(LaunchRequest(job_id="j2", attempt=2, pool=POOL, count=1, ranks=[0],
+                                            user_data="#!/bin/bash\nmine"))
+    data = ec2.describe_instance_attribute(InstanceId=other.instance_id, Attribute="userData")["UserData"]["Value"]
+    assert base64.b64decode(data) == b"#!/bin/bash\nmine"
+    templates = [t["LaunchTemplateName"] for t in ec2.describe_launch_templates()["LaunchTemplates"]]
+    assert templates == ["spotrelay-agent"]  # the per-launch ones are gone, the stack's stays
