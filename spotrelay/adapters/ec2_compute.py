@@ -171,7 +171,8 @@ class Ec2Compute:
         if setup.instance_profile_arn:
             data["IamInstanceProfile"] = {"Arn": setup.instance_profile_arn}
         name = f"spotrelay-{request.job_id}-a{request.attempt}-{uuid.uuid4().hex[:8]}"[:128]
-        ec2.create_launch_template(LaunchTemplateName=name, LaunchTemplateData=data)
+        ec2.create_launch_template(LaunchTemplateName=name, LaunchTemplateData=data, TagSpecifications=[
+            {"ResourceType": "launch-template", "Tags": [{"Key": TAG_JOB_ID, "Value": request.job_id}]}])
         return name
 
     @staticmethod

@@ -44,7 +44,9 @@ def expect_launch_prelude(stub: Stubber) -> None:
                                 "InstanceMetadataTags": "enabled"},
             "UserData": base64.b64encode(b"#!/bin/bash\necho agent").decode()}
     stub.add_response("create_launch_template", {"LaunchTemplate": {"LaunchTemplateName": "spotrelay-llm-1"}},
-                      {"LaunchTemplateName": ANY, "LaunchTemplateData": data})
+                      {"LaunchTemplateName": ANY, "LaunchTemplateData": data, "TagSpecifications": [
+                          {"ResourceType": "launch-template",
+                           "Tags": [{"Key": "spotrelay:job-id", "Value": "llm-1"}]}]})
 
 
 def fleet_args() -> dict[str, Any]:
