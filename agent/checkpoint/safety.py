@@ -12,6 +12,7 @@ import importlib
 import io
 import pickle
 import pickletools
+import sys
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -94,6 +95,8 @@ def check_file(path: Path) -> None:
 def _deepspeed_globals() -> list[Any]:
     """Plain-data classes DeepSpeed puts in its checkpoints (ZeRO stage enum, loss scalers)."""
     found: list[Any] = []
+    if "deepspeed" not in sys.modules:  # a DeepSpeed checkpoint is only loaded by a DeepSpeed run
+        return found
     try:
         from deepspeed.runtime.fp16 import loss_scaler
         from deepspeed.runtime.zero import config as zero_config

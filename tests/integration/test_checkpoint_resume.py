@@ -1,0 +1,77 @@
+"""The acceptance test: stopped at step k and resumed in fresh processes == straight through, bit for bit.
+
+Real torchrun, 2 CPU ranks on gloo, the tiny transformer of examples/tiny. The stop comes the way
+the agent sends it (a checkpoint_and_stop request file written during step k-1 by rank 0 only);
+the ranks agree on it with the all-reduce and exit PREEMPTED_SAVED after the commit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spotrelay.contracts import control
+from spotrelay.contracts.exit_codes import ExitCode
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+TRAIN = ROOT / "examples" / "tiny" / "train.py"
+STEPS, STOP_AT = 8, 3
+
+
+def _torchrun(tmp: Path, name: str, engine: str, ckpt: Path, env: dict[str, str], *extra: str) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(TRAIN)]
+    cmd += ["--engine", engine, "--steps", str(STEPS), "--checkpoint-dir", str(ckpt), "--out", str(tmp / name)]
+    cmd += extra
+    full_env = {**os.environ, "PYTHONWARNINGS": "ignore", control.ENV_CONTROL_DIR: str(tmp / "control"), **env}
+    result = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=400, check=False)
+    if not (tmp / f"{name}.rank0.json").exists():
+        pytest.fail(f"{name} wrote no result (rc {result.returncode}):\n{result.stderr[-4000:]}")
+
+
+def _result(tmp: Path, name: str, rank: int) -> dict[str, Any]:
+    return dict(json.loads((tmp / f"{name}.rank{rank}.json").read_text()))
+
+
+def _check_bit_identical(tmp: Path, events_dir: Path) -> None:
+    for rank in (0, 1):
+        straight, stopped, resumed = (_result(tmp, n, rank) for n in ("straight", "stopped", "resumed"))
+        assert [s for s, _ in stopped["losses"]] == list(range(STOP_AT))
+        assert stopped["exit"] == ExitCode.PREEMPTED_SAVED
+        assert resumed["resumed_from"] == STOP_AT and resumed["exit"] == ExitCode.DONE
+        assert stopped["losses"] + resumed["losses"] == straight["losses"]  # floats compared exactly
+        assert resumed["state_sha256"] == straight["state_sha256"]  # parameters and optimizer state
+    events, _ = control.read_events(events_dir)
+    committed = [e for e in events if e.kind == "checkpoint_committed" and e.emergency]
+    assert [e.step for e in committed] == [STOP_AT]
+    assert committed[0].request_id == f"stop-{STOP_AT - 1}" and committed[0].deadline is not None
+    assert [e.kind for e in events if e.kind in ("stopping", "resumed")] == ["stopping", "resumed"]
+
+
+def test_deepspeed_zero2_stop_and_resume_is_bit_identical(tmp_path: Path) -> None:
+    _torchrun(tmp_path, "straight", "deepspeed", tmp_path / "ckpt-straight", {})
+    _torchrun(tmp_path, "stopped", "deepspeed", tmp_path / "ckpt", {}, "--stop-at", str(STOP_AT))
+    _torchrun(tmp_path, "resumed", "deepspeed", tmp_path / "ckpt", {})
+    _check_bit_identical(tmp_path, tmp_path / "control")
+    manifest = json.loads((tmp_path / "ckpt" / "step-00000003" / "manifest.json").read_text())
+    assert manifest["engine"] == "deepspeed" and manifest["zero_stage"] == 2 and manifest["world_size"] == 2
+    assert manifest["ranks"] == [0, 1]
+
+
+def test_ddp_dcp_stop_then_resume_from_s3_on_a_fresh_node(aws: dict[str, str], tmp_path: Path) -> None:
+    uri = f"s3://{aws['bucket']}/checkpoints/job-ddp"
+    _torchrun(tmp_path, "straight", "ddp", tmp_path / "ckpt-straight", {})
+    s3_env = {control.ENV_CHECKPOINT_URI: uri, control.ENV_JOB_ID: "job-ddp"}
+    _torchrun(tmp_path, "stopped", "ddp", tmp_path / "node-a", s3_env, "--stop-at", str(STOP_AT))
+    # the replacement node starts with an empty local tier: everything comes back from S3
+    _torchrun(tmp_path, "resumed", "ddp", tmp_path / "node-b", s3_env)
+    _check_bit_identical(tmp_path, tmp_path / "control")
+    events, _ = control.read_events(tmp_path / "control")
+    assert next(e for e in events if e.emergency).uri == f"{uri}/step-00000003"
+    assert (tmp_path / "node-b" / "step-00000003" / "manifest.json").is_file()

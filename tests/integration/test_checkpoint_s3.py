@@ -1,0 +1,114 @@
+"""The S3 tier against moto's server: commit order, resume on a fresh node, crash mid-upload, retention."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from agent.checkpoint.local_tier import LocalTier
+from agent.checkpoint.pipeline import Pipeline, SaveJob, Topology
+from agent.checkpoint.restore import choose
+from agent.checkpoint.s3_tier import MiB, S3Tier
+from spotrelay.adapters import aws as aws_clients
+from spotrelay.contracts.control import read_events
+
+
+class FaultyClient:
+    """The real S3 client, except that upload_part fails once ``armed`` (a crash mid-upload)."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.armed = False
+        self.parts = 0
+        self._lock = threading.Lock()
+
+    def upload_part(self, **kwargs: Any) -> Any:
+        with self._lock:
+            self.parts += 1
+            if self.armed and self.parts % 2 == 0:
+                raise ConnectionError("simulated crash mid-upload")
+        return self.real.upload_part(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def _save(pipeline: Pipeline, local: LocalTier, step: int, numel: int = 3 * MiB) -> SaveJob:
+    step_dir = local.step_dir(step)
+
+    def write() -> list[Path]:
+        step_dir.mkdir(parents=True, exist_ok=True)
+        path = step_dir / "model.pt"
+        torch.save({"w": torch.full((numel,), float(step))}, path)  # 12 MiB: a 3-part multipart upload
+        return [path]
+
+    job = SaveJob(step=step, writer=write, trainer_state={"step": step}, manifest_fields={"engine": "fake"})
+    pipeline.submit(job)
+    assert job.done.wait(60)
+    return job
+
+
+@pytest.fixture
+def s3_setup(aws: dict[str, str], tmp_path: Path) -> Any:
+    faulty = FaultyClient(aws_clients.client("s3"))
+    s3 = S3Tier(f"s3://{aws['bucket']}/checkpoints/job-1", client=lambda: faulty, part_size=5 * MiB)
+    local = LocalTier(tmp_path / "node-a")
+    pipeline = Pipeline(local, s3, Topology(), tmp_path / "control", keep_local=2, keep_s3=2, timeout_s=30)
+    yield pipeline, local, s3, faulty
+    pipeline.close()
+
+
+def test_commit_to_s3_then_resume_on_a_fresh_node(s3_setup: Any, tmp_path: Path) -> None:
+    pipeline, local, s3, faulty = s3_setup
+    for step in (2, 4):
+        assert _save(pipeline, local, step).error is None
+    assert faulty.parts >= 3  # the shard went up as a multipart upload
+    assert s3.latest() == 4 and s3.steps() == [4, 2]
+    events, _ = read_events(tmp_path / "control")
+    assert events[-1].uri == f"{s3.uri}/step-00000004"
+    fresh = LocalTier(tmp_path / "node-b")
+    manifest = choose(fresh, s3)
+    assert manifest is not None and manifest.step == 4
+    assert (fresh.step_dir(4) / "model.pt").read_bytes() == (local.step_dir(4) / "model.pt").read_bytes()
+
+
+def test_crash_during_upload_keeps_previous_latest(s3_setup: Any, tmp_path: Path) -> None:
+    pipeline, local, s3, faulty = s3_setup
+    assert _save(pipeline, local, 2).error is None
+    faulty.armed = True
+    job = _save(pipeline, local, 4)
+    assert isinstance(job.error, ConnectionError)
+    assert s3.latest() == 2
+    assert s3.steps() == [2]
+    assert s3.manifest(4) is None
+    uploads = s3.client.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])
+    assert uploads == []  # the failed upload was aborted, not left half-written
+    fresh = LocalTier(tmp_path / "node-b")
+    manifest = choose(fresh, s3)
+    assert manifest is not None and manifest.step == 2
+
+
+def test_corrupt_object_in_s3_falls_back(s3_setup: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pipeline, local, s3, _ = s3_setup
+    for step in (2, 4):
+        assert _save(pipeline, local, step).error is None
+    key = s3.key("step-00000004/trainer/rank-0.pt")
+    s3.client.put_object(Bucket=s3.bucket, Key=key, Body=b"not the bytes the manifest hashed")
+    with caplog.at_level(logging.WARNING, logger="spotrelay.checkpoint"):
+        manifest = choose(LocalTier(tmp_path / "node-b"), s3)
+    assert manifest is not None and manifest.step == 2
+    assert "step-00000004" in caplog.text
+
+
+def test_s3_retention_prunes_beyond_keep(s3_setup: Any) -> None:
+    pipeline, local, s3, _ = s3_setup
+    for step in (2, 4, 6):
+        assert _save(pipeline, local, step, numel=1024).error is None
+    assert s3.steps() == [6, 4]
+    assert s3.list_keys("step-00000002/") == []
+    assert local.steps() == [6, 4]
