@@ -19,7 +19,7 @@ from agent import reporting
 from agent.actions import Responder, classify_exit
 from agent.config import AgentConfig, load_config, load_job_and_spec, with_instance_facts
 from agent.imds import ImdsClient
-from agent.launcher import Rendezvous, TrainingProcess, build_plan, contract_env
+from agent.launcher import LaunchPlan, Rendezvous, TrainingProcess, build_plan, contract_env
 from agent.monitors import DirectiveMonitor, Monitor, Notice, NoticeKind, RebalanceMonitor, SpotInterruptionMonitor
 from agent.notice_store import NoticeStore
 from agent.reporting import JobTracking, Reporter, info, warn
@@ -38,8 +38,10 @@ class Agent:
     def __init__(
         self, config: AgentConfig, store: JobStore, reporter: Reporter, imds: ImdsClient,
         clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+        plan_builder: Callable[[JobSpec, Rendezvous, dict[str, str], str | None, str], LaunchPlan] = build_plan,
     ) -> None:
         self.config, self.store, self.reporter, self.imds = config, store, reporter, imds
+        self.plan_builder = plan_builder
         self.clock, self.sleep = clock, sleep
         self.control = config.control
         self.responder = Responder(self.control, reporter, clock)
@@ -134,7 +136,7 @@ class Agent:
         master = self.wait_for_rank0()
         per_node = c.nproc_per_node or max(spec.resources.gpus_per_node, 1)  # CPU jobs: one rank per node
         rdzv = Rendezvous(c.nodes or spec.resources.nodes, c.rank, per_node, master, c.master_port)
-        plan = build_plan(spec, rdzv, env, c.instance_type, c.python or sys.executable)
+        plan = self.plan_builder(spec, rdzv, env, c.instance_type, c.python or sys.executable)
         control.clear_request(self.control)
         events_file = self.control / control.EVENTS_FILE
         offset = events_file.stat().st_size if events_file.exists() else 0  # earlier runs' events are old news

@@ -1,0 +1,224 @@
+"""The agent's loop end to end on one node, fast: a fake IMDS, a temporary directory, an in-memory job
+store, and a stand-in trainer (no torch) that honours the control contract like agent/training.py.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.config import AgentConfig
+from agent.imds import ImdsClient
+from agent.launcher import LaunchPlan, Rendezvous
+from agent.main import Agent
+from agent.reporting import Reporter
+from spotrelay.contracts.events import Directive, DirectiveKind
+from spotrelay.contracts.exit_codes import ExitCode
+from spotrelay.domain.models import Job, Node, NodeState, Pool
+from spotrelay.domain.status import JobStatus
+from spotrelay.errors import NotFoundError
+from spotrelay.local.fake_imds import FakeImds
+from spotrelay.spec.models import JobSpec
+
+# The stand-in trainer: one step every 0.1 s; acts on request.json like the training API does.
+TRAINER = r'''
+import json, os, sys, time
+from pathlib import Path
+from spotrelay.contracts import control
+ctl = Path(os.environ[control.ENV_CONTROL_DIR])
+mode, steps = sys.argv[1], int(sys.argv[2])
+handled = set()
+def commit(step, emergency=False, deadline=None, request_id=None):
+    control.append_event(ctl, control.TrainerEvent(kind="checkpoint_committed", step=step, uri=f"s3://b/step-{step}",
+        duration_s=0.05, emergency=emergency, deadline=deadline, request_id=request_id, time=time.time()))
+for step in range(1, steps + 1):
+    time.sleep(0.1)
+    control.write_progress(ctl, step)
+    request = control.read_request(ctl)
+    if request is None or request.request_id in handled:
+        continue
+    handled.add(request.request_id)
+    if request.kind == "stop":
+        sys.exit(78)
+    if mode == "hang":  # a save that never finishes
+        time.sleep(3600)
+    if request.kind == "checkpoint":
+        commit(step, request_id=request.request_id)
+    else:
+        commit(step, emergency=True, deadline=request.deadline, request_id=request.request_id)
+        sys.exit(75)
+'''
+
+
+class MemoryStore:
+    """The JobStore calls the agent makes, in memory."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.nodes: dict[str, Node] = {}
+        self.lock = threading.Lock()
+
+    def get_job(self, job_id: str) -> Job:
+        return self.job
+
+    def get_node(self, job_id: str, node_id: str) -> Node:
+        with self.lock:
+            if node_id not in self.nodes:
+                raise NotFoundError(node_id)
+            return self.nodes[node_id]
+
+    def nodes_of(self, job_id: str) -> list[Node]:
+        return list(self.nodes.values())
+
+    def put_node(self, node: Node, expected_version: int | None = None) -> Node:
+        with self.lock:
+            self.nodes[node.node_id] = node.model_copy(update={"version": node.version + 1})
+            return self.nodes[node.node_id]
+
+    def update_node(self, job_id: str, node_id: str, change: Callable[[Node], Node | None],
+                    attempts: int = 3) -> Node | None:
+        updated = change(self.get_node(job_id, node_id))
+        return None if updated is None else self.put_node(updated)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def publish(self, source: str, detail_type: str, detail: dict[str, Any]) -> None:
+        self.sent.append((detail_type, detail))
+
+    def kinds(self) -> list[str]:
+        return [k for k, _ in self.sent]
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [d for k, d in self.sent if k == kind]
+
+
+SPEC = JobSpec.model_validate({
+    "version": 1, "name": "t", "entrypoint": {"script": "trainer.py"}, "resources": {"nodes": 1, "gpus_per_node": 0},
+    "checkpoint": {"every_steps": 100},
+})
+
+
+@pytest.fixture
+def imds() -> Iterator[FakeImds]:
+    with FakeImds(instance_id="i-0node") as server:
+        yield server
+
+
+def run_agent(tmp_path: Path, imds: FakeImds, mode: str = "ok", steps: int = 30, **over: Any,
+              ) -> tuple[Agent, MemoryStore, Recorder, threading.Thread, list[int]]:
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    config = AgentConfig.model_validate({
+        "job_id": "j-1", "attempt": 1, "rank": 0, "nodes": 1, "instance_id": "i-0node", "private_ip": "127.0.0.1",
+        "work_dir": tmp_path, "imds_endpoint": imds.url, "imds_poll_s": 0.1, "directive_poll_s": 0.1,
+        "heartbeat_s": 0.5, "stop_grace_s": 1.0, **over,
+    })
+    store = MemoryStore(Job(job_id="j-1", name="t", status=JobStatus.RUNNING))
+    store.put_node(Node(job_id="j-1", node_id="a1-r0", attempt=1, rank=0, instance_id="i-0node",
+                        pool=Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")))
+    recorder = Recorder()
+
+    def plan(spec: JobSpec, rdzv: Rendezvous, env: dict[str, str], itype: str | None, python: str) -> LaunchPlan:
+        # no torchrun: the per-rank wrapper straight on the stand-in trainer
+        return LaunchPlan([sys.executable, "-m", "agent.launcher", str(tmp_path / "trainer.py"), mode, str(steps)],
+                          {**env, "RANK": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+
+    client = ImdsClient(imds.url, timeout_s=0.3, retries=1)
+    agent = Agent(config, store, Reporter(config, recorder), client, plan_builder=plan)  # type: ignore[arg-type]
+    result: list[int] = []
+    env = {"SPOTRELAY_CONTROL_DIR": str(config.control)}
+    thread = threading.Thread(target=lambda: result.append(agent.run(SPEC, env)), daemon=True)
+    thread.start()
+    return agent, store, recorder, thread, result
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    give_up = time.time() + timeout
+    while not predicate():
+        assert time.time() < give_up, "timed out"
+        time.sleep(0.05)
+
+
+def finish(thread: threading.Thread, result: list[int]) -> int:
+    thread.join(30)
+    assert not thread.is_alive()
+    return result[0]
+
+
+def test_runs_to_done_with_registration_and_heartbeats(tmp_path: Path, imds: FakeImds) -> None:
+    _, store, recorder, thread, result = run_agent(tmp_path, imds, steps=12)
+    assert finish(thread, result) == ExitCode.DONE
+    assert recorder.kinds()[0] == "NodeReady" and recorder.kinds()[-1] == "TrainingExited"
+    assert recorder.of("Heartbeat") and recorder.of("Heartbeat")[-1]["step"] >= 1
+    node = store.get_node("j-1", "a1-r0")
+    assert node.state is NodeState.EXITED and node.exit_code == 0 and node.private_ip == "127.0.0.1"
+    assert node.last_heartbeat is not None
+
+
+def test_interruption_notice_saves_and_exits_75(tmp_path: Path, imds: FakeImds) -> None:
+    _, store, recorder, thread, result = run_agent(tmp_path, imds)
+    wait_for(lambda: bool(recorder.of("Heartbeat")))
+    deadline = float(int(time.time()) + 100)
+    imds.set_interruption("terminate", deadline)
+    assert finish(thread, result) == ExitCode.PREEMPTED_SAVED
+    [commit] = recorder.of("CheckpointCommitted")
+    assert commit["emergency"] and commit["met_deadline"] and commit["deadline"] == deadline
+    assert recorder.of("TrainingExited")[0]["last_committed_step"] == commit["step"]
+    assert store.get_node("j-1", "a1-r0").exit_code == 75
+
+
+def test_rebalance_checkpoints_and_training_continues(tmp_path: Path, imds: FakeImds) -> None:
+    _, _, recorder, thread, result = run_agent(tmp_path, imds, steps=25)
+    wait_for(lambda: bool(recorder.of("Heartbeat")))
+    imds.set_rebalance()
+    wait_for(lambda: bool(recorder.of("CheckpointCommitted")))
+    assert finish(thread, result) == ExitCode.DONE
+    [commit] = recorder.of("CheckpointCommitted")  # once, though IMDS kept showing the recommendation
+    assert not commit["emergency"]
+    assert not (tmp_path / "control" / "request.json").exists()
+
+
+def test_stop_directive_cancels_and_is_cleared(tmp_path: Path, imds: FakeImds) -> None:
+    _, store, recorder, thread, result = run_agent(tmp_path, imds)
+    wait_for(lambda: bool(recorder.of("Heartbeat")))
+    directive = Directive(directive_id="d-stop-1", kind=DirectiveKind.STOP, issued_at=time.time(), reason="cancel")
+    store.update_node("j-1", "a1-r0", lambda n: n.model_copy(update={"directive": directive.model_dump()}))
+    assert finish(thread, result) == ExitCode.CANCELLED
+    assert store.get_node("j-1", "a1-r0").directive is None
+
+
+def test_deadline_missed_kills_and_reports_unsaved(tmp_path: Path, imds: FakeImds) -> None:
+    _, _, recorder, thread, result = run_agent(tmp_path, imds, mode="hang")
+    wait_for(lambda: bool(recorder.of("Heartbeat")))
+    imds.set_interruption("terminate", time.time() + 1.5)
+    assert finish(thread, result) == ExitCode.PREEMPTED_UNSAVED
+    [missed] = [a for a in recorder.of("Anomaly") if a["what"] == "deadline-missed"]
+    assert "durable: nothing from this attempt" in missed["detail"]
+
+
+def test_imds_down_is_reported_once_and_training_goes_on(tmp_path: Path, imds: FakeImds) -> None:
+    _, _, recorder, thread, result = run_agent(tmp_path, imds, steps=30, imds_failures_anomaly=2)
+    wait_for(lambda: bool(recorder.of("Heartbeat")))
+    imds.set_up(False)
+    wait_for(lambda: bool(recorder.of("Anomaly")))
+    imds.set_up(True)
+    assert finish(thread, result) == ExitCode.DONE
+    assert [a["what"] for a in recorder.of("Anomaly")] == ["imds-unreachable"]
+
+
+def test_sigterm_to_the_agent_saves_first(tmp_path: Path, imds: FakeImds) -> None:
+    import signal
+
+    agent, _, recorder, thread, result = run_agent(tmp_path, imds)
+    wait_for(lambda: bool(recorder.of("Heartbeat")))
+    agent.on_signal(signal.SIGTERM, None)
+    assert finish(thread, result) == ExitCode.PREEMPTED_SAVED
+    assert recorder.of("CheckpointCommitted")[0]["emergency"]
