@@ -68,11 +68,13 @@ def interruption_notice(ctl: Controller, instance_id: str, notice_time: float, n
     if isinstance(found, dict):
         return found
     job, node = found
-    if node.state in (NodeState.DOOMED, *_GONE):
-        return _ignored(f"node already {node.state.value}", instance_id, job.job_id)
-    ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update={"state": NodeState.DOOMED})
-                          if n.state not in (NodeState.DOOMED, *_GONE) else None)
+    # Every distinct notice counts against the pool (exact duplicates are deduplicated upstream),
+    # even when the agent saw it first on IMDS and already marked its node DOOMED.
     ctl.pool_stats.record(node.pool.key, PoolEvent.INTERRUPTED, now)
+    if node.state in _GONE:
+        return _ignored(f"node already {node.state.value}; the attempt ended", instance_id, job.job_id)
+    ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update={"state": NodeState.DOOMED})
+                          if n.state not in (NodeState.DOOMED, NodeState.EXITED, *_GONE) else None)
     deadline = notice_time + NOTICE_LEAD_S
     directive = Directive(directive_id=_directive_id("checkpoint-now", instance_id, notice_time),
                           kind=DirectiveKind.CHECKPOINT_NOW, deadline=deadline, issued_at=now,

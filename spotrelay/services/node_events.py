@@ -61,8 +61,10 @@ def handle_agent_event(ctl: Controller, event: AgentEvent, now: float) -> dict[s
         log.warning("agent anomaly", extra={"job_id": job.job_id, "node_id": node.node_id,
                                             "what": event.what, "detail": event.detail})
         changed = False
-    decides = isinstance(event, (NodeReady, TrainingExited))  # the only kinds that can end a wait
-    verdict = settle(ctl, job.job_id, now) if changed and decides else None
+    # The agent also writes its own node item (READY, EXITED), so the record may already say what
+    # this event says: settle on every NodeReady / TrainingExited, changed or not (it is idempotent).
+    decides = isinstance(event, (NodeReady, TrainingExited))
+    verdict = settle(ctl, job.job_id, now) if decides else None
     return {"result": "applied" if changed else "no-op", "kind": event.kind,
             "settled": verdict["outcome"] if verdict else None}
 

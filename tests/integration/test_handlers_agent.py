@@ -50,6 +50,21 @@ def test_register_wait_for_a_cancelling_job_fails_the_token(env: Env) -> None:
     assert env.workflow.completed[0][0] == "failure" and env.workflow.completed[0][2]["error"] == "JobCancelledError"
 
 
+def test_agent_wrote_its_own_node_item_first(env: Env) -> None:
+    """The agent marks its node READY / EXITED itself before its event arrives: still settled."""
+    job, gang = running_job(env.store, env.compute, status=JobStatus.STARTING, tokens={"ready": "tok-ready"})
+    for node in gang:
+        env.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update={"state": NodeState.READY}))
+    assert on_agent_event.handler(agent_event("NodeReady", gang[1]), ctx())["settled"] == "ready"
+    sfn_register_wait.handler({"job_id": job.job_id, "wait": "outcome", "attempt": 1, "task_token": "tok-out"}, ctx())
+    for node in gang:
+        env.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(
+            update={"state": NodeState.EXITED, "exit_code": 0}))
+    assert on_agent_event.handler(agent_event("TrainingExited", gang[0], exit_code=0, reason="done"), ctx())[
+        "settled"] == "succeeded"
+    assert [c[1] for c in env.workflow.completed] == ["tok-ready", "tok-out"]
+
+
 def test_exits_in_any_order_deliver_one_outcome(env: Env) -> None:
     job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
     assert on_agent_event.handler(agent_event("TrainingExited", gang[1], exit_code=0, reason="done"), ctx())[

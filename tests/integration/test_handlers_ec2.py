@@ -49,13 +49,10 @@ def test_notice_dooms_node_directs_every_rank_and_cools_pool_once(env: Env) -> N
     # the same event redelivered, and the same notice under a new event id (a forwarded copy)
     assert on_interruption_notice.handler(event, ctx()) == first
     assert on_interruption_notice.handler(_notice(gang[0].instance_id), ctx()) == first
-    # a later notice for the node already doomed: no-op
-    later = _notice(gang[0].instance_id, time="2026-11-30T03:10:30Z")
-    assert on_interruption_notice.handler(later, ctx())["result"] == "ignored"
     assert env.store.get_job(job.job_id).version == version
     assert env.stats.all()[gang[0].pool.key].interruptions == 1
     assert env.workflow.completed == []  # the outcome waits for the ranks' checkpoint and exit
-    assert _idempotency_records() == 2
+    assert _idempotency_records() == 1  # one record for the notice, whatever its copies
 
 
 def event_time(event: dict[str, Any]) -> float:
@@ -86,9 +83,24 @@ def test_unannounced_loss_settles_outcome_once_and_late_notice_is_ignored(env: E
     assert on_instance_state.handler(gone, ctx()) == result
     shutting = ec2_event("ec2_instance_state_shutting_down.json", gang[1].instance_id)
     assert on_instance_state.handler(shutting, ctx())["result"] == "ignored"
-    assert on_interruption_notice.handler(_notice(gang[1].instance_id), ctx())["result"] == "ignored"
+    late = on_interruption_notice.handler(_notice(gang[1].instance_id), ctx())
+    assert late["result"] == "ignored" and "attempt ended" in late["why"]
+    assert env.stats.all()[gang[1].pool.key].interruptions == 1  # still news about the pool
+    assert env.store.get_job(job.job_id).status is JobStatus.RUNNING
+    assert env.store.get_node(job.job_id, "a1-r0").directive is None
     assert len(env.workflow.completed) == 1
     assert env.store.get_node(job.job_id, "a1-r1").state is NodeState.LOST
+
+
+def test_notice_after_the_agent_saw_it_on_imds(env: Env) -> None:
+    """The agent polls IMDS and marks its node DOOMED itself; the EventBridge notice still directs
+    the other ranks, moves the job to CHECKPOINTING and cools the pool."""
+    job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    env.store.update_node(job.job_id, "a1-r0", lambda n: n.model_copy(update={"state": NodeState.DOOMED}))
+    result = on_interruption_notice.handler(_notice(gang[0].instance_id), ctx())
+    assert result["result"] == "applied" and result["directives"] == 2
+    assert env.store.get_job(job.job_id).status is JobStatus.CHECKPOINTING
+    assert env.stats.all()[gang[0].pool.key].interruptions == 1
 
 
 def test_announced_loss_is_terminated_not_lost(env: Env) -> None:
