@@ -24,7 +24,7 @@ USER_DATA = """#!/bin/bash
 # spotrelay agent bootstrap: job id, rank and role come from instance tags (IMDS), not from here.
 set -euo pipefail
 export SPOTRELAY_HOME_REGION={home_region} SPOTRELAY_DATA_BUCKET={data_bucket} SPOTRELAY_PREFIX={prefix}
-export SPOTRELAY_EVENT_BUS=arn:aws:events:{home_region}:{account}:event-bus/default
+export SPOTRELAY_EVENT_BUS=arn:{partition}:events:{home_region}:{account}:event-bus/default
 if [ -d /opt/spotrelay ]; then
   /opt/spotrelay/bin/spotrelay-agent
 else
@@ -89,13 +89,13 @@ class AgentFleet(Construct):
             description="SSM parameter holding the Deep Learning AMI id (resolved at deploy time)",
         )
         user_data = USER_DATA.format(home_region=home, data_bucket=data_bucket.bucket_name,
-                                     prefix=config.prefix, account=acct)
+                                     prefix=config.prefix, account=acct, partition=part)
         self.launch_template = ec2.CfnLaunchTemplate(
             self, "LaunchTemplate",
             launch_template_name=f"{config.prefix}-agent",
             launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
                 image_id=ami.value_as_string,
-                instance_type=config.instance_types[0],
+                # no instance type: the fleet request picks one per pool (not every type exists everywhere)
                 iam_instance_profile=ec2.CfnLaunchTemplate.IamInstanceProfileProperty(
                     arn=self.instance_profile.instance_profile_arn),
                 metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(

@@ -47,6 +47,8 @@ def build(app: App, config: AppConfig | None = None, *, handlers: list[str] | No
             env=Environment(region=region),
             description=f"spotrelay training region {region}: event forwarding, data bucket, agent launch template",
         )
+        # deploy order only: replication needs the home bucket, forwarding the home rules
+        regional.add_dependency(home)
         stacks[regional.stack_name] = regional
     Tags.of(app).add("spotrelay:deployment", config.prefix)
     unexplained = [w for s in stacks.values() for w in getattr(s, "unexplained_wildcards", [])]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import platform
 from dataclasses import dataclass
 
@@ -116,7 +117,10 @@ def handler_env(config: AppConfig, *, tables: dict[str, str], bucket: str, topic
         "SPOTRELAY_HOME_REGION": config.home_region,
         "SPOTRELAY_TRAINING_REGIONS": ",".join(config.training_regions),
         "SPOTRELAY_INSTANCE_TYPES": ",".join(config.instance_types),
-        "SPOTRELAY_REGION_PARAMETER_PATH": f"/{config.prefix}/training/",
+        "SPOTRELAY_REGIONS": ",".join(config.training_regions),  # reconcile sweeps these
+        # the compute adapter reads subnets, security group, profile and launch template from the
+        # training stacks' SSM parameters (spotrelay/adapters/ec2_discovery.py)
+        "SPOTRELAY_EC2_CONFIG": json.dumps({"ssm_prefix": f"/{config.prefix}/training"}),
         "SPOTRELAY_ACCOUNT": Aws.ACCOUNT_ID,
     })
     return HandlerEnv(values)

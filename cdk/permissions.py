@@ -95,15 +95,17 @@ class GrantSet:
                 actions=["ec2:DescribeInstances", "ec2:DescribeInstanceStatus", "ec2:DescribeSpotPriceHistory",
                          "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeAvailabilityZones",
                          "ec2:DescribeFleets", "ec2:DescribeFleetInstances", "ec2:DescribeLaunchTemplates",
-                         "ec2:DescribeSubnets", "ec2:DescribePlacementGroups"],
+                         "ec2:DescribeSubnets", "ec2:DescribePlacementGroups",
+                         "ec2:DescribeLaunchTemplateVersions"],
                 resources=["*"]))
         if EC2_LAUNCH in caps:
             statements.extend(_launch_statements(g))
         if EC2_TERMINATE in caps:
             statements.append(iam.PolicyStatement(
-                actions=["ec2:TerminateInstances", "ec2:DeleteFleets", "ec2:DeletePlacementGroup"],
+                actions=["ec2:TerminateInstances", "ec2:DeleteFleets", "ec2:DeletePlacementGroup",
+                         "ec2:DeleteLaunchTemplate"],
                 resources=[f"arn:{Aws.PARTITION}:ec2:*:{Aws.ACCOUNT_ID}:{kind}/*"
-                           for kind in ("instance", "fleet", "placement-group")],
+                           for kind in ("instance", "fleet", "placement-group", "launch-template")],
                 conditions={"Null": {f"aws:ResourceTag/{MANAGED_TAG}": "false"}, **_in_regions(g)}))
         if REGION_PARAMETERS in caps:
             statements.append(iam.PolicyStatement(
@@ -125,10 +127,10 @@ def _launch_statements(g: Grants) -> list[iam.PolicyStatement]:
     part = Aws.PARTITION
     return [
         iam.PolicyStatement(
-            actions=["ec2:CreateFleet", "ec2:RunInstances", "ec2:CreatePlacementGroup"],
+            actions=["ec2:CreateFleet", "ec2:RunInstances", "ec2:CreatePlacementGroup", "ec2:CreateLaunchTemplate"],
             resources=[f"arn:{part}:ec2:*:{acct}:{kind}/*"
                        for kind in ("instance", "fleet", "placement-group", "volume", "network-interface",
-                                    "spot-instances-request")],
+                                    "spot-instances-request", "launch-template")],
             conditions={"Null": {f"aws:RequestTag/{MANAGED_TAG}": "false"}, **_in_regions(g)}),
         iam.PolicyStatement(
             actions=["ec2:CreateFleet", "ec2:RunInstances"],
@@ -139,8 +141,14 @@ def _launch_statements(g: Grants) -> list[iam.PolicyStatement]:
             actions=["ec2:CreateTags"],
             resources=[f"arn:{part}:ec2:*:{acct}:*/*"],
             conditions={"StringEquals": {
-                "ec2:CreateAction": ["CreateFleet", "RunInstances", "CreatePlacementGroup"],
+                "ec2:CreateAction": ["CreateFleet", "RunInstances", "CreatePlacementGroup",
+                                     "CreateLaunchTemplate"],
                 "aws:RequestedRegion": list(g.training_regions)}}),
+        # rank and Name tags go on after launch, only onto instances this controller launched
+        iam.PolicyStatement(
+            actions=["ec2:CreateTags"],
+            resources=[f"arn:{part}:ec2:*:{acct}:instance/*"],
+            conditions={"Null": {f"aws:ResourceTag/{MANAGED_TAG}": "false"}, **_in_regions(g)}),
         iam.PolicyStatement(
             actions=["iam:PassRole"],
             resources=[f"arn:{part}:iam::{acct}:role/{g.prefix}-agent-*"],

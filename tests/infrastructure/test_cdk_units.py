@@ -1,0 +1,95 @@
+"""The CDK app's pure helpers, without a synth: context, ASL substitution, staging, nag rendering."""
+
+from __future__ import annotations
+
+import pytest
+
+from cdk import nag, staging
+from cdk.config import AppConfig, InfraConfigError, from_context
+from cdk.permissions import CAPABILITIES, EC2_LAUNCH, SLACK_SECRET, grants_for
+from cdk.workflow import placeholders, render, substitutions
+
+
+def test_context_strings_from_the_cli_are_parsed() -> None:
+    ctx = {"training_regions": "us-east-1, eu-west-1", "fsx_enabled": "true", "alarm_email": ""}
+    config = from_context(ctx.get)
+    assert config.training_regions == ("us-east-1", "eu-west-1")
+    assert config.fsx_enabled is True and config.alarm_email is None
+    assert from_context({"training_regions": '["us-west-2"]'}.get).training_regions == ("us-west-2",)
+
+
+@pytest.mark.parametrize("bad", [
+    {"training_regions": "a-b-1,us-east-1,us-east-2,us-west-2,eu-west-1"},  # five regions
+    {"training_regions": "us-east-1,us-east-1"},
+    {"log_retention_days": 31},
+    {"fsx_storage_gib": 2000},
+    {"prefix": "Bad_Prefix"},
+])
+def test_invalid_context_fails_with_a_clear_error(bad: dict[str, object]) -> None:
+    with pytest.raises(InfraConfigError, match="invalid CDK context"):
+        from_context(bad.get)
+
+
+def test_defaults_are_four_regions_and_fsx_off() -> None:
+    config = AppConfig()
+    assert len(config.training_regions) == 4 and config.fsx_enabled is False
+
+
+class _Fn:
+    def __init__(self, arn: str) -> None:
+        self.function_arn = arn
+
+
+def test_every_placeholder_gets_a_value_or_synth_names_the_missing_ones() -> None:
+    asl = '{"A": {"Resource": "${fn_sfn_plan}"}, "B": {"TopicArn": "${TopicArn}"}, "C": "${fn_gone}"}'
+    assert placeholders(asl) == ["TopicArn", "fn_gone", "fn_sfn_plan"]
+    functions = {"sfn_plan": _Fn("arn:plan")}
+    with pytest.raises(InfraConfigError, match=r"\$\{fn_gone\}"):
+        substitutions(asl, functions, {"TopicArn": "arn:topic"})  # type: ignore[arg-type]
+    values = substitutions(asl.replace("${fn_gone}", "x"), functions, {"TopicArn": "arn:topic"})  # type: ignore[arg-type]
+    assert render(asl.replace("${fn_gone}", "x"), values) == (
+        '{"A": {"Resource": "arn:plan"}, "B": {"TopicArn": "arn:topic"}, "C": "x"}')
+
+
+def test_handlers_are_discovered_by_convention(tmp_path: object) -> None:
+    from pathlib import Path
+
+    root = Path(str(tmp_path))
+    (root / "on_thing.py").write_text("def handler(event, context):\n    return 1\n")
+    (root / "_helpers.py").write_text("def handler(event, context):\n    return 1\n")
+    (root / "not_a_handler.py").write_text("def other():\n    pass\n")
+    (root / "aliased.py").write_text("from x import y\nhandler = y\n")
+    assert staging.discover_handlers(root) == ["aliased", "on_thing"]
+
+
+def test_layer_takes_dependencies_and_refuses_torch() -> None:
+    names = {d.metadata["Name"].lower().replace("_", "-") for d in staging.layer_distributions()}
+    assert {"pydantic", "pydantic-core", "pyyaml", "aws-lambda-powertools"} <= names
+    assert not names & {"boto3", "botocore", "torch"}
+    with pytest.raises(RuntimeError, match="never enter the Lambda layer"):
+        staging.layer_distributions(["torch"])
+
+
+def test_nag_rendering_matches_cdk_nag_and_reasons_only_for_known_wildcards() -> None:
+    ref = {"Fn::Join": ["", [{"Fn::GetAtt": ["Bucket12", "Arn"]}, "/checkpoints/*"]]}
+    assert nag.flatten(ref) == "<Bucket12.Arn>/checkpoints/*"
+    assert nag.flatten({"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, ":s3:::b/*"]]}) == (
+        "arn:<AWS::Partition>:s3:::b/*")
+    doc = {"Statement": [{"Effect": "Allow", "Action": ["s3:GetObject*"], "Resource": [ref]},
+                         {"Effect": "Deny", "Action": "s3:*", "Resource": "*"}]}
+    assert nag.wildcard_findings(doc) == ["Action::s3:GetObject*", "Resource::<Bucket12.Arn>/checkpoints/*"]
+    assert nag.reason_for("Resource::<Bucket12.Arn>/checkpoints/*")
+    star = {"Statement": [{"Effect": "Allow", "Action": ["xray:PutTraceSegments"], "Resource": "*"}]}
+    assert nag.reason_for("Resource::*", star)
+    star["Statement"].append({"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": "*"})
+    assert nag.reason_for("Resource::*", star) is None  # s3 on "*" is never explained
+    assert nag.reason_for("Action::dynamodb:*") is None
+
+
+def test_capabilities_by_handler_name() -> None:
+    assert grants_for("sfn_provision").capabilities == CAPABILITIES["sfn_"]
+    assert EC2_LAUNCH in grants_for("sfn_provision").capabilities
+    assert grants_for("slack_notifier").capabilities == {SLACK_SECRET}
+    assert SLACK_SECRET not in grants_for("on_submission").capabilities
+    assert EC2_LAUNCH not in grants_for("on_agent_event").capabilities
+    assert grants_for("brand_new_handler").capabilities == {"store", "publish"}
