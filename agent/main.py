@@ -51,6 +51,7 @@ class Agent:
         self.imds_failures = 0
         self.signals: list[int] = []
         self.killed = False
+        self.tracking: JobTracking | None = None
 
     def _bad_directive(self, why: str) -> None:
         self.reporter.anomaly("bad-directive", why)
@@ -132,6 +133,7 @@ class Agent:
     # --- run ------------------------------------------------------------------------------------
     def run(self, spec: JobSpec, env: dict[str, str], tracking: JobTracking | None = None) -> int:
         c = self.config
+        self.tracking = tracking
         self.register()
         master = self.wait_for_rank0()
         per_node = c.nproc_per_node or max(spec.resources.gpus_per_node, 1)  # CPU jobs: one rank per node
@@ -147,8 +149,7 @@ class Agent:
             proc.start()
             self._set_node(state=NodeState.RUNNING)
             code, offset = self._loop(proc, offset)
-        events, _ = control.read_events(self.control, offset)
-        self.responder.on_events(events)
+        self._follow(offset)
         exit_code, reason = classify_exit(code, proc.worker_codes(), self.responder.pending,
                                           self.responder.committed_since_request, self.killed)
         last = self.responder.last_committed
@@ -176,8 +177,7 @@ class Agent:
             for notice in found:
                 self._handle(notice, proc)
             self._handle_signals(proc)
-            events, offset = control.read_events(self.control, offset)
-            self.responder.on_events(events)
+            offset = self._follow(offset)
             self.responder.check_deadline(now)
             code = proc.poll()
             if code is not None:
@@ -190,6 +190,14 @@ class Agent:
                 self._heartbeat()
                 next_beat = now + c.heartbeat_s
             self.sleep(TICK_S)
+
+    def _follow(self, offset: int) -> int:
+        events, offset = control.read_events(self.control, offset)
+        self.responder.on_events(events)
+        for event in events:
+            if self.tracking and event.kind == "checkpoint_committed":
+                self.tracking.checkpoint(event.step, event.duration_s, event.emergency)
+        return offset
 
     def _handle(self, notice: Notice, proc: TrainingProcess) -> None:
         new = self.notices.add(notice, self.clock())

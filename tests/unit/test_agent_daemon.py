@@ -34,6 +34,8 @@ from spotrelay.contracts import control
 ctl = Path(os.environ[control.ENV_CONTROL_DIR])
 mode, steps = sys.argv[1], int(sys.argv[2])
 handled = set()
+with open(ctl / "starts", "a") as fh:
+    fh.write("x")
 def commit(step, emergency=False, deadline=None, request_id=None):
     control.append_event(ctl, control.TrainerEvent(kind="checkpoint_committed", step=step, uri=f"s3://b/step-{step}",
         duration_s=0.05, emergency=emergency, deadline=deadline, request_id=request_id, time=time.time()))
@@ -222,3 +224,13 @@ def test_sigterm_to_the_agent_saves_first(tmp_path: Path, imds: FakeImds) -> Non
     agent.on_signal(signal.SIGTERM, None)
     assert finish(thread, result) == ExitCode.PREEMPTED_SAVED
     assert recorder.of("CheckpointCommitted")[0]["emergency"]
+
+
+def test_restart_directive_relaunches_the_command(tmp_path: Path, imds: FakeImds) -> None:
+    _, store, recorder, thread, result = run_agent(tmp_path, imds, steps=20)
+    wait_for(lambda: bool(recorder.of("Heartbeat")))
+    directive = Directive(directive_id="d-restart-1", kind=DirectiveKind.RESTART, issued_at=time.time())
+    store.update_node("j-1", "a1-r0", lambda n: n.model_copy(update={"directive": directive.model_dump()}))
+    assert finish(thread, result) == ExitCode.DONE
+    assert (tmp_path / "control" / "starts").read_text() == "xx"
+    assert store.get_node("j-1", "a1-r0").directive is None
