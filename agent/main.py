@@ -7,6 +7,8 @@ register -> wait for rank 0's address -> launch -> loop (detect, decide, act, fo
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import signal
 import sys
 import time
@@ -17,8 +19,8 @@ from typing import Any
 
 from agent import reporting
 from agent.actions import Responder, classify_exit
-from agent.config import AgentConfig, load_config, load_job_and_spec, with_instance_facts
-from agent.imds import ImdsClient
+from agent.config import AgentConfig, from_env, load_config, load_job_and_spec, with_instance_facts
+from agent.imds import DEFAULT_ENDPOINT, ImdsClient
 from agent.launcher import LaunchPlan, Rendezvous, TrainingProcess, build_plan, contract_env
 from agent.monitors import DirectiveMonitor, Monitor, Notice, NoticeKind, RebalanceMonitor, SpotInterruptionMonitor
 from agent.notice_store import NoticeStore
@@ -254,12 +256,13 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(run_agent(args.config))
 
 
-def run_agent(config_file: Path | None = None) -> int:
+def configure(config_file: Path | None) -> tuple[AgentConfig, ImdsClient]:
+    """The config from file/env, completed from instance tags and facts read through IMDS."""
     try:
-        config = load_config(file=config_file)
+        config: AgentConfig | None = load_config(file=config_file)
     except AgentConfigError:
-        config = None  # maybe the tags say who we are: ask IMDS below
-    endpoint = config.imds_endpoint if config else "http://169.254.169.254"
+        config = None  # maybe the tags say who we are: ask IMDS
+    endpoint = config.imds_endpoint if config else from_env(os.environ).get("imds_endpoint", DEFAULT_ENDPOINT)
     imds = ImdsClient(endpoint)
     try:
         if config is None:
@@ -270,8 +273,19 @@ def run_agent(config_file: Path | None = None) -> int:
         })
     except ImdsUnavailableError as exc:
         if config is None:
-            raise
+            raise AgentConfigError(f"no complete agent config, and IMDS (for tags) is unavailable: {exc}") from exc
         warn("IMDS unavailable at start; using configured facts", error=str(exc))
+    return config, imds
+
+
+def run_agent(config_file: Path | None = None) -> int:
+    if os.environ.get("SPOTRELAY_HOME_REGION") and not os.environ.get("AWS_REGION"):
+        os.environ["AWS_REGION"] = os.environ["SPOTRELAY_HOME_REGION"]  # tables and bus live there
+    try:
+        config, imds = configure(config_file)
+    except AgentConfigError as exc:  # nobody to report to: say it on stderr, where systemd keeps it
+        print(json.dumps({"level": "ERROR", "msg": "agent not configured", "error": str(exc)}), file=sys.stderr)
+        return ExitCode.INFRA_ERROR
     reporting.setup_logging(config.job_id, config.node)
     store = node_store(config)
     reporter = Reporter(config, publisher(config))
@@ -283,10 +297,10 @@ def run_agent(config_file: Path | None = None) -> int:
         tracking = JobTracking.for_job(config, job, spec, store) if config.rank == 0 else None
         env = contract_env(config, job, spec, tracking.run_id if tracking else job.mlflow_run_id)
         return agent.run(spec, env, tracking)
-    except SpotrelayError as exc:
+    except Exception as exc:  # the agent's own failure is infrastructure, never the user's code
         reporting.log.exception("agent failed")
-        reporter.anomaly("agent-failed", str(exc))
-        reporter.training_exited(ExitCode.INFRA_ERROR, f"infra-error: {exc}", None, None)
+        reporter.anomaly("agent-failed", f"{type(exc).__name__}: {exc}")
+        reporter.training_exited(ExitCode.INFRA_ERROR, f"infra-error: {type(exc).__name__}: {exc}", None, None)
         return ExitCode.INFRA_ERROR
 
 
