@@ -99,6 +99,7 @@ class Node(Record):
     last_heartbeat: float | None = None
     version: int = 0
     directive: dict[str, Any] | None = None  # CHECKPOINT_NOW / STOP / RESTART for the agent
+    master_port: int | None = None  # rank 0's agent sets the rendezvous port it serves; others follow it
     exit_code: int | None = None
 
 
