@@ -1,9 +1,13 @@
 """What a training node runs with in one region: its role, security group and launch template.
 
-The role reaches only the agent's own calls: checkpoints and data of this region's bucket, resume
-reads from the home bucket's checkpoints, its node item in the home Nodes table, and PutEvents with
-source ``spotrelay.agent`` on the home bus. Job and rank come from instance tags read through IMDS
-(InstanceMetadataTags), so the role needs no ec2:Describe*.
+The role reaches only the agent's own calls: ``checkpoints/`` of the home jobs bucket (the default
+durable tier, so a job resumes in any region) and of this region's data bucket (replicated home),
+``data/`` and ``artifacts/agent/`` of the data bucket read-only, job and node items in the home
+tables, and PutEvents with source ``spotrelay.agent`` on the home bus. Job and rank come from instance
+tags read through IMDS (InstanceMetadataTags), so the role needs no ec2:Describe*.
+
+Not per job: one role serves every job in the region (an instance profile cannot see the instance's
+tags), so a node could read another job's checkpoints. See docs/deploy.md, "Security notes".
 """
 
 from __future__ import annotations
@@ -23,13 +27,16 @@ ROOT_VOLUME_GIB = 500
 USER_DATA = """#!/bin/bash
 # spotrelay agent bootstrap: job id, rank and role come from instance tags (IMDS), not from here.
 set -euo pipefail
-export SPOTRELAY_HOME_REGION={home_region} SPOTRELAY_DATA_BUCKET={data_bucket} SPOTRELAY_PREFIX={prefix}
+# The agent's AWS calls go to the home region (tables, bus, checkpoints bucket).
+export AWS_REGION={home_region} AWS_DEFAULT_REGION={home_region} SPOTRELAY_HOME_REGION={home_region}
+export SPOTRELAY_BUCKET={home_bucket} SPOTRELAY_DATA_BUCKET={data_bucket} SPOTRELAY_PREFIX={prefix}
+export SPOTRELAY_JOBS_TABLE={jobs_table} SPOTRELAY_NODES_TABLE={nodes_table}
 export SPOTRELAY_EVENT_BUS=arn:{partition}:events:{home_region}:{account}:event-bus/default
 if [ -d /opt/spotrelay ]; then
   /opt/spotrelay/bin/spotrelay-agent
 else
   python3 -m venv /opt/spotrelay
-  aws s3 cp --recursive s3://{data_bucket}/artifacts/agent/ /tmp/spotrelay-wheels/
+  aws s3 cp --region {region} --recursive s3://{data_bucket}/artifacts/agent/ /tmp/spotrelay-wheels/
   /opt/spotrelay/bin/pip install /tmp/spotrelay-wheels/*.whl
   /opt/spotrelay/bin/spotrelay-agent
 fi
@@ -67,16 +74,18 @@ class AgentFleet(Construct):
         data_bucket.grant_delete(self.role, ckpt)  # keep-newest-K pruning of the durable tier
         home_bucket = f"arn:{part}:s3:::{jobs_bucket_name(config, home)}"
         self.role.add_to_policy(iam.PolicyStatement(
-            actions=["s3:GetObject"], resources=[f"{home_bucket}/{ckpt}"]))
+            actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+            resources=[f"{home_bucket}/{ckpt}"]))
         self.role.add_to_policy(iam.PolicyStatement(
             actions=["s3:ListBucket"], resources=[home_bucket],
             conditions={"StringLike": {"s3:prefix": [ckpt]}}))
         table_arn = f"arn:{part}:dynamodb:{home}:{acct}:table/"
+        # the agent registers and updates its node (conditional puts) and records its MLflow run id
         self.role.add_to_policy(iam.PolicyStatement(
-            actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
+            actions=["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"],
             resources=[table_arn + table_name(config, NODES)]))
         self.role.add_to_policy(iam.PolicyStatement(
-            actions=["dynamodb:GetItem"], resources=[table_arn + table_name(config, JOBS)]))
+            actions=["dynamodb:GetItem", "dynamodb:PutItem"], resources=[table_arn + table_name(config, JOBS)]))
         self.role.add_to_policy(iam.PolicyStatement(
             actions=["events:PutEvents"],
             resources=[f"arn:{part}:events:{home}:{acct}:event-bus/default"],
@@ -88,8 +97,10 @@ class AgentFleet(Construct):
             default=config.dlami_ssm_parameter,
             description="SSM parameter holding the Deep Learning AMI id (resolved at deploy time)",
         )
-        user_data = USER_DATA.format(home_region=home, data_bucket=data_bucket.bucket_name,
-                                     prefix=config.prefix, account=acct, partition=part)
+        user_data = USER_DATA.format(
+            home_region=home, region=region, data_bucket=data_bucket.bucket_name, prefix=config.prefix,
+            account=acct, partition=part, home_bucket=jobs_bucket_name(config, home),
+            jobs_table=table_name(config, JOBS), nodes_table=table_name(config, NODES))
         self.launch_template = ec2.CfnLaunchTemplate(
             self, "LaunchTemplate",
             launch_template_name=f"{config.prefix}-agent",
