@@ -69,6 +69,7 @@ class AgentConfig(BaseModel):
     heartbeat_s: float = Field(30.0, gt=0)
     rank0_wait_s: float = Field(900.0, gt=0, description="give up waiting for rank 0's address")
     stop_grace_s: float = Field(30.0, gt=0, description="after a deadline, wait this long before killing")
+    linger_s: float = Field(600.0, ge=0, description="a surviving node waits this long to join the next gang")
     imds_failures_anomaly: int = Field(3, ge=1, description="consecutive failed polls before an Anomaly")
 
     @property

@@ -27,7 +27,7 @@ from agent.notice_store import NoticeStore
 from agent.reporting import JobTracking, Reporter, info, warn
 from spotrelay.contracts import control
 from spotrelay.contracts.exit_codes import ExitCode
-from spotrelay.domain.models import Node, NodeState, Pool
+from spotrelay.domain.models import Job, Node, NodeState, Pool
 from spotrelay.errors import AgentConfigError, ImdsUnavailableError, NotFoundError, SpotrelayError
 from spotrelay.ports.events import EventPublisher
 from spotrelay.ports.job_store import JobStore
@@ -54,6 +54,7 @@ class Agent:
         self.signals: list[int] = []
         self.killed = False
         self.tracking: JobTracking | None = None
+        self.doomed = False  # this instance got a spot notice: it will not join another gang
 
     def _bad_directive(self, why: str) -> None:
         self.reporter.anomaly("bad-directive", why)
@@ -68,7 +69,8 @@ class Agent:
         def ready(node: Node) -> Node:
             return node.model_copy(update={
                 "private_ip": c.private_ip, "state": NodeState.READY, "last_heartbeat": self.clock(),
-                "instance_id": c.instance_id or node.instance_id,
+                "instance_id": c.instance_id or node.instance_id, "exit_code": None,
+                "master_port": c.master_port if c.rank == 0 else node.master_port,
             })
 
         try:
@@ -80,17 +82,18 @@ class Agent:
             self.store.put_node(ready(node))
         self.reporter.node_ready()
 
-    def wait_for_rank0(self) -> str:
+    def wait_for_rank0(self) -> tuple[str, int]:
+        """Rank 0's address and rendezvous port (it may be a survivor of an earlier gang)."""
         c = self.config
         if c.rank == 0:
-            return c.private_ip or "127.0.0.1"
+            return c.private_ip or "127.0.0.1", c.master_port
         give_up = self.clock() + c.rank0_wait_s
         while self.clock() < give_up:
             for node in self.store.nodes_of(c.job_id):
                 if node.attempt == c.attempt and node.rank == 0 and node.private_ip and node.state in (
                     NodeState.READY, NodeState.RUNNING
                 ):
-                    return node.private_ip
+                    return node.private_ip, node.master_port or c.master_port
             self.sleep(1.0)
         raise AgentConfigError(f"rank 0 of {c.job_id} attempt {c.attempt} did not register in {c.rank0_wait_s}s")
 
@@ -135,11 +138,11 @@ class Agent:
     # --- run ------------------------------------------------------------------------------------
     def run(self, spec: JobSpec, env: dict[str, str], tracking: JobTracking | None = None) -> int:
         c = self.config
-        self.tracking = tracking
+        self.tracking, self.killed = tracking, False
         self.register()
-        master = self.wait_for_rank0()
+        master, port = self.wait_for_rank0()
         per_node = c.nproc_per_node or max(spec.resources.gpus_per_node, 1)  # CPU jobs: one rank per node
-        rdzv = Rendezvous(c.nodes or spec.resources.nodes, c.rank, per_node, master, c.master_port)
+        rdzv = Rendezvous(c.nodes or spec.resources.nodes, c.rank, per_node, master, port)
         plan = self.plan_builder(spec, rdzv, env, c.instance_type, c.python or sys.executable)
         control.clear_request(self.control)
         events_file = self.control / control.EVENTS_FILE
@@ -147,7 +150,7 @@ class Agent:
         c.work_dir.mkdir(parents=True, exist_ok=True)
         with open(c.work_dir / f"train-a{c.attempt}.log", "ab") as log:
             proc = TrainingProcess(plan, self.control, log)
-            info("launching", argv=plan.argv, master=master)
+            info("launching", argv=plan.argv, master=f"{master}:{port}")
             proc.start()
             self._set_node(state=NodeState.RUNNING)
             code, offset = self._loop(proc, offset)
@@ -162,6 +165,38 @@ class Agent:
             tracking.attempt_ended(exit_code, last.step if last else None)
         info("training exited", exit_code=exit_code, reason=reason)
         return exit_code
+
+    def serve(self, job: Job, spec: JobSpec, tracking: JobTracking | None = None) -> int:
+        """Run this attempt; a surviving node then waits (``linger_s``) to be carried into the next
+        gang (the controller's replace-lost-nodes: a new node item for this instance, RESTART)."""
+        while True:
+            run_id = tracking.run_id if tracking else job.mlflow_run_id
+            code = self.run(spec, contract_env(self.config, job, spec, run_id), tracking)
+            if code in (ExitCode.DONE, ExitCode.CANCELLED) or self.doomed or not self._adopt_next_attempt():
+                return code
+            if tracking:
+                tracking.attempt = self.config.attempt
+
+    def _adopt_next_attempt(self) -> bool:
+        c = self.config
+        give_up = self.clock() + c.linger_s
+        info("waiting to join a later attempt", linger_s=c.linger_s)
+        while self.clock() < give_up and not self.signals:
+            later = [n for n in self.store.nodes_of(c.job_id)
+                     if n.instance_id == c.instance_id and n.attempt > c.attempt]
+            if later:
+                node = max(later, key=lambda n: n.attempt)
+                self.config = c.model_copy(update={"attempt": node.attempt, "rank": node.rank, "node_id": node.node_id})
+                self.reporter.config = self.config
+                self.responder = Responder(self.control, self.reporter, self.clock)
+                if node.directive and node.directive.get("kind") == "RESTART":  # this adoption is the restart
+                    self.notices.add(Notice(NoticeKind.DIRECTIVE, "directive", node.directive.get("directive_id"),
+                                            "RESTART"), self.clock())
+                    self._clear_directive(str(node.directive.get("directive_id")))
+                info("joining attempt", attempt=node.attempt, node_id=node.node_id, rank=node.rank)
+                return True
+            self.sleep(c.directive_poll_s)
+        return False
 
     def _loop(self, proc: TrainingProcess, offset: int) -> tuple[int, int]:
         c = self.config
@@ -207,6 +242,7 @@ class Agent:
             return
         decision = self.responder.apply(new)
         if new.kind is NoticeKind.SPOT_INTERRUPTION:
+            self.doomed = True
             self._set_node(state=NodeState.DOOMED)
         if decision.restart:
             info("restarting the training command")
@@ -295,8 +331,7 @@ def run_agent(config_file: Path | None = None) -> int:
     try:
         job, spec = load_job_and_spec(config, store)
         tracking = JobTracking.for_job(config, job, spec, store) if config.rank == 0 else None
-        env = contract_env(config, job, spec, tracking.run_id if tracking else job.mlflow_run_id)
-        return agent.run(spec, env, tracking)
+        return agent.serve(job, spec, tracking)
     except Exception as exc:  # the agent's own failure is infrastructure, never the user's code
         reporting.log.exception("agent failed")
         reporter.anomaly("agent-failed", f"{type(exc).__name__}: {exc}")

@@ -164,7 +164,7 @@ def start_pair(store: DynamoDBJobStore, pairs: list[Pair], attempt: int, root: P
             "job_id": JOB, "attempt": attempt, "rank": rank, "nodes": 2, "nproc_per_node": 1,
             "config_uri": str(spec_file), "imds_endpoint": imds.url, "work_dir": node,
             "checkpoint_dir": node / "ckpt", "master_port": port, "imds_poll_s": 0.5, "directive_poll_s": 0.5,
-            "heartbeat_s": 2, "stop_grace_s": 20,
+            "heartbeat_s": 2, "stop_grace_s": 20, "linger_s": 0,
         }
         env = {**os.environ, **{f"SPOTRELAY_AGENT_{k.upper()}": str(v) for k, v in agent.items()}}
         node.mkdir()
@@ -198,6 +198,7 @@ def check_preempted_then_resumed(
     assert sorted((e.rank, e.exit_code, e.last_committed_step) for e in exited) == [
         (0, 75, stop_step), (1, 75, stop_step)]
     assert {e.rank for e in events.of("NodeReady", 1)} == {0, 1}
+    assert {e.rank for e in events.of("Heartbeat", 1)} == {0, 1}
     assert all(n.state is NodeState.EXITED and n.exit_code == 75 for n in store.nodes_of(JOB))
     interrupted = _results(first.root / "out")
     assert all(r["exit"] == 75 for r in interrupted)

@@ -121,9 +121,10 @@ def run_agent(tmp_path: Path, imds: FakeImds, mode: str = "ok", steps: int = 30,
     config = AgentConfig.model_validate({
         "job_id": "j-1", "attempt": 1, "rank": 0, "nodes": 1, "instance_id": "i-0node", "private_ip": "127.0.0.1",
         "work_dir": tmp_path, "imds_endpoint": imds.url, "imds_poll_s": 0.1, "directive_poll_s": 0.1,
-        "heartbeat_s": 0.5, "stop_grace_s": 1.0, **over,
+        "heartbeat_s": 0.5, "stop_grace_s": 1.0, "linger_s": 0, **over,
     })
-    store = MemoryStore(Job(job_id="j-1", name="t", status=JobStatus.RUNNING))
+    job = Job(job_id="j-1", name="t", status=JobStatus.RUNNING)
+    store = MemoryStore(job)
     store.put_node(Node(job_id="j-1", node_id="a1-r0", attempt=1, rank=0, instance_id="i-0node",
                         pool=Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")))
     recorder = Recorder()
@@ -136,8 +137,7 @@ def run_agent(tmp_path: Path, imds: FakeImds, mode: str = "ok", steps: int = 30,
     client = ImdsClient(imds.url, timeout_s=0.3, retries=1)
     agent = Agent(config, store, Reporter(config, recorder), client, plan_builder=plan)  # type: ignore[arg-type]
     result: list[int] = []
-    env = {"SPOTRELAY_CONTROL_DIR": str(config.control)}
-    thread = threading.Thread(target=lambda: result.append(agent.run(SPEC, env)), daemon=True)
+    thread = threading.Thread(target=lambda: result.append(agent.serve(job, SPEC)), daemon=True)
     thread.start()
     return agent, store, recorder, thread, result
 
@@ -227,10 +227,31 @@ def test_sigterm_to_the_agent_saves_first(tmp_path: Path, imds: FakeImds) -> Non
 
 
 def test_restart_directive_relaunches_the_command(tmp_path: Path, imds: FakeImds) -> None:
-    _, store, recorder, thread, result = run_agent(tmp_path, imds, steps=20)
-    wait_for(lambda: bool(recorder.of("Heartbeat")))
+    _, store, _, thread, result = run_agent(tmp_path, imds, steps=20)
+    wait_for(lambda: (tmp_path / "control" / "starts").exists())  # the first run is under way
     directive = Directive(directive_id="d-restart-1", kind=DirectiveKind.RESTART, issued_at=time.time())
     store.update_node("j-1", "a1-r0", lambda n: n.model_copy(update={"directive": directive.model_dump()}))
     assert finish(thread, result) == ExitCode.DONE
     assert (tmp_path / "control" / "starts").read_text() == "xx"
     assert store.get_node("j-1", "a1-r0").directive is None
+
+
+def test_survivor_joins_the_next_gang(tmp_path: Path, imds: FakeImds) -> None:
+    _, store, recorder, thread, result = run_agent(tmp_path, imds, steps=20, linger_s=20)
+    wait_for(lambda: bool(recorder.of("Heartbeat")))
+    now = time.time()
+    stop = Directive(directive_id="d-ckpt-1", kind=DirectiveKind.CHECKPOINT_NOW, deadline=now + 60, issued_at=now)
+    store.update_node("j-1", "a1-r0", lambda n: n.model_copy(update={"directive": stop.model_dump()}))
+    wait_for(lambda: bool(recorder.of("TrainingExited")))
+    assert recorder.of("TrainingExited")[0]["exit_code"] == ExitCode.PREEMPTED_SAVED
+    # the controller (replace-lost-nodes) carries this instance into attempt 2 as rank 0
+    restart = Directive(directive_id="restart-j-1-a2", kind=DirectiveKind.RESTART, issued_at=time.time())
+    carried = store.get_node("j-1", "a1-r0").model_copy(update={
+        "node_id": "a2-r0", "attempt": 2, "state": NodeState.PENDING, "directive": restart.model_dump()})
+    store.put_node(carried)
+    assert finish(thread, result) == ExitCode.DONE
+    assert [(e["attempt"], e["node_id"]) for e in recorder.of("NodeReady")] == [(1, "a1-r0"), (2, "a2-r0")]
+    node = store.get_node("j-1", "a2-r0")
+    assert node.directive is None and node.state is NodeState.EXITED and node.exit_code == 0
+    assert node.master_port == 29500
+    assert (tmp_path / "control" / "starts").read_text() == "xx"  # restarted once, not twice
