@@ -1,8 +1,9 @@
 """Scheduled every minute: stale heartbeats -> node lost, orphan instances -> terminated, stuck
 executions -> FAILED. Dedupe key: the schedule's run time.
 
-Environment: ``SPOTRELAY_STALE_HEARTBEAT_S`` (default 300), ``SPOTRELAY_REGIONS`` (comma list of
-regions to sweep besides those of live jobs; default the home region).
+Environment: ``SPOTRELAY_STALE_HEARTBEAT_S`` (default 300), ``SPOTRELAY_STUCK_AFTER_S`` (default
+3600), ``SPOTRELAY_REGIONS`` (comma list of regions to sweep besides those of live jobs; default
+the home region).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
 
     run = parse(event=event, model=EventBridgeModel)
     stale = float(os.environ.get("SPOTRELAY_STALE_HEARTBEAT_S") or 300)
+    stuck = float(os.environ.get("SPOTRELAY_STUCK_AFTER_S") or 3600)
     regions = [r for r in (os.environ.get("SPOTRELAY_REGIONS") or settings().region).split(",") if r]
     return once("reconcile", {"time": run.time.isoformat()},
-                lambda: reconcile(controller(), time.time(), stale_after_s=stale, regions=regions), context)
+                lambda: reconcile(controller(), time.time(), stale_after_s=stale, regions=regions,
+                                          stuck_after_s=stuck), context)

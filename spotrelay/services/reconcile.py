@@ -4,8 +4,12 @@
    (an unannounced loss; the outcome wait is settled and recovery resumes from the last checkpoint).
 2. Orphans: instances tagged for a job that does not exist or has ended, or left over from an older
    attempt, are terminated.
-3. Stuck executions: a live job whose execution is no longer RUNNING (failed, timed out, aborted)
-   is marked FAILED and its instances terminated.
+3. Stuck executions: a live job whose execution is no longer RUNNING (failed, timed out, aborted),
+   or that sat in a passing status (PLACING, PROVISIONING, RECOVERING, CANCELLING) longer than
+   ``stuck_after_s``, is marked FAILED (its execution stopped) and its instances terminated.
+4. Budget: a running job whose cost so far, the running attempt included, reached the spec's
+   ``budget.max_total_cost`` has its outcome wait failed with ``BudgetExceededError``; the
+   workflow's catch-all tears it down and records FAILED with that reason.
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from spotrelay.domain.cost import attempt_cost
 from spotrelay.domain.models import Job, NodeState
 from spotrelay.domain.status import JobStatus, transition
-from spotrelay.errors import NotFoundError
+from spotrelay.errors import BudgetExceededError, ConflictError, NotFoundError
 from spotrelay.services.controller import Controller, attempt_nodes, regions_of
 from spotrelay.services.notify import announce
 from spotrelay.services.waits import settle
@@ -24,17 +29,20 @@ log = logging.getLogger(__name__)
 LIVE = (JobStatus.VALIDATED, JobStatus.PLACING, JobStatus.PROVISIONING, JobStatus.STARTING, JobStatus.RUNNING,
         JobStatus.CHECKPOINTING, JobStatus.RECOVERING, JobStatus.CANCELLING)
 _HEARTBEATING = (NodeState.READY, NodeState.RUNNING, NodeState.DOOMED)
+_PASSING = (JobStatus.PLACING, JobStatus.PROVISIONING, JobStatus.RECOVERING, JobStatus.CANCELLING)
 
 
-def reconcile(ctl: Controller, now: float, stale_after_s: float = 300.0,
-              regions: list[str] | None = None) -> dict[str, Any]:
+def reconcile(ctl: Controller, now: float, stale_after_s: float = 300.0, regions: list[str] | None = None,
+              stuck_after_s: float = 3600.0) -> dict[str, Any]:
     jobs = [job for status in LIVE for job in ctl.store.jobs_by_status(status)]
-    report: dict[str, Any] = {"jobs": len(jobs), "lost": [], "orphans": [], "stuck": []}
+    report: dict[str, Any] = {"jobs": len(jobs), "lost": [], "orphans": [], "stuck": [], "over_budget": []}
     for job in jobs:
         if job.status in (JobStatus.RUNNING, JobStatus.CHECKPOINTING):
             report["lost"] += _stale(ctl, job, now, stale_after_s)
+            if _over_budget(ctl, job, now):
+                report["over_budget"].append(job.job_id)
     for job in jobs:
-        if job.execution_arn and _stuck(ctl, job, now):
+        if job.execution_arn and _stuck(ctl, job, now, stuck_after_s):
             report["stuck"].append(job.job_id)
     report["orphans"] = _orphans(ctl, jobs, regions or [])
     log.info("reconciled", extra=report)
@@ -57,15 +65,44 @@ def _stale(ctl: Controller, job: Job, now: float, stale_after_s: float) -> list[
     return lost
 
 
-def _stuck(ctl: Controller, job: Job, now: float) -> bool:
+def _over_budget(ctl: Controller, job: Job, now: float) -> bool:
+    budget = job.spec.get("budget", {}).get("max_total_cost")
+    token = job.task_tokens.get("outcome")
+    if budget is None or not token or not job.attempts:
+        return False
+    current = job.attempts[-1]
+    running = 0.0 if current.ended_at is not None else attempt_cost(
+        current.price_per_hour, current.nodes, current.started_at or now, now)
+    spent = job.cost_so_far + running
+    if spent < float(budget):
+        return False
+    claimed = ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={
+        "task_tokens": {k: v for k, v in j.task_tokens.items() if k != "outcome"}, "updated_at": now})
+        if j.task_tokens.get("outcome") == token else None)
+    if claimed is None:
+        return False
+    reason = f"spent ${spent:,.2f} of the ${float(budget):,.2f} budget"
+    try:
+        ctl.need_workflow().send_failure(token, BudgetExceededError.__name__, reason)
+    except ConflictError:
+        return False
+    log.warning("over budget", extra={"job_id": job.job_id, "reason": reason})
+    return True
+
+
+def _stuck(ctl: Controller, job: Job, now: float, stuck_after_s: float) -> bool:
     assert job.execution_arn is not None
     try:
         status = str(ctl.need_workflow().describe(job.execution_arn)["status"])
     except NotFoundError:
         status = "MISSING"
     if status == "RUNNING":
-        return False
-    reason = f"workflow execution {status} while the job was {job.status.value}"
+        if job.status not in _PASSING or job.updated_at >= now - stuck_after_s:
+            return False
+        reason = f"stuck in {job.status.value} for {now - job.updated_at:.0f}s; execution stopped"
+        ctl.need_workflow().stop(job.execution_arn, reason)
+    else:
+        reason = f"workflow execution {status} while the job was {job.status.value}"
 
     def fail(cur: Job) -> Job | None:
         if cur.status.terminal:

@@ -71,5 +71,33 @@ def test_healthy_jobs_are_left_alone(env: Env) -> None:
         env.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update={"last_heartbeat": time.time()}))
     before = env.store.get_job(job.job_id)
     report = _run(5)
-    assert report == {"jobs": 1, "lost": [], "orphans": [], "stuck": []}
+    assert report == {"jobs": 1, "lost": [], "orphans": [], "stuck": [], "over_budget": []}
     assert env.store.get_job(job.job_id) == before and len(env.compute.running(job.job_id)) == 2
+
+
+def test_job_stuck_in_a_passing_status_is_stopped_and_failed(env: Env) -> None:
+    job, _gang = running_job(env.store, env.compute, status=JobStatus.PROVISIONING)
+    assert job.execution_arn is not None
+    env.workflow.executions[job.execution_arn] = "RUNNING"
+    env.store.update_job(job.job_id, lambda j: j.model_copy(update={"updated_at": time.time() - 7200}))
+    assert _run(6)["stuck"] == [job.job_id]
+    assert env.workflow.executions[job.execution_arn] == "ABORTED"
+    final = env.store.get_job(job.job_id)
+    assert final.status is JobStatus.FAILED and "stuck in PROVISIONING" in final.reasons[-1]
+    assert env.compute.running(job.job_id) == []
+
+
+def test_over_budget_fails_the_outcome_wait_once(env: Env) -> None:
+    job, _gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    assert job.execution_arn is not None
+    env.workflow.executions[job.execution_arn] = "RUNNING"
+    # 2 nodes x $30/h for 10 hours = $600 on a $500 budget
+    env.store.update_job(job.job_id, lambda j: j.model_copy(update={
+        "spec": {**j.spec, "budget": {"max_total_cost": 500}},
+        "attempts": [j.attempts[0].model_copy(update={"started_at": time.time() - 36000})]}))
+    assert _run(7)["over_budget"] == [job.job_id]
+    assert _run(8)["over_budget"] == []  # the wait is already failed
+    assert len(env.workflow.completed) == 1
+    kind, token, detail = env.workflow.completed[0]
+    assert (kind, token, detail["error"]) == ("failure", "tok-out", "BudgetExceededError")
+    assert "of the $500.00 budget" in detail["cause"]
