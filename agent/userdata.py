@@ -33,7 +33,6 @@ class UserDataParams(BaseModel):
     wheel_uri: str = Field("", description="s3:// URI of the spotrelay wheel; empty: already on the AMI")
     python_env: str = Field("/opt/pytorch", description="the DLAMI's PyTorch environment")
     working_dir: str = Field("/opt/spotrelay/code", description="where the job's code is")
-    checkpoint_root: str = Field("/opt/dlami/nvme/spotrelay", description="fast tier (instance NVMe)")
     env: dict[str, str] = Field(default_factory=dict, description="more environment for the agent")
     agent: dict[str, Any] = Field(default_factory=dict, description="agent config fields")
 
@@ -57,7 +56,6 @@ def render_user_data(params: UserDataParams) -> str:
     text = template.substitute(
         python_env=shlex.quote(params.python_env),
         wheel_uri=shlex.quote(params.wheel_uri),
-        checkpoint_root=shlex.quote(params.checkpoint_root),
         working_dir=params.working_dir,
         agent_json=json.dumps(agent, indent=2, default=str),
         agent_env=_env_file(env),
