@@ -9,6 +9,7 @@ lookups, the account stays a deploy-time value, AMIs resolve from SSM at deploy 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,11 @@ def default_context() -> dict[str, Any]:
     return {key: value for key, value in context.items() if not key.startswith("//")}
 
 
-def make_app(outdir: str | None = None, context: dict[str, Any] | None = None,
-             handlers: list[str] | None = None) -> App:
+def make_app(
+    outdir: str | None = None, context: dict[str, Any] | None = None, handlers: list[str] | None = None
+) -> App:
+    # the CLI passes CDK_OUTDIR; ``python app.py`` writes ./cdk.out like ``cdk synth`` would
+    outdir = outdir or os.environ.get("CDK_OUTDIR") or str(ROOT / "cdk.out")
     app = App(outdir=outdir, context={**default_context(), **(context or {})})
     build(app, handlers=handlers)
     return app

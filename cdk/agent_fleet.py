@@ -49,14 +49,18 @@ def agent_role_name(config: AppConfig, region: str) -> str:
 
 
 class AgentFleet(Construct):
-    def __init__(self, scope: Construct, id: str, *, config: AppConfig, region: str, vpc: ec2.IVpc,
-                 data_bucket: s3.IBucket) -> None:
+    def __init__(
+        self, scope: Construct, id: str, *, config: AppConfig, region: str, vpc: ec2.IVpc, data_bucket: s3.IBucket
+    ) -> None:
         super().__init__(scope, id)
         part, acct, home = Aws.PARTITION, Aws.ACCOUNT_ID, config.home_region
         ckpt = f"{RESOURCES.checkpoints_prefix}*"
 
         self.security_group = ec2.SecurityGroup(
-            self, "Members", vpc=vpc, allow_all_outbound=True,
+            self,
+            "Members",
+            vpc=vpc,
+            allow_all_outbound=True,
             description="spotrelay cluster members: all traffic among members (NCCL, EFA), nothing else in",
         )
         # EFA needs all traffic to and from the same group, in both directions.
@@ -64,7 +68,9 @@ class AgentFleet(Construct):
         self.security_group.add_egress_rule(self.security_group, ec2.Port.all_traffic(), "members (EFA)")
 
         self.role = iam.Role(
-            self, "Role", role_name=agent_role_name(config, region),
+            self,
+            "Role",
+            role_name=agent_role_name(config, region),
             assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
             description="spotrelay agent: its checkpoints/data paths and its own agent calls only",
         )
@@ -73,57 +79,97 @@ class AgentFleet(Construct):
         data_bucket.grant_read_write(self.role, ckpt)
         data_bucket.grant_delete(self.role, ckpt)  # keep-newest-K pruning of the durable tier
         home_bucket = f"arn:{part}:s3:::{jobs_bucket_name(config, home)}"
-        self.role.add_to_policy(iam.PolicyStatement(
-            actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-            resources=[f"{home_bucket}/{ckpt}"]))
-        self.role.add_to_policy(iam.PolicyStatement(
-            actions=["s3:ListBucket"], resources=[home_bucket],
-            conditions={"StringLike": {"s3:prefix": [ckpt]}}))
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+                resources=[f"{home_bucket}/{ckpt}"],
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["s3:ListBucket"], resources=[home_bucket], conditions={"StringLike": {"s3:prefix": [ckpt]}}
+            )
+        )
         table_arn = f"arn:{part}:dynamodb:{home}:{acct}:table/"
         # the agent registers and updates its node (conditional puts) and records its MLflow run id
-        self.role.add_to_policy(iam.PolicyStatement(
-            actions=["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"],
-            resources=[table_arn + table_name(config, NODES)]))
-        self.role.add_to_policy(iam.PolicyStatement(
-            actions=["dynamodb:GetItem", "dynamodb:PutItem"], resources=[table_arn + table_name(config, JOBS)]))
-        self.role.add_to_policy(iam.PolicyStatement(
-            actions=["events:PutEvents"],
-            resources=[f"arn:{part}:events:{home}:{acct}:event-bus/default"],
-            conditions={"StringEquals": {"events:source": [AGENT_SOURCE]}}))
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"],
+                resources=[table_arn + table_name(config, NODES)],
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["dynamodb:GetItem", "dynamodb:PutItem"], resources=[table_arn + table_name(config, JOBS)]
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["events:PutEvents"],
+                resources=[f"arn:{part}:events:{home}:{acct}:event-bus/default"],
+                conditions={"StringEquals": {"events:source": [AGENT_SOURCE]}},
+            )
+        )
         self.instance_profile = iam.InstanceProfile(self, "Profile", role=self.role)
 
         ami = CfnParameter(
-            self, "DeepLearningAmi", type="AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>",
+            self,
+            "DeepLearningAmi",
+            type="AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>",
             default=config.dlami_ssm_parameter,
             description="SSM parameter holding the Deep Learning AMI id (resolved at deploy time)",
         )
         user_data = USER_DATA.format(
-            home_region=home, region=region, data_bucket=data_bucket.bucket_name, prefix=config.prefix,
-            account=acct, partition=part, home_bucket=jobs_bucket_name(config, home),
-            jobs_table=table_name(config, JOBS), nodes_table=table_name(config, NODES))
+            home_region=home,
+            region=region,
+            data_bucket=data_bucket.bucket_name,
+            prefix=config.prefix,
+            account=acct,
+            partition=part,
+            home_bucket=jobs_bucket_name(config, home),
+            jobs_table=table_name(config, JOBS),
+            nodes_table=table_name(config, NODES),
+        )
         self.launch_template = ec2.CfnLaunchTemplate(
-            self, "LaunchTemplate",
+            self,
+            "LaunchTemplate",
             launch_template_name=f"{config.prefix}-agent",
             launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
                 image_id=ami.value_as_string,
                 # no instance type: the fleet request picks one per pool (not every type exists everywhere)
                 iam_instance_profile=ec2.CfnLaunchTemplate.IamInstanceProfileProperty(
-                    arn=self.instance_profile.instance_profile_arn),
+                    arn=self.instance_profile.instance_profile_arn
+                ),
                 metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(
-                    http_tokens="required", http_endpoint="enabled", http_put_response_hop_limit=2,
-                    instance_metadata_tags="enabled"),
+                    http_tokens="required",
+                    http_endpoint="enabled",
+                    http_put_response_hop_limit=2,
+                    instance_metadata_tags="enabled",
+                ),
                 # EFA on network card 0; p4d/p5 get their other EFA cards from the fleet request
-                network_interfaces=[ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
-                    device_index=0, network_card_index=0, interface_type="efa",
-                    groups=[self.security_group.security_group_id], delete_on_termination=True)],
-                block_device_mappings=[ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
-                    device_name="/dev/sda1",
-                    ebs=ec2.CfnLaunchTemplate.EbsProperty(
-                        volume_size=ROOT_VOLUME_GIB, volume_type="gp3", encrypted=True,
-                        delete_on_termination=True))],
+                network_interfaces=[
+                    ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
+                        device_index=0,
+                        network_card_index=0,
+                        interface_type="efa",
+                        groups=[self.security_group.security_group_id],
+                        delete_on_termination=True,
+                    )
+                ],
+                block_device_mappings=[
+                    ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
+                        device_name="/dev/sda1",
+                        ebs=ec2.CfnLaunchTemplate.EbsProperty(
+                            volume_size=ROOT_VOLUME_GIB, volume_type="gp3", encrypted=True, delete_on_termination=True
+                        ),
+                    )
+                ],
                 monitoring=ec2.CfnLaunchTemplate.MonitoringProperty(enabled=True),
                 user_data=Fn.base64(user_data),
-                tag_specifications=[ec2.CfnLaunchTemplate.TagSpecificationProperty(
-                    resource_type="volume", tags=[CfnTag(key="spotrelay:deployment", value=config.prefix)])],
+                tag_specifications=[
+                    ec2.CfnLaunchTemplate.TagSpecificationProperty(
+                        resource_type="volume", tags=[CfnTag(key="spotrelay:deployment", value=config.prefix)]
+                    )
+                ],
             ),
         )

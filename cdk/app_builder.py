@@ -26,15 +26,25 @@ def training_stack_name(config: AppConfig, region: str) -> str:
     return f"{config.prefix.title().replace('-', '')}Training-{region}"
 
 
-def build(app: App, config: AppConfig | None = None, *, handlers: list[str] | None = None,
-          asl_path: Path = ASL_PATH, checks: bool = True) -> dict[str, object]:
+def build(
+    app: App,
+    config: AppConfig | None = None,
+    *,
+    handlers: list[str] | None = None,
+    asl_path: Path = ASL_PATH,
+    checks: bool = True,
+) -> dict[str, object]:
     """Add every stack to ``app``; return them by name. ``handlers`` overrides discovery (tests)."""
     for key, value in FEATURE_FLAGS.items():
         app.node.set_context(key, value)
     config = config or from_context(app.node.try_get_context)
     stacks: dict[str, object] = {}
     home = HomeStack(
-        app, home_stack_name(config), config=config, handlers=handlers, asl_path=asl_path,
+        app,
+        home_stack_name(config),
+        config=config,
+        handlers=handlers,
+        asl_path=asl_path,
         env=Environment(region=config.home_region),
         description="spotrelay controller: tables, bucket, handlers, job-run workflow, rules, alarms",
     )
@@ -43,12 +53,15 @@ def build(app: App, config: AppConfig | None = None, *, handlers: list[str] | No
 
     for region in config.training_regions:
         regional = RegionalStack(
-            app, training_stack_name(config, region), config=config, region=region,
+            app,
+            training_stack_name(config, region),
+            config=config,
+            region=region,
             env=Environment(region=region),
             description=f"spotrelay training region {region}: event forwarding, data bucket, agent launch template",
         )
         # deploy order only: replication needs the home bucket, forwarding the home rules
-        regional.add_dependency(home)
+        regional.add_stack_dependency(home)
         stacks[regional.stack_name] = regional
     Tags.of(app).add("spotrelay:deployment", config.prefix)
     unexplained = [w for s in stacks.values() for w in getattr(s, "unexplained_wildcards", [])]

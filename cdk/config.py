@@ -18,8 +18,9 @@ from spotrelay.errors import PermanentError
 DEFAULT_DLAMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 
 
-LOG_RETENTIONS = frozenset({1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192,
-                            2557, 2922, 3288, 3653})
+LOG_RETENTIONS = frozenset(
+    {1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653}
+)
 
 
 class InfraConfigError(PermanentError):
@@ -27,20 +28,34 @@ class InfraConfigError(PermanentError):
 
 
 CONTEXT_KEYS = (
-    "prefix", "home_region", "training_regions", "instance_types", "fsx_enabled", "fsx_storage_gib",
-    "slack_secret_name", "alarm_email", "dlami_ssm_parameter", "log_retention_days",
-    "checkpoint_glacier_days", "reconcile_minutes", "vpc_cidrs",
+    "prefix",
+    "home_region",
+    "training_regions",
+    "instance_types",
+    "fsx_enabled",
+    "fsx_storage_gib",
+    "slack_secret_name",
+    "alarm_email",
+    "dlami_ssm_parameter",
+    "log_retention_days",
+    "checkpoint_glacier_days",
+    "reconcile_minutes",
+    "vpc_cidrs",
 )
 
 
 class AppConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    prefix: str = Field("spotrelay", pattern=r"^[a-z][a-z0-9-]{1,20}$",
-                        description="names tables, functions, buckets; two deployments need two prefixes")
+    prefix: str = Field(
+        "spotrelay",
+        pattern=r"^[a-z][a-z0-9-]{1,20}$",
+        description="names tables, functions, buckets; two deployments need two prefixes",
+    )
     home_region: str = Field("us-east-1", pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
-    training_regions: tuple[str, ...] = Field(("us-east-1", "us-east-2", "us-west-2", "eu-west-1"),
-                                              min_length=1, max_length=4)
+    training_regions: tuple[str, ...] = Field(
+        ("us-east-1", "us-east-2", "us-west-2", "eu-west-1"), min_length=1, max_length=4
+    )
     instance_types: tuple[str, ...] = Field(("p5.48xlarge", "p4d.24xlarge"), min_length=1)
     fsx_enabled: bool = False
     fsx_storage_gib: int = Field(1200, ge=1200, description="SCRATCH_2: 1200 or a multiple of 2400")

@@ -21,8 +21,12 @@ from spotrelay.resources import RESOURCES, Rule
 MAX_EVENT_AGE = Duration.hours(2)
 RETRY_ATTEMPTS = 20
 _PATTERN_KEYS = {
-    "source": "source", "detail-type": "detail_type", "detail": "detail", "account": "account",
-    "region": "region", "resources": "resources",
+    "source": "source",
+    "detail-type": "detail_type",
+    "detail": "detail",
+    "account": "account",
+    "region": "region",
+    "resources": "resources",
 }
 
 
@@ -36,22 +40,29 @@ def event_pattern(pattern: dict[str, Any]) -> events.EventPattern:
 
 def dead_letter_queue(scope: Construct, id: str) -> sqs.Queue:
     queue = sqs.Queue(
-        scope, id,
+        scope,
+        id,
         encryption=sqs.QueueEncryption.SQS_MANAGED,
         enforce_ssl=True,
         retention_period=Duration.days(14),
     )
-    nag.acknowledge(queue, "AwsSolutions-SQS3",
-                    "this queue is itself the dead-letter queue of an EventBridge target")
+    nag.acknowledge(queue, "AwsSolutions-SQS3", "this queue is itself the dead-letter queue of an EventBridge target")
     return queue
 
 
 class Events(Construct):
     """One rule per RULES entry on the default bus, plus the reconcile schedule."""
 
-    def __init__(self, scope: Construct, id: str, *, config: AppConfig,
-                 functions: dict[str, lambda_.IFunction], state_machine: sfn.IStateMachine | None,
-                 rules: tuple[Rule, ...] = RESOURCES.rules) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        config: AppConfig,
+        functions: dict[str, lambda_.IFunction],
+        state_machine: sfn.IStateMachine | None,
+        rules: tuple[Rule, ...] = RESOURCES.rules,
+    ) -> None:
         super().__init__(scope, id)
         self.rules: dict[str, events.Rule] = {}
         self.dlqs: dict[str, sqs.Queue] = {}
@@ -61,17 +72,20 @@ class Events(Construct):
             if spec.handler is None:
                 if state_machine is None:
                     raise InfraConfigError(f"rule {spec.logical} targets the state machine, none given")
-                target = targets.SfnStateMachine(state_machine, dead_letter_queue=dlq,
-                                                 max_event_age=MAX_EVENT_AGE, retry_attempts=RETRY_ATTEMPTS)
+                target = targets.SfnStateMachine(
+                    state_machine, dead_letter_queue=dlq, max_event_age=MAX_EVENT_AGE, retry_attempts=RETRY_ATTEMPTS
+                )
             else:
                 fn = functions.get(spec.handler)
                 if fn is None:
                     # A rule without its handler would drop events silently: skip it loudly instead.
                     raise InfraConfigError(f"rule {spec.logical} needs functions/{spec.handler}.py with a handler")
-                target = targets.LambdaFunction(fn, dead_letter_queue=dlq, max_event_age=MAX_EVENT_AGE,
-                                                retry_attempts=RETRY_ATTEMPTS)
+                target = targets.LambdaFunction(
+                    fn, dead_letter_queue=dlq, max_event_age=MAX_EVENT_AGE, retry_attempts=RETRY_ATTEMPTS
+                )
             self.rules[spec.logical] = events.Rule(
-                self, spec.logical,
+                self,
+                spec.logical,
                 rule_name=f"{config.prefix}-{spec.logical}",
                 description=spec.description,
                 event_pattern=event_pattern(spec.pattern),
@@ -83,13 +97,19 @@ class Events(Construct):
         if reconcile is not None:
             dlq = dead_letter_queue(self, "ReconcileDlq")
             self.rules["Reconcile"] = events.Rule(
-                self, "Reconcile",
+                self,
+                "Reconcile",
                 rule_name=f"{config.prefix}-Reconcile",
                 description="every minute: stale heartbeats, orphan instances, idle clusters, stuck executions",
                 schedule=events.Schedule.rate(Duration.minutes(config.reconcile_minutes)),
-                targets=[targets.LambdaFunction(
-                    reconcile, dead_letter_queue=dlq,
-                    # a missed tick is replaced by the next one: do not pile them up
-                    max_event_age=Duration.minutes(max(2, config.reconcile_minutes)), retry_attempts=2)],
+                targets=[
+                    targets.LambdaFunction(
+                        reconcile,
+                        dead_letter_queue=dlq,
+                        # a missed tick is replaced by the next one: do not pile them up
+                        max_event_age=Duration.minutes(max(2, config.reconcile_minutes)),
+                        retry_attempts=2,
+                    )
+                ],
             )
             self.dlqs["Reconcile"] = dlq

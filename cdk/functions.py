@@ -40,12 +40,21 @@ def architecture() -> lambda_.Architecture:
 
 
 class Functions(Construct):
-    def __init__(self, scope: Construct, id: str, *, config: AppConfig, env: HandlerEnv, grants: Grants,
-                 handlers: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        config: AppConfig,
+        env: HandlerEnv,
+        grants: Grants,
+        handlers: list[str] | None = None,
+    ) -> None:
         super().__init__(scope, id)
         self.handlers = handlers if handlers is not None else staging.discover_handlers()
         self.layer = lambda_.LayerVersion(
-            self, "Layer",
+            self,
+            "Layer",
             code=lambda_.Code.from_asset(str(staging.stage_layer())),
             compatible_runtimes=[runtime()],
             compatible_architectures=[architecture()],
@@ -58,19 +67,23 @@ class Functions(Construct):
             name = function_name_for(module, prefix=f"{config.prefix}-")
             construct_id = "".join(part.title() for part in module.split("_"))
             role = iam.Role(
-                self, f"{construct_id}Role",
+                self,
+                f"{construct_id}Role",
                 assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
                 description=f"{name}: only what {module} needs",
             )
             log_group = logs.LogGroup(
-                self, f"{construct_id}Logs", log_group_name=f"/aws/lambda/{name}",
+                self,
+                f"{construct_id}Logs",
+                log_group_name=f"/aws/lambda/{name}",
                 removal_policy=RemovalPolicy.DESTROY,
             )
             # RetentionDays is a name enum in Python; the days from config go in directly
             log_group.node.default_child.retention_in_days = config.log_retention_days  # type: ignore[union-attr]
             timeout = next((t for key, t in TIMEOUTS.items() if module.startswith(key)), 60)
             fn = lambda_.Function(
-                self, construct_id,
+                self,
+                construct_id,
                 function_name=name,
                 runtime=runtime(),
                 architecture=architecture(),
@@ -91,10 +104,13 @@ class Functions(Construct):
                 description=f"spotrelay {module}",
             )
             grants_for(module).apply(role, grants)
-            Validations.of(fn).acknowledge(Acknowledgment(
-                id="AwsSolutions-L1",
-                reason="runtime pinned to the Python minor version the layer's compiled wheels "
-                       "(pydantic-core, PyYAML) were built for; see cdk/staging.py"))
+            Validations.of(fn).acknowledge(
+                Acknowledgment(
+                    id="AwsSolutions-L1",
+                    reason="runtime pinned to the Python minor version the layer's compiled wheels "
+                    "(pydantic-core, PyYAML) were built for; see cdk/staging.py",
+                )
+            )
             self.functions[module] = fn
             self.names[module] = name
 
@@ -102,25 +118,34 @@ class Functions(Construct):
         return self.functions.get(module)
 
 
-def handler_env(config: AppConfig, *, tables: dict[str, str], bucket: str, topic_arn: str,
-                state_machine_arn: str, slack_secret_arn: str) -> HandlerEnv:
+def handler_env(
+    config: AppConfig,
+    *,
+    tables: dict[str, str],
+    bucket: str,
+    topic_arn: str,
+    state_machine_arn: str,
+    slack_secret_arn: str,
+) -> HandlerEnv:
     """The variables spotrelay.settings reads, plus what provisioning needs to reach the regions."""
     r = RESOURCES
     values = {table.env: tables[table.logical] for table in r.tables}
-    values.update({
-        r.bucket_env: bucket,
-        r.topic_env: topic_arn,
-        r.state_machine_env: state_machine_arn,
-        r.event_bus_env: "default",
-        r.slack_secret_env: slack_secret_arn,
-        "SPOTRELAY_PREFIX": config.prefix,
-        "SPOTRELAY_HOME_REGION": config.home_region,
-        "SPOTRELAY_TRAINING_REGIONS": ",".join(config.training_regions),
-        "SPOTRELAY_INSTANCE_TYPES": ",".join(config.instance_types),
-        "SPOTRELAY_REGIONS": ",".join(config.training_regions),  # reconcile sweeps these
-        # the compute adapter reads subnets, security group, profile and launch template from the
-        # training stacks' SSM parameters (spotrelay/adapters/ec2_discovery.py)
-        "SPOTRELAY_EC2_CONFIG": json.dumps({"ssm_prefix": f"/{config.prefix}/training"}),
-        "SPOTRELAY_ACCOUNT": Aws.ACCOUNT_ID,
-    })
+    values.update(
+        {
+            r.bucket_env: bucket,
+            r.topic_env: topic_arn,
+            r.state_machine_env: state_machine_arn,
+            r.event_bus_env: "default",
+            r.slack_secret_env: slack_secret_arn,
+            "SPOTRELAY_PREFIX": config.prefix,
+            "SPOTRELAY_HOME_REGION": config.home_region,
+            "SPOTRELAY_TRAINING_REGIONS": ",".join(config.training_regions),
+            "SPOTRELAY_INSTANCE_TYPES": ",".join(config.instance_types),
+            "SPOTRELAY_REGIONS": ",".join(config.training_regions),  # reconcile sweeps these
+            # the compute adapter reads subnets, security group, profile and launch template from the
+            # training stacks' SSM parameters (spotrelay/adapters/ec2_discovery.py)
+            "SPOTRELAY_EC2_CONFIG": json.dumps({"ssm_prefix": f"/{config.prefix}/training"}),
+            "SPOTRELAY_ACCOUNT": Aws.ACCOUNT_ID,
+        }
+    )
     return HandlerEnv(values)

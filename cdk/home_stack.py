@@ -23,8 +23,16 @@ SLACK_NOTIFIER = "slack_notifier"
 
 
 class HomeStack(Stack):
-    def __init__(self, scope: Construct, id: str, *, config: AppConfig, handlers: list[str] | None = None,
-                 asl_path: Path = ASL_PATH, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        config: AppConfig,
+        handlers: list[str] | None = None,
+        asl_path: Path = ASL_PATH,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(scope, id, **kwargs)
         self.config = config
         storage = Storage(self, "Storage", config=config)
@@ -32,33 +40,51 @@ class HomeStack(Stack):
         sm_name = config.resource_name("job-run")
         table_names = {logical: table.table_name for logical, table in storage.tables.items()}
         env = handler_env(
-            config, tables=table_names, bucket=storage.bucket.bucket_name,
-            topic_arn=notifications.topic.topic_arn, state_machine_arn=state_machine_arn(sm_name),
+            config,
+            tables=table_names,
+            bucket=storage.bucket.bucket_name,
+            topic_arn=notifications.topic.topic_arn,
+            state_machine_arn=state_machine_arn(sm_name),
             slack_secret_arn=notifications.slack_secret.secret_arn,
         )
         grants = Grants(
-            tables=dict(storage.tables), bucket=storage.bucket, topic=notifications.topic,
-            state_machine_name=sm_name, slack_secret=notifications.slack_secret, prefix=config.prefix,
+            tables=dict(storage.tables),
+            bucket=storage.bucket,
+            topic=notifications.topic,
+            state_machine_name=sm_name,
+            slack_secret=notifications.slack_secret,
+            prefix=config.prefix,
             training_regions=config.training_regions,
         )
         functions = Functions(self, "Functions", config=config, env=env, grants=grants, handlers=handlers)
         workflow = Workflow(
-            self, "Workflow", config=config, name=sm_name, functions=dict(functions.functions),
+            self,
+            "Workflow",
+            config=config,
+            name=sm_name,
+            functions=dict(functions.functions),
             asl_path=asl_path,
             extra={
                 "TopicArn": notifications.topic.topic_arn,
-                "JobsTable": table_names["Jobs"], "NodesTable": table_names["Nodes"],
+                "JobsTable": table_names["Jobs"],
+                "NodesTable": table_names["Nodes"],
                 "Bucket": storage.bucket.bucket_name,
             },
         )
-        rules = Events(self, "Events", config=config, functions=dict(functions.functions),
-                       state_machine=workflow.state_machine)
+        rules = Events(
+            self, "Events", config=config, functions=dict(functions.functions), state_machine=workflow.state_machine
+        )
         notifier = functions.function(SLACK_NOTIFIER)
         if notifier is not None:
             notifications.subscribe_slack(notifier)
         monitoring = Monitoring(
-            self, "Monitoring", config=config, topic=notifications.topic, state_machine=workflow.state_machine,
-            functions=functions.functions, dlqs=rules.dlqs,
+            self,
+            "Monitoring",
+            config=config,
+            topic=notifications.topic,
+            state_machine=workflow.state_machine,
+            functions=functions.functions,
+            dlqs=rules.dlqs,
         )
         self.storage, self.notifications, self.functions = storage, notifications, functions
         self.workflow, self.events, self.monitoring = workflow, rules, monitoring

@@ -19,53 +19,86 @@ from constructs import Construct, IConstruct
 
 # (regex on the finding, reason). First match wins.
 WILDCARD_REASONS: tuple[tuple[str, str], ...] = (
-    (r"^Action::s3:(GetObject|GetBucket|List|DeleteObject|Abort)\*$",
-     "CDK bucket grant action groups; the resource is limited to one bucket and one key prefix"),
-    (r"^Action::kms:(GenerateDataKey|ReEncrypt)\*$",
-     "CDK key grant action groups; the resource is the one customer-managed key of this stack"),
-    (r"^Resource::<[A-Za-z0-9]+\.Arn>/index/\*$",
-     "queries on the table's own global secondary indexes (by-status, by-instance)"),
-    (r"^Resource::(<[A-Za-z0-9]+\.Arn>|arn:<AWS::Partition>:s3:::[A-Za-z0-9<>:.-]+)/[a-z]+(/[a-z]+)*/\*$",
-     "object access limited to one key prefix (checkpoints/, data/, submissions/...) of one bucket"),
-    (r"^Resource::(<[A-Za-z0-9]+\.Arn>|arn:<AWS::Partition>:s3:::[A-Za-z0-9<>:.-]+)/\*$",
-     "replication / log delivery reads or writes every object of this one bucket"),
-    (r"^Resource::<[A-Za-z0-9]+\.Arn>:\*$",
-     "invoke any version or alias of this one function (CDK grantInvoke)"),
-    (r"^Resource::arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:[a-z0-9-]+:\*$",
-     "executions of the one job-run state machine (execution names are job ids)"),
-    (r"^Resource::arn:<AWS::Partition>:ec2:\*:<AWS::AccountId>:(instance|fleet|placement-group|volume|"
-     r"network-interface|spot-instances-request|launch-template|subnet|security-group)/\*$",
-     "instance ids are unknown before launch; limited by condition to the training regions "
-     "(aws:RequestedRegion) and to requests and resources carrying the spotrelay:job-id tag"),
-    (r"^Resource::arn:<AWS::Partition>:ec2:\*::image/\*$",
-     "the Deep Learning AMI id changes with every release; images are read-only"),
-    (r"^Resource::arn:<AWS::Partition>:ec2:\*:<AWS::AccountId>:\*/\*$",
-     "CreateTags only at creation (condition ec2:CreateAction = CreateFleet/RunInstances)"),
-    (r"^Resource::arn:<AWS::Partition>:iam::<AWS::AccountId>:role/[a-z0-9-]+-agent-\*$",
-     "PassRole only to this deployment's per-region agent roles, only to EC2"),
-    (r"^Resource::arn:<AWS::Partition>:iam::<AWS::AccountId>:role/aws-service-role/"
-     r"(spot|ec2fleet)\.amazonaws\.com/\*$",
-     "the EC2 Spot / Fleet service-linked roles, created once per account on first launch"),
-    (r"^Resource::arn:<AWS::Partition>:ssm:\*:<AWS::AccountId>:parameter/[a-z0-9-]+/training/\*$",
-     "the parameters this deployment's regional stacks publish (subnets, launch template), "
-     "limited to the training regions by aws:RequestedRegion"),
-    (r"^Resource::arn:<AWS::Partition>:logs:[a-z0-9-<>:]+:log-group:[A-Za-z0-9/_.-]+:\*$",
-     "log streams of this function's own log group"),
+    (
+        r"^Action::s3:(GetObject|GetBucket|List|DeleteObject|Abort)\*$",
+        "CDK bucket grant action groups; the resource is limited to one bucket and one key prefix",
+    ),
+    (
+        r"^Action::kms:(GenerateDataKey|ReEncrypt)\*$",
+        "CDK key grant action groups; the resource is the one customer-managed key of this stack",
+    ),
+    (
+        r"^Resource::<[A-Za-z0-9]+\.Arn>/index/\*$",
+        "queries on the table's own global secondary indexes (by-status, by-instance)",
+    ),
+    (
+        r"^Resource::(<[A-Za-z0-9]+\.Arn>|arn:<AWS::Partition>:s3:::[A-Za-z0-9<>:.-]+)/[a-z]+(/[a-z]+)*/\*$",
+        "object access limited to one key prefix (checkpoints/, data/, submissions/...) of one bucket",
+    ),
+    (
+        r"^Resource::(<[A-Za-z0-9]+\.Arn>|arn:<AWS::Partition>:s3:::[A-Za-z0-9<>:.-]+)/\*$",
+        "replication / log delivery reads or writes every object of this one bucket",
+    ),
+    (r"^Resource::<[A-Za-z0-9]+\.Arn>:\*$", "invoke any version or alias of this one function (CDK grantInvoke)"),
+    (
+        r"^Resource::arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:[a-z0-9-]+:\*$",
+        "executions of the one job-run state machine (execution names are job ids)",
+    ),
+    (
+        r"^Resource::arn:<AWS::Partition>:ec2:\*:<AWS::AccountId>:(instance|fleet|placement-group|volume|"
+        r"network-interface|spot-instances-request|launch-template|subnet|security-group)/\*$",
+        "instance ids are unknown before launch; limited by condition to the training regions "
+        "(aws:RequestedRegion) and to requests and resources carrying the spotrelay:job-id tag",
+    ),
+    (
+        r"^Resource::arn:<AWS::Partition>:ec2:\*::image/\*$",
+        "the Deep Learning AMI id changes with every release; images are read-only",
+    ),
+    (
+        r"^Resource::arn:<AWS::Partition>:ec2:\*:<AWS::AccountId>:\*/\*$",
+        "CreateTags only at creation (condition ec2:CreateAction = CreateFleet/RunInstances)",
+    ),
+    (
+        r"^Resource::arn:<AWS::Partition>:iam::<AWS::AccountId>:role/[a-z0-9-]+-agent-\*$",
+        "PassRole only to this deployment's per-region agent roles, only to EC2",
+    ),
+    (
+        r"^Resource::arn:<AWS::Partition>:iam::<AWS::AccountId>:role/aws-service-role/"
+        r"(spot|ec2fleet)\.amazonaws\.com/\*$",
+        "the EC2 Spot / Fleet service-linked roles, created once per account on first launch",
+    ),
+    (
+        r"^Resource::arn:<AWS::Partition>:ssm:\*:<AWS::AccountId>:parameter/[a-z0-9-]+/training/\*$",
+        "the parameters this deployment's regional stacks publish (subnets, launch template), "
+        "limited to the training regions by aws:RequestedRegion",
+    ),
+    (
+        r"^Resource::arn:<AWS::Partition>:logs:[a-z0-9-<>:]+:log-group:[A-Za-z0-9/_.-]+:\*$",
+        "log streams of this function's own log group",
+    ),
 )
 
 
-_LOG_DELIVERY = ("Step Functions vended-log delivery actions support no resource-level permissions "
-                 "(AWS documents Resource \"*\" for them)")
+_LOG_DELIVERY = (
+    "Step Functions vended-log delivery actions support no resource-level permissions "
+    '(AWS documents Resource "*" for them)'
+)
 # Actions that may appear with Resource "*" and why.
 STAR_RESOURCE_REASONS: tuple[tuple[str, str], ...] = (
     ("xray:", "X-Ray trace and sampling calls support no resource-level permissions"),
     ("ec2:Describe", "EC2 Describe* calls support no resource-level permissions"),
-    ("logs:CreateLogDelivery", _LOG_DELIVERY), ("logs:GetLogDelivery", _LOG_DELIVERY),
-    ("logs:UpdateLogDelivery", _LOG_DELIVERY), ("logs:DeleteLogDelivery", _LOG_DELIVERY),
-    ("logs:ListLogDeliveries", _LOG_DELIVERY), ("logs:PutResourcePolicy", _LOG_DELIVERY),
-    ("logs:DescribeResourcePolicies", _LOG_DELIVERY), ("logs:DescribeLogGroups", _LOG_DELIVERY),
-    ("s3:PutBucketNotification", "aws-cdk-lib's own bucket-notifications custom resource (enables "
-                                 "EventBridge delivery on the jobs bucket)"),
+    ("logs:CreateLogDelivery", _LOG_DELIVERY),
+    ("logs:GetLogDelivery", _LOG_DELIVERY),
+    ("logs:UpdateLogDelivery", _LOG_DELIVERY),
+    ("logs:DeleteLogDelivery", _LOG_DELIVERY),
+    ("logs:ListLogDeliveries", _LOG_DELIVERY),
+    ("logs:PutResourcePolicy", _LOG_DELIVERY),
+    ("logs:DescribeResourcePolicies", _LOG_DELIVERY),
+    ("logs:DescribeLogGroups", _LOG_DELIVERY),
+    (
+        "s3:PutBucketNotification",
+        "aws-cdk-lib's own bucket-notifications custom resource (enables EventBridge delivery on the jobs bucket)",
+    ),
 )
 
 
@@ -76,7 +109,7 @@ def flatten(node: Any) -> str:
     if isinstance(node, str):
         return node.replace("${", "<").replace("}", ">")
     if isinstance(node, dict) and len(node) == 1:
-        (key, value), = node.items()
+        ((key, value),) = node.items()
         if key == "Fn::Join":
             delimiter, items = value
             return str(delimiter).join(flatten(item) for item in items)
@@ -159,7 +192,8 @@ def acknowledge_wildcards(scope: Construct) -> list[str]:
                 unexplained.append(f"{policy.node.path}: {finding}")
                 continue
             Validations.of(_owner(policy)).acknowledge(
-                Acknowledgment(id=f"AwsSolutions-IAM5[{finding}]", reason=reason))
+                Acknowledgment(id=f"AwsSolutions-IAM5[{finding}]", reason=reason)
+            )
     return unexplained
 
 
@@ -171,9 +205,12 @@ def acknowledge_cdk_internals(stack: Stack) -> None:
     """aws-cdk-lib's own singleton Lambdas (bucket notifications) come with the AWS-managed basic role."""
     for child in stack.node.children:
         if child.node.id.startswith("BucketNotificationsHandler"):
-            acknowledge(child, "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
-                               "AWSLambdaBasicExecutionRole]",
-                        "aws-cdk-lib's bucket-notifications handler; its role only writes its own logs")
+            acknowledge(
+                child,
+                "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
+                "AWSLambdaBasicExecutionRole]",
+                "aws-cdk-lib's bucket-notifications handler; its role only writes its own logs",
+            )
 
 
 def add_checks(app: App) -> None:

@@ -82,41 +82,74 @@ class GrantSet:
         execution_arn = f"arn:{Aws.PARTITION}:states:{Aws.REGION}:{Aws.ACCOUNT_ID}:execution:{g.state_machine_name}:*"
         statements: list[iam.PolicyStatement] = []
         if EXECUTIONS in caps:
-            statements.append(iam.PolicyStatement(
-                actions=["states:StartExecution", "states:ListExecutions"], resources=[sm_arn]))
-            statements.append(iam.PolicyStatement(
-                actions=["states:DescribeExecution", "states:StopExecution"], resources=[execution_arn]))
+            statements.append(
+                iam.PolicyStatement(actions=["states:StartExecution", "states:ListExecutions"], resources=[sm_arn])
+            )
+            statements.append(
+                iam.PolicyStatement(
+                    actions=["states:DescribeExecution", "states:StopExecution"], resources=[execution_arn]
+                )
+            )
         if TOKENS in caps:
-            statements.append(iam.PolicyStatement(
-                actions=["states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat"],
-                resources=[sm_arn]))
+            statements.append(
+                iam.PolicyStatement(
+                    actions=["states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat"],
+                    resources=[sm_arn],
+                )
+            )
         if EC2_READ in caps:
-            statements.append(iam.PolicyStatement(
-                actions=["ec2:DescribeInstances", "ec2:DescribeInstanceStatus", "ec2:DescribeSpotPriceHistory",
-                         "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeAvailabilityZones",
-                         "ec2:DescribeFleets", "ec2:DescribeFleetInstances", "ec2:DescribeLaunchTemplates",
-                         "ec2:DescribeSubnets", "ec2:DescribePlacementGroups",
-                         "ec2:DescribeLaunchTemplateVersions"],
-                resources=["*"]))
+            statements.append(
+                iam.PolicyStatement(
+                    actions=[
+                        "ec2:DescribeInstances",
+                        "ec2:DescribeInstanceStatus",
+                        "ec2:DescribeSpotPriceHistory",
+                        "ec2:DescribeInstanceTypeOfferings",
+                        "ec2:DescribeAvailabilityZones",
+                        "ec2:DescribeFleets",
+                        "ec2:DescribeFleetInstances",
+                        "ec2:DescribeLaunchTemplates",
+                        "ec2:DescribeSubnets",
+                        "ec2:DescribePlacementGroups",
+                        "ec2:DescribeLaunchTemplateVersions",
+                    ],
+                    resources=["*"],
+                )
+            )
         if EC2_LAUNCH in caps:
             statements.extend(_launch_statements(g))
         if EC2_TERMINATE in caps:
-            statements.append(iam.PolicyStatement(
-                actions=["ec2:TerminateInstances", "ec2:DeleteFleets", "ec2:DeletePlacementGroup",
-                         "ec2:DeleteLaunchTemplate"],
-                resources=[f"arn:{Aws.PARTITION}:ec2:*:{Aws.ACCOUNT_ID}:{kind}/*"
-                           for kind in ("instance", "fleet", "placement-group", "launch-template")],
-                conditions={"Null": {f"aws:ResourceTag/{MANAGED_TAG}": "false"}, **_in_regions(g)}))
+            statements.append(
+                iam.PolicyStatement(
+                    actions=[
+                        "ec2:TerminateInstances",
+                        "ec2:DeleteFleets",
+                        "ec2:DeletePlacementGroup",
+                        "ec2:DeleteLaunchTemplate",
+                    ],
+                    resources=[
+                        f"arn:{Aws.PARTITION}:ec2:*:{Aws.ACCOUNT_ID}:{kind}/*"
+                        for kind in ("instance", "fleet", "placement-group", "launch-template")
+                    ],
+                    conditions={"Null": {f"aws:ResourceTag/{MANAGED_TAG}": "false"}, **_in_regions(g)},
+                )
+            )
         if REGION_PARAMETERS in caps:
-            statements.append(iam.PolicyStatement(
-                actions=["ssm:GetParameter", "ssm:GetParameters", "ssm:GetParametersByPath"],
-                resources=[f"arn:{Aws.PARTITION}:ssm:*:{Aws.ACCOUNT_ID}:parameter/{g.prefix}/training/*"],
-                conditions=_in_regions(g)))
+            statements.append(
+                iam.PolicyStatement(
+                    actions=["ssm:GetParameter", "ssm:GetParameters", "ssm:GetParametersByPath"],
+                    resources=[f"arn:{Aws.PARTITION}:ssm:*:{Aws.ACCOUNT_ID}:parameter/{g.prefix}/training/*"],
+                    conditions=_in_regions(g),
+                )
+            )
         if PUT_EVENTS in caps:
-            statements.append(iam.PolicyStatement(
-                actions=["events:PutEvents"],
-                resources=[f"arn:{Aws.PARTITION}:events:{Aws.REGION}:{Aws.ACCOUNT_ID}:event-bus/default"],
-                conditions={"StringEquals": {"events:source": ["spotrelay.controller"]}}))
+            statements.append(
+                iam.PolicyStatement(
+                    actions=["events:PutEvents"],
+                    resources=[f"arn:{Aws.PARTITION}:events:{Aws.REGION}:{Aws.ACCOUNT_ID}:event-bus/default"],
+                    conditions={"StringEquals": {"events:source": ["spotrelay.controller"]}},
+                )
+            )
         for statement in statements:
             role.add_to_principal_policy(statement)
 
@@ -128,36 +161,55 @@ def _launch_statements(g: Grants) -> list[iam.PolicyStatement]:
     return [
         iam.PolicyStatement(
             actions=["ec2:CreateFleet", "ec2:RunInstances", "ec2:CreatePlacementGroup", "ec2:CreateLaunchTemplate"],
-            resources=[f"arn:{part}:ec2:*:{acct}:{kind}/*"
-                       for kind in ("instance", "fleet", "placement-group", "volume", "network-interface",
-                                    "spot-instances-request", "launch-template")],
-            conditions={"Null": {f"aws:RequestTag/{MANAGED_TAG}": "false"}, **_in_regions(g)}),
+            resources=[
+                f"arn:{part}:ec2:*:{acct}:{kind}/*"
+                for kind in (
+                    "instance",
+                    "fleet",
+                    "placement-group",
+                    "volume",
+                    "network-interface",
+                    "spot-instances-request",
+                    "launch-template",
+                )
+            ],
+            conditions={"Null": {f"aws:RequestTag/{MANAGED_TAG}": "false"}, **_in_regions(g)},
+        ),
         iam.PolicyStatement(
             actions=["ec2:CreateFleet", "ec2:RunInstances"],
             resources=[f"arn:{part}:ec2:*:{acct}:{kind}/*" for kind in ("launch-template", "subnet", "security-group")]
             + [f"arn:{part}:ec2:*::image/*"],
-            conditions=_in_regions(g)),
+            conditions=_in_regions(g),
+        ),
         iam.PolicyStatement(
             actions=["ec2:CreateTags"],
             resources=[f"arn:{part}:ec2:*:{acct}:*/*"],
-            conditions={"StringEquals": {
-                "ec2:CreateAction": ["CreateFleet", "RunInstances", "CreatePlacementGroup",
-                                     "CreateLaunchTemplate"],
-                "aws:RequestedRegion": list(g.training_regions)}}),
+            conditions={
+                "StringEquals": {
+                    "ec2:CreateAction": ["CreateFleet", "RunInstances", "CreatePlacementGroup", "CreateLaunchTemplate"],
+                    "aws:RequestedRegion": list(g.training_regions),
+                }
+            },
+        ),
         # rank and Name tags go on after launch, only onto instances this controller launched
         iam.PolicyStatement(
             actions=["ec2:CreateTags"],
             resources=[f"arn:{part}:ec2:*:{acct}:instance/*"],
-            conditions={"Null": {f"aws:ResourceTag/{MANAGED_TAG}": "false"}, **_in_regions(g)}),
+            conditions={"Null": {f"aws:ResourceTag/{MANAGED_TAG}": "false"}, **_in_regions(g)},
+        ),
         iam.PolicyStatement(
             actions=["iam:PassRole"],
             resources=[f"arn:{part}:iam::{acct}:role/{g.prefix}-agent-*"],
-            conditions={"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}),
+            conditions={"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}},
+        ),
         iam.PolicyStatement(
             actions=["iam:CreateServiceLinkedRole"],
-            resources=[f"arn:{part}:iam::{acct}:role/aws-service-role/spot.amazonaws.com/*",
-                       f"arn:{part}:iam::{acct}:role/aws-service-role/ec2fleet.amazonaws.com/*"],
-            conditions={"StringLike": {"iam:AWSServiceName": ["spot.amazonaws.com", "ec2fleet.amazonaws.com"]}}),
+            resources=[
+                f"arn:{part}:iam::{acct}:role/aws-service-role/spot.amazonaws.com/*",
+                f"arn:{part}:iam::{acct}:role/aws-service-role/ec2fleet.amazonaws.com/*",
+            ],
+            conditions={"StringLike": {"iam:AWSServiceName": ["spot.amazonaws.com", "ec2fleet.amazonaws.com"]}},
+        ),
     ]
 
 

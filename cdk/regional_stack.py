@@ -35,11 +35,13 @@ class RegionalStack(Stack):
         self.forward_rules: list[events.Rule] = []
         if region != config.home_region:  # in the home region the home rules already see these events
             home_bus = events.EventBus.from_event_bus_arn(
-                self, "HomeBus", f"arn:{Aws.PARTITION}:events:{config.home_region}:{Aws.ACCOUNT_ID}:event-bus/default")
+                self, "HomeBus", f"arn:{Aws.PARTITION}:events:{config.home_region}:{Aws.ACCOUNT_ID}:event-bus/default"
+            )
             for rule_id, pattern in zip(FORWARD_IDS, FORWARDED_EC2_PATTERNS, strict=True):
                 dlq = dead_letter_queue(self, f"{rule_id}Dlq")
                 rule = events.Rule(
-                    self, f"Forward{rule_id}",
+                    self,
+                    f"Forward{rule_id}",
                     description=f"forward {pattern['detail-type'][0]} to the home bus ({config.home_region})",  # type: ignore[index]
                     event_pattern=event_pattern(pattern),
                     targets=[targets.EventBus(home_bus, dead_letter_queue=dlq)],
@@ -47,11 +49,16 @@ class RegionalStack(Stack):
                 # EventBus targets take no retry policy in the L2; set the same one as the home rules
                 rule.node.default_child.add_property_override(  # type: ignore[union-attr]
                     "Targets.0.RetryPolicy",
-                    {"MaximumEventAgeInSeconds": MAX_EVENT_AGE.to_seconds(), "MaximumRetryAttempts": RETRY_ATTEMPTS})
+                    {"MaximumEventAgeInSeconds": MAX_EVENT_AGE.to_seconds(), "MaximumRetryAttempts": RETRY_ATTEMPTS},
+                )
                 self.forward_rules.append(rule)
 
         self.vpc = ec2.Vpc(
-            self, "Vpc", ip_addresses=ec2.IpAddresses.cidr(config.vpc_cidr(region)), max_azs=3, nat_gateways=1,
+            self,
+            "Vpc",
+            ip_addresses=ec2.IpAddresses.cidr(config.vpc_cidr(region)),
+            max_azs=3,
+            nat_gateways=1,
             subnet_configuration=[
                 ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
                 ec2.SubnetConfiguration(name="nodes", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=18),
@@ -63,37 +70,64 @@ class RegionalStack(Stack):
         )
         flow_logs = logs.LogGroup(self, "FlowLogs")
         flow_logs.node.default_child.retention_in_days = config.log_retention_days  # type: ignore[union-attr]
-        self.vpc.add_flow_log("FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs),
-                              traffic_type=ec2.FlowLogTrafficType.REJECT)
+        self.vpc.add_flow_log(
+            "FlowLog",
+            destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs),
+            traffic_type=ec2.FlowLogTrafficType.REJECT,
+        )
 
         access_logs = access_log_bucket(self, "AccessLogs", config.log_retention_days)
         home_bucket = s3.Bucket.from_bucket_attributes(
-            self, "HomeBucket", bucket_name=jobs_bucket_name(config, config.home_region), region=config.home_region,
-            account=Aws.ACCOUNT_ID)
+            self,
+            "HomeBucket",
+            bucket_name=jobs_bucket_name(config, config.home_region),
+            region=config.home_region,
+            account=Aws.ACCOUNT_ID,
+        )
         ckpt = RESOURCES.checkpoints_prefix
         self.data_bucket = secure_bucket(
-            self, "DataBucket", name=data_bucket_name(config, region), logs=access_logs, logs_prefix="data/",
+            self,
+            "DataBucket",
+            name=data_bucket_name(config, region),
+            logs=access_logs,
+            logs_prefix="data/",
             lifecycle_rules=[
-                s3.LifecycleRule(id="checkpoints-to-glacier", prefix=ckpt, transitions=[s3.Transition(
-                    storage_class=s3.StorageClass.GLACIER,
-                    transition_after=Duration.days(config.checkpoint_glacier_days))],
-                    noncurrent_version_expiration=Duration.days(7)),
-                s3.LifecycleRule(id="abort-incomplete-uploads",
-                                 abort_incomplete_multipart_upload_after=Duration.days(2)),
+                s3.LifecycleRule(
+                    id="checkpoints-to-glacier",
+                    prefix=ckpt,
+                    transitions=[
+                        s3.Transition(
+                            storage_class=s3.StorageClass.GLACIER,
+                            transition_after=Duration.days(config.checkpoint_glacier_days),
+                        )
+                    ],
+                    noncurrent_version_expiration=Duration.days(7),
+                ),
+                s3.LifecycleRule(
+                    id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=Duration.days(2)
+                ),
             ],
             # committed checkpoints go home, so a job can resume in any region
-            replication_rules=[s3.ReplicationRule(
-                destination=home_bucket, priority=1, id="checkpoints-to-home",
-                filter=s3.Filter(prefix=ckpt), delete_marker_replication=False)],
+            replication_rules=[
+                s3.ReplicationRule(
+                    destination=home_bucket,
+                    priority=1,
+                    id="checkpoints-to-home",
+                    filter=s3.Filter(prefix=ckpt),
+                    delete_marker_replication=False,
+                )
+            ],
         )
 
-        self.fleet = AgentFleet(self, "Agent", config=config, region=region, vpc=self.vpc,
-                                data_bucket=self.data_bucket)
+        self.fleet = AgentFleet(self, "Agent", config=config, region=region, vpc=self.vpc, data_bucket=self.data_bucket)
         private = self.vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
         self.file_system: fsx.CfnFileSystem | None = None
         if config.fsx_enabled:
             self.file_system = fsx.CfnFileSystem(
-                self, "Lustre", file_system_type="LUSTRE", storage_capacity=config.fsx_storage_gib,
+                self,
+                "Lustre",
+                file_system_type="LUSTRE",
+                storage_capacity=config.fsx_storage_gib,
                 subnet_ids=[private.subnet_ids[0]],
                 security_group_ids=[self.fleet.security_group.security_group_id],
                 lustre_configuration=fsx.CfnFileSystem.LustreConfigurationProperty(
@@ -116,7 +150,12 @@ class RegionalStack(Stack):
             parameters["fsx-dns"] = self.file_system.attr_dns_name
             parameters["fsx-mount-name"] = self.file_system.attr_lustre_mount_name
         for key, value in parameters.items():
-            ssm.StringParameter(self, f"Param-{key}", parameter_name=f"{prefix}/{key}", string_value=value,
-                                description=f"spotrelay {region}: {key} (read by the controller)")
+            ssm.StringParameter(
+                self,
+                f"Param-{key}",
+                parameter_name=f"{prefix}/{key}",
+                string_value=value,
+                description=f"spotrelay {region}: {key} (read by the controller)",
+            )
         self.parameters = parameters
         self.unexplained_wildcards = nag.acknowledge_wildcards(self)

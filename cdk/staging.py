@@ -14,6 +14,8 @@ Lambda runtime is pinned to that interpreter's minor version (:func:`lambda_pyth
 from __future__ import annotations
 
 import ast
+import contextlib
+import os
 import re
 import shutil
 import sys
@@ -34,8 +36,10 @@ FORBIDDEN = {"torch", "deepspeed", "nvidia-nccl-cu12", "triton"}
 def lambda_python_version() -> str:
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     if version not in SUPPORTED_PYTHON:
-        raise RuntimeError(f"synthesize with Python {' or '.join(SUPPORTED_PYTHON)} (the layer's compiled "
-                           f"wheels must match the Lambda runtime); this is {version}")
+        raise RuntimeError(
+            f"synthesize with Python {' or '.join(SUPPORTED_PYTHON)} (the layer's compiled "
+            f"wheels must match the Lambda runtime); this is {version}"
+        )
     return version
 
 
@@ -46,11 +50,12 @@ def discover_handlers(functions_dir: Path = ROOT / "functions") -> list[str]:
         if path.name.startswith("_"):
             continue
         tree = ast.parse(path.read_text(), filename=str(path))
-        names = {
-            node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-        } | {
-            target.id for node in tree.body if isinstance(node, ast.Assign)
-            for target in node.targets if isinstance(target, ast.Name)
+        names = {node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)} | {
+            target.id
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            if isinstance(target, ast.Name)
         }
         if "handler" in names:
             found.append(path.stem)
@@ -67,13 +72,32 @@ def _copy_tree(src: Path, dst: Path, patterns: tuple[str, ...]) -> None:
             shutil.copyfile(path, target)
 
 
+def _publish(tmp: Path, out: Path) -> Path:
+    """Swap a freshly built folder into place, so two synths at once never see a half-built one."""
+    old = out.with_name(f".{out.name}.old.{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except OSError:  # another synth published the same content first
+        shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def _fresh(out: Path) -> Path:
+    tmp = out.with_name(f".{out.name}.tmp.{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
 def stage_handlers(root: Path = ROOT, out: Path = BUILD / "handlers") -> Path:
     """Copy ``functions/`` and ``spotrelay/`` source (no tests, no caches) to a clean folder."""
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    _copy_tree(root / "functions", out, ("*.py", "*.json"))
-    _copy_tree(root / "spotrelay", out, ("*.py", "*.json", "*.yaml"))
-    return out
+    tmp = _fresh(out)
+    _copy_tree(root / "functions", tmp, ("*.py", "*.json"))
+    _copy_tree(root / "spotrelay", tmp, ("*.py", "*.json", "*.yaml"))
+    return _publish(tmp, out)
 
 
 def _name(dist_name: str) -> str:
@@ -108,9 +132,8 @@ def layer_distributions(roots: list[str] | None = None) -> list[metadata.Distrib
 
 def stage_layer(out: Path = BUILD / "layer") -> Path:
     """Copy the files of every layer distribution into ``out/python`` (the layout Lambda expects)."""
-    shutil.rmtree(out, ignore_errors=True)
-    site = out / "python"
-    site.mkdir(parents=True)
+    tmp = _fresh(out)
+    site = tmp / "python"
     for dist in layer_distributions():
         for file in dist.files or []:
             parts = Path(str(file)).parts
@@ -121,4 +144,4 @@ def stage_layer(out: Path = BUILD / "layer") -> Path:
                 target = site / file
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src, target)
-    return out
+    return _publish(tmp, out)

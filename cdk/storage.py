@@ -26,11 +26,13 @@ def _key_type(attribute: str) -> ddb.AttributeType:
     return ddb.AttributeType.NUMBER if attribute.endswith("_at") else ddb.AttributeType.STRING
 
 
-def secure_bucket(scope: Construct, id: str, *, name: str | None, logs: s3.IBucket | None,
-                  logs_prefix: str = "", **kwargs: object) -> s3.Bucket:
+def secure_bucket(
+    scope: Construct, id: str, *, name: str | None, logs: s3.IBucket | None, logs_prefix: str = "", **kwargs: object
+) -> s3.Bucket:
     """Encrypted, private, TLS-only, versioned; access logs to ``logs`` (None: this is the log bucket)."""
     return s3.Bucket(
-        scope, id,
+        scope,
+        id,
         bucket_name=name,
         encryption=s3.BucketEncryption.S3_MANAGED,
         block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
@@ -46,11 +48,17 @@ def secure_bucket(scope: Construct, id: str, *, name: str | None, logs: s3.IBuck
 
 def access_log_bucket(scope: Construct, id: str, retention_days: int) -> s3.Bucket:
     return secure_bucket(
-        scope, id, name=None, logs=None,
-        lifecycle_rules=[s3.LifecycleRule(
-            id="expire-access-logs", expiration=Duration.days(retention_days),
-            noncurrent_version_expiration=Duration.days(1),
-        )],
+        scope,
+        id,
+        name=None,
+        logs=None,
+        lifecycle_rules=[
+            s3.LifecycleRule(
+                id="expire-access-logs",
+                expiration=Duration.days(retention_days),
+                noncurrent_version_expiration=Duration.days(1),
+            )
+        ],
     )
 
 
@@ -62,14 +70,15 @@ class Storage(Construct):
         self.tables: dict[str, ddb.Table] = {}
         for spec in RESOURCES.tables:
             table = ddb.Table(
-                self, spec.logical,
+                self,
+                spec.logical,
                 table_name=table_name(config, spec),
                 partition_key=ddb.Attribute(name=spec.partition_key, type=ddb.AttributeType.STRING),
-                sort_key=ddb.Attribute(name=spec.sort_key, type=ddb.AttributeType.STRING)
-                if spec.sort_key else None,
+                sort_key=ddb.Attribute(name=spec.sort_key, type=ddb.AttributeType.STRING) if spec.sort_key else None,
                 billing_mode=ddb.BillingMode.PAY_PER_REQUEST,
                 point_in_time_recovery_specification=ddb.PointInTimeRecoverySpecification(
-                    point_in_time_recovery_enabled=True),
+                    point_in_time_recovery_enabled=True
+                ),
                 encryption=ddb.TableEncryption.AWS_MANAGED,
                 time_to_live_attribute=spec.ttl_attribute,
                 deletion_protection=True,
@@ -80,7 +89,8 @@ class Storage(Construct):
                     index_name=index.name,
                     partition_key=ddb.Attribute(name=index.partition_key, type=ddb.AttributeType.STRING),
                     sort_key=ddb.Attribute(name=index.sort_key, type=_key_type(index.sort_key))
-                    if index.sort_key else None,
+                    if index.sort_key
+                    else None,
                     projection_type=ddb.ProjectionType.ALL,
                 )
             self.tables[spec.logical] = table
@@ -88,17 +98,26 @@ class Storage(Construct):
         self.access_logs = access_log_bucket(self, "AccessLogs", config.log_retention_days)
         checkpoints = RESOURCES.checkpoints_prefix
         self.bucket = secure_bucket(
-            self, "JobsBucket",
-            name=jobs_bucket_name(config, config.home_region), logs=self.access_logs, logs_prefix="jobs/",
+            self,
+            "JobsBucket",
+            name=jobs_bucket_name(config, config.home_region),
+            logs=self.access_logs,
+            logs_prefix="jobs/",
             event_bridge_enabled=True,  # submissions/ reach on_submission through EventBridge
             lifecycle_rules=[
                 s3.LifecycleRule(
-                    id="checkpoints-to-glacier", prefix=checkpoints,
-                    transitions=[s3.Transition(storage_class=s3.StorageClass.GLACIER,
-                                               transition_after=Duration.days(config.checkpoint_glacier_days))],
+                    id="checkpoints-to-glacier",
+                    prefix=checkpoints,
+                    transitions=[
+                        s3.Transition(
+                            storage_class=s3.StorageClass.GLACIER,
+                            transition_after=Duration.days(config.checkpoint_glacier_days),
+                        )
+                    ],
                     noncurrent_version_expiration=Duration.days(7),
                 ),
-                s3.LifecycleRule(id="abort-incomplete-uploads",
-                                 abort_incomplete_multipart_upload_after=Duration.days(2)),
+                s3.LifecycleRule(
+                    id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=Duration.days(2)
+                ),
             ],
         )

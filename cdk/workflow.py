@@ -27,8 +27,7 @@ def placeholders(text: str) -> list[str]:
     return sorted(set(PLACEHOLDER.findall(text)))
 
 
-def substitutions(asl_text: str, functions: dict[str, lambda_.IFunction],
-                  extra: dict[str, str]) -> dict[str, str]:
+def substitutions(asl_text: str, functions: dict[str, lambda_.IFunction], extra: dict[str, str]) -> dict[str, str]:
     """Values for every placeholder in ``asl_text``; raise naming the ones without a value."""
     values: dict[str, str] = {}
     missing = []
@@ -54,9 +53,17 @@ def render(asl_text: str, values: dict[str, str]) -> str:
 
 
 class Workflow(Construct):
-    def __init__(self, scope: Construct, id: str, *, config: AppConfig, name: str,
-                 functions: dict[str, lambda_.IFunction], extra: dict[str, str],
-                 asl_path: Path = ASL_PATH) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        config: AppConfig,
+        name: str,
+        functions: dict[str, lambda_.IFunction],
+        extra: dict[str, str],
+        asl_path: Path = ASL_PATH,
+    ) -> None:
         super().__init__(scope, id)
         if not asl_path.is_file():
             raise InfraConfigError(f"state machine definition not found: {asl_path}")
@@ -64,12 +71,15 @@ class Workflow(Construct):
         self.asl_path = asl_path
         self.substitutions = substitutions(text, functions, extra)
         self.log_group = logs.LogGroup(
-            self, "Logs", log_group_name=f"/aws/vendedlogs/states/{name}",
+            self,
+            "Logs",
+            log_group_name=f"/aws/vendedlogs/states/{name}",
             removal_policy=RemovalPolicy.DESTROY,
         )
         self.log_group.node.default_child.retention_in_days = config.log_retention_days  # type: ignore[union-attr]
         self.state_machine = sfn.StateMachine(
-            self, "JobRun",
+            self,
+            "JobRun",
             state_machine_name=name,
             state_machine_type=sfn.StateMachineType.STANDARD,
             definition_body=sfn.DefinitionBody.from_file(str(asl_path)),

@@ -65,7 +65,13 @@ def synth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synth]:
     report = json.loads(report_path.read_text()) if report_path.exists() else None
     stacks = {child.node.id: child for child in cdk_app.node.children}
     yield Synth(
-        outdir=outdir, templates=templates, regions=regions, home=home_stack_name(config),
+        outdir=outdir,
+        templates=templates,
+        regions=regions,
+        home=home_stack_name(config),
         training={r: training_stack_name(config, r) for r in config.training_regions},
-        report=report, error=error, config=config, stacks=stacks,
+        report=report,
+        error=error,
+        config=config,
+        stacks=stacks,
     )

@@ -18,13 +18,16 @@ def test_context_strings_from_the_cli_are_parsed() -> None:
     assert from_context({"training_regions": '["us-west-2"]'}.get).training_regions == ("us-west-2",)
 
 
-@pytest.mark.parametrize("bad", [
-    {"training_regions": "a-b-1,us-east-1,us-east-2,us-west-2,eu-west-1"},  # five regions
-    {"training_regions": "us-east-1,us-east-1"},
-    {"log_retention_days": 31},
-    {"fsx_storage_gib": 2000},
-    {"prefix": "Bad_Prefix"},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"training_regions": "a-b-1,us-east-1,us-east-2,us-west-2,eu-west-1"},  # five regions
+        {"training_regions": "us-east-1,us-east-1"},
+        {"log_retention_days": 31},
+        {"fsx_storage_gib": 2000},
+        {"prefix": "Bad_Prefix"},
+    ],
+)
 def test_invalid_context_fails_with_a_clear_error(bad: dict[str, object]) -> None:
     with pytest.raises(InfraConfigError, match="invalid CDK context"):
         from_context(bad.get)
@@ -48,7 +51,8 @@ def test_every_placeholder_gets_a_value_or_synth_names_the_missing_ones() -> Non
         substitutions(asl, functions, {"TopicArn": "arn:topic"})  # type: ignore[arg-type]
     values = substitutions(asl.replace("${fn_gone}", "x"), functions, {"TopicArn": "arn:topic"})  # type: ignore[arg-type]
     assert render(asl.replace("${fn_gone}", "x"), values) == (
-        '{"A": {"Resource": "arn:plan"}, "B": {"TopicArn": "arn:topic"}, "C": "x"}')
+        '{"A": {"Resource": "arn:plan"}, "B": {"TopicArn": "arn:topic"}, "C": "x"}'
+    )
 
 
 def test_handlers_are_discovered_by_convention(tmp_path: object) -> None:
@@ -74,9 +78,14 @@ def test_nag_rendering_matches_cdk_nag_and_reasons_only_for_known_wildcards() ->
     ref = {"Fn::Join": ["", [{"Fn::GetAtt": ["Bucket12", "Arn"]}, "/checkpoints/*"]]}
     assert nag.flatten(ref) == "<Bucket12.Arn>/checkpoints/*"
     assert nag.flatten({"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, ":s3:::b/*"]]}) == (
-        "arn:<AWS::Partition>:s3:::b/*")
-    doc = {"Statement": [{"Effect": "Allow", "Action": ["s3:GetObject*"], "Resource": [ref]},
-                         {"Effect": "Deny", "Action": "s3:*", "Resource": "*"}]}
+        "arn:<AWS::Partition>:s3:::b/*"
+    )
+    doc = {
+        "Statement": [
+            {"Effect": "Allow", "Action": ["s3:GetObject*"], "Resource": [ref]},
+            {"Effect": "Deny", "Action": "s3:*", "Resource": "*"},
+        ]
+    }
     assert nag.wildcard_findings(doc) == ["Action::s3:GetObject*", "Resource::<Bucket12.Arn>/checkpoints/*"]
     assert nag.reason_for("Resource::<Bucket12.Arn>/checkpoints/*")
     star = {"Statement": [{"Effect": "Allow", "Action": ["xray:PutTraceSegments"], "Resource": "*"}]}

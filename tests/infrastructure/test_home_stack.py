@@ -30,7 +30,8 @@ def test_tables_have_pitr_encryption_and_the_shared_keys(synth: Synth) -> None:
         keys = {k["KeyType"]: k["AttributeName"] for k in props["KeySchema"]}
         assert keys["HASH"] == spec.partition_key and keys.get("RANGE") == spec.sort_key
         assert sorted(i["IndexName"] for i in props.get("GlobalSecondaryIndexes", [])) == sorted(
-            i.name for i in spec.indexes)
+            i.name for i in spec.indexes
+        )
         if spec.ttl_attribute:
             assert props["TimeToLiveSpecification"] == {"AttributeName": spec.ttl_attribute, "Enabled": True}
         assert table["DeletionPolicy"] == "Retain"
@@ -38,8 +39,11 @@ def test_tables_have_pitr_encryption_and_the_shared_keys(synth: Synth) -> None:
 
 def _jobs_bucket(synth: Synth) -> tuple[str, dict[str, Any]]:
     buckets = synth.resources(synth.home, "AWS::S3::Bucket")
-    jobs = [(k, v) for k, v in buckets.items() if "NotificationConfiguration" in json.dumps(v) or
-            "checkpoints-to-glacier" in json.dumps(v)]
+    jobs = [
+        (k, v)
+        for k, v in buckets.items()
+        if "NotificationConfiguration" in json.dumps(v) or "checkpoints-to-glacier" in json.dumps(v)
+    ]
     assert len(jobs) == 1
     return jobs[0]
 
@@ -49,13 +53,23 @@ def _assert_secure_bucket(template: dict[str, Any], logical: str) -> None:
     sse = props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]["ServerSideEncryptionByDefault"]
     assert sse["SSEAlgorithm"] in ("AES256", "aws:kms")
     assert props["PublicAccessBlockConfiguration"] == {
-        "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True, "RestrictPublicBuckets": True}
+        "BlockPublicAcls": True,
+        "BlockPublicPolicy": True,
+        "IgnorePublicAcls": True,
+        "RestrictPublicBuckets": True,
+    }
     assert props["VersioningConfiguration"] == {"Status": "Enabled"}
-    policies = [r for r in template["Resources"].values()
-                if r["Type"] == "AWS::S3::BucketPolicy" and r["Properties"]["Bucket"] == {"Ref": logical}]
+    policies = [
+        r
+        for r in template["Resources"].values()
+        if r["Type"] == "AWS::S3::BucketPolicy" and r["Properties"]["Bucket"] == {"Ref": logical}
+    ]
     assert policies, f"{logical} has no bucket policy"
-    deny_http = [s for s in policies[0]["Properties"]["PolicyDocument"]["Statement"]
-                 if s["Effect"] == "Deny" and s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}}]
+    deny_http = [
+        s
+        for s in policies[0]["Properties"]["PolicyDocument"]["Statement"]
+        if s["Effect"] == "Deny" and s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}}
+    ]
     assert deny_http and deny_http[0]["Action"] == "s3:*", "bucket is not TLS-only"
 
 
@@ -67,8 +81,9 @@ def test_jobs_bucket_encrypted_private_tls_only_versioned_with_glacier_lifecycle
     rules = {r["Id"]: r for r in props["LifecycleConfiguration"]["Rules"]}
     glacier = rules["checkpoints-to-glacier"]
     assert glacier["Prefix"] == RESOURCES.checkpoints_prefix
-    assert glacier["Transitions"] == [{"StorageClass": "GLACIER",
-                                       "TransitionInDays": synth.config.checkpoint_glacier_days}]
+    assert glacier["Transitions"] == [
+        {"StorageClass": "GLACIER", "TransitionInDays": synth.config.checkpoint_glacier_days}
+    ]
     assert props["LoggingConfiguration"]["DestinationBucketName"]["Ref"] != logical
     # submissions reach on_submission through EventBridge
     assert "EventBridgeConfiguration" in json.dumps(template["Resources"])
@@ -97,8 +112,13 @@ def test_one_lambda_per_handler_module_each_with_its_own_role(synth: Synth) -> N
         env = props["Environment"]["Variables"]
         for table in RESOURCES.tables:
             assert table.env in env
-        for name in (RESOURCES.bucket_env, RESOURCES.topic_env, RESOURCES.state_machine_env,
-                     RESOURCES.event_bus_env, RESOURCES.slack_secret_env):
+        for name in (
+            RESOURCES.bucket_env,
+            RESOURCES.topic_env,
+            RESOURCES.state_machine_env,
+            RESOURCES.event_bus_env,
+            RESOURCES.slack_secret_env,
+        ):
             assert name in env, f"{module} misses {name}"
 
 
@@ -218,8 +238,11 @@ def test_topic_encrypted_tls_only_with_slack_and_email(synth: Synth) -> None:
     (topic,) = synth.resources(synth.home, "AWS::SNS::Topic").values()
     assert "KmsMasterKeyId" in topic["Properties"]
     policies = synth.resources(synth.home, "AWS::SNS::TopicPolicy").values()
-    assert any(s["Effect"] == "Deny" and s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}}
-               for p in policies for s in p["Properties"]["PolicyDocument"]["Statement"])
+    assert any(
+        s["Effect"] == "Deny" and s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}}
+        for p in policies
+        for s in p["Properties"]["PolicyDocument"]["Statement"]
+    )
     subs = [s["Properties"] for s in synth.resources(synth.home, "AWS::SNS::Subscription").values()]
     assert {s["Protocol"] for s in subs} == {"lambda", "email"}
     (secret,) = synth.resources(synth.home, "AWS::SecretsManager::Secret").values()

@@ -27,7 +27,8 @@ def test_ec2_events_forwarded_to_the_home_bus_with_the_shared_patterns(synth: Sy
     for name in _remote(synth):
         rules = [r["Properties"] for r in synth.resources(name, "AWS::Events::Rule").values()]
         assert sorted(json.dumps(r["EventPattern"], sort_keys=True) for r in rules) == sorted(
-            json.dumps(p, sort_keys=True) for p in FORWARDED_EC2_PATTERNS)
+            json.dumps(p, sort_keys=True) for p in FORWARDED_EC2_PATTERNS
+        )
         for rule in rules:
             (target,) = rule["Targets"]
             assert home_bus in json.dumps(target["Arn"]) and "event-bus/default" in json.dumps(target["Arn"])
@@ -62,16 +63,28 @@ def test_security_group_allows_members_only(synth: Synth) -> None:
         groups = synth.resources(name, "AWS::EC2::SecurityGroup")
         (members,) = [k for k, g in groups.items() if "members" in g["Properties"]["GroupDescription"]]
         assert "SecurityGroupIngress" not in groups[members]["Properties"]
-        ingress = [r["Properties"] for r in synth.resources(name, "AWS::EC2::SecurityGroupIngress").values()
-                   if r["Properties"]["GroupId"] == {"Fn::GetAtt": [members, "GroupId"]}]
-        assert ingress == [{"Description": "members (NCCL/EFA)", "GroupId": {"Fn::GetAtt": [members, "GroupId"]},
-                            "IpProtocol": "-1", "SourceSecurityGroupId": {"Fn::GetAtt": [members, "GroupId"]}}]
+        ingress = [
+            r["Properties"]
+            for r in synth.resources(name, "AWS::EC2::SecurityGroupIngress").values()
+            if r["Properties"]["GroupId"] == {"Fn::GetAtt": [members, "GroupId"]}
+        ]
+        assert ingress == [
+            {
+                "Description": "members (NCCL/EFA)",
+                "GroupId": {"Fn::GetAtt": [members, "GroupId"]},
+                "IpProtocol": "-1",
+                "SourceSecurityGroupId": {"Fn::GetAtt": [members, "GroupId"]},
+            }
+        ]
 
 
 def _role_statements(synth: Synth, name: str, role_name_part: str) -> list[dict[str, Any]]:
     template = synth.template(name)
-    roles = [k for k, r in synth.resources(name, "AWS::IAM::Role").items()
-             if role_name_part in json.dumps(r["Properties"].get("RoleName", ""))]
+    roles = [
+        k
+        for k, r in synth.resources(name, "AWS::IAM::Role").items()
+        if role_name_part in json.dumps(r["Properties"].get("RoleName", ""))
+    ]
     assert len(roles) == 1
     statements = []
     for res in template["Resources"].values():
@@ -88,15 +101,24 @@ def test_agent_role_limited_to_its_paths_and_agent_calls(synth: Synth) -> None:
         put_events = [s for s in statements if s["Action"] == "events:PutEvents"]
         assert put_events and put_events[0]["Condition"] == {"StringEquals": {"events:source": [AGENT_SOURCE]}}
         for statement in statements:
-            for resource in statement["Resource"] if isinstance(statement["Resource"], list) else [
-                    statement["Resource"]]:
+            for resource in (
+                statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+            ):
                 text = json.dumps(resource)
                 if text.endswith('*"]]}') or text.endswith('*"'):
                     assert any(p in text for p in ("/checkpoints/*", "/data/*", "/artifacts/agent/*")), text
-        ddb = [s for s in statements if any(str(a).startswith("dynamodb:") for a in
-                                            (s["Action"] if isinstance(s["Action"], list) else [s["Action"]]))]
-        assert ddb and all("table/spotrelay-nodes" in json.dumps(s["Resource"]) or
-                           "table/spotrelay-jobs" in json.dumps(s["Resource"]) for s in ddb)
+        ddb = [
+            s
+            for s in statements
+            if any(
+                str(a).startswith("dynamodb:")
+                for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]])
+            )
+        ]
+        assert ddb and all(
+            "table/spotrelay-nodes" in json.dumps(s["Resource"]) or "table/spotrelay-jobs" in json.dumps(s["Resource"])
+            for s in ddb
+        )
 
 
 def test_data_bucket_secure_and_checkpoints_replicated_home(synth: Synth) -> None:
@@ -124,5 +146,13 @@ def test_fsx_for_lustre_linked_to_the_data_bucket_when_enabled(synth: Synth) -> 
 def test_controller_parameters_published(synth: Synth) -> None:
     for name in synth.training.values():
         params = {p["Properties"]["Name"] for p in synth.resources(name, "AWS::SSM::Parameter").values()}
-        assert {f"/spotrelay/training/{k}" for k in ("subnets", "security-group", "launch-template",
-                                                     "instance-profile", "data-bucket", "fsx-dns")} <= params
+        assert {
+            f"/spotrelay/training/{k}"
+            for k in ("subnets", "security-group", "launch-template", "instance-profile", "data-bucket", "fsx-dns")
+        } <= params
+
+
+def test_training_stacks_deploy_after_home(synth: Synth) -> None:
+    manifest = json.loads((synth.outdir / "manifest.json").read_text())
+    for name in synth.training.values():
+        assert synth.home in manifest["artifacts"][name].get("dependencies", [])
