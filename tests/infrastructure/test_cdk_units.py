@@ -102,3 +102,48 @@ def test_capabilities_by_handler_name() -> None:
     assert SLACK_SECRET not in grants_for("on_submission").capabilities
     assert EC2_LAUNCH not in grants_for("on_agent_event").capabilities
     assert grants_for("brand_new_handler").capabilities == {"store", "publish"}
+
+
+# What the Lambda Python runtime ships besides the standard library.
+_RUNTIME_MODULES = ("boto3", "botocore", "s3transfer", "jmespath", "dateutil", "six", "urllib3")
+
+
+def test_every_handler_imports_with_only_the_layer_and_the_lambda_runtime(tmp_path: object) -> None:
+    """A handler that imports torch, mlflow or typer at module level would fail in Lambda."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    runtime = Path(str(tmp_path)) / "runtime"
+    runtime.mkdir()
+    for name in _RUNTIME_MODULES:
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None
+        origin = Path(spec.origin)
+        source = origin.parent if origin.name == "__init__.py" else origin
+        (runtime / source.name).symlink_to(source)
+    handlers = staging.stage_handlers(out=Path(str(tmp_path)) / "handlers")
+    layer = staging.BUILD / "layer" / "python"
+    if not layer.exists():
+        staging.stage_layer()
+    modules = staging.discover_handlers()
+    code = (
+        "import importlib, sys\n"
+        + "".join(f"importlib.import_module('functions.{m}')\n" for m in modules)
+        + (
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+            "{'torch', 'deepspeed', 'mlflow', 'numpy', 'typer', 'rich', 'agent', 'cdk', 'aws_cdk'})\n"
+            "assert not bad, bad\n"
+        )
+    )
+    env = {
+        "PYTHONPATH": os.pathsep.join(map(str, (handlers, layer, runtime))),
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "POWERTOOLS_TRACE_DISABLED": "true",
+    }
+    # -S: no site-packages, so nothing from .venv leaks in
+    result = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
