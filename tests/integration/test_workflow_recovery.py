@@ -68,3 +68,18 @@ def test_cancel_while_waiting_for_capacity(wf: Harness) -> None:
     assert wf.finished(arn)["status"] == "SUCCEEDED"
     assert wf.job().status is JobStatus.CANCELLED
     assert "CapacityBackoff" in wf.states_entered(arn) and "Cancel" in wf.states_entered(arn)
+
+
+def test_silent_cluster_hits_the_heartbeat_timeout(wf: Harness) -> None:
+    job = new_job(wf.store)
+    arn = wf.start(job, FAST.model_copy(update={"heartbeat_s": 1}))
+    first = wf.agents_ready(1)  # then silence: no Heartbeat events reach the outcome wait
+    wf.gang(2)  # recovered into a new gang
+    done = wf.job()
+    assert done.attempts[0].end_reason == "node-lost"
+    assert {wf.store.get_node(job.job_id, n.node_id).state for n in first} == {NodeState.TERMINATED}
+    assert "OutcomeTimedOut" in wf.states_entered(arn)
+    # attempt 2 would time out the same way; end the test deterministically
+    request_cancel(job.job_id, store=wf.store, workflow=wf.workflow, now=0.0)
+    assert wf.finished(arn)["status"] == "SUCCEEDED"
+    assert wf.job().status is JobStatus.CANCELLED and wf.compute.running(job.job_id) == []
