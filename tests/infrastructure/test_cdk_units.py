@@ -147,3 +147,18 @@ def test_every_handler_imports_with_only_the_layer_and_the_lambda_runtime(tmp_pa
     # -S: no site-packages, so nothing from .venv leaks in
     result = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_every_context_key_is_in_cdk_json_and_documented() -> None:
+    import json
+    from pathlib import Path
+
+    from cdk.config import CONTEXT_KEYS
+
+    root = Path(__file__).resolve().parents[2]
+    context = json.loads((root / "cdk.json").read_text())["context"]
+    doc = (root / "docs" / "deploy.md").read_text()
+    for key in CONTEXT_KEYS:
+        assert key in context, f"cdk.json lacks {key}"
+        assert f"| `{key}` |" in doc, f"docs/deploy.md does not document {key}"
+    assert from_context(context.get) == AppConfig(**{k: v for k, v in context.items() if k in CONTEXT_KEYS and v != ""})
