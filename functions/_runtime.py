@@ -101,15 +101,9 @@ def _default_market() -> MarketData:
 
 
 def _default_pool_stats() -> Any:
-    try:
-        module = importlib.import_module("spotrelay.adapters.dynamodb_pool_stats")
-    except ImportError:  # not deployed yet: cooldowns then last one invocation only
-        from spotrelay.placement import InMemoryPoolStatsStore
+    from spotrelay.adapters.dynamodb_pool_stats import DynamoDBPoolStatsStore
 
-        logger.warning("spotrelay.adapters.dynamodb_pool_stats missing: pool stats kept in memory")
-        return InMemoryPoolStatsStore()
-    factory = getattr(module, "DynamoDBPoolStatsStore", None) or module.DynamoDBPoolStats
-    return factory()
+    return DynamoDBPoolStatsStore()
 
 
 def _default_notifier() -> Notifier:
