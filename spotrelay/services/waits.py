@@ -115,9 +115,6 @@ def _claim(job: Job, wait: str, token: str, verdict: dict[str, Any], now: float)
                               "updated_at": now}
     if wait == READY and verdict["outcome"] == "ready" and job.status is JobStatus.STARTING:
         update["status"] = transition(job.status, JobStatus.RUNNING)
-        if job.attempts:
-            started = job.attempts[-1].model_copy(update={"started_at": now})
-            update["attempts"] = [*job.attempts[:-1], started]
     return job.model_copy(update=update)
 
 

@@ -137,7 +137,8 @@ def provision(ctl: Controller, job_id: str, plan_result: dict[str, Any], now: fl
         for node in nodes:
             ctl.store.put_node(node)
         record = Attempt(number=attempt, pool=pool, price_per_hour=float(candidate["price_per_hour"]),
-                         nodes=len(nodes), resumed_from_step=job.last_checkpoint.step if job.last_checkpoint else None)
+                         nodes=len(nodes), started_at=now,  # billing starts at launch, not at NodeReady
+                         resumed_from_step=job.last_checkpoint.step if job.last_checkpoint else None)
 
         def started(current: Job, record: Attempt = record) -> Job:
             return current.model_copy(update={

@@ -106,6 +106,7 @@ def test_clean_success(wf: Harness) -> None:
     final = wf.job()
     assert final.status is JobStatus.SUCCEEDED and final.attempt == 1 and final.recoveries == 0
     assert final.attempts[0].ended_at is not None and final.task_tokens == {}
+    assert final.attempts[0].cost > 0 and final.cost_so_far == final.attempts[0].cost  # billed from launch
     assert wf.compute.running(job.job_id) == []
     assert sorted(wf.compute.terminated) == sorted(n.instance_id for n in nodes)
     assert wf.compute.tried == [wf.compute.launched[0].pool.key]  # the best pool had capacity
