@@ -110,7 +110,8 @@ def provision(ctl: Controller, job_id: str, plan_result: dict[str, Any], now: fl
         job = ctl.store.save_job(job.model_copy(update={
             "status": transition(job.status, JobStatus.PROVISIONING), "updated_at": now}), job.status, job.version)
     spec = spec_of(job)
-    ranks = list(plan_result.get("launch_ranks") or range(spec.resources.nodes))
+    # [] is meaningful: every rank survived (restart in place), nothing to launch
+    ranks = list(plan_result["launch_ranks"] if "launch_ranks" in plan_result else range(spec.resources.nodes))
     keep = list(plan_result.get("keep_instance_ids") or [])
     attempt = job.attempt + 1
     failed: list[str] = []
