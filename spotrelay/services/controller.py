@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from spotrelay.domain.models import Job, Node
+from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.ports.compute import Compute
 from spotrelay.ports.job_store import JobStore
 from spotrelay.ports.market import MarketData
@@ -66,3 +66,18 @@ def current_node(store: JobStore, instance_id: str) -> tuple[Job, Node] | None:
 
 def attempt_nodes(store: JobStore, job: Job) -> list[Node]:
     return [n for n in store.nodes_of(job.job_id) if n.attempt == job.attempt]
+
+
+def release_nodes(ctl: Controller, job: Job, nodes: list[Node]) -> list[str]:
+    """Mark the nodes TERMINATED, then terminate their instances (so the state-change events that
+    follow are recognised as ours). Already terminated nodes are skipped; returns instance ids."""
+    by_region: dict[str, list[str]] = {}
+    for node in nodes:
+        if node.state is NodeState.TERMINATED:
+            continue
+        ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(
+            update={"state": NodeState.TERMINATED}) if n.state is not NodeState.TERMINATED else None)
+        by_region.setdefault(node.pool.region, []).append(node.instance_id)
+    for region, ids in by_region.items():
+        ctl.need_compute().terminate(ids, region)
+    return sorted(i for ids in by_region.values() for i in ids)

@@ -17,7 +17,7 @@ from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import JobCancelledError, NoPlacementError
 from spotrelay.placement import PoolEvent
 from spotrelay.recovery import AttemptEnd, Outcome, RecoveryContext, check_retry_budget, classify_nodes, plan_recovery
-from spotrelay.services.controller import Controller, attempt_nodes, spec_of
+from spotrelay.services.controller import Controller, attempt_nodes, release_nodes, spec_of
 from spotrelay.services.notify import announce
 from spotrelay.services.workflow_tasks import _close_attempt
 
@@ -92,7 +92,7 @@ def recover(ctl: Controller, job_id: str, verdict: dict[str, Any], timings: Work
     if outcome.kind is AttemptEnd.USER_ERROR and action != "new-cluster":
         keep = []  # a user restart relaunches in place only through a new gang (simple and clean)
         action = "new-cluster"
-    _release(ctl, job, [n for n in nodes if n.instance_id not in keep])
+    release_nodes(ctl, job, [n for n in nodes if n.instance_id not in keep])
 
     excluded = set(job.excluded_pools)
     if action == "new-cluster" and current is not None and current.pool is not None and outcome.kind in (
@@ -118,18 +118,6 @@ def recover(ctl: Controller, job_id: str, verdict: dict[str, Any], timings: Work
              backoff_s=result["backoff_s"], retry=decision.reason)
     log.info("recovering", extra={"job_id": job_id, **result})
     return result
-
-
-def _release(ctl: Controller, job: Job, nodes: list[Node]) -> None:
-    """Mark, then terminate (so the state-change events that follow are recognised as ours)."""
-    by_region: dict[str, list[str]] = {}
-    for node in nodes:
-        if node.state is not NodeState.TERMINATED:
-            ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(
-                update={"state": NodeState.TERMINATED}) if n.state is not NodeState.TERMINATED else None)
-        by_region.setdefault(node.pool.region, []).append(node.instance_id)
-    for region, ids in by_region.items():
-        ctl.need_compute().terminate(ids, region)
 
 
 def _result(job: Job, nodes: list[Node], timings: WorkflowTimings, outcome: str, reason: str) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from spotrelay.errors import (
 )
 from spotrelay.placement import PoolEvent, best_pool, rank_pools
 from spotrelay.ports.compute import LaunchRequest
-from spotrelay.services.controller import Controller, regions_of, spec_of
+from spotrelay.services.controller import Controller, attempt_nodes, regions_of, release_nodes, spec_of
 from spotrelay.services.notify import announce
 from spotrelay.settings import settings
 
@@ -81,6 +81,9 @@ def plan(ctl: Controller, job_id: str, now: float, recovery: dict[str, Any] | No
             keep = []
     else:
         keep = []
+    dropped = set((recovery or {}).get("keep_instance_ids") or []) - set(keep)
+    if dropped:  # the survivors' pool is out: they go, a whole new gang comes
+        release_nodes(ctl, job, [n for n in attempt_nodes(ctl.store, job) if n.instance_id in dropped])
 
     def to_placing(current: Job) -> Job | None:
         _live(current)

@@ -46,6 +46,22 @@ def test_replace_lost_nodes_keeps_the_survivor(wf: Harness) -> None:
     assert wf.compute.running(job.job_id) == []
 
 
+def test_survivors_are_released_when_their_pool_has_no_capacity(wf: Harness) -> None:
+    job = new_job(wf.store, strategy="replace-lost-nodes")
+    arn = wf.start(job)
+    first = wf.agents_ready(1)
+    home = first[0].pool.key
+    wf.compute._fail = lambda pool, n: CAPACITY if pool.key == home else None
+    on_instance_state.handler(ec2_event("ec2_instance_state_terminated.json", first[1].instance_id), ctx())
+    second = wf.agents_ready(2)
+    assert {n.pool.key for n in second} != {home} and len(second) == 2
+    assert not {n.instance_id for n in second} & {n.instance_id for n in first}
+    assert set(wf.compute.running(job.job_id)) == {n.instance_id for n in second}
+    assert wf.store.get_node(job.job_id, "a1-r0").state is NodeState.TERMINATED
+    wf.exit_all(second, 0)
+    assert wf.finished(arn)["status"] == "SUCCEEDED"
+
+
 def test_user_error_follows_the_restart_policy(wf: Harness) -> None:
     job = new_job(wf.store, max_user_restarts=1)
     arn = wf.start(job)
