@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,7 +137,6 @@ def run_demo(opts: DemoOptions) -> report.Summary:
     spec_text, tracking_uri = prepare_spec(opts.spec, out, opts.step_sleep_s)
     spec = parse_spec(spec_text)
     experiment = spec.tracking.mlflow_experiment or "spotrelay"
-    report.ensure_experiment(tracking_uri, experiment, out / "mlartifacts")
     market = MarketModel(
         regions=spec.resources.regions, boot_time_s=opts.boot_s, time_scale=opts.time_scale,
         notice_window_s=opts.notice_window_s,
@@ -145,9 +145,15 @@ def run_demo(opts: DemoOptions) -> report.Summary:
     )
     t0 = time.time()
     log = EventLog(t0)
+    # The three slow starts overlap: the reference run, MLflow's store migrations, the twin.
+    ref_proc = start_reference(spec, (out / "reference").resolve(), Path.cwd()) if opts.reference else None
+    mlflow_ready = threading.Thread(target=report.ensure_experiment, daemon=True,
+                                    args=(tracking_uri, experiment, out / "mlartifacts"))
+    mlflow_ready.start()
     twin = Twin(TwinOptions(root=(out / "twin").resolve(), market=market)).start()
     assert twin.compute is not None and twin.dispatcher is not None
-    ref_proc = start_reference(spec, (out / "reference").resolve(), Path.cwd()) if opts.reference else None
+    _mark(log, "twin up")
+    mlflow_ready.join()  # before any agent looks the experiment up
     rec = Recorder(twin, log)
     twin.dispatcher.listeners.append(rec.on_delivery)
     twin.bus.listeners.append(rec.on_ec2)
@@ -171,7 +177,9 @@ def run_demo(opts: DemoOptions) -> report.Summary:
             for line in log.all():
                 console.print(f"{line['t']:7.1f}s  {line['event']}", highlight=False)
         if ref_proc is not None:
+            _mark(log, "waiting for the reference run")
             _wait(ref_proc, t0 + opts.timeout_s + 60 - time.time())
+        _mark(log, "summarizing")
         summary = summarize(opts, twin, rec, market, spec.resources.nodes, tracking_uri, experiment, t0)
     finally:
         chaos.stop()
@@ -184,6 +192,10 @@ def run_demo(opts: DemoOptions) -> report.Summary:
         opts.json_path.write_text(summary.to_json())
     print_summary(console, summary)
     return summary
+
+
+def _mark(log: EventLog, what: str) -> None:
+    log.add(what, "dim")
 
 
 class _NoLive:

@@ -4,7 +4,6 @@ comparison, recovery times, cost, the PNG and the MLflow record."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -69,7 +68,7 @@ def summarize(opts: DemoOptions, twin: Twin, rec: Recorder, market: MarketModel,
         if f.resumed_at is None:
             problems.append(f"no recovery seen after the {f.kind} on {f.node}")
     lifetimes = twin.compute.history()
-    clean_s = _reference_seconds(opts.out / "reference" / "train.log")
+    clean_s = _clean_run_seconds(lifetimes, faults)
     png = opts.out / "timeline.png"
     try:
         report.timeline_png(png, ref_losses, losses, faults, lifetimes, t0)
@@ -103,13 +102,15 @@ def summarize(opts: DemoOptions, twin: Twin, rec: Recorder, market: MarketModel,
     return summary
 
 
-def _reference_seconds(log: Path) -> float | None:
-    """Wall time of the reference run (what a clean on-demand run pays for): start marker to last log write."""
-    marker = log.parent / "started"
-    try:
-        return log.stat().st_mtime - marker.stat().st_mtime
-    except OSError:
+def _clean_run_seconds(lifetimes: list[dict[str, Any]], faults: list[report.Fault]) -> float | None:
+    """How long the job would have held its nodes without the faults: first launch to last release,
+    less the time each recovery took (what an on-demand run, never interrupted, pays for)."""
+    if not lifetimes:
         return None
+    start = min(life["launched_at"] for life in lifetimes)
+    end = max(life["ended_at"] or time.time() for life in lifetimes)
+    lost = sum(f.recovery_s() or 0.0 for f in faults)
+    return max(end - start - lost, 0.0)
 
 
 def print_summary(console: Console, s: report.Summary) -> None:

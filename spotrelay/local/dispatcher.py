@@ -22,6 +22,7 @@ from typing import Any
 from spotrelay.local import lambda_seam
 
 log = logging.getLogger(__name__)
+ACCOUNT = "123456789012"  # moto's default account
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ class Dispatcher:
             log.error("dropping a message that is not JSON on %s", url)
             sqs.delete_message(QueueUrl=url, ReceiptHandle=msg["ReceiptHandle"])
             return
-        delivery = self.invoke(function, event)
+        delivery = self.invoke(function, as_aws_sends(event))
         receives = int(msg.get("Attributes", {}).get("ApproximateReceiveCount", "1"))
         if delivery.error is None or receives >= self.max_receives:
             if delivery.error is not None:
@@ -111,6 +112,18 @@ class Dispatcher:
         else:
             sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=msg["ReceiptHandle"],
                                           VisibilityTimeout=self.retry_delay_s * receives)
+
+
+def as_aws_sends(event: dict[str, Any]) -> dict[str, Any]:
+    """Undo where moto's events differ from AWS's (tests/events/ has the real shapes): its
+    EventBridge -> SQS template drops ``account`` and ``version``, and its S3 notifications spell
+    the object's ``etag`` as ``eTag``."""
+    event.setdefault("account", ACCOUNT)
+    event.setdefault("version", "0")
+    obj = (event.get("detail") or {}).get("object") if event.get("source") == "aws.s3" else None
+    if isinstance(obj, dict) and "eTag" in obj and "etag" not in obj:
+        obj["etag"] = obj.pop("eTag")
+    return event
 
 
 def scheduled_event(rule_arn: str, region: str = "us-east-1") -> dict[str, Any]:

@@ -47,6 +47,7 @@ class TwinOptions:
     agent_cmd: list[str] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)  # for the controller and the agents
     moto: motoserver.MotoServer | None = None  # reuse a running server (tests); it is reset first
+    code_dir: Path | None = None  # the job's code, put on every node's disk (default: the cwd)
 
 
 class Twin:
@@ -85,7 +86,7 @@ class Twin:
         reset()
         routes = self._create_rules()
         self.compute = LocalCompute(self.market, self.root, agent_env={}, agent_cmd=self.options.agent_cmd,
-                                    bus=self.bus)
+                                    bus=self.bus, code_dir=self.options.code_dir)
         self._install_ports()
         self.state_machine_arn = self._create_workflow()
         if self.state_machine_arn:
