@@ -34,6 +34,9 @@ from spotrelay.ports.job_store import JobStore
 from spotrelay.spec.models import JobSpec
 
 TICK_S = 0.25
+# a write never moves a node back: RUNNING does not undo DOOMED, EXITED does not undo TERMINATED
+STATE_RANK = {NodeState.PENDING: 0, NodeState.READY: 1, NodeState.RUNNING: 1, NodeState.DOOMED: 2,
+              NodeState.EXITED: 3, NodeState.LOST: 4, NodeState.TERMINATED: 4}
 
 
 class Agent:
@@ -98,8 +101,14 @@ class Agent:
         raise AgentConfigError(f"rank 0 of {c.job_id} attempt {c.attempt} did not register in {c.rank0_wait_s}s")
 
     def _set_node(self, **fields: Any) -> None:
+        def change(node: Node) -> Node:
+            state = fields.get("state")
+            if state is not None and STATE_RANK[state] < STATE_RANK.get(node.state, 0):
+                return node.model_copy(update={k: v for k, v in fields.items() if k != "state"})
+            return node.model_copy(update=fields)
+
         try:
-            self.store.update_node(self.config.job_id, self.config.node, lambda n: n.model_copy(update=fields))
+            self.store.update_node(self.config.job_id, self.config.node, change)
         except SpotrelayError as exc:
             warn("node update failed", fields=fields, error=str(exc))
 

@@ -255,3 +255,14 @@ def test_survivor_joins_the_next_gang(tmp_path: Path, imds: FakeImds) -> None:
     assert node.directive is None and node.state is NodeState.EXITED and node.exit_code == 0
     assert node.master_port == 29500
     assert (tmp_path / "control" / "starts").read_text() == "xx"  # restarted once, not twice
+
+
+def test_agent_never_undoes_the_controllers_verdict(tmp_path: Path, imds: FakeImds) -> None:
+    _, store, recorder, thread, result = run_agent(tmp_path, imds)
+    wait_for(lambda: bool(recorder.of("Heartbeat")))
+    stop = Directive(directive_id="d-stop-2", kind=DirectiveKind.STOP, issued_at=time.time())
+    store.update_node("j-1", "a1-r0", lambda n: n.model_copy(update={  # teardown marked it first
+        "state": NodeState.TERMINATED, "directive": stop.model_dump()}))
+    assert finish(thread, result) == ExitCode.CANCELLED
+    node = store.get_node("j-1", "a1-r0")
+    assert node.state is NodeState.TERMINATED and node.exit_code == ExitCode.CANCELLED
