@@ -4,9 +4,10 @@ Sources, later ones win:
 
 1. instance tags read through IMDS (``spotrelay:job-id``, ``spotrelay:rank`` ...: the field name
    with ``-`` for ``_``), so a node launched from a tagged fleet knows who it is;
-2. a JSON file (``--config`` or ``SPOTRELAY_AGENT_CONFIG``); the user-data template writes it to
+2. user data that is JSON, ``{"spotrelay_agent": {...fields}}`` (read through IMDS);
+3. a JSON file (``--config`` or ``SPOTRELAY_AGENT_CONFIG``); the user-data template writes it to
    ``/etc/spotrelay/agent.json``;
-3. the environment, ``SPOTRELAY_AGENT_<FIELD>`` (tests and the local twin).
+4. the environment, ``SPOTRELAY_AGENT_<FIELD>`` (tests and the local twin).
 
 What the node can find out itself (instance id, region, AZ, private IP, instance type) comes from
 IMDS when it is not given.
@@ -31,6 +32,7 @@ from spotrelay.spec.models import JobSpec
 ENV_PREFIX = "SPOTRELAY_AGENT_"
 ENV_CONFIG_FILE = "SPOTRELAY_AGENT_CONFIG"
 TAG_PREFIX = "spotrelay:"
+USER_DATA_KEY = "spotrelay_agent"
 TAG_ALIASES = {"job": "job_id"}  # the EC2 compute adapter tags spotrelay:job
 
 
@@ -112,14 +114,27 @@ def from_file(path: Path) -> dict[str, Any]:
     return data
 
 
+def from_user_data(text: str | None) -> dict[str, Any]:
+    """Agent fields from user data that is a JSON object with a ``spotrelay_agent`` member; a
+    bootstrap script (agent/userdata.py) or anything else gives nothing (it writes the file)."""
+    try:
+        data = json.loads(text or "")
+    except ValueError:
+        return {}
+    section = data.get(USER_DATA_KEY) if isinstance(data, dict) else None
+    return dict(section) if isinstance(section, dict) else {}
+
+
 def load_config(
     env: Mapping[str, str] | None = None,
     file: Path | None = None,
     tags: Mapping[str, str] | None = None,
+    user_data: str | None = None,
 ) -> AgentConfig:
-    """Merge tags < file < environment; ``AgentConfigError`` naming what is missing or wrong."""
+    """Merge tags < user data < file < environment; ``AgentConfigError`` naming what is wrong."""
     env = os.environ if env is None else env
     merged: dict[str, Any] = from_tags(tags or {})
+    merged.update(from_user_data(user_data))
     path = file or (Path(env[ENV_CONFIG_FILE]) if env.get(ENV_CONFIG_FILE) else None)
     if path is not None:
         merged.update(from_file(path))

@@ -311,7 +311,7 @@ def configure(config_file: Path | None) -> tuple[AgentConfig, ImdsClient]:
     imds = ImdsClient(endpoint)
     try:
         if config is None:
-            config = load_config(file=config_file, tags=imds.tags())
+            config = load_config(file=config_file, tags=imds.tags(), user_data=imds.user_data())
         config = with_instance_facts(config, {
             "instance_id": imds.instance_id(), "region": imds.region(), "az": imds.availability_zone(),
             "private_ip": imds.private_ip(), "instance_type": imds.instance_type(),

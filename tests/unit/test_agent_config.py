@@ -43,3 +43,16 @@ def test_instance_facts_fill_only_gaps() -> None:
     config = AgentConfig(job_id="j", attempt=1, rank=0, nodes=1, private_ip="127.0.0.1")
     filled = with_instance_facts(config, {"private_ip": "10.0.0.9", "instance_id": "i-1", "az": None})
     assert filled.private_ip == "127.0.0.1" and filled.instance_id == "i-1" and filled.az is None
+
+
+def test_json_user_data_between_tags_and_file(tmp_path: Path) -> None:
+    user_data = json.dumps({"spotrelay_agent": {"job_id": "from-ud", "attempt": 1, "rank": 0, "master_port": 29411}})
+    tags = {"spotrelay:job": "from-tags", "spotrelay:master-port": "29999"}
+    config = load_config(env={}, tags=tags, user_data=user_data)
+    assert (config.job_id, config.master_port) == ("from-ud", 29411)
+    file = tmp_path / "agent.json"
+    file.write_text(json.dumps({"job_id": "from-file"}))
+    assert load_config(env={}, file=file, tags=tags, user_data=user_data).job_id == "from-file"
+    # a bootstrap script is not config
+    assert load_config(env={}, tags={**tags, "spotrelay:attempt": "1", "spotrelay:rank": "0"},
+                       user_data="#!/bin/bash\necho hi").job_id == "from-tags"
