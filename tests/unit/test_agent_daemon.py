@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from agent.config import AgentConfig
+from agent.daemon import Agent
 from agent.imds import ImdsClient
 from agent.launcher import LaunchPlan, Rendezvous
-from agent.main import Agent
 from agent.reporting import Reporter
 from spotrelay.contracts.events import Directive, DirectiveKind
 from spotrelay.contracts.exit_codes import ExitCode

@@ -1,0 +1,277 @@
+"""The agent's daemon: one node's registration, launch, loop and exit.
+
+register (node item READY, NodeReady) -> wait for rank 0's address and port -> launch ->
+loop (detect, decide, act, follow the trainer, heartbeat) -> TrainingExited, node item EXITED ->
+the node's exit code; a surviving node may then be carried into the next gang. See docs/agent.md.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from agent.actions import Responder, classify_exit
+from agent.config import AgentConfig
+from agent.imds import ImdsClient
+from agent.launcher import LaunchPlan, Rendezvous, TrainingProcess, build_plan, contract_env
+from agent.monitors import DirectiveMonitor, Monitor, Notice, NoticeKind, RebalanceMonitor, SpotInterruptionMonitor
+from agent.notice_store import NoticeStore
+from agent.reporting import JobTracking, Reporter, info, warn
+from spotrelay.contracts import control
+from spotrelay.contracts.exit_codes import ExitCode
+from spotrelay.domain.models import Job, Node, NodeState, Pool
+from spotrelay.errors import AgentConfigError, ImdsUnavailableError, NotFoundError, SpotrelayError
+from spotrelay.ports.job_store import JobStore
+from spotrelay.spec.models import JobSpec
+
+TICK_S = 0.25
+# a write never moves a node back: RUNNING does not undo DOOMED, EXITED does not undo TERMINATED
+STATE_RANK = {NodeState.PENDING: 0, NodeState.READY: 1, NodeState.RUNNING: 1, NodeState.DOOMED: 2,
+              NodeState.EXITED: 3, NodeState.LOST: 4, NodeState.TERMINATED: 4}
+
+
+class Agent:
+    def __init__(
+        self, config: AgentConfig, store: JobStore, reporter: Reporter, imds: ImdsClient,
+        clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+        plan_builder: Callable[[JobSpec, Rendezvous, dict[str, str], str | None, str], LaunchPlan] = build_plan,
+    ) -> None:
+        self.config, self.store, self.reporter, self.imds = config, store, reporter, imds
+        self.plan_builder = plan_builder
+        self.clock, self.sleep = clock, sleep
+        self.control = config.control
+        self.responder = Responder(self.control, reporter, clock)
+        self.notices = NoticeStore()
+        self.imds_monitors: list[Monitor] = [SpotInterruptionMonitor(imds), RebalanceMonitor(imds)]
+        self.directives = DirectiveMonitor(self._own_node, self._bad_directive)
+        self.imds_failures = 0
+        self.signals: list[int] = []
+        self.killed = False
+        self.tracking: JobTracking | None = None
+        self.doomed = False  # this instance got a spot notice: it will not join another gang
+
+    def _bad_directive(self, why: str) -> None:
+        self.reporter.anomaly("bad-directive", why)
+
+    # --- registration -----------------------------------------------------------------------------
+    def _own_node(self) -> Node:
+        return self.store.get_node(self.config.job_id, self.config.node)
+
+    def register(self) -> None:
+        c = self.config
+
+        def ready(node: Node) -> Node:
+            return node.model_copy(update={
+                "private_ip": c.private_ip, "state": NodeState.READY, "last_heartbeat": self.clock(),
+                "instance_id": c.instance_id or node.instance_id, "exit_code": None,
+                "master_port": c.master_port if c.rank == 0 else node.master_port,
+            })
+
+        try:
+            self.store.update_node(c.job_id, c.node, ready)
+        except NotFoundError:  # started without the controller (a manual run): create our own item
+            pool = Pool(region=c.region or "", az=c.az or "", instance_type=c.instance_type or "", market="spot")
+            node = Node(job_id=c.job_id, node_id=c.node, attempt=c.attempt, rank=c.rank,
+                        instance_id=c.instance_id or "unknown", pool=pool, launched_at=self.clock())
+            self.store.put_node(ready(node))
+        self.reporter.node_ready()
+
+    def wait_for_rank0(self) -> tuple[str, int]:
+        """Rank 0's address and rendezvous port (it may be a survivor of an earlier gang)."""
+        c = self.config
+        if c.rank == 0:
+            return c.private_ip or "127.0.0.1", c.master_port
+        give_up = self.clock() + c.rank0_wait_s
+        while self.clock() < give_up:
+            for node in self.store.nodes_of(c.job_id):
+                if node.attempt == c.attempt and node.rank == 0 and node.private_ip and node.state in (
+                    NodeState.READY, NodeState.RUNNING
+                ):
+                    return node.private_ip, node.master_port or c.master_port
+            self.sleep(1.0)
+        raise AgentConfigError(f"rank 0 of {c.job_id} attempt {c.attempt} did not register in {c.rank0_wait_s}s")
+
+    def _set_node(self, **fields: Any) -> None:
+        def change(node: Node) -> Node:
+            state = fields.get("state")
+            if state is not None and STATE_RANK[state] < STATE_RANK.get(node.state, 0):
+                return node.model_copy(update={k: v for k, v in fields.items() if k != "state"})
+            return node.model_copy(update=fields)
+
+        try:
+            self.store.update_node(self.config.job_id, self.config.node, change)
+        except SpotrelayError as exc:
+            warn("node update failed", fields=fields, error=str(exc))
+
+    # --- detect ---------------------------------------------------------------------------------
+    def _poll_imds(self) -> list[Notice]:
+        found: list[Notice] = []
+        try:
+            for monitor in self.imds_monitors:
+                found += monitor.poll()
+        except (ImdsUnavailableError, ValueError) as exc:
+            self.imds_failures += 1
+            if self.imds_failures == self.config.imds_failures_anomaly:
+                self.reporter.anomaly("imds-unreachable", str(exc))
+            return found
+        self.imds_failures = 0
+        return found
+
+    def _poll_directives(self) -> list[Notice]:
+        try:
+            return self.directives.poll()
+        except Exception as exc:  # DynamoDB throttled or unreachable: IMDS still covers notices
+            warn("directive poll failed", error=str(exc))
+            return []
+
+    def _clear_directive(self, directive_id: str) -> None:
+        def clear(node: Node) -> Node | None:
+            if not node.directive or node.directive.get("directive_id") != directive_id:
+                return None
+            return node.model_copy(update={"directive": None})
+
+        try:
+            self.store.update_node(self.config.job_id, self.config.node, clear)
+        except SpotrelayError as exc:
+            warn("could not clear directive", directive_id=directive_id, error=str(exc))
+
+    # --- run ------------------------------------------------------------------------------------
+    def run(self, spec: JobSpec, env: dict[str, str], tracking: JobTracking | None = None) -> int:
+        c = self.config
+        self.tracking, self.killed = tracking, False
+        self.register()
+        master, port = self.wait_for_rank0()
+        per_node = c.nproc_per_node or max(spec.resources.gpus_per_node, 1)  # CPU jobs: one rank per node
+        rdzv = Rendezvous(c.nodes or spec.resources.nodes, c.rank, per_node, master, port)
+        plan = self.plan_builder(spec, rdzv, env, c.instance_type, c.python or sys.executable)
+        control.clear_request(self.control)
+        events_file = self.control / control.EVENTS_FILE
+        offset = events_file.stat().st_size if events_file.exists() else 0  # earlier runs' events are old news
+        c.work_dir.mkdir(parents=True, exist_ok=True)
+        with open(c.work_dir / f"train-a{c.attempt}.log", "ab") as log:
+            proc = TrainingProcess(plan, self.control, log)
+            info("launching", argv=plan.argv, master=f"{master}:{port}")
+            proc.start()
+            self._set_node(state=NodeState.RUNNING)
+            code, offset = self._loop(proc, offset)
+        self._follow(offset)
+        exit_code, reason = classify_exit(code, proc.worker_codes(), self.responder.pending,
+                                          self.responder.committed_since_request, self.killed)
+        last = self.responder.last_committed
+        self.reporter.training_exited(exit_code, reason, control.read_progress(self.control),
+                                      last.step if last else None)
+        self._set_node(state=NodeState.EXITED, exit_code=exit_code)
+        if tracking:
+            tracking.attempt_ended(exit_code, last.step if last else None)
+        info("training exited", exit_code=exit_code, reason=reason)
+        return exit_code
+
+    def serve(self, job: Job, spec: JobSpec, tracking: JobTracking | None = None) -> int:
+        """Run this attempt; a surviving node then waits (``linger_s``) to be carried into the next
+        gang (the controller's replace-lost-nodes: a new node item for this instance, RESTART)."""
+        while True:
+            run_id = tracking.run_id if tracking else job.mlflow_run_id
+            code = self.run(spec, contract_env(self.config, job, spec, run_id), tracking)
+            if code in (ExitCode.DONE, ExitCode.CANCELLED) or self.doomed or not self._adopt_next_attempt():
+                return code
+            if tracking:
+                tracking.attempt = self.config.attempt
+
+    def _adopt_next_attempt(self) -> bool:
+        c = self.config
+        give_up = self.clock() + c.linger_s
+        info("waiting to join a later attempt", linger_s=c.linger_s)
+        while self.clock() < give_up and not self.signals:
+            later = [n for n in self.store.nodes_of(c.job_id)
+                     if n.instance_id == c.instance_id and n.attempt > c.attempt]
+            if later:
+                node = max(later, key=lambda n: n.attempt)
+                self.config = c.model_copy(update={"attempt": node.attempt, "rank": node.rank, "node_id": node.node_id})
+                self.reporter.config = self.config
+                self.responder = Responder(self.control, self.reporter, self.clock)
+                if node.directive and node.directive.get("kind") == "RESTART":  # this adoption is the restart
+                    self.notices.add(Notice(NoticeKind.DIRECTIVE, "directive", node.directive.get("directive_id"),
+                                            "RESTART"), self.clock())
+                    self._clear_directive(str(node.directive.get("directive_id")))
+                info("joining attempt", attempt=node.attempt, node_id=node.node_id, rank=node.rank)
+                return True
+            self.sleep(c.directive_poll_s)
+        return False
+
+    def _loop(self, proc: TrainingProcess, offset: int) -> tuple[int, int]:
+        c = self.config
+        next_imds = next_directive = 0.0
+        next_beat = self.clock() + c.heartbeat_s
+        while True:
+            now = self.clock()
+            found: list[Notice] = []
+            if now >= next_imds:
+                found += self._poll_imds()
+                next_imds = now + c.imds_poll_s
+            if now >= next_directive:
+                found += self._poll_directives()
+                next_directive = now + c.directive_poll_s
+            for notice in found:
+                self._handle(notice, proc)
+            self._handle_signals(proc)
+            offset = self._follow(offset)
+            self.responder.check_deadline(now)
+            code = proc.poll()
+            if code is not None:
+                return code, offset
+            if not self.killed and self.responder.kill_due(now, c.stop_grace_s):
+                warn("trainer did not stop in time; killing it")
+                self.killed = True
+                return proc.kill_tree(5.0), offset
+            if now >= next_beat:
+                self._heartbeat()
+                next_beat = now + c.heartbeat_s
+            self.sleep(TICK_S)
+
+    def _follow(self, offset: int) -> int:
+        events, offset = control.read_events(self.control, offset)
+        self.responder.on_events(events)
+        for event in events:
+            if self.tracking and event.kind == "checkpoint_committed":
+                self.tracking.checkpoint(event.step, event.duration_s, event.emergency)
+        return offset
+
+    def _handle(self, notice: Notice, proc: TrainingProcess) -> None:
+        new = self.notices.add(notice, self.clock())
+        if new is None:
+            return
+        decision = self.responder.apply(new)
+        if new.kind is NoticeKind.SPOT_INTERRUPTION:
+            self.doomed = True
+            self._set_node(state=NodeState.DOOMED)
+        if decision.restart:
+            info("restarting the training command")
+            proc.kill_tree(self.config.stop_grace_s)
+            self.responder.reset()
+            proc.start()
+        if new.kind is NoticeKind.DIRECTIVE and new.notice_id:
+            self._clear_directive(new.notice_id)
+
+    def _heartbeat(self) -> None:
+        step = control.read_progress(self.control)
+        self._set_node(last_heartbeat=self.clock())
+        self.reporter.heartbeat(step)
+
+    # --- signals --------------------------------------------------------------------------------
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.signals.append(signum)
+
+    def _handle_signals(self, proc: TrainingProcess) -> None:
+        while self.signals:
+            signum = self.signals.pop(0)
+            stops = (signal.SIGTERM, signal.SIGINT)
+            if signum in stops and self.responder.pending is None:
+                # first stop signal (shutdown, systemctl stop): save and stop like a preemption
+                self.responder.ask(control.RequestKind.CHECKPOINT_AND_STOP,
+                                   self.clock() + self.config.stop_grace_s, f"agent got signal {signum}")
+            else:
+                proc.relay(signum)  # a second stop signal, or HUP/USR1/USR2: the launcher passes it on
