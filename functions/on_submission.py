@@ -1,30 +1,37 @@
-"""S3 "Object Created" under submissions/ (via EventBridge) -> validate, record, start the workflow."""
+"""S3 "Object Created" under submissions/ (via EventBridge) -> validate, record, start the workflow.
+
+Dedupe key: (key, etag). The job id is derived from it and the job is created conditionally, so a
+redelivered event finds its job and starts nothing twice (see spotrelay/services/submit.py).
+"""
 
 from __future__ import annotations
 
 import time
+from functools import lru_cache
 from typing import Any
 
-from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEventBridgeModel
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-logger = Logger(service="spotrelay")
+from functions._runtime import controller, logger
+from spotrelay.adapters.s3_object_store import S3ObjectStore
 
 
-@logger.inject_lambda_context
+@lru_cache(maxsize=1)
+def objects() -> S3ObjectStore:
+    return S3ObjectStore()
+
+
+@logger.inject_lambda_context(clear_state=True)
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    from functions import _submission_deps as deps
     from spotrelay.services.submit import submit
 
-    parsed = parse(event=event, model=S3EventNotificationEventBridgeModel)
-    obj = parsed.detail.object
+    obj = parse(event=event, model=S3EventNotificationEventBridgeModel).detail.object
     logger.append_keys(key=obj.key)
-    result = submit(
-        obj.key, obj.etag or "", int(obj.size or 0),
-        store=deps.store(), objects=deps.objects(), workflow=deps.workflow(), now=time.time(),
-        notifier=deps.notifier(),
-    )
+    ports = controller()
+    result = submit(obj.key, obj.etag or "", int(obj.size or 0), store=ports.store, objects=objects(),
+                    workflow=ports.workflow, now=time.time(), notifier=ports.notifier)
+    logger.append_keys(job_id=result.job_id)
     logger.info("submission handled", extra=result.as_dict())
     return result.as_dict()

@@ -19,7 +19,7 @@ PASS_MACHINE = {"StartAt": "Done", "States": {"Done": {"Type": "Pass", "End": Tr
 
 @pytest.fixture
 def env(aws: dict[str, str]) -> dict[str, str]:
-    from functions import _submission_deps
+    from functions import _runtime, on_submission
     from spotrelay.settings import reset
 
     arn = client("stepfunctions").create_state_machine(
@@ -28,7 +28,8 @@ def env(aws: dict[str, str]) -> dict[str, str]:
     )["stateMachineArn"]
     os.environ["SPOTRELAY_STATE_MACHINE_ARN"] = arn
     reset()
-    _submission_deps.reset()
+    _runtime.reset()
+    on_submission.objects.cache_clear()
     return {**aws, "state_machine_arn": arn}
 
 
@@ -110,10 +111,10 @@ def test_oversized_submission_is_rejected_without_reading(env: dict[str, str]) -
 
 
 def test_crash_before_start_is_healed_by_redelivery(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from functions import _submission_deps
+    from functions import _runtime
 
     event = _drop(env["bucket"], "submissions/tiny.yaml", (ROOT / "examples" / "tiny.yaml").read_bytes())
-    wf = _submission_deps.workflow()
+    wf = _runtime.workflow()
 
     def boom(job_id: str, payload: dict[str, Any]) -> str:
         raise RuntimeError("lambda timed out")
