@@ -41,6 +41,7 @@ CONTEXT_KEYS = (
     "checkpoint_glacier_days",
     "reconcile_minutes",
     "vpc_cidrs",
+    "availability_zones",
 )
 
 
@@ -66,6 +67,10 @@ class AppConfig(BaseModel):
     checkpoint_glacier_days: int = Field(30, ge=1)
     reconcile_minutes: int = Field(1, ge=1)
     vpc_cidrs: dict[str, str] = Field(default_factory=dict, description="region -> CIDR; default 10.42.0.0/16")
+    # CDK cannot list a region's AZs offline; without this a training VPC spans the first two.
+    availability_zones: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict, description="region -> AZ names for the training VPC (up to 6)"
+    )
 
     @field_validator("training_regions", "instance_types", mode="before")
     @classmethod
@@ -89,6 +94,9 @@ class AppConfig(BaseModel):
     def _check(self) -> AppConfig:
         if len(set(self.training_regions)) != len(self.training_regions):
             raise ValueError("training_regions has duplicates")
+        for region, zones in self.availability_zones.items():
+            if not zones or len(zones) > 6 or not all(z.startswith(region) for z in zones):
+                raise ValueError(f"availability_zones[{region}] must list 1-6 AZs of {region}")
         if self.log_retention_days not in LOG_RETENTIONS:
             raise ValueError(f"log_retention_days must be one of {sorted(LOG_RETENTIONS)}")
         if self.fsx_storage_gib != 1200 and self.fsx_storage_gib % 2400:
@@ -106,8 +114,9 @@ def from_context(get: Any) -> AppConfig:
     """Build the config from a ``node.try_get_context``-like callable; unknown keys are ignored."""
     values = {key: get(key) for key in CONTEXT_KEYS}
     values = {key: value for key, value in values.items() if value is not None and value != ""}
-    if isinstance(values.get("vpc_cidrs"), str):
-        values["vpc_cidrs"] = json.loads(values["vpc_cidrs"])
+    for key in ("vpc_cidrs", "availability_zones"):
+        if isinstance(values.get(key), str):
+            values[key] = json.loads(values[key])
     try:
         return AppConfig(**values)
     except ValueError as exc:

@@ -25,6 +25,11 @@ from spotrelay.resources import FORWARDED_EC2_PATTERNS, RESOURCES
 FORWARD_IDS = ("SpotInterruption", "Rebalance", "InstanceState")  # same order as FORWARDED_EC2_PATTERNS
 
 
+def _zones(config: AppConfig, region: str) -> dict[str, Any]:
+    zones = config.availability_zones.get(region)
+    return {"availability_zones": list(zones)} if zones else {"max_azs": 2}
+
+
 def data_bucket_name(config: AppConfig, region: str) -> str:
     return f"{config.prefix}-data-{Aws.ACCOUNT_ID}-{region}"
 
@@ -57,17 +62,24 @@ class RegionalStack(Stack):
             self,
             "Vpc",
             ip_addresses=ec2.IpAddresses.cidr(config.vpc_cidr(region)),
-            max_azs=3,
+            **_zones(config, region),
             nat_gateways=1,
             subnet_configuration=[
                 ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
-                ec2.SubnetConfiguration(name="nodes", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=18),
+                # /19: room for six AZs in a /16, 8k addresses each
+                ec2.SubnetConfiguration(name="nodes", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=19),
             ],
             gateway_endpoints={
                 "S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3),
                 "DynamoDB": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.DYNAMODB),
             },
         )
+        if config.availability_zones.get(region):
+            # Named AZs are the point of the setting (Spot capacity is per AZ): tell cfn-lint (W3010).
+            for subnet in self.vpc.public_subnets + self.vpc.private_subnets:
+                subnet.node.default_child.add_metadata(  # type: ignore[union-attr]
+                    "cfn-lint", {"config": {"ignore_checks": ["W3010"]}}
+                )
         flow_logs = logs.LogGroup(self, "FlowLogs")
         flow_logs.node.default_child.retention_in_days = config.log_retention_days  # type: ignore[union-attr]
         self.vpc.add_flow_log(

@@ -18,7 +18,12 @@ import pytest
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
-CONTEXT = {"fsx_enabled": True, "alarm_email": "ml-platform@example.com", "prefix": "spotrelay"}
+CONTEXT = {
+    "fsx_enabled": True,
+    "alarm_email": "ml-platform@example.com",
+    "prefix": "spotrelay",
+    "availability_zones": {"us-west-2": ["us-west-2a", "us-west-2b", "us-west-2c"]},
+}
 
 
 @dataclass

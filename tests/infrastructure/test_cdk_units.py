@@ -162,3 +162,11 @@ def test_every_context_key_is_in_cdk_json_and_documented() -> None:
         assert key in context, f"cdk.json lacks {key}"
         assert f"| `{key}` |" in doc, f"docs/deploy.md does not document {key}"
     assert from_context(context.get) == AppConfig(**{k: v for k, v in context.items() if k in CONTEXT_KEYS and v != ""})
+
+
+def test_availability_zones_must_belong_to_their_region() -> None:
+    assert from_context({"availability_zones": '{"us-west-2": ["us-west-2a"]}'}.get).availability_zones == {
+        "us-west-2": ("us-west-2a",)
+    }
+    with pytest.raises(InfraConfigError, match="availability_zones"):
+        from_context({"availability_zones": {"us-west-2": ["us-east-1a"]}}.get)

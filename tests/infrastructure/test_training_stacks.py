@@ -156,3 +156,15 @@ def test_training_stacks_deploy_after_home(synth: Synth) -> None:
     manifest = json.loads((synth.outdir / "manifest.json").read_text())
     for name in synth.training.values():
         assert synth.home in manifest["artifacts"][name].get("dependencies", [])
+
+
+def test_training_vpc_spans_the_configured_azs(synth: Synth) -> None:
+    assert synth.config.availability_zones, "the fixture context sets AZs for one region"
+    for region, name in synth.training.items():
+        subnets = [s["Properties"] for s in synth.resources(name, "AWS::EC2::Subnet").values()]
+        private = [s for s in subnets if not s.get("MapPublicIpOnLaunch")]
+        zones = synth.config.availability_zones.get(region)
+        if zones:
+            assert sorted(s["AvailabilityZone"] for s in private) == sorted(zones)
+        else:
+            assert len(private) == 2 and all("Fn::GetAZs" in json.dumps(s["AvailabilityZone"]) for s in private)
