@@ -9,6 +9,7 @@ from aws_cdk import App, Environment, Tags
 from cdk import nag
 from cdk.config import AppConfig, from_context
 from cdk.home_stack import HomeStack
+from cdk.regional_stack import RegionalStack
 from cdk.workflow import ASL_PATH
 
 # Behaviour flags the constructs rely on, set here so ``python app.py`` and ``cdk synth`` agree.
@@ -49,8 +50,6 @@ def build(
         description="spotrelay controller: tables, bucket, handlers, job-run workflow, rules, alarms",
     )
     stacks[home.stack_name] = home
-    from cdk.regional_stack import RegionalStack
-
     for region in config.training_regions:
         regional = RegionalStack(
             app,

@@ -78,7 +78,7 @@ class Events(Construct):
             else:
                 fn = functions.get(spec.handler)
                 if fn is None:
-                    # A rule without its handler would drop events silently: skip it loudly instead.
+                    # a rule without its handler would drop events silently: fail the synth instead
                     raise InfraConfigError(f"rule {spec.logical} needs functions/{spec.handler}.py with a handler")
                 target = targets.LambdaFunction(
                     fn, dead_letter_queue=dlq, max_event_age=MAX_EVENT_AGE, retry_attempts=RETRY_ATTEMPTS
@@ -100,7 +100,8 @@ class Events(Construct):
                 self,
                 "Reconcile",
                 rule_name=f"{config.prefix}-Reconcile",
-                description="every minute: stale heartbeats, orphan instances, idle clusters, stuck executions",
+                description=f"every {config.reconcile_minutes} min: stale heartbeats, orphan instances, idle "
+                "clusters, stuck executions",
                 schedule=events.Schedule.rate(Duration.minutes(config.reconcile_minutes)),
                 targets=[
                     targets.LambdaFunction(

@@ -8,6 +8,7 @@ explains it. A wildcard no pattern explains stays a finding and fails the synth.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -121,8 +122,6 @@ def flatten(node: Any) -> str:
             return flatten(value)
         if key == "Ref":
             return f"<{flatten(value)}>"
-    import json
-
     return json.dumps(node, separators=(",", ":"))
 
 
