@@ -33,6 +33,11 @@ TWIN_TIMINGS = {
     "backoff_max_s": 5, "provision_retry_s": 2,
 }
 
+# The agents' polling in the twin: a real node polls IMDS every 2 s against a 120 s window; the twin's
+# window is 30 s, so it polls and beats faster too.
+TWIN_AGENT = {"imds_poll_s": "1", "directive_poll_s": "1", "heartbeat_s": "10", "rank0_wait_s": "120",
+              "stop_grace_s": "10"}
+
 
 def queue_name(rule_logical: str) -> str:
     return f"spotrelay-{rule_logical.lower()}"
@@ -93,7 +98,7 @@ class Twin:
             os.environ[RESOURCES.state_machine_env] = self.state_machine_arn
         reset()
         self.env = self._env()
-        self.compute.agent_env = dict(self.env)
+        self.compute.agent_env = {**self.env, **{f"SPOTRELAY_AGENT_{k.upper()}": v for k, v in TWIN_AGENT.items()}}
         self.dispatcher = Dispatcher(routes)
         self.dispatcher.start()
         reconcile = lambda_seam.register_module("reconcile") if _has_handler("reconcile") else None

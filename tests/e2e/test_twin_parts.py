@@ -137,3 +137,32 @@ def test_local_compute_launch_interrupt_kill(compute: tuple[LocalCompute, list[t
     assert c.list_tagged([]) == []
     with pytest.raises(requests.ConnectionError):
         requests.put(rank0.imds.url + "/latest/api/token", timeout=1)
+
+
+def test_cli_faults_reach_the_twin_through_its_control_endpoint(
+    compute: tuple[LocalCompute, list[tuple[str, dict]]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from spotrelay.cli.local import local_app
+    from spotrelay.local.control import ENV_URL, ControlServer
+
+    c, seen = compute
+    insts = c.launch(LaunchRequest(job_id="j", attempt=1, pool=POOL, count=2, ranks=[0, 1]))
+    control = ControlServer(c, {}).start()
+    try:
+        monkeypatch.setenv(ENV_URL, control.url)
+        runner = CliRunner()
+        nodes = runner.invoke(local_app, ["nodes", "--json"])
+        assert nodes.exit_code == 0 and insts[0].instance_id in nodes.output
+        assert runner.invoke(local_app, ["interrupt", "a1-r1"]).exit_code == 0
+        assert seen[-1][0] == "EC2 Spot Instance Interruption Warning"
+        assert runner.invoke(local_app, ["kill", "0"]).exit_code == 0
+        assert c.find("a1-r1").alive and not any(li.alive for li in c.instances() if li.instance.rank == 0)
+        missing = runner.invoke(local_app, ["kill", "a9-r9"])
+        assert missing.exit_code == 1 and "no live instance" in missing.output
+    finally:
+        control.stop()
+    monkeypatch.delenv(ENV_URL)
+    gone = runner.invoke(local_app, ["kill", "1", "--state", str(tmp_path / "none.json")])
+    assert gone.exit_code == 2
