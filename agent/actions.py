@@ -155,7 +155,8 @@ class Responder:
             deadline = pending.deadline
         met = None if deadline is None else when <= deadline
         self.reporter.checkpoint_committed(event.step, event.uri, event.duration_s, event.emergency, deadline, met)
-        self.last_committed = event
+        if self.last_committed is None or event.step >= self.last_committed.step:
+            self.last_committed = event  # background uploads may commit out of order: keep the newest step
         if answers and pending is not None:
             self.committed_since_request = True
             if pending.kind is RequestKind.CHECKPOINT:

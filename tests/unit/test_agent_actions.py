@@ -145,3 +145,11 @@ def test_periodic_commit_after_a_notice_is_not_the_emergency_save(tmp_path: Path
     responder.on_events([TrainerEvent(kind="checkpoint_committed", step=5, uri="u5", emergency=True,
                                       deadline=1120.0, time=1002.0)])
     assert responder.committed_since_request
+
+
+def test_newest_commit_wins_when_uploads_finish_out_of_order(tmp_path: Path) -> None:
+    now = [1000.0]
+    responder, _ = _responder(tmp_path, now)
+    responder.on_events([TrainerEvent(kind="checkpoint_committed", step=5, uri="u5", emergency=True, time=1001.0),
+                         TrainerEvent(kind="checkpoint_committed", step=4, uri="u4", time=1002.0)])
+    assert responder.last_committed is not None and responder.last_committed.step == 5
