@@ -58,7 +58,7 @@ class FakeImds:
         self._tokens: dict[str, float] = {}  # token -> expiry (epoch)
         self._instance_action: dict[str, str] | None = None
         self._rebalance: dict[str, str] | None = None
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), _handler_for(self))
+        self._server = _Server(("127.0.0.1", port), _handler_for(self))
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -150,6 +150,15 @@ class FakeImds:
         else:
             value = values.get(path.rstrip("/"))
         return (200, value) if value is not None else (404, "")
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a client that gave up (short timeouts under load) is normal, not worth a traceback
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 def _handler_for(imds: FakeImds) -> type[BaseHTTPRequestHandler]:
