@@ -134,7 +134,7 @@ def run_agent(tmp_path: Path, imds: FakeImds, mode: str = "ok", steps: int = 30,
         return LaunchPlan([sys.executable, "-m", "agent.launcher", str(tmp_path / "trainer.py"), mode, str(steps)],
                           {**env, "RANK": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
 
-    client = ImdsClient(imds.url, timeout_s=0.3, retries=1)
+    client = ImdsClient(imds.url, timeout_s=2.0, retries=1)  # generous: CI machines are loaded
     agent = Agent(config, store, Reporter(config, recorder), client, plan_builder=plan)  # type: ignore[arg-type]
     result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(agent.serve(job, SPEC)), daemon=True)

@@ -21,7 +21,7 @@ def imds() -> Iterator[FakeImds]:
 
 
 def _client(imds: FakeImds, **kwargs: object) -> ImdsClient:
-    return ImdsClient(imds.url, timeout_s=0.5, retries=2, backoff_s=0.01, **kwargs)  # type: ignore[arg-type]
+    return ImdsClient(imds.url, timeout_s=2.0, retries=2, backoff_s=0.01, **kwargs)  # type: ignore[arg-type]
 
 
 def test_identity_and_one_token_for_many_reads(imds: FakeImds) -> None:
