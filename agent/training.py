@@ -68,7 +68,7 @@ class Session:
         self.s3 = S3Tier(config.checkpoint_uri) if config.checkpoint_uri else None
         self.pipeline = Pipeline(
             self.local, self.s3, self.topo, config.control_dir,
-            keep_local=config.keep_local, keep_s3=config.keep_s3, timeout_s=config.commit_timeout_s,
+            keep_local=config.keep_local, keep_s3=config.keep_s3, timeout_s=config.commit_timeout_s, offload=True,
         )  # fmt: skip
         self.poller = RequestPoller(config.control_dir)
         self.step = self.samples = self.epoch = 0
@@ -76,6 +76,8 @@ class Session:
         self.exit_code = ExitCode.DONE
         self.last_loss: float | None = None
         self._last_saved = -1
+        self._save_requested = False
+        self.last_job: SaveJob | None = None
         self._last_save_time = time.monotonic()
         self._iter: Iterator[Any] | None = None
         self._device = "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
@@ -197,11 +199,16 @@ class Session:
             self._event(TrainerEvent(kind="stopping", step=self.step, request_id=request_id, time=time.time()))
             return True
         periodic = bool(cfg.every_steps and self.step % cfg.every_steps == 0 and self.step < max_steps)
-        if decision.kind is RequestKind.CHECKPOINT or periodic or decision.checkpoint_due:
+        if decision.kind is RequestKind.CHECKPOINT or periodic or decision.checkpoint_due or self._save_requested:
+            self._save_requested = False
             self.save(request_id=request_id)
         return False
 
     # --- saving ------------------------------------------------------------------------------------
+    def request_checkpoint(self) -> None:
+        """Save at the end of the current step. Every rank must call it in the same step."""
+        self._save_requested = True
+
     def save(self, emergency: bool = False, deadline: float | None = None, request_id: str | None = None) -> SaveJob:
         """Snapshot now (blocks only for the in-memory copy); the pipeline writes and uploads."""
         started = time.time()
@@ -216,7 +223,9 @@ class Session:
             step=self.step, writer=writer, trainer_state=self._trainer_state(request_id), manifest_fields=fields,
             emergency=emergency, started=started, deadline=deadline, request_id=request_id,
         )  # fmt: skip
+        job.timings["snapshot_s"] = time.time() - started  # what the training loop waited for
         self._last_saved, self._last_save_time = self.step, time.monotonic()
+        self.last_job = job
         return self.pipeline.submit(job)
 
     def close(self) -> int:

@@ -44,7 +44,8 @@ class DcpEngine:
 
         def write() -> list[Path]:
             target.mkdir(parents=True, exist_ok=True)
-            writer = dcp.FileSystemWriter(str(target), sync_files=True)
+            # no fsync here: the pipeline fsyncs each shard while it hashes and uploads it
+            writer = dcp.FileSystemWriter(str(target), sync_files=False)
             dcp.save(state, storage_writer=writer, process_group=self.group, no_dist=not self.distributed)
             files = sorted(target.glob(f"__{rank}_*.distcp"))
             if rank == 0:

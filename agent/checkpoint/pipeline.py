@@ -26,6 +26,7 @@ from agent.checkpoint.local_tier import LocalTier
 from agent.checkpoint.manifest import Manifest, RankPart, describe_shards, merge_parts, step_name
 from agent.checkpoint.s3_tier import S3Tier
 from agent.checkpoint.state import save_trainer_state, trainer_file
+from agent.checkpoint.uploader import UploaderProcess
 from spotrelay.contracts.control import TrainerEvent, append_event
 
 log = logging.getLogger("spotrelay.checkpoint")
@@ -65,6 +66,10 @@ class SaveJob:
 
 
 class Pipeline:
+    """Writes run in order on one thread (DCP's collectives need the same order on every rank);
+    transfers of periodic saves run in order on a low-priority lane; an emergency save gets a
+    thread and a full-priority helper of its own, so it never queues behind a periodic upload."""
+
     def __init__(
         self,
         local: LocalTier,
@@ -74,49 +79,86 @@ class Pipeline:
         keep_local: int = 2,
         keep_s3: int = 5,
         timeout_s: float = 900.0,
+        offload: bool = False,
     ) -> None:
         self.local, self.s3, self.topo = local, s3, topology
         self.control_dir = control_dir
         self.keep_local, self.keep_s3, self.timeout_s = keep_local, keep_s3, timeout_s
-        self._queue: queue.Queue[SaveJob | threading.Event] = queue.Queue()
-        self._skip_before = -1
-        self._thread = threading.Thread(target=self._run, name="spotrelay-ckpt", daemon=True)
-        self._thread.start()
+        self._writes: queue.Queue[SaveJob | threading.Event] = queue.Queue()
+        self._transfers: queue.Queue[tuple[SaveJob, list[Path]] | threading.Event] = queue.Queue()
+        self._urgent: list[threading.Thread] = []
+        self._inflight: set[int] = set()
+        self._commit_lock = threading.Lock()
+        # offload: hash and upload in helper processes (agent.checkpoint.uploader), off our GIL
+        uri = s3.uri if s3 else None
+        self.uploaders = {flag: UploaderProcess(uri, emergency=flag) for flag in (False, True)} if offload else {}
+        if offload:
+            self.uploaders[True].start()  # warm, so an emergency pays no start-up
+        for target, name in ((self._write_loop, "ckpt-write"), (self._transfer_loop, "ckpt-transfer")):
+            threading.Thread(target=target, name=name, daemon=True).start()
 
     def submit(self, job: SaveJob) -> SaveJob:
-        if job.emergency:
-            self._skip_before = job.step  # queued periodic saves are superseded: go at full speed
-        self._queue.put(job)
+        self._inflight.add(job.step)
+        self._writes.put(job)
         return job
 
     def flush(self, timeout: float | None = None) -> None:
+        """Wait until every job submitted so far is finished (committed or failed)."""
         marker = threading.Event()
-        self._queue.put(marker)
+        self._writes.put(marker)
         marker.wait(timeout)
+        for thread in list(self._urgent):
+            thread.join(timeout)
 
     def close(self) -> None:
         self.flush(self.timeout_s)
+        for uploader in self.uploaders.values():
+            uploader.close()
         if self.s3 is not None:
             self.s3.close()
 
-    # --- worker ----------------------------------------------------------------------------------
-    def _run(self) -> None:
+    # --- workers ---------------------------------------------------------------------------------
+    def _write_loop(self) -> None:
         while True:
-            job = self._queue.get()
+            job = self._writes.get()
             if isinstance(job, threading.Event):
-                job.set()
-                continue
-            if job.step < self._skip_before and not job.emergency:
-                job.error = RuntimeError(f"{step_name(job.step)} superseded by an emergency save")
-                job.done.set()
+                self._transfers.put(job)  # the transfer lane sets it once it is drained too
                 continue
             try:
-                self._process(job)
-            except BaseException as exc:  # a failed save must not kill training; the next one retries
-                job.error = exc
-                log.error("checkpoint %s failed: %s", step_name(job.step), exc, exc_info=True)
-            finally:
-                job.done.set()
+                files = self._write(job)
+            except BaseException as exc:
+                self._fail(job, exc)
+                continue
+            if job.emergency:
+                thread = threading.Thread(target=self._finish, args=(job, files), name="ckpt-urgent", daemon=True)
+                self._urgent.append(thread)
+                thread.start()
+            else:
+                self._transfers.put((job, files))
+
+    def _transfer_loop(self) -> None:
+        while True:
+            item = self._transfers.get()
+            if isinstance(item, threading.Event):
+                item.set()
+            else:
+                self._finish(*item)
+
+    def _fail(self, job: SaveJob, exc: BaseException) -> None:
+        # a failed save must not kill training; the next one tries again
+        job.error = exc
+        log.error("checkpoint %s failed: %s", step_name(job.step), exc, exc_info=True)
+        self._inflight.discard(job.step)
+        job.done.set()
+
+    def _finish(self, job: SaveJob, files: list[Path]) -> None:
+        try:
+            self._transfer_and_commit(job, files)
+        except BaseException as exc:
+            self._fail(job, exc)
+            return
+        self._inflight.discard(job.step)
+        job.done.set()
 
     def _manifest(self, job: SaveJob, parts: list[RankPart]) -> Manifest:
         ranks, shards = merge_parts(parts)
@@ -130,37 +172,51 @@ class Pipeline:
             **job.manifest_fields,
         )
 
-    def _process(self, job: SaveJob) -> None:
-        topo, step_dir, t0 = self.topo, self.local.step_dir(job.step), time.perf_counter()
+    def _write(self, job: SaveJob) -> list[Path]:
+        t0 = time.perf_counter()
         files = job.writer()
-        state_file = trainer_file(step_dir, topo.rank)
+        state_file = trainer_file(self.local.step_dir(job.step), self.topo.rank)
         save_trainer_state(state_file, job.trainer_state)
-        shards = describe_shards(step_dir, [*files, state_file], topo.rank)
+        job.timings["write_s"] = time.perf_counter() - t0
+        return [*files, state_file]
+
+    def _transfer_and_commit(self, job: SaveJob, files: list[Path]) -> None:
+        topo, step_dir, t0 = self.topo, self.local.step_dir(job.step), time.perf_counter()
+        uploader = self.uploaders.get(job.emergency)
+        if uploader is not None:
+            rels = [p.resolve().relative_to(step_dir.resolve()).as_posix() for p in files]
+            shards = uploader.run(job.step, step_dir, topo.rank, rels)
+        else:
+            shards = describe_shards(step_dir, files, topo.rank)
         part = RankPart(step=job.step, rank=topo.rank, shards=shards)
         self.local.write_part(part)
-        job.timings["write_s"] = time.perf_counter() - t0
+        job.timings["hash_upload_s"] = time.perf_counter() - t0
         if topo.local_rank == 0:
             node_parts = self.local.wait_parts(job.step, topo.node_ranks, self.timeout_s)
-            self.local.commit(self._manifest(job, node_parts))
+            with self._commit_lock:
+                self.local.commit(self._manifest(job, node_parts))
         job.uri = str(step_dir)
         if self.s3 is not None:
-            self._upload(job, part, step_dir)
+            self._upload(job, part, step_dir, uploaded=uploader is not None)
         job.timings["commit_s"] = time.perf_counter() - t0
         if topo.local_rank == 0:
             self._report(job)
-            self.local.prune(self.keep_local, protect={job.step})
+            with self._commit_lock:
+                self.local.prune(self.keep_local, protect=self._inflight | {job.step})
 
-    def _upload(self, job: SaveJob, part: RankPart, step_dir: Path) -> None:
+    def _upload(self, job: SaveJob, part: RankPart, step_dir: Path, uploaded: bool) -> None:
         assert self.s3 is not None
         folder = step_name(job.step)
         t1 = time.perf_counter()
-        self.s3.upload_files([(step_dir / s.path, f"{folder}/{s.path}") for s in part.shards])
+        if not uploaded:
+            self.s3.upload_files([(step_dir / s.path, f"{folder}/{s.path}") for s in part.shards])
         self.s3.write_part(part)
         job.timings["upload_s"] = time.perf_counter() - t1
         if self.topo.rank == 0:
             parts = self.s3.wait_parts(job.step, self.topo.world_size, self.timeout_s)
-            self.s3.commit(self._manifest(job, parts))
-            self.s3.prune(self.keep_s3)
+            with self._commit_lock:
+                self.s3.commit(self._manifest(job, parts))
+                self.s3.prune(self.keep_s3, protect=self._inflight | {job.step})
         elif self.topo.local_rank == 0:
             self.s3.wait_manifest(job.step, self.timeout_s)
         job.uri = self.s3.step_uri(job.step)

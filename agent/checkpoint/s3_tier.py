@@ -7,8 +7,10 @@ Objects become visible in this order: shards, ``parts/rank-<R>.json``, ``manifes
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,6 +40,13 @@ def parse_uri(uri: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
+def set_thread_nice(nice: int) -> None:
+    """Lower this thread's CPU priority (Linux: per-thread nice); training keeps the cores it needs."""
+    if nice > 0 and hasattr(os, "setpriority"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+
+
 def _default_client() -> Any:
     from spotrelay.adapters import aws
 
@@ -51,6 +60,7 @@ class S3Tier:
         client: Callable[[], Any] = _default_client,
         part_size: int = 16 * MiB,
         workers: int = 8,
+        nice: int = 0,
     ) -> None:
         self.uri = uri.rstrip("/")
         self.bucket, self.prefix = parse_uri(uri)
@@ -58,7 +68,9 @@ class S3Tier:
         self._client: Any = None
         self.part_size = part_size
         self.workers = workers
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="s3-part")
+        self._pool = ThreadPoolExecutor(
+            workers, thread_name_prefix="s3-part", initializer=set_thread_nice, initargs=(nice,)
+        )
 
     @property
     def client(self) -> Any:
@@ -209,13 +221,17 @@ class S3Tier:
         (dest / MANIFEST).write_text(manifest.model_dump_json(indent=1))
 
     # --- retention -----------------------------------------------------------------------------
-    def prune(self, keep: int) -> list[int]:
+    def prune(self, keep: int, protect: set[int] | None = None) -> list[int]:
         """Delete committed steps beyond the newest ``keep`` and abandoned older uploads."""
         committed = self.steps()
         if len(committed) <= keep:
             return []
-        oldest_kept = committed[keep - 1]
-        doomed = [key for key in self.list_keys("step-") if (parse_step(key.split("/")[0]) or 0) < oldest_kept]
+        oldest_kept, protect = committed[keep - 1], protect or set()
+        doomed = []
+        for key in self.list_keys("step-"):
+            step = parse_step(key.split("/")[0])
+            if step is not None and step < oldest_kept and step not in protect:
+                doomed.append(key)
         for start in range(0, len(doomed), 1000):
             chunk = [{"Key": self.key(k)} for k in doomed[start : start + 1000]]
             self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk, "Quiet": True})

@@ -112,3 +112,37 @@ def test_s3_retention_prunes_beyond_keep(s3_setup: Any) -> None:
     assert s3.steps() == [6, 4]
     assert s3.list_keys("step-00000002/") == []
     assert local.steps() == [6, 4]
+
+
+def test_offloaded_helpers_commit_an_emergency_save_next_to_a_periodic_one(aws: dict[str, str], tmp_path: Path) -> None:
+    s3 = S3Tier(f"s3://{aws['bucket']}/checkpoints/job-2")
+    local = LocalTier(tmp_path / "node")
+    pipeline = Pipeline(local, s3, Topology(), tmp_path / "control", timeout_s=60, offload=True)
+    try:
+        periodic = SaveJob(step=2, writer=_writer(local, 2), trainer_state={}, manifest_fields={"engine": "fake"})
+        urgent = SaveJob(step=4, writer=_writer(local, 4), trainer_state={}, manifest_fields={"engine": "fake"})
+        urgent.emergency = True
+        pipeline.submit(periodic)
+        pipeline.submit(urgent)
+        assert urgent.done.wait(60) and urgent.error is None, urgent.error
+        assert periodic.done.wait(60) and periodic.error is None, periodic.error
+    finally:
+        pipeline.close()
+    assert s3.latest() == 4 and s3.steps() == [4, 2]
+    manifest = s3.manifest(4)
+    assert manifest is not None and {s.path for s in manifest.shards} == {"model.pt", "trainer/rank-0.pt"}
+    events, _ = read_events(tmp_path / "control")
+    assert {(e.step, e.emergency) for e in events} == {(2, False), (4, True)}
+    fresh = LocalTier(tmp_path / "fresh")
+    chosen = choose(fresh, S3Tier(s3.uri))  # (pipeline.close() shut the first tier's pool)
+    assert chosen is not None and chosen.step == 4  # what the helpers hashed matches what they uploaded
+
+
+def _writer(local: LocalTier, step: int) -> Any:
+    def write() -> list[Path]:
+        step_dir = local.step_dir(step)
+        step_dir.mkdir(parents=True, exist_ok=True)
+        torch.save({"w": torch.full((2 * MiB,), float(step))}, step_dir / "model.pt")
+        return [step_dir / "model.pt"]
+
+    return write

@@ -1,0 +1,211 @@
+"""Checkpoint benchmark: training stall, background overhead and emergency flush, side by side.
+
+    .venv/bin/python bench/checkpoint.py            # ~300 MB of state, ~3-5 minutes on 2 cores
+
+Trains an MLP whose parameters plus AdamW state are >= 256 MB through the spotrelay training API
+(torch path: DCP on the local tier, S3 = moto's server in its own process). It interleaves blocks of
+steps without checkpoints and blocks with one checkpoint each (``--every`` steps), so both see the
+same machine load, then sends a checkpoint_and_stop request and times it to the committed manifest
+in S3. Baselines, measured in the same run on the same bytes: an in-memory copy (memcpy) of the
+state, and a plain parallel multipart upload (boto3's transfer manager) to the same endpoint.
+Ends with one line per ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agent.training import Session, spotrelay_session  # noqa: E402
+from spotrelay.contracts.control import RequestKind, StopRequest, read_events, write_request  # noqa: E402
+from spotrelay.local.motoserver import FAKE_ENV, free_port  # noqa: E402
+
+MB = 1e6
+
+
+def start_moto() -> tuple[subprocess.Popen[bytes], str]:
+    """moto in its own process, so its request handling does not share our GIL."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    os.environ.update({**FAKE_ENV, "AWS_ENDPOINT_URL": url})
+    from spotrelay.settings import reset
+
+    reset()
+    import requests
+
+    for _ in range(100):
+        try:
+            requests.get(f"{url}/moto-api/", timeout=1)
+            return proc, url
+        except requests.ConnectionError:
+            time.sleep(0.1)
+    raise RuntimeError("moto_server did not start")
+
+
+def state_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    found = [p.data for p in model.parameters()]
+    for state in optimizer.state.values():
+        found += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    return found
+
+
+def memcpy_seconds(tensors: list[torch.Tensor]) -> float:
+    """Best of 3: copying the same bytes into already-allocated memory."""
+    dst = [torch.empty_like(t) for t in tensors]
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for d, s in zip(dst, tensors, strict=True):
+            d.copy_(s)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def plain_upload_seconds(files: list[Path], bucket: str, prefix: str, workers: int, part: int) -> float:
+    from boto3.s3.transfer import TransferConfig
+    from s3transfer.manager import TransferManager
+
+    from spotrelay.adapters import aws
+
+    config = TransferConfig(multipart_threshold=part, multipart_chunksize=part, max_concurrency=workers)
+    t0 = time.perf_counter()
+    with TransferManager(aws.client("s3"), config) as manager:
+        futures = [manager.upload(str(f), bucket, f"{prefix}/{i}-{f.name}") for i, f in enumerate(files)]
+        for fut in futures:
+            fut.result()
+    return time.perf_counter() - t0
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: int, width: int) -> float:
+    x = torch.randn(batch, width)
+    optimizer.zero_grad(set_to_none=True)
+    loss = (model(x) - x).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    return float(loss)
+
+
+def run(args: argparse.Namespace, work: Path, bucket: str) -> dict[str, Any]:
+    torch.manual_seed(0)
+    width = args.width
+    layers = max(1, round(args.state_mb * MB / (3 * 4 * (width * width + width))))
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(layers)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    control = work / "control"
+    session: Session = spotrelay_session(
+        model, optimizer, checkpoint_dir=work / "ckpt", checkpoint_uri=f"s3://{bucket}/checkpoints/bench",
+        control_dir=control, keep_local=2, keep_s3=2, save_final=False,
+    )  # fmt: skip
+    session.config.every_steps = None
+    block, warmup = args.every, 3
+    total = warmup + 2 * block * args.rounds + 1
+    times: dict[str, list[float]] = {"none": [], "ckpt": []}
+    stalls: list[float] = []
+    emergency_at: float | None = None
+    last = time.perf_counter()
+    for step, _ in session.steps(total):
+        now = time.perf_counter()
+        if warmup < step < total - 1:  # the time since the last yield: the step before plus its boundary
+            index = (step - 1 - warmup) // block
+            times["ckpt" if index % 2 else "none"].append(now - last)
+        last = now
+        train_step(model, optimizer, args.batch, width)
+        rel = step - warmup
+        if rel >= 0 and rel < 2 * block * args.rounds and (rel // block) % 2 == 1 and rel % block == 0:
+            session.request_checkpoint()  # the first step of every checkpoint block saves
+        if step == total - 2:
+            session.pipeline.flush()  # the emergency save starts with an idle pipeline
+        if step == total - 1:
+            request = StopRequest(request_id="bench", kind=RequestKind.CHECKPOINT_AND_STOP, deadline=time.time() + 120)
+            emergency_at = time.time()
+            write_request(control, request)
+        job = session.last_job
+        if job is not None and "snapshot_s" in job.timings and not job.emergency and job.step == step:
+            stalls.append(job.timings["snapshot_s"])
+    events, _ = read_events(control)
+    emergency = next(e for e in events if e.emergency)
+    assert emergency_at is not None
+    flush_s = emergency.time - emergency_at
+    assert session.last_job is not None and session.last_job.emergency
+    phases = {k: round(v, 3) for k, v in session.last_job.timings.items()}
+    step_dir = session.local.step_dir(emergency.step)
+    manifest = session.local.manifest(emergency.step)
+    files = [step_dir / s.path for s in manifest.shards]
+    tensors = state_tensors(model, optimizer)
+    state_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    memcpy_s = memcpy_seconds(tensors)
+    assert session.s3 is not None
+    upload_s = plain_upload_seconds(files, bucket, "plain-upload", session.s3.workers, session.s3.part_size)
+    code = session.close()
+    return {
+        "layers": layers, "width": width, "state_bytes": state_bytes, "checkpoint_bytes": manifest.total_bytes,
+        "step_none_s": statistics.median(times["none"]), "step_ckpt_s": statistics.mean(times["ckpt"]),
+        "step_none_mean_s": statistics.mean(times["none"]), "stall_s": statistics.median(stalls),
+        "memcpy_s": memcpy_s, "flush_s": flush_s, "plain_upload_s": upload_s, "exit_code": code,
+        "checkpoints": len(stalls), "emergency_phases": phases, "loadavg": os.getloadavg(),
+    }  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--state-mb", type=float, default=300, help="parameters + AdamW state, MB")
+    p.add_argument("--width", type=int, default=2048)
+    p.add_argument("--batch", type=int, default=48)
+    p.add_argument("--every", type=int, default=50, help="steps per block (one checkpoint per block)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch threads for training (others stay free)")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    proc, _url = start_moto()
+    try:
+        from spotrelay.adapters import aws
+
+        bucket = "spotrelay-bench"
+        aws.client("s3").create_bucket(Bucket=bucket)
+        with tempfile.TemporaryDirectory(prefix="spotrelay-bench-") as tmp:
+            r = run(args, Path(tmp), bucket)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    stall_ratio = r["stall_s"] / r["memcpy_s"]
+    overhead = r["step_ckpt_s"] / r["step_none_mean_s"] - 1
+    flush_ratio = r["flush_s"] / r["plain_upload_s"]
+    print(
+        f"state (params + AdamW): {r['state_bytes'] / MB:.1f} MB; checkpoint files: {r['checkpoint_bytes'] / MB:.1f} MB"
+    )
+    print(f"model: {r['layers']} x Linear({r['width']}, {r['width']}); step {r['step_none_s']:.3f} s (median)")
+    print(f"stall per checkpoint {r['stall_s']:.3f} s (median of {r['checkpoints']}); memcpy {r['memcpy_s']:.3f} s")
+    print(
+        f"mean step: none {r['step_none_mean_s']:.4f} s, one checkpoint per {args.every} steps {r['step_ckpt_s']:.4f} s"
+    )
+    print(f"emergency flush {r['flush_s']:.2f} s; plain parallel multipart upload {r['plain_upload_s']:.2f} s")
+    print(f"emergency phases (s, cumulative from the save): {r['emergency_phases']}")
+    print("load average during the run: {:.1f} {:.1f} {:.1f} on {} cores".format(*r["loadavg"], os.cpu_count()))
+    if args.json:
+        args.json.write_text(json.dumps(r, indent=1))
+    print(f"stall/memcpy ratio: {stall_ratio:.2f}x (target <= 2x)")
+    print(f"periodic checkpoint step overhead: {overhead * 100:.2f}% (target <= 3%)")
+    print(f"emergency flush/plain upload ratio: {flush_ratio:.2f}x (target <= 1.3x)")
+
+
+if __name__ == "__main__":
+    main()
