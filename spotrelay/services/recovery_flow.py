@@ -49,6 +49,19 @@ def _mark_unresponsive(ctl: Controller, job: Job, nodes: list[Node], verdict: st
     return [n.model_copy(update={"state": NodeState.LOST}) if n.node_id in lost else n for n in nodes]
 
 
+def _mark_vanished(ctl: Controller, job: Job, nodes: list[Node]) -> list[Node]:
+    """A rank's crash is often the echo of a peer that vanished (its collective broke) before the
+    state-change event arrived: ask EC2 which instances still live, so the loss is classified as
+    a loss and does not spend the user's restart budget."""
+    regions = sorted({n.pool.region for n in nodes})
+    alive = {i.instance_id for i in ctl.need_compute().list_tagged(regions) if i.job_id in (None, job.job_id)}
+    vanished = {n.node_id for n in nodes if n.instance_id not in alive and n.state not in _DEAD}
+    for node_id in vanished:
+        ctl.store.update_node(job.job_id, node_id, lambda n: n.model_copy(update={"state": NodeState.LOST})
+                              if n.state not in _DEAD else None)
+    return [n.model_copy(update={"state": NodeState.LOST}) if n.node_id in vanished else n for n in nodes]
+
+
 def _classify(nodes: list[Node], verdict: dict[str, Any]) -> Outcome:
     try:
         return classify_nodes(nodes)
@@ -67,6 +80,8 @@ def recover(ctl: Controller, job_id: str, verdict: dict[str, Any], timings: Work
         return _result(job, nodes, timings, str(verdict.get("outcome")), "")
     if verdict.get("outcome") in _TIMEOUTS:
         nodes = _mark_unresponsive(ctl, job, nodes, str(verdict["outcome"]), timings, now)
+    elif verdict.get("outcome") in ("user-error", "infra-error"):
+        nodes = _mark_vanished(ctl, job, nodes)
     outcome = _classify(nodes, verdict)
     if outcome.kind is AttemptEnd.CANCELLED:
         raise JobCancelledError(f"job {job_id}: {outcome.reason}")

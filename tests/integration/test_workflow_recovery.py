@@ -99,3 +99,16 @@ def test_silent_cluster_hits_the_heartbeat_timeout(wf: Harness) -> None:
     request_cancel(job.job_id, store=wf.store, workflow=wf.workflow, now=0.0)
     assert wf.finished(arn)["status"] == "SUCCEEDED"
     assert wf.job().status is JobStatus.CANCELLED and wf.compute.running(job.job_id) == []
+
+
+def test_crash_echoing_a_vanished_peer_is_a_loss_not_a_user_error(wf: Harness) -> None:
+    job = new_job(wf.store)  # max_user_restarts=0: a user error would fail the job
+    arn = wf.start(job)
+    first = wf.agents_ready(1)
+    wf.compute.terminate([first[1].instance_id], "us-east-1")  # gone; its state-change event is late
+    on_agent_event.handler(agent_event("TrainingExited", first[0], exit_code=1, reason="collective broke"), ctx())
+    second = wf.agents_ready(2)
+    done = wf.job()
+    assert done.attempts[0].end_reason == "node-lost" and done.user_restarts == 0 and done.recoveries == 1
+    wf.exit_all(second, 0)
+    assert wf.finished(arn)["status"] == "SUCCEEDED"
