@@ -9,7 +9,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from spotrelay.adapters.aws import client, error_code
-from spotrelay.errors import PermanentError, RetryableError
+from spotrelay.errors import NotFoundError, PermanentError, RetryableError
 from spotrelay.settings import settings
 
 
@@ -24,6 +24,8 @@ class EventBridgePublisher:
         try:
             response = client("events", self._region).put_events(Entries=[entry])
         except ClientError as exc:
+            if error_code(exc) == "ResourceNotFoundException":
+                raise NotFoundError(f"event bus {entry['EventBusName']} does not exist") from exc
             if error_code(exc) in ("ThrottlingException", "InternalException"):
                 raise RetryableError(f"PutEvents throttled ({error_code(exc)})") from exc
             raise

@@ -120,3 +120,27 @@ def test_slack_failure_raises_so_sns_retries(slack: Webhook) -> None:
     slack.status = 500
     with pytest.raises(Exception, match="500"):
         slack_notifier.handler(load_event("sns_notification.json"), ctx())
+
+
+def test_eventbridge_publisher_delivers_agent_events_to_the_rule(aws: dict[str, str]) -> None:
+    from spotrelay.adapters.eventbridge_publisher import EventBridgePublisher
+    from spotrelay.resources import RULES
+
+    sqs, events = client("sqs"), client("events")
+    url = sqs.create_queue(QueueName="agent-events-probe")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    rule = next(r for r in RULES if r.handler == "on_agent_event")
+    events.put_rule(Name="probe", EventPattern=json.dumps(rule.pattern), State="ENABLED")
+    events.put_targets(Rule="probe", Targets=[{"Id": "q", "Arn": arn}])
+    detail = load_event("agent_heartbeat.json")["detail"]
+    EventBridgePublisher().publish("spotrelay.agent", "Heartbeat", detail)
+    body = json.loads(client("sqs").receive_message(QueueUrl=url, WaitTimeSeconds=2)["Messages"][0]["Body"])
+    assert body["source"] == "spotrelay.agent" and body["detail-type"] == "Heartbeat" and body["detail"] == detail
+
+
+def test_eventbridge_publisher_reports_a_missing_bus(aws: dict[str, str]) -> None:
+    from spotrelay.adapters.eventbridge_publisher import EventBridgePublisher
+    from spotrelay.errors import NotFoundError
+
+    with pytest.raises(NotFoundError, match="no-such-bus"):
+        EventBridgePublisher(bus_name="no-such-bus").publish("spotrelay.agent", "Heartbeat", {"x": 1})
