@@ -1,0 +1,57 @@
+"""The workflow's Lambda tasks called twice (a Step Functions retry, a Lambda redelivery): the
+second call finds the first one's work and changes nothing."""
+
+from __future__ import annotations
+
+from functions import sfn_finalize, sfn_plan, sfn_provision, sfn_recover
+from spotrelay.domain.models import NodeState
+from spotrelay.domain.status import JobStatus
+from tests.integration.controller_doubles import Env, ctx, env, new_job, running_job
+
+__all__ = ["env"]
+TIMINGS = {"backoff_s": 5, "backoff_max_s": 60}
+
+
+def test_plan_and_provision_twice_launch_once(env: Env) -> None:
+    job = new_job(env.store)
+    plan = sfn_plan.handler({"job_id": job.job_id, "timings": TIMINGS}, ctx())
+    assert plan == sfn_plan.handler({"job_id": job.job_id, "timings": TIMINGS}, ctx())
+    assert env.store.get_job(job.job_id).status is JobStatus.PLACING
+    first = sfn_provision.handler({"job_id": job.job_id, "plan": plan}, ctx())
+    again = sfn_provision.handler({"job_id": job.job_id, "plan": plan}, ctx())
+    assert first == again and first["attempt"] == 1 and first["nodes"] == 2
+    assert len(env.compute.launched) == 1 and len(env.store.nodes_of(job.job_id)) == 2
+
+
+def test_recover_twice_charges_the_budget_once(env: Env) -> None:
+    job, gang = running_job(env.store, env.compute, tokens={})
+    env.store.update_node(job.job_id, "a1-r1", lambda n: n.model_copy(update={"state": NodeState.LOST}))
+    event = {"job_id": job.job_id, "timings": TIMINGS, "outcome": {"outcome": "node-lost", "attempt": 1}}
+    first = sfn_recover.handler(event, ctx())
+    assert first["outcome"] == "node-lost" and first["backoff_s"] == 5 and first["keep_instance_ids"] == []
+    again = sfn_recover.handler(event, ctx())
+    assert again["backoff_s"] == first["backoff_s"] and again["recoveries"] == 1
+    current = env.store.get_job(job.job_id)
+    assert current.status is JobStatus.RECOVERING and current.recoveries == 1
+    assert current.excluded_pools == [gang[0].pool.key]  # re-plan without the pool that failed
+    assert current.attempts[0].end_reason == "node-lost" and current.attempts[0].ended_at is not None
+    assert env.compute.running(job.job_id) == []  # replace-cluster releases the survivor too
+
+
+def test_finalize_twice_finishes_and_notifies_once(env: Env) -> None:
+    job, _gang = running_job(env.store, env.compute)
+    error = {"Error": "RetryBudgetExhaustedError", "Cause": '{"errorMessage": "recoveries spent"}'}
+    first = sfn_finalize.handler({"job_id": job.job_id, "result": "FAILED", "error": error}, ctx())
+    assert first["status"] == "FAILED" and first["changed"] is True
+    second = sfn_finalize.handler({"job_id": job.job_id, "result": "FAILED", "error": error}, ctx())
+    assert second == {"status": "FAILED", "changed": False}
+    final = env.store.get_job(job.job_id)
+    assert final.reasons == ["RetryBudgetExhaustedError: recoveries spent"]
+    assert final.attempts[0].ended_at is not None and final.cost_so_far > 0
+
+
+def test_finalize_of_a_cancelling_job_is_cancelled(env: Env) -> None:
+    job, _gang = running_job(env.store, env.compute)
+    env.store.update_job(job.job_id, lambda j: j.model_copy(update={"status": JobStatus.CANCELLING}))
+    assert sfn_finalize.handler({"job_id": job.job_id, "result": "FAILED", "error": None}, ctx())["status"] == (
+        "CANCELLED")
