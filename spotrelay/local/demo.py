@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,9 @@ from spotrelay.local.twin import Twin, TwinOptions
 from spotrelay.local.twinlog import quiet_logs
 from spotrelay.spec.load import parse_spec
 
+ENSURE_EXPERIMENT = ("import sys, pathlib; from spotrelay.local.demo_report import ensure_experiment as e; "
+                     "e(sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3]))")
+
 
 @dataclass
 class DemoOptions:
@@ -41,8 +45,8 @@ class DemoOptions:
     live: bool = True
     notice_step: int = 20  # spot notice on rank 1 when attempt 1 reaches this step
     kill_step: int = 45  # rank 0 of attempt 2 vanishes at this step
-    step_sleep_s: float = 0.25  # pace training so the faults land mid-run and a human can follow
-    timeout_s: float = 270.0
+    step_sleep_s: float = 0.15  # pace training so the faults land mid-run and a human can follow
+    timeout_s: float = 420.0  # from the submission to a terminal status (about 3 min on a quiet machine)
     boot_s: float = 300.0  # modeled boot time of a GPU instance
     time_scale: float = 0.01
     notice_window_s: float = 30.0
@@ -77,8 +81,8 @@ class Recorder:
     def on_delivery(self, d: Delivery) -> None:
         what = d.detail_type or "schedule"
         kind = d.detail.get("kind") if isinstance(d.detail, dict) else None
-        if kind == "Heartbeat":
-            return
+        if kind == "Heartbeat" or (what == "Scheduled Event" and not d.error):
+            return  # routine: heartbeats and quiet reconcile ticks
         label = f"{d.function.removeprefix('spotrelay-')} <- {kind or what}"
         self.log.add(label + (f"  [{d.error}]" if d.error else ""), "red" if d.error else "")
 
@@ -147,13 +151,13 @@ def run_demo(opts: DemoOptions) -> report.Summary:
     log = EventLog(t0)
     # The three slow starts overlap: the reference run, MLflow's store migrations, the twin.
     ref_proc = start_reference(spec, (out / "reference").resolve(), Path.cwd()) if opts.reference else None
-    mlflow_ready = threading.Thread(target=report.ensure_experiment, daemon=True,
-                                    args=(tracking_uri, experiment, out / "mlartifacts"))
-    mlflow_ready.start()
+    # a process, not a thread: MLflow's first open (SQLite migrations) is slow and would hold our GIL
+    mlflow_ready = subprocess.Popen([sys.executable, "-c", ENSURE_EXPERIMENT, tracking_uri, experiment,
+                                     str(out / "mlartifacts")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     twin = Twin(TwinOptions(root=(out / "twin").resolve(), market=market)).start()
     assert twin.compute is not None and twin.dispatcher is not None
     _mark(log, "twin up")
-    mlflow_ready.join()  # before any agent looks the experiment up
+    mlflow_ready.wait(120)  # before any agent looks the experiment up
     rec = Recorder(twin, log)
     twin.dispatcher.listeners.append(rec.on_delivery)
     twin.bus.listeners.append(rec.on_ec2)
@@ -165,20 +169,23 @@ def run_demo(opts: DemoOptions) -> report.Summary:
     live = opts.live and console.is_terminal
     try:
         with Live(console=console, refresh_per_second=4, transient=False) if live else _NoLive() as view:
-            while time.time() - t0 < opts.timeout_s:
+            submitted = time.time()
+            printed = 0
+            while time.time() - submitted < opts.timeout_s:
                 rec.poll(key)
                 frame = render(rec.job, rec.nodes, twin.compute.instances(), rec.steps, log, time.time() - t0,
                                "ref run: " + _ref_state(ref_proc))
                 view.update(frame)
+                if not live:  # no terminal to redraw: one line per event as it happens
+                    lines, printed = log.since(printed)
+                    for t, text, _ in lines:
+                        console.print(f"{t - t0:7.1f}s  {text}", highlight=False, soft_wrap=True)
                 if rec.job is not None and rec.job.status.terminal:
                     break
                 time.sleep(0.5)
-        if not live:
-            for line in log.all():
-                console.print(f"{line['t']:7.1f}s  {line['event']}", highlight=False)
         if ref_proc is not None:
             _mark(log, "waiting for the reference run")
-            _wait(ref_proc, t0 + opts.timeout_s + 60 - time.time())
+            _wait(ref_proc, 120)
         _mark(log, "summarizing")
         summary = summarize(opts, twin, rec, market, spec.resources.nodes, tracking_uri, experiment, t0)
     finally:
@@ -209,18 +216,15 @@ class _NoLive:
         return None
 
 
-def _ref_state(proc: object) -> str:
+def _ref_state(proc: subprocess.Popen[bytes] | None) -> str:
     if proc is None:
         return "off"
-    code = proc.poll()  # type: ignore[attr-defined]
+    code = proc.poll()
     return "running" if code is None else f"done ({code})"
 
 
-def _wait(proc: object, timeout: float) -> None:
-    import subprocess
-
+def _wait(proc: subprocess.Popen[bytes], timeout: float) -> None:
     try:
-        proc.wait(max(timeout, 1))  # type: ignore[attr-defined]
+        proc.wait(max(timeout, 1))
     except subprocess.TimeoutExpired:
-        proc.kill()  # type: ignore[attr-defined]
-
+        proc.kill()

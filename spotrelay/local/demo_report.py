@@ -4,6 +4,7 @@ and the MLflow record. Pure functions over what the demo recorded."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,20 +129,20 @@ def timeline_png(path: Path, reference: dict[int, float], per_attempt: dict[int,
     ax1.legend(loc="upper right", fontsize=8)
 
     ordered = sorted(lifetimes, key=lambda life: (life["launched_at"], life["rank"]))
-    end = max([life["ended_at"] or 0 for life in ordered] + [t0])
+    end = time.time()  # nodes still alive are drawn to now
     for y, life in enumerate(ordered):
         launched = life["launched_at"] - t0
         booted = (life["booted_at"] or life["launched_at"]) - t0
         ended = (life["ended_at"] or end) - t0
         ax2.barh(y, booted - launched, left=launched, color="0.8", hatch="//")
-        color = {"interrupted": "orange", "killed": "red"}.get(life["end_reason"] or "", "tab:blue")
+        color = "orange" if life["notice_at"] else "red" if life["end_reason"] == "killed" else "tab:blue"
         ax2.barh(y, max(ended - booted, 0.01), left=booted, color=color)
         if life["notice_at"]:
             ax2.plot(life["notice_at"] - t0, y, "v", color="black")
     ax2.set_yticks(range(len(ordered)))
     ax2.set_yticklabels([f"a{life['attempt']}-r{life['rank']} {life['pool'].split('/')[1]} "
                          f"{life['pool'].split('/')[3]}" for life in ordered], fontsize=8)
-    ax2.set_xlabel("seconds since submission (hatched: boot; orange: reclaimed after notice; red: lost)")
+    ax2.set_xlabel("seconds since the demo started (hatched: boot; orange: spot notice (marked); red: lost)")
     ax2.set_title("node lifetimes")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

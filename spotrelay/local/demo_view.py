@@ -24,11 +24,19 @@ STATUS_STYLE = {"RUNNING": "green", "SUCCEEDED": "bold green", "FAILED": "bold r
 class EventLog:
     t0: float
     lines: deque[tuple[float, str, str]] = field(default_factory=lambda: deque(maxlen=400))
+    total: int = 0  # lines ever added
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, text: str, style: str = "") -> None:
         with self._lock:
             self.lines.append((time.time(), text, style))
+            self.total += 1
+
+    def since(self, seen: int) -> tuple[list[tuple[float, str, str]], int]:
+        """Lines added after the first ``seen`` (for printing as they come), and the new count."""
+        with self._lock:
+            new = min(self.total - seen, len(self.lines))
+            return (list(self.lines)[-new:] if new > 0 else []), self.total
 
     def last(self, n: int) -> list[tuple[float, str, str]]:
         with self._lock:
