@@ -1,9 +1,10 @@
 """Two real agent processes as the two nodes of one job (one gloo rank each) against moto's server.
 
-A notice reaches one node (through its fake IMDS, or only as a controller directive on its node
-item); both ranks save the same step, CheckpointCommitted arrives before the deadline, both nodes
-exit PREEMPTED_SAVED; a fresh pair (attempt 2, empty local disks) resumes from S3 and ends
-bit-identical to one uninterrupted run.
+Attempt 1 is interrupted by a notice on one node's fake IMDS only, attempt 2 by a controller
+directive on the other node's item only. Each time both ranks save the same step, CheckpointCommitted
+arrives before the deadline and both nodes exit PREEMPTED_SAVED. Each new pair starts with empty
+local disks and resumes from S3; attempt 3 finishes bit-identical to one uninterrupted run.
+(One chained test instead of one per notice path: three pairs of nodes instead of four.)
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from spotrelay.local.motoserver import free_port
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 10
+STEPS = 14
 JOB = "tiny-agent-job"
 POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
 TRAIN_ARGS = ["--engine", "ddp", "--steps", str(STEPS), "--step-sleep", "0.4"]
@@ -183,55 +184,56 @@ def wait_for_step(pair: Pair, rank: int, step: int) -> None:
         time.sleep(0.2)
 
 
-def check_preempted_then_resumed(
-    store: DynamoDBJobStore, events: AgentEvents, pairs: list[Pair], first: Pair, deadline: float,
-    reference: list[dict[str, Any]], tmp_path: Path,
-) -> None:
-    assert first.wait() == [ExitCode.PREEMPTED_SAVED] * 2, first.log(0) + first.log(1)
-    committed = [e for e in events.of("CheckpointCommitted", 1) if e.emergency]
-    assert sorted(e.rank for e in committed) == [0, 1]  # both nodes report the global commit
-    assert len({e.step for e in committed}) == 1  # of the same step
+def check_preempted(store: DynamoDBJobStore, events: AgentEvents, pair: Pair, deadline: float) -> int:
+    """Both nodes exit 75 after committing the same step before the deadline; returns that step."""
+    attempt = pair.attempt
+    assert pair.wait() == [ExitCode.PREEMPTED_SAVED] * 2, pair.log(0) + pair.log(1)
+    committed = [e for e in events.of("CheckpointCommitted", attempt) if e.emergency]
+    assert sorted(e.rank for e in committed) == [0, 1]  # both nodes report the global commit ...
+    assert len({e.step for e in committed}) == 1  # ... of the same step
     stop_step = committed[0].step
     assert all(e.met_deadline and e.time <= deadline and e.deadline == pytest.approx(deadline, abs=1)
                for e in committed)
-    exited = events.of("TrainingExited", 1)
+    exited = events.of("TrainingExited", attempt)
     assert sorted((e.rank, e.exit_code, e.last_committed_step) for e in exited) == [
         (0, 75, stop_step), (1, 75, stop_step)]
-    assert {e.rank for e in events.of("NodeReady", 1)} == {0, 1}
-    assert {e.rank for e in events.of("Heartbeat", 1)} == {0, 1}
-    assert all(n.state is NodeState.EXITED and n.exit_code == 75 for n in store.nodes_of(JOB))
-    interrupted = _results(first.root / "out")
-    assert all(r["exit"] == 75 for r in interrupted)
-
-    second = start_pair(store, pairs, 2, tmp_path / "a2")  # fresh disks: resume from S3
-    assert second.wait() == [ExitCode.DONE] * 2, second.log(0) + second.log(1)
-    resumed = _results(second.root / "out")
-    for rank in (0, 1):
-        assert resumed[rank]["resumed_from"] == stop_step
-        losses = interrupted[rank]["losses"][:stop_step] + resumed[rank]["losses"]
-        assert losses == reference[rank]["losses"]  # the same loss at every step, bit for bit
-        assert resumed[rank]["state_sha256"] == reference[rank]["state_sha256"]
-    assert sorted(e.exit_code for e in events.of("TrainingExited", 2)) == [0, 0]
+    assert {e.rank for e in events.of("NodeReady", attempt)} == {0, 1}
+    assert {e.rank for e in events.of("Heartbeat", attempt)} == {0, 1}
+    nodes = [n for n in store.nodes_of(JOB) if n.attempt == attempt]
+    assert [(n.state, n.exit_code) for n in nodes] == [(NodeState.EXITED, 75)] * 2
+    assert all(r["exit"] == 75 for r in _results(pair.root / "out"))
+    return stop_step
 
 
-def test_imds_notice_on_one_node(job: Any, reference: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_interrupted_by_imds_then_by_directive_resumes_bit_identical(
+    job: Any, reference: list[dict[str, Any]], tmp_path: Path
+) -> None:
     store, events, pairs = job
+    # attempt 1: the notice reaches only node 1, and only through its IMDS
     first = start_pair(store, pairs, 1, tmp_path / "a1")
     wait_for_step(first, 1, 3)
     deadline = float(int(time.time()) + 90)
-    first.imds[1].set_interruption("terminate", deadline)  # only node 1 is told, and only by IMDS
-    check_preempted_then_resumed(store, events, pairs, first, deadline, reference, tmp_path)
-    doomed = store.get_node(JOB, node_id_for(1, 1))
-    assert doomed.directive is None
+    first.imds[1].set_interruption("terminate", deadline)
+    step1 = check_preempted(store, events, first, deadline)
 
-
-def test_directive_only(job: Any, reference: list[dict[str, Any]], tmp_path: Path) -> None:
-    store, events, pairs = job
-    first = start_pair(store, pairs, 1, tmp_path / "a1")
-    wait_for_step(first, 0, 3)
+    # attempt 2 (fresh disks: resumes from S3): the notice is only a controller directive to node 0
+    second = start_pair(store, pairs, 2, tmp_path / "a2")
+    wait_for_step(second, 0, step1 + 2)
     deadline = time.time() + 90
     directive = Directive(directive_id="d-123456", kind=DirectiveKind.CHECKPOINT_NOW, deadline=deadline,
                           reason="spot interruption warning (EventBridge)", issued_at=time.time())
-    store.update_node(JOB, node_id_for(1, 0), lambda n: n.model_copy(update={"directive": directive.model_dump()}))
-    check_preempted_then_resumed(store, events, pairs, first, deadline, reference, tmp_path)
-    assert store.get_node(JOB, node_id_for(1, 0)).directive is None  # acted on, cleared
+    store.update_node(JOB, node_id_for(2, 0), lambda n: n.model_copy(update={"directive": directive.model_dump()}))
+    step2 = check_preempted(store, events, second, deadline)
+    assert step2 > step1
+    assert store.get_node(JOB, node_id_for(2, 0)).directive is None  # acted on, cleared
+
+    # attempt 3 runs to the end: the same losses and final state as one uninterrupted run
+    third = start_pair(store, pairs, 3, tmp_path / "a3")
+    assert third.wait() == [ExitCode.DONE] * 2, third.log(0) + third.log(1)
+    assert sorted(e.exit_code for e in events.of("TrainingExited", 3)) == [0, 0]
+    runs = [_results(pair.root / "out") for pair in (first, second, third)]
+    for rank in (0, 1):
+        assert runs[1][rank]["resumed_from"] == step1 and runs[2][rank]["resumed_from"] == step2
+        losses = runs[0][rank]["losses"][:step1] + runs[1][rank]["losses"][: step2 - step1] + runs[2][rank]["losses"]
+        assert losses == reference[rank]["losses"]  # the same loss at every step, bit for bit
+        assert runs[2][rank]["state_sha256"] == reference[rank]["state_sha256"]
