@@ -94,6 +94,12 @@ def plain_upload_seconds(files: list[Path], bucket: str, prefix: str, workers: i
     return time.perf_counter() - t0
 
 
+def last_checkpoint_files(session: Session) -> list[Path]:
+    step = session.local.latest()
+    assert step is not None
+    return [session.local.step_dir(step) / s.path for s in session.local.manifest(step).shards]
+
+
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: int, width: int) -> float:
     x = torch.randn(batch, width)
     optimizer.zero_grad(set_to_none=True)
@@ -120,6 +126,7 @@ def run(args: argparse.Namespace, work: Path, bucket: str) -> dict[str, Any]:
     times: dict[str, list[float]] = {"none": [], "ckpt": []}
     stalls: list[float] = []
     emergency_at: float | None = None
+    upload_before = 0.0
     last = time.perf_counter()
     for step, _ in session.steps(total):
         now = time.perf_counter()
@@ -133,6 +140,9 @@ def run(args: argparse.Namespace, work: Path, bucket: str) -> dict[str, Any]:
             session.request_checkpoint()  # the first step of every checkpoint block saves
         if step == total - 2:
             session.pipeline.flush()  # the emergency save starts with an idle pipeline
+            before = last_checkpoint_files(session)  # baseline right before the flush, same size
+            assert session.s3 is not None
+            upload_before = plain_upload_seconds(before, bucket, "plain-1", session.s3.workers, session.s3.part_size)
         if step == total - 1:
             request = StopRequest(request_id="bench", kind=RequestKind.CHECKPOINT_AND_STOP, deadline=time.time() + 120)
             emergency_at = time.time()
@@ -153,13 +163,15 @@ def run(args: argparse.Namespace, work: Path, bucket: str) -> dict[str, Any]:
     state_bytes = sum(t.numel() * t.element_size() for t in tensors)
     memcpy_s = memcpy_seconds(tensors)
     assert session.s3 is not None
-    upload_s = plain_upload_seconds(files, bucket, "plain-upload", session.s3.workers, session.s3.part_size)
+    upload_after = plain_upload_seconds(files, bucket, "plain-2", session.s3.workers, session.s3.part_size)
+    upload_s = (upload_before + upload_after) / 2  # before and after the flush: load drift cancels
     code = session.close()
     return {
         "layers": layers, "width": width, "state_bytes": state_bytes, "checkpoint_bytes": manifest.total_bytes,
         "step_none_s": statistics.median(times["none"]), "step_ckpt_s": statistics.mean(times["ckpt"]),
         "step_none_mean_s": statistics.mean(times["none"]), "stall_s": statistics.median(stalls),
         "memcpy_s": memcpy_s, "flush_s": flush_s, "plain_upload_s": upload_s, "exit_code": code,
+        "plain_upload_before_after_s": [upload_before, upload_after],
         "checkpoints": len(stalls), "emergency_phases": phases, "loadavg": os.getloadavg(),
     }  # fmt: skip
 
@@ -197,9 +209,11 @@ def main() -> None:
     print(
         f"mean step: none {r['step_none_mean_s']:.4f} s, one checkpoint per {args.every} steps {r['step_ckpt_s']:.4f} s"
     )
-    print(f"emergency flush {r['flush_s']:.2f} s; plain parallel multipart upload {r['plain_upload_s']:.2f} s")
+    b, a = r["plain_upload_before_after_s"]
+    print(f"emergency flush {r['flush_s']:.2f} s; plain parallel multipart upload {b:.2f} s before, {a:.2f} s after")
     print(f"emergency phases (s, cumulative from the save): {r['emergency_phases']}")
-    print("load average during the run: {:.1f} {:.1f} {:.1f} on {} cores".format(*r["loadavg"], os.cpu_count()))
+    one, five, fifteen = r["loadavg"]
+    print(f"load average at the end: {one:.1f} {five:.1f} {fifteen:.1f} on {os.cpu_count()} cores")
     if args.json:
         args.json.write_text(json.dumps(r, indent=1))
     print(f"stall/memcpy ratio: {stall_ratio:.2f}x (target <= 2x)")
