@@ -87,6 +87,8 @@ class Agent:
             return c.private_ip or "127.0.0.1", c.master_port
         give_up = self.clock() + c.rank0_wait_s
         while self.clock() < give_up:
+            if any(sig in (signal.SIGTERM, signal.SIGINT) for sig in self.signals):
+                raise SpotrelayError("stopped by a signal while waiting for rank 0")
             for node in self.store.nodes_of(c.job_id):
                 if node.attempt == c.attempt and node.rank == 0 and node.private_ip and node.state in (
                     NodeState.READY, NodeState.RUNNING

@@ -266,3 +266,22 @@ def test_agent_never_undoes_the_controllers_verdict(tmp_path: Path, imds: FakeIm
     assert finish(thread, result) == ExitCode.CANCELLED
     node = store.get_node("j-1", "a1-r0")
     assert node.state is NodeState.TERMINATED and node.exit_code == ExitCode.CANCELLED
+
+
+def test_rank1_waits_for_rank0_address_and_port_and_stops_on_sigterm(tmp_path: Path, imds: FakeImds) -> None:
+    import signal
+
+    from spotrelay.errors import SpotrelayError
+
+    config = AgentConfig(job_id="j-1", attempt=1, rank=1, nodes=2, rank0_wait_s=30)
+    store = MemoryStore(Job(job_id="j-1", name="t", status=JobStatus.RUNNING))
+    pool = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
+    store.put_node(Node(job_id="j-1", node_id="a1-r0", attempt=1, rank=0, instance_id="i-0", pool=pool,
+                        state=NodeState.READY, private_ip="10.0.0.7", master_port=29611))
+    agent = Agent(config, store, Reporter(config, Recorder()), ImdsClient(imds.url),  # type: ignore[arg-type]
+                  sleep=lambda s: None)
+    assert agent.wait_for_rank0() == ("10.0.0.7", 29611)  # rank 0's published port, not ours (29500)
+    store.nodes.clear()
+    agent.on_signal(signal.SIGTERM, None)
+    with pytest.raises(SpotrelayError, match="signal"):
+        agent.wait_for_rank0()
