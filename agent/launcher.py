@@ -15,12 +15,14 @@ import runpy
 import signal
 import subprocess
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 from agent.config import AgentConfig
 from spotrelay.contracts import control
+from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.domain.models import Job
 from spotrelay.spec.models import JobSpec
 
@@ -222,6 +224,20 @@ def read_exit_records(control_dir: Path) -> dict[int, int]:
 
 
 # --- the per-rank wrapper --------------------------------------------------------------------
+# A collective that fails because a peer went away (its instance was reclaimed or killed) is an
+# infrastructure failure, not the user's bug: the surviving ranks see these.
+PEER_LOST = (
+    "Connection reset by peer", "Connection closed by peer", "Broken pipe", "ncclRemoteError",
+    "NCCL communicator was aborted", "remote process exited", "Socket Timeout",
+)
+DIST_NETWORK_ERRORS = ("DistNetworkError", "DistStoreError")
+
+
+def lost_peer(exc: BaseException) -> bool:
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & set(DIST_NETWORK_ERRORS)) or any(marker in str(exc) for marker in PEER_LOST)
+
+
 def _code_of(exc: SystemExit) -> int:
     if exc.code is None:
         return 0
@@ -241,12 +257,18 @@ def worker_main(argv: list[str]) -> None:
     except SystemExit as exc:
         code = _code_of(exc)
         raise
+    except BaseException as exc:
+        if not lost_peer(exc):
+            raise
+        traceback.print_exc()
+        code = ExitCode.INFRA_ERROR
+        raise SystemExit(code) from exc
     finally:
         control_dir = os.environ.get(control.ENV_CONTROL_DIR)
         if control_dir:
             rank = os.environ.get("RANK", "0")
             control.write_atomic(
-                Path(control_dir) / EXIT_DIR / f"rank-{rank}.json", json.dumps({"rank": int(rank), "code": code})
+                Path(control_dir) / EXIT_DIR / f"rank-{rank}.json", json.dumps({"rank": int(rank), "code": int(code)})
             )
 
 

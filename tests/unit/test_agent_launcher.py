@@ -81,7 +81,15 @@ def test_contract_environment(tmp_path: Path) -> None:
     assert plan.env[control.ENV_CONTROL_DIR] == str(tmp_path / "control")
 
 
-@pytest.mark.parametrize(("body", "code"), [("import sys; sys.exit(75)", 75), ("raise ValueError('x')", 1), ("", 0)])
+@pytest.mark.parametrize(("body", "code"), [
+    ("import sys; sys.exit(75)", 75),
+    ("raise ValueError('x')", 1),
+    ("raise RuntimeError('tensor sizes differ')", 1),
+    ("", 0),
+    # what gloo raises on the surviving rank when a peer's instance vanishes: not the user's bug
+    ("raise RuntimeError('[gloo/transport/tcp/pair.cc:537] Read error [10.0.0.2]:13225: Connection reset by peer')",
+     77),
+])
 def test_wrapper_records_rank_exit_code(tmp_path: Path, body: str, code: int) -> None:
     script = tmp_path / "script.py"
     script.write_text(body)
