@@ -76,12 +76,13 @@ def _over_budget(ctl: Controller, job: Job, now: float) -> bool:
     spent = job.cost_so_far + running
     if spent < float(budget):
         return False
+    reason = f"spent ${spent:,.2f} of the ${float(budget):,.2f} budget"
     claimed = ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={
-        "task_tokens": {k: v for k, v in j.task_tokens.items() if k != "outcome"}, "updated_at": now})
+        "task_tokens": {k: v for k, v in j.task_tokens.items() if k != "outcome"}, "updated_at": now,
+        "reasons": [*j.reasons, f"budget: {reason}"]})  # kept here too: not every runtime relays the cause
         if j.task_tokens.get("outcome") == token else None)
     if claimed is None:
         return False
-    reason = f"spent ${spent:,.2f} of the ${float(budget):,.2f} budget"
     try:
         ctl.need_workflow().send_failure(token, BudgetExceededError.__name__, reason)
     except ConflictError:

@@ -7,7 +7,7 @@ from functions import on_agent_event, on_instance_state
 from spotrelay.domain.models import NodeState
 from spotrelay.domain.status import JobStatus
 from spotrelay.services.cancel import request_cancel
-from tests.integration.controller_doubles import CAPACITY, agent_event, ctx, ec2_event, new_job, wait_until
+from tests.integration.controller_doubles import CAPACITY, agent_event, ctx, ec2_event, load_event, new_job, wait_until
 from tests.integration.test_workflow_job_run import FAST, Harness, wf
 
 __all__ = ["wf"]
@@ -112,3 +112,21 @@ def test_crash_echoing_a_vanished_peer_is_a_loss_not_a_user_error(wf: Harness) -
     assert done.attempts[0].end_reason == "node-lost" and done.user_restarts == 0 and done.recoveries == 1
     wf.exit_all(second, 0)
     assert wf.finished(arn)["status"] == "SUCCEEDED"
+
+
+def test_over_budget_job_is_torn_down_and_failed(wf: Harness) -> None:
+    from functions import reconcile
+
+    job = new_job(wf.store)
+    arn = wf.start(job)
+    wf.agents_ready(1)
+    wait_until(lambda: "outcome" in wf.job().task_tokens, what="outcome wait registered")
+    wf.store.update_job(job.job_id, lambda j: j.model_copy(update={
+        "spec": {**j.spec, "budget": {"max_total_cost": 1}}, "cost_so_far": 5.0}))
+    report = reconcile.handler(load_event("scheduled_event.json"), ctx())
+    assert report["over_budget"] == [job.job_id]
+    assert wf.finished(arn)["status"] == "FAILED"
+    final = wf.job()
+    assert final.status is JobStatus.FAILED and final.reasons[-1].startswith("BudgetExceededError")
+    assert final.reasons[0].startswith("budget: spent $") and final.reasons[0].endswith("of the $1.00 budget")
+    assert wf.compute.running(job.job_id) == []
