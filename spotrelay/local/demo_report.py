@@ -68,25 +68,29 @@ def recoveries(faults: list[Fault], market: MarketModel) -> list[dict[str, Any]]
     return out
 
 
-def costs(lifetimes: list[dict[str, Any]], market: MarketModel, nodes: int, clean_run_s: float | None,
-          end: float) -> dict[str, float]:
-    """USD for the instance time the twin used, against on-demand for the same time and for a clean run."""
+def costs(lifetimes: list[dict[str, Any]], market: MarketModel, faults: list[Fault], end: float) -> dict[str, float]:
+    """USD for the instance time the twin used (boot, lost work and recovery included) at each pool's
+    spot price, against the on-demand price for the same instance time, and what the faults cost
+    (instance time from each fault to training running again)."""
     from spotrelay.domain.models import Pool
 
-    spot = on_demand_same = 0.0
-    itype = region = None
+    spot = on_demand = 0.0
+    node_s = 0.0
     for life in lifetimes:
         region, az, itype, market_kind = life["pool"].split("/")
         pool = Pool(region=region, az=az, instance_type=itype, market=market_kind)
-        hours = ((life["ended_at"] or end) - life["launched_at"]) / 3600
-        spot += market.quote(pool).price_per_hour * hours
-        on_demand_same += market.on_demand_price(itype, region) * hours
-    out = {"spot_usd": round(spot, 4), "on_demand_same_time_usd": round(on_demand_same, 4)}
-    if clean_run_s is not None and itype and region:
-        clean = market.on_demand_price(itype, region) * nodes * clean_run_s / 3600
-        out["on_demand_clean_run_usd"] = round(clean, 4)
-        out["savings_vs_clean_on_demand_pct"] = round(100 * (1 - spot / clean), 1) if clean else 0.0
-    return out
+        seconds = (life["ended_at"] or end) - life["launched_at"]
+        node_s += seconds
+        spot += market.quote(pool).price_per_hour * seconds / 3600
+        on_demand += market.on_demand_price(itype, region) * seconds / 3600
+    nodes = max((life["rank"] for life in lifetimes), default=0) + 1
+    per_node_s = spot / node_s if node_s else 0.0
+    recovery = sum(f.recovery_s() or 0.0 for f in faults) * nodes * per_node_s
+    return {
+        "spot_usd": round(spot, 4), "on_demand_same_time_usd": round(on_demand, 4),
+        "savings_vs_on_demand_pct": round(100 * (1 - spot / on_demand), 1) if on_demand else 0.0,
+        "recoveries_usd": round(recovery, 4),
+    }
 
 
 def merged_losses(per_attempt: dict[int, dict[int, float]]) -> dict[int, float]:

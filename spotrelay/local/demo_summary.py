@@ -68,7 +68,6 @@ def summarize(opts: DemoOptions, twin: Twin, rec: Recorder, market: MarketModel,
         if f.resumed_at is None:
             problems.append(f"no recovery seen after the {f.kind} on {f.node}")
     lifetimes = twin.compute.history()
-    clean_s = _clean_run_seconds(lifetimes, faults)
     png = opts.out / "timeline.png"
     try:
         report.timeline_png(png, ref_losses, losses, faults, lifetimes, t0)
@@ -87,7 +86,7 @@ def summarize(opts: DemoOptions, twin: Twin, rec: Recorder, market: MarketModel,
         final_state_sha256=final_sha[0] if final_sha else None,
         reference_state_sha256=ref_sha[0] if ref_sha else None,
         losses_compared=len(compared), losses_identical=losses_identical,
-        cost=report.costs(lifetimes, market, nodes, clean_s, end), wall_s=round(end - t0, 1),
+        cost=report.costs(lifetimes, market, faults, end), wall_s=round(end - t0, 1),
         timeline_png=str(png) if png.exists() else None, mlflow_run_id=None, mlflow_tracking_uri=tracking_uri,
         problems=problems,
     )
@@ -100,17 +99,6 @@ def summarize(opts: DemoOptions, twin: Twin, rec: Recorder, market: MarketModel,
     except Exception as exc:
         summary.problems.append(f"MLflow logging failed: {exc}")
     return summary
-
-
-def _clean_run_seconds(lifetimes: list[dict[str, Any]], faults: list[report.Fault]) -> float | None:
-    """How long the job would have held its nodes without the faults: first launch to last release,
-    less the time each recovery took (what an on-demand run, never interrupted, pays for)."""
-    if not lifetimes:
-        return None
-    start = min(life["launched_at"] for life in lifetimes)
-    end = max(life["ended_at"] or time.time() for life in lifetimes)
-    lost = sum(f.recovery_s() or 0.0 for f in faults)
-    return max(end - start - lost, 0.0)
 
 
 def print_summary(console: Console, s: report.Summary) -> None:

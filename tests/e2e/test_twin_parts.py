@@ -166,3 +166,25 @@ def test_cli_faults_reach_the_twin_through_its_control_endpoint(
     monkeypatch.delenv(ENV_URL)
     gone = runner.invoke(local_app, ["kill", "1", "--state", str(tmp_path / "none.json")])
     assert gone.exit_code == 2
+
+
+def test_demo_report_costs_recoveries_and_timeline(tmp_path: Path) -> None:
+    from spotrelay.local import demo_report as report
+
+    market = MarketModel(boot_time_s=300, time_scale=0.01)
+    t0 = 1000.0
+    life = {"instance_id": "i-1", "job_id": "j", "attempt": 1, "rank": 0, "pool": POOL.key, "launched_at": t0,
+            "booted_at": t0 + 3, "notice_at": t0 + 50, "ended_at": t0 + 3600, "end_reason": "interrupted"}
+    lives = [life, {**life, "rank": 1, "instance_id": "i-2", "notice_at": None, "end_reason": "killed"}]
+    fault = report.Fault("spot-notice", t0 + 50, "a1-r1", "i-1", 20, 1, resumed_at=t0 + 110, resumed_from_step=22)
+    cost = report.costs(lives, market, [fault], end=t0 + 3600)
+    spot_price = market.quote(POOL).price_per_hour
+    assert cost["spot_usd"] == pytest.approx(2 * spot_price, rel=1e-3)
+    assert cost["on_demand_same_time_usd"] == pytest.approx(2 * market.on_demand_price("p5.48xlarge"), rel=1e-3)
+    assert 0 < cost["savings_vs_on_demand_pct"] < 100
+    assert cost["recoveries_usd"] == pytest.approx(60 * 2 * spot_price / 3600, rel=1e-3)
+    [rec] = report.recoveries([fault], market)
+    assert rec["recovery_s"] == 60.0 and rec["recovery_with_modeled_boot_s"] == 60.0 - 3.0 + 300.0
+    png = tmp_path / "timeline.png"
+    report.timeline_png(png, {0: 4.0, 1: 3.9}, {1: {0: 4.0}, 2: {1: 3.9}}, [fault], lives, t0)
+    assert png.stat().st_size > 10_000
