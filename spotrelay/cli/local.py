@@ -14,8 +14,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-local_app = typer.Typer(help="Run the whole system on this machine (the local twin) and inject faults.",
-                        no_args_is_help=True)
+local_app = typer.Typer(
+    help="Run the whole system on this machine (the local twin) and inject faults.", no_args_is_help=True
+)
 out = Console()
 err = Console(stderr=True)
 
@@ -27,8 +28,12 @@ def up(
     work_dir: Annotated[Path, typer.Option("--dir", help="node work dirs and logs")] = Path(".cache/twin"),
     trace: Annotated[bool, typer.Option(help="interrupt spot nodes as the bamboo g4dn trace did")] = False,
     speedup: Annotated[float, typer.Option(help="trace seconds per twin second")] = 600.0,
-    capacity_error: Annotated[list[str] | None, typer.Option(
-        "--capacity-error", help="pool glob that fails its next launch, e.g. 'us-east-1/*/p5.48xlarge/spot'")] = None,
+    capacity_error: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--capacity-error", help="pool glob that fails its next launch, e.g. 'us-east-1/*/p5.48xlarge/spot'"
+        ),
+    ] = None,
     boot_s: Annotated[float, typer.Option(help="modeled boot time, seconds")] = 300.0,
     time_scale: Annotated[float, typer.Option(help="twin seconds per modeled second of boot")] = 0.01,
     notice_s: Annotated[float, typer.Option(help="twin seconds from a spot notice to the reclaim")] = 30.0,
@@ -43,8 +48,13 @@ def up(
     from spotrelay.local.twin import Twin, TwinOptions
     from spotrelay.local.twinlog import quiet_logs
 
-    market = MarketModel(regions=["us-east-1", "us-west-2"], boot_time_s=boot_s, time_scale=time_scale,
-                         notice_window_s=notice_s, capacity=[CapacityRule(p) for p in capacity_error or []])
+    market = MarketModel(
+        regions=["us-east-1", "us-west-2"],
+        boot_time_s=boot_s,
+        time_scale=time_scale,
+        notice_window_s=notice_s,
+        capacity=[CapacityRule(p) for p in capacity_error or []],
+    )
     if trace:
         market.use_trace(speedup=speedup)
     term = Console(file=quiet_logs(work_dir / "twin.log"))
@@ -61,8 +71,10 @@ def up(
     term.print("# point the CLI at it (or use ./.spotrelay.toml, written now):")
     for key, value in sorted(env.items()):
         term.print(f"export {key}={value}", highlight=False, soft_wrap=True)
-    term.print("# then: spotrelay submit examples/tiny.yaml; spotrelay jobs; spotrelay local nodes; "
-              "spotrelay local interrupt 1. Ctrl-C stops the twin.")
+    term.print(
+        "# then: spotrelay submit examples/tiny.yaml; spotrelay jobs; spotrelay local nodes; "
+        "spotrelay local interrupt 1. Ctrl-C stops the twin."
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -95,16 +107,20 @@ def _fault(kind: str, node: str, state: Path) -> None:
 
 
 @local_app.command()
-def interrupt(node: Annotated[str, typer.Argument(help="rank, node id (a1-r0) or instance id")],
-              state: StateOpt = Path(".spotrelay-twin.json")) -> None:
+def interrupt(
+    node: Annotated[str, typer.Argument(help="rank, node id (a1-r0) or instance id")],
+    state: StateOpt = Path(".spotrelay-twin.json"),
+) -> None:
     """Announce a spot interruption on a node (IMDS notice + EventBridge warning); it is reclaimed
     when the notice window ends."""
     _fault("interrupt", node, state)
 
 
 @local_app.command()
-def kill(node: Annotated[str, typer.Argument(help="rank, node id (a1-r0) or instance id")],
-         state: StateOpt = Path(".spotrelay-twin.json")) -> None:
+def kill(
+    node: Annotated[str, typer.Argument(help="rank, node id (a1-r0) or instance id")],
+    state: StateOpt = Path(".spotrelay-twin.json"),
+) -> None:
     """Take a node away without notice (only the EC2 state-change event tells)."""
     _fault("kill", node, state)
 
@@ -126,14 +142,20 @@ def nodes(state: StateOpt = Path(".spotrelay-twin.json"), as_json: bool = typer.
         return
     table = Table("instance", "job", "node", "pool", "state")
     for n in body["nodes"]:
-        table.add_row(n["instance_id"], n["job_id"], f"a{n['attempt']}-r{n['rank']}", n["pool"],
-                      n["end_reason"] or ("running" if n["booted_at"] else "booting"))
+        table.add_row(
+            n["instance_id"],
+            n["job_id"],
+            f"a{n['attempt']}-r{n['rank']}",
+            n["pool"],
+            n["end_reason"] or ("running" if n["booted_at"] else "booting"),
+        )
     out.print(table)
 
 
 def demo(
     out_dir: Annotated[Path, typer.Option("--out", help="where the timeline, logs and MLflow store go")] = Path(
-        "demo-out"),
+        "demo-out"
+    ),
     json_file: Annotated[Path | None, typer.Option("--json", help="write the summary as JSON here")] = None,
     spec: Annotated[Path, typer.Option(help="the job to run")] = Path("examples/tiny.yaml"),
     live: Annotated[bool, typer.Option(help="live Rich view (off: one line per change)")] = True,

@@ -77,8 +77,12 @@ class ChaosDriver:
             if action.node in (i.instance_id, f"a{i.attempt}-r{i.rank}", str(i.rank)):
                 self._apply(action.kind, li, step, "script")
                 return
-        log.warning("chaos %s:%s found no live node in attempt %s", action.kind, action.node,
-                    gang[0].instance.attempt if gang else None)
+        log.warning(
+            "chaos %s:%s found no live node in attempt %s",
+            action.kind,
+            action.node,
+            gang[0].instance.attempt if gang else None,
+        )
 
     def _apply(self, kind: str, li: LocalInstance, step: int | None, source: str) -> None:
         iid = li.instance.instance_id

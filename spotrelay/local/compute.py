@@ -54,18 +54,31 @@ class LocalInstance:
     def lifetime(self) -> dict[str, Any]:
         i = self.instance
         return {
-            "instance_id": i.instance_id, "job_id": i.job_id, "attempt": i.attempt, "rank": i.rank,
-            "pool": i.pool.key, "launched_at": self.launched_at, "booted_at": self.booted_at,
-            "notice_at": self.notice_at, "ended_at": self.ended_at, "end_reason": self.end_reason,
+            "instance_id": i.instance_id,
+            "job_id": i.job_id,
+            "attempt": i.attempt,
+            "rank": i.rank,
+            "pool": i.pool.key,
+            "launched_at": self.launched_at,
+            "booted_at": self.booted_at,
+            "notice_at": self.notice_at,
+            "ended_at": self.ended_at,
+            "end_reason": self.end_reason,
         }
 
 
 class LocalCompute:
     """Implements ``spotrelay.ports.compute.Compute`` with local processes."""
 
-    def __init__(self, market: MarketModel, root: Path, agent_env: dict[str, str] | None = None,
-                 agent_cmd: list[str] | None = None, bus: Ec2EventBus | None = None,
-                 code_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        market: MarketModel,
+        root: Path,
+        agent_env: dict[str, str] | None = None,
+        agent_cmd: list[str] | None = None,
+        bus: Ec2EventBus | None = None,
+        code_dir: Path | None = None,
+    ) -> None:
         self.market = market
         self.root = root
         self.agent_env = agent_env or {}
@@ -97,8 +110,11 @@ class LocalCompute:
 
     def list_tagged(self, regions: list[str]) -> list[Instance]:
         with self._lock:
-            return [li.instance.model_copy() for li in self._instances.values()
-                    if li.alive and (not regions or li.instance.pool.region in regions)]
+            return [
+                li.instance.model_copy()
+                for li in self._instances.values()
+                if li.alive and (not regions or li.instance.pool.region in regions)
+            ]
 
     # --- faults (the market model, the demo and `spotrelay local interrupt|kill`) ------------
     def interrupt(self, ref: str) -> str:
@@ -109,13 +125,16 @@ class LocalCompute:
         li.notice_at = notice_at
         li.imds.set_interruption(action="terminate", when=action_time)
         self.bus.spot_interruption_warning(li.instance)
-        timer = threading.Timer(self.market.notice_window(), self._end,
-                                (li.instance.instance_id, "interrupted"))
+        timer = threading.Timer(self.market.notice_window(), self._end, (li.instance.instance_id, "interrupted"))
         timer.daemon = True
         li.timers.append(timer)
         timer.start()
-        log.info("spot notice for %s (rank %s), taken in %.0fs", li.instance.instance_id,
-                 li.instance.rank, self.market.notice_window())
+        log.info(
+            "spot notice for %s (rank %s), taken in %.0fs",
+            li.instance.instance_id,
+            li.instance.rank,
+            self.market.notice_window(),
+        )
         return li.instance.instance_id
 
     def kill(self, ref: str) -> str:
@@ -127,8 +146,9 @@ class LocalCompute:
     def find(self, ref: str) -> LocalInstance:
         """An alive instance by instance id, node id (``a2-r1``) or rank (newest attempt first)."""
         with self._lock:
-            alive = sorted((li for li in self._instances.values() if li.alive),
-                           key=lambda li: li.launched_at, reverse=True)
+            alive = sorted(
+                (li for li in self._instances.values() if li.alive), key=lambda li: li.launched_at, reverse=True
+            )
         for li in alive:
             i = li.instance
             if ref in (i.instance_id, f"a{i.attempt}-r{i.rank}", str(i.rank)):
@@ -154,15 +174,33 @@ class LocalCompute:
         iid = "i-" + secrets.token_hex(8)[:17]
         work = self.root / "nodes" / f"{request.job_id}-a{request.attempt}-r{rank}-{iid}"
         self._prepare_disk(work)
-        inst = Instance(instance_id=iid, pool=request.pool, rank=rank, private_ip="127.0.0.1",
-                        state="pending", job_id=request.job_id, attempt=request.attempt)
-        tags = {"spotrelay:job-id": request.job_id, "spotrelay:attempt": str(request.attempt),
-                "spotrelay:rank": str(rank), "spotrelay:nodes": str(request.count)}
-        imds = FakeImds(instance_id=iid, region=request.pool.region, az=request.pool.az,
-                        instance_type=request.pool.instance_type, private_ip="127.0.0.1", tags=tags,
-                        user_data=request.user_data or None).start()
-        li = LocalInstance(instance=inst, work_dir=work, imds=imds, launched_at=time.time(),
-                           user_data=request.user_data)
+        inst = Instance(
+            instance_id=iid,
+            pool=request.pool,
+            rank=rank,
+            private_ip="127.0.0.1",
+            state="pending",
+            job_id=request.job_id,
+            attempt=request.attempt,
+        )
+        tags = {
+            "spotrelay:job-id": request.job_id,
+            "spotrelay:attempt": str(request.attempt),
+            "spotrelay:rank": str(rank),
+            "spotrelay:nodes": str(request.count),
+        }
+        imds = FakeImds(
+            instance_id=iid,
+            region=request.pool.region,
+            az=request.pool.az,
+            instance_type=request.pool.instance_type,
+            private_ip="127.0.0.1",
+            tags=tags,
+            user_data=request.user_data or None,
+        ).start()
+        li = LocalInstance(
+            instance=inst, work_dir=work, imds=imds, launched_at=time.time(), user_data=request.user_data
+        )
         with self._lock:
             self._instances[iid] = li
         timer = threading.Timer(self.market.boot_delay_s(), self._boot, (li, request, port))
@@ -190,7 +228,11 @@ class LocalCompute:
             env = {**os.environ, **self.agent_env, **agent_environment(li, request, port)}
             log_file = open(li.work_dir / "agent.log", "ab")  # noqa: SIM115 - the child owns it
             li.process = subprocess.Popen(
-                self.agent_cmd, cwd=str(li.work_dir), env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                self.agent_cmd,
+                cwd=str(li.work_dir),
+                env=env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: kill takes torchrun and ranks too
             )
             log_file.close()
@@ -224,9 +266,14 @@ def agent_environment(li: LocalInstance, request: LaunchRequest, master_port: in
     """
     i = li.instance
     agent = {
-        "job_id": request.job_id, "attempt": str(request.attempt), "rank": str(i.rank),
-        "nodes": str(request.count), "imds_endpoint": li.imds.url, "work_dir": str(li.work_dir),
-        "checkpoint_dir": str(li.work_dir / "checkpoints"), "master_port": str(master_port),
+        "job_id": request.job_id,
+        "attempt": str(request.attempt),
+        "rank": str(i.rank),
+        "nodes": str(request.count),
+        "imds_endpoint": li.imds.url,
+        "work_dir": str(li.work_dir),
+        "checkpoint_dir": str(li.work_dir / "checkpoints"),
+        "master_port": str(master_port),
         "private_ip": "127.0.0.1",
     }
     if request.config_uri:
@@ -280,4 +327,3 @@ def _python() -> str:
     import sys
 
     return sys.executable
-

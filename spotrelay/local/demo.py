@@ -33,8 +33,10 @@ from spotrelay.local.twin import Twin, TwinOptions
 from spotrelay.local.twinlog import quiet_logs
 from spotrelay.spec.load import parse_spec
 
-ENSURE_EXPERIMENT = ("import sys, pathlib; from spotrelay.local.demo_report import ensure_experiment as e; "
-                     "e(sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3]))")
+ENSURE_EXPERIMENT = (
+    "import sys, pathlib; from spotrelay.local.demo_report import ensure_experiment as e; "
+    "e(sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3]))"
+)
 
 
 @dataclass
@@ -142,18 +144,25 @@ def run_demo(opts: DemoOptions) -> report.Summary:
     spec = parse_spec(spec_text)
     experiment = spec.tracking.mlflow_experiment or "spotrelay"
     market = MarketModel(
-        regions=spec.resources.regions, boot_time_s=opts.boot_s, time_scale=opts.time_scale,
+        regions=spec.resources.regions,
+        boot_time_s=opts.boot_s,
+        time_scale=opts.time_scale,
         notice_window_s=opts.notice_window_s,
-        chaos=[ChaosAction("interrupt", "1", at_step=opts.notice_step, attempt=1),
-               ChaosAction("kill", "0", at_step=opts.kill_step, attempt=2)],
+        chaos=[
+            ChaosAction("interrupt", "1", at_step=opts.notice_step, attempt=1),
+            ChaosAction("kill", "0", at_step=opts.kill_step, attempt=2),
+        ],
     )
     t0 = time.time()
     log = EventLog(t0)
     # The three slow starts overlap: the reference run, MLflow's store migrations, the twin.
     ref_proc = start_reference(spec, (out / "reference").resolve(), Path.cwd()) if opts.reference else None
     # a process, not a thread: MLflow's first open (SQLite migrations) is slow and would hold our GIL
-    mlflow_ready = subprocess.Popen([sys.executable, "-c", ENSURE_EXPERIMENT, tracking_uri, experiment,
-                                     str(out / "mlartifacts")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    mlflow_ready = subprocess.Popen(
+        [sys.executable, "-c", ENSURE_EXPERIMENT, tracking_uri, experiment, str(out / "mlartifacts")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     twin = Twin(TwinOptions(root=(out / "twin").resolve(), market=market)).start()
     assert twin.compute is not None and twin.dispatcher is not None
     _mark(log, "twin up")
@@ -173,8 +182,15 @@ def run_demo(opts: DemoOptions) -> report.Summary:
             printed = 0
             while time.time() - submitted < opts.timeout_s:
                 rec.poll(key)
-                frame = render(rec.job, rec.nodes, twin.compute.instances(), rec.steps, log, time.time() - t0,
-                               "ref run: " + _ref_state(ref_proc))
+                frame = render(
+                    rec.job,
+                    rec.nodes,
+                    twin.compute.instances(),
+                    rec.steps,
+                    log,
+                    time.time() - t0,
+                    "ref run: " + _ref_state(ref_proc),
+                )
                 view.update(frame)
                 if not live:  # no terminal to redraw: one line per event as it happens
                     lines, printed = log.since(printed)

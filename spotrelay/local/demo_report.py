@@ -59,12 +59,17 @@ def recoveries(faults: list[Fault], market: MarketModel) -> list[dict[str, Any]]
     for f in faults:
         measured = f.recovery_s()
         modeled = None if measured is None else measured - market.boot_delay_s() + market.boot_time_s
-        out.append({
-            "kind": f.kind, "node": f.node, "at_step": f.step, "attempt": f.attempt,
-            "resumed_from_step": f.resumed_from_step,
-            "recovery_s": None if measured is None else round(measured, 1),
-            "recovery_with_modeled_boot_s": None if modeled is None else round(modeled, 1),
-        })
+        out.append(
+            {
+                "kind": f.kind,
+                "node": f.node,
+                "at_step": f.step,
+                "attempt": f.attempt,
+                "resumed_from_step": f.resumed_from_step,
+                "recovery_s": None if measured is None else round(measured, 1),
+                "recovery_with_modeled_boot_s": None if modeled is None else round(modeled, 1),
+            }
+        )
     return out
 
 
@@ -87,7 +92,8 @@ def costs(lifetimes: list[dict[str, Any]], market: MarketModel, faults: list[Fau
     per_node_s = spot / node_s if node_s else 0.0
     recovery = sum(f.recovery_s() or 0.0 for f in faults) * nodes * per_node_s
     return {
-        "spot_usd": round(spot, 4), "on_demand_same_time_usd": round(on_demand, 4),
+        "spot_usd": round(spot, 4),
+        "on_demand_same_time_usd": round(on_demand, 4),
         "savings_vs_on_demand_pct": round(100 * (1 - spot / on_demand), 1) if on_demand else 0.0,
         "recoveries_usd": round(recovery, 4),
     }
@@ -101,8 +107,14 @@ def merged_losses(per_attempt: dict[int, dict[int, float]]) -> dict[int, float]:
     return out
 
 
-def timeline_png(path: Path, reference: dict[int, float], per_attempt: dict[int, dict[int, float]],
-                 faults: list[Fault], lifetimes: list[dict[str, Any]], t0: float) -> None:
+def timeline_png(
+    path: Path,
+    reference: dict[int, float],
+    per_attempt: dict[int, dict[int, float]],
+    faults: list[Fault],
+    lifetimes: list[dict[str, Any]],
+    t0: float,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -116,17 +128,31 @@ def timeline_png(path: Path, reference: dict[int, float], per_attempt: dict[int,
     for n, attempt in enumerate(sorted(per_attempt)):
         pts = sorted(per_attempt[attempt].items())
         if pts:
-            ax1.plot([s for s, _ in pts], [v for _, v in pts], "o", ms=3, color=colors(n),
-                     label=f"attempt {attempt} (spotrelay)")
+            ax1.plot(
+                [s for s, _ in pts],
+                [v for _, v in pts],
+                "o",
+                ms=3,
+                color=colors(n),
+                label=f"attempt {attempt} (spotrelay)",
+            )
     for f in faults:
         if f.step is not None:
             ax1.axvline(f.step, color="red" if f.kind == "node-lost" else "orange", ls="--")
-            ax1.annotate(f.kind, (f.step, 1), xycoords=("data", "axes fraction"), rotation=90, va="top",
-                         ha="right", fontsize=8)
+            ax1.annotate(
+                f.kind, (f.step, 1), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=8
+            )
         if f.resumed_from_step is not None:
             ax1.axvline(f.resumed_from_step, color="green", ls=":")
-            ax1.annotate(f"resume @ {f.resumed_from_step}", (f.resumed_from_step, 0), rotation=90,
-                         xycoords=("data", "axes fraction"), va="bottom", ha="left", fontsize=8)
+            ax1.annotate(
+                f"resume @ {f.resumed_from_step}",
+                (f.resumed_from_step, 0),
+                rotation=90,
+                xycoords=("data", "axes fraction"),
+                va="bottom",
+                ha="left",
+                fontsize=8,
+            )
     ax1.set_xlabel("step")
     ax1.set_ylabel("loss")
     ax1.set_title("loss: spotrelay run (interrupted, recovered) over the uninterrupted reference")
@@ -144,8 +170,13 @@ def timeline_png(path: Path, reference: dict[int, float], per_attempt: dict[int,
         if life["notice_at"]:
             ax2.plot(life["notice_at"] - t0, y, "v", color="black")
     ax2.set_yticks(range(len(ordered)))
-    ax2.set_yticklabels([f"a{life['attempt']}-r{life['rank']} {life['pool'].split('/')[1]} "
-                         f"{life['pool'].split('/')[3]}" for life in ordered], fontsize=8)
+    ax2.set_yticklabels(
+        [
+            f"a{life['attempt']}-r{life['rank']} {life['pool'].split('/')[1]} {life['pool'].split('/')[3]}"
+            for life in ordered
+        ],
+        fontsize=8,
+    )
     ax2.set_xlabel("seconds since the demo started (hatched: boot; orange: spot notice (marked); red: lost)")
     ax2.set_title("node lifetimes")
     fig.tight_layout()
@@ -153,8 +184,9 @@ def timeline_png(path: Path, reference: dict[int, float], per_attempt: dict[int,
     plt.close(fig)
 
 
-def log_to_mlflow(tracking_uri: str, run_id: str | None, experiment: str, summary: Summary,
-                  artifacts: list[Path]) -> str:
+def log_to_mlflow(
+    tracking_uri: str, run_id: str | None, experiment: str, summary: Summary, artifacts: list[Path]
+) -> str:
     """Add the demo's summary to the job's MLflow run (the agent created it), or a new run."""
     from mlflow.tracking import MlflowClient
 
@@ -162,10 +194,14 @@ def log_to_mlflow(tracking_uri: str, run_id: str | None, experiment: str, summar
     if run_id is None:
         exp_id = ensure_experiment(tracking_uri, experiment, artifacts[0].parent / "mlartifacts")
         run_id = client.create_run(exp_id, tags={"mlflow.runName": "spotrelay-demo"}).info.run_id
-    metrics = {"demo_interruptions": summary.interruptions, "demo_node_losses": summary.node_losses,
-               "demo_steps_lost": summary.steps_lost, "demo_attempts": summary.attempts,
-               "demo_bit_identical": float(bool(summary.bit_identical)), **{f"cost_{k}": v for k, v in
-                                                                          summary.cost.items()}}
+    metrics = {
+        "demo_interruptions": summary.interruptions,
+        "demo_node_losses": summary.node_losses,
+        "demo_steps_lost": summary.steps_lost,
+        "demo_attempts": summary.attempts,
+        "demo_bit_identical": float(bool(summary.bit_identical)),
+        **{f"cost_{k}": v for k, v in summary.cost.items()},
+    }
     for key, value in metrics.items():
         client.log_metric(run_id, key, float(value))
     for path in artifacts:

@@ -35,8 +35,16 @@ def _losses(results: dict[int, dict[str, Any]]) -> dict[int, float]:
     return {int(step): float(loss) for step, loss in rank0.get("losses", [])}
 
 
-def summarize(opts: DemoOptions, twin: Twin, rec: Recorder, market: MarketModel, nodes: int, tracking_uri: str,
-              experiment: str, t0: float) -> report.Summary:
+def summarize(
+    opts: DemoOptions,
+    twin: Twin,
+    rec: Recorder,
+    market: MarketModel,
+    nodes: int,
+    tracking_uri: str,
+    experiment: str,
+    t0: float,
+) -> report.Summary:
     assert twin.compute is not None
     end = time.time()
     problems: list[str] = []
@@ -78,24 +86,33 @@ def summarize(opts: DemoOptions, twin: Twin, rec: Recorder, market: MarketModel,
     if not steps_lost:  # the controller's count, else ours: steps run past the checkpoint resumed from
         steps_lost = sum(max(0, (f.step or 0) - (f.resumed_from_step or f.step or 0)) for f in faults)
     summary = report.Summary(
-        ok=not problems, job_id=job.job_id if job else None, status=status,
+        ok=not problems,
+        job_id=job.job_id if job else None,
+        status=status,
         attempts=job.attempt if job else 0,
         interruptions=sum(f.kind == "spot-notice" for f in faults),
-        node_losses=sum(f.kind == "node-lost" for f in faults), steps_lost=steps_lost,
-        recoveries=report.recoveries(faults, market), bit_identical=bit_identical,
+        node_losses=sum(f.kind == "node-lost" for f in faults),
+        steps_lost=steps_lost,
+        recoveries=report.recoveries(faults, market),
+        bit_identical=bit_identical,
         final_state_sha256=final_sha[0] if final_sha else None,
         reference_state_sha256=ref_sha[0] if ref_sha else None,
-        losses_compared=len(compared), losses_identical=losses_identical,
-        cost=report.costs(lifetimes, market, faults, end), wall_s=round(end - t0, 1),
-        timeline_png=str(png) if png.exists() else None, mlflow_run_id=None, mlflow_tracking_uri=tracking_uri,
+        losses_compared=len(compared),
+        losses_identical=losses_identical,
+        cost=report.costs(lifetimes, market, faults, end),
+        wall_s=round(end - t0, 1),
+        timeline_png=str(png) if png.exists() else None,
+        mlflow_run_id=None,
+        mlflow_tracking_uri=tracking_uri,
         problems=problems,
     )
     summary.cost["controller_cost_so_far_usd"] = round(job.cost_so_far, 4) if job else 0.0
     if ckpt_step is not None:
         summary.cost["final_checkpoint_step"] = float(ckpt_step)
     try:
-        summary.mlflow_run_id = report.log_to_mlflow(tracking_uri, job.mlflow_run_id if job else None,
-                                                     experiment, summary, [png])
+        summary.mlflow_run_id = report.log_to_mlflow(
+            tracking_uri, job.mlflow_run_id if job else None, experiment, summary, [png]
+        )
     except Exception as exc:
         summary.problems.append(f"MLflow logging failed: {exc}")
     return summary
@@ -108,9 +125,11 @@ def print_summary(console: Console, s: report.Summary) -> None:
     table.add_row("faults", f"{s.interruptions} spot notice(s), {s.node_losses} unannounced node loss(es)")
     table.add_row("steps lost", str(s.steps_lost))
     for r in s.recoveries:
-        table.add_row(f"recovery after {r['kind']}",
-                      f"{r['recovery_s']}s here; {r['recovery_with_modeled_boot_s']}s with a modeled "
-                      f"boot; resumed from step {r['resumed_from_step']}")
+        table.add_row(
+            f"recovery after {r['kind']}",
+            f"{r['recovery_s']}s here; {r['recovery_with_modeled_boot_s']}s with a modeled "
+            f"boot; resumed from step {r['resumed_from_step']}",
+        )
     ident = {True: "[green]bit-identical[/]", False: "[red]DIFFERENT[/]", None: "not checked"}[s.bit_identical]
     table.add_row("final model vs reference", f"{ident} (sha256 {str(s.final_state_sha256)[:16]}...)")
     table.add_row("losses vs reference", f"{s.losses_compared} steps compared, identical: {s.losses_identical}")

@@ -16,8 +16,16 @@ from rich.text import Text
 from spotrelay.domain.models import Job, Node
 from spotrelay.local.compute import LocalInstance
 
-STATUS_STYLE = {"RUNNING": "green", "SUCCEEDED": "bold green", "FAILED": "bold red", "CHECKPOINTING": "yellow",
-                "RECOVERING": "magenta", "PLACING": "cyan", "PROVISIONING": "cyan", "STARTING": "cyan"}
+STATUS_STYLE = {
+    "RUNNING": "green",
+    "SUCCEEDED": "bold green",
+    "FAILED": "bold red",
+    "CHECKPOINTING": "yellow",
+    "RECOVERING": "magenta",
+    "PLACING": "cyan",
+    "PROVISIONING": "cyan",
+    "STARTING": "cyan",
+}
 
 
 @dataclass
@@ -47,14 +55,24 @@ class EventLog:
             return [{"t": round(t - self.t0, 2), "event": text} for t, text, _ in self.lines]
 
 
-def render(job: Job | None, nodes: list[Node], instances: list[LocalInstance], steps: dict[str, int | None],
-           log: EventLog, elapsed: float, note: str) -> Group:
+def render(
+    job: Job | None,
+    nodes: list[Node],
+    instances: list[LocalInstance],
+    steps: dict[str, int | None],
+    log: EventLog,
+    elapsed: float,
+    note: str,
+) -> Group:
     head = Table.grid(padding=(0, 2))
     if job is None:
         head.add_row("job", "submitted; waiting for the controller", f"{elapsed:5.0f}s")
     else:
-        ckpt = (f"step {job.last_checkpoint.step} ({time.time() - job.last_checkpoint.committed_at:.0f}s ago)"
-                if job.last_checkpoint else "none yet")
+        ckpt = (
+            f"step {job.last_checkpoint.step} ({time.time() - job.last_checkpoint.committed_at:.0f}s ago)"
+            if job.last_checkpoint
+            else "none yet"
+        )
         step = max([s for s in steps.values() if s is not None], default=job.last_step)
         head.add_row("job", job.job_id, "status", Text(job.status.value, style=STATUS_STYLE.get(job.status.value, "")))
         head.add_row("attempt", str(job.attempt), "step", str(step))
@@ -73,8 +91,14 @@ def render(job: Job | None, nodes: list[Node], instances: list[LocalInstance], s
             proc = Text(f"agent exited {li.process.returncode}")
         else:
             proc = Text("running" + (" (notice)" if li.notice_at else ""), style="green")
-        table.add_row(f"a{i.attempt}-r{i.rank}", i.instance_id, f"{i.pool.az} {i.pool.instance_type} {i.pool.market}",
-                      node.state.value if node else "-", proc, str(steps.get(i.instance_id, "") or ""))
+        table.add_row(
+            f"a{i.attempt}-r{i.rank}",
+            i.instance_id,
+            f"{i.pool.az} {i.pool.instance_type} {i.pool.market}",
+            node.state.value if node else "-",
+            proc,
+            str(steps.get(i.instance_id, "") or ""),
+        )
     events = Table.grid()
     for t, text, style in log.last(10):
         events.add_row(Text(f"{t - log.t0:6.1f}s  ", style="dim"), Text(text, style=style))

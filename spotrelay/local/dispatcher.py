@@ -41,8 +41,7 @@ Listener = Callable[[Delivery], None]
 
 
 class Dispatcher:
-    def __init__(self, routes: dict[str, str], retry_delay_s: int = 2, max_receives: int = 4,
-                 wait_s: int = 1) -> None:
+    def __init__(self, routes: dict[str, str], retry_delay_s: int = 2, max_receives: int = 4, wait_s: int = 1) -> None:
         self.routes = routes  # queue URL -> Lambda function name
         self.retry_delay_s = retry_delay_s
         self.max_receives = max_receives
@@ -54,8 +53,9 @@ class Dispatcher:
 
     def start(self) -> None:
         for url, function in self.routes.items():
-            thread = threading.Thread(target=self._serve, args=(url, function), daemon=True,
-                                      name=f"dispatch-{function}")
+            thread = threading.Thread(
+                target=self._serve, args=(url, function), daemon=True, name=f"dispatch-{function}"
+            )
             thread.start()
             self._threads.append(thread)
 
@@ -67,8 +67,9 @@ class Dispatcher:
     def invoke(self, function: str, event: dict[str, Any]) -> Delivery:
         """Call a handler now (the reconcile schedule uses this too)."""
         result, error = lambda_seam.dispatch(function, event)
-        delivery = Delivery(time.time(), function, str(event.get("detail-type", "")),
-                            dict(event.get("detail") or {}), error, result)
+        delivery = Delivery(
+            time.time(), function, str(event.get("detail-type", "")), dict(event.get("detail") or {}), error, result
+        )
         self.deliveries.append(delivery)
         for listener in self.listeners:
             try:
@@ -85,8 +86,12 @@ class Dispatcher:
         sqs = client("sqs")
         while not self._stop.is_set():
             try:
-                resp = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=self.wait_s,
-                                           AttributeNames=["ApproximateReceiveCount"])
+                resp = sqs.receive_message(
+                    QueueUrl=url,
+                    MaxNumberOfMessages=10,
+                    WaitTimeSeconds=self.wait_s,
+                    AttributeNames=["ApproximateReceiveCount"],
+                )
             except Exception:
                 if self._stop.is_set():
                     return
@@ -110,8 +115,9 @@ class Dispatcher:
                 log.error("%s gave up on an event after %d tries", function, receives)
             sqs.delete_message(QueueUrl=url, ReceiptHandle=msg["ReceiptHandle"])
         else:
-            sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=msg["ReceiptHandle"],
-                                          VisibilityTimeout=self.retry_delay_s * receives)
+            sqs.change_message_visibility(
+                QueueUrl=url, ReceiptHandle=msg["ReceiptHandle"], VisibilityTimeout=self.retry_delay_s * receives
+            )
 
 
 def as_aws_sends(event: dict[str, Any]) -> dict[str, Any]:
@@ -129,9 +135,15 @@ def as_aws_sends(event: dict[str, Any]) -> dict[str, Any]:
 def scheduled_event(rule_arn: str, region: str = "us-east-1") -> dict[str, Any]:
     """What an EventBridge schedule rule delivers to its Lambda target."""
     return {
-        "version": "0", "id": str(uuid.uuid4()), "detail-type": "Scheduled Event", "source": "aws.events",
-        "account": "123456789012", "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "region": region, "resources": [rule_arn], "detail": {},
+        "version": "0",
+        "id": str(uuid.uuid4()),
+        "detail-type": "Scheduled Event",
+        "source": "aws.events",
+        "account": "123456789012",
+        "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "region": region,
+        "resources": [rule_arn],
+        "detail": {},
     }
 
 

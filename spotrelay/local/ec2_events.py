@@ -25,15 +25,17 @@ class Ec2EventBus:
         self.sent: list[tuple[float, str, dict[str, Any]]] = []
 
     def spot_interruption_warning(self, inst: Instance) -> None:
-        self._put(inst, "EC2 Spot Instance Interruption Warning",
-                  {"instance-id": inst.instance_id, "instance-action": "terminate"})
+        self._put(
+            inst,
+            "EC2 Spot Instance Interruption Warning",
+            {"instance-id": inst.instance_id, "instance-action": "terminate"},
+        )
 
     def rebalance_recommendation(self, inst: Instance) -> None:
         self._put(inst, "EC2 Instance Rebalance Recommendation", {"instance-id": inst.instance_id})
 
     def state_change(self, inst: Instance, state: str) -> None:
-        self._put(inst, "EC2 Instance State-change Notification",
-                  {"instance-id": inst.instance_id, "state": state})
+        self._put(inst, "EC2 Instance State-change Notification", {"instance-id": inst.instance_id, "state": state})
 
     def _put(self, inst: Instance, detail_type: str, detail: dict[str, Any]) -> None:
         from spotrelay.adapters.aws import client

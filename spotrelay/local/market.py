@@ -102,7 +102,8 @@ class MarketModel:
 
     def quote(self, pool: Pool) -> PoolQuote:
         od = catalog.on_demand_price(pool.region, pool.instance_type) or ON_DEMAND_PRICE.get(
-            pool.instance_type, DEFAULT_ON_DEMAND)
+            pool.instance_type, DEFAULT_ON_DEMAND
+        )
         if pool.market != "spot":
             return PoolQuote(pool=pool, price_per_hour=round(od, 4))
         jitter = _unit(pool.key, "price") * 0.2 - 0.1  # pools of one type differ a little, stably
@@ -115,8 +116,9 @@ class MarketModel:
         return PoolQuote(pool=pool, price_per_hour=round(price, 4), advisor_band=band, placement_score=score)
 
     def on_demand_price(self, instance_type: str, region: str = "us-east-1") -> float:
-        return self.quote(Pool(region=region, az=f"{region}a", instance_type=instance_type,
-                               market="on-demand")).price_per_hour
+        return self.quote(
+            Pool(region=region, az=f"{region}a", instance_type=instance_type, market="on-demand")
+        ).price_per_hour
 
     # --- what the compute adapter asks -------------------------------------------------------
     def check_capacity(self, pool: Pool) -> None:
@@ -126,8 +128,7 @@ class MarketModel:
                 if rule.times > 0 and fnmatch.fnmatch(pool.key, rule.pool):
                     rule.times -= 1
                     raise InsufficientCapacityError(
-                        f"InsufficientInstanceCapacity: no {pool.instance_type} {pool.market} "
-                        f"capacity in {pool.az}"
+                        f"InsufficientInstanceCapacity: no {pool.instance_type} {pool.market} capacity in {pool.az}"
                     )
 
     def boot_delay_s(self) -> float:
@@ -159,8 +160,9 @@ class MarketModel:
             self.trace_removals_s = [t for t in self.trace_removals_s if t > elapsed_s]
             return n
 
-    def use_trace(self, path: Path = TRACE, speedup: float = 600.0, start_s: float = 0.0,
-                  limit: int | None = None) -> None:
+    def use_trace(
+        self, path: Path = TRACE, speedup: float = 600.0, start_s: float = 0.0, limit: int | None = None
+    ) -> None:
         """Replay the trace's removals ``speedup`` times faster, from trace second ``start_s``."""
         self.trace_removals_s = [(t - start_s) / speedup for t in load_removals(path) if t >= start_s][:limit]
 

@@ -20,9 +20,17 @@ def reference_command(spec: JobSpec, out_prefix: Path, checkpoint_dir: Path) -> 
         raise ValueError("the reference run needs a spec with entrypoint.script")
     nproc = spec.resources.nodes * max(spec.resources.gpus_per_node, 1)
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-        entry.script, *strip_out(entry.args),
-        "--out", str(out_prefix), "--checkpoint-dir", str(checkpoint_dir),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        entry.script,
+        *strip_out(entry.args),
+        "--out",
+        str(out_prefix),
+        "--checkpoint-dir",
+        str(checkpoint_dir),
     ]
 
 
@@ -47,8 +55,9 @@ def start_reference(spec: JobSpec, work: Path, code_dir: Path) -> subprocess.Pop
     (work / "started").touch()
     log = open(work / "train.log", "wb")  # noqa: SIM115 - the child owns it
     try:
-        return subprocess.Popen(cmd, cwd=str(code_dir / spec.entrypoint.working_dir), env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            cmd, cwd=str(code_dir / spec.entrypoint.working_dir), env=env, stdout=log, stderr=subprocess.STDOUT
+        )
     finally:
         log.close()
 

@@ -29,14 +29,23 @@ REPO = Path(__file__).resolve().parents[2]
 
 # Workflow waits for the twin: seconds, not minutes (read by WorkflowTimings.from_env()).
 TWIN_TIMINGS = {
-    "ready_timeout_s": 120, "heartbeat_s": 60, "outcome_timeout_s": 1800, "backoff_s": 1,
-    "backoff_max_s": 5, "provision_retry_s": 2,
+    "ready_timeout_s": 120,
+    "heartbeat_s": 60,
+    "outcome_timeout_s": 1800,
+    "backoff_s": 1,
+    "backoff_max_s": 5,
+    "provision_retry_s": 2,
 }
 
 # The agents' polling in the twin: a real node polls IMDS every 2 s against a 120 s window; the twin's
 # window is 30 s, so it polls and beats faster too.
-TWIN_AGENT = {"imds_poll_s": "1", "directive_poll_s": "1", "heartbeat_s": "10", "rank0_wait_s": "120",
-              "stop_grace_s": "10"}
+TWIN_AGENT = {
+    "imds_poll_s": "1",
+    "directive_poll_s": "1",
+    "heartbeat_s": "10",
+    "rank0_wait_s": "120",
+    "stop_grace_s": "10",
+}
 
 
 def queue_name(rule_logical: str) -> str:
@@ -90,8 +99,14 @@ class Twin:
         os.environ[RESOURCES.topic_env] = created["topic_arn"]
         reset()
         routes = self._create_rules()
-        self.compute = LocalCompute(self.market, self.root, agent_env={}, agent_cmd=self.options.agent_cmd,
-                                    bus=self.bus, code_dir=self.options.code_dir)
+        self.compute = LocalCompute(
+            self.market,
+            self.root,
+            agent_env={},
+            agent_cmd=self.options.agent_cmd,
+            bus=self.bus,
+            code_dir=self.options.code_dir,
+        )
         self._install_ports()
         self.state_machine_arn = self._create_workflow()
         if self.state_machine_arn:
@@ -104,9 +119,10 @@ class Twin:
         reconcile = lambda_seam.register_module("reconcile") if _has_handler("reconcile") else None
         if reconcile:
             rule_arn = "arn:aws:events:us-east-1:123456789012:rule/spotrelay-reconcile"
-            self.ticker = Ticker(self.options.reconcile_every_s,
-                                 lambda: self.dispatcher.invoke(reconcile, scheduled_event(rule_arn))
-                                 if self.dispatcher else None)
+            self.ticker = Ticker(
+                self.options.reconcile_every_s,
+                lambda: self.dispatcher.invoke(reconcile, scheduled_event(rule_arn)) if self.dispatcher else None,
+            )
             self.ticker.start()
         log.info("twin up at %s", self.moto.url)
         return self
@@ -159,8 +175,13 @@ class Twin:
             url = sqs.create_queue(QueueName=queue_name(rule.logical))["QueueUrl"]
             arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
             name = f"spotrelay-{rule.logical.lower()}"
-            events.put_rule(Name=name, EventPattern=json.dumps(rule.pattern), State="ENABLED",
-                            Description=rule.description, EventBusName=bus)
+            events.put_rule(
+                Name=name,
+                EventPattern=json.dumps(rule.pattern),
+                State="ENABLED",
+                Description=rule.description,
+                EventBusName=bus,
+            )
             events.put_targets(Rule=name, EventBusName=bus, Targets=[{"Id": "queue", "Arn": arn}])
             routes[url] = lambda_seam.register_module(rule.handler)
         return routes

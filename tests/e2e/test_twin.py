@@ -39,10 +39,22 @@ def _spec() -> str:
 
 @pytest.fixture
 def twin(moto_server: object, tmp_path: Path) -> Iterator[Twin]:
-    market = MarketModel(regions=["us-east-1", "us-west-2"], boot_time_s=100, time_scale=0.01,
-                         notice_window_s=40, chaos=[ChaosAction("interrupt", "1", at_step=NOTICE_AT, attempt=1)])
-    t = Twin(TwinOptions(root=tmp_path, market=market, moto=moto_server, code_dir=ROOT,  # type: ignore[arg-type]
-                         reconcile_every_s=5)).start()
+    market = MarketModel(
+        regions=["us-east-1", "us-west-2"],
+        boot_time_s=100,
+        time_scale=0.01,
+        notice_window_s=40,
+        chaos=[ChaosAction("interrupt", "1", at_step=NOTICE_AT, attempt=1)],
+    )
+    t = Twin(
+        TwinOptions(
+            root=tmp_path,
+            market=market,
+            moto=moto_server,  # type: ignore[arg-type]
+            code_dir=ROOT,
+            reconcile_every_s=5,
+        )
+    ).start()
     yield t
     t.stop()
 

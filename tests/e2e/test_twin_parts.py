@@ -43,8 +43,9 @@ def test_market_quotes_are_stable_and_spot_is_cheaper() -> None:
     market = MarketModel(regions=["us-east-1", "us-west-2"])
     quotes = market.quotes(["us-east-1", "us-west-2"], ["p5.48xlarge", "p4d.24xlarge"], ["spot", "on-demand"])
     assert len(quotes) == 2 * 2 * 2 * 2
-    assert quotes == MarketModel().quotes(["us-east-1", "us-west-2"], ["p5.48xlarge", "p4d.24xlarge"],
-                                          ["spot", "on-demand"])
+    assert quotes == MarketModel().quotes(
+        ["us-east-1", "us-west-2"], ["p5.48xlarge", "p4d.24xlarge"], ["spot", "on-demand"]
+    )
     for q in quotes:
         if q.pool.market == "spot":
             assert q.price_per_hour < market.on_demand_price(q.pool.instance_type, q.pool.region)
@@ -88,8 +89,9 @@ def compute(aws: dict[str, str], tmp_path: Path) -> Iterator[tuple[LocalCompute,
     seen: list[tuple[str, dict]] = []
     bus = Ec2EventBus()
     bus.listeners.append(lambda kind, detail: seen.append((kind, detail)))
-    market = MarketModel(boot_time_s=20, time_scale=0.01, notice_window_s=1.5,
-                         capacity=[CapacityRule("*/p4d.24xlarge/spot")])
+    market = MarketModel(
+        boot_time_s=20, time_scale=0.01, notice_window_s=1.5, capacity=[CapacityRule("*/p4d.24xlarge/spot")]
+    )
     c = LocalCompute(market, tmp_path, agent_cmd=[sys.executable, "-c", PROBE], bus=bus)
     yield c, seen
     c.close()
@@ -108,8 +110,15 @@ def _probe(c: LocalCompute, ref: str, timeout: float = 15) -> dict:
 def test_local_compute_launch_interrupt_kill(compute: tuple[LocalCompute, list[tuple[str, dict]]]) -> None:
     c, seen = compute
     with pytest.raises(InsufficientCapacityError):
-        c.launch(LaunchRequest(job_id="j", attempt=1, pool=POOL.model_copy(update={"instance_type": "p4d.24xlarge"}),
-                               count=2, ranks=[0, 1]))
+        c.launch(
+            LaunchRequest(
+                job_id="j",
+                attempt=1,
+                pool=POOL.model_copy(update={"instance_type": "p4d.24xlarge"}),
+                count=2,
+                ranks=[0, 1],
+            )
+        )
     assert c.list_tagged([]) == []
 
     insts = c.launch(LaunchRequest(job_id="j", attempt=1, pool=POOL, count=2, ranks=[0, 1]))
@@ -123,8 +132,10 @@ def test_local_compute_launch_interrupt_kill(compute: tuple[LocalCompute, list[t
     while not _probe(c, "1")["notice"]:
         assert time.time() < deadline, "the notice never reached the node's IMDS"
         time.sleep(0.1)
-    assert seen[0] == ("EC2 Spot Instance Interruption Warning",
-                       {"instance-id": insts[1].instance_id, "instance-action": "terminate"})
+    assert seen[0] == (
+        "EC2 Spot Instance Interruption Warning",
+        {"instance-id": insts[1].instance_id, "instance-action": "terminate"},
+    )
     time.sleep(2.5)  # the notice window ends: the instance is taken
     rank1 = next(li for li in c.instances() if li.instance.rank == 1)
     assert rank1.end_reason == "interrupted" and rank1.process is not None and rank1.process.poll() is not None
@@ -173,8 +184,18 @@ def test_demo_report_costs_recoveries_and_timeline(tmp_path: Path) -> None:
 
     market = MarketModel(boot_time_s=300, time_scale=0.01)
     t0 = 1000.0
-    life = {"instance_id": "i-1", "job_id": "j", "attempt": 1, "rank": 0, "pool": POOL.key, "launched_at": t0,
-            "booted_at": t0 + 3, "notice_at": t0 + 50, "ended_at": t0 + 3600, "end_reason": "interrupted"}
+    life = {
+        "instance_id": "i-1",
+        "job_id": "j",
+        "attempt": 1,
+        "rank": 0,
+        "pool": POOL.key,
+        "launched_at": t0,
+        "booted_at": t0 + 3,
+        "notice_at": t0 + 50,
+        "ended_at": t0 + 3600,
+        "end_reason": "interrupted",
+    }
     lives = [life, {**life, "rank": 1, "instance_id": "i-2", "notice_at": None, "end_reason": "killed"}]
     fault = report.Fault("spot-notice", t0 + 50, "a1-r1", "i-1", 20, 1, resumed_at=t0 + 110, resumed_from_step=22)
     cost = report.costs(lives, market, [fault], end=t0 + 3600)
