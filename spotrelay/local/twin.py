@@ -25,7 +25,6 @@ from spotrelay.local.market import MarketModel
 from spotrelay.resources import RESOURCES
 
 log = logging.getLogger(__name__)
-REPO = Path(__file__).resolve().parents[2]
 
 # Workflow waits for the twin: seconds, not minutes (read by WorkflowTimings.from_env()).
 TWIN_TIMINGS = {
@@ -109,14 +108,13 @@ class Twin:
         )
         self._install_ports()
         self.state_machine_arn = self._create_workflow()
-        if self.state_machine_arn:
-            os.environ[RESOURCES.state_machine_env] = self.state_machine_arn
+        os.environ[RESOURCES.state_machine_env] = self.state_machine_arn
         reset()
         self.env = self._env()
         self.compute.agent_env = {**self.env, **{f"SPOTRELAY_AGENT_{k.upper()}": v for k, v in TWIN_AGENT.items()}}
         self.dispatcher = Dispatcher(routes)
         self.dispatcher.start()
-        reconcile = lambda_seam.register_module("reconcile") if _has_handler("reconcile") else None
+        reconcile = lambda_seam.register_module("reconcile")
         if reconcile:
             rule_arn = "arn:aws:events:us-east-1:123456789012:rule/spotrelay-reconcile"
             self.ticker = Ticker(
@@ -169,8 +167,7 @@ class Twin:
         bus = settings().event_bus
         routes: dict[str, str] = {}
         for rule in RESOURCES.rules:
-            if rule.handler is None or not _has_handler(rule.handler):
-                log.warning("no handler module functions/%s.py yet; rule %s not served", rule.handler, rule.logical)
+            if rule.handler is None:  # targets the state machine directly; none today
                 continue
             url = sqs.create_queue(QueueName=queue_name(rule.logical))["QueueUrl"]
             arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
@@ -188,27 +185,16 @@ class Twin:
 
     def _install_ports(self) -> None:
         """Point the controller's Compute and MarketData factories at the twin's adapters."""
-        try:
-            from functions import _runtime
-        except ImportError:
-            log.warning("functions/_runtime.py not present: the controller keeps its default adapters")
-            return
+        from functions import _runtime
+
         compute, market = self.compute, self.market
         _runtime.set_factories(compute=lambda: compute, market=lambda: market)
 
-    def _create_workflow(self) -> str | None:
+    def _create_workflow(self) -> str:
         """Lambda functions and the job-run state machine from the ASL file (the controller's setup)."""
-        try:
-            from spotrelay.local import workflow_setup
-        except ImportError:
-            log.warning("spotrelay/local/workflow_setup.py not present: no state machine in the twin")
-            return None
-        try:
-            arn: str = workflow_setup.create_workflow()
-        except ModuleNotFoundError as exc:  # a handler the ASL names is not written
-            log.error("job-run state machine not created: %s", exc)
-            return None
-        return arn
+        from spotrelay.local import workflow_setup
+
+        return workflow_setup.create_workflow()
 
     def _env(self) -> dict[str, str]:
         assert self.moto is not None
@@ -237,7 +223,3 @@ class Twin:
 
         etag = client("s3").head_object(Bucket=settings().bucket, Key=key)["ETag"]
         return DynamoDBJobStore().find_job(job_id_for(key, etag))
-
-
-def _has_handler(name: str) -> bool:
-    return (REPO / "functions" / f"{name}.py").exists()
