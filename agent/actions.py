@@ -123,8 +123,15 @@ class Responder:
 
     def apply(self, notice: Notice) -> Decision:
         decision = decide(notice)
-        info("notice", kind=notice.kind.value, source=notice.source, action=notice.action,
-             deadline=notice.deadline, request=decision.request, restart=decision.restart)
+        info(
+            "notice",
+            kind=notice.kind.value,
+            source=notice.source,
+            action=notice.action,
+            deadline=notice.deadline,
+            request=decision.request,
+            restart=decision.restart,
+        )
         if decision.request is not None:
             self.ask(decision.request, decision.deadline, decision.reason)
         return decision
@@ -147,8 +154,11 @@ class Responder:
         when = event.time or self.clock()
         pending = self.pending
         # a periodic save that happens to finish after a notice is not the emergency save
-        answers = pending is not None and self.requested_at is not None and when >= self.requested_at and (
-            event.emergency if pending.kind is RequestKind.CHECKPOINT_AND_STOP else event.request_id is not None
+        answers = (
+            pending is not None
+            and self.requested_at is not None
+            and when >= self.requested_at
+            and (event.emergency if pending.kind is RequestKind.CHECKPOINT_AND_STOP else event.request_id is not None)
         )
         deadline = event.deadline
         if deadline is None and answers and pending is not None and event.emergency:

@@ -88,7 +88,7 @@ def from_tags(tags: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in tags.items():
         if key.startswith(TAG_PREFIX):
-            name = key[len(TAG_PREFIX):].replace("-", "_")
+            name = key[len(TAG_PREFIX) :].replace("-", "_")
             name = TAG_ALIASES.get(name, name)
             if name in fields:
                 out[name] = value

@@ -30,14 +30,26 @@ from spotrelay.spec.models import JobSpec
 
 TICK_S = 0.25
 # a write never moves a node back: RUNNING does not undo DOOMED, EXITED does not undo TERMINATED
-STATE_RANK = {NodeState.PENDING: 0, NodeState.READY: 1, NodeState.RUNNING: 1, NodeState.DOOMED: 2,
-              NodeState.EXITED: 3, NodeState.LOST: 4, NodeState.TERMINATED: 4}
+STATE_RANK = {
+    NodeState.PENDING: 0,
+    NodeState.READY: 1,
+    NodeState.RUNNING: 1,
+    NodeState.DOOMED: 2,
+    NodeState.EXITED: 3,
+    NodeState.LOST: 4,
+    NodeState.TERMINATED: 4,
+}
 
 
 class Agent:
     def __init__(
-        self, config: AgentConfig, store: JobStore, reporter: Reporter, imds: ImdsClient,
-        clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+        self,
+        config: AgentConfig,
+        store: JobStore,
+        reporter: Reporter,
+        imds: ImdsClient,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
         plan_builder: Callable[[JobSpec, Rendezvous, dict[str, str], str | None, str], LaunchPlan] = build_plan,
     ) -> None:
         self.config, self.store, self.reporter, self.imds = config, store, reporter, imds
@@ -65,18 +77,30 @@ class Agent:
         c = self.config
 
         def ready(node: Node) -> Node:
-            return node.model_copy(update={
-                "private_ip": c.private_ip, "state": NodeState.READY, "last_heartbeat": self.clock(),
-                "instance_id": c.instance_id or node.instance_id, "exit_code": None,
-                "master_port": c.master_port if c.rank == 0 else node.master_port,
-            })
+            return node.model_copy(
+                update={
+                    "private_ip": c.private_ip,
+                    "state": NodeState.READY,
+                    "last_heartbeat": self.clock(),
+                    "instance_id": c.instance_id or node.instance_id,
+                    "exit_code": None,
+                    "master_port": c.master_port if c.rank == 0 else node.master_port,
+                }
+            )
 
         try:
             self.store.update_node(c.job_id, c.node, ready)
         except NotFoundError:  # started without the controller (a manual run): create our own item
             pool = Pool(region=c.region or "", az=c.az or "", instance_type=c.instance_type or "", market="spot")
-            node = Node(job_id=c.job_id, node_id=c.node, attempt=c.attempt, rank=c.rank,
-                        instance_id=c.instance_id or "unknown", pool=pool, launched_at=self.clock())
+            node = Node(
+                job_id=c.job_id,
+                node_id=c.node,
+                attempt=c.attempt,
+                rank=c.rank,
+                instance_id=c.instance_id or "unknown",
+                pool=pool,
+                launched_at=self.clock(),
+            )
             self.store.put_node(ready(node))
         self.reporter.node_ready()
 
@@ -90,8 +114,11 @@ class Agent:
             if any(sig in (signal.SIGTERM, signal.SIGINT) for sig in self.signals):
                 raise SpotrelayError("stopped by a signal while waiting for rank 0")
             for node in self.store.nodes_of(c.job_id):
-                if node.attempt == c.attempt and node.rank == 0 and node.private_ip and node.state in (
-                    NodeState.READY, NodeState.RUNNING
+                if (
+                    node.attempt == c.attempt
+                    and node.rank == 0
+                    and node.private_ip
+                    and node.state in (NodeState.READY, NodeState.RUNNING)
                 ):
                     return node.private_ip, node.master_port or c.master_port
             self.sleep(1.0)
@@ -161,11 +188,13 @@ class Agent:
             self._set_node(state=NodeState.RUNNING)
             code, offset = self._loop(proc, offset)
         self._follow(offset)
-        exit_code, reason = classify_exit(code, proc.worker_codes(), self.responder.pending,
-                                          self.responder.committed_since_request, self.killed)
+        exit_code, reason = classify_exit(
+            code, proc.worker_codes(), self.responder.pending, self.responder.committed_since_request, self.killed
+        )
         last = self.responder.last_committed
-        self.reporter.training_exited(exit_code, reason, control.read_progress(self.control),
-                                      last.step if last else None)
+        self.reporter.training_exited(
+            exit_code, reason, control.read_progress(self.control), last.step if last else None
+        )
         self._set_node(state=NodeState.EXITED, exit_code=exit_code)
         if tracking:
             tracking.attempt_ended(exit_code, last.step if last else None)
@@ -188,16 +217,19 @@ class Agent:
         give_up = self.clock() + c.linger_s
         info("waiting to join a later attempt", linger_s=c.linger_s)
         while self.clock() < give_up and not self.signals:
-            later = [n for n in self.store.nodes_of(c.job_id)
-                     if n.instance_id == c.instance_id and n.attempt > c.attempt]
+            later = [
+                n for n in self.store.nodes_of(c.job_id) if n.instance_id == c.instance_id and n.attempt > c.attempt
+            ]
             if later:
                 node = max(later, key=lambda n: n.attempt)
                 self.config = c.model_copy(update={"attempt": node.attempt, "rank": node.rank, "node_id": node.node_id})
                 self.reporter.config = self.config
                 self.responder = Responder(self.control, self.reporter, self.clock)
                 if node.directive and node.directive.get("kind") == "RESTART":  # this adoption is the restart
-                    self.notices.add(Notice(NoticeKind.DIRECTIVE, "directive", node.directive.get("directive_id"),
-                                            "RESTART"), self.clock())
+                    self.notices.add(
+                        Notice(NoticeKind.DIRECTIVE, "directive", node.directive.get("directive_id"), "RESTART"),
+                        self.clock(),
+                    )
                     self._clear_directive(str(node.directive.get("directive_id")))
                 info("joining attempt", attempt=node.attempt, node_id=node.node_id, rank=node.rank)
                 return True
@@ -273,7 +305,10 @@ class Agent:
             stops = (signal.SIGTERM, signal.SIGINT)
             if signum in stops and self.responder.pending is None:
                 # first stop signal (shutdown, systemctl stop): save and stop like a preemption
-                self.responder.ask(control.RequestKind.CHECKPOINT_AND_STOP,
-                                   self.clock() + self.config.stop_grace_s, f"agent got signal {signum}")
+                self.responder.ask(
+                    control.RequestKind.CHECKPOINT_AND_STOP,
+                    self.clock() + self.config.stop_grace_s,
+                    f"agent got signal {signum}",
+                )
             else:
                 proc.relay(signum)  # a second stop signal, or HUP/USR1/USR2: the launcher passes it on

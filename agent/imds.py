@@ -118,9 +118,7 @@ class ImdsClient:
         last: Exception | None = None
         for attempt in range(self.retries):
             try:
-                response = self.session.request(
-                    method, self.endpoint + path, headers=headers, timeout=self.timeout_s
-                )
+                response = self.session.request(method, self.endpoint + path, headers=headers, timeout=self.timeout_s)
             except requests.RequestException as exc:
                 last = exc
             else:

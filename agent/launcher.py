@@ -84,11 +84,16 @@ def _entry(spec: JobSpec) -> tuple[bool, list[str]]:
 def torchrun_argv(python: str, rdzv: Rendezvous, spec: JobSpec) -> list[str]:
     is_python, rest = _entry(spec)
     argv = [
-        python, "-m", "torch.distributed.run",
-        f"--nnodes={rdzv.nodes}", f"--node-rank={rdzv.node_rank}", f"--nproc-per-node={rdzv.nproc_per_node}",
+        python,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={rdzv.nodes}",
+        f"--node-rank={rdzv.node_rank}",
+        f"--nproc-per-node={rdzv.nproc_per_node}",
         # static rendezvous on node rank 0: ranks are fixed by node rank, so a resumed attempt
         # gives every rank the same shard of the checkpoint
-        f"--master-addr={rdzv.master_addr}", f"--master-port={rdzv.master_port}",
+        f"--master-addr={rdzv.master_addr}",
+        f"--master-port={rdzv.master_port}",
         # restarts are the controller's decision; a local restart would hide a preemption
         "--max-restarts=0",
     ]
@@ -104,8 +109,14 @@ def deepspeed_argv(python: str, rdzv: Rendezvous, spec: JobSpec) -> list[str]:
     world = base64.urlsafe_b64encode(json.dumps(hosts).encode()).decode()
     is_python, rest = _entry(spec)
     argv = [
-        python, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
-        f"--node_rank={rdzv.node_rank}", f"--master_addr={rdzv.master_addr}", f"--master_port={rdzv.master_port}",
+        python,
+        "-u",
+        "-m",
+        "deepspeed.launcher.launch",
+        f"--world_info={world}",
+        f"--node_rank={rdzv.node_rank}",
+        f"--master_addr={rdzv.master_addr}",
+        f"--master_port={rdzv.master_port}",
     ]
     if is_python:
         return [*argv, "--module", WRAPPER, *rest]
@@ -176,8 +187,12 @@ class TrainingProcess:
         for old in exits.glob("rank-*.json"):  # records of a previous run are not ours
             old.unlink()
         self.proc = subprocess.Popen(
-            self.plan.argv, env={**os.environ, **self.plan.env}, cwd=self.plan.cwd,
-            stdout=self.log, stderr=subprocess.STDOUT if self.log else None, start_new_session=True,
+            self.plan.argv,
+            env={**os.environ, **self.plan.env},
+            cwd=self.plan.cwd,
+            stdout=self.log,
+            stderr=subprocess.STDOUT if self.log else None,
+            start_new_session=True,
         )
 
     @property
@@ -227,8 +242,13 @@ def read_exit_records(control_dir: Path) -> dict[int, int]:
 # A collective that fails because a peer went away (its instance was reclaimed or killed) is an
 # infrastructure failure, not the user's bug: the surviving ranks see these.
 PEER_LOST = (
-    "Connection reset by peer", "Connection closed by peer", "Broken pipe", "ncclRemoteError",
-    "NCCL communicator was aborted", "remote process exited", "Socket Timeout",
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "ncclRemoteError",
+    "NCCL communicator was aborted",
+    "remote process exited",
+    "Socket Timeout",
 )
 DIST_NETWORK_ERRORS = ("DistNetworkError", "DistStoreError")
 
@@ -247,7 +267,7 @@ def _code_of(exc: SystemExit) -> int:
 def worker_main(argv: list[str]) -> None:
     """Run ``script args`` as ``__main__`` and record its exit code; DeepSpeed passes --local_rank first."""
     local_rank = [a for a in argv[:1] if a.startswith("--local_rank")]
-    script, *args = argv[len(local_rank):]
+    script, *args = argv[len(local_rank) :]
     sys.argv = [script, *local_rank, *args]
     sys.path.insert(0, str(Path(script).resolve().parent))  # as `python script.py` does
     code = 1

@@ -54,10 +54,16 @@ def configure(config_file: Path | None) -> tuple[AgentConfig, ImdsClient]:
     try:
         if config is None:
             config = load_config(file=config_file, tags=imds.tags(), user_data=imds.user_data())
-        config = with_instance_facts(config, {
-            "instance_id": imds.instance_id(), "region": imds.region(), "az": imds.availability_zone(),
-            "private_ip": imds.private_ip(), "instance_type": imds.instance_type(),
-        })
+        config = with_instance_facts(
+            config,
+            {
+                "instance_id": imds.instance_id(),
+                "region": imds.region(),
+                "az": imds.availability_zone(),
+                "private_ip": imds.private_ip(),
+                "instance_type": imds.instance_type(),
+            },
+        )
     except ImdsUnavailableError as exc:
         if config is None:
             raise AgentConfigError(f"no complete agent config, and IMDS (for tags) is unavailable: {exc}") from exc

@@ -73,8 +73,12 @@ class SpotInterruptionMonitor:
         action = _InstanceAction.model_validate(data)
         return [
             Notice(
-                NoticeKind.SPOT_INTERRUPTION, "imds", action=action.action, time=parse_time(action.time),
-                reason=f"spot interruption: {action.action} at {action.time}", raw=dict(data),
+                NoticeKind.SPOT_INTERRUPTION,
+                "imds",
+                action=action.action,
+                time=parse_time(action.time),
+                reason=f"spot interruption: {action.action} at {action.time}",
+                raw=dict(data),
             )
         ]
 
@@ -92,8 +96,12 @@ class RebalanceMonitor:
         notice = _Rebalance.model_validate(data)
         return [
             Notice(
-                NoticeKind.REBALANCE, "imds", action="rebalance", time=parse_time(notice.noticeTime),
-                reason=f"rebalance recommendation at {notice.noticeTime}", raw=dict(data),
+                NoticeKind.REBALANCE,
+                "imds",
+                action="rebalance",
+                time=parse_time(notice.noticeTime),
+                reason=f"rebalance recommendation at {notice.noticeTime}",
+                raw=dict(data),
             )
         ]
 
@@ -103,9 +111,7 @@ class DirectiveMonitor:
 
     name = "directive"
 
-    def __init__(
-        self, read_node: Callable[[], Node], on_invalid: Callable[[str], None] | None = None
-    ) -> None:
+    def __init__(self, read_node: Callable[[], Node], on_invalid: Callable[[str], None] | None = None) -> None:
         self.read_node = read_node
         self.on_invalid = on_invalid
 
@@ -121,8 +127,13 @@ class DirectiveMonitor:
             return []
         return [
             Notice(
-                NoticeKind.DIRECTIVE, "directive", notice_id=directive.directive_id,
-                action=directive.kind.value, time=directive.issued_at, deadline=directive.deadline,
-                reason=directive.reason or f"directive {directive.kind.value}", raw=dict(raw),
+                NoticeKind.DIRECTIVE,
+                "directive",
+                notice_id=directive.directive_id,
+                action=directive.kind.value,
+                time=directive.issued_at,
+                deadline=directive.deadline,
+                reason=directive.reason or f"directive {directive.kind.value}",
+                raw=dict(raw),
             )
         ]

@@ -21,9 +21,7 @@ SPOT_WINDOW_S = 120.0
 def notice_key(notice: Notice) -> str:
     if notice.notice_id:
         return f"{notice.kind.value}:{notice.notice_id}"
-    content = json.dumps(
-        {"kind": notice.kind.value, "action": notice.action, "time": notice.time}, sort_keys=True
-    )
+    content = json.dumps({"kind": notice.kind.value, "action": notice.action, "time": notice.time}, sort_keys=True)
     return f"{notice.kind.value}:sha256:{hashlib.sha256(content.encode()).hexdigest()[:16]}"
 
 

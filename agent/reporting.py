@@ -44,8 +44,12 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "ts": round(record.created, 3), "level": record.levelname, "logger": record.name,
-            "msg": record.getMessage(), **self.static, **getattr(record, "fields", {}),
+            "ts": round(record.created, 3),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+            **self.static,
+            **getattr(record, "fields", {}),
         }
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
@@ -89,8 +93,13 @@ class Reporter:
     def _common(self) -> dict[str, Any]:
         c = self.config
         return {
-            "event_id": uuid.uuid4().hex, "job_id": c.job_id, "node_id": c.node,
-            "instance_id": c.instance_id or "unknown", "attempt": c.attempt, "rank": c.rank, "time": self.clock(),
+            "event_id": uuid.uuid4().hex,
+            "job_id": c.job_id,
+            "node_id": c.node,
+            "instance_id": c.instance_id or "unknown",
+            "attempt": c.attempt,
+            "rank": c.rank,
+            "time": self.clock(),
         }
 
     def publish(self, event: AgentModel) -> bool:
@@ -117,21 +126,38 @@ class Reporter:
         return self.publish(Heartbeat(**self._common(), step=step))
 
     def checkpoint_committed(
-        self, step: int, uri: str, duration_s: float, emergency: bool, deadline: float | None,
+        self,
+        step: int,
+        uri: str,
+        duration_s: float,
+        emergency: bool,
+        deadline: float | None,
         met_deadline: bool | None,
     ) -> bool:
-        return self.publish(CheckpointCommitted(
-            **self._common(), step=step, uri=uri, duration_s=max(duration_s, 0.0), emergency=emergency,
-            deadline=deadline, met_deadline=met_deadline,
-        ))
+        return self.publish(
+            CheckpointCommitted(
+                **self._common(),
+                step=step,
+                uri=uri,
+                duration_s=max(duration_s, 0.0),
+                emergency=emergency,
+                deadline=deadline,
+                met_deadline=met_deadline,
+            )
+        )
 
     def training_exited(
         self, exit_code: int, reason: str, last_step: int | None, last_committed_step: int | None
     ) -> bool:
-        return self.publish(TrainingExited(
-            **self._common(), exit_code=exit_code, reason=reason, last_step=last_step,
-            last_committed_step=last_committed_step,
-        ))
+        return self.publish(
+            TrainingExited(
+                **self._common(),
+                exit_code=exit_code,
+                reason=reason,
+                last_step=last_step,
+                last_committed_step=last_committed_step,
+            )
+        )
 
     def anomaly(self, what: str, detail: str = "") -> bool:
         return self.publish(Anomaly(**self._common(), what=what, detail=detail))
@@ -161,8 +187,10 @@ class JobTracking:
             client = MlflowClient(tracking_uri=uri)
             run_id = job.mlflow_run_id or cls._find_or_create(client, config, spec)
             if job.mlflow_run_id != run_id:
-                store.update_job(job.job_id, lambda j: None if j.mlflow_run_id == run_id
-                                 else j.model_copy(update={"mlflow_run_id": run_id}))
+                store.update_job(
+                    job.job_id,
+                    lambda j: None if j.mlflow_run_id == run_id else j.model_copy(update={"mlflow_run_id": run_id}),
+                )
             tracking = cls(client, run_id, config.attempt)
             tracking.attempt_started(config, spec)
             return tracking
@@ -186,8 +214,11 @@ class JobTracking:
     def attempt_started(self, config: AgentConfig, spec: JobSpec) -> None:
         logged = self.client.get_run(self.run_id).data.params
         params = {
-            "job_id": config.job_id, "nodes": spec.resources.nodes, "launcher": spec.launcher.type,
-            "gpus_per_node": spec.resources.gpus_per_node, "checkpoint_every_steps": spec.checkpoint.every_steps,
+            "job_id": config.job_id,
+            "nodes": spec.resources.nodes,
+            "launcher": spec.launcher.type,
+            "gpus_per_node": spec.resources.gpus_per_node,
+            "checkpoint_every_steps": spec.checkpoint.every_steps,
         }
         for key, value in params.items():
             if key not in logged:
@@ -204,8 +235,9 @@ class JobTracking:
     def attempt_ended(self, exit_code: int, last_committed_step: int | None) -> None:
         self._safe(self.client.log_metric, self.run_id, "exit_code", exit_code, step=self.attempt)
         if last_committed_step is not None:
-            self._safe(self.client.log_metric, self.run_id, "last_committed_step", last_committed_step,
-                       step=self.attempt)
+            self._safe(
+                self.client.log_metric, self.run_id, "last_committed_step", last_committed_step, step=self.attempt
+            )
         if exit_code == 0:
             self._safe(self.client.set_terminated, self.run_id, "FINISHED")
 

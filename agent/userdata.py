@@ -22,8 +22,14 @@ from agent.config import AgentConfig
 USER_DATA_LIMIT = 16 * 1024  # EC2 refuses larger user data (before base64)
 # What the agent imports beside the AMI's torch (mirrors pyproject's base + agent extras, minus torch).
 AGENT_REQUIREMENTS = (
-    "pydantic>=2.7", "pyyaml>=6.0", "boto3>=1.34", "requests>=2.31", "numpy>=1.26",
-    "safetensors>=0.4", "torchdata", "mlflow-skinny>=2.14",
+    "pydantic>=2.7",
+    "pyyaml>=6.0",
+    "boto3>=1.34",
+    "requests>=2.31",
+    "numpy>=1.26",
+    "safetensors>=0.4",
+    "torchdata",
+    "mlflow-skinny>=2.14",
 )
 
 

@@ -72,9 +72,7 @@ class FakeImds:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> FakeImds:
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name=f"imds-{self.port}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._server.serve_forever, name=f"imds-{self.port}", daemon=True)
         self._thread.start()
         return self
 
@@ -139,9 +137,7 @@ class FakeImds:
             "/latest/meta-data/placement/region": self.region,
             "/latest/meta-data/placement/availability-zone": self.az,
             "/latest/meta-data/spot/instance-action": json.dumps(action) if action else None,
-            "/latest/meta-data/events/recommendations/rebalance": (
-                json.dumps(rebalance) if rebalance else None
-            ),
+            "/latest/meta-data/events/recommendations/rebalance": (json.dumps(rebalance) if rebalance else None),
             "/latest/meta-data/tags/instance": tag_keys if self.tags else None,
             "/latest/user-data": self.user_data,
         }

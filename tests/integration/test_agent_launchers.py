@@ -34,14 +34,20 @@ sys.exit(int(sys.argv[sys.argv.index("--code") + 1]) if os.environ["RANK"] == "1
 def test_rank_codes_survive_the_launcher(tmp_path: Path, launcher: str, launcher_code: int) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    spec = JobSpec.model_validate({
-        "version": 1, "name": "t", "entrypoint": {"script": str(script), "args": ["--code", "75"]},
-        "launcher": {"type": launcher, **({"deepspeed_config": {}} if launcher == "deepspeed" else {})},
-        "resources": {"nodes": 1, "gpus_per_node": 0}, "checkpoint": {"every_steps": 1},
-    })
+    spec = JobSpec.model_validate(
+        {
+            "version": 1,
+            "name": "t",
+            "entrypoint": {"script": str(script), "args": ["--code", "75"]},
+            "launcher": {"type": launcher, **({"deepspeed_config": {}} if launcher == "deepspeed" else {})},
+            "resources": {"nodes": 1, "gpus_per_node": 0},
+            "checkpoint": {"every_steps": 1},
+        }
+    )
     ctl = tmp_path / "ctl"
-    plan = build_plan(spec, Rendezvous(1, 0, 2, "127.0.0.1", free_port()), {control.ENV_CONTROL_DIR: str(ctl)},
-                      None, sys.executable)
+    plan = build_plan(
+        spec, Rendezvous(1, 0, 2, "127.0.0.1", free_port()), {control.ENV_CONTROL_DIR: str(ctl)}, None, sys.executable
+    )
     result = subprocess.run(plan.argv, env={**os.environ, **plan.env}, capture_output=True, timeout=120)
     assert result.returncode == launcher_code, result.stderr.decode()[-2000:]
     assert read_exit_records(ctl) == {0: 75, 1: 75}

@@ -43,9 +43,13 @@ TIMEOUT_S = 240
 
 def _spec(out: Path) -> dict[str, Any]:
     return {
-        "version": 1, "name": "tiny-agent",
-        "entrypoint": {"script": "examples/tiny/train.py", "args": [*TRAIN_ARGS, "--out", str(out)],
-                       "env": {"OMP_NUM_THREADS": "1"}},
+        "version": 1,
+        "name": "tiny-agent",
+        "entrypoint": {
+            "script": "examples/tiny/train.py",
+            "args": [*TRAIN_ARGS, "--out", str(out)],
+            "env": {"OMP_NUM_THREADS": "1"},
+        },
         "resources": {"nodes": 2, "gpus_per_node": 0},
         "checkpoint": {"every_steps": 4, "keep_local": 2, "keep_s3": 3},
     }
@@ -63,10 +67,25 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     for key in (control.ENV_CONTROL_DIR, control.ENV_CHECKPOINT_URI):
         env.pop(key, None)
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
-         f"--master-port={free_port()}", "examples/tiny/train.py", *TRAIN_ARGS, "--step-sleep", "0",
-         "--out", str(tmp / "ref")],
-        cwd=ROOT, env=env, check=True, timeout=TIMEOUT_S, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=1",
+            "--nproc-per-node=2",
+            f"--master-port={free_port()}",
+            "examples/tiny/train.py",
+            *TRAIN_ARGS,
+            "--step-sleep",
+            "0",
+            "--out",
+            str(tmp / "ref"),
+        ],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=TIMEOUT_S,
+        capture_output=True,
     )
     return _results(tmp / "ref")
 
@@ -138,8 +157,16 @@ class Pair:
 @pytest.fixture
 def job(aws: dict[str, str], tmp_path: Path) -> Iterator[tuple[DynamoDBJobStore, AgentEvents, list[Pair]]]:
     store = DynamoDBJobStore()
-    store.create_job(Job(job_id=JOB, name="tiny-agent", status=JobStatus.RUNNING, spec=_spec(tmp_path / "unused"),
-                         spec_hash="h1", attempt=1))
+    store.create_job(
+        Job(
+            job_id=JOB,
+            name="tiny-agent",
+            status=JobStatus.RUNNING,
+            spec=_spec(tmp_path / "unused"),
+            spec_hash="h1",
+            attempt=1,
+        )
+    )
     pairs: list[Pair] = []
     yield store, AgentEvents(), pairs
     for pair in pairs:
@@ -156,22 +183,45 @@ def start_pair(store: DynamoDBJobStore, pairs: list[Pair], attempt: int, root: P
     port = free_port()
     for rank in (0, 1):
         iid = f"i-0a{attempt}r{rank}"
-        store.put_node(Node(job_id=JOB, node_id=node_id_for(attempt, rank), attempt=attempt, rank=rank,
-                            instance_id=iid, pool=POOL, launched_at=time.time()))
+        store.put_node(
+            Node(
+                job_id=JOB,
+                node_id=node_id_for(attempt, rank),
+                attempt=attempt,
+                rank=rank,
+                instance_id=iid,
+                pool=POOL,
+                launched_at=time.time(),
+            )
+        )
         imds = FakeImds(instance_id=iid, az=POOL.az).start()
         pair.imds.append(imds)
         node = root / f"node{rank}"
         agent = {
-            "job_id": JOB, "attempt": attempt, "rank": rank, "nodes": 2, "nproc_per_node": 1,
-            "config_uri": str(spec_file), "imds_endpoint": imds.url, "work_dir": node,
-            "checkpoint_dir": node / "ckpt", "master_port": port, "imds_poll_s": 0.5, "directive_poll_s": 0.5,
-            "heartbeat_s": 2, "stop_grace_s": 20, "linger_s": 0,
+            "job_id": JOB,
+            "attempt": attempt,
+            "rank": rank,
+            "nodes": 2,
+            "nproc_per_node": 1,
+            "config_uri": str(spec_file),
+            "imds_endpoint": imds.url,
+            "work_dir": node,
+            "checkpoint_dir": node / "ckpt",
+            "master_port": port,
+            "imds_poll_s": 0.5,
+            "directive_poll_s": 0.5,
+            "heartbeat_s": 2,
+            "stop_grace_s": 20,
+            "linger_s": 0,
         }
         env = {**os.environ, **{f"SPOTRELAY_AGENT_{k.upper()}": str(v) for k, v in agent.items()}}
         node.mkdir()
         log = open(node / "agent.log", "wb")  # noqa: SIM115 - the child writes it
-        pair.procs.append(subprocess.Popen([sys.executable, "-m", "agent.main"], cwd=ROOT, env=env,
-                                           stdout=log, stderr=subprocess.STDOUT))
+        pair.procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "agent.main"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+        )
         log.close()
     return pair
 
@@ -192,11 +242,14 @@ def check_preempted(store: DynamoDBJobStore, events: AgentEvents, pair: Pair, de
     assert sorted(e.rank for e in committed) == [0, 1]  # both nodes report the global commit ...
     assert len({e.step for e in committed}) == 1  # ... of the same step
     stop_step = committed[0].step
-    assert all(e.met_deadline and e.time <= deadline and e.deadline == pytest.approx(deadline, abs=1)
-               for e in committed)
+    assert all(
+        e.met_deadline and e.time <= deadline and e.deadline == pytest.approx(deadline, abs=1) for e in committed
+    )
     exited = events.of("TrainingExited", attempt)
     assert sorted((e.rank, e.exit_code, e.last_committed_step) for e in exited) == [
-        (0, 75, stop_step), (1, 75, stop_step)]
+        (0, 75, stop_step),
+        (1, 75, stop_step),
+    ]
     assert {e.rank for e in events.of("NodeReady", attempt)} == {0, 1}
     assert {e.rank for e in events.of("Heartbeat", attempt)} == {0, 1}
     nodes = [n for n in store.nodes_of(JOB) if n.attempt == attempt]
@@ -220,8 +273,13 @@ def test_interrupted_by_imds_then_by_directive_resumes_bit_identical(
     second = start_pair(store, pairs, 2, tmp_path / "a2")
     wait_for_step(second, 0, step1 + 2)
     deadline = time.time() + 90
-    directive = Directive(directive_id="d-123456", kind=DirectiveKind.CHECKPOINT_NOW, deadline=deadline,
-                          reason="spot interruption warning (EventBridge)", issued_at=time.time())
+    directive = Directive(
+        directive_id="d-123456",
+        kind=DirectiveKind.CHECKPOINT_NOW,
+        deadline=deadline,
+        reason="spot interruption warning (EventBridge)",
+        issued_at=time.time(),
+    )
     store.update_node(JOB, node_id_for(2, 0), lambda n: n.model_copy(update={"directive": directive.model_dump()}))
     step2 = check_preempted(store, events, second, deadline)
     assert step2 > step1

@@ -37,8 +37,11 @@ def _itn(when: float) -> Notice:
 def test_decide_maps_every_notice() -> None:
     assert decide(_itn(100.0)).request is RequestKind.CHECKPOINT_AND_STOP
     assert decide(Notice(NoticeKind.REBALANCE, "imds", action="rebalance")).request is RequestKind.CHECKPOINT
-    for directive, want in (("CHECKPOINT_NOW", RequestKind.CHECKPOINT_AND_STOP), ("STOP", RequestKind.STOP),
-                            ("CHECKPOINT", RequestKind.CHECKPOINT)):
+    for directive, want in (
+        ("CHECKPOINT_NOW", RequestKind.CHECKPOINT_AND_STOP),
+        ("STOP", RequestKind.STOP),
+        ("CHECKPOINT", RequestKind.CHECKPOINT),
+    ):
         assert decide(Notice(NoticeKind.DIRECTIVE, "directive", "d1", directive)).request is want
     restart = decide(Notice(NoticeKind.DIRECTIVE, "directive", "d2", "RESTART"))
     assert restart.restart and restart.request is None
@@ -77,8 +80,20 @@ def test_commit_before_deadline_is_reported(tmp_path: Path) -> None:
     responder, recorder = _responder(tmp_path, now)
     request = responder.ask(RequestKind.CHECKPOINT_AND_STOP, 1120.0, "itn")
     now[0] = 1030.0
-    responder.on_events([TrainerEvent(kind="checkpoint_committed", step=7, uri="s3://b/c/step-7", duration_s=12.5,
-                                      emergency=True, deadline=1120.0, request_id=request.request_id, time=1029.0)])
+    responder.on_events(
+        [
+            TrainerEvent(
+                kind="checkpoint_committed",
+                step=7,
+                uri="s3://b/c/step-7",
+                duration_s=12.5,
+                emergency=True,
+                deadline=1120.0,
+                request_id=request.request_id,
+                time=1029.0,
+            )
+        ]
+    )
     [(source, kind, detail)] = recorder.sent
     event = parse_agent_event(detail)
     assert source == "spotrelay.agent" and kind == "CheckpointCommitted"
@@ -93,8 +108,9 @@ def test_commit_before_deadline_is_reported(tmp_path: Path) -> None:
 def test_missed_deadline_says_what_is_durable(tmp_path: Path) -> None:
     now = [1000.0]
     responder, recorder = _responder(tmp_path, now)
-    responder.on_events([TrainerEvent(kind="checkpoint_committed", step=10, uri="s3://b/step-10", duration_s=50,
-                                      time=999.0)])
+    responder.on_events(
+        [TrainerEvent(kind="checkpoint_committed", step=10, uri="s3://b/step-10", duration_s=50, time=999.0)]
+    )
     responder.ask(RequestKind.CHECKPOINT_AND_STOP, 1030.0, "itn")  # 30 s left, last save took 50 s
     kinds = [(k, d.get("what")) for _, k, d in recorder.sent]
     assert kinds[-1] == ("Anomaly", "deadline-at-risk")
@@ -112,8 +128,9 @@ def test_rebalance_checkpoint_is_cleared_after_commit(tmp_path: Path) -> None:
     responder, _ = _responder(tmp_path, now)
     request = responder.ask(RequestKind.CHECKPOINT, None, "rebalance")
     assert control.read_request(tmp_path) == request
-    responder.on_events([TrainerEvent(kind="checkpoint_committed", step=3, uri="u", request_id=request.request_id,
-                                      time=1001.0)])
+    responder.on_events(
+        [TrainerEvent(kind="checkpoint_committed", step=3, uri="u", request_id=request.request_id, time=1001.0)]
+    )
     assert control.read_request(tmp_path) is None and responder.pending is None
     assert not responder.kill_due(5000.0, grace_s=1)  # training goes on
 
@@ -142,14 +159,19 @@ def test_periodic_commit_after_a_notice_is_not_the_emergency_save(tmp_path: Path
     event = parse_agent_event(recorder.sent[-1][2])
     assert isinstance(event, CheckpointCommitted) and not event.emergency and event.met_deadline is None
     assert not responder.committed_since_request
-    responder.on_events([TrainerEvent(kind="checkpoint_committed", step=5, uri="u5", emergency=True,
-                                      deadline=1120.0, time=1002.0)])
+    responder.on_events(
+        [TrainerEvent(kind="checkpoint_committed", step=5, uri="u5", emergency=True, deadline=1120.0, time=1002.0)]
+    )
     assert responder.committed_since_request
 
 
 def test_newest_commit_wins_when_uploads_finish_out_of_order(tmp_path: Path) -> None:
     now = [1000.0]
     responder, _ = _responder(tmp_path, now)
-    responder.on_events([TrainerEvent(kind="checkpoint_committed", step=5, uri="u5", emergency=True, time=1001.0),
-                         TrainerEvent(kind="checkpoint_committed", step=4, uri="u4", time=1002.0)])
+    responder.on_events(
+        [
+            TrainerEvent(kind="checkpoint_committed", step=5, uri="u5", emergency=True, time=1001.0),
+            TrainerEvent(kind="checkpoint_committed", step=4, uri="u4", time=1002.0),
+        ]
+    )
     assert responder.last_committed is not None and responder.last_committed.step == 5

@@ -29,7 +29,13 @@ def test_tags_alone_are_enough() -> None:
     # as the EC2 compute adapter tags instances: spotrelay:job, no node count (the spec has it)
     ec2 = {"spotrelay:job": "j2", "spotrelay:attempt": "3", "spotrelay:rank": "1", "spotrelay:config-uri": "s3://b/k"}
     config = load_config(env={}, tags=ec2)
-    assert (config.job_id, config.attempt, config.rank, config.nodes, config.config_uri) == ("j2", 3, 1, None, "s3://b/k")
+    assert (config.job_id, config.attempt, config.rank, config.nodes, config.config_uri) == (
+        "j2",
+        3,
+        1,
+        None,
+        "s3://b/k",
+    )
 
 
 def test_missing_fields_are_named() -> None:
@@ -54,5 +60,9 @@ def test_json_user_data_between_tags_and_file(tmp_path: Path) -> None:
     file.write_text(json.dumps({"job_id": "from-file"}))
     assert load_config(env={}, file=file, tags=tags, user_data=user_data).job_id == "from-file"
     # a bootstrap script is not config
-    assert load_config(env={}, tags={**tags, "spotrelay:attempt": "1", "spotrelay:rank": "0"},
-                       user_data="#!/bin/bash\necho hi").job_id == "from-tags"
+    assert (
+        load_config(
+            env={}, tags={**tags, "spotrelay:attempt": "1", "spotrelay:rank": "0"}, user_data="#!/bin/bash\necho hi"
+        ).job_id
+        == "from-tags"
+    )

@@ -27,7 +27,7 @@ from spotrelay.local.fake_imds import FakeImds
 from spotrelay.spec.models import JobSpec
 
 # The stand-in trainer: one step every 0.1 s; acts on request.json like the training API does.
-TRAINER = r'''
+TRAINER = r"""
 import json, os, sys, time
 from pathlib import Path
 from spotrelay.contracts import control
@@ -55,7 +55,7 @@ for step in range(1, steps + 1):
     else:
         commit(step, emergency=True, deadline=request.deadline, request_id=request.request_id)
         sys.exit(75)
-'''
+"""
 
 
 class MemoryStore:
@@ -83,8 +83,9 @@ class MemoryStore:
             self.nodes[node.node_id] = node.model_copy(update={"version": node.version + 1})
             return self.nodes[node.node_id]
 
-    def update_node(self, job_id: str, node_id: str, change: Callable[[Node], Node | None],
-                    attempts: int = 3) -> Node | None:
+    def update_node(
+        self, job_id: str, node_id: str, change: Callable[[Node], Node | None], attempts: int = 3
+    ) -> Node | None:
         updated = change(self.get_node(job_id, node_id))
         return None if updated is None else self.put_node(updated)
 
@@ -103,10 +104,15 @@ class Recorder:
         return [d for k, d in self.sent if k == kind]
 
 
-SPEC = JobSpec.model_validate({
-    "version": 1, "name": "t", "entrypoint": {"script": "trainer.py"}, "resources": {"nodes": 1, "gpus_per_node": 0},
-    "checkpoint": {"every_steps": 100},
-})
+SPEC = JobSpec.model_validate(
+    {
+        "version": 1,
+        "name": "t",
+        "entrypoint": {"script": "trainer.py"},
+        "resources": {"nodes": 1, "gpus_per_node": 0},
+        "checkpoint": {"every_steps": 100},
+    }
+)
 
 
 @pytest.fixture
@@ -115,24 +121,52 @@ def imds() -> Iterator[FakeImds]:
         yield server
 
 
-def run_agent(tmp_path: Path, imds: FakeImds, mode: str = "ok", steps: int = 30, **over: Any,
-              ) -> tuple[Agent, MemoryStore, Recorder, threading.Thread, list[int]]:
+def run_agent(
+    tmp_path: Path,
+    imds: FakeImds,
+    mode: str = "ok",
+    steps: int = 30,
+    **over: Any,
+) -> tuple[Agent, MemoryStore, Recorder, threading.Thread, list[int]]:
     (tmp_path / "trainer.py").write_text(TRAINER)
-    config = AgentConfig.model_validate({
-        "job_id": "j-1", "attempt": 1, "rank": 0, "nodes": 1, "instance_id": "i-0node", "private_ip": "127.0.0.1",
-        "work_dir": tmp_path, "imds_endpoint": imds.url, "imds_poll_s": 0.1, "directive_poll_s": 0.1,
-        "heartbeat_s": 0.5, "stop_grace_s": 1.0, "linger_s": 0, **over,
-    })
+    config = AgentConfig.model_validate(
+        {
+            "job_id": "j-1",
+            "attempt": 1,
+            "rank": 0,
+            "nodes": 1,
+            "instance_id": "i-0node",
+            "private_ip": "127.0.0.1",
+            "work_dir": tmp_path,
+            "imds_endpoint": imds.url,
+            "imds_poll_s": 0.1,
+            "directive_poll_s": 0.1,
+            "heartbeat_s": 0.5,
+            "stop_grace_s": 1.0,
+            "linger_s": 0,
+            **over,
+        }
+    )
     job = Job(job_id="j-1", name="t", status=JobStatus.RUNNING)
     store = MemoryStore(job)
-    store.put_node(Node(job_id="j-1", node_id="a1-r0", attempt=1, rank=0, instance_id="i-0node",
-                        pool=Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")))
+    store.put_node(
+        Node(
+            job_id="j-1",
+            node_id="a1-r0",
+            attempt=1,
+            rank=0,
+            instance_id="i-0node",
+            pool=Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot"),
+        )
+    )
     recorder = Recorder()
 
     def plan(spec: JobSpec, rdzv: Rendezvous, env: dict[str, str], itype: str | None, python: str) -> LaunchPlan:
         # no torchrun: the per-rank wrapper straight on the stand-in trainer
-        return LaunchPlan([sys.executable, "-m", "agent.launcher", str(tmp_path / "trainer.py"), mode, str(steps)],
-                          {**env, "RANK": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+        return LaunchPlan(
+            [sys.executable, "-m", "agent.launcher", str(tmp_path / "trainer.py"), mode, str(steps)],
+            {**env, "RANK": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        )
 
     client = ImdsClient(imds.url, timeout_s=2.0, retries=1)  # generous: CI machines are loaded
     agent = Agent(config, store, Reporter(config, recorder), client, plan_builder=plan)  # type: ignore[arg-type]
@@ -246,8 +280,9 @@ def test_survivor_joins_the_next_gang(tmp_path: Path, imds: FakeImds) -> None:
     assert recorder.of("TrainingExited")[0]["exit_code"] == ExitCode.PREEMPTED_SAVED
     # the controller (replace-lost-nodes) carries this instance into attempt 2 as rank 0
     restart = Directive(directive_id="restart-j-1-a2", kind=DirectiveKind.RESTART, issued_at=time.time())
-    carried = store.get_node("j-1", "a1-r0").model_copy(update={
-        "node_id": "a2-r0", "attempt": 2, "state": NodeState.PENDING, "directive": restart.model_dump()})
+    carried = store.get_node("j-1", "a1-r0").model_copy(
+        update={"node_id": "a2-r0", "attempt": 2, "state": NodeState.PENDING, "directive": restart.model_dump()}
+    )
     store.put_node(carried)
     assert finish(thread, result) == ExitCode.DONE
     assert [(e["attempt"], e["node_id"]) for e in recorder.of("NodeReady")] == [(1, "a1-r0"), (2, "a2-r0")]
@@ -261,8 +296,16 @@ def test_agent_never_undoes_the_controllers_verdict(tmp_path: Path, imds: FakeIm
     _, store, recorder, thread, result = run_agent(tmp_path, imds)
     wait_for(lambda: bool(recorder.of("Heartbeat")))
     stop = Directive(directive_id="d-stop-2", kind=DirectiveKind.STOP, issued_at=time.time())
-    store.update_node("j-1", "a1-r0", lambda n: n.model_copy(update={  # teardown marked it first
-        "state": NodeState.TERMINATED, "directive": stop.model_dump()}))
+    store.update_node(
+        "j-1",
+        "a1-r0",
+        lambda n: n.model_copy(
+            update={  # teardown marked it first
+                "state": NodeState.TERMINATED,
+                "directive": stop.model_dump(),
+            }
+        ),
+    )
     assert finish(thread, result) == ExitCode.CANCELLED
     node = store.get_node("j-1", "a1-r0")
     assert node.state is NodeState.TERMINATED and node.exit_code == ExitCode.CANCELLED
@@ -276,10 +319,26 @@ def test_rank1_waits_for_rank0_address_and_port_and_stops_on_sigterm(tmp_path: P
     config = AgentConfig(job_id="j-1", attempt=1, rank=1, nodes=2, rank0_wait_s=30)
     store = MemoryStore(Job(job_id="j-1", name="t", status=JobStatus.RUNNING))
     pool = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
-    store.put_node(Node(job_id="j-1", node_id="a1-r0", attempt=1, rank=0, instance_id="i-0", pool=pool,
-                        state=NodeState.READY, private_ip="10.0.0.7", master_port=29611))
-    agent = Agent(config, store, Reporter(config, Recorder()), ImdsClient(imds.url),  # type: ignore[arg-type]
-                  sleep=lambda s: None)
+    store.put_node(
+        Node(
+            job_id="j-1",
+            node_id="a1-r0",
+            attempt=1,
+            rank=0,
+            instance_id="i-0",
+            pool=pool,
+            state=NodeState.READY,
+            private_ip="10.0.0.7",
+            master_port=29611,
+        )
+    )
+    agent = Agent(
+        config,
+        store,  # type: ignore[arg-type]
+        Reporter(config, Recorder()),
+        ImdsClient(imds.url),
+        sleep=lambda s: None,
+    )
     assert agent.wait_for_rank0() == ("10.0.0.7", 29611)  # rank 0's published port, not ours (29500)
     store.nodes.clear()
     agent.on_signal(signal.SIGTERM, None)

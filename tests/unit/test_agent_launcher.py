@@ -26,8 +26,11 @@ RDZV = Rendezvous(nodes=2, node_rank=1, nproc_per_node=8, master_addr="10.0.0.5"
 
 def _spec(**over: Any) -> JobSpec:
     data: dict[str, Any] = {
-        "version": 1, "name": "t", "entrypoint": {"script": "train.py", "args": ["--steps", "5"], "env": {"A": "1"}},
-        "resources": {"nodes": 2}, "checkpoint": {"every_steps": 10},
+        "version": 1,
+        "name": "t",
+        "entrypoint": {"script": "train.py", "args": ["--steps", "5"], "env": {"A": "1"}},
+        "resources": {"nodes": 2},
+        "checkpoint": {"every_steps": 10},
     }
     data.update(over)
     return JobSpec.model_validate(data)
@@ -36,9 +39,20 @@ def _spec(**over: Any) -> JobSpec:
 def test_torchrun_command() -> None:
     plan = build_plan(_spec(), RDZV, {"X": "y"}, "p5.48xlarge", "/py")
     assert plan.argv == [
-        "/py", "-m", "torch.distributed.run", "--nnodes=2", "--node-rank=1", "--nproc-per-node=8",
-        "--master-addr=10.0.0.5", "--master-port=29500", "--max-restarts=0",
-        "-m", "agent.launcher", "train.py", "--steps", "5",
+        "/py",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--node-rank=1",
+        "--nproc-per-node=8",
+        "--master-addr=10.0.0.5",
+        "--master-port=29500",
+        "--max-restarts=0",
+        "-m",
+        "agent.launcher",
+        "train.py",
+        "--steps",
+        "5",
     ]
     assert plan.env["FI_PROVIDER"] == "efa" and plan.env["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert plan.env["A"] == "1" and plan.env["X"] == "y"
@@ -81,20 +95,24 @@ def test_contract_environment(tmp_path: Path) -> None:
     assert plan.env[control.ENV_CONTROL_DIR] == str(tmp_path / "control")
 
 
-@pytest.mark.parametrize(("body", "code"), [
-    ("import sys; sys.exit(75)", 75),
-    ("raise ValueError('x')", 1),
-    ("raise RuntimeError('tensor sizes differ')", 1),
-    ("", 0),
-    # what gloo raises on the surviving rank when a peer's instance vanishes: not the user's bug
-    ("raise RuntimeError('[gloo/transport/tcp/pair.cc:537] Read error [10.0.0.2]:13225: Connection reset by peer')",
-     77),
-])
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ("import sys; sys.exit(75)", 75),
+        ("raise ValueError('x')", 1),
+        ("raise RuntimeError('tensor sizes differ')", 1),
+        ("", 0),
+        # what gloo raises on the surviving rank when a peer's instance vanishes: not the user's bug
+        (
+            "raise RuntimeError('[gloo/transport/tcp/pair.cc:537] Read error [10.0.0.2]:1: Connection reset by peer')",
+            77,
+        ),
+    ],
+)
 def test_wrapper_records_rank_exit_code(tmp_path: Path, body: str, code: int) -> None:
     script = tmp_path / "script.py"
     script.write_text(body)
-    env = {**os.environ, control.ENV_CONTROL_DIR: str(tmp_path / "ctl"), "RANK": "3",
-           "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, control.ENV_CONTROL_DIR: str(tmp_path / "ctl"), "RANK": "3", "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, "-m", "agent.launcher", str(script)], env=env, capture_output=True)
     assert result.returncode == code
     assert read_exit_records(tmp_path / "ctl") == {3: code}
@@ -104,8 +122,13 @@ def test_wrapper_passes_argv_and_deepspeed_local_rank(tmp_path: Path) -> None:
     script = tmp_path / "script.py"
     script.write_text("import sys, json; print(json.dumps(sys.argv[1:]))")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-m", "agent.launcher", "--local_rank=2", str(script), "--a", "b"],
-                         env=env, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "agent.launcher", "--local_rank=2", str(script), "--a", "b"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert json.loads(out) == ["--local_rank=2", "--a", "b"]
 
 

@@ -26,11 +26,16 @@ class JobOnly:
 
 
 def _spec(uri: str) -> JobSpec:
-    return JobSpec.model_validate({
-        "version": 1, "name": "tracked", "entrypoint": {"script": "t.py"}, "resources": {"nodes": 2},
-        "checkpoint": {"every_steps": 5}, "tracking": {"tracking_uri": uri, "mlflow_experiment": "exp",
-                                                      "tags": {"team": "ml"}},
-    })
+    return JobSpec.model_validate(
+        {
+            "version": 1,
+            "name": "tracked",
+            "entrypoint": {"script": "t.py"},
+            "resources": {"nodes": 2},
+            "checkpoint": {"every_steps": 5},
+            "tracking": {"tracking_uri": uri, "mlflow_experiment": "exp", "tags": {"team": "ml"}},
+        }
+    )
 
 
 def _config(attempt: int) -> AgentConfig:
@@ -66,8 +71,15 @@ def test_one_run_per_job_across_attempts(tmp_path: Path) -> None:
 
 
 def test_no_tracking_uri_no_mlflow() -> None:
-    spec = JobSpec.model_validate({"version": 1, "name": "n", "entrypoint": {"script": "t.py"},
-                                   "resources": {"nodes": 1}, "checkpoint": {"every_steps": 5}})
+    spec = JobSpec.model_validate(
+        {
+            "version": 1,
+            "name": "n",
+            "entrypoint": {"script": "t.py"},
+            "resources": {"nodes": 1},
+            "checkpoint": {"every_steps": 5},
+        }
+    )
     job = Job(job_id="j-1", name="n", status=JobStatus.RUNNING)
     assert JobTracking.for_job(_config(1), job, spec, JobOnly(job)) is None  # type: ignore[arg-type]
 

@@ -14,11 +14,14 @@ from agent.userdata import UserDataParams, render_user_data
 
 
 def _render() -> str:
-    return render_user_data(UserDataParams(
-        home_region="us-east-1", wheel_uri="s3://jobs/artifacts/agent/spotrelay-0.1.0-py3-none-any.whl",
-        env={"SPOTRELAY_NODES_TABLE": "prod-nodes", "SPOTRELAY_EVENT_BUS": "default"},
-        agent={"config_uri": "s3://jobs/submissions/llm.yaml", "master_port": 29400},
-    ))
+    return render_user_data(
+        UserDataParams(
+            home_region="us-east-1",
+            wheel_uri="s3://jobs/artifacts/agent/spotrelay-0.1.0-py3-none-any.whl",
+            env={"SPOTRELAY_NODES_TABLE": "prod-nodes", "SPOTRELAY_EVENT_BUS": "default"},
+            agent={"config_uri": "s3://jobs/submissions/llm.yaml", "master_port": 29400},
+        )
+    )
 
 
 def test_renders_valid_bash_with_agent_config(tmp_path: object) -> None:
@@ -38,12 +41,12 @@ def test_renders_valid_bash_with_agent_config(tmp_path: object) -> None:
 
 def test_systemd_unit() -> None:
     text = _render()
-    unit = text[text.index("[Unit]"):text.index("UNIT\n\nsystemctl")]
+    unit = text[text.index("[Unit]") : text.index("UNIT\n\nsystemctl")]
     assert "ExecStart=$PYTHON_ENV/bin/spotrelay-agent --config /etc/spotrelay/agent.json" in unit
     for line in ("KillMode=mixed", "Restart=no", "LimitMEMLOCK=infinity", "WantedBy=multi-user.target"):
         assert line in unit
     assert "systemctl enable --now spotrelay-agent.service" in text
-    assert "pip\" install --quiet --no-deps" in text  # never replace the AMI's CUDA build of torch
+    assert 'pip" install --quiet --no-deps' in text  # never replace the AMI's CUDA build of torch
 
 
 def test_unknown_agent_fields_refused() -> None:
