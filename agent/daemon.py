@@ -169,10 +169,16 @@ class Agent:
             warn("could not clear directive", directive_id=directive_id, error=str(exc))
 
     # --- run ------------------------------------------------------------------------------------
-    def run(self, spec: JobSpec, env: dict[str, str], tracking: JobTracking | None = None) -> int:
+    def run(self, job: Job, spec: JobSpec, track: bool = False) -> int:
         c = self.config
-        self.tracking, self.killed = tracking, False
+        self.killed = False
         self.register()
+        if track and c.rank == 0 and self.tracking is None:
+            # after NodeReady: MLflow's first open (store migrations) can take a while
+            self.tracking = JobTracking.for_job(c, job, spec, self.store)
+        elif self.tracking is not None:
+            self.tracking.attempt = c.attempt
+        env = contract_env(c, job, spec, self.tracking.run_id if self.tracking else job.mlflow_run_id)
         master, port = self.wait_for_rank0()
         per_node = c.nproc_per_node or max(spec.resources.gpus_per_node, 1)  # CPU jobs: one rank per node
         rdzv = Rendezvous(c.nodes or spec.resources.nodes, c.rank, per_node, master, port)
@@ -196,21 +202,19 @@ class Agent:
             exit_code, reason, control.read_progress(self.control), last.step if last else None
         )
         self._set_node(state=NodeState.EXITED, exit_code=exit_code)
-        if tracking:
-            tracking.attempt_ended(exit_code, last.step if last else None)
+        if self.tracking:
+            self.tracking.attempt_ended(exit_code, last.step if last else None)
         info("training exited", exit_code=exit_code, reason=reason)
         return exit_code
 
-    def serve(self, job: Job, spec: JobSpec, tracking: JobTracking | None = None) -> int:
+    def serve(self, job: Job, spec: JobSpec, track: bool = False) -> int:
         """Run this attempt; a surviving node then waits (``linger_s``) to be carried into the next
-        gang (the controller's replace-lost-nodes: a new node item for this instance, RESTART)."""
+        gang (the controller's replace-lost-nodes: a new node item for this instance, RESTART).
+        ``track``: keep the job's MLflow run (node rank 0 only, when the spec has a tracking URI)."""
         while True:
-            run_id = tracking.run_id if tracking else job.mlflow_run_id
-            code = self.run(spec, contract_env(self.config, job, spec, run_id), tracking)
+            code = self.run(job, spec, track)
             if code in (ExitCode.DONE, ExitCode.CANCELLED) or self.doomed or not self._adopt_next_attempt():
                 return code
-            if tracking:
-                tracking.attempt = self.config.attempt
 
     def _adopt_next_attempt(self) -> bool:
         c = self.config

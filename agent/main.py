@@ -17,7 +17,7 @@ from agent import reporting
 from agent.config import AgentConfig, from_env, load_config, load_job_and_spec, with_instance_facts
 from agent.daemon import Agent
 from agent.imds import DEFAULT_ENDPOINT, ImdsClient
-from agent.reporting import JobTracking, Reporter, warn
+from agent.reporting import Reporter, warn
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.errors import AgentConfigError, ImdsUnavailableError
 from spotrelay.ports.events import EventPublisher
@@ -87,8 +87,7 @@ def run_agent(config_file: Path | None = None) -> int:
         signal.signal(sig, agent.on_signal)
     try:
         job, spec = load_job_and_spec(config, store)
-        tracking = JobTracking.for_job(config, job, spec, store) if config.rank == 0 else None
-        return agent.serve(job, spec, tracking)
+        return agent.serve(job, spec, track=True)
     except Exception as exc:  # the agent's own failure is infrastructure, never the user's code
         reporting.log.exception("agent failed")
         reporter.anomaly("agent-failed", f"{type(exc).__name__}: {exc}")

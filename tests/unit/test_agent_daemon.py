@@ -36,6 +36,7 @@ mode, steps = sys.argv[1], int(sys.argv[2])
 handled = set()
 with open(ctl / "starts", "a") as fh:
     fh.write("x")
+(ctl / "run_id").write_text(os.environ.get(control.ENV_MLFLOW_RUN_ID, ""))
 def commit(step, emergency=False, deadline=None, request_id=None):
     control.append_event(ctl, control.TrainerEvent(kind="checkpoint_committed", step=step, uri=f"s3://b/step-{step}",
         duration_s=0.05, emergency=emergency, deadline=deadline, request_id=request_id, time=time.time()))
@@ -68,6 +69,12 @@ class MemoryStore:
 
     def get_job(self, job_id: str) -> Job:
         return self.job
+
+    def update_job(self, job_id: str, change: Callable[[Job], Job | None], attempts: int = 3) -> Job | None:
+        updated = change(self.job)
+        if updated is not None:
+            self.job = updated
+        return updated
 
     def get_node(self, job_id: str, node_id: str) -> Node:
         with self.lock:
@@ -126,6 +133,7 @@ def run_agent(
     imds: FakeImds,
     mode: str = "ok",
     steps: int = 30,
+    spec: JobSpec = SPEC,
     **over: Any,
 ) -> tuple[Agent, MemoryStore, Recorder, threading.Thread, list[int]]:
     (tmp_path / "trainer.py").write_text(TRAINER)
@@ -171,7 +179,7 @@ def run_agent(
     client = ImdsClient(imds.url, timeout_s=2.0, retries=1)  # generous: CI machines are loaded
     agent = Agent(config, store, Reporter(config, recorder), client, plan_builder=plan)  # type: ignore[arg-type]
     result: list[int] = []
-    thread = threading.Thread(target=lambda: result.append(agent.serve(job, SPEC)), daemon=True)
+    thread = threading.Thread(target=lambda: result.append(agent.serve(job, spec, track=True)), daemon=True)
     thread.start()
     return agent, store, recorder, thread, result
 
@@ -344,3 +352,17 @@ def test_rank1_waits_for_rank0_address_and_port_and_stops_on_sigterm(tmp_path: P
     agent.on_signal(signal.SIGTERM, None)
     with pytest.raises(SpotrelayError, match="signal"):
         agent.wait_for_rank0()
+
+
+def test_mlflow_run_created_after_ready_and_handed_to_the_trainer(tmp_path: Path, imds: FakeImds) -> None:
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    spec = SPEC.model_copy(update={"tracking": SPEC.tracking.model_copy(update={"tracking_uri": uri})})
+    _, store, recorder, thread, result = run_agent(tmp_path, imds, steps=8, spec=spec)
+    assert finish(thread, result) == ExitCode.DONE
+    run_id = store.job.mlflow_run_id
+    assert run_id and (tmp_path / "control" / "run_id").read_text() == run_id
+    assert recorder.kinds()[0] == "NodeReady"
+    history = MlflowClient(tracking_uri=uri).get_metric_history(run_id, "exit_code")
+    assert [m.value for m in history] == [0]
