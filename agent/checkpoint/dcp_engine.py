@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from agent.checkpoint.engines import Writer
 from agent.checkpoint.safety import check_file
-from agent.checkpoint.state import snapshot_tree
+from agent.checkpoint.state import BufferPool, snapshot_tree
 
 MODEL_DIR = "model"
 
@@ -32,13 +32,15 @@ class DcpEngine:
         self.distributed = dist.is_available() and dist.is_initialized()
         # Every rank calls new_group at the same point (session start), as torch requires.
         self.group = dist.new_group(backend="gloo") if self.distributed else None
+        self.pool = BufferPool()
 
     def _rank(self) -> int:
         return dist.get_rank(self.group) if self.distributed else 0
 
     def snapshot(self, root: Path, step_dir: Path) -> Writer:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        state = snapshot_tree({"model": model_sd, "optim": optim_sd})
+        lease: list[torch.Tensor] = []
+        state = snapshot_tree({"model": model_sd, "optim": optim_sd}, self.pool, lease)
         target = step_dir / MODEL_DIR
         rank = self._rank()
 
@@ -47,6 +49,8 @@ class DcpEngine:
             # no fsync here: the pipeline fsyncs each shard while it hashes and uploads it
             writer = dcp.FileSystemWriter(str(target), sync_files=False)
             dcp.save(state, storage_writer=writer, process_group=self.group, no_dist=not self.distributed)
+            state.clear()
+            self.pool.give_back(lease)  # written: the next snapshot may reuse these buffers
             files = sorted(target.glob(f"__{rank}_*.distcp"))
             if rank == 0:
                 files.append(target / ".metadata")

@@ -16,7 +16,7 @@ import torch
 
 from agent.checkpoint.engines import Writer
 from agent.checkpoint.safety import safe_torch_load
-from agent.checkpoint.state import snapshot_tree
+from agent.checkpoint.state import BufferPool, snapshot_tree
 
 try:
     from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
@@ -30,12 +30,14 @@ class SnapshotCheckpointEngine(CheckpointEngine):
     def __init__(self) -> None:
         self.name = "SpotrelaySnapshotEngine"
         self.pending: list[tuple[str, Any]] = []
+        self.pool = BufferPool()
+        self.lease: list[torch.Tensor] = []
 
     def create(self, info: Any) -> None:
-        self.pending = []
+        self.pending, self.lease = [], []
 
     def save(self, state_dict: Any, path: str) -> None:
-        self.pending.append((path, snapshot_tree(state_dict)))
+        self.pending.append((path, snapshot_tree(state_dict, self.pool, self.lease)))
 
     def load(self, path: str, map_location: Any = None) -> Any:
         return safe_torch_load(path, map_location=map_location)
@@ -46,9 +48,9 @@ class SnapshotCheckpointEngine(CheckpointEngine):
     def preserves_storage_sharing(self) -> bool:
         return False  # we copy every tensor ourselves; DeepSpeed's extra clone would double it
 
-    def take(self) -> list[tuple[str, Any]]:
-        pending, self.pending = self.pending, []
-        return pending
+    def take(self) -> tuple[list[tuple[str, Any]], list[torch.Tensor]]:
+        pending, lease, self.pending, self.lease = self.pending, self.lease, [], []
+        return pending, lease
 
 
 class DeepSpeedEngine:
@@ -62,7 +64,7 @@ class DeepSpeedEngine:
     def snapshot(self, root: Path, step_dir: Path) -> Writer:
         self.engine.checkpoint_engine = self.ckpt
         self.engine.save_checkpoint(str(root), tag=step_dir.name, save_latest=False)
-        pending = self.ckpt.take()
+        pending, lease = self.ckpt.take()
 
         def write() -> list[Path]:
             files = []
@@ -70,6 +72,8 @@ class DeepSpeedEngine:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 torch.save(state, path)
                 files.append(Path(path))
+            pending.clear()
+            self.ckpt.pool.give_back(lease)  # written: the next snapshot may reuse these buffers
             return files
 
         return write

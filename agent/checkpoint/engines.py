@@ -25,11 +25,3 @@ class Engine(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def _world() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1

@@ -49,6 +49,8 @@ class Lane:
 
 def serve(uri: str | None, nice: int, stdin: IO[str], stdout: IO[str]) -> None:
     lane = Lane(uri, nice)
+    if lane.s3 is not None:
+        _ = lane.s3.client  # import boto3 and build the client now, not when the first save is waiting
     for line in stdin:
         task = json.loads(line)
         try:

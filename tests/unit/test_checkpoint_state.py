@@ -9,7 +9,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from agent.checkpoint.state import capture_rng, load_trainer_state, restore_rng, save_trainer_state, snapshot_tree
+from agent.checkpoint.state import (
+    BufferPool,
+    capture_rng,
+    load_trainer_state,
+    restore_rng,
+    save_trainer_state,
+    snapshot_tree,
+)
 
 
 def _draws() -> tuple[float, float, list[float]]:
@@ -40,3 +47,16 @@ def test_snapshot_does_not_alias_live_tensors() -> None:
     live["nested"][0].add_(1)
     assert torch.equal(snap["w"], torch.zeros(4))
     assert torch.equal(snap["nested"][0], torch.ones(2))
+
+
+def test_pool_reuses_buffers_once_given_back() -> None:
+    pool = BufferPool()
+    live = {"w": torch.zeros(8)}
+    lease: list[torch.Tensor] = []
+    first = snapshot_tree(live, pool, lease)
+    live["w"].add_(2)
+    assert torch.equal(first["w"], torch.zeros(8))  # still the old values: not aliased
+    pool.give_back(lease)
+    second = snapshot_tree(live, pool, [])
+    assert second["w"].data_ptr() == first["w"].data_ptr()  # same memory, no new allocation
+    assert torch.equal(second["w"], torch.full((8,), 2.0))
