@@ -182,7 +182,7 @@ def main() -> None:
     p.add_argument("--width", type=int, default=2048)
     p.add_argument("--batch", type=int, default=48)
     p.add_argument("--every", type=int, default=50, help="steps per block (one checkpoint per block)")
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="torch threads for training (others stay free)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
