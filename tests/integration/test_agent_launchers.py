@@ -50,6 +50,8 @@ def test_rank_codes_survive_the_launcher(tmp_path: Path, launcher: str, launcher
     )
     result = subprocess.run(plan.argv, env={**os.environ, **plan.env}, capture_output=True, timeout=120)
     assert result.returncode == launcher_code, result.stderr.decode()[-2000:]
-    assert read_exit_records(ctl) == {0: 75, 1: 75}
+    # a launcher stops the other ranks at the first exit, so a slower rank may never record its code
+    records = read_exit_records(ctl)
+    assert records and set(records.values()) == {75}
     stop = StopRequest(request_id="r", kind=RequestKind.CHECKPOINT_AND_STOP, deadline=1.0)
     assert classify_exit(result.returncode, read_exit_records(ctl), stop, True, False)[0] == ExitCode.PREEMPTED_SAVED
