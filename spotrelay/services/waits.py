@@ -60,13 +60,17 @@ def outcome_verdict(job: Job, nodes: list[Node]) -> dict[str, Any] | None:
     if lost:
         return _verdict("node-lost", job, "node lost without notice", ranks=lost)
     exited = [n for n in nodes if n.state is NodeState.EXITED and n.exit_code is not None]
+    # User errors first, across all ranks: a crashing rank makes its peers' collectives fail, and
+    # they report that as an infrastructure error (77), whichever rank number exits first.
     for node in exited:
         code = int(node.exit_code or 0)
-        if code == ExitCode.INFRA_ERROR:
-            return _verdict("infra-error", job, f"rank {node.rank} hit an infrastructure error", exit_code=code)
-        if code not in (ExitCode.DONE, ExitCode.CANCELLED, *PREEMPTED):
+        if code not in (ExitCode.DONE, ExitCode.CANCELLED, ExitCode.INFRA_ERROR, *PREEMPTED):
             return _verdict("user-error", job, f"rank {node.rank} exited {code} ({ExitCode.describe(code)})",
                             exit_code=code, rank=node.rank)
+    for node in exited:
+        if int(node.exit_code or 0) == ExitCode.INFRA_ERROR:
+            return _verdict("infra-error", job, f"rank {node.rank} hit an infrastructure error",
+                            exit_code=ExitCode.INFRA_ERROR)
     if not all(n.state in GONE for n in nodes):
         return None
     codes = {int(n.exit_code) for n in exited if n.exit_code is not None}

@@ -14,8 +14,10 @@ JOB = Job(job_id="j", name="j", status=JobStatus.RUNNING, attempt=1)
 
 
 def gang(*states: tuple[NodeState, int | None]) -> list[Node]:
-    return [Node(job_id="j", node_id=f"a1-r{r}", attempt=1, rank=r, instance_id=f"i-{r:x}", pool=POOL, state=s,
-                 exit_code=c) for r, (s, c) in enumerate(states)]
+    return [
+        Node(job_id="j", node_id=f"a1-r{r}", attempt=1, rank=r, instance_id=f"i-{r:x}", pool=POOL, state=s, exit_code=c)
+        for r, (s, c) in enumerate(states)
+    ]
 
 
 def test_ready_needs_every_node() -> None:
@@ -49,6 +51,12 @@ def test_outcome_ends_at_once_on_loss_user_or_infra_error() -> None:
     assert infra is not None and infra["outcome"] == "infra-error"
 
 
+def test_a_user_error_on_a_higher_rank_beats_the_peers_infra_error() -> None:
+    # rank 1 crashed in user code; rank 0's collective then failed and it reported 77
+    verdict = outcome_verdict(JOB, gang((NodeState.EXITED, 77), (NodeState.EXITED, 1)))
+    assert verdict is not None and verdict["outcome"] == "user-error" and verdict["rank"] == 1
+
+
 def test_outcome_success_and_cancel() -> None:
     assert outcome_verdict(JOB, gang((NodeState.EXITED, 0), (NodeState.READY, None))) is None
     assert outcome_verdict(JOB, gang((NodeState.EXITED, 0), (NodeState.EXITED, 0)))["outcome"] == "succeeded"  # type: ignore[index]
@@ -64,6 +72,7 @@ def test_backoff_doubles_up_to_the_cap() -> None:
 def test_error_reason_reads_the_lambda_cause() -> None:
     cause = '{"errorType": "RetryBudgetExhaustedError", "errorMessage": "recoveries spent (2 of max_recoveries=2)"}'
     assert error_reason({"Error": "RetryBudgetExhaustedError", "Cause": cause}) == (
-        "RetryBudgetExhaustedError: recoveries spent (2 of max_recoveries=2)")
+        "RetryBudgetExhaustedError: recoveries spent (2 of max_recoveries=2)"
+    )
     assert error_reason({"Error": "States.Timeout", "Cause": "plain"}) == "States.Timeout: plain"
     assert error_reason(None) == "failed"
