@@ -18,29 +18,15 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from agent.userdata import UserDataParams, render_user_data
 from cdk.config import AppConfig
 from cdk.storage import jobs_bucket_name, table_name
 from spotrelay.contracts.events import AGENT_SOURCE
 from spotrelay.resources import JOBS, NODES, RESOURCES
 
 ROOT_VOLUME_GIB = 500
-USER_DATA = """#!/bin/bash
-# spotrelay agent bootstrap: job id, rank and role come from instance tags (IMDS), not from here.
-set -euo pipefail
-# The agent's AWS calls go to the home region (tables, bus, checkpoints bucket).
-export AWS_REGION={home_region} AWS_DEFAULT_REGION={home_region} SPOTRELAY_HOME_REGION={home_region}
-export SPOTRELAY_BUCKET={home_bucket} SPOTRELAY_DATA_BUCKET={data_bucket} SPOTRELAY_PREFIX={prefix}
-export SPOTRELAY_JOBS_TABLE={jobs_table} SPOTRELAY_NODES_TABLE={nodes_table}
-export SPOTRELAY_EVENT_BUS=arn:{partition}:events:{home_region}:{account}:event-bus/default
-if [ -d /opt/spotrelay ]; then
-  /opt/spotrelay/bin/spotrelay-agent
-else
-  python3 -m venv /opt/spotrelay
-  aws s3 cp --region {region} --recursive s3://{data_bucket}/artifacts/agent/ /tmp/spotrelay-wheels/
-  /opt/spotrelay/bin/pip install /tmp/spotrelay-wheels/*.whl
-  /opt/spotrelay/bin/spotrelay-agent
-fi
-"""
+# Where the release process puts the agent wheel (docs/deploy.md); the name follows the version.
+AGENT_WHEEL_KEY = "artifacts/agent/spotrelay-0.1.0-py3-none-any.whl"
 
 
 def agent_role_name(config: AppConfig, region: str) -> str:
@@ -119,17 +105,21 @@ class AgentFleet(Construct):
             default=config.dlami_ssm_parameter,
             description="SSM parameter holding the Deep Learning AMI id (resolved at deploy time)",
         )
-        user_data = USER_DATA.format(
+        # The same systemd bootstrap the agent ships (agent/userdata.py); job, attempt and rank
+        # come from the instance tags, so one template serves every node of every job.
+        user_data = render_user_data(UserDataParams(
             home_region=home,
-            region=region,
-            data_bucket=data_bucket.bucket_name,
-            prefix=config.prefix,
-            account=acct,
-            partition=part,
-            home_bucket=jobs_bucket_name(config, home),
-            jobs_table=table_name(config, JOBS),
-            nodes_table=table_name(config, NODES),
-        )
+            wheel_uri=f"s3://{data_bucket.bucket_name}/{AGENT_WHEEL_KEY}",
+            env={
+                "SPOTRELAY_HOME_REGION": home,
+                "SPOTRELAY_BUCKET": jobs_bucket_name(config, home),
+                "SPOTRELAY_DATA_BUCKET": data_bucket.bucket_name,
+                "SPOTRELAY_PREFIX": config.prefix,
+                "SPOTRELAY_JOBS_TABLE": table_name(config, JOBS),
+                "SPOTRELAY_NODES_TABLE": table_name(config, NODES),
+                "SPOTRELAY_EVENT_BUS": f"arn:{part}:events:{home}:{acct}:event-bus/default",
+            },
+        ))
         self.launch_template = ec2.CfnLaunchTemplate(
             self,
             "LaunchTemplate",
@@ -146,7 +136,7 @@ class AgentFleet(Construct):
                     http_put_response_hop_limit=2,
                     instance_metadata_tags="enabled",
                 ),
-                # EFA on network card 0; p4d/p5 get their other EFA cards from the fleet request
+                # EFA on network card 0; the controller writes a per-launch template with one EFA per card
                 network_interfaces=[
                     ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
                         device_index=0,

@@ -168,3 +168,11 @@ def test_training_vpc_spans_the_configured_azs(synth: Synth) -> None:
             assert sorted(s["AvailabilityZone"] for s in private) == sorted(zones)
         else:
             assert len(private) == 2 and all("Fn::GetAZs" in json.dumps(s["AvailabilityZone"]) for s in private)
+
+
+def test_user_data_installs_the_agent_as_a_systemd_unit(synth: Synth) -> None:
+    for name in synth.training.values():
+        user_data = json.dumps(_launch_template(synth, name)["UserData"])  # Fn::Base64 of an Fn::Join
+        assert "systemctl enable --now spotrelay-agent.service" in user_data
+        assert "SPOTRELAY_JOBS_TABLE" in user_data and "SPOTRELAY_EVENT_BUS" in user_data
+        assert f"AWS_REGION={synth.config.home_region}" in user_data  # agent calls go home
