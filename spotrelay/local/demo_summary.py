@@ -81,7 +81,6 @@ def summarize(
         report.timeline_png(png, ref_losses, losses, faults, lifetimes, t0)
     except Exception as exc:  # the summary still matters without a picture
         problems.append(f"timeline not drawn: {exc}")
-    ckpt_step = job.last_checkpoint.step if job and job.last_checkpoint else None
     steps_lost = job.steps_lost if job else 0
     if not steps_lost:  # the controller's count, else ours: steps run past the checkpoint resumed from
         steps_lost = sum(max(0, (f.step or 0) - (f.resumed_from_step or f.step or 0)) for f in faults)
@@ -107,8 +106,6 @@ def summarize(
         problems=problems,
     )
     summary.cost["controller_cost_so_far_usd"] = round(job.cost_so_far, 4) if job else 0.0
-    if ckpt_step is not None:
-        summary.cost["final_checkpoint_step"] = float(ckpt_step)
     try:
         summary.mlflow_run_id = report.log_to_mlflow(
             tracking_uri, job.mlflow_run_id if job else None, experiment, summary, [png]
