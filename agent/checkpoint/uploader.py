@@ -8,7 +8,7 @@ periodic saves; emergency saves have a second helper at full priority. It speaks
     in:  {"step": N, "step_dir": "...", "rank": R, "files": ["rel", ...]}
     out: {"ok": true, "shards": [{"path", "size", "sha256", "rank"}, ...]} | {"ok": false, "error": "..."}
 
-Run as ``python -m agent.checkpoint.uploader [--nice N] [s3://bucket/prefix]``.
+Run as ``python -m agent.checkpoint.uploader [--emergency] [s3://bucket/prefix]``.
 """
 
 from __future__ import annotations
@@ -23,20 +23,32 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
-from agent.checkpoint.manifest import Shard, describe_shards, step_name
+from agent.checkpoint.manifest import Shard, describe_shards, fsync_file, step_name
 from agent.checkpoint.s3_tier import S3Tier, set_thread_nice
 
 BACKGROUND_NICE = 15
 
 
 def transfer(
-    step_dir: Path, rels: list[str], rank: int, step: int, s3: S3Tier | None, pool: ThreadPoolExecutor
+    step_dir: Path,
+    rels: list[str],
+    rank: int,
+    step: int,
+    s3: S3Tier | None,
+    pool: ThreadPoolExecutor,
+    fsync_late: bool = False,
 ) -> list[Shard]:
-    """fsync + sha256 every file while uploading them all; the shards once both are done."""
-    hashes = [pool.submit(describe_shards, step_dir, [step_dir / rel], rank) for rel in rels]
+    """sha256 every file while uploading them all; fsync them too, before or (``fsync_late``,
+    emergencies: S3 first, the disk is going away) after the upload; the shards once all is done."""
+    fsync_late = fsync_late and s3 is not None
+    hashes = [pool.submit(describe_shards, step_dir, [step_dir / rel], rank, not fsync_late) for rel in rels]
     if s3 is not None:
         s3.upload_files([(step_dir / rel, f"{step_name(step)}/{rel}") for rel in rels])
-    return [shard for fut in hashes for shard in fut.result()]
+    shards = [shard for fut in hashes for shard in fut.result()]
+    if fsync_late:  # the local part is still written only after its shards are durable
+        for rel in rels:
+            fsync_file(step_dir / rel)
+    return shards
 
 
 class Lane:
@@ -47,14 +59,15 @@ class Lane:
         self.pool = ThreadPoolExecutor(2, thread_name_prefix="hash", initializer=set_thread_nice, initargs=(nice,))
 
 
-def serve(uri: str | None, nice: int, stdin: IO[str], stdout: IO[str]) -> None:
-    lane = Lane(uri, nice)
+def serve(uri: str | None, emergency: bool, stdin: IO[str], stdout: IO[str]) -> None:
+    lane = Lane(uri, 0 if emergency else BACKGROUND_NICE)
     if lane.s3 is not None:
         _ = lane.s3.client  # import boto3 and build the client now, not when the first save is waiting
     for line in stdin:
         task = json.loads(line)
         try:
-            shards = transfer(Path(task["step_dir"]), task["files"], task["rank"], task["step"], lane.s3, lane.pool)
+            where, files, rank, step = Path(task["step_dir"]), task["files"], task["rank"], task["step"]
+            shards = transfer(where, files, rank, step, lane.s3, lane.pool, fsync_late=emergency)
             reply: dict[str, Any] = {"ok": True, "shards": [s.model_dump() for s in shards]}
         except Exception as exc:  # reported to the trainer, which fails this save and keeps going
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
@@ -89,13 +102,7 @@ class UploaderProcess:
 
     def start(self) -> subprocess.Popen[str]:
         if self._proc is None or self._proc.poll() is not None:
-            cmd = [
-                sys.executable,
-                "-m",
-                "agent.checkpoint.uploader",
-                "--nice",
-                str(0 if self.emergency else BACKGROUND_NICE),
-            ]
+            cmd = [sys.executable, "-m", "agent.checkpoint.uploader", *(["--emergency"] if self.emergency else [])]
             cmd += [self.uri] if self.uri else []
             root = str(Path(__file__).resolve().parents[2])
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
@@ -114,10 +121,10 @@ class UploaderProcess:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="spotrelay checkpoint uploader (started by the trainer)")
-    parser.add_argument("--nice", type=int, default=BACKGROUND_NICE)
+    parser.add_argument("--emergency", action="store_true", help="full CPU priority, fsync after the upload")
     parser.add_argument("uri", nargs="?", default=None)
     args = parser.parse_args()
-    serve(args.uri, args.nice, sys.stdin, sys.stdout)
+    serve(args.uri, args.emergency, sys.stdin, sys.stdout)
 
 
 if __name__ == "__main__":
