@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import Aws, Duration, Stack
+from aws_cdk import Aws, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
@@ -19,7 +19,7 @@ from cdk import nag
 from cdk.agent_fleet import AgentFleet
 from cdk.config import AppConfig
 from cdk.events import MAX_EVENT_AGE, RETRY_ATTEMPTS, dead_letter_queue, event_pattern
-from cdk.storage import access_log_bucket, jobs_bucket_name, secure_bucket
+from cdk.storage import access_log_bucket, checkpoint_lifecycle, jobs_bucket_name, secure_bucket
 from spotrelay.resources import FORWARDED_EC2_PATTERNS, RESOURCES
 
 FORWARD_IDS = ("SpotInterruption", "Rebalance", "InstanceState")  # same order as FORWARDED_EC2_PATTERNS
@@ -103,22 +103,7 @@ class RegionalStack(Stack):
             name=data_bucket_name(config, region),
             logs=access_logs,
             logs_prefix="data/",
-            lifecycle_rules=[
-                s3.LifecycleRule(
-                    id="checkpoints-to-glacier",
-                    prefix=ckpt,
-                    transitions=[
-                        s3.Transition(
-                            storage_class=s3.StorageClass.GLACIER,
-                            transition_after=Duration.days(config.checkpoint_glacier_days),
-                        )
-                    ],
-                    noncurrent_version_expiration=Duration.days(7),
-                ),
-                s3.LifecycleRule(
-                    id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=Duration.days(2)
-                ),
-            ],
+            lifecycle_rules=checkpoint_lifecycle(ckpt, config.checkpoint_glacier_days),
             # committed checkpoints go home, so a job can resume in any region
             replication_rules=[
                 s3.ReplicationRule(

@@ -46,6 +46,21 @@ def secure_bucket(
     )
 
 
+def checkpoint_lifecycle(prefix: str, glacier_days: int) -> list[s3.LifecycleRule]:
+    """Old checkpoints go to Glacier; replaced versions and abandoned multipart uploads expire."""
+    return [
+        s3.LifecycleRule(
+            id="checkpoints-to-glacier",
+            prefix=prefix,
+            transitions=[
+                s3.Transition(storage_class=s3.StorageClass.GLACIER, transition_after=Duration.days(glacier_days))
+            ],
+            noncurrent_version_expiration=Duration.days(7),
+        ),
+        s3.LifecycleRule(id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=Duration.days(2)),
+    ]
+
+
 def access_log_bucket(scope: Construct, id: str, retention_days: int) -> s3.Bucket:
     return secure_bucket(
         scope,
@@ -104,20 +119,5 @@ class Storage(Construct):
             logs=self.access_logs,
             logs_prefix="jobs/",
             event_bridge_enabled=True,  # submissions/ reach on_submission through EventBridge
-            lifecycle_rules=[
-                s3.LifecycleRule(
-                    id="checkpoints-to-glacier",
-                    prefix=checkpoints,
-                    transitions=[
-                        s3.Transition(
-                            storage_class=s3.StorageClass.GLACIER,
-                            transition_after=Duration.days(config.checkpoint_glacier_days),
-                        )
-                    ],
-                    noncurrent_version_expiration=Duration.days(7),
-                ),
-                s3.LifecycleRule(
-                    id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=Duration.days(2)
-                ),
-            ],
+            lifecycle_rules=checkpoint_lifecycle(checkpoints, config.checkpoint_glacier_days),
         )
