@@ -1,13 +1,21 @@
-"""What a training node runs with in one region: its role, security group and launch template.
+"""What a training node runs with in one region: its security group and launch template, and the
+regional fallback role.
 
-The role reaches only the agent's own calls: ``checkpoints/`` of the home jobs bucket (the default
+Per job: the controller launches every node with its job's own instance profile, created at launch
+(``spotrelay/adapters/iam_job_profile.py``; path ``/spotrelay/``, bounded by ``cdk/agent_boundary.py``):
+only ``checkpoints/<job>/`` of the jobs and data buckets, that job's spec object, DynamoDB items whose
+partition key is the job id, and PutEvents with source ``spotrelay.agent``. Teardown deletes it.
+
+The regional role below is only the fallback for nodes started by hand from this launch template
+(the controller cannot pass it: its PassRole covers only ``/spotrelay/<prefix>-agent-job-*``).
+It reaches only the agent's own calls: ``checkpoints/`` of the home jobs bucket (the default
 durable tier, so a job resumes in any region) and of this region's data bucket (replicated home),
 ``data/`` and ``artifacts/agent/`` of the data bucket read-only, job and node items in the home
 tables, and PutEvents with source ``spotrelay.agent`` on the home bus. Job and rank come from instance
 tags read through IMDS (InstanceMetadataTags), so the role needs no ec2:Describe*.
 
-Not per job: one role serves every job in the region (an instance profile cannot see the instance's
-tags), so a node could read another job's checkpoints. See docs/deploy.md, "Security notes".
+Not per job: it serves every manually launched node in the region (an instance profile cannot see the
+instance's tags), so such a node could read another job's checkpoints. See docs/deploy.md, "Security notes".
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ AGENT_WHEEL_KEY = "artifacts/agent/spotrelay-0.1.0-py3-none-any.whl"
 
 
 def agent_role_name(config: AppConfig, region: str) -> str:
-    # permissions.PassRole matches <prefix>-agent-*; the controller passes it when launching
+    # the manual-launch fallback; the controller launches with per-job profiles (iam_job_profile)
     return f"{config.prefix}-agent-{region}"
 
 

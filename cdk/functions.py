@@ -13,6 +13,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from cdk import staging
+from cdk.agent_boundary import job_profiles_config
 from cdk.config import AppConfig
 from cdk.permissions import Grants, grants_for
 from spotrelay.local.lambda_seam import function_name_for
@@ -142,9 +143,12 @@ def handler_env(
             "SPOTRELAY_TRAINING_REGIONS": ",".join(config.training_regions),
             "SPOTRELAY_INSTANCE_TYPES": ",".join(config.instance_types),
             "SPOTRELAY_REGIONS": ",".join(config.training_regions),  # reconcile sweeps these
-            # the compute adapter reads subnets, security group, profile and launch template from the
-            # training stacks' SSM parameters (spotrelay/adapters/ec2_discovery.py)
-            "SPOTRELAY_EC2_CONFIG": json.dumps({"ssm_prefix": f"/{config.prefix}/training"}),
+            # the compute adapter reads subnets, security group and launch template from the training
+            # stacks' SSM parameters (spotrelay/adapters/ec2_discovery.py), and gives each job its own
+            # instance profile (spotrelay/adapters/iam_job_profile.py, cdk/agent_boundary.py)
+            "SPOTRELAY_EC2_CONFIG": json.dumps(
+                {"ssm_prefix": f"/{config.prefix}/training", "job_profiles": job_profiles_config(config)}
+            ),
             "SPOTRELAY_ACCOUNT": Aws.ACCOUNT_ID,
         }
     )

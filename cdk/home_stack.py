@@ -9,6 +9,7 @@ from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from cdk import nag
+from cdk.agent_boundary import AgentBoundary, boundary_arn
 from cdk.config import AppConfig
 from cdk.events import Events
 from cdk.functions import Functions, handler_env
@@ -37,6 +38,7 @@ class HomeStack(Stack):
         self.config = config
         storage = Storage(self, "Storage", config=config)
         notifications = Notifications(self, "Notifications", config=config)
+        self.agent_boundary = AgentBoundary(self, "AgentBoundary", config=config)
         sm_name = config.resource_name("job-run")
         table_names = {logical: table.table_name for logical, table in storage.tables.items()}
         env = handler_env(
@@ -55,6 +57,7 @@ class HomeStack(Stack):
             slack_secret=notifications.slack_secret,
             prefix=config.prefix,
             training_regions=config.training_regions,
+            agent_boundary_arn=boundary_arn(config),
         )
         functions = Functions(self, "Functions", config=config, env=env, grants=grants, handlers=handlers)
         workflow = Workflow(

@@ -60,8 +60,10 @@ WILDCARD_REASONS: tuple[tuple[str, str], ...] = (
         "CreateTags only at creation (condition ec2:CreateAction = CreateFleet/RunInstances)",
     ),
     (
-        r"^Resource::arn:<AWS::Partition>:iam::<AWS::AccountId>:role/[a-z0-9-]+-agent-\*$",
-        "PassRole only to this deployment's per-region agent roles, only to EC2",
+        r"^Resource::arn:<AWS::Partition>:iam::<AWS::AccountId>:(role|instance-profile)/spotrelay/"
+        r"[a-z0-9-]+-agent-job-\*$",
+        "per-job agent roles and instance profiles, named from a hash of the job id at launch; created only "
+        "with the stack's permissions boundary (iam:PermissionsBoundary) and passed only to EC2",
     ),
     (
         r"^Resource::arn:<AWS::Partition>:iam::<AWS::AccountId>:role/aws-service-role/"
@@ -164,17 +166,17 @@ def _star_reason(document: dict[str, Any]) -> str | None:
     return "; ".join(dict.fromkeys(reasons)) or None
 
 
-def _policies(scope: IConstruct) -> Iterable[iam.CfnPolicy]:
+def _policies(scope: IConstruct) -> Iterable[iam.CfnPolicy | iam.CfnManagedPolicy]:
     for child in scope.node.find_all():
-        if isinstance(child, iam.CfnPolicy):
+        if isinstance(child, (iam.CfnPolicy, iam.CfnManagedPolicy)):
             yield child
 
 
-def _owner(policy: iam.CfnPolicy) -> IConstruct:
+def _owner(policy: iam.CfnPolicy | iam.CfnManagedPolicy) -> IConstruct:
     """The role a policy is attached to (Role/DefaultPolicy/Resource -> Role); CDK may move part of a
-    large policy into OverflowPolicyN children of the role while synthesizing."""
+    large policy into OverflowPolicyN children of the role while synthesizing. A managed policy: itself."""
     node: IConstruct = policy
-    for _ in range(2):
+    for _ in range(1 if isinstance(policy, iam.CfnManagedPolicy) else 2):
         if node.node.scope is not None:
             node = node.node.scope
     return node

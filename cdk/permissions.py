@@ -15,6 +15,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_secretsmanager as sm
 from aws_cdk import aws_sns as sns
 
+from cdk.agent_boundary import job_role_arns
 from spotrelay.resources import RESOURCES
 
 # The tag every instance spotrelay launches carries (the compute adapter sets it); terminate and
@@ -33,17 +34,18 @@ EC2_TERMINATE = "ec2-terminate"  # terminate instances tagged by spotrelay
 REGION_PARAMETERS = "region-parameters"  # read /<prefix>/training/* SSM parameters in training regions
 SLACK_SECRET = "slack-secret"  # read the Slack webhook secret
 PUT_EVENTS = "put-events"  # publish controller events on the home bus
+AGENT_PROFILES = "agent-profiles"  # create/delete the per-job agent roles and instance profiles
 
 _CONTROLLER = frozenset({STORE, PUBLISH})
 _EVENT = _CONTROLLER | {TOKENS, EC2_READ, CHECKPOINTS_READ}
 CAPABILITIES: dict[str, frozenset[str]] = {
     "on_submission": _CONTROLLER | {SUBMISSIONS, EXECUTIONS},
-    "on_interruption_notice": _EVENT | {EC2_LAUNCH, EC2_TERMINATE, REGION_PARAMETERS},
-    "on_rebalance": _EVENT | {EC2_LAUNCH, REGION_PARAMETERS},
+    "on_interruption_notice": _EVENT | {EC2_LAUNCH, EC2_TERMINATE, REGION_PARAMETERS, AGENT_PROFILES},
+    "on_rebalance": _EVENT | {EC2_LAUNCH, REGION_PARAMETERS, AGENT_PROFILES},
     "on_instance_state": _EVENT | {EC2_TERMINATE},
     "on_agent_event": _EVENT | {PUT_EVENTS},
-    "reconcile": _EVENT | {EXECUTIONS, EC2_TERMINATE},
-    "sfn_": _EVENT | {EC2_LAUNCH, EC2_TERMINATE, REGION_PARAMETERS, EXECUTIONS},
+    "reconcile": _EVENT | {EXECUTIONS, EC2_TERMINATE, AGENT_PROFILES},  # its teardown deletes them
+    "sfn_": _EVENT | {EC2_LAUNCH, EC2_TERMINATE, REGION_PARAMETERS, EXECUTIONS, AGENT_PROFILES},
     "slack_notifier": frozenset({SLACK_SECRET}),
 }
 
@@ -59,6 +61,7 @@ class Grants:
     slack_secret: sm.ISecret
     prefix: str
     training_regions: tuple[str, ...]
+    agent_boundary_arn: str = ""  # the managed policy every per-job agent role must carry (agent_boundary)
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,8 @@ class GrantSet:
                     conditions={"Null": {f"aws:ResourceTag/{MANAGED_TAG}": "false"}, **_in_regions(g)},
                 )
             )
+        if AGENT_PROFILES in caps:
+            statements.extend(_agent_profile_statements(g))
         if REGION_PARAMETERS in caps:
             statements.append(
                 iam.PolicyStatement(
@@ -197,9 +202,10 @@ def _launch_statements(g: Grants) -> list[iam.PolicyStatement]:
             resources=[f"arn:{part}:ec2:*:{acct}:instance/*"],
             conditions={"Null": {f"aws:ResourceTag/{MANAGED_TAG}": "false"}, **_in_regions(g)},
         ),
+        # only the per-job agent roles (launch, and AddRoleToInstanceProfile, need PassRole)
         iam.PolicyStatement(
             actions=["iam:PassRole"],
-            resources=[f"arn:{part}:iam::{acct}:role/{g.prefix}-agent-*"],
+            resources=[job_role_arns(g.prefix)[0]],
             conditions={"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}},
         ),
         iam.PolicyStatement(
@@ -209,6 +215,34 @@ def _launch_statements(g: Grants) -> list[iam.PolicyStatement]:
                 f"arn:{part}:iam::{acct}:role/aws-service-role/ec2fleet.amazonaws.com/*",
             ],
             conditions={"StringLike": {"iam:AWSServiceName": ["spot.amazonaws.com", "ec2fleet.amazonaws.com"]}},
+        ),
+    ]
+
+
+def _agent_profile_statements(g: Grants) -> list[iam.PolicyStatement]:
+    """Per-job agent roles (spotrelay/adapters/iam_job_profile.py): created and given a policy only with
+    the stack's permissions boundary, so the controller cannot mint a role beyond what agents need."""
+    roles, profiles = job_role_arns(g.prefix)
+    if not g.agent_boundary_arn:
+        raise ValueError("agent-profiles needs Grants.agent_boundary_arn")
+    return [
+        iam.PolicyStatement(
+            actions=["iam:CreateRole", "iam:PutRolePolicy"],
+            resources=[roles],
+            conditions={"StringEquals": {"iam:PermissionsBoundary": g.agent_boundary_arn}},
+        ),
+        iam.PolicyStatement(
+            actions=["iam:GetRole", "iam:TagRole", "iam:DeleteRolePolicy", "iam:DeleteRole"], resources=[roles]
+        ),
+        iam.PolicyStatement(
+            actions=[
+                "iam:CreateInstanceProfile",
+                "iam:GetInstanceProfile",
+                "iam:AddRoleToInstanceProfile",
+                "iam:RemoveRoleFromInstanceProfile",
+                "iam:DeleteInstanceProfile",
+            ],
+            resources=[profiles],
         ),
     ]
 

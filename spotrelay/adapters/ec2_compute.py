@@ -12,6 +12,10 @@ replacement ranks of ``replace-lost-nodes`` join the survivors' group; ``termina
 Subnets, security groups, the AMI, the instance profile and the launch template data to start from
 (root volume, IMDS options, default user data) are resolved per region by ``ec2_discovery``:
 explicit config, else the CDK stack's SSM parameters, else resources tagged ``spotrelay:role=training``.
+With ``job_profiles`` configured, each job launches with its own instance profile instead
+(``iam_job_profile``: only its checkpoints, its spec, its table items); ``terminate_job`` deletes it.
+A launch refused because that fresh profile has not yet propagated is retried a few times within the
+call (``PROFILE_RETRY_DELAYS``, about 14 s), then raised as ``RetryableError``.
 Instances carry ``spotrelay:job`` and ``spotrelay:job-id`` (the tag the controller's IAM policy
 requires on everything it creates), ``spotrelay:attempt``, ``spotrelay:pool`` and, per instance,
 ``spotrelay:rank``; IMDS exposes them to the agent (``InstanceMetadataTags`` is always enabled).
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -29,8 +34,9 @@ from botocore.exceptions import ClientError
 
 from spotrelay.adapters.aws import client, error_code
 from spotrelay.adapters.ec2_discovery import Ec2ComputeConfig, RegionSetup, resolve_region
+from spotrelay.adapters.iam_job_profile import JobProfiles
 from spotrelay.domain.models import Pool
-from spotrelay.errors import InsufficientCapacityError, QuotaExceededError
+from spotrelay.errors import InsufficientCapacityError, QuotaExceededError, RetryableError
 from spotrelay.placement import catalog
 from spotrelay.ports.compute import Instance, LaunchRequest
 
@@ -49,6 +55,8 @@ QUOTA_CODES = {"VcpuLimitExceeded", "MaxSpotInstanceCountExceeded", "InstanceLim
                "MaxSpotFleetRequestCountExceeded"}
 
 ClientFactory = Callable[..., Any]
+# IAM is eventually consistent; EC2 usually sees a new instance profile within ~10 s
+PROFILE_RETRY_DELAYS = (2.0, 4.0, 8.0)
 
 
 def efa_interfaces(instance_type: str, subnet_id: str, groups: list[str]) -> list[dict[str, Any]]:
@@ -66,19 +74,36 @@ def placement_group_name(job_id: str, az: str) -> str:
     return f"spotrelay-{job_id}-{az}"[:255]
 
 
+def _profile_not_ready(message: str) -> bool:
+    # IAM is eventually consistent: EC2 may not see a just-created instance profile for a few seconds
+    return "instanceprofile" in message.lower().replace(" ", "")
+
+
 def _fleet_error(errors: list[dict[str, Any]], pool: Pool, got: int, wanted: int) -> Exception:
     codes = sorted({str(e.get("ErrorCode", "")) for e in errors})
     detail = "; ".join(f"{e.get('ErrorCode')}: {e.get('ErrorMessage', '')}" for e in errors[:3])
+    if errors and all(_profile_not_ready(str(e.get("ErrorMessage", ""))) for e in errors):
+        return RetryableError(f"{pool.key}: instance profile not visible to EC2 yet; {detail}")
     if codes and all(c in QUOTA_CODES for c in codes):
         return QuotaExceededError(f"{pool.key}: {detail}")
     return InsufficientCapacityError(f"{pool.key}: got {got} of {wanted} instances; {detail or 'no errors'}")
 
 
 class Ec2Compute:
-    def __init__(self, config: Ec2ComputeConfig | None = None, client_factory: ClientFactory = client) -> None:
+    def __init__(self, config: Ec2ComputeConfig | None = None, client_factory: ClientFactory = client,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self._config = config or Ec2ComputeConfig()
         self._client = client_factory
+        self._sleep = sleep
         self._setups: dict[str, RegionSetup] = {}  # per region, kept while the Lambda stays warm
+        self._job_profiles: JobProfiles | None = None
+
+    def _profiles(self) -> JobProfiles | None:
+        if self._config.job_profiles is None:
+            return None
+        if self._job_profiles is None:
+            self._job_profiles = JobProfiles(self._config.job_profiles, self._client("iam"))
+        return self._job_profiles
 
     def _setup(self, region: str) -> RegionSetup:
         if region not in self._setups:
@@ -97,17 +122,12 @@ class Ec2Compute:
         existing = self._already_launched(ec2, request)
         if existing:  # a retried call: the gang is already there
             return existing
+        profiles = self._profiles()
+        profile = profiles.ensure(request.job_id, request.config_uri) if profiles else None
         group = self._ensure_placement_group(ec2, request.job_id, pool.az)
-        template = self._create_template(ec2, request)
+        template = self._create_template(ec2, request, profile)
         try:
-            response = ec2.create_fleet(**self._fleet_args(request, template, group))
-        except ClientError as exc:
-            code = error_code(exc)
-            if code in CAPACITY_CODES:
-                raise InsufficientCapacityError(f"{pool.key}: {code}") from exc
-            if code in QUOTA_CODES:
-                raise QuotaExceededError(f"{pool.key}: {code}") from exc
-            raise
+            response = self._create_fleet(ec2, self._fleet_args(request, template, group), pool, profile)
         finally:
             self._delete_template(ec2, template)
         ids = [i for item in response.get("Instances", []) for i in item.get("InstanceIds", [])]
@@ -127,6 +147,29 @@ class Ec2Compute:
                      attempt=request.attempt)
             for i, r in zip(ids, request.ranks, strict=True)
         ]
+
+    def _create_fleet(self, ec2: Any, args: dict[str, Any], pool: Pool, profile: str | None) -> dict[str, Any]:
+        for delay in (*PROFILE_RETRY_DELAYS, None):
+            try:
+                response: dict[str, Any] = ec2.create_fleet(**args)
+            except ClientError as exc:
+                code = error_code(exc)
+                if code in CAPACITY_CODES:
+                    raise InsufficientCapacityError(f"{pool.key}: {code}") from exc
+                if code in QUOTA_CODES:
+                    raise QuotaExceededError(f"{pool.key}: {code}") from exc
+                if not (profile and code.startswith("InvalidParameter") and _profile_not_ready(str(exc))):
+                    raise
+                if delay is None:
+                    raise RetryableError(f"{pool.key}: instance profile not visible to EC2 yet ({code})") from exc
+            else:
+                errors = response.get("Errors", [])
+                not_ready = (profile and not response.get("Instances") and errors
+                             and all(_profile_not_ready(str(e.get("ErrorMessage", ""))) for e in errors))
+                if not not_ready or delay is None:
+                    return response  # a still-unready profile becomes RetryableError in _fleet_error
+            self._sleep(delay)
+        raise AssertionError("unreachable")
 
     def _fleet_args(self, request: LaunchRequest, template: str, group: str) -> dict[str, Any]:
         pool, n = request.pool, request.count
@@ -152,7 +195,7 @@ class Ec2Compute:
                                   {"ResourceType": "fleet", "Tags": tags}],
         }
 
-    def _create_template(self, ec2: Any, request: LaunchRequest) -> str:
+    def _create_template(self, ec2: Any, request: LaunchRequest, profile: str | None = None) -> str:
         pool, setup = request.pool, self._setup(request.pool.region)
         subnet = setup.subnets.get(pool.az)
         if subnet is None:  # this pool cannot be used; the workflow moves on to the next one
@@ -168,8 +211,8 @@ class Ec2Compute:
         data["NetworkInterfaces"] = efa_interfaces(pool.instance_type, subnet, setup.security_groups)
         if request.user_data:
             data["UserData"] = base64.b64encode(request.user_data.encode()).decode()
-        if setup.instance_profile_arn:
-            data["IamInstanceProfile"] = {"Arn": setup.instance_profile_arn}
+        if profile or setup.instance_profile_arn:
+            data["IamInstanceProfile"] = {"Arn": profile or setup.instance_profile_arn}
         name = f"spotrelay-{request.job_id}-a{request.attempt}-{uuid.uuid4().hex[:8]}"[:128]
         ec2.create_launch_template(LaunchTemplateName=name, LaunchTemplateData=data, TagSpecifications=[
             {"ResourceType": "launch-template", "Tags": [{"Key": TAG_JOB_ID, "Value": request.job_id}]}])
@@ -224,6 +267,9 @@ class Ec2Compute:
             self.terminate(mine, region)
             ids.extend(mine)
             self._delete_placement_groups(ec2, job_id)
+        profiles = self._profiles()
+        if profiles:  # a shutting-down node keeps its credentials until they expire; that is fine
+            profiles.delete(job_id)
         return ids
 
     @staticmethod

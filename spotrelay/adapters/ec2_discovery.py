@@ -8,6 +8,9 @@ Each item comes from the first source that has it:
    (``subnets``, ``security-group``, ``instance-profile``, ``launch-template``), and the data of that
    launch template's ``$Latest`` version (AMI, profile, root volume, IMDS options, user data);
 3. resources tagged ``role_tag`` (``spotrelay:role=training``): subnets, security groups, AMIs.
+
+With ``job_profiles`` set (the CDK app sets it), the instance profile found here is not used: each
+job gets its own (``iam_job_profile``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field
 
 from spotrelay.adapters.aws import error_code
+from spotrelay.adapters.iam_job_profile import JobProfileConfig
 
 
 class Ec2ComputeConfig(BaseModel):
@@ -29,6 +33,8 @@ class Ec2ComputeConfig(BaseModel):
     base_launch_templates: dict[str, str] = Field(default_factory=dict, description="region -> id or name")
     ssm_prefix: str | None = Field(None, description="e.g. /spotrelay/training (the CDK stack's parameters)")
     role_tag: tuple[str, str] = ("spotrelay:role", "training")
+    # set: each job launches with its own role/profile (iam_job_profile), never instance_profile_arn
+    job_profiles: JobProfileConfig | None = None
 
 
 class RegionSetup(BaseModel):

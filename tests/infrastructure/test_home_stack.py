@@ -256,3 +256,52 @@ def test_asset_paths_never_hold_venv(synth: Synth) -> None:
         folder = synth.outdir / source
         if folder.is_dir():
             assert not (folder / ".venv").exists() and not (folder / "cdk.out").exists()
+
+
+def _statements(template: dict[str, Any], role_logical: str) -> list[dict[str, Any]]:
+    return [
+        statement
+        for res in template["Resources"].values()
+        if res["Type"] in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy")  # CDK overflows big policies
+        and {"Ref": role_logical} in res["Properties"].get("Roles", [])
+        for statement in res["Properties"]["PolicyDocument"]["Statement"]
+    ]
+
+
+def _acts(statement: dict[str, Any]) -> list[str]:
+    return statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+
+
+def test_per_job_agent_profiles_only_with_the_boundary(synth: Synth) -> None:
+    from cdk.nag import flatten
+
+    template = synth.template(synth.home)
+    _, boundary = _by_prop(synth.resources(synth.home, "AWS::IAM::ManagedPolicy"), "Path", "/spotrelay/")
+    props = boundary["Properties"]
+    assert props["ManagedPolicyName"] == "spotrelay-agent-boundary" and props["Path"] == "/spotrelay/"
+    boundary_text = flatten(props["PolicyDocument"])
+    assert "iam:" not in boundary_text and "ec2:" not in boundary_text and "spotrelay.agent" in boundary_text
+    boundary_arn = "arn:<AWS::Partition>:iam::<AWS::AccountId>:policy/spotrelay/spotrelay-agent-boundary"
+
+    functions = _functions(synth)
+    for module, fn in functions.items():
+        statements = _statements(template, fn["Role"]["Fn::GetAtt"][0])
+        iam_actions = {a for s in statements for a in _acts(s) if a.startswith("iam:")}
+        manages = module.startswith("sfn_") or module in ("reconcile", "on_interruption_notice", "on_rebalance")
+        assert ("iam:DeleteRole" in iam_actions) == manages, module
+        for s in statements:
+            if not any(a.startswith("iam:") for a in _acts(s)) or "iam:CreateServiceLinkedRole" in _acts(s):
+                continue
+            resources = [flatten(r) for r in (s["Resource"] if isinstance(s["Resource"], list) else [s["Resource"]])]
+            assert all(r.endswith((":role/spotrelay/spotrelay-agent-job-*",
+                                   ":instance-profile/spotrelay/spotrelay-agent-job-*")) for r in resources), resources
+            if {"iam:CreateRole", "iam:PutRolePolicy"} & set(_acts(s)):
+                assert flatten(s["Condition"]["StringEquals"]["iam:PermissionsBoundary"]) == boundary_arn
+            if "iam:PassRole" in _acts(s):
+                assert s["Condition"] == {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}
+
+    ec2_config = flatten(functions["sfn_provision"]["Environment"]["Variables"]["SPOTRELAY_EC2_CONFIG"])
+    assert '"permissions_boundary_arn": "' + boundary_arn in ec2_config
+    assert '"ssm_prefix": "/spotrelay/training"' in ec2_config
+    for region in synth.config.training_regions:  # checkpoints/<job>/ in every region's data bucket
+        assert f'"{region}": "spotrelay-data-<AWS::AccountId>-{region}"' in ec2_config
