@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from botocore.exceptions import ClientError
 
@@ -20,6 +20,7 @@ from spotrelay.errors import AlreadyExistsError, ConflictError, NotFoundError
 from spotrelay.settings import settings
 
 _CONDITION_FAILED = "ConditionalCheckFailedException"
+R = TypeVar("R", Job, Node)
 
 
 def _job_item(job: Job) -> dict[str, Any]:
@@ -48,6 +49,23 @@ def _job(item: dict[str, Any]) -> Job:
 
 def _node(item: dict[str, Any]) -> Node:
     return Node.model_validate(json.loads(item["doc"]["S"]))
+
+
+def _read_change_write(
+    read: Callable[[], R], change: Callable[[R], R | None], write: Callable[[R, R], R], attempts: int
+) -> R | None:
+    """Read, apply the pure ``change`` (None: nothing to do), write conditionally; re-read on a lost race."""
+    for attempt in range(attempts):
+        current = read()
+        updated = change(current)
+        if updated is None:
+            return None
+        try:
+            return write(updated, current)
+        except ConflictError:
+            if attempt == attempts - 1:
+                raise
+    return None
 
 
 class DynamoDBJobStore:
@@ -99,43 +117,29 @@ class DynamoDBJobStore:
         return new
 
     def update_job(self, job_id: str, change: Callable[[Job], Job | None], attempts: int = 3) -> Job | None:
-        for attempt in range(attempts):
-            current = self.get_job(job_id)
-            updated = change(current)
-            if updated is None:
-                return None
-            try:
-                return self.save_job(updated, current.status, current.version)
-            except ConflictError:
-                if attempt == attempts - 1:
-                    raise
-        return None
+        return _read_change_write(
+            lambda: self.get_job(job_id), change, lambda new, old: self.save_job(new, old.status, old.version),
+            attempts,
+        )
+
+    def _items(self, operation: str, **kwargs: Any) -> list[dict[str, Any]]:
+        """Every item of a query or scan, across pages."""
+        pages = self._ddb.get_paginator(operation).paginate(**kwargs)
+        return [item for page in pages for item in page.get("Items", [])]
 
     def jobs_by_status(self, status: JobStatus) -> list[Job]:
-        jobs: list[Job] = []
-        kwargs: dict[str, Any] = {
-            "TableName": self._jobs,
-            "IndexName": "by-status",
-            "KeyConditionExpression": "#s = :s",
-            "ExpressionAttributeNames": {"#s": "status"},
-            "ExpressionAttributeValues": {":s": {"S": status.value}},
-        }
-        while True:
-            page = self._ddb.query(**kwargs)
-            jobs.extend(_job(i) for i in page.get("Items", []))
-            if "LastEvaluatedKey" not in page:
-                return jobs
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        items = self._items(
+            "query",
+            TableName=self._jobs,
+            IndexName="by-status",
+            KeyConditionExpression="#s = :s",
+            ExpressionAttributeNames={"#s": "status"},
+            ExpressionAttributeValues={":s": {"S": status.value}},
+        )
+        return [_job(i) for i in items]
 
     def all_jobs(self) -> list[Job]:
-        jobs: list[Job] = []
-        kwargs: dict[str, Any] = {"TableName": self._jobs}
-        while True:
-            page = self._ddb.scan(**kwargs)
-            jobs.extend(_job(i) for i in page.get("Items", []))
-            if "LastEvaluatedKey" not in page:
-                return sorted(jobs, key=lambda j: j.created_at)
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return sorted((_job(i) for i in self._items("scan", TableName=self._jobs)), key=lambda j: j.created_at)
 
     # --- nodes ---------------------------------------------------------------------------------
     def put_node(self, node: Node, expected_version: int | None = None) -> Node:
@@ -168,19 +172,14 @@ class DynamoDBJobStore:
         return _node(item["Item"])
 
     def nodes_of(self, job_id: str) -> list[Node]:
-        nodes: list[Node] = []
-        kwargs: dict[str, Any] = {
-            "TableName": self._nodes,
-            "KeyConditionExpression": "job_id = :j",
-            "ExpressionAttributeValues": {":j": {"S": job_id}},
-            "ConsistentRead": True,
-        }
-        while True:
-            page = self._ddb.query(**kwargs)
-            nodes.extend(_node(i) for i in page.get("Items", []))
-            if "LastEvaluatedKey" not in page:
-                return nodes
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        items = self._items(
+            "query",
+            TableName=self._nodes,
+            KeyConditionExpression="job_id = :j",
+            ExpressionAttributeValues={":j": {"S": job_id}},
+            ConsistentRead=True,
+        )
+        return [_node(i) for i in items]
 
     def node_by_instance(self, instance_id: str) -> Node | None:
         page = self._ddb.query(
@@ -199,14 +198,7 @@ class DynamoDBJobStore:
     def update_node(
         self, job_id: str, node_id: str, change: Callable[[Node], Node | None], attempts: int = 3
     ) -> Node | None:
-        for attempt in range(attempts):
-            current = self.get_node(job_id, node_id)
-            updated = change(current)
-            if updated is None:
-                return None
-            try:
-                return self.put_node(updated, expected_version=current.version)
-            except ConflictError:
-                if attempt == attempts - 1:
-                    raise
-        return None
+        return _read_change_write(
+            lambda: self.get_node(job_id, node_id), change,
+            lambda new, old: self.put_node(new, expected_version=old.version), attempts,
+        )
