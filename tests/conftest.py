@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,7 +45,9 @@ def aws(moto_server: object) -> Iterator[dict[str, str]]:
     yield {"bucket": s.bucket, "jobs_table": s.jobs_table, "topic_arn": created["topic_arn"]}
 
 
-def load_event(name: str) -> dict[str, object]:
+def load_event(name: str) -> dict[str, Any]:
+    """A real-format AWS event sample from tests/events/."""
     import json
 
-    return json.loads((EVENTS / name).read_text())
+    data: dict[str, Any] = json.loads((EVENTS / name).read_text())
+    return data

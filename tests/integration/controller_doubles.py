@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -26,14 +24,9 @@ from spotrelay.domain.status import JobStatus
 from spotrelay.errors import InsufficientCapacityError, QuotaExceededError
 from spotrelay.ports.compute import Instance, LaunchRequest
 from spotrelay.ports.market import PoolQuote
+from tests.conftest import load_event
 
-EVENTS = Path(__file__).resolve().parents[1] / "events"
 _ids = itertools.count(1)
-
-
-def load_event(name: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((EVENTS / name).read_text())
-    return data
 
 
 def pool(itype: str = "p5.48xlarge", market: str = "spot", region: str = "us-east-1",
