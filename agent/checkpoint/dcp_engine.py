@@ -1,9 +1,10 @@
 """Plain torch (DDP, FSDP): ``torch.distributed.checkpoint`` on its own gloo process group.
 
-The training thread copies the model and optimizer state dicts (DTensor shards for FSDP) into
-CPU memory; the background thread runs ``dcp.save`` on a separate gloo group, because its
-collectives must not interleave with the training group's. DCP's ``.metadata`` is a plain
-pickle, so it is scanned against an allow-list before ``dcp.load`` reads it.
+The training thread copies the model and optimizer state dicts (DTensor shards for FSDP) into a
+shared-memory arena. The background thread runs ``dcp.save`` on a separate gloo group (its
+collectives must not interleave with the training group's) with our storage writer, which
+plans the files and leaves the tensor bytes in the arena for the uploader helper to write
+(agent.checkpoint.dcp_storage). Loading scans every pickle DCP would unpickle first.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from agent.checkpoint.engines import Writer
-from agent.checkpoint.safety import check_file
-from agent.checkpoint.state import BufferPool, snapshot_tree
+from agent.checkpoint.arena import ArenaPool, arena_size
+from agent.checkpoint.dcp_storage import ArenaStorageWriter, load
+from agent.checkpoint.engines import Output, Snapshot
+from agent.checkpoint.state import snapshot_tree
 
 MODEL_DIR = "model"
 
@@ -32,43 +34,27 @@ class DcpEngine:
         self.distributed = dist.is_available() and dist.is_initialized()
         # Every rank calls new_group at the same point (session start), as torch requires.
         self.group = dist.new_group(backend="gloo") if self.distributed else None
-        self.pool = BufferPool()
+        self.arenas = ArenaPool()
 
-    def _rank(self) -> int:
-        return dist.get_rank(self.group) if self.distributed else 0
-
-    def snapshot(self, root: Path, step_dir: Path) -> Writer:
+    def snapshot(self, root: Path, step_dir: Path) -> Snapshot:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        lease: list[torch.Tensor] = []
-        state = snapshot_tree({"model": model_sd, "optim": optim_sd}, self.pool, lease)
+        live = {"model": model_sd, "optim": optim_sd}
+        arena = self.arenas.acquire(arena_size(live))
+        state = snapshot_tree(live, arena, [])
         target = step_dir / MODEL_DIR
-        rank = self._rank()
 
-        def write() -> list[Path]:
-            target.mkdir(parents=True, exist_ok=True)
-            # no fsync here: the pipeline fsyncs each shard while it hashes and uploads it
-            writer = dcp.FileSystemWriter(str(target), sync_files=False)
+        def write() -> list[Output]:
+            writer = ArenaStorageWriter(target, arena)
             dcp.save(state, storage_writer=writer, process_group=self.group, no_dist=not self.distributed)
             state.clear()
-            self.pool.give_back(lease)  # written: the next snapshot may reuse these buffers
-            files = sorted(target.glob(f"__{rank}_*.distcp"))
-            if rank == 0:
-                files.append(target / ".metadata")
-            return files
+            return writer.outputs
 
-        return write
+        return Snapshot(write=write, release=lambda: self.arenas.release(arena))
 
     def load(self, root: Path, step_dir: Path) -> None:
-        source = step_dir / MODEL_DIR
-        check_file(source / ".metadata")
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
-        dcp.load(
-            state,
-            storage_reader=dcp.FileSystemReader(str(source)),
-            process_group=self.group,
-            no_dist=not self.distributed,
-        )
+        load(state, step_dir / MODEL_DIR, process_group=self.group, no_dist=not self.distributed)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
     def describe(self) -> dict[str, Any]:
@@ -79,3 +65,4 @@ class DcpEngine:
         if self.group is not None:
             dist.destroy_process_group(self.group)
             self.group = None
+        self.arenas.close()

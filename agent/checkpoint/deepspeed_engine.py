@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from agent.checkpoint.engines import Writer
+from agent.checkpoint.engines import Output, Snapshot
 from agent.checkpoint.safety import safe_torch_load
 from agent.checkpoint.state import BufferPool, snapshot_tree
 
@@ -61,22 +61,23 @@ class DeepSpeedEngine:
         self.ckpt = SnapshotCheckpointEngine()
         engine.checkpoint_engine = self.ckpt
 
-    def snapshot(self, root: Path, step_dir: Path) -> Writer:
+    def snapshot(self, root: Path, step_dir: Path) -> Snapshot:
         self.engine.checkpoint_engine = self.ckpt
         self.engine.save_checkpoint(str(root), tag=step_dir.name, save_latest=False)
         pending, lease = self.ckpt.take()
 
-        def write() -> list[Path]:
-            files = []
+        def write() -> list[Output]:
+            files: list[Output] = []
             for path, state in pending:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 torch.save(state, path)
                 files.append(Path(path))
             pending.clear()
             self.ckpt.pool.give_back(lease)  # written: the next snapshot may reuse these buffers
+            lease.clear()
             return files
 
-        return write
+        return Snapshot(write=write)
 
     def load(self, root: Path, step_dir: Path) -> None:
         self.engine.checkpoint_engine = self.ckpt

@@ -2,11 +2,13 @@
 
 One worker thread per rank takes save jobs in order. Per job:
 
-1. run the engine's writer and write the trainer state (the training thread already copied both);
-2. fsync + sha256 each file, then write ``parts/rank-<R>.json`` (this rank's shards are durable);
+1. run the snapshot's writer and write the trainer state (the training thread already copied
+   both); shards still in a shared-memory arena are left to step 2;
+2. in the uploader helper: write arena shards locally, sha256 every shard and (with S3) upload it,
+   all side by side, then fsync; then write ``parts/rank-<R>.json`` (this rank's shards are durable);
 3. local rank 0 waits for every part of its node, writes ``manifest.json``, moves ``latest``;
-4. with S3: each rank uploads its shards (parallel multipart), then its part; global rank 0
-   waits for all parts in S3, writes the manifest, moves ``latest`` and prunes beyond keep_s3;
+4. with S3: each rank uploads its part; global rank 0 waits for all parts in S3, writes the
+   manifest, moves ``latest`` and (not in an emergency) prunes beyond keep_s3;
 5. local rank 0 of each node appends ``checkpoint_committed`` to events.jsonl once the global
    commit is visible (its own, or the manifest in S3), then prunes the local tier.
 """
@@ -17,16 +19,17 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.checkpoint.engines import Writer
+from agent.checkpoint.engines import Output, Snapshot
 from agent.checkpoint.local_tier import LocalTier
-from agent.checkpoint.manifest import Manifest, RankPart, describe_shards, merge_parts, step_name
+from agent.checkpoint.manifest import Manifest, RankPart, merge_parts, step_name
 from agent.checkpoint.s3_tier import S3Tier
 from agent.checkpoint.state import save_trainer_state, trainer_file
-from agent.checkpoint.uploader import UploaderProcess
+from agent.checkpoint.uploader import Lane, UploaderProcess, encode, transfer
 from spotrelay.contracts.control import TrainerEvent, append_event
 
 log = logging.getLogger("spotrelay.checkpoint")
@@ -48,7 +51,7 @@ class Topology:
 @dataclass
 class SaveJob:
     step: int
-    writer: Writer
+    writer: Snapshot | Callable[[], list[Output]]
     trainer_state: dict[str, Any]
     manifest_fields: dict[str, Any]
     emergency: bool = False
@@ -59,6 +62,15 @@ class SaveJob:
     error: BaseException | None = None
     uri: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.writer, Snapshot):
+            self.writer = Snapshot(write=self.writer)
+
+    @property
+    def snapshot(self) -> Snapshot:
+        assert isinstance(self.writer, Snapshot)
+        return self.writer
 
     @property
     def ok(self) -> bool:
@@ -85,13 +97,14 @@ class Pipeline:
         self.control_dir = control_dir
         self.keep_local, self.keep_s3, self.timeout_s = keep_local, keep_s3, timeout_s
         self._writes: queue.Queue[SaveJob | threading.Event] = queue.Queue()
-        self._transfers: queue.Queue[tuple[SaveJob, list[Path]] | threading.Event] = queue.Queue()
+        self._transfers: queue.Queue[tuple[SaveJob, list[Output]] | threading.Event] = queue.Queue()
         self._urgent: list[threading.Thread] = []
         self._inflight: set[int] = set()
         self._commit_lock = threading.Lock()
         # offload: hash and upload in helper processes (agent.checkpoint.uploader), off our GIL
         uri = s3.uri if s3 else None
         self.uploaders = {flag: UploaderProcess(uri, emergency=flag) for flag in (False, True)} if offload else {}
+        self._lane = Lane(None, 0)  # in-process hashing and local writes when not offloaded
         if offload:
             self.uploaders[True].start()  # warm, so an emergency pays no start-up
         for target, name in ((self._write_loop, "ckpt-write"), (self._transfer_loop, "ckpt-transfer")):
@@ -146,17 +159,19 @@ class Pipeline:
 
     def _fail(self, job: SaveJob, exc: BaseException) -> None:
         # a failed save must not kill training; the next one tries again
+        job.snapshot.release()
         job.error = exc
         log.error("checkpoint %s failed: %s", step_name(job.step), exc, exc_info=True)
         self._inflight.discard(job.step)
         job.done.set()
 
-    def _finish(self, job: SaveJob, files: list[Path]) -> None:
+    def _finish(self, job: SaveJob, files: list[Output]) -> None:
         try:
             self._transfer_and_commit(job, files)
         except BaseException as exc:
             self._fail(job, exc)
             return
+        job.snapshot.release()
         self._inflight.discard(job.step)
         job.done.set()
 
@@ -172,22 +187,22 @@ class Pipeline:
             **job.manifest_fields,
         )
 
-    def _write(self, job: SaveJob) -> list[Path]:
+    def _write(self, job: SaveJob) -> list[Output]:
         t0 = time.perf_counter()
-        files = job.writer()
+        files = job.snapshot.write()
         state_file = trainer_file(self.local.step_dir(job.step), self.topo.rank)
         save_trainer_state(state_file, job.trainer_state)
         job.timings["write_s"] = time.perf_counter() - t0
         return [*files, state_file]
 
-    def _transfer_and_commit(self, job: SaveJob, files: list[Path]) -> None:
+    def _transfer_and_commit(self, job: SaveJob, files: list[Output]) -> None:
         topo, step_dir, t0 = self.topo, self.local.step_dir(job.step), time.perf_counter()
         uploader = self.uploaders.get(job.emergency)
+        items = encode(step_dir, files)
         if uploader is not None:
-            rels = [p.resolve().relative_to(step_dir.resolve()).as_posix() for p in files]
-            shards = uploader.run(job.step, step_dir, topo.rank, rels)
+            shards = uploader.run(job.step, step_dir, topo.rank, items)
         else:
-            shards = describe_shards(step_dir, files, topo.rank)
+            shards = transfer(step_dir, items, topo.rank, job.step, self.s3, self._lane.pool)
         part = RankPart(step=job.step, rank=topo.rank, shards=shards)
         self.local.write_part(part)
         job.timings["hash_upload_s"] = time.perf_counter() - t0
@@ -197,26 +212,22 @@ class Pipeline:
                 self.local.commit(self._manifest(job, node_parts))
         job.uri = str(step_dir)
         if self.s3 is not None:
-            self._upload(job, part, step_dir, uploaded=uploader is not None)
+            self._commit_s3(job, part)
         job.timings["commit_s"] = time.perf_counter() - t0
         if topo.local_rank == 0:
             self._report(job)
             with self._commit_lock:
                 self.local.prune(self.keep_local, protect=self._inflight | {job.step})
 
-    def _upload(self, job: SaveJob, part: RankPart, step_dir: Path, uploaded: bool) -> None:
+    def _commit_s3(self, job: SaveJob, part: RankPart) -> None:
         assert self.s3 is not None
-        folder = step_name(job.step)
-        t1 = time.perf_counter()
-        if not uploaded:
-            self.s3.upload_files([(step_dir / s.path, f"{folder}/{s.path}") for s in part.shards])
         self.s3.write_part(part)
-        job.timings["upload_s"] = time.perf_counter() - t1
         if self.topo.rank == 0:
-            parts = self.s3.wait_parts(job.step, self.topo.world_size, self.timeout_s)
+            parts = self.s3.wait_parts(job.step, self.topo.world_size, self.timeout_s, have=part)
             with self._commit_lock:
                 self.s3.commit(self._manifest(job, parts))
-                self.s3.prune(self.keep_s3, protect=self._inflight | {job.step})
+                if not job.emergency:  # the node is going away: retention can wait for the next save
+                    self.s3.prune(self.keep_s3, protect=self._inflight | {job.step})
         elif self.topo.local_rank == 0:
             self.s3.wait_manifest(job.step, self.timeout_s)
         job.uri = self.s3.step_uri(job.step)

@@ -1,6 +1,7 @@
 """The durable tier: S3 under ``s3://bucket/checkpoints/<job>/``, same layout as the local tier.
 
-Files go up as parallel multipart uploads (parts read with ``pread``, no extra copy in memory).
+Files go up as parallel multipart uploads, parts read with ``pread`` or straight from a snapshot
+arena (agent.checkpoint.sources).
 Objects become visible in this order: shards, ``parts/rank-<R>.json``, ``manifest.json``,
 ``latest``; a reader trusts nothing without a manifest.
 """
@@ -28,6 +29,7 @@ from agent.checkpoint.manifest import (
     read_manifest,
     step_name,
 )
+from agent.checkpoint.sources import FileSource, Source
 
 log = logging.getLogger("spotrelay.checkpoint")
 MiB = 1 << 20
@@ -87,20 +89,24 @@ class S3Tier:
     # --- upload --------------------------------------------------------------------------------
     def upload_files(self, files: list[tuple[Path, str]]) -> int:
         """Upload (local path, relative key) pairs, every part of every file in parallel."""
+        return self.upload([(FileSource(path), rel) for path, rel in files])
+
+    def upload(self, sources: list[tuple[Source, str]]) -> int:
+        """Upload (source, relative key) pairs, every part of every source in parallel."""
         pending: list[Future[None]] = []
         uploads: list[tuple[str, str, list[Future[dict[str, Any]]]]] = []
         total = 0
         try:
-            for path, rel in files:
-                size = path.stat().st_size
+            for source, rel in sources:
+                size = source.size
                 total += size
                 if size <= self.part_size:
-                    pending.append(self._pool.submit(self._put_small, path, rel))
+                    pending.append(self._pool.submit(self._put_small, source, rel))
                     continue
                 key = self.key(rel)
                 upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"]
                 parts = [
-                    self._pool.submit(self._put_part, path, key, upload_id, n + 1, offset, size)
+                    self._pool.submit(self._put_part, source, key, upload_id, n + 1, offset)
                     for n, offset in enumerate(range(0, size, self.part_size))
                 ]
                 uploads.append((key, upload_id, parts))
@@ -122,16 +128,11 @@ class S3Tier:
             raise
         return total
 
-    def _put_small(self, path: Path, rel: str) -> None:
-        self.client.put_object(Bucket=self.bucket, Key=self.key(rel), Body=path.read_bytes())
+    def _put_small(self, source: Source, rel: str) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self.key(rel), Body=bytes(source.read(0, source.size)))
 
-    def _put_part(self, path: Path, key: str, upload_id: str, number: int, offset: int, size: int) -> dict[str, Any]:
-        length = min(self.part_size, size - offset)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            body = os.pread(fd, length, offset)
-        finally:
-            os.close(fd)
+    def _put_part(self, source: Source, key: str, upload_id: str, number: int, offset: int) -> dict[str, Any]:
+        body = bytes(source.read(offset, min(self.part_size, source.size - offset)))
         resp = self.client.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body)
         return {"PartNumber": number, "ETag": resp["ETag"]}
 
@@ -185,15 +186,19 @@ class S3Tier:
         text = self.get_text(f"{step_name(step)}/{MANIFEST}")
         return read_manifest(text, f"{self.step_uri(step)}/{MANIFEST}") if text is not None else None
 
-    def wait_parts(self, step: int, world_size: int, timeout: float) -> list[RankPart]:
+    def wait_parts(self, step: int, world_size: int, timeout: float, have: RankPart | None = None) -> list[RankPart]:
+        """Every rank's part of ``step`` (``have``: this rank's own, already known)."""
         end = time.monotonic() + timeout
         prefix = f"{step_name(step)}/{PARTS_DIR}/"
-        while len(self.list_keys(prefix)) < world_size:
+        while world_size > (1 if have else 0) and len(self.list_keys(prefix)) < world_size:
             if time.monotonic() > end:
                 raise TimeoutError(f"{self.step_uri(step)}: not every rank uploaded its part")
             time.sleep(0.05)
         parts = []
         for rank in range(world_size):
+            if have is not None and have.rank == rank:
+                parts.append(have)
+                continue
             text = self.get_text(f"{step_name(step)}/{part_name(rank)}")
             if text is None:
                 raise TimeoutError(f"{self.step_uri(step)}: part of rank {rank} is missing")

@@ -92,6 +92,18 @@ def check_file(path: Path) -> None:
     check_pickle(path.read_bytes(), str(path))
 
 
+def check_torch_bytes(data: bytes | bytearray, source: str) -> None:
+    """Scan every pickle inside ``torch.save`` bytes (a zip) before anything unpickles them."""
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except zipfile.BadZipFile as exc:
+        raise UnsafeCheckpointError(f"{source}: not a torch.save archive ({exc})") from exc
+    with archive:
+        for member in archive.namelist():
+            if member.endswith(".pkl"):
+                check_pickle(archive.read(member), f"{source}:{member}")
+
+
 def _deepspeed_globals() -> list[Any]:
     """Plain-data classes DeepSpeed puts in its checkpoints (ZeRO stage enum, loss scalers)."""
     found: list[Any] = []

@@ -10,7 +10,7 @@ import copy
 import random
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -74,14 +74,39 @@ class BufferPool:
                 self._free.setdefault((tuple(t.shape), t.dtype), []).append(t)
 
 
-def snapshot_tree(obj: Any, pool: BufferPool | None = None, lease: list[torch.Tensor] | None = None) -> Any:
+class Buffers(Protocol):
+    """Where snapshot copies go: a BufferPool, or a shared-memory Arena (agent.checkpoint.arena)."""
+
+    def take(self, like: torch.Tensor) -> torch.Tensor: ...
+
+
+def _copy_dtensor(obj: Any, pool: Buffers, lease: list[torch.Tensor]) -> Any:
+    """An FSDP/TP shard: copy its local tensor into the pool, keep its mesh and placements."""
+    from torch.distributed.tensor import DTensor
+
+    local = obj.to_local().detach()
+    buf = pool.take(local)
+    buf.copy_(local)
+    lease.append(buf)
+    return DTensor.from_local(
+        buf, obj.device_mesh, obj.placements, run_check=False, shape=obj.shape, stride=obj.stride()
+    )
+
+
+def is_dtensor(obj: Any) -> bool:
+    return type(obj).__name__ == "DTensor" and type(obj).__module__.startswith("torch.distributed")
+
+
+def snapshot_tree(obj: Any, pool: Buffers | None = None, lease: list[torch.Tensor] | None = None) -> Any:
     """A copy of a state tree whose tensors no longer alias live training memory (one memcpy).
 
     With a pool, the copies come from it and are appended to ``lease``; hand them back with
     ``pool.give_back(lease)`` once they are written.
     """
     if isinstance(obj, torch.Tensor):
-        if pool is None or lease is None or type(obj) is not torch.Tensor:  # DTensor etc.: plain copy
+        if pool is not None and lease is not None and is_dtensor(obj) and obj.device.type == "cpu":
+            return _copy_dtensor(obj, pool, lease)
+        if pool is None or lease is None or type(obj) is not torch.Tensor:  # anything else: plain copy
             return obj.detach().to("cpu", copy=True)
         buf = pool.take(obj)
         buf.copy_(obj.detach())

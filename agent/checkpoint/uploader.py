@@ -1,11 +1,14 @@
 """Hashing and uploading off the training process: a helper process per rank, fed over a pipe.
 
 A background thread in the trainer would share its GIL: botocore's request handling and the
-pickling around it stall every small torch op of the training step. The helper process fsyncs
-and hashes the shards while it uploads them (parallel multipart), at low CPU priority for
-periodic saves; emergency saves have a second helper at full priority. It speaks JSON lines:
+pickling around it stall every small torch op of the training step. The helper process writes
+shards still in a snapshot arena to the local tier, sha256s every shard and uploads them
+(parallel multipart), all at once, reading the arena's shared memory directly; then it fsyncs.
+Periodic saves use a helper at low CPU priority; emergency saves have a second one at full
+priority. It speaks JSON lines:
 
-    in:  {"step": N, "step_dir": "...", "rank": R, "files": ["rel", ...]}
+    in:  {"step": N, "step_dir": "...", "rank": R,
+          "files": [{"path": "rel", "arena": "/proc/<pid>/fd/<n>" | null, "segments": [[off, len], ...]}]}
     out: {"ok": true, "shards": [{"path", "size", "sha256", "rank"}, ...]} | {"ok": false, "error": "..."}
 
 Run as ``python -m agent.checkpoint.uploader [--emergency] [s3://bucket/prefix]``.
@@ -23,40 +26,67 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
-from agent.checkpoint.manifest import Shard, describe_shards, fsync_file, step_name
+from agent.checkpoint.engines import ArenaFile, Output
+from agent.checkpoint.manifest import Shard, fsync_file, step_name
 from agent.checkpoint.s3_tier import S3Tier, set_thread_nice
+from agent.checkpoint.sources import ArenaSource, FileSource, Source, sha256_source
 
 BACKGROUND_NICE = 15
 
 
+def _rel(step_dir: Path, path: Path) -> str:
+    return path.resolve().relative_to(step_dir.resolve()).as_posix()
+
+
+def encode(step_dir: Path, outputs: list[Output]) -> list[dict[str, Any]]:
+    """Outputs as the helper's task lists them (paths relative to the step folder)."""
+    found: list[dict[str, Any]] = []
+    for out in outputs:
+        if isinstance(out, ArenaFile):
+            found.append({"path": _rel(step_dir, out.path), "arena": out.arena, "segments": out.segments})
+        else:
+            found.append({"path": _rel(step_dir, out), "arena": None, "segments": []})
+    return found
+
+
+def _open(step_dir: Path, item: dict[str, Any]) -> Source:
+    path = step_dir / item["path"]
+    if item.get("arena"):
+        return ArenaSource(path, item["arena"], [(int(o), int(n)) for o, n in item["segments"]])
+    return FileSource(path)
+
+
 def transfer(
-    step_dir: Path,
-    rels: list[str],
-    rank: int,
-    step: int,
-    s3: S3Tier | None,
-    pool: ThreadPoolExecutor,
-    fsync_late: bool = False,
+    step_dir: Path, items: list[dict[str, Any]], rank: int, step: int, s3: S3Tier | None, pool: ThreadPoolExecutor
 ) -> list[Shard]:
-    """sha256 every file while uploading them all; fsync them too, before or (``fsync_late``,
-    emergencies: S3 first, the disk is going away) after the upload; the shards once all is done."""
-    fsync_late = fsync_late and s3 is not None
-    hashes = [pool.submit(describe_shards, step_dir, [step_dir / rel], rank, not fsync_late) for rel in rels]
-    if s3 is not None:
-        s3.upload_files([(step_dir / rel, f"{step_name(step)}/{rel}") for rel in rels])
-    shards = [shard for fut in hashes for shard in fut.result()]
-    if fsync_late:  # the local part is still written only after its shards are durable
-        for rel in rels:
-            fsync_file(step_dir / rel)
-    return shards
+    """Write arena shards locally, sha256 every shard and upload them all, side by side; fsync last."""
+    sources: list[Source] = []
+    try:
+        sources = [_open(step_dir, item) for item in items]
+        writes = [pool.submit(src.write_local) for src in sources if isinstance(src, ArenaSource)]
+        hashes = [pool.submit(sha256_source, src) for src in sources]
+        if s3 is not None:
+            s3.upload([(src, f"{step_name(step)}/{item['path']}") for src, item in zip(sources, items, strict=True)])
+        digests = [fut.result() for fut in hashes]
+        for fut in writes:
+            fut.result()
+        for src in sources:  # the part (this rank's "durable" claim) is written only after this returns
+            fsync_file(src.path)
+    finally:
+        for src in sources:
+            src.close()
+    return [
+        Shard(path=item["path"], size=src.size, sha256=digest, rank=rank)
+        for item, src, digest in zip(items, sources, digests, strict=True)
+    ]
 
 
 class Lane:
-    """An S3 tier and a hashing pool whose threads run at one CPU priority."""
+    """An S3 tier and a hashing/writing pool whose threads run at one CPU priority."""
 
     def __init__(self, uri: str | None, nice: int) -> None:
         self.s3 = S3Tier(uri, nice=nice) if uri else None
-        self.pool = ThreadPoolExecutor(2, thread_name_prefix="hash", initializer=set_thread_nice, initargs=(nice,))
+        self.pool = ThreadPoolExecutor(3, thread_name_prefix="hash", initializer=set_thread_nice, initargs=(nice,))
 
 
 def serve(uri: str | None, emergency: bool, stdin: IO[str], stdout: IO[str]) -> None:
@@ -67,7 +97,7 @@ def serve(uri: str | None, emergency: bool, stdin: IO[str], stdout: IO[str]) -> 
         task = json.loads(line)
         try:
             where, files, rank, step = Path(task["step_dir"]), task["files"], task["rank"], task["step"]
-            shards = transfer(where, files, rank, step, lane.s3, lane.pool, fsync_late=emergency)
+            shards = transfer(where, files, rank, step, lane.s3, lane.pool)
             reply: dict[str, Any] = {"ok": True, "shards": [s.model_dump() for s in shards]}
         except Exception as exc:  # reported to the trainer, which fails this save and keeps going
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
@@ -84,7 +114,7 @@ class UploaderProcess:
         self._proc: subprocess.Popen[str] | None = None
         self._lock = threading.Lock()
 
-    def run(self, step: int, step_dir: Path, rank: int, files: list[str]) -> list[Shard]:
+    def run(self, step: int, step_dir: Path, rank: int, files: list[dict[str, Any]]) -> list[Shard]:
         with self._lock:
             proc = self.start()
             assert proc.stdin is not None and proc.stdout is not None
@@ -121,7 +151,7 @@ class UploaderProcess:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="spotrelay checkpoint uploader (started by the trainer)")
-    parser.add_argument("--emergency", action="store_true", help="full CPU priority, fsync after the upload")
+    parser.add_argument("--emergency", action="store_true", help="full CPU priority (emergency saves)")
     parser.add_argument("uri", nargs="?", default=None)
     args = parser.parse_args()
     serve(args.uri, args.emergency, sys.stdin, sys.stdout)

@@ -1,0 +1,92 @@
+"""Where a shard's bytes are read from while it is hashed and uploaded: a file, or a snapshot arena.
+
+An ``ArenaSource`` maps the trainer's shared memory (read-only) and also writes the shard to the
+local tier; hashing and the S3 upload read the memory directly, so nothing waits for the disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import mmap
+import os
+from pathlib import Path
+from typing import Protocol
+
+CHUNK = 8 << 20
+
+
+class Source(Protocol):
+    path: Path  # the shard in the local tier
+    size: int
+
+    def read(self, offset: int, length: int) -> bytes | memoryview: ...
+
+    def close(self) -> None: ...
+
+
+class FileSource:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.size = path.stat().st_size
+
+    def read(self, offset: int, length: int) -> bytes:
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            return os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        return None
+
+
+class ArenaSource:
+    """A shard laid out as ``segments`` (arena offset, length) of a mapped arena, in file order."""
+
+    def __init__(self, path: Path, arena: str, segments: list[tuple[int, int]]) -> None:
+        self.path, self.segments = path, segments
+        self.size = sum(length for _, length in segments)
+        fd = os.open(arena, os.O_RDONLY)
+        try:
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            self._map = mmap.mmap(fd, 0, flags=flags, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        self._view = memoryview(self._map)
+        end = max((start + length for start, length in segments), default=0)
+        if end > len(self._map):
+            raise ValueError(f"{path.name}: segments end at {end}, the arena holds {len(self._map)} bytes")
+        self._starts = []  # file offset of each segment
+        pos = 0
+        for _, length in segments:
+            self._starts.append(pos)
+            pos += length
+
+    def read(self, offset: int, length: int) -> bytes | memoryview:
+        """The bytes at [offset, offset+length) of the shard: a view when one segment holds them."""
+        pieces: list[memoryview] = []
+        for (start, seg_len), file_pos in zip(self.segments, self._starts, strict=True):
+            lo, hi = max(offset, file_pos), min(offset + length, file_pos + seg_len)
+            if lo < hi:
+                pieces.append(self._view[start + lo - file_pos : start + hi - file_pos])
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def write_local(self) -> None:
+        """Write the shard to the local tier (page cache; the caller fsyncs)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "wb") as fh:
+            for start, length in self.segments:
+                fh.write(self._view[start : start + length])
+
+    def close(self) -> None:
+        with contextlib.suppress(BufferError):  # a slice still referenced keeps it until collected
+            self._view.release()
+            self._map.close()
+
+
+def sha256_source(source: Source) -> str:
+    digest = hashlib.sha256()
+    for offset in range(0, source.size, CHUNK):
+        digest.update(source.read(offset, min(CHUNK, source.size - offset)))
+    return digest.hexdigest()

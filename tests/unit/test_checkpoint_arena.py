@@ -1,0 +1,137 @@
+"""Snapshot arenas and the raw DCP storage layer: round trip, layout, corruption and safety."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from agent.checkpoint.arena import Arena, ArenaPool, arena_size
+from agent.checkpoint.dcp_storage import ArenaStorageWriter, load
+from agent.checkpoint.engines import ArenaFile
+from agent.checkpoint.sources import ArenaSource
+from agent.checkpoint.state import snapshot_tree
+from agent.checkpoint.uploader import encode, transfer
+from spotrelay.errors import CorruptCheckpointError, UnsafeCheckpointError
+
+
+def _live() -> dict[str, Any]:
+    g = torch.Generator().manual_seed(7)
+    return {
+        "w": torch.randn(33, 17, generator=g),
+        "half": torch.randn(5, generator=g).to(torch.bfloat16),
+        "ids": torch.arange(10, dtype=torch.int64),
+        "scalar": torch.tensor(3.5),
+        "empty": torch.empty(0, 4),
+        "lr": 0.001,
+        "betas": (0.9, 0.999),
+        "name": "adamw",
+    }
+
+
+def _save(live: dict[str, Any], folder: Path, pool: ThreadPoolExecutor) -> tuple[list[Any], Arena]:
+    arena = Arena(arena_size(live))
+    state = snapshot_tree(live, arena, [])
+    writer = ArenaStorageWriter(folder / "model", arena)
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    shards = transfer(folder, encode(folder, writer.outputs), rank=0, step=1, s3=None, pool=pool)
+    return shards, arena
+
+
+def _zeros_like(live: dict[str, Any]) -> dict[str, Any]:
+    return {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else None for k, v in live.items()}
+
+
+@pytest.fixture
+def pool() -> Any:
+    with ThreadPoolExecutor(2) as executor:
+        yield executor
+
+
+def test_round_trip_is_exact_and_tensors_come_from_the_arena(tmp_path: Path, pool: ThreadPoolExecutor) -> None:
+    live = _live()
+    shards, arena = _save(live, tmp_path, pool)
+    names = {s.path for s in shards}
+    assert names == {"model/__0_tensors.bin", "model/__0_objects.bin", "model/.metadata"}
+    for shard in shards:  # what the helper hashed from memory is what landed on disk
+        assert hashlib.sha256((tmp_path / shard.path).read_bytes()).hexdigest() == shard.sha256
+    tensor_bytes = sum(v.numel() * v.element_size() for v in live.values() if isinstance(v, torch.Tensor))
+    assert (tmp_path / "model/__0_tensors.bin").stat().st_size == tensor_bytes  # raw bytes, no pickle framing
+    live["w"].add_(1)  # training goes on: the saved copy must not alias live memory
+    loaded = _zeros_like(live)
+    load(loaded, tmp_path / "model", no_dist=True)
+    expected = _live()
+    for key, value in expected.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(loaded[key], value) and loaded[key].dtype == value.dtype, key
+        else:
+            assert loaded[key] == value, key
+    arena.close()
+
+
+def test_a_tensor_outside_the_arena_is_written_with_the_objects(tmp_path: Path) -> None:
+    outside = torch.arange(12, dtype=torch.float32).reshape(3, 4).t()  # not contiguous, not in any arena
+    writer = ArenaStorageWriter(tmp_path, None)
+    dcp.save({"t": outside, "n": 5}, storage_writer=writer, no_dist=True)
+    assert not any(isinstance(o, ArenaFile) for o in writer.outputs)
+    loaded: dict[str, Any] = {"t": torch.zeros(4, 3), "n": None}
+    load(loaded, tmp_path, no_dist=True)
+    assert torch.equal(loaded["t"], outside) and loaded["n"] == 5
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_malicious_object_item_is_refused_before_unpickling(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    dcp.save(
+        {"w": torch.ones(2), "evil": _Payload(marker)}, storage_writer=ArenaStorageWriter(tmp_path, None), no_dist=True
+    )
+    with pytest.raises(UnsafeCheckpointError, match=r"system"):
+        load({"w": torch.zeros(2), "evil": None}, tmp_path, no_dist=True)
+    assert not marker.exists()
+
+
+def test_a_truncated_tensor_file_is_a_corrupt_checkpoint(tmp_path: Path, pool: ThreadPoolExecutor) -> None:
+    live = _live()
+    _, arena = _save(live, tmp_path, pool)
+    path = tmp_path / "model/__0_tensors.bin"
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(CorruptCheckpointError, match="ends before"):
+        load(_zeros_like(live), tmp_path / "model", no_dist=True)
+    arena.close()
+
+
+def test_arena_source_reads_across_segments_and_writes_the_file(tmp_path: Path) -> None:
+    arena = Arena(256)
+    arena.bytes.copy_(torch.arange(256, dtype=torch.int64).to(torch.uint8))
+    source = ArenaSource(tmp_path / "f.bin", arena.path, [(10, 20), (100, 30), (0, 5)])
+    expected = bytes(range(10, 30)) + bytes(range(100, 130)) + bytes(range(5))
+    assert source.size == 55
+    assert bytes(source.read(15, 30)) == expected[15:45]
+    source.write_local()
+    assert (tmp_path / "f.bin").read_bytes() == expected
+    source.close()
+    arena.close()
+
+
+def test_pool_reuses_a_free_arena_and_adds_one_only_while_busy() -> None:
+    pool = ArenaPool()
+    first = pool.acquire(1000)
+    second = pool.acquire(1000)  # the first is still being written: a new one
+    assert second is not first
+    pool.release(first)
+    assert pool.acquire(800) is first  # free and big enough: reused, memory already mapped
+    pool.release(second)
+    pool.close()
