@@ -65,10 +65,11 @@ class Session:
         self.stateful = dict(stateful or {})
         self.topo = _topology()
         self.local = LocalTier(config.checkpoint_dir)
-        self.s3 = S3Tier(config.checkpoint_uri) if config.checkpoint_uri else None
+        self.s3 = S3Tier(config.checkpoint_uri, workers=config.upload_workers) if config.checkpoint_uri else None
         self.pipeline = Pipeline(
             self.local, self.s3, self.topo, config.control_dir,
             keep_local=config.keep_local, keep_s3=config.keep_s3, timeout_s=config.commit_timeout_s, offload=True,
+            background=(config.background_upload_workers, config.background_upload_mb_s),
         )  # fmt: skip
         self.poller = RequestPoller(config.control_dir)
         self.step = self.samples = self.epoch = 0

@@ -3,7 +3,8 @@
     .venv/bin/python bench/checkpoint.py            # ~300 MB of state, ~3-5 minutes on 2 cores
 
 Trains an MLP whose parameters plus AdamW state are >= 256 MB through the spotrelay training API
-(torch path: DCP on the local tier, S3 = moto's server in its own process). It interleaves blocks of
+(torch path: DCP with our arena storage, local tier, S3 = moto's server in its own process at
+nice 19 unless ``--moto-nice`` says otherwise). It interleaves blocks of
 steps without checkpoints and blocks with one checkpoint each (``--every`` steps), so both see the
 same machine load, then sends a checkpoint_and_stop request and times it to the committed manifest
 in S3. Baselines, measured in the same run on the same bytes: an in-memory copy (memcpy) of the
@@ -37,12 +38,16 @@ from spotrelay.local.motoserver import FAKE_ENV, free_port  # noqa: E402
 MB = 1e6
 
 
-def start_moto() -> tuple[subprocess.Popen[bytes], str]:
-    """moto in its own process, so its request handling does not share our GIL."""
+def start_moto(nice: int = 0) -> tuple[subprocess.Popen[bytes], str]:
+    """moto in its own process, so its request handling does not share our GIL.
+
+    ``nice``: moto stands in for S3, a remote service whose work is not on a real training node;
+    at nice 19 it gets only the cycles training leaves (every thread it starts inherits this).
+    """
     port = free_port()
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.nice(nice) and None,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     os.environ.update({**FAKE_ENV, "AWS_ENDPOINT_URL": url})
@@ -98,6 +103,15 @@ def last_checkpoint_files(session: Session) -> list[Path]:
     step = session.local.latest()
     assert step is not None
     return [session.local.step_dir(step) / s.path for s in session.local.manifest(step).shards]
+
+
+def block_means(none: list[float], ckpt: list[float], block: int) -> dict[str, list[float]]:
+    """Mean step time of each block, to show how much blocks of the same kind differ."""
+
+    def means(xs: list[float]) -> list[float]:
+        return [round(statistics.mean(xs[i : i + block]), 4) for i in range(0, len(xs), block) if xs[i : i + block]]
+
+    return {"none": means(none), "ckpt": means(ckpt)}
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: int, width: int) -> float:
@@ -173,6 +187,7 @@ def run(args: argparse.Namespace, work: Path, bucket: str) -> dict[str, Any]:
         "memcpy_s": memcpy_s, "flush_s": flush_s, "plain_upload_s": upload_s, "exit_code": code,
         "plain_upload_before_after_s": [upload_before, upload_after],
         "checkpoints": len(stalls), "emergency_phases": phases, "loadavg": os.getloadavg(),
+        "block_means_s": block_means(times["none"], times["ckpt"], block),
     }  # fmt: skip
 
 
@@ -184,10 +199,13 @@ def main() -> None:
     p.add_argument("--every", type=int, default=50, help="steps per block (one checkpoint per block)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="torch threads for training (others stay free)")
+    p.add_argument(
+        "--moto-nice", type=int, default=19, help="CPU priority of moto's server (0: competes with training)"
+    )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    proc, _url = start_moto()
+    proc, _url = start_moto(args.moto_nice)
     try:
         from spotrelay.adapters import aws
 
@@ -209,11 +227,15 @@ def main() -> None:
     print(
         f"mean step: none {r['step_none_mean_s']:.4f} s, one checkpoint per {args.every} steps {r['step_ckpt_s']:.4f} s"
     )
+    print(f"block means (s): none {r['block_means_s']['none']}, with a checkpoint {r['block_means_s']['ckpt']}")
     b, a = r["plain_upload_before_after_s"]
     print(f"emergency flush {r['flush_s']:.2f} s; plain parallel multipart upload {b:.2f} s before, {a:.2f} s after")
     print(f"emergency phases (s, cumulative from the save): {r['emergency_phases']}")
     one, five, fifteen = r["loadavg"]
-    print(f"load average at the end: {one:.1f} {five:.1f} {fifteen:.1f} on {os.cpu_count()} cores")
+    cores = os.cpu_count()
+    print(
+        f"load average at the end: {one:.1f} {five:.1f} {fifteen:.1f} on {cores} cores; moto at nice {args.moto_nice}"
+    )
     if args.json:
         args.json.write_text(json.dumps(r, indent=1))
     print(f"stall/memcpy ratio: {stall_ratio:.2f}x (target <= 2x)")

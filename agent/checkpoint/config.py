@@ -46,6 +46,11 @@ class SessionConfig(BaseModel):
     keep_s3: int = Field(5, ge=1)
     save_final: bool = True
     commit_timeout_s: float = 900.0
+    # Periodic uploads are background traffic: few connections (and optionally a bandwidth cap)
+    # leave the cores, memory bandwidth and NIC to training. Emergency uploads use every connection.
+    background_upload_workers: int = Field(2, ge=1)
+    background_upload_mb_s: float | None = Field(None, gt=0)
+    upload_workers: int = Field(8, ge=1)
 
     @classmethod
     def from_env(cls, **defaults: Any) -> SessionConfig:

@@ -29,7 +29,7 @@ from agent.checkpoint.local_tier import LocalTier
 from agent.checkpoint.manifest import Manifest, RankPart, merge_parts, step_name
 from agent.checkpoint.s3_tier import S3Tier
 from agent.checkpoint.state import save_trainer_state, trainer_file
-from agent.checkpoint.uploader import Lane, UploaderProcess, encode, transfer
+from agent.checkpoint.uploader import Lane, UploaderProcess, encode, transfer, write_locally
 from spotrelay.contracts.control import TrainerEvent, append_event
 
 log = logging.getLogger("spotrelay.checkpoint")
@@ -92,6 +92,7 @@ class Pipeline:
         keep_s3: int = 5,
         timeout_s: float = 900.0,
         offload: bool = False,
+        background: tuple[int, float | None] = (2, None),
     ) -> None:
         self.local, self.s3, self.topo = local, s3, topology
         self.control_dir = control_dir
@@ -103,7 +104,12 @@ class Pipeline:
         self._commit_lock = threading.Lock()
         # offload: hash and upload in helper processes (agent.checkpoint.uploader), off our GIL
         uri = s3.uri if s3 else None
-        self.uploaders = {flag: UploaderProcess(uri, emergency=flag) for flag in (False, True)} if offload else {}
+        # periodic saves: `background` = (connections, MB/s cap); emergencies: every connection the tier has
+        workers, mb_s = background
+        self.uploaders: dict[bool, UploaderProcess] = {}
+        if offload:
+            self.uploaders[False] = UploaderProcess(uri, emergency=False, workers=workers, max_mb_s=mb_s)
+            self.uploaders[True] = UploaderProcess(uri, emergency=True, workers=s3.workers if s3 else 8)
         self._lane = Lane(None, 0)  # in-process hashing and local writes when not offloaded
         if offload:
             self.uploaders[True].start()  # warm, so an emergency pays no start-up
@@ -196,28 +202,42 @@ class Pipeline:
         return [*files, state_file]
 
     def _transfer_and_commit(self, job: SaveJob, files: list[Output]) -> None:
+        """Periodic: local commit, then S3. Emergency with S3: S3 first (the disk is going away);
+        the arena shards reach the local tier only after the report, so they cost the deadline nothing."""
         topo, step_dir, t0 = self.topo, self.local.step_dir(job.step), time.perf_counter()
+        s3_first = job.emergency and self.s3 is not None
         uploader = self.uploaders.get(job.emergency)
         items = encode(step_dir, files)
+        helper: dict[str, float] = {}
         if uploader is not None:
-            shards = uploader.run(job.step, step_dir, topo.rank, items)
+            shards = uploader.run(job.step, step_dir, topo.rank, items, local=not s3_first, timings=helper)
         else:
-            shards = transfer(step_dir, items, topo.rank, job.step, self.s3, self._lane.pool)
+            shards = transfer(step_dir, items, topo.rank, job.step, self.s3, self._lane.pool, not s3_first, helper)
+        job.timings.update({f"helper_{k}": v for k, v in helper.items()})
         part = RankPart(step=job.step, rank=topo.rank, shards=shards)
-        self.local.write_part(part)
         job.timings["hash_upload_s"] = time.perf_counter() - t0
-        if topo.local_rank == 0:
-            node_parts = self.local.wait_parts(job.step, topo.node_ranks, self.timeout_s)
-            with self._commit_lock:
-                self.local.commit(self._manifest(job, node_parts))
-        job.uri = str(step_dir)
+        if not s3_first:
+            self._commit_local(job, part)
+            job.uri = str(step_dir)
         if self.s3 is not None:
             self._commit_s3(job, part)
         job.timings["commit_s"] = time.perf_counter() - t0
         if topo.local_rank == 0:
             self._report(job)
+        if s3_first:
+            write_locally(files)
+            self._commit_local(job, part)
+            job.timings["local_copy_s"] = time.perf_counter() - t0
+        if topo.local_rank == 0:
             with self._commit_lock:
                 self.local.prune(self.keep_local, protect=self._inflight | {job.step})
+
+    def _commit_local(self, job: SaveJob, part: RankPart) -> None:
+        self.local.write_part(part)
+        if self.topo.local_rank == 0:
+            node_parts = self.local.wait_parts(job.step, self.topo.node_ranks, self.timeout_s)
+            with self._commit_lock:
+                self.local.commit(self._manifest(job, node_parts))
 
     def _commit_s3(self, job: SaveJob, part: RankPart) -> None:
         assert self.s3 is not None

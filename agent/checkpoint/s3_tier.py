@@ -1,6 +1,6 @@
 """The durable tier: S3 under ``s3://bucket/checkpoints/<job>/``, same layout as the local tier.
 
-Files go up as parallel multipart uploads, parts read with ``pread`` or straight from a snapshot
+Files go up as parallel multipart uploads (s3transfer), read from disk or straight from a snapshot
 arena (agent.checkpoint.sources).
 Objects become visible in this order: shards, ``parts/rank-<R>.json``, ``manifest.json``,
 ``latest``; a reader trusts nothing without a manifest.
@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from agent.checkpoint.manifest import (
     read_manifest,
     step_name,
 )
-from agent.checkpoint.sources import FileSource, Source
+from agent.checkpoint.sources import FileSource, Source, SourceStream
 
 log = logging.getLogger("spotrelay.checkpoint")
 MiB = 1 << 20
@@ -63,13 +63,16 @@ class S3Tier:
         part_size: int = 16 * MiB,
         workers: int = 8,
         nice: int = 0,
+        max_mb_s: float | None = None,
     ) -> None:
         self.uri = uri.rstrip("/")
         self.bucket, self.prefix = parse_uri(uri)
         self._client_factory = client
         self._client: Any = None
+        self._transfers: Any = None
         self.part_size = part_size
         self.workers = workers
+        self.max_bandwidth = int(max_mb_s * 1e6) if max_mb_s else None
         self._pool = ThreadPoolExecutor(
             workers, thread_name_prefix="s3-part", initializer=set_thread_nice, initargs=(nice,)
         )
@@ -92,55 +95,38 @@ class S3Tier:
         return self.upload([(FileSource(path), rel) for path, rel in files])
 
     def upload(self, sources: list[tuple[Source, str]]) -> int:
-        """Upload (source, relative key) pairs, every part of every source in parallel."""
-        pending: list[Future[None]] = []
-        uploads: list[tuple[str, str, list[Future[dict[str, Any]]]]] = []
-        total = 0
+        """Upload (source, relative key) pairs, every part of every source in parallel.
+
+        s3transfer's manager does the multipart work (it was faster than our own part loop against
+        the same endpoint) and aborts a failed multipart upload; arena sources are read as streams.
+        """
+        futures = []
+        for source, rel in sources:
+            body: Any = str(source.path) if isinstance(source, FileSource) else SourceStream(source)
+            futures.append(self.transfers.upload(body, self.bucket, self.key(rel)))
         try:
-            for source, rel in sources:
-                size = source.size
-                total += size
-                if size <= self.part_size:
-                    pending.append(self._pool.submit(self._put_small, source, rel))
-                    continue
-                key = self.key(rel)
-                upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"]
-                parts = [
-                    self._pool.submit(self._put_part, source, key, upload_id, n + 1, offset)
-                    for n, offset in enumerate(range(0, size, self.part_size))
-                ]
-                uploads.append((key, upload_id, parts))
-            for fut in pending:
+            for fut in futures:
                 fut.result()
-            for key, upload_id, parts in uploads:
-                done = [fut.result() for fut in parts]
-                self.client.complete_multipart_upload(
-                    Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": done}
-                )
         except BaseException:
-            for fut in pending:
+            for fut in futures:
                 fut.cancel()
-            for _, _, parts in uploads:
-                for part in parts:
-                    part.cancel()
-            for key, upload_id, _ in uploads:
-                self._abort(key, upload_id)
             raise
-        return total
+        return sum(source.size for source, _ in sources)
 
-    def _put_small(self, source: Source, rel: str) -> None:
-        self.client.put_object(Bucket=self.bucket, Key=self.key(rel), Body=bytes(source.read(0, source.size)))
+    @property
+    def transfers(self) -> Any:
+        if self._transfers is None:
+            from boto3.s3.transfer import TransferConfig
+            from s3transfer.manager import TransferManager
 
-    def _put_part(self, source: Source, key: str, upload_id: str, number: int, offset: int) -> dict[str, Any]:
-        body = bytes(source.read(offset, min(self.part_size, source.size - offset)))
-        resp = self.client.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body)
-        return {"PartNumber": number, "ETag": resp["ETag"]}
-
-    def _abort(self, key: str, upload_id: str) -> None:
-        try:
-            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
-        except Exception:  # best effort; the bucket's lifecycle rule cleans leftovers
-            log.warning("could not abort multipart upload of %s", key)
+            config = TransferConfig(
+                multipart_threshold=self.part_size,
+                multipart_chunksize=self.part_size,
+                max_concurrency=self.workers,
+                max_bandwidth=self.max_bandwidth,
+            )
+            self._transfers = TransferManager(self.client, config)
+        return self._transfers
 
     def put_text(self, rel: str, text: str) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self.key(rel), Body=text.encode())
@@ -246,3 +232,5 @@ class S3Tier:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._transfers is not None:
+            self._transfers.shutdown(cancel=True)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import mmap
 import os
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 CHUNK = 8 << 20
 
@@ -90,3 +91,32 @@ def sha256_source(source: Source) -> str:
     for offset in range(0, source.size, CHUNK):
         digest.update(source.read(offset, min(CHUNK, source.size - offset)))
     return digest.hexdigest()
+
+
+class SourceStream(io.RawIOBase):
+    """A read-only, seekable file object over a source (what s3transfer's uploader reads)."""
+
+    def __init__(self, source: Source) -> None:
+        super().__init__()
+        self.source, self.pos = source, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.source.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def readinto(self, buffer: Any) -> int:
+        n = max(0, min(len(buffer), self.source.size - self.pos))
+        if n:
+            memoryview(buffer).cast("B")[:n] = self.source.read(self.pos, n)
+            self.pos += n
+        return n

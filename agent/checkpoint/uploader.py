@@ -3,15 +3,17 @@
 A background thread in the trainer would share its GIL: botocore's request handling and the
 pickling around it stall every small torch op of the training step. The helper process writes
 shards still in a snapshot arena to the local tier, sha256s every shard and uploads them
-(parallel multipart), all at once, reading the arena's shared memory directly; then it fsyncs.
+(parallel multipart), all at once, reading the arena's shared memory directly; then it fsyncs
+(periodic saves only).
 Periodic saves use a helper at low CPU priority; emergency saves have a second one at full
 priority. It speaks JSON lines:
 
-    in:  {"step": N, "step_dir": "...", "rank": R,
+    in:  {"step": N, "step_dir": "...", "rank": R, "local": true | false (S3 first: no local write, no fsync),
           "files": [{"path": "rel", "arena": "/proc/<pid>/fd/<n>" | null, "segments": [[off, len], ...]}]}
-    out: {"ok": true, "shards": [{"path", "size", "sha256", "rank"}, ...]} | {"ok": false, "error": "..."}
+    out: {"ok": true, "shards": [{"path", "size", "sha256", "rank"}, ...], "timings": {"upload_s": ...}}
+         | {"ok": false, "error": "..."}
 
-Run as ``python -m agent.checkpoint.uploader [--emergency] [s3://bucket/prefix]``.
+Run as ``python -m agent.checkpoint.uploader [--emergency] [--workers N] [--max-mb-s X] [s3://bucket/prefix]``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
@@ -49,6 +52,17 @@ def encode(step_dir: Path, outputs: list[Output]) -> list[dict[str, Any]]:
     return found
 
 
+def write_locally(outputs: list[Output]) -> None:
+    """Write the shards still in an arena to the local tier (used after an S3-first commit)."""
+    for out in outputs:
+        if isinstance(out, ArenaFile):
+            source = ArenaSource(out.path, out.arena, out.segments)
+            try:
+                source.write_local()
+            finally:
+                source.close()
+
+
 def _open(step_dir: Path, item: dict[str, Any]) -> Source:
     path = step_dir / item["path"]
     if item.get("arena"):
@@ -57,21 +71,40 @@ def _open(step_dir: Path, item: dict[str, Any]) -> Source:
 
 
 def transfer(
-    step_dir: Path, items: list[dict[str, Any]], rank: int, step: int, s3: S3Tier | None, pool: ThreadPoolExecutor
+    step_dir: Path,
+    items: list[dict[str, Any]],
+    rank: int,
+    step: int,
+    s3: S3Tier | None,
+    pool: ThreadPoolExecutor,
+    local: bool = True,
+    timings: dict[str, float] | None = None,
 ) -> list[Shard]:
-    """Write arena shards locally, sha256 every shard and upload them all, side by side; fsync last."""
+    """Write arena shards locally, sha256 every shard and upload them all, side by side; then fsync.
+
+    ``local=False`` (emergencies with S3: the disk is going away, S3 is what counts) leaves the
+    arena shards for ``write_locally`` after the commit, and skips the fsync: a local copy torn by
+    a crash fails its sha256 on resume and the S3 copy is used instead.
+    ``timings`` receives when each stage finished, in seconds from the start.
+    """
+    t0, clock = time.perf_counter(), {} if timings is None else timings
     sources: list[Source] = []
     try:
         sources = [_open(step_dir, item) for item in items]
-        writes = [pool.submit(src.write_local) for src in sources if isinstance(src, ArenaSource)]
+        clock["map_s"] = time.perf_counter() - t0
+        writes = [pool.submit(src.write_local) for src in sources if local and isinstance(src, ArenaSource)]
         hashes = [pool.submit(sha256_source, src) for src in sources]
         if s3 is not None:
             s3.upload([(src, f"{step_name(step)}/{item['path']}") for src, item in zip(sources, items, strict=True)])
+        clock["upload_s"] = time.perf_counter() - t0
         digests = [fut.result() for fut in hashes]
+        clock["sha256_s"] = time.perf_counter() - t0
         for fut in writes:
             fut.result()
-        for src in sources:  # the part (this rank's "durable" claim) is written only after this returns
+        clock["local_write_s"] = time.perf_counter() - t0
+        for src in sources if local else []:  # the part (this rank's "durable" claim) comes after this
             fsync_file(src.path)
+        clock["fsync_s"] = time.perf_counter() - t0
     finally:
         for src in sources:
             src.close()
@@ -84,21 +117,27 @@ def transfer(
 class Lane:
     """An S3 tier and a hashing/writing pool whose threads run at one CPU priority."""
 
-    def __init__(self, uri: str | None, nice: int) -> None:
-        self.s3 = S3Tier(uri, nice=nice) if uri else None
+    def __init__(self, uri: str | None, nice: int, workers: int = 8, max_mb_s: float | None = None) -> None:
+        self.s3 = S3Tier(uri, nice=nice, workers=workers, max_mb_s=max_mb_s) if uri else None
         self.pool = ThreadPoolExecutor(3, thread_name_prefix="hash", initializer=set_thread_nice, initargs=(nice,))
 
 
-def serve(uri: str | None, emergency: bool, stdin: IO[str], stdout: IO[str]) -> None:
-    lane = Lane(uri, 0 if emergency else BACKGROUND_NICE)
+def serve(
+    uri: str | None, emergency: bool, stdin: IO[str], stdout: IO[str], workers: int = 8, max_mb_s: float | None = None
+) -> None:
+    nice = 0 if emergency else BACKGROUND_NICE
+    set_thread_nice(nice)  # first, so every thread started later (upload workers too) inherits it
+    lane = Lane(uri, nice, workers, max_mb_s)
     if lane.s3 is not None:
         _ = lane.s3.client  # import boto3 and build the client now, not when the first save is waiting
     for line in stdin:
         task = json.loads(line)
         try:
             where, files, rank, step = Path(task["step_dir"]), task["files"], task["rank"], task["step"]
-            shards = transfer(where, files, rank, step, lane.s3, lane.pool)
-            reply: dict[str, Any] = {"ok": True, "shards": [s.model_dump() for s in shards]}
+            timings: dict[str, float] = {}
+            local = bool(task.get("local", True))
+            shards = transfer(where, files, rank, step, lane.s3, lane.pool, local=local, timings=timings)
+            reply: dict[str, Any] = {"ok": True, "shards": [s.model_dump() for s in shards], "timings": timings}
         except Exception as exc:  # reported to the trainer, which fails this save and keeps going
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         stdout.write(json.dumps(reply) + "\n")
@@ -108,18 +147,29 @@ def serve(uri: str | None, emergency: bool, stdin: IO[str], stdout: IO[str]) -> 
 class UploaderProcess:
     """The trainer's handle on its helper; started on first use, one task at a time."""
 
-    def __init__(self, uri: str | None, emergency: bool = False) -> None:
+    def __init__(
+        self, uri: str | None, emergency: bool = False, workers: int = 8, max_mb_s: float | None = None
+    ) -> None:
         self.uri = uri
         self.emergency = emergency
+        self.options = ["--workers", str(workers), *(["--max-mb-s", str(max_mb_s)] if max_mb_s else [])]
         self._proc: subprocess.Popen[str] | None = None
         self._lock = threading.Lock()
 
-    def run(self, step: int, step_dir: Path, rank: int, files: list[dict[str, Any]]) -> list[Shard]:
+    def run(
+        self,
+        step: int,
+        step_dir: Path,
+        rank: int,
+        files: list[dict[str, Any]],
+        local: bool = True,
+        timings: dict[str, float] | None = None,
+    ) -> list[Shard]:
         with self._lock:
             proc = self.start()
             assert proc.stdin is not None and proc.stdout is not None
             where = str(step_dir.resolve())
-            task = {"step": step, "step_dir": where, "rank": rank, "files": files}
+            task = {"step": step, "step_dir": where, "rank": rank, "files": files, "local": local}
             proc.stdin.write(json.dumps(task) + "\n")
             proc.stdin.flush()
             line = proc.stdout.readline()
@@ -128,12 +178,14 @@ class UploaderProcess:
         reply = json.loads(line)
         if not reply["ok"]:
             raise RuntimeError(f"{step_name(step)}: {reply['error']}")
+        if timings is not None:
+            timings.update(reply.get("timings", {}))
         return [Shard.model_validate(s) for s in reply["shards"]]
 
     def start(self) -> subprocess.Popen[str]:
         if self._proc is None or self._proc.poll() is not None:
             cmd = [sys.executable, "-m", "agent.checkpoint.uploader", *(["--emergency"] if self.emergency else [])]
-            cmd += [self.uri] if self.uri else []
+            cmd += [*self.options, *([self.uri] if self.uri else [])]
             root = str(Path(__file__).resolve().parents[2])
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
             self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
@@ -152,9 +204,11 @@ class UploaderProcess:
 def main() -> None:
     parser = argparse.ArgumentParser(description="spotrelay checkpoint uploader (started by the trainer)")
     parser.add_argument("--emergency", action="store_true", help="full CPU priority (emergency saves)")
+    parser.add_argument("--workers", type=int, default=8, help="parallel part uploads")
+    parser.add_argument("--max-mb-s", type=float, default=None, help="upload bandwidth cap, MB/s")
     parser.add_argument("uri", nargs="?", default=None)
     args = parser.parse_args()
-    serve(args.uri, args.emergency, sys.stdin, sys.stdout)
+    serve(args.uri, args.emergency, sys.stdin, sys.stdout, args.workers, args.max_mb_s)
 
 
 if __name__ == "__main__":
