@@ -195,9 +195,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--state-mb", type=float, default=300, help="parameters + AdamW state, MB")
     p.add_argument("--width", type=int, default=2048)
-    p.add_argument("--batch", type=int, default=48)
+    p.add_argument("--batch", type=int, default=80)
     p.add_argument("--every", type=int, default=50, help="steps per block (one checkpoint per block)")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--threads", type=int, default=1, help="torch threads for training (others stay free)")
     p.add_argument(
         "--moto-nice", type=int, default=19, help="CPU priority of moto's server (0: competes with training)"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import tempfile
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -62,7 +63,11 @@ class Arena:
 
     def __init__(self, size: int) -> None:
         self.size = max(size, ALIGN)
-        self.fd = os.memfd_create("spotrelay-snapshot", os.MFD_CLOEXEC)
+        self._file: str | None = None
+        if hasattr(os, "memfd_create"):
+            self.fd = os.memfd_create("spotrelay-snapshot", os.MFD_CLOEXEC)
+        else:  # not Linux: a temporary file, removed on close
+            self.fd, self._file = tempfile.mkstemp(prefix="spotrelay-arena-")
         os.ftruncate(self.fd, self.size)
         self._map = mmap.mmap(self.fd, self.size)
         self.bytes = torch.frombuffer(self._map, dtype=torch.uint8)
@@ -73,7 +78,7 @@ class Arena:
     @property
     def path(self) -> str:
         """What another process of this user opens to map the same memory."""
-        return f"/proc/{os.getpid()}/fd/{self.fd}"
+        return self._file or f"/proc/{os.getpid()}/fd/{self.fd}"
 
     def take(self, like: torch.Tensor) -> torch.Tensor:
         n = tensor_nbytes(like)
@@ -95,6 +100,9 @@ class Arena:
         with contextlib.suppress(BufferError):  # a snapshot still alive keeps it mapped until collected
             self._map.close()
         os.close(self.fd)
+        if self._file:
+            with contextlib.suppress(OSError):
+                os.unlink(self._file)
 
 
 class ArenaPool:

@@ -9,6 +9,7 @@ Objects become visible in this order: shards, ``parts/rank-<R>.json``, ``manifes
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import threading
@@ -29,7 +30,6 @@ from agent.checkpoint.manifest import (
     read_manifest,
     step_name,
 )
-from agent.checkpoint.sources import FileSource, Source, SourceStream
 
 log = logging.getLogger("spotrelay.checkpoint")
 MiB = 1 << 20
@@ -92,18 +92,16 @@ class S3Tier:
     # --- upload --------------------------------------------------------------------------------
     def upload_files(self, files: list[tuple[Path, str]]) -> int:
         """Upload (local path, relative key) pairs, every part of every file in parallel."""
-        return self.upload([(FileSource(path), rel) for path, rel in files])
+        self.upload([(str(path), rel) for path, rel in files])
+        return sum(path.stat().st_size for path, _ in files)
 
-    def upload(self, sources: list[tuple[Source, str]]) -> int:
-        """Upload (source, relative key) pairs, every part of every source in parallel.
+    def upload(self, bodies: list[tuple[str | io.IOBase, str]]) -> None:
+        """Upload (file name or seekable stream, relative key) pairs, every part in parallel.
 
         s3transfer's manager does the multipart work (it was faster than our own part loop against
-        the same endpoint) and aborts a failed multipart upload; arena sources are read as streams.
+        the same endpoint) and aborts a failed multipart upload.
         """
-        futures = []
-        for source, rel in sources:
-            body: Any = str(source.path) if isinstance(source, FileSource) else SourceStream(source)
-            futures.append(self.transfers.upload(body, self.bucket, self.key(rel)))
+        futures = [self.transfers.upload(body, self.bucket, self.key(rel)) for body, rel in bodies]
         try:
             for fut in futures:
                 fut.result()
@@ -111,7 +109,15 @@ class S3Tier:
             for fut in futures:
                 fut.cancel()
             raise
-        return sum(source.size for source, _ in sources)
+
+    def warm(self) -> None:
+        """Build the client and transfer manager and make one request now: botocore loads its
+        models and endpoint rules on the first call, which should not be an emergency's."""
+        _ = self.transfers
+        try:
+            self.client.list_objects_v2(Bucket=self.bucket, Prefix=self.key(LATEST), MaxKeys=1)
+        except Exception as exc:  # the save that needs S3 will report it properly
+            log.warning("S3 tier %s not reachable yet: %s", self.uri, exc)
 
     @property
     def transfers(self) -> Any:

@@ -94,11 +94,20 @@ def sha256_source(source: Source) -> str:
 
 
 class SourceStream(io.RawIOBase):
-    """A read-only, seekable file object over a source (what s3transfer's uploader reads)."""
+    """A read-only, seekable file object over a source (what s3transfer's uploader reads).
+
+    It sha256s the bytes as they are read, as long as they are read front to back (s3transfer
+    reads a stream's parts in order): one pass over memory for the upload and the hash.
+    ``hexdigest`` is None if the reads skipped around; then hash the source separately.
+    """
 
     def __init__(self, source: Source) -> None:
         super().__init__()
         self.source, self.pos = source, 0
+        self._digest, self._hashed = hashlib.sha256(), 0
+
+    def hexdigest(self) -> str | None:
+        return self._digest.hexdigest() if self._hashed == self.source.size else None
 
     def readable(self) -> bool:
         return True
@@ -114,9 +123,24 @@ class SourceStream(io.RawIOBase):
         self.pos = max(0, base + offset)
         return self.pos
 
+    def read(self, size: int | None = -1) -> bytes:
+        """One copy out of the arena (RawIOBase's default would copy twice)."""
+        n = self.source.size - self.pos if size is None or size < 0 else size
+        n = max(0, min(n, self.source.size - self.pos))
+        data = bytes(self.source.read(self.pos, n)) if n else b""
+        self._account(data)
+        return data
+
+    def _account(self, data: bytes | memoryview) -> None:
+        if self.pos == self._hashed:
+            self._digest.update(data)
+            self._hashed += len(data)
+        self.pos += len(data)
+
     def readinto(self, buffer: Any) -> int:
         n = max(0, min(len(buffer), self.source.size - self.pos))
         if n:
-            memoryview(buffer).cast("B")[:n] = self.source.read(self.pos, n)
-            self.pos += n
+            view = memoryview(buffer).cast("B")[:n]
+            view[:] = self.source.read(self.pos, n)
+            self._account(view)
         return n

@@ -32,7 +32,7 @@ from typing import IO, Any
 from agent.checkpoint.engines import ArenaFile, Output
 from agent.checkpoint.manifest import Shard, fsync_file, step_name
 from agent.checkpoint.s3_tier import S3Tier, set_thread_nice
-from agent.checkpoint.sources import ArenaSource, FileSource, Source, sha256_source
+from agent.checkpoint.sources import ArenaSource, FileSource, Source, SourceStream, sha256_source
 
 BACKGROUND_NICE = 15
 
@@ -50,6 +50,10 @@ def encode(step_dir: Path, outputs: list[Output]) -> list[dict[str, Any]]:
         else:
             found.append({"path": _rel(step_dir, out), "arena": None, "segments": []})
     return found
+
+
+def _stream_digest(stream: SourceStream) -> str:
+    return stream.hexdigest() or sha256_source(stream.source)
 
 
 def write_locally(outputs: list[Output]) -> None:
@@ -93,11 +97,14 @@ def transfer(
         sources = [_open(step_dir, item) for item in items]
         clock["map_s"] = time.perf_counter() - t0
         writes = [pool.submit(src.write_local) for src in sources if local and isinstance(src, ArenaSource)]
-        hashes = [pool.submit(sha256_source, src) for src in sources]
+        # arena shards going to S3 are hashed as they are read for the upload; the rest side by side
+        streams = {i: SourceStream(src) for i, src in enumerate(sources) if s3 and isinstance(src, ArenaSource)}
+        hashes = {i: pool.submit(sha256_source, src) for i, src in enumerate(sources) if i not in streams}
         if s3 is not None:
-            s3.upload([(src, f"{step_name(step)}/{item['path']}") for src, item in zip(sources, items, strict=True)])
+            bodies = [streams.get(i) or str(src.path) for i, src in enumerate(sources)]
+            s3.upload([(body, f"{step_name(step)}/{item['path']}") for body, item in zip(bodies, items, strict=True)])
         clock["upload_s"] = time.perf_counter() - t0
-        digests = [fut.result() for fut in hashes]
+        digests = [hashes[i].result() if i in hashes else _stream_digest(streams[i]) for i in range(len(sources))]
         clock["sha256_s"] = time.perf_counter() - t0
         for fut in writes:
             fut.result()
@@ -129,7 +136,7 @@ def serve(
     set_thread_nice(nice)  # first, so every thread started later (upload workers too) inherits it
     lane = Lane(uri, nice, workers, max_mb_s)
     if lane.s3 is not None:
-        _ = lane.s3.client  # import boto3 and build the client now, not when the first save is waiting
+        lane.s3.warm()  # import boto3, build the client, make a first request: not while a save waits
     for line in stdin:
         task = json.loads(line)
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +16,7 @@ import torch.distributed.checkpoint as dcp
 from agent.checkpoint.arena import Arena, ArenaPool, arena_size
 from agent.checkpoint.dcp_storage import ArenaStorageWriter, load
 from agent.checkpoint.engines import ArenaFile
-from agent.checkpoint.sources import ArenaSource
+from agent.checkpoint.sources import ArenaSource, SourceStream
 from agent.checkpoint.state import snapshot_tree
 from agent.checkpoint.uploader import encode, transfer
 from spotrelay.errors import CorruptCheckpointError, UnsafeCheckpointError
@@ -135,3 +136,20 @@ def test_pool_reuses_a_free_arena_and_adds_one_only_while_busy() -> None:
     assert pool.acquire(800) is first  # free and big enough: reused, memory already mapped
     pool.release(second)
     pool.close()
+
+
+def test_stream_hashes_what_it_reads_front_to_back_and_only_then(tmp_path: Path) -> None:
+    arena = Arena(4096)
+    arena.bytes.copy_(torch.randint(0, 256, (4096,), dtype=torch.int64).to(torch.uint8))
+    source = ArenaSource(tmp_path / "s.bin", arena.path, [(64, 1000), (2048, 1500)])
+    expected = bytes(source.read(0, source.size))
+    stream = SourceStream(source)
+    assert stream.seek(0, io.SEEK_END) == 2500 and stream.seek(0) == 0
+    assert b"".join(iter(lambda: stream.read(700), b"")) == expected
+    assert stream.hexdigest() == hashlib.sha256(expected).hexdigest()
+    jumpy = SourceStream(source)
+    jumpy.seek(800)
+    jumpy.read(100)
+    assert jumpy.hexdigest() is None  # not read in order: the caller hashes the source itself
+    source.close()
+    arena.close()
