@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from agent.checkpoint.state import is_dtensor
+from agent.checkpoint.state import is_dtensor, is_plain_tensor
 
 ALIGN = 64  # each tensor starts on a cache line
 
@@ -38,7 +38,7 @@ def tensor_nbytes(t: torch.Tensor) -> int:
 
 def tree_tensors(obj: Any) -> Iterable[torch.Tensor]:
     """The plain tensors of a state tree, in the order ``snapshot_tree`` visits them."""
-    if type(obj) is torch.Tensor:
+    if isinstance(obj, torch.Tensor) and is_plain_tensor(obj):
         yield obj
     elif is_dtensor(obj):
         yield obj.to_local()
@@ -106,7 +106,9 @@ class Arena:
 
 
 class ArenaPool:
-    """Arenas sized to the state; ``acquire`` returns a free one big enough, or a new one."""
+    """Arenas sized to the state; ``acquire`` returns the smallest free one big enough, or a new one.
+
+    Arenas live until ``close``: a run's state has the same shapes from one save to the next."""
 
     def __init__(self) -> None:
         self._arenas: list[Arena] = []
@@ -114,14 +116,10 @@ class ArenaPool:
 
     def acquire(self, size: int) -> Arena:
         with self._lock:
-            for arena in self._arenas:
-                if not arena.busy and arena.size >= size:
-                    break
+            fits = [a for a in self._arenas if not a.busy and a.size >= size]
+            if fits:  # best fit: DeepSpeed saves files of different sizes, each into its own arena
+                arena = min(fits, key=lambda a: a.size)
             else:
-                spare = [a for a in self._arenas if not a.busy]  # too small: the state grew
-                for old in spare:
-                    self._arenas.remove(old)
-                    old.close()
                 arena = Arena(size)
                 self._arenas.append(arena)
             arena.busy, arena.used = True, 0

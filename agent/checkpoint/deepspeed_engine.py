@@ -2,8 +2,10 @@
 
 DeepSpeed's ``save_checkpoint`` decides what each rank saves (ZeRO 0-3 partitions, module
 states, LR scheduler, client state) and hands every file to ``checkpoint_engine.save``. Ours
-copies the tensors into CPU memory and returns; the background thread ``torch.save``s them.
-Loading goes through ``safe_torch_load`` (weights_only), never DeepSpeed's pickle load.
+copies the file's tensors into a shared-memory arena and returns. The background thread writes a
+small skeleton per file; the uploader helper writes, hashes and uploads the tensor bytes from
+the arena (agent.checkpoint.arena_files). Loading reads skeletons with ``weights_only=True`` and
+rebuilds tensors from raw bytes, never DeepSpeed's pickle load.
 """
 
 from __future__ import annotations
@@ -14,33 +16,37 @@ from typing import Any
 
 import torch
 
-from agent.checkpoint.engines import Output, Snapshot
-from agent.checkpoint.safety import safe_torch_load
-from agent.checkpoint.state import BufferPool, snapshot_tree
+from agent.checkpoint import arena_files
+from agent.checkpoint.arena import Arena, ArenaPool, arena_size
+from agent.checkpoint.engines import ArenaFile, Output, Snapshot
+from agent.checkpoint.state import snapshot_tree
 
 try:
     from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 except ImportError:  # pragma: no cover - only the DDP path runs without DeepSpeed
     CheckpointEngine = object
 
+Pending = tuple[str, dict[str, Any], Arena, list[tuple[int, int]]]  # path, skeleton, arena, segments
+
 
 class SnapshotCheckpointEngine(CheckpointEngine):
-    """Collects (path, CPU copy) pairs during ``save_checkpoint``; writes them later."""
+    """Snapshots each file DeepSpeed saves into an arena during ``save_checkpoint``."""
 
     def __init__(self) -> None:
         self.name = "SpotrelaySnapshotEngine"
-        self.pending: list[tuple[str, Any]] = []
-        self.pool = BufferPool()
-        self.lease: list[torch.Tensor] = []
+        self.pending: list[Pending] = []
+        self.arenas = ArenaPool()
 
     def create(self, info: Any) -> None:
-        self.pending, self.lease = [], []
+        self.pending = []
 
     def save(self, state_dict: Any, path: str) -> None:
-        self.pending.append((path, snapshot_tree(state_dict, self.pool, self.lease)))
+        arena = self.arenas.acquire(arena_size(state_dict))
+        skeleton, segments = arena_files.split(snapshot_tree(state_dict, arena, []), arena)
+        self.pending.append((path, skeleton, arena, segments))
 
     def load(self, path: str, map_location: Any = None) -> Any:
-        return safe_torch_load(path, map_location=map_location)
+        return arena_files.load(path, map_location=map_location)
 
     def commit(self, info: Any) -> bool:
         return True
@@ -48,9 +54,9 @@ class SnapshotCheckpointEngine(CheckpointEngine):
     def preserves_storage_sharing(self) -> bool:
         return False  # we copy every tensor ourselves; DeepSpeed's extra clone would double it
 
-    def take(self) -> tuple[list[tuple[str, Any]], list[torch.Tensor]]:
-        pending, lease, self.pending, self.lease = self.pending, self.lease, [], []
-        return pending, lease
+    def take(self) -> list[Pending]:
+        pending, self.pending = self.pending, []
+        return pending
 
 
 class DeepSpeedEngine:
@@ -64,20 +70,23 @@ class DeepSpeedEngine:
     def snapshot(self, root: Path, step_dir: Path) -> Snapshot:
         self.engine.checkpoint_engine = self.ckpt
         self.engine.save_checkpoint(str(root), tag=step_dir.name, save_latest=False)
-        pending, lease = self.ckpt.take()
+        pending = self.ckpt.take()
 
         def write() -> list[Output]:
             files: list[Output] = []
-            for path, state in pending:
+            for path, skeleton, arena, segments in pending:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                torch.save(state, path)
+                torch.save(skeleton, path)
                 files.append(Path(path))
-            pending.clear()
-            self.ckpt.pool.give_back(lease)  # written: the next snapshot may reuse these buffers
-            lease.clear()
+                if segments:
+                    files.append(ArenaFile(path=arena_files.sidecar(Path(path)), arena=arena.path, segments=segments))
             return files
 
-        return Snapshot(write=write)
+        def release() -> None:
+            for _, _, arena, _ in pending:
+                self.ckpt.arenas.release(arena)
+
+        return Snapshot(write=write, release=release)
 
     def load(self, root: Path, step_dir: Path) -> None:
         self.engine.checkpoint_engine = self.ckpt
@@ -99,4 +108,4 @@ class DeepSpeedEngine:
         }
 
     def close(self) -> None:
-        return None
+        self.ckpt.arenas.close()

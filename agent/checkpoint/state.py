@@ -93,6 +93,11 @@ def _copy_dtensor(obj: Any, pool: Buffers, lease: list[torch.Tensor]) -> Any:
     )
 
 
+def is_plain_tensor(obj: Any) -> bool:
+    """A tensor that owns ordinary memory (not a DTensor, ShardedTensor or other subclass)."""
+    return type(obj) in (torch.Tensor, torch.nn.Parameter)
+
+
 def is_dtensor(obj: Any) -> bool:
     return type(obj).__name__ == "DTensor" and type(obj).__module__.startswith("torch.distributed")
 
@@ -106,7 +111,7 @@ def snapshot_tree(obj: Any, pool: Buffers | None = None, lease: list[torch.Tenso
     if isinstance(obj, torch.Tensor):
         if pool is not None and lease is not None and is_dtensor(obj) and obj.device.type == "cpu":
             return _copy_dtensor(obj, pool, lease)
-        if pool is None or lease is None or type(obj) is not torch.Tensor:  # anything else: plain copy
+        if pool is None or lease is None or not is_plain_tensor(obj):  # anything else: plain copy
             return obj.detach().to("cpu", copy=True)
         buf = pool.take(obj)
         buf.copy_(obj.detach())

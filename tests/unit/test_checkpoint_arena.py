@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from agent.checkpoint import arena_files
 from agent.checkpoint.arena import Arena, ArenaPool, arena_size
 from agent.checkpoint.dcp_storage import ArenaStorageWriter, load
 from agent.checkpoint.engines import ArenaFile
@@ -153,3 +155,61 @@ def test_stream_hashes_what_it_reads_front_to_back_and_only_then(tmp_path: Path)
     assert jumpy.hexdigest() is None  # not read in order: the caller hashes the source itself
     source.close()
     arena.close()
+
+
+def _write_skeleton_file(tree: Any, path: Path, pool: ThreadPoolExecutor) -> Arena:
+    """What the DeepSpeed engine does per file: snapshot, skeleton via torch.save, tensors by the helper."""
+    arena = Arena(arena_size(tree))
+    skeleton, segments = arena_files.split(snapshot_tree(tree, arena, []), arena)
+    torch.save(skeleton, path)
+    outputs: list[Any] = [path]
+    if segments:
+        outputs.append(ArenaFile(path=arena_files.sidecar(path), arena=arena.path, segments=segments))
+    transfer(path.parent, encode(path.parent, outputs), rank=0, step=1, s3=None, pool=pool)
+    return arena
+
+
+def test_deepspeed_style_file_round_trips_through_skeleton_and_tensors(
+    tmp_path: Path, pool: ThreadPoolExecutor
+) -> None:
+    tree = {
+        "module": OrderedDict(w=torch.nn.Parameter(torch.randn(4, 3)), b=torch.randn(3).to(torch.bfloat16)),
+        "optimizer": {"state": {0: {"exp_avg": torch.randn(12), "step": torch.tensor(5)}}, "groups": [(0.9, 0.99)]},
+        "empty": torch.empty(0, 2),
+        "iteration": 7,
+        "name": "zero",
+    }
+    path = tmp_path / "mp_rank_00_model_states.pt"
+    arena = _write_skeleton_file(tree, path, pool)
+    assert path.stat().st_size < 4096 and arena_files.sidecar(path).stat().st_size == 48 + 6 + 48 + 8
+    loaded = arena_files.load(path, map_location="cpu")
+    assert type(loaded["module"]) is OrderedDict and loaded["iteration"] == 7 and loaded["name"] == "zero"
+    assert torch.equal(loaded["module"]["w"], tree["module"]["w"].detach())
+    assert loaded["module"]["b"].dtype == torch.bfloat16 and torch.equal(loaded["module"]["b"], tree["module"]["b"])
+    assert torch.equal(loaded["optimizer"]["state"][0]["exp_avg"], tree["optimizer"]["state"][0]["exp_avg"])
+    assert loaded["optimizer"]["state"][0]["step"].item() == 5 and loaded["optimizer"]["groups"] == [(0.9, 0.99)]
+    assert loaded["empty"].shape == (0, 2)
+    arena_files.sidecar(path).write_bytes(b"\0" * 10)
+    with pytest.raises(CorruptCheckpointError, match="shorter"):
+        arena_files.load(path)
+    arena.close()
+
+
+def test_file_without_arena_tensors_and_plain_torch_files_load(tmp_path: Path, pool: ThreadPoolExecutor) -> None:
+    path = tmp_path / "zero_pp_rank_1_mp_rank_00_model_states.pt"
+    arena = _write_skeleton_file({"w": torch.empty(0), "step": 3}, path, pool)  # ZeRO-3: all placeholders
+    assert not arena_files.sidecar(path).exists()
+    assert arena_files.load(path)["step"] == 3
+    plain = tmp_path / "plain.pt"
+    torch.save({"w": torch.ones(2)}, plain)
+    assert torch.equal(arena_files.load(plain)["w"], torch.ones(2))
+    arena.close()
+
+
+def test_a_malicious_skeleton_is_refused(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    torch.save({"format": arena_files.FORMAT, "tree": _Payload(marker), "tensors": []}, path)
+    with pytest.raises(UnsafeCheckpointError):
+        arena_files.load(path)
+    assert not marker.exists()
