@@ -123,17 +123,65 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: int, w
     return float(loss)
 
 
+def mlp(width: int, layers: int) -> nn.Module:
+    return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(layers)])
+
+
+def build_torch(args: argparse.Namespace, options: dict[str, Any]) -> tuple[Session, Any, Any]:
+    """Plain torch + AdamW: state = parameters + 2 moments (3 copies of the parameters)."""
+    width = args.width
+    layers = args.layers = max(1, round(args.state_mb * MB / (3 * 4 * (width * width + width))))
+    model = mlp(width, layers)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    session = spotrelay_session(model, optimizer, **options)
+    return session, lambda: train_step(model, optimizer, args.batch, width), lambda: state_tensors(model, optimizer)
+
+
+def build_deepspeed(args: argparse.Namespace, options: dict[str, Any]) -> tuple[Session, Any, Any]:
+    """DeepSpeed ZeRO-2, one gloo rank: state = parameters, fp32 partition and 2 moments (4 copies)."""
+    import deepspeed
+
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1"})
+    os.environ.update({"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
+    deepspeed.init_distributed(dist_backend="gloo")
+    width = args.width
+    layers = args.layers = max(1, round(args.state_mb * MB / (4 * 4 * (width * width + width))))
+    config = {
+        "train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+        "zero_optimization": {"stage": 2}, "steps_per_print": 10**9,
+    }  # fmt: skip
+    model = mlp(width, layers)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    session = spotrelay_session(engine, **options)
+
+    def step() -> float:
+        x = torch.randn(args.batch, width)
+        loss = (engine(x) - x).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+        return float(loss)
+
+    return session, step, lambda: flat_state(session)
+
+
+def flat_state(session: Session) -> list[torch.Tensor]:
+    """DeepSpeed's state is spread over its internals: a flat buffer as large as the checkpoint
+    (one ``copy_`` of it is the fastest way to copy those bytes: the strictest baseline)."""
+    step = session.local.latest()
+    assert step is not None
+    return [torch.ones(session.local.manifest(step).total_bytes, dtype=torch.uint8)]
+
+
 def run(args: argparse.Namespace, work: Path, bucket: str) -> dict[str, Any]:
     torch.manual_seed(0)
-    width = args.width
-    layers = max(1, round(args.state_mb * MB / (3 * 4 * (width * width + width))))
-    model = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(layers)])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     control = work / "control"
-    session: Session = spotrelay_session(
-        model, optimizer, checkpoint_dir=work / "ckpt", checkpoint_uri=f"s3://{bucket}/checkpoints/bench",
-        control_dir=control, keep_local=2, keep_s3=2, save_final=False,
-    )  # fmt: skip
+    options = {
+        "checkpoint_dir": work / "ckpt", "checkpoint_uri": f"s3://{bucket}/checkpoints/bench",
+        "control_dir": control, "keep_local": 2, "keep_s3": 2, "save_final": False,
+    }  # fmt: skip
+    build = build_deepspeed if args.engine == "deepspeed" else build_torch
+    session, train, tensors_now = build(args, options)
     session.config.every_steps = None
     block, warmup = args.every, 3
     total = warmup + 2 * block * args.rounds + 1
@@ -148,7 +196,7 @@ def run(args: argparse.Namespace, work: Path, bucket: str) -> dict[str, Any]:
             index = (step - 1 - warmup) // block
             times["ckpt" if index % 2 else "none"].append(now - last)
         last = now
-        train_step(model, optimizer, args.batch, width)
+        train()
         rel = step - warmup
         if rel >= 0 and rel < 2 * block * args.rounds and (rel // block) % 2 == 1 and rel % block == 0:
             session.request_checkpoint()  # the first step of every checkpoint block saves
@@ -173,7 +221,7 @@ def run(args: argparse.Namespace, work: Path, bucket: str) -> dict[str, Any]:
     step_dir = session.local.step_dir(emergency.step)
     manifest = session.local.manifest(emergency.step)
     files = [step_dir / s.path for s in manifest.shards]
-    tensors = state_tensors(model, optimizer)
+    tensors = tensors_now()
     state_bytes = sum(t.numel() * t.element_size() for t in tensors)
     memcpy_s = memcpy_seconds(tensors)
     assert session.s3 is not None
@@ -181,7 +229,8 @@ def run(args: argparse.Namespace, work: Path, bucket: str) -> dict[str, Any]:
     upload_s = (upload_before + upload_after) / 2  # before and after the flush: load drift cancels
     code = session.close()
     return {
-        "layers": layers, "width": width, "state_bytes": state_bytes, "checkpoint_bytes": manifest.total_bytes,
+        "engine": args.engine, "layers": args.layers, "width": args.width, "state_bytes": state_bytes,
+        "checkpoint_bytes": manifest.total_bytes,
         "step_none_s": statistics.median(times["none"]), "step_ckpt_s": statistics.mean(times["ckpt"]),
         "step_none_mean_s": statistics.mean(times["none"]), "stall_s": statistics.median(stalls),
         "memcpy_s": memcpy_s, "flush_s": flush_s, "plain_upload_s": upload_s, "exit_code": code,
@@ -194,6 +243,7 @@ def run(args: argparse.Namespace, work: Path, bucket: str) -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--state-mb", type=float, default=300, help="parameters + AdamW state, MB")
+    p.add_argument("--engine", choices=["torch", "deepspeed"], default="torch", help="DCP or DeepSpeed ZeRO-2")
     p.add_argument("--width", type=int, default=2048)
     p.add_argument("--batch", type=int, default=80)
     p.add_argument("--every", type=int, default=50, help="steps per block (one checkpoint per block)")
@@ -219,9 +269,8 @@ def main() -> None:
     stall_ratio = r["stall_s"] / r["memcpy_s"]
     overhead = r["step_ckpt_s"] / r["step_none_mean_s"] - 1
     flush_ratio = r["flush_s"] / r["plain_upload_s"]
-    print(
-        f"state (params + AdamW): {r['state_bytes'] / MB:.1f} MB; checkpoint files: {r['checkpoint_bytes'] / MB:.1f} MB"
-    )
+    state_mb, files_mb = r["state_bytes"] / MB, r["checkpoint_bytes"] / MB
+    print(f"{r['engine']}: checkpointed state {state_mb:.1f} MB; checkpoint files {files_mb:.1f} MB")
     print(f"model: {r['layers']} x Linear({r['width']}, {r['width']}); step {r['step_none_s']:.3f} s (median)")
     print(f"stall per checkpoint {r['stall_s']:.3f} s (median of {r['checkpoints']}); memcpy {r['memcpy_s']:.3f} s")
     print(
