@@ -20,7 +20,7 @@ import torch
 
 from agent.checkpoint.arena import Arena, tensor_nbytes
 from agent.checkpoint.safety import safe_torch_load
-from agent.checkpoint.state import is_plain_tensor
+from agent.checkpoint.state import is_plain_tensor, map_tree
 from spotrelay.errors import CorruptCheckpointError
 
 FORMAT = "spotrelay-arena-1"
@@ -38,32 +38,22 @@ def split(tree: Any, arena: Arena) -> tuple[dict[str, Any], list[tuple[int, int]
     segments: list[tuple[int, int]] = []
     pos = 0
 
-    def walk(obj: Any) -> Any:
+    def leaf(obj: Any) -> Any:
         nonlocal pos
-        if isinstance(obj, torch.Tensor) and is_plain_tensor(obj):
-            where = arena.offset_of(obj)
-            if where is None:  # empty, or not copied into the arena: stays in the skeleton
-                return obj
-            n = tensor_nbytes(obj)
-            dtype = str(obj.dtype).removeprefix("torch.")
-            specs.append({"offset": pos, "nbytes": n, "dtype": dtype, "shape": list(obj.shape)})
-            if segments and sum(segments[-1]) == where:
-                segments[-1] = (segments[-1][0], segments[-1][1] + n)
-            else:
-                segments.append((where, n))
-            pos += n
-            return {MARK: len(specs) - 1}
-        if isinstance(obj, dict):
-            items = [(k, walk(v)) for k, v in obj.items()]
-            return dict(items) if type(obj) is dict else type(obj)(items)
-        if isinstance(obj, list):
-            return [walk(v) for v in obj]
-        if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-            return tuple(walk(v) for v in obj)
-        return obj
+        where = arena.offset_of(obj) if isinstance(obj, torch.Tensor) and is_plain_tensor(obj) else None
+        if where is None:  # not a tensor, empty, or not in the arena: stays in the skeleton
+            return obj
+        n = tensor_nbytes(obj)
+        dtype = str(obj.dtype).removeprefix("torch.")
+        specs.append({"offset": pos, "nbytes": n, "dtype": dtype, "shape": list(obj.shape)})
+        if segments and sum(segments[-1]) == where:
+            segments[-1] = (segments[-1][0], segments[-1][1] + n)
+        else:
+            segments.append((where, n))
+        pos += n
+        return {MARK: len(specs) - 1}
 
-    tree = walk(tree)
-    return {"format": FORMAT, "tree": tree, "tensors": specs}, segments
+    return {"format": FORMAT, "tree": map_tree(tree, leaf), "tensors": specs}, segments
 
 
 def load(path: Path | str, map_location: Any = None) -> Any:
@@ -87,19 +77,15 @@ def load(path: Path | str, map_location: Any = None) -> Any:
         count = int(spec["nbytes"]) // torch.empty((), dtype=dtype).element_size()
         flat = torch.frombuffer(raw, dtype=dtype, count=count, offset=int(spec["offset"]))
         tensors.append(flat.reshape(spec["shape"]))
-    device = map_location if isinstance(map_location, str | torch.device) else None
-    return _join(loaded["tree"], tensors, device)
+    device = map_location if isinstance(map_location, str | torch.device) and str(map_location) != "cpu" else None
 
+    def is_mark(obj: Any) -> bool:
+        return isinstance(obj, dict) and set(obj) == {MARK}
 
-def _join(obj: Any, tensors: list[torch.Tensor], device: Any) -> Any:
-    if isinstance(obj, dict):
-        if set(obj) == {MARK}:
-            found = tensors[int(obj[MARK])]
-            return found.to(device) if device is not None and str(device) != "cpu" else found
-        items = [(k, _join(v, tensors, device)) for k, v in obj.items()]
-        return dict(items) if type(obj) is dict else type(obj)(items)
-    if isinstance(obj, list):
-        return [_join(v, tensors, device) for v in obj]
-    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_join(v, tensors, device) for v in obj)
-    return obj
+    def leaf(obj: Any) -> Any:
+        if not is_mark(obj):
+            return obj
+        found = tensors[int(obj[MARK])]
+        return found.to(device) if device is not None else found
+
+    return map_tree(loaded["tree"], leaf, stop=is_mark)

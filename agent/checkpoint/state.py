@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import random
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -102,13 +103,31 @@ def is_dtensor(obj: Any) -> bool:
     return type(obj).__name__ == "DTensor" and type(obj).__module__.startswith("torch.distributed")
 
 
+def map_tree(obj: Any, leaf: Callable[[Any], Any], stop: Callable[[Any], bool] = lambda _: False) -> Any:
+    """Rebuild dicts (keeping their type), lists and plain tuples around ``leaf`` of everything
+    else; ``stop`` marks containers that are leaves too."""
+    if stop(obj):
+        return leaf(obj)
+    if isinstance(obj, dict):
+        items = [(k, map_tree(v, leaf, stop)) for k, v in obj.items()]
+        return dict(items) if type(obj) is dict else type(obj)(items)
+    if isinstance(obj, list):
+        return [map_tree(v, leaf, stop) for v in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(map_tree(v, leaf, stop) for v in obj)
+    return leaf(obj)
+
+
 def snapshot_tree(obj: Any, pool: Buffers | None = None, lease: list[torch.Tensor] | None = None) -> Any:
     """A copy of a state tree whose tensors no longer alias live training memory (one memcpy).
 
     With a pool, the copies come from it and are appended to ``lease``; hand them back with
     ``pool.give_back(lease)`` once they are written.
     """
-    if isinstance(obj, torch.Tensor):
+
+    def leaf(obj: Any) -> Any:
+        if not isinstance(obj, torch.Tensor):
+            return copy.deepcopy(obj)
         if pool is not None and lease is not None and is_dtensor(obj) and obj.device.type == "cpu":
             return _copy_dtensor(obj, pool, lease)
         if pool is None or lease is None or not is_plain_tensor(obj):  # anything else: plain copy
@@ -117,14 +136,8 @@ def snapshot_tree(obj: Any, pool: Buffers | None = None, lease: list[torch.Tenso
         buf.copy_(obj.detach())
         lease.append(buf)
         return buf
-    if isinstance(obj, dict):
-        items = [(k, snapshot_tree(v, pool, lease)) for k, v in obj.items()]
-        return dict(items) if type(obj) is dict else type(obj)(items)
-    if isinstance(obj, list):
-        return [snapshot_tree(v, pool, lease) for v in obj]
-    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(snapshot_tree(v, pool, lease) for v in obj)
-    return copy.deepcopy(obj)
+
+    return map_tree(obj, leaf)
 
 
 def save_trainer_state(path: Path, state: dict[str, Any]) -> None:

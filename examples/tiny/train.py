@@ -31,7 +31,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from agent.training import spotrelay_session  # noqa: E402
+from agent.training import Session, spotrelay_session  # noqa: E402
 from spotrelay.contracts.control import ENV_CONTROL_DIR, RequestKind, StopRequest, write_request  # noqa: E402
 
 VOCAB, SEQ = 64, 16
@@ -98,6 +98,32 @@ def build(args: argparse.Namespace, loader: StatefulDataLoader) -> tuple[Any, An
     return (ddp, optimizer, scheduler), optimizer, session
 
 
+def run_steps(session: Session, stepper: Any, deepspeed: bool, args: argparse.Namespace, rank: int) -> list[Any]:
+    """The training loop: a DeepSpeed engine steps itself; otherwise (model, optimizer, scheduler).
+    ``--stop-at k`` has rank 0 ask for checkpoint_and_stop during step k-1, as the agent would."""
+    losses: list[tuple[int, float]] = []
+    for step, (tokens,) in session.steps(args.steps):
+        if deepspeed:
+            loss = lm_loss(stepper, tokens)
+            stepper.backward(loss)
+            stepper.step()
+        else:
+            model, opt, sched = stepper
+            opt.zero_grad(set_to_none=True)
+            loss = lm_loss(model, tokens)
+            loss.backward()
+            opt.step()
+            sched.step()
+        session.step_done(loss, samples=tokens.shape[0])
+        losses.append((step, loss.item()))
+        if args.stop_at is not None and step == args.stop_at - 1 and rank == 0:
+            control = Path(os.environ[ENV_CONTROL_DIR])
+            write_request(control, StopRequest(request_id=f"stop-{step}", kind=RequestKind.CHECKPOINT_AND_STOP,
+                                               deadline=time.time() + 120, reason="test"))  # fmt: skip
+        time.sleep(getattr(args, "step_sleep", 0.0))
+    return losses
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--engine", choices=["deepspeed", "ddp"], default="ddp")
@@ -133,26 +159,7 @@ def main() -> int:
     loader = StatefulDataLoader(dataset, batch_size=args.batch, sampler=sampler, shuffle=sampler is None)
     stepper, optimizer, session = build(args, loader)
 
-    losses: list[tuple[int, float]] = []
-    for step, (tokens,) in session.steps(args.steps):
-        if args.engine == "deepspeed":
-            loss = lm_loss(stepper, tokens)
-            stepper.backward(loss)
-            stepper.step()
-        else:
-            model, opt, sched = stepper
-            opt.zero_grad(set_to_none=True)
-            loss = lm_loss(model, tokens)
-            loss.backward()
-            opt.step()
-            sched.step()
-        session.step_done(loss, samples=tokens.shape[0])
-        losses.append((step, loss.item()))
-        if args.stop_at is not None and step == args.stop_at - 1 and rank == 0:
-            control = Path(os.environ[ENV_CONTROL_DIR])
-            write_request(control, StopRequest(request_id=f"stop-{step}", kind=RequestKind.CHECKPOINT_AND_STOP,
-                                               deadline=time.time() + 120, reason="test"))  # fmt: skip
-        time.sleep(args.step_sleep)
+    losses = run_steps(session, stepper, args.engine == "deepspeed", args, rank)
     code = session.close()
     if args.out:
         model_for_hash = stepper.module if args.engine == "deepspeed" else stepper[0]

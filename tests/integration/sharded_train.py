@@ -13,10 +13,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import random
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +27,9 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "examples" / "tiny")]
 
-from train import SEQ, VOCAB, TinyLM, lm_loss, tensor_digest  # noqa: E402
+from train import SEQ, VOCAB, TinyLM, run_steps, tensor_digest  # noqa: E402
 
 from agent.training import spotrelay_session  # noqa: E402
-from spotrelay.contracts.control import ENV_CONTROL_DIR, RequestKind, StopRequest, write_request  # noqa: E402
 
 LR = 3e-3
 
@@ -133,25 +130,7 @@ def main() -> int:
     loader = StatefulDataLoader(dataset, batch_size=args.batch, sampler=sampler)
     stepper, session = (build_zero3 if args.engine == "zero3" else build_fsdp)(args, loader)
 
-    losses: list[tuple[int, float]] = []
-    for step, (tokens,) in session.steps(args.steps):
-        if args.engine == "zero3":
-            loss = lm_loss(stepper, tokens)
-            stepper.backward(loss)
-            stepper.step()
-        else:
-            model, opt, sched = stepper
-            opt.zero_grad(set_to_none=True)
-            loss = lm_loss(model, tokens)
-            loss.backward()
-            opt.step()
-            sched.step()
-        session.step_done(loss, samples=tokens.shape[0])
-        losses.append((step, loss.item()))
-        if args.stop_at is not None and step == args.stop_at - 1 and rank == 0:
-            write_request(Path(os.environ[ENV_CONTROL_DIR]), StopRequest(
-                request_id=f"stop-{step}", kind=RequestKind.CHECKPOINT_AND_STOP,
-                deadline=time.time() + 120, reason="test"))  # fmt: skip
+    losses = run_steps(session, stepper, args.engine == "zero3", args, rank)
     code = session.close()
     result: dict[str, Any] = digest_zero3(stepper) if args.engine == "zero3" else digest_fsdp(stepper)
     result.update(losses=losses, exit=code, resumed_from=session.resumed_from)

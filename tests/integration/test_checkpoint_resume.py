@@ -8,17 +8,14 @@ the ranks agree on it with the all-reduce and exit PREEMPTED_SAVED after the com
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from spotrelay.contracts import control
 from spotrelay.contracts.exit_codes import ExitCode
 from tests.conftest import ROOT
+from tests.integration.torchrun import result, torchrun
 
 pytestmark = pytest.mark.slow
 TRAIN = ROOT / "examples" / "tiny" / "train.py"
@@ -26,22 +23,12 @@ STEPS, STOP_AT = 8, 3
 
 
 def _torchrun(tmp: Path, name: str, engine: str, ckpt: Path, env: dict[str, str], *extra: str) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(TRAIN)]
-    cmd += ["--engine", engine, "--steps", str(STEPS), "--checkpoint-dir", str(ckpt), "--out", str(tmp / name)]
-    cmd += extra
-    full_env = {**os.environ, "PYTHONWARNINGS": "ignore", control.ENV_CONTROL_DIR: str(tmp / "control"), **env}
-    result = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=400, check=False)
-    if not (tmp / f"{name}.rank0.json").exists():
-        pytest.fail(f"{name} wrote no result (rc {result.returncode}):\n{result.stderr[-4000:]}")
-
-
-def _result(tmp: Path, name: str, rank: int) -> dict[str, Any]:
-    return dict(json.loads((tmp / f"{name}.rank{rank}.json").read_text()))
+    torchrun(TRAIN, tmp, name, ckpt, ["--engine", engine, "--steps", str(STEPS), *extra], env=env)
 
 
 def _check_bit_identical(tmp: Path, events_dir: Path) -> None:
     for rank in (0, 1):
-        straight, stopped, resumed = (_result(tmp, n, rank) for n in ("straight", "stopped", "resumed"))
+        straight, stopped, resumed = (result(tmp, n, rank) for n in ("straight", "stopped", "resumed"))
         assert [s for s, _ in stopped["losses"]] == list(range(STOP_AT))
         assert stopped["exit"] == ExitCode.PREEMPTED_SAVED
         assert resumed["resumed_from"] == STOP_AT and resumed["exit"] == ExitCode.DONE

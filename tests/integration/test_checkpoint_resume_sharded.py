@@ -10,9 +10,6 @@ misplaced any shard fails.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +18,7 @@ import pytest
 from spotrelay.contracts import control
 from spotrelay.contracts.exit_codes import ExitCode
 from tests.conftest import ROOT
+from tests.integration.torchrun import result, torchrun
 
 pytestmark = pytest.mark.slow
 TRAIN = ROOT / "tests" / "integration" / "sharded_train.py"
@@ -28,17 +26,7 @@ STEPS, STOP_AT = 8, 4
 
 
 def _torchrun(tmp: Path, name: str, engine: str, ckpt: Path, *extra: str) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(TRAIN)]
-    cmd += ["--engine", engine, "--steps", str(STEPS), "--checkpoint-dir", str(ckpt), "--out", str(tmp / name)]
-    cmd += extra
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", control.ENV_CONTROL_DIR: str(tmp / "control")}
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, check=False)
-    if not all((tmp / f"{name}.rank{r}.json").exists() for r in (0, 1)):
-        pytest.fail(f"{name} wrote no result (rc {result.returncode}):\n{result.stderr[-4000:]}")
-
-
-def _result(tmp: Path, name: str, rank: int) -> dict[str, Any]:
-    return dict(json.loads((tmp / f"{name}.rank{rank}.json").read_text()))
+    torchrun(TRAIN, tmp, name, ckpt, ["--engine", engine, "--steps", str(STEPS), *extra], timeout=240)
 
 
 def _stop_and_resume(tmp: Path, engine: str) -> dict[str, Any]:
@@ -47,7 +35,7 @@ def _stop_and_resume(tmp: Path, engine: str) -> dict[str, Any]:
     _torchrun(tmp, "stopped", engine, tmp / "ckpt", "--stop-at", str(STOP_AT))
     _torchrun(tmp, "resumed", engine, tmp / "ckpt")
     for rank in (0, 1):
-        straight, stopped, resumed = (_result(tmp, n, rank) for n in ("straight", "stopped", "resumed"))
+        straight, stopped, resumed = (result(tmp, n, rank) for n in ("straight", "stopped", "resumed"))
         assert [s for s, _ in stopped["losses"]] == list(range(STOP_AT))
         assert stopped["exit"] == ExitCode.PREEMPTED_SAVED
         assert resumed["resumed_from"] == STOP_AT and resumed["exit"] == ExitCode.DONE
@@ -55,8 +43,8 @@ def _stop_and_resume(tmp: Path, engine: str) -> dict[str, Any]:
         assert resumed["params_sha256"] == straight["params_sha256"]  # gathered full parameters
         assert resumed["optim_sha256"] == straight["optim_sha256"]  # this rank's optimizer shard
         assert stopped["params_sha256"] != straight["params_sha256"]  # the digest sees training
-    assert _result(tmp, "straight", 0)["params_sha256"] == _result(tmp, "straight", 1)["params_sha256"]
-    assert _result(tmp, "straight", 0)["optim_sha256"] != _result(tmp, "straight", 1)["optim_sha256"]  # sharded
+    assert result(tmp, "straight", 0)["params_sha256"] == result(tmp, "straight", 1)["params_sha256"]
+    assert result(tmp, "straight", 0)["optim_sha256"] != result(tmp, "straight", 1)["optim_sha256"]  # sharded
     events, _ = control.read_events(tmp / "control")
     committed = [e for e in events if e.kind == "checkpoint_committed" and e.emergency]
     assert [e.step for e in committed] == [STOP_AT] and committed[0].request_id == f"stop-{STOP_AT - 1}"
