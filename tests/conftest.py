@@ -51,3 +51,13 @@ def load_event(name: str) -> dict[str, Any]:
 
     data: dict[str, Any] = json.loads((EVENTS / name).read_text())
     return data
+
+
+class MaliciousPayload:
+    """Unpickling this runs ``os.system`` (writes a marker file): the classic malicious checkpoint."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))

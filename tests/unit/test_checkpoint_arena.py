@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +21,7 @@ from agent.checkpoint.sources import ArenaSource, SourceStream
 from agent.checkpoint.state import snapshot_tree
 from agent.checkpoint.uploader import encode, transfer
 from spotrelay.errors import CorruptCheckpointError, UnsafeCheckpointError
+from tests.conftest import MaliciousPayload
 
 
 def _live() -> dict[str, Any]:
@@ -88,19 +88,10 @@ def test_a_tensor_outside_the_arena_is_written_with_the_objects(tmp_path: Path) 
     assert torch.equal(loaded["t"], outside) and loaded["n"] == 5
 
 
-class _Payload:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[object, tuple[str]]:
-        return (os.system, (f"touch {self.marker}",))
-
-
 def test_a_malicious_object_item_is_refused_before_unpickling(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
-    dcp.save(
-        {"w": torch.ones(2), "evil": _Payload(marker)}, storage_writer=ArenaStorageWriter(tmp_path, None), no_dist=True
-    )
+    state = {"w": torch.ones(2), "evil": MaliciousPayload(marker)}
+    dcp.save(state, storage_writer=ArenaStorageWriter(tmp_path, None), no_dist=True)
     with pytest.raises(UnsafeCheckpointError, match=r"system"):
         load({"w": torch.zeros(2), "evil": None}, tmp_path, no_dist=True)
     assert not marker.exists()
@@ -209,7 +200,7 @@ def test_file_without_arena_tensors_and_plain_torch_files_load(tmp_path: Path, p
 def test_a_malicious_skeleton_is_refused(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     path = tmp_path / "evil.pt"
-    torch.save({"format": arena_files.FORMAT, "tree": _Payload(marker), "tensors": []}, path)
+    torch.save({"format": arena_files.FORMAT, "tree": MaliciousPayload(marker), "tensors": []}, path)
     with pytest.raises(UnsafeCheckpointError):
         arena_files.load(path)
     assert not marker.exists()

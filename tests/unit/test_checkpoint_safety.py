@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 from pathlib import Path
 
@@ -11,22 +10,13 @@ import torch
 
 from agent.checkpoint.safety import check_file, check_pickle, safe_torch_load
 from spotrelay.errors import UnsafeCheckpointError
-
-
-class _Payload:
-    """Unpickling this runs ``os.system`` (writes a marker file): the classic malicious checkpoint."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[object, tuple[str]]:
-        return (os.system, (f"touch {self.marker}",))
+from tests.conftest import MaliciousPayload
 
 
 def test_malicious_torch_file_is_refused_and_runs_nothing(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     path = tmp_path / "model.pt"
-    torch.save({"weights": torch.ones(2), "evil": _Payload(marker)}, path)
+    torch.save({"weights": torch.ones(2), "evil": MaliciousPayload(marker)}, path)
     with pytest.raises(UnsafeCheckpointError, match="refused"):
         safe_torch_load(path)
     assert not marker.exists()
@@ -41,7 +31,7 @@ def test_plain_weights_load(tmp_path: Path) -> None:
 
 def test_raw_pickle_with_os_system_is_refused(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
-    data = pickle.dumps(_Payload(marker))
+    data = pickle.dumps(MaliciousPayload(marker))
     with pytest.raises(UnsafeCheckpointError, match=r"posix\.system|os\.system"):
         check_pickle(data, "meta")
     path = tmp_path / ".metadata"
