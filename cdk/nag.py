@@ -90,6 +90,11 @@ _LOG_DELIVERY = (
 STAR_RESOURCE_REASONS: tuple[tuple[str, str], ...] = (
     ("xray:", "X-Ray trace and sampling calls support no resource-level permissions"),
     ("ec2:Describe", "EC2 Describe* calls support no resource-level permissions"),
+    (
+        "iam:ListRoles",
+        "ListRoles supports no resource-level permissions; reconcile lists the /spotrelay/ path and reads "
+        "the tags of its own per-job roles only (ListRoleTags is scoped to them)",
+    ),
     ("logs:CreateLogDelivery", _LOG_DELIVERY),
     ("logs:GetLogDelivery", _LOG_DELIVERY),
     ("logs:UpdateLogDelivery", _LOG_DELIVERY),

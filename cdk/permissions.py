@@ -35,6 +35,7 @@ REGION_PARAMETERS = "region-parameters"  # read /<prefix>/training/* SSM paramet
 SLACK_SECRET = "slack-secret"  # read the Slack webhook secret
 PUT_EVENTS = "put-events"  # publish controller events on the home bus
 AGENT_PROFILES = "agent-profiles"  # create/delete the per-job agent roles and instance profiles
+AGENT_PROFILES_SWEEP = "agent-profiles-sweep"  # list the per-job agent roles (reconcile deletes leaked ones)
 
 _CONTROLLER = frozenset({STORE, PUBLISH})
 _EVENT = _CONTROLLER | {TOKENS, EC2_READ, CHECKPOINTS_READ}
@@ -44,7 +45,7 @@ CAPABILITIES: dict[str, frozenset[str]] = {
     "on_rebalance": _EVENT | {EC2_LAUNCH, REGION_PARAMETERS, AGENT_PROFILES},
     "on_instance_state": _EVENT | {EC2_TERMINATE},
     "on_agent_event": _EVENT | {PUT_EVENTS},
-    "reconcile": _EVENT | {EXECUTIONS, EC2_TERMINATE, AGENT_PROFILES},  # its teardown deletes them
+    "reconcile": _EVENT | {EXECUTIONS, EC2_TERMINATE, AGENT_PROFILES, AGENT_PROFILES_SWEEP},
     "sfn_": _EVENT | {EC2_LAUNCH, EC2_TERMINATE, REGION_PARAMETERS, EXECUTIONS, AGENT_PROFILES},
     "slack_notifier": frozenset({SLACK_SECRET}),
 }
@@ -139,6 +140,9 @@ class GrantSet:
             )
         if AGENT_PROFILES in caps:
             statements.extend(_agent_profile_statements(g))
+        if AGENT_PROFILES_SWEEP in caps:
+            statements.append(iam.PolicyStatement(actions=["iam:ListRoles"], resources=["*"]))
+            statements.append(iam.PolicyStatement(actions=["iam:ListRoleTags"], resources=[job_role_arns(g.prefix)[0]]))
         if REGION_PARAMETERS in caps:
             statements.append(
                 iam.PolicyStatement(

@@ -280,6 +280,15 @@ class Ec2Compute:
             with contextlib.suppress(ClientError):
                 ec2.delete_placement_group(GroupName=group["GroupName"])
 
+    def job_profiles(self) -> list[str]:
+        profiles = self._profiles()
+        return sorted(profiles.jobs()) if profiles else []
+
+    def delete_job_profile(self, job_id: str) -> None:
+        profiles = self._profiles()
+        if profiles:
+            profiles.delete(job_id)
+
     def list_tagged(self, regions: list[str]) -> list[Instance]:
         out: list[Instance] = []
         for region in regions:

@@ -11,7 +11,8 @@ the stack's permissions boundary, with one inline policy naming this job's id ev
 - DynamoDB Get/Put/Update/Query on the jobs and nodes tables with ``dynamodb:LeadingKeys`` = job id;
 - ``events:PutEvents`` on the home bus with ``events:source`` = ``spotrelay.agent``.
 
-Creation is idempotent (EntityAlreadyExists is fine); ``delete`` removes profile and role at teardown.
+Creation is idempotent (EntityAlreadyExists is fine); ``delete`` removes profile and role at teardown;
+``jobs`` lists the roles by their job tag, so reconcile can delete those a failed teardown left.
 IAM is eventually consistent: the first launches after creation may be refused for an invalid
 profile; the compute adapter turns that into ``RetryableError`` and the workflow retries.
 """
@@ -34,6 +35,7 @@ from spotrelay.resources import RESOURCES
 
 PATH = "/spotrelay/"
 POLICY_NAME = "job"
+JOB_TAG = "spotrelay:job-id"
 TRUST = {"Version": "2012-10-17", "Statement": [
     {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
 
@@ -117,7 +119,7 @@ class JobProfiles:
         role_args: dict[str, Any] = {
             "Path": PATH, "RoleName": name, "AssumeRolePolicyDocument": json.dumps(TRUST),
             "Description": f"spotrelay agent of job {job_id}"[:1000],
-            "Tags": [{"Key": "spotrelay:job-id", "Value": job_id[:256]}],
+            "Tags": [{"Key": JOB_TAG, "Value": job_id[:256]}],
         }
         if self._config.permissions_boundary_arn:
             role_args["PermissionsBoundary"] = self._config.permissions_boundary_arn
@@ -139,6 +141,21 @@ class JobProfiles:
                 self._iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
         self._arns[job_id] = str(profile["Arn"])
         return self._arns[job_id]
+
+    def jobs(self) -> dict[str, str]:
+        """Job id -> role name of every per-job agent role of this prefix (from the role's job tag)."""
+        found: dict[str, str] = {}
+        start = f"{self._config.prefix}-agent-job-"
+        for page in self._iam.get_paginator("list_roles").paginate(PathPrefix=PATH):
+            for role in page.get("Roles", []):
+                name = role["RoleName"]
+                if not name.startswith(start):
+                    continue
+                tags = self._iam.list_role_tags(RoleName=name).get("Tags", [])
+                job_id = next((t["Value"] for t in tags if t["Key"] == JOB_TAG), None)
+                if job_id and profile_name(self._config.prefix, job_id) == name:
+                    found[job_id] = name
+        return found
 
     def delete(self, job_id: str) -> None:
         name = profile_name(self._config.prefix, job_id)

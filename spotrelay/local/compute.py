@@ -116,6 +116,12 @@ class LocalCompute:
                 if li.alive and (not regions or li.instance.pool.region in regions)
             ]
 
+    def job_profiles(self) -> list[str]:
+        return []  # local nodes run as this user: no per-job roles
+
+    def delete_job_profile(self, job_id: str) -> None:
+        return None
+
     # --- faults (the market model, the demo and `spotrelay local interrupt|kill`) ------------
     def interrupt(self, ref: str) -> str:
         """Spot notice now; the instance is taken when the notice window ends."""

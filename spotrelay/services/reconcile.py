@@ -10,6 +10,8 @@
 4. Budget: a running job whose cost so far, the running attempt included, reached the spec's
    ``budget.max_total_cost`` has its outcome wait failed with ``BudgetExceededError``; the
    workflow's catch-all tears it down and records FAILED with that reason.
+5. Leaked agent roles: a per-job agent role and instance profile whose job has ended (or does not
+   exist) is deleted; teardown normally does it, this catches a teardown that failed half way.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ _PASSING = (JobStatus.PLACING, JobStatus.PROVISIONING, JobStatus.RECOVERING, Job
 def reconcile(ctl: Controller, now: float, stale_after_s: float = 300.0, regions: list[str] | None = None,
               stuck_after_s: float = 3600.0) -> dict[str, Any]:
     jobs = [job for status in LIVE for job in ctl.store.jobs_by_status(status)]
-    report: dict[str, Any] = {"jobs": len(jobs), "lost": [], "orphans": [], "stuck": [], "over_budget": []}
+    report: dict[str, Any] = {"jobs": len(jobs), "lost": [], "orphans": [], "stuck": [], "over_budget": [],
+                              "profiles": []}
     for job in jobs:
         if job.status in (JobStatus.RUNNING, JobStatus.CHECKPOINTING):
             report["lost"] += _stale(ctl, job, now, stale_after_s)
@@ -45,6 +48,7 @@ def reconcile(ctl: Controller, now: float, stale_after_s: float = 300.0, regions
         if job.execution_arn and _stuck(ctl, job, now, stuck_after_s):
             report["stuck"].append(job.job_id)
     report["orphans"] = _orphans(ctl, jobs, regions or [])
+    report["profiles"] = _leaked_profiles(ctl, jobs)
     log.info("reconciled", extra=report)
     return report
 
@@ -119,6 +123,21 @@ def _stuck(ctl: Controller, job: Job, now: float, stuck_after_s: float) -> bool:
     announce(ctl.notifier, done.status.value.lower(), done, now)
     log.warning("stuck execution", extra={"job_id": job.job_id, "reason": reason})
     return True
+
+
+def _leaked_profiles(ctl: Controller, live: list[Job]) -> list[str]:
+    compute, live_ids, deleted = ctl.need_compute(), {job.job_id for job in live}, []
+    for job_id in compute.job_profiles():
+        if job_id in live_ids:
+            continue
+        job = ctl.store.find_job(job_id)
+        if job is not None and not job.status.terminal:
+            continue  # became live since the listing
+        compute.delete_job_profile(job_id)
+        deleted.append(job_id)
+    if deleted:
+        log.warning("leaked agent roles deleted", extra={"job_ids": deleted})
+    return deleted
 
 
 def _orphans(ctl: Controller, live: list[Job], regions: list[str]) -> list[str]:

@@ -145,6 +145,8 @@ def test_roles_grant_only_what_each_handler_needs(synth: Synth) -> None:
     assert "states:StartExecution" in actions["on_submission"]
     assert not any(a.startswith("ec2:") for a in actions["on_submission"])
     assert "ec2:CreateFleet" in actions["sfn_provision"] and "iam:PassRole" in actions["sfn_provision"]
+    assert {"iam:ListRoles", "iam:ListRoleTags", "iam:DeleteRole"} <= set(actions["reconcile"])  # leak sweep
+    assert "iam:ListRoles" not in actions["sfn_provision"]
     for module, granted in actions.items():
         assert "secretsmanager:GetSecretValue" not in granted or module == "slack_notifier"
         assert "*" not in granted and not any(a.endswith(":*") for a in granted), module
@@ -291,6 +293,9 @@ def test_per_job_agent_profiles_only_with_the_boundary(synth: Synth) -> None:
         assert ("iam:DeleteRole" in iam_actions) == manages, module
         for s in statements:
             if not any(a.startswith("iam:") for a in _acts(s)) or "iam:CreateServiceLinkedRole" in _acts(s):
+                continue
+            if set(_acts(s)) == {"iam:ListRoles"}:  # no resource-level permissions: read-only, reconcile only
+                assert module == "reconcile" and s["Resource"] == "*"
                 continue
             resources = [flatten(r) for r in (s["Resource"] if isinstance(s["Resource"], list) else [s["Resource"]])]
             assert all(r.endswith((":role/spotrelay/spotrelay-agent-job-*",

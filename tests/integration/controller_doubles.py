@@ -41,6 +41,7 @@ class ScriptedCompute:
     def __init__(self, fail: dict[str, type[Exception]] | Callable[[Pool, int], type[Exception] | None] | None = None):
         self._fail = fail or {}
         self.live: dict[str, Instance] = {}
+        self.profiles: set[str] = set()  # jobs with an agent role (ensured at launch, deleted at teardown)
         self.terminated: list[str] = []
         self.tried: list[str] = []  # pool keys, in launch order
         self.launched: list[LaunchRequest] = []
@@ -63,6 +64,7 @@ class ScriptedCompute:
                             state="running", job_id=request.job_id, attempt=request.attempt)
             self.live[iid] = inst
             out.append(inst)
+        self.profiles.add(request.job_id)
         return out
 
     def terminate(self, instance_ids: list[str], region: str) -> None:
@@ -73,10 +75,17 @@ class ScriptedCompute:
     def terminate_job(self, job_id: str, regions: list[str]) -> list[str]:
         ids = [i.instance_id for i in self.live.values() if i.job_id == job_id and i.pool.region in regions]
         self.terminate(ids, "")
+        self.profiles.discard(job_id)
         return ids
 
     def list_tagged(self, regions: list[str]) -> list[Instance]:
         return [i for i in self.live.values() if i.pool.region in regions]
+
+    def job_profiles(self) -> list[str]:
+        return sorted(self.profiles)
+
+    def delete_job_profile(self, job_id: str) -> None:
+        self.profiles.discard(job_id)
 
     def running(self, job_id: str) -> list[str]:
         return [i.instance_id for i in self.live.values() if i.job_id == job_id]

@@ -71,7 +71,7 @@ def test_healthy_jobs_are_left_alone(env: Env) -> None:
         env.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update={"last_heartbeat": time.time()}))
     before = env.store.get_job(job.job_id)
     report = _run(5)
-    assert report == {"jobs": 1, "lost": [], "orphans": [], "stuck": [], "over_budget": []}
+    assert report == {"jobs": 1, "lost": [], "orphans": [], "stuck": [], "over_budget": [], "profiles": []}
     assert env.store.get_job(job.job_id) == before and len(env.compute.running(job.job_id)) == 2
 
 
@@ -101,3 +101,19 @@ def test_over_budget_fails_the_outcome_wait_once(env: Env) -> None:
     kind, token, detail = env.workflow.completed[0]
     assert (kind, token, detail["error"]) == ("failure", "tok-out", "BudgetExceededError")
     assert "of the $500.00 budget" in detail["cause"]
+
+
+def test_agent_roles_a_failed_teardown_left_are_deleted(env: Env) -> None:
+    live, gang = running_job(env.store, env.compute)
+    assert live.execution_arn is not None
+    env.workflow.executions[live.execution_arn] = "RUNNING"  # healthy: nothing else tears it down
+    for node in gang:
+        env.store.update_node(live.job_id, node.node_id, lambda n: n.model_copy(update={"last_heartbeat": time.time()}))
+    done, _ = running_job(env.store, env.compute, job_id="job-finished")
+    env.store.update_job(done.job_id, lambda j: j.model_copy(update={"status": JobStatus.SUCCEEDED}))
+    env.compute.profiles.add("job-unknown")  # a role whose job record is gone
+    assert env.compute.job_profiles() == sorted([live.job_id, "job-finished", "job-unknown"])
+    report = _run(7)
+    assert report["profiles"] == ["job-finished", "job-unknown"]
+    assert env.compute.job_profiles() == [live.job_id]  # the live job keeps its role
+    assert _run(8)["profiles"] == []

@@ -83,6 +83,15 @@ def test_each_job_gets_its_own_profile_reused_across_launches_and_deleted_at_tea
         iam.get_role(RoleName=name)
     compute.terminate_job("job-a", ["us-east-1"])  # a second teardown finds nothing and is fine
 
+    # reconcile's view: roles listed by their job tag; another prefix's or a hand-made role is not ours
+    iam.create_role(RoleName="spotrelay-agent-job-handmade", Path="/spotrelay/", AssumeRolePolicyDocument="{}")
+    iam.create_role(RoleName="other-agent-job-x", Path="/spotrelay/", AssumeRolePolicyDocument="{}",
+                    Tags=[{"Key": "spotrelay:job-id", "Value": "job-x"}])
+    assert compute.job_profiles() == ["job-b"]
+    compute.delete_job_profile("job-b")
+    assert compute.job_profiles() == []
+    assert iam.list_instance_profiles(PathPrefix="/spotrelay/")["InstanceProfiles"] == []
+
 
 def test_names_fit_iam_limits_for_any_job_id() -> None:
     long = profile_name("spotrelay", "x" * 500)
