@@ -29,7 +29,7 @@ from agent.checkpoint.local_tier import LocalTier
 from agent.checkpoint.manifest import Manifest, RankPart, merge_parts, step_name
 from agent.checkpoint.s3_tier import S3Tier
 from agent.checkpoint.state import save_trainer_state, trainer_file
-from agent.checkpoint.uploader import Lane, UploaderProcess, encode, transfer, write_locally
+from agent.checkpoint.uploader import ArenaUnavailable, Lane, UploaderProcess, encode, transfer, write_locally
 from spotrelay.contracts.control import TrainerEvent, append_event
 
 log = logging.getLogger("spotrelay.checkpoint")
@@ -209,9 +209,13 @@ class Pipeline:
         uploader = self.uploaders.get(job.emergency)
         items = encode(step_dir, files)
         helper: dict[str, float] = {}
-        if uploader is not None:
+        try:
+            if uploader is None:
+                raise ArenaUnavailable("no uploader process")
             shards = uploader.run(job.step, step_dir, topo.rank, items, local=not s3_first, timings=helper)
-        else:
+        except ArenaUnavailable as exc:  # not offloaded, or a host that hides our memory from the helper
+            if uploader is not None:
+                log.warning("%s; transferring in the trainer process instead", exc)
             shards = transfer(step_dir, items, topo.rank, job.step, self.s3, self._lane.pool, not s3_first, helper)
         job.timings.update({f"helper_{k}": v for k, v in helper.items()})
         part = RankPart(step=job.step, rank=topo.rank, shards=shards)

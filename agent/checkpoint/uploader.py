@@ -67,10 +67,17 @@ def write_locally(outputs: list[Output]) -> None:
                 source.close()
 
 
+class ArenaUnavailable(OSError):
+    """This process cannot map the trainer's arena (a host that forbids /proc/<pid>/fd access)."""
+
+
 def _open(step_dir: Path, item: dict[str, Any]) -> Source:
     path = step_dir / item["path"]
     if item.get("arena"):
-        return ArenaSource(path, item["arena"], [(int(o), int(n)) for o, n in item["segments"]])
+        try:
+            return ArenaSource(path, item["arena"], [(int(o), int(n)) for o, n in item["segments"]])
+        except OSError as exc:
+            raise ArenaUnavailable(f"{item['arena']}: {exc}") from exc
     return FileSource(path)
 
 
@@ -146,7 +153,7 @@ def serve(
             shards = transfer(where, files, rank, step, lane.s3, lane.pool, local=local, timings=timings)
             reply: dict[str, Any] = {"ok": True, "shards": [s.model_dump() for s in shards], "timings": timings}
         except Exception as exc:  # reported to the trainer, which fails this save and keeps going
-            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "arena": isinstance(exc, ArenaUnavailable)}
         stdout.write(json.dumps(reply) + "\n")
         stdout.flush()
 
@@ -184,6 +191,8 @@ class UploaderProcess:
             raise RuntimeError(f"the uploader process exited (code {proc.poll()})")
         reply = json.loads(line)
         if not reply["ok"]:
+            if reply.get("arena"):
+                raise ArenaUnavailable(f"{step_name(step)}: the uploader cannot map the arena: {reply['error']}")
             raise RuntimeError(f"{step_name(step)}: {reply['error']}")
         if timings is not None:
             timings.update(reply.get("timings", {}))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -146,3 +147,30 @@ def _writer(local: LocalTier, step: int) -> Any:
         return [step_dir / "model.pt"]
 
     return write
+
+
+def test_a_helper_that_cannot_map_the_arena_falls_back_to_the_trainer(aws: dict[str, str], tmp_path: Path) -> None:
+    """A host that hides /proc/<trainer>/fd from the helper must not lose the save: the trainer transfers it."""
+    from agent.checkpoint.arena import Arena
+    from agent.checkpoint.engines import ArenaFile, Snapshot
+
+    arena = Arena(6 * MiB)
+    arena.bytes.copy_(torch.arange(6 * MiB, dtype=torch.int64).to(torch.uint8))
+    os.dup2(arena.fd, 987)  # "/proc/self/fd/987" is this process's arena, and nothing in the helper's
+    s3 = S3Tier(f"s3://{aws['bucket']}/checkpoints/job-3")
+    local = LocalTier(tmp_path / "node")
+    pipeline = Pipeline(local, s3, Topology(), tmp_path / "control", timeout_s=60, offload=True)
+    target = local.step_dir(8) / "model" / "__0_tensors.bin"
+    shard = ArenaFile(path=target, arena="/proc/self/fd/987", segments=[(0, 6 * MiB)])
+    try:
+        job = SaveJob(step=8, writer=Snapshot(write=lambda: [shard]), trainer_state={}, manifest_fields={"engine": "x"})
+        job.emergency = True
+        pipeline.submit(job)
+        assert job.done.wait(60) and job.error is None, job.error
+    finally:
+        pipeline.close()
+        os.close(987)
+    assert s3.latest() == 8 and target.read_bytes() == bytes(arena.bytes.numpy())
+    chosen = choose(LocalTier(tmp_path / "fresh"), S3Tier(s3.uri))
+    assert chosen is not None and chosen.step == 8  # uploaded bytes match the recorded sha256
+    arena.close()
