@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from agent.checkpoint.manifest import (
     LATEST,
     MANIFEST,
@@ -69,6 +71,7 @@ class S3Tier:
         self.bucket, self.prefix = parse_uri(uri)
         self._client_factory = client
         self._client: Any = None
+        self._client_lock = threading.Lock()
         self._transfers: Any = None
         self.part_size = part_size
         self.workers = workers
@@ -79,8 +82,9 @@ class S3Tier:
 
     @property
     def client(self) -> Any:
-        if self._client is None:
-            self._client = self._client_factory()
+        with self._client_lock:  # the periodic and the emergency lane may ask first at the same time
+            if self._client is None:
+                self._client = self._client_factory()
         return self._client
 
     def key(self, rel: str) -> str:
@@ -150,8 +154,10 @@ class S3Tier:
     def get_text(self, rel: str) -> str | None:
         try:
             return str(self.client.get_object(Bucket=self.bucket, Key=self.key(rel))["Body"].read().decode())
-        except self.client.exceptions.NoSuchKey:
-            return None
+        except ClientError as exc:  # by code: each client instance has its own exception classes
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise
 
     def list_keys(self, rel_prefix: str) -> list[str]:
         keys = []
