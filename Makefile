@@ -39,6 +39,7 @@ synth: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/checkpoint.py
+	$(BIN)/python bench/checkpoint.py --engine deepspeed
 
 clean:
 	rm -rf $(VENV) cdk.out .cache demo-out
