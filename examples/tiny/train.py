@@ -98,6 +98,14 @@ def build(args: argparse.Namespace, loader: StatefulDataLoader) -> tuple[Any, An
     return (ddp, optimizer, scheduler), optimizer, session
 
 
+def seed_everything(seed: int) -> None:
+    """One CPU thread (bit-exact reductions) and every RNG a run draws from."""
+    torch.set_num_threads(1)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def run_steps(session: Session, stepper: Any, deepspeed: bool, args: argparse.Namespace, rank: int) -> list[Any]:
     """The training loop: a DeepSpeed engine steps itself; otherwise (model, optimizer, scheduler).
     ``--stop-at k`` has rank 0 ask for checkpoint_and_stop during step k-1, as the agent would."""
@@ -138,10 +146,7 @@ def main() -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args()
 
-    torch.set_num_threads(1)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    seed_everything(args.seed)
     if "WORLD_SIZE" in os.environ and not dist.is_initialized():
         if args.engine == "deepspeed":
             import deepspeed

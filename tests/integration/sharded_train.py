@@ -13,12 +13,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import random
 import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler, TensorDataset
@@ -27,7 +25,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "examples" / "tiny")]
 
-from train import SEQ, VOCAB, TinyLM, run_steps, tensor_digest  # noqa: E402
+from train import SEQ, VOCAB, TinyLM, run_steps, seed_everything, tensor_digest  # noqa: E402
 
 from agent.training import spotrelay_session  # noqa: E402
 
@@ -112,10 +110,7 @@ def main() -> int:
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
-    torch.set_num_threads(1)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    seed_everything(args.seed)
     if args.engine == "zero3":
         import deepspeed
 
