@@ -110,6 +110,8 @@ def run_steps(session: Session, stepper: Any, deepspeed: bool, args: argparse.Na
     """The training loop: a DeepSpeed engine steps itself; otherwise (model, optimizer, scheduler).
     ``--stop-at k`` has rank 0 ask for checkpoint_and_stop during step k-1, as the agent would."""
     losses: list[tuple[int, float]] = []
+    # each step's loss as it happens, so a node killed mid-run still leaves what it computed
+    progress = Path(f"{args.out}.rank{rank}.steps.jsonl") if getattr(args, "out", None) else None
     for step, (tokens,) in session.steps(args.steps):
         if deepspeed:
             loss = lm_loss(stepper, tokens)
@@ -124,6 +126,9 @@ def run_steps(session: Session, stepper: Any, deepspeed: bool, args: argparse.Na
             sched.step()
         session.step_done(loss, samples=tokens.shape[0])
         losses.append((step, loss.item()))
+        if progress is not None:
+            with progress.open("a") as fh:
+                fh.write(json.dumps(losses[-1]) + "\n")
         if args.stop_at is not None and step == args.stop_at - 1 and rank == 0:
             control = Path(os.environ[ENV_CONTROL_DIR])
             write_request(control, StopRequest(request_id=f"stop-{step}", kind=RequestKind.CHECKPOINT_AND_STOP,

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from spotrelay.local import demo_report as report
 from spotrelay.local.market import MarketModel
-from spotrelay.local.reference import read_results
+from spotrelay.local.reference import read_progress, read_results
 
 if TYPE_CHECKING:
     from spotrelay.local.demo import DemoOptions, Recorder
@@ -25,7 +25,11 @@ def attempt_results(twin: Twin) -> dict[int, dict[int, dict[str, Any]]]:
     assert twin.compute is not None
     out: dict[int, dict[int, dict[str, Any]]] = {}
     for li in twin.compute.instances():
-        for rank, result in read_results(li.work_dir / RESULT).items():
+        prefix = li.work_dir / RESULT
+        results = read_results(prefix)
+        for rank, steps in read_progress(prefix).items():
+            results.setdefault(rank, {"losses": steps, "killed": True})  # no result file: died mid-run
+        for rank, result in results.items():
             out.setdefault(li.instance.attempt or 0, {})[rank] = result
     return out
 
@@ -57,7 +61,7 @@ def summarize(
     ref = read_results((opts.out / "reference" / RESULT).resolve())
     ref_losses = _losses(ref)
     final = per_attempt.get(max(per_attempt), {}) if per_attempt else {}
-    final_sha = [final[r]["state_sha256"] for r in sorted(final)]
+    final_sha = [final[r].get("state_sha256") for r in sorted(final)]
     ref_sha = [ref[r]["state_sha256"] for r in sorted(ref)]
     finished = bool(final) and all(r.get("exit") == 0 for r in final.values())
     bit_identical = (final_sha == ref_sha and len(final_sha) == nodes) if (ref and finished) else None

@@ -71,3 +71,23 @@ def read_results(prefix: Path) -> dict[int, dict[str, Any]]:
         except (ValueError, OSError):
             continue
     return results
+
+
+def read_progress(prefix: Path) -> dict[int, list[list[float]]]:
+    """``<prefix>.rank<R>.steps.jsonl``: rank -> [step, loss] pairs as they were computed (a node
+    killed before writing its result file leaves these)."""
+    found: dict[int, list[list[float]]] = {}
+    for path in sorted(prefix.parent.glob(prefix.name + ".rank*.steps.jsonl")):
+        try:
+            rank = int(path.name.rsplit(".rank", 1)[1].split(".")[0])
+            lines = path.read_text().splitlines()
+        except (ValueError, OSError):
+            continue
+        pairs = []
+        for line in lines:
+            try:
+                pairs.append(json.loads(line))
+            except ValueError:  # the line being written when the node died
+                break
+        found[rank] = pairs
+    return found

@@ -209,3 +209,13 @@ def test_demo_report_costs_recoveries_and_timeline(tmp_path: Path) -> None:
     png = tmp_path / "timeline.png"
     report.timeline_png(png, {0: 4.0, 1: 3.9}, {1: {0: 4.0}, 2: {1: 3.9}}, [fault], lives, t0)
     assert png.stat().st_size > 10_000
+
+
+def test_a_killed_node_leaves_the_losses_it_computed(tmp_path: Path) -> None:
+    from spotrelay.local.reference import read_progress, read_results
+
+    prefix = tmp_path / "result"
+    (tmp_path / "result.rank0.steps.jsonl").write_text("[0, 2.5]\n[1, 2.25]\n[2, 2.")  # died mid-write
+    (tmp_path / "result.rank1.json").write_text(json.dumps({"losses": [[0, 2.5]], "exit": 0}))
+    assert read_progress(prefix) == {0: [[0, 2.5], [1, 2.25]]}
+    assert list(read_results(prefix)) == [1]  # the progress file is not taken for a result file
