@@ -45,8 +45,8 @@ def tree_tensors(obj: Any) -> Iterable[torch.Tensor]:
     elif isinstance(obj, dict):
         for value in obj.values():
             yield from tree_tensors(value)
-    elif isinstance(obj, list | tuple):
-        for value in obj:
+    elif isinstance(obj, list) or (isinstance(obj, tuple) and not hasattr(obj, "_fields")):
+        for value in obj:  # the containers map_tree rebuilds; a namedtuple is copied whole
             yield from tree_tensors(value)
 
 

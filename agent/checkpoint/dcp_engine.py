@@ -40,7 +40,7 @@ class DcpEngine:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         live = {"model": model_sd, "optim": optim_sd}
         arena = self.arenas.acquire(arena_size(live))
-        state = snapshot_tree(live, arena, [])
+        state = snapshot_tree(live, arena)
         target = step_dir / MODEL_DIR
 
         def write() -> list[Output]:

@@ -42,7 +42,7 @@ class SnapshotCheckpointEngine(CheckpointEngine):
 
     def save(self, state_dict: Any, path: str) -> None:
         arena = self.arenas.acquire(arena_size(state_dict))
-        skeleton, segments = arena_files.split(snapshot_tree(state_dict, arena, []), arena)
+        skeleton, segments = arena_files.split(snapshot_tree(state_dict, arena), arena)
         self.pending.append((path, skeleton, arena, segments))
 
     def load(self, path: str, map_location: Any = None) -> Any:

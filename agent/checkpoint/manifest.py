@@ -102,17 +102,6 @@ def fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def describe_shards(step_dir: Path, files: Iterable[Path], rank: int, fsync: bool = True) -> list[Shard]:
-    shards = []
-    for path in files:
-        if fsync:
-            fsync_file(path)
-        size, digest = sha256_file(path)
-        rel = path.resolve().relative_to(step_dir.resolve()).as_posix()
-        shards.append(Shard(path=rel, size=size, sha256=digest, rank=rank))
-    return shards
-
-
 def merge_parts(parts: Iterable[RankPart]) -> tuple[list[int], list[Shard]]:
     """Ranks covered and shards, deduplicated by path (ranks on a shared folder may overlap)."""
     ranks: set[int] = set()

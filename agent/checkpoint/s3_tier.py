@@ -94,11 +94,6 @@ class S3Tier:
         return f"{self.uri}/{step_name(step)}"
 
     # --- upload --------------------------------------------------------------------------------
-    def upload_files(self, files: list[tuple[Path, str]]) -> int:
-        """Upload (local path, relative key) pairs, every part of every file in parallel."""
-        self.upload([(str(path), rel) for path, rel in files])
-        return sum(path.stat().st_size for path, _ in files)
-
     def upload(self, bodies: list[tuple[str | io.IOBase, str]]) -> None:
         """Upload (file name or seekable stream, relative key) pairs, every part in parallel.
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import random
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -53,42 +52,19 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-class BufferPool:
-    """CPU buffers reused from one snapshot to the next: a copy into memory that is already
-    mapped costs one memcpy, a fresh allocation also pays a page fault per 4 KiB."""
-
-    def __init__(self) -> None:
-        self._free: dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]] = {}
-        self._lock = threading.Lock()
-
-    def take(self, like: torch.Tensor) -> torch.Tensor:
-        key = (tuple(like.shape), like.dtype)
-        with self._lock:
-            free = self._free.get(key)
-            if free:
-                return free.pop()
-        return torch.empty(like.shape, dtype=like.dtype, device="cpu")
-
-    def give_back(self, tensors: list[torch.Tensor]) -> None:
-        with self._lock:
-            for t in tensors:
-                self._free.setdefault((tuple(t.shape), t.dtype), []).append(t)
-
-
 class Buffers(Protocol):
-    """Where snapshot copies go: a BufferPool, or a shared-memory Arena (agent.checkpoint.arena)."""
+    """Where snapshot copies go: a shared-memory Arena (agent.checkpoint.arena)."""
 
     def take(self, like: torch.Tensor) -> torch.Tensor: ...
 
 
-def _copy_dtensor(obj: Any, pool: Buffers, lease: list[torch.Tensor]) -> Any:
+def _copy_dtensor(obj: Any, pool: Buffers) -> Any:
     """An FSDP/TP shard: copy its local tensor into the pool, keep its mesh and placements."""
     from torch.distributed.tensor import DTensor
 
     local = obj.to_local().detach()
     buf = pool.take(local)
     buf.copy_(local)
-    lease.append(buf)
     return DTensor.from_local(
         buf, obj.device_mesh, obj.placements, run_check=False, shape=obj.shape, stride=obj.stride()
     )
@@ -118,23 +94,19 @@ def map_tree(obj: Any, leaf: Callable[[Any], Any], stop: Callable[[Any], bool] =
     return leaf(obj)
 
 
-def snapshot_tree(obj: Any, pool: Buffers | None = None, lease: list[torch.Tensor] | None = None) -> Any:
-    """A copy of a state tree whose tensors no longer alias live training memory (one memcpy).
-
-    With a pool, the copies come from it and are appended to ``lease``; hand them back with
-    ``pool.give_back(lease)`` once they are written.
-    """
+def snapshot_tree(obj: Any, pool: Buffers | None = None) -> Any:
+    """A copy of a state tree whose tensors no longer alias live training memory (one memcpy);
+    with a pool, plain tensors and DTensor shards are copied into it."""
 
     def leaf(obj: Any) -> Any:
         if not isinstance(obj, torch.Tensor):
             return copy.deepcopy(obj)
-        if pool is not None and lease is not None and is_dtensor(obj) and obj.device.type == "cpu":
-            return _copy_dtensor(obj, pool, lease)
-        if pool is None or lease is None or not is_plain_tensor(obj):  # anything else: plain copy
+        if pool is not None and is_dtensor(obj) and obj.device.type == "cpu":
+            return _copy_dtensor(obj, pool)
+        if pool is None or not is_plain_tensor(obj):  # anything else: plain copy
             return obj.detach().to("cpu", copy=True)
         buf = pool.take(obj)
         buf.copy_(obj.detach())
-        lease.append(buf)
         return buf
 
     return map_tree(obj, leaf)

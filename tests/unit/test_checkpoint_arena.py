@@ -40,7 +40,7 @@ def _live() -> dict[str, Any]:
 
 def _save(live: dict[str, Any], folder: Path, pool: ThreadPoolExecutor) -> tuple[list[Any], Arena]:
     arena = Arena(arena_size(live))
-    state = snapshot_tree(live, arena, [])
+    state = snapshot_tree(live, arena)
     writer = ArenaStorageWriter(folder / "model", arena)
     dcp.save(state, storage_writer=writer, no_dist=True)
     shards = transfer(folder, encode(folder, writer.outputs), rank=0, step=1, s3=None, pool=pool)
@@ -151,7 +151,7 @@ def test_stream_hashes_what_it_reads_front_to_back_and_only_then(tmp_path: Path)
 def _write_skeleton_file(tree: Any, path: Path, pool: ThreadPoolExecutor) -> Arena:
     """What the DeepSpeed engine does per file: snapshot, skeleton via torch.save, tensors by the helper."""
     arena = Arena(arena_size(tree))
-    skeleton, segments = arena_files.split(snapshot_tree(tree, arena, []), arena)
+    skeleton, segments = arena_files.split(snapshot_tree(tree, arena), arena)
     torch.save(skeleton, path)
     outputs: list[Any] = [path]
     if segments:

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from agent.checkpoint.arena import ArenaPool, arena_size
 from agent.checkpoint.state import (
-    BufferPool,
     capture_rng,
     load_trainer_state,
     restore_rng,
@@ -49,14 +49,15 @@ def test_snapshot_does_not_alias_live_tensors() -> None:
     assert torch.equal(snap["nested"][0], torch.ones(2))
 
 
-def test_pool_reuses_buffers_once_given_back() -> None:
-    pool = BufferPool()
+def test_arena_memory_is_reused_once_released() -> None:
+    pool = ArenaPool()
     live = {"w": torch.zeros(8)}
-    lease: list[torch.Tensor] = []
-    first = snapshot_tree(live, pool, lease)
+    arena = pool.acquire(arena_size(live))
+    first = snapshot_tree(live, arena)
     live["w"].add_(2)
     assert torch.equal(first["w"], torch.zeros(8))  # still the old values: not aliased
-    pool.give_back(lease)
-    second = snapshot_tree(live, pool, [])
+    pool.release(arena)
+    second = snapshot_tree(live, pool.acquire(arena_size(live)))
     assert second["w"].data_ptr() == first["w"].data_ptr()  # same memory, no new allocation
     assert torch.equal(second["w"], torch.full((8,), 2.0))
+    pool.close()
