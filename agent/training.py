@@ -214,14 +214,14 @@ class Session:
         """Snapshot now (blocks only for the in-memory copy); the pipeline writes and uploads."""
         started = time.time()
         step_dir = self.local.step_dir(self.step)
-        writer = self.engine.snapshot(self.local.root, step_dir)
+        snapshot = self.engine.snapshot(self.local.root, step_dir)
         fields = {
             "job_id": self.config.job_id, "engine": self.engine.kind, "samples": self.samples,
             "data_state": {"epoch": self.epoch, "step": self.step, "samples": self.samples},
             "spec_hash": self.config.spec_hash, "code_hash": self.config.code_hash, **self.engine.describe(),
         }  # fmt: skip
         job = SaveJob(
-            step=self.step, writer=writer, trainer_state=self._trainer_state(request_id), manifest_fields=fields,
+            step=self.step, snapshot=snapshot, trainer_state=self._trainer_state(request_id), manifest_fields=fields,
             emergency=emergency, started=started, deadline=deadline, request_id=request_id,
         )  # fmt: skip
         job.timings["snapshot_s"] = time.time() - started  # what the training loop waited for

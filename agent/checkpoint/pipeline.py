@@ -19,7 +19,6 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +50,7 @@ class Topology:
 @dataclass
 class SaveJob:
     step: int
-    writer: Snapshot | Callable[[], list[Output]]
+    snapshot: Snapshot
     trainer_state: dict[str, Any]
     manifest_fields: dict[str, Any]
     emergency: bool = False
@@ -62,15 +61,6 @@ class SaveJob:
     error: BaseException | None = None
     uri: str = ""
     timings: dict[str, float] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.writer, Snapshot):
-            self.writer = Snapshot(write=self.writer)
-
-    @property
-    def snapshot(self) -> Snapshot:
-        assert isinstance(self.writer, Snapshot)
-        return self.writer
 
     @property
     def ok(self) -> bool:
@@ -110,9 +100,8 @@ class Pipeline:
         if offload:
             self.uploaders[False] = UploaderProcess(uri, emergency=False, workers=workers, max_mb_s=mb_s)
             self.uploaders[True] = UploaderProcess(uri, emergency=True, workers=s3.workers if s3 else 8)
-        self._lane = Lane(None, 0)  # in-process hashing and local writes when not offloaded
-        if offload:
             self.uploaders[True].start()  # warm, so an emergency pays no start-up
+        self._lane = Lane(None, 0)  # in-process hashing and local writes when not offloaded
         for target, name in ((self._write_loop, "ckpt-write"), (self._transfer_loop, "ckpt-transfer")):
             threading.Thread(target=target, name=name, daemon=True).start()
 
@@ -209,13 +198,13 @@ class Pipeline:
         uploader = self.uploaders.get(job.emergency)
         items = encode(step_dir, files)
         helper: dict[str, float] = {}
-        try:
-            if uploader is None:
-                raise ArenaUnavailable("no uploader process")
-            shards = uploader.run(job.step, step_dir, topo.rank, items, local=not s3_first, timings=helper)
-        except ArenaUnavailable as exc:  # not offloaded, or a host that hides our memory from the helper
-            if uploader is not None:
+        shards = None
+        if uploader is not None:
+            try:
+                shards = uploader.run(job.step, step_dir, topo.rank, items, local=not s3_first, timings=helper)
+            except ArenaUnavailable as exc:  # a host that hides our memory from the helper
                 log.warning("%s; transferring in the trainer process instead", exc)
+        if shards is None:
             shards = transfer(step_dir, items, topo.rank, job.step, self.s3, self._lane.pool, not s3_first, helper)
         job.timings.update({f"helper_{k}": v for k, v in helper.items()})
         part = RankPart(step=job.step, rank=topo.rank, shards=shards)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from agent.checkpoint.engines import Snapshot
 from agent.checkpoint.local_tier import LocalTier
 from agent.checkpoint.pipeline import Pipeline, SaveJob, Topology
 from agent.checkpoint.restore import choose
@@ -48,7 +49,9 @@ def _save(pipeline: Pipeline, local: LocalTier, step: int, numel: int = 3 * MiB)
         torch.save({"w": torch.full((numel,), float(step))}, path)  # 12 MiB: a 3-part multipart upload
         return [path]
 
-    job = SaveJob(step=step, writer=write, trainer_state={"step": step}, manifest_fields={"engine": "fake"})
+    job = SaveJob(
+        step=step, snapshot=Snapshot(write=write), trainer_state={"step": step}, manifest_fields={"engine": "fake"}
+    )
     pipeline.submit(job)
     assert job.done.wait(60)
     return job
@@ -120,8 +123,12 @@ def test_offloaded_helpers_commit_an_emergency_save_next_to_a_periodic_one(aws: 
     local = LocalTier(tmp_path / "node")
     pipeline = Pipeline(local, s3, Topology(), tmp_path / "control", timeout_s=60, offload=True)
     try:
-        periodic = SaveJob(step=2, writer=_writer(local, 2), trainer_state={}, manifest_fields={"engine": "fake"})
-        urgent = SaveJob(step=4, writer=_writer(local, 4), trainer_state={}, manifest_fields={"engine": "fake"})
+        periodic = SaveJob(
+            step=2, snapshot=Snapshot(write=_writer(local, 2)), trainer_state={}, manifest_fields={"engine": "fake"}
+        )
+        urgent = SaveJob(
+            step=4, snapshot=Snapshot(write=_writer(local, 4)), trainer_state={}, manifest_fields={"engine": "fake"}
+        )
         urgent.emergency = True
         pipeline.submit(periodic)
         pipeline.submit(urgent)
@@ -152,7 +159,7 @@ def _writer(local: LocalTier, step: int) -> Any:
 def test_a_helper_that_cannot_map_the_arena_falls_back_to_the_trainer(aws: dict[str, str], tmp_path: Path) -> None:
     """A host that hides /proc/<trainer>/fd from the helper must not lose the save: the trainer transfers it."""
     from agent.checkpoint.arena import Arena
-    from agent.checkpoint.engines import ArenaFile, Snapshot
+    from agent.checkpoint.engines import ArenaFile
 
     arena = Arena(6 * MiB)
     arena.bytes.copy_(torch.arange(6 * MiB, dtype=torch.int64).to(torch.uint8))
@@ -163,7 +170,9 @@ def test_a_helper_that_cannot_map_the_arena_falls_back_to_the_trainer(aws: dict[
     target = local.step_dir(8) / "model" / "__0_tensors.bin"
     shard = ArenaFile(path=target, arena="/proc/self/fd/987", segments=[(0, 6 * MiB)])
     try:
-        job = SaveJob(step=8, writer=Snapshot(write=lambda: [shard]), trainer_state={}, manifest_fields={"engine": "x"})
+        job = SaveJob(
+            step=8, snapshot=Snapshot(write=lambda: [shard]), trainer_state={}, manifest_fields={"engine": "x"}
+        )
         job.emergency = True
         pipeline.submit(job)
         assert job.done.wait(60) and job.error is None, job.error

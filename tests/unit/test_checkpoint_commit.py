@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from agent.checkpoint.engines import Snapshot
 from agent.checkpoint.local_tier import LocalTier
 from agent.checkpoint.manifest import MANIFEST, step_name
 from agent.checkpoint.pipeline import Pipeline, SaveJob, Topology
@@ -25,7 +26,9 @@ def _save(pipeline: Pipeline, local: LocalTier, step: int) -> SaveJob:
         torch.save({"w": torch.full((256,), float(step))}, path)
         return [path]
 
-    job = SaveJob(step=step, writer=write, trainer_state={"step": step}, manifest_fields={"engine": "fake"})
+    job = SaveJob(
+        step=step, snapshot=Snapshot(write=write), trainer_state={"step": step}, manifest_fields={"engine": "fake"}
+    )
     pipeline.submit(job)
     assert job.done.wait(30)
     assert job.error is None, job.error
