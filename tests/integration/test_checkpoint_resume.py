@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from spotrelay.contracts import control
-from spotrelay.contracts.exit_codes import ExitCode
 from tests.conftest import ROOT
-from tests.integration.torchrun import result, torchrun
+from tests.integration.torchrun import check_stop_and_resume, torchrun
 
 pytestmark = pytest.mark.slow
 TRAIN = ROOT / "examples" / "tiny" / "train.py"
@@ -27,18 +26,7 @@ def _torchrun(tmp: Path, name: str, engine: str, ckpt: Path, env: dict[str, str]
 
 
 def _check_bit_identical(tmp: Path, events_dir: Path) -> None:
-    for rank in (0, 1):
-        straight, stopped, resumed = (result(tmp, n, rank) for n in ("straight", "stopped", "resumed"))
-        assert [s for s, _ in stopped["losses"]] == list(range(STOP_AT))
-        assert stopped["exit"] == ExitCode.PREEMPTED_SAVED
-        assert resumed["resumed_from"] == STOP_AT and resumed["exit"] == ExitCode.DONE
-        assert stopped["losses"] + resumed["losses"] == straight["losses"]  # floats compared exactly
-        assert resumed["state_sha256"] == straight["state_sha256"]  # parameters and optimizer state
-    events, _ = control.read_events(events_dir)
-    committed = [e for e in events if e.kind == "checkpoint_committed" and e.emergency]
-    assert [e.step for e in committed] == [STOP_AT]
-    assert committed[0].request_id == f"stop-{STOP_AT - 1}" and committed[0].deadline is not None
-    assert [e.kind for e in events if e.kind in ("stopping", "resumed")] == ["stopping", "resumed"]
+    check_stop_and_resume(tmp, STOP_AT, ("state_sha256",), events_dir)  # parameters and optimizer state
 
 
 def test_deepspeed_zero2_stop_and_resume_is_bit_identical(tmp_path: Path) -> None:

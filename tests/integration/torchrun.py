@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from spotrelay.contracts import control
+from spotrelay.contracts.exit_codes import ExitCode
 
 
 def torchrun(
@@ -34,3 +35,22 @@ def torchrun(
 
 def result(tmp: Path, name: str, rank: int) -> dict[str, Any]:
     return dict(json.loads((tmp / f"{name}.rank{rank}.json").read_text()))
+
+
+def check_stop_and_resume(tmp: Path, stop_at: int, digests: tuple[str, ...], events_dir: Path) -> None:
+    """Runs ``straight``, ``stopped`` (checkpoint_and_stop during step k-1) and ``resumed``: per rank,
+    stopped + resumed losses are the straight run's exactly and so are the ``digests``; the control
+    events show one emergency commit at k for rank 0's request, then stopping, then resumed."""
+    for rank in (0, 1):
+        straight, stopped, resumed = (result(tmp, n, rank) for n in ("straight", "stopped", "resumed"))
+        assert [s for s, _ in stopped["losses"]] == list(range(stop_at))
+        assert stopped["exit"] == ExitCode.PREEMPTED_SAVED
+        assert resumed["resumed_from"] == stop_at and resumed["exit"] == ExitCode.DONE
+        assert stopped["losses"] + resumed["losses"] == straight["losses"]  # floats compared exactly
+        for key in digests:
+            assert resumed[key] == straight[key], key
+    events, _ = control.read_events(events_dir)
+    committed = [e for e in events if e.kind == "checkpoint_committed" and e.emergency]
+    assert [e.step for e in committed] == [stop_at]
+    assert committed[0].request_id == f"stop-{stop_at - 1}" and committed[0].deadline is not None
+    assert [e.kind for e in events if e.kind in ("stopping", "resumed")] == ["stopping", "resumed"]

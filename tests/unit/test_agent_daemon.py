@@ -122,6 +122,12 @@ SPEC = JobSpec.model_validate(
 )
 
 
+def _rank0_node(**over: Any) -> Node:
+    """Rank 0 of attempt 1 of job j-1 on a p5 spot node in us-east-1a."""
+    pool = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
+    return Node(job_id="j-1", node_id="a1-r0", attempt=1, rank=0, pool=pool, **over)
+
+
 @pytest.fixture
 def imds() -> Iterator[FakeImds]:
     with FakeImds(instance_id="i-0node") as server:
@@ -157,16 +163,7 @@ def run_agent(
     )
     job = Job(job_id="j-1", name="t", status=JobStatus.RUNNING)
     store = MemoryStore(job)
-    store.put_node(
-        Node(
-            job_id="j-1",
-            node_id="a1-r0",
-            attempt=1,
-            rank=0,
-            instance_id="i-0node",
-            pool=Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot"),
-        )
-    )
+    store.put_node(_rank0_node(instance_id="i-0node"))
     recorder = Recorder()
 
     def plan(spec: JobSpec, rdzv: Rendezvous, env: dict[str, str], itype: str | None, python: str) -> LaunchPlan:
@@ -326,20 +323,7 @@ def test_rank1_waits_for_rank0_address_and_port_and_stops_on_sigterm(tmp_path: P
 
     config = AgentConfig(job_id="j-1", attempt=1, rank=1, nodes=2, rank0_wait_s=30)
     store = MemoryStore(Job(job_id="j-1", name="t", status=JobStatus.RUNNING))
-    pool = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
-    store.put_node(
-        Node(
-            job_id="j-1",
-            node_id="a1-r0",
-            attempt=1,
-            rank=0,
-            instance_id="i-0",
-            pool=pool,
-            state=NodeState.READY,
-            private_ip="10.0.0.7",
-            master_port=29611,
-        )
-    )
+    store.put_node(_rank0_node(instance_id="i-0", state=NodeState.READY, private_ip="10.0.0.7", master_port=29611))
     agent = Agent(
         config,
         store,  # type: ignore[arg-type]
