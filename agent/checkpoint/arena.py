@@ -54,6 +54,14 @@ def arena_size(obj: Any) -> int:
     return sum(_aligned(tensor_nbytes(t)) for t in tree_tensors(obj))
 
 
+def add_segment(segments: list[tuple[int, int]], where: int, n: int) -> None:
+    """Append (arena offset, length) to a file's segments, merged with the last one when adjacent."""
+    if segments and sum(segments[-1]) == where:
+        segments[-1] = (segments[-1][0], segments[-1][1] + n)
+    else:
+        segments.append((where, n))
+
+
 class ArenaFull(RuntimeError):
     pass
 

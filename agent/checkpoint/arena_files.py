@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from agent.checkpoint.arena import Arena, tensor_nbytes
+from agent.checkpoint.arena import Arena, add_segment, tensor_nbytes
 from agent.checkpoint.safety import safe_torch_load
 from agent.checkpoint.state import is_plain_tensor, map_tree
 from spotrelay.errors import CorruptCheckpointError
@@ -46,10 +46,7 @@ def split(tree: Any, arena: Arena) -> tuple[dict[str, Any], list[tuple[int, int]
         n = tensor_nbytes(obj)
         dtype = str(obj.dtype).removeprefix("torch.")
         specs.append({"offset": pos, "nbytes": n, "dtype": dtype, "shape": list(obj.shape)})
-        if segments and sum(segments[-1]) == where:
-            segments[-1] = (segments[-1][0], segments[-1][1] + n)
-        else:
-            segments.append((where, n))
+        add_segment(segments, where, n)
         pos += n
         return {MARK: len(specs) - 1}
 

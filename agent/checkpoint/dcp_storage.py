@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from agent.checkpoint.arena import Arena, tensor_nbytes
+from agent.checkpoint.arena import Arena, add_segment, tensor_nbytes
 from agent.checkpoint.engines import ArenaFile
 from agent.checkpoint.safety import check_file, check_torch_bytes
 from spotrelay.errors import CorruptCheckpointError, UnsafeCheckpointError
@@ -102,10 +102,7 @@ class ArenaStorageWriter(StorageWriter):
                 else:
                     info = _StorageInfo(tensors_name, tensors_size, n)
                     tensors_size += n
-                    if segments and sum(segments[-1]) == where:
-                        segments[-1] = (segments[-1][0], segments[-1][1] + n)
-                    else:
-                        segments.append((where, n))
+                    add_segment(segments, where, n)
             results.append(WriteResult(index=item.index, size_in_bytes=info.length, storage_data=info))
         if objects:
             with open(self.path / objects_name, "wb") as fh:

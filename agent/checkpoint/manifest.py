@@ -8,7 +8,6 @@ the ``latest`` pointer.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections.abc import Iterable
@@ -17,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent.checkpoint.sources import FileSource, sha256_source
 from spotrelay.errors import CorruptCheckpointError
 
 MANIFEST = "manifest.json"
@@ -24,7 +24,6 @@ LATEST = "latest"
 PARTS_DIR = "parts"
 FORMAT = 1
 _STEP_RE = re.compile(r"^step-(\d{8,})$")
-_CHUNK = 8 << 20
 
 
 def step_name(step: int) -> str:
@@ -85,13 +84,11 @@ class Manifest(BaseModel):
 
 
 def sha256_file(path: Path) -> tuple[int, str]:
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
+    source = FileSource(path)
+    try:
+        return source.size, sha256_source(source)
+    finally:
+        source.close()
 
 
 def fsync_file(path: Path) -> None:

@@ -120,17 +120,19 @@ class S3Tier:
 
     @property
     def transfers(self) -> Any:
-        if self._transfers is None:
-            from boto3.s3.transfer import TransferConfig
-            from s3transfer.manager import TransferManager
+        client = self.client
+        with self._client_lock:  # one manager (thread pools) per tier, however many threads ask first
+            if self._transfers is None:
+                from boto3.s3.transfer import TransferConfig
+                from s3transfer.manager import TransferManager
 
-            config = TransferConfig(
-                multipart_threshold=self.part_size,
-                multipart_chunksize=self.part_size,
-                max_concurrency=self.workers,
-                max_bandwidth=self.max_bandwidth,
-            )
-            self._transfers = TransferManager(self.client, config)
+                config = TransferConfig(
+                    multipart_threshold=self.part_size,
+                    multipart_chunksize=self.part_size,
+                    max_concurrency=self.workers,
+                    max_bandwidth=self.max_bandwidth,
+                )
+                self._transfers = TransferManager(client, config)
         return self._transfers
 
     def put_text(self, rel: str, text: str) -> None:

@@ -29,17 +29,16 @@ class Source(Protocol):
 class FileSource:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.size = path.stat().st_size
+        self._fd = os.open(path, os.O_RDONLY)
+        self.size = os.fstat(self._fd).st_size
 
     def read(self, offset: int, length: int) -> bytes:
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            return os.pread(fd, length, offset)
-        finally:
-            os.close(fd)
+        return os.pread(self._fd, length, offset)
 
     def close(self) -> None:
-        return None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class ArenaSource:
