@@ -280,9 +280,9 @@ class Ec2Compute:
             with contextlib.suppress(ClientError):
                 ec2.delete_placement_group(GroupName=group["GroupName"])
 
-    def job_profiles(self) -> list[str]:
+    def job_profiles(self, skip: frozenset[str] = frozenset()) -> list[str]:
         profiles = self._profiles()
-        return sorted(profiles.jobs()) if profiles else []
+        return sorted(profiles.jobs(skip)) if profiles else []
 
     def delete_job_profile(self, job_id: str) -> None:
         profiles = self._profiles()

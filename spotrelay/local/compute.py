@@ -116,7 +116,7 @@ class LocalCompute:
                 if li.alive and (not regions or li.instance.pool.region in regions)
             ]
 
-    def job_profiles(self) -> list[str]:
+    def job_profiles(self, skip: frozenset[str] = frozenset()) -> list[str]:
         return []  # local nodes run as this user: no per-job roles
 
     def delete_job_profile(self, job_id: str) -> None:

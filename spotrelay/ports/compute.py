@@ -44,8 +44,9 @@ class Compute(Protocol):
     def list_tagged(self, regions: list[str]) -> list[Instance]:
         """Every live instance carrying spotrelay tags (for reconcile's orphan sweep)."""
 
-    def job_profiles(self) -> list[str]:
-        """Job ids that still have a per-job agent role (for reconcile's leak sweep)."""
+    def job_profiles(self, skip: frozenset[str] = frozenset()) -> list[str]:
+        """Job ids that still have a per-job agent role, except those in ``skip`` (reconcile's live
+        jobs: their roles are not even read), for reconcile's leak sweep."""
 
     def delete_job_profile(self, job_id: str) -> None:
         """Delete a job's agent role and instance profile (gone already is fine)."""

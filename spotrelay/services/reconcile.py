@@ -126,10 +126,8 @@ def _stuck(ctl: Controller, job: Job, now: float, stuck_after_s: float) -> bool:
 
 
 def _leaked_profiles(ctl: Controller, live: list[Job]) -> list[str]:
-    compute, live_ids, deleted = ctl.need_compute(), {job.job_id for job in live}, []
-    for job_id in compute.job_profiles():
-        if job_id in live_ids:
-            continue
+    compute, deleted = ctl.need_compute(), []
+    for job_id in compute.job_profiles(skip=frozenset(job.job_id for job in live)):
         job = ctl.store.find_job(job_id)
         if job is not None and not job.status.terminal:
             continue  # became live since the listing

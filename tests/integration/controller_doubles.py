@@ -81,8 +81,8 @@ class ScriptedCompute:
     def list_tagged(self, regions: list[str]) -> list[Instance]:
         return [i for i in self.live.values() if i.pool.region in regions]
 
-    def job_profiles(self) -> list[str]:
-        return sorted(self.profiles)
+    def job_profiles(self, skip: frozenset[str] = frozenset()) -> list[str]:
+        return sorted(self.profiles - skip)
 
     def delete_job_profile(self, job_id: str) -> None:
         self.profiles.discard(job_id)

@@ -88,6 +88,7 @@ def test_each_job_gets_its_own_profile_reused_across_launches_and_deleted_at_tea
     iam.create_role(RoleName="other-agent-job-x", Path="/spotrelay/", AssumeRolePolicyDocument="{}",
                     Tags=[{"Key": "spotrelay:job-id", "Value": "job-x"}])
     assert compute.job_profiles() == ["job-b"]
+    assert compute.job_profiles(skip=frozenset({"job-b"})) == []  # a live job's role is passed over
     compute.delete_job_profile("job-b")
     assert compute.job_profiles() == []
     assert iam.list_instance_profiles(PathPrefix="/spotrelay/")["InstanceProfiles"] == []
