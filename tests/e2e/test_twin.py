@@ -90,7 +90,9 @@ def test_interrupted_job_recovers_and_finishes(twin: Twin) -> None:
     assert set(nodes) == {(1, 0), (1, 1), (2, 0), (2, 1)}
     first = read_results(nodes[(1, 0)].work_dir / "result")[0]
     saved_at = max(step for step, _ in first["losses"]) + 1
-    assert saved_at > NOTICE_AT and first["exit"] == 75  # ExitCode.PREEMPTED_SAVED
+    # saving at the very step the notice arrived is the best outcome; how far training got before the
+    # save depends on how fast this machine is, so only the bounds are checked
+    assert NOTICE_AT <= saved_at < STEPS and first["exit"] == 75  # ExitCode.PREEMPTED_SAVED
     events, _ = read_events(nodes[(2, 0)].work_dir / "control")
     assert [e.step for e in events if e.kind == "resumed"] == [saved_at]
     second = read_results(nodes[(2, 0)].work_dir / "result")[0]
