@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from botocore.exceptions import ClientError
 
@@ -17,10 +17,10 @@ from spotrelay.adapters.aws import client, error_code
 from spotrelay.domain.models import Job, Node
 from spotrelay.domain.status import JobStatus
 from spotrelay.errors import AlreadyExistsError, ConflictError, NotFoundError
+from spotrelay.ports.job_store import read_change_write
 from spotrelay.settings import settings
 
 _CONDITION_FAILED = "ConditionalCheckFailedException"
-R = TypeVar("R", Job, Node)
 
 
 def _job_item(job: Job) -> dict[str, Any]:
@@ -49,23 +49,6 @@ def _job(item: dict[str, Any]) -> Job:
 
 def _node(item: dict[str, Any]) -> Node:
     return Node.model_validate(json.loads(item["doc"]["S"]))
-
-
-def _read_change_write(
-    read: Callable[[], R], change: Callable[[R], R | None], write: Callable[[R, R], R], attempts: int
-) -> R | None:
-    """Read, apply the pure ``change`` (None: nothing to do), write conditionally; re-read on a lost race."""
-    for attempt in range(attempts):
-        current = read()
-        updated = change(current)
-        if updated is None:
-            return None
-        try:
-            return write(updated, current)
-        except ConflictError:
-            if attempt == attempts - 1:
-                raise
-    return None
 
 
 class DynamoDBJobStore:
@@ -117,7 +100,7 @@ class DynamoDBJobStore:
         return new
 
     def update_job(self, job_id: str, change: Callable[[Job], Job | None], attempts: int = 3) -> Job | None:
-        return _read_change_write(
+        return read_change_write(
             lambda: self.get_job(job_id), change, lambda new, old: self.save_job(new, old.status, old.version),
             attempts,
         )
@@ -198,7 +181,7 @@ class DynamoDBJobStore:
     def update_node(
         self, job_id: str, node_id: str, change: Callable[[Node], Node | None], attempts: int = 3
     ) -> Node | None:
-        return _read_change_write(
+        return read_change_write(
             lambda: self.get_node(job_id, node_id), change,
             lambda new, old: self.put_node(new, expected_version=old.version), attempts,
         )

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from spotrelay.domain.models import Job, Node
 from spotrelay.domain.status import JobStatus
+from spotrelay.errors import ConflictError
+
+R = TypeVar("R", Job, Node)
 
 
 class JobStore(Protocol):
@@ -41,3 +44,21 @@ class JobStore(Protocol):
     def update_node(
         self, job_id: str, node_id: str, change: Callable[[Node], Node | None], attempts: int = 3
     ) -> Node | None: ...
+
+
+def read_change_write(
+    read: Callable[[], R], change: Callable[[R], R | None], write: Callable[[R, R], R], attempts: int
+) -> R | None:
+    """``update_job``/``update_node`` for every adapter: read, apply the pure ``change`` (None:
+    nothing to do), write conditionally on what was read; re-read on a lost race."""
+    for attempt in range(attempts):
+        current = read()
+        updated = change(current)
+        if updated is None:
+            return None
+        try:
+            return write(updated, current)
+        except ConflictError:
+            if attempt == attempts - 1:
+                raise
+    return None

@@ -1,4 +1,5 @@
-"""DynamoDB job store against moto's server: conditional writes, races, queries."""
+"""The job store contract, run against both adapters: DynamoDB on moto's server and the in-memory
+store the property tests use (the same conditional writes, races and queries)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,28 @@ import threading
 import pytest
 
 from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+from spotrelay.adapters.memory_job_store import MemoryJobStore
 from spotrelay.domain.models import Job, Node, Pool
 from spotrelay.domain.status import JobStatus
 from spotrelay.errors import AlreadyExistsError, ConflictError, NotFoundError
+from spotrelay.ports.job_store import JobStore
 
 POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
+
+
+@pytest.fixture(params=["dynamodb", "memory"])
+def store(request: pytest.FixtureRequest) -> JobStore:
+    if request.param == "memory":
+        return MemoryJobStore()
+    request.getfixturevalue("aws")
+    return DynamoDBJobStore()
 
 
 def _job(job_id: str = "j-1", status: JobStatus = JobStatus.SUBMITTED) -> Job:
     return Job(job_id=job_id, name="n", status=status, created_at=1.0, updated_at=1.0)
 
 
-def test_create_get_and_duplicate(aws: dict[str, str]) -> None:
-    store = DynamoDBJobStore()
+def test_create_get_and_duplicate(store: JobStore) -> None:
     store.create_job(_job())
     assert store.get_job("j-1").status is JobStatus.SUBMITTED
     with pytest.raises(AlreadyExistsError):
@@ -28,8 +38,7 @@ def test_create_get_and_duplicate(aws: dict[str, str]) -> None:
         store.get_job("nope")
 
 
-def test_conditional_write_refuses_stale_version(aws: dict[str, str]) -> None:
-    store = DynamoDBJobStore()
+def test_conditional_write_refuses_stale_version(store: JobStore) -> None:
     store.create_job(_job())
     current = store.get_job("j-1")
     saved = store.save_job(current.model_copy(update={"status": JobStatus.VALIDATED}), current.status, 0)
@@ -39,8 +48,7 @@ def test_conditional_write_refuses_stale_version(aws: dict[str, str]) -> None:
     assert store.get_job("j-1").status is JobStatus.VALIDATED
 
 
-def test_two_writers_one_wins(aws: dict[str, str]) -> None:
-    store = DynamoDBJobStore()
+def test_two_writers_one_wins(store: JobStore) -> None:
     store.create_job(_job())
     current = store.get_job("j-1")
     barrier = threading.Barrier(2)
@@ -65,8 +73,7 @@ def test_two_writers_one_wins(aws: dict[str, str]) -> None:
     assert final.status.value == winner and final.version == 1
 
 
-def test_queries_by_status_and_instance(aws: dict[str, str]) -> None:
-    store = DynamoDBJobStore()
+def test_queries_by_status_and_instance(store: JobStore) -> None:
     store.create_job(_job("a", JobStatus.RUNNING))
     store.create_job(_job("b", JobStatus.RUNNING))
     store.create_job(_job("c", JobStatus.FAILED))
@@ -81,8 +88,7 @@ def test_queries_by_status_and_instance(aws: dict[str, str]) -> None:
         store.put_node(Node(job_id="a", node_id="a1-r0", attempt=1, rank=0, instance_id="i-0abc", pool=POOL))
 
 
-def test_update_job_retries_lost_race(aws: dict[str, str]) -> None:
-    store = DynamoDBJobStore()
+def test_update_job_retries_lost_race(store: JobStore) -> None:
     store.create_job(_job())
     calls = {"n": 0}
 
@@ -95,3 +101,20 @@ def test_update_job_retries_lost_race(aws: dict[str, str]) -> None:
     result = store.update_job("j-1", change)
     assert result is not None and result.status is JobStatus.VALIDATED and result.version == 2
     assert calls["n"] == 2
+
+
+def test_node_replace_is_conditional_on_version(store: JobStore) -> None:
+    node = store.put_node(Node(job_id="a", node_id="a1-r0", attempt=1, rank=0, instance_id="i-0abc", pool=POOL))
+    assert node.version == 1
+    moved = store.put_node(node.model_copy(update={"private_ip": "10.0.0.1"}), expected_version=1)
+    assert moved.version == 2
+    with pytest.raises(ConflictError):  # a writer that read version 1 lost
+        store.put_node(node.model_copy(update={"private_ip": "10.0.0.9"}), expected_version=1)
+    read = store.get_node("a", "a1-r0")
+    assert read.private_ip == "10.0.0.1" and read.version == 2
+    read.private_ip = "mutated"  # what a caller holds is its own copy
+    assert store.get_node("a", "a1-r0").private_ip == "10.0.0.1"
+    assert store.update_node("a", "a1-r0", lambda n: None) is None  # nothing to change: nothing written
+    assert store.get_node("a", "a1-r0").version == 2
+    with pytest.raises(NotFoundError):
+        store.get_node("a", "a9-r9")
