@@ -23,6 +23,7 @@ from typing import IO
 from agent.config import AgentConfig
 from spotrelay.contracts import control
 from spotrelay.contracts.exit_codes import ExitCode
+from spotrelay.contracts.health import ENV_HEALTH
 from spotrelay.domain.models import Job
 from spotrelay.spec.models import JobSpec
 
@@ -155,6 +156,7 @@ def contract_env(config: AgentConfig, job: Job, spec: JobSpec, mlflow_run_id: st
         env[control.ENV_MLFLOW_RUN_ID] = mlflow_run_id
     if spec.tracking.tracking_uri:
         env["MLFLOW_TRACKING_URI"] = spec.tracking.tracking_uri
+    env[ENV_HEALTH] = spec.health.model_dump_json()
     return env
 
 

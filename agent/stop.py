@@ -46,13 +46,15 @@ class Decision:
     kind: RequestKind | None
     checkpoint_due: bool
     deadline: float | None
+    extra: tuple[int, ...] = ()
 
 
-def agree(local: StopRequest | None, due: bool, device: str = "cpu") -> Decision:
-    """One all-reduce(MAX) over the world; without torch.distributed, the local view decides."""
+def agree(local: StopRequest | None, due: bool, device: str = "cpu", extra: list[int] | None = None) -> Decision:
+    """One all-reduce(MAX) over the world; without torch.distributed, the local view decides.
+    ``extra``: more integers that ride in the same all-reduce (the health checks' flags)."""
     code = REQUEST_CODE[local.kind] if local is not None else 0
     deadline_ms = int(local.deadline * 1000) if local is not None and local.deadline else None
-    values = [code, int(due), -deadline_ms if deadline_ms is not None else _NO_DEADLINE]
+    values = [code, int(due), -deadline_ms if deadline_ms is not None else _NO_DEADLINE, *(extra or ())]
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -62,7 +64,8 @@ def agree(local: StopRequest | None, due: bool, device: str = "cpu") -> Decision
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         values = [int(v) for v in tensor.tolist()]
     deadline = -values[2] / 1000 if values[2] != _NO_DEADLINE else None
-    return Decision(kind=CODE_KIND[values[0]], checkpoint_due=bool(values[1]), deadline=deadline)
+    return Decision(kind=CODE_KIND[values[0]], checkpoint_due=bool(values[1]), deadline=deadline,
+                    extra=tuple(values[3:]))
 
 
 def gather_ids(request_id: str | None) -> list[str]:

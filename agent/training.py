@@ -28,9 +28,11 @@ from agent.checkpoint.pipeline import Pipeline, SaveJob, Topology
 from agent.checkpoint.restore import choose, materialize
 from agent.checkpoint.s3_tier import S3Tier
 from agent.checkpoint.state import capture_rng, load_trainer_state, restore_rng, snapshot_tree, trainer_file
+from agent.session_health import SessionHealth
 from agent.stop import RequestPoller, agree, all_ok, gather_ids
 from spotrelay.contracts.control import RequestKind, TrainerEvent, append_event, write_progress
 from spotrelay.contracts.exit_codes import ExitCode
+from spotrelay.contracts.health import HealthAction, HealthAnomaly
 from spotrelay.errors import CheckpointError
 
 log = logging.getLogger("spotrelay.training")
@@ -81,14 +83,18 @@ class Session:
         self.last_job: SaveJob | None = None
         self._last_save_time = time.monotonic()
         self._iter: Iterator[Any] | None = None
+        self._skip = 0  # batches to draw and drop before the next step (a rollback's bad window)
         self._device = "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
+        self.health = SessionHealth(config.health, self.topo.rank, self.topo.world_size,
+                                    self.topo.local_world_size, config.control_dir, engine, lr_scheduler)
 
     # --- resume ------------------------------------------------------------------------------------
-    def resume(self) -> int | None:
-        """Load the newest valid checkpoint (every rank the same step); return its step or None."""
+    def resume(self, before: int | None = None) -> int | None:
+        """Load the newest valid checkpoint (every rank the same step, older than ``before`` when
+        given); return its step or None."""
         chosen: list[int | None] = [None]
         if self.topo.rank == 0:
-            manifest = choose(self.local, self.s3)
+            manifest = choose(self.local, self.s3, before=before)
             chosen = [manifest.step if manifest else None]
         if dist.is_initialized():
             dist.broadcast_object_list(chosen, src=0)
@@ -142,6 +148,9 @@ class Session:
         if self.resumed_from is None:
             self.resume()
         while self.step < max_steps:
+            while self._skip > 0 and self.dataloader is not None:
+                self._skip -= 1
+                self._next_batch()
             batch = self._next_batch() if self.dataloader is not None else None
             yield self.step, batch
             self.step += 1
@@ -150,12 +159,18 @@ class Session:
         if self.config.save_final and self._last_saved != self.step and self.step > 0:
             self.save()
 
-    def step_done(self, loss: Any = None, samples: int | None = None) -> None:
-        """Record the step's loss and sample count (optional; used for progress and the manifest)."""
+    def step_done(self, loss: Any = None, samples: int | None = None, grad_norm: Any = None) -> None:
+        """Record the step's loss, sample count and gradient norm (for progress, the manifest, the
+        health checks and the metrics; DeepSpeed's grad norm is read from the engine when not given)."""
         if loss is not None:
             self.last_loss = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
         if samples is not None:
             self.samples += samples
+        self.health.step_done(self.last_loss if loss is not None else None, grad_norm, samples)
+
+    def skip_batches(self, count: int) -> None:
+        """Draw and drop ``count`` batches before the next step (every rank must call it alike)."""
+        self._skip += max(count, 0)
 
     def _next_batch(self) -> Any:
         while True:
@@ -180,7 +195,7 @@ class Session:
             write_progress(cfg.control_dir, self.step)
         request = self.poller.poll()
         due = bool(cfg.every_minutes and time.monotonic() - self._last_save_time >= cfg.every_minutes * 60)
-        decision = agree(request, due, self._device)
+        decision = agree(request, due, self._device, self.health.extra(self.step))
         request_id = None
         if decision.kind is not None:  # every rank learns the ids, so none acts on them again
             ids = gather_ids(request.request_id if request is not None else None)
@@ -189,6 +204,9 @@ class Session:
         if decision.kind is RequestKind.STOP:
             self.exit_code = ExitCode.CANCELLED
             self._event(TrainerEvent(kind="stopping", step=self.step, request_id=request_id, time=time.time()))
+            return True
+        finding = self.health.judge(self.step, decision.extra)
+        if finding is not None and self._on_anomaly(finding):
             return True
         if decision.kind is RequestKind.CHECKPOINT_AND_STOP:
             job = self.save(emergency=True, deadline=decision.deadline, request_id=request_id)
@@ -200,10 +218,39 @@ class Session:
             self._event(TrainerEvent(kind="stopping", step=self.step, request_id=request_id, time=time.time()))
             return True
         periodic = bool(cfg.every_steps and self.step % cfg.every_steps == 0 and self.step < max_steps)
-        if decision.kind is RequestKind.CHECKPOINT or periodic or decision.checkpoint_due or self._save_requested:
+        wanted = decision.kind is RequestKind.CHECKPOINT or periodic or decision.checkpoint_due or self._save_requested
+        if wanted and finding is not None:  # an unhealthy step is never saved: the next healthy one is
+            self._save_requested = True
+        elif wanted:
             self._save_requested = False
             self.save(request_id=request_id)
         return False
+
+    # --- health ------------------------------------------------------------------------------------
+    def _on_anomaly(self, finding: HealthAnomaly) -> bool:
+        """Act on an agreed finding; True ends the loop (exit UNHEALTHY)."""
+        if finding.action is HealthAction.ROLLBACK:
+            finding = self._rollback(finding)
+        self._event(TrainerEvent(kind="anomaly", step=finding.step, anomaly=finding, time=time.time()))
+        if finding.action is HealthAction.STOP:
+            self.exit_code = ExitCode.UNHEALTHY
+            return True
+        return False  # replace-node and notify: the agent reports it, the controller acts
+
+    def _rollback(self, finding: HealthAnomaly) -> HealthAnomaly:
+        """Restore the newest checkpoint older than the finding's step and skip the data in between."""
+        self.pipeline.flush()  # the newest healthy save may still be on its way
+        resumed_from = self.resumed_from
+        restored = self.resume(before=finding.step)
+        self.resumed_from = resumed_from
+        if restored is None:
+            return finding.model_copy(update={"action": HealthAction.STOP,
+                                              "detail": f"{finding.detail}; no checkpoint before it"})
+        skipped = finding.step - restored
+        self.skip_batches(skipped)
+        self.health.rolled_back(restored)
+        log.warning("health: rolled back to step %d, skipping %d batch(es)", restored, skipped)
+        return finding.model_copy(update={"rollback_to": restored, "skipped_batches": skipped})
 
     # --- saving ------------------------------------------------------------------------------------
     def request_checkpoint(self) -> None:
@@ -232,6 +279,7 @@ class Session:
     def close(self) -> int:
         """Wait for pending uploads (the final checkpoint included); return the exit code."""
         self.pipeline.close()
+        self.health.close()
         _barrier()  # ranks leave together: torchrun stops the group when the first one exits
         self.engine.close()
         return int(self.exit_code)

@@ -31,9 +31,9 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent.training import Session, spotrelay_session  # noqa: E402
 from spotrelay.contracts.control import RequestKind, StopRequest, read_events, write_request  # noqa: E402
 from spotrelay.local.motoserver import FAKE_ENV, free_port  # noqa: E402
+from spotrelay.training import Session, spotrelay_session  # noqa: E402
 
 MB = 1e6
 

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from spotrelay.contracts import control as c
+from spotrelay.contracts.health import ENV_HEALTH, HealthPolicy
 
 
 def _float(name: str) -> float | None:
@@ -51,6 +52,7 @@ class SessionConfig(BaseModel):
     background_upload_workers: int = Field(2, ge=1)
     background_upload_mb_s: float | None = Field(None, gt=0)
     upload_workers: int = Field(8, ge=1)
+    health: HealthPolicy = Field(default_factory=HealthPolicy)  # the spec's health section (SPOTRELAY_HEALTH)
 
     @classmethod
     def from_env(cls, **defaults: Any) -> SessionConfig:
@@ -69,4 +71,6 @@ class SessionConfig(BaseModel):
             "keep_s3": _int(c.ENV_KEEP_S3, None),
         }
         values.update({k: v for k, v in env.items() if v is not None})
+        if os.environ.get(ENV_HEALTH):
+            values["health"] = HealthPolicy.from_env()
         return cls(**values)

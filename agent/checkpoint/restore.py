@@ -20,11 +20,11 @@ from spotrelay.errors import CorruptCheckpointError
 log = logging.getLogger("spotrelay.checkpoint")
 
 
-def candidates(local: LocalTier, s3: S3Tier | None) -> list[int]:
+def candidates(local: LocalTier, s3: S3Tier | None, before: int | None = None) -> list[int]:
     found = set(local.steps())
     if s3 is not None:
         found |= set(s3.steps())
-    return sorted(found, reverse=True)
+    return sorted((s for s in found if before is None or s < before), reverse=True)
 
 
 def materialize(step: int, local: LocalTier, s3: S3Tier | None) -> Manifest:
@@ -70,9 +70,9 @@ def _download(step: int, local: LocalTier, s3: S3Tier) -> Manifest:
     return manifest
 
 
-def choose(local: LocalTier, s3: S3Tier | None) -> Manifest | None:
-    """The newest usable checkpoint, made local and verified; None when there is none."""
-    for step in candidates(local, s3):
+def choose(local: LocalTier, s3: S3Tier | None, before: int | None = None) -> Manifest | None:
+    """The newest usable checkpoint (older than step ``before``), made local and verified; None when there is none."""
+    for step in candidates(local, s3, before):
         try:
             return materialize(step, local, s3)
         except CorruptCheckpointError as exc:

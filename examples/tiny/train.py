@@ -31,8 +31,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from agent.training import Session, spotrelay_session  # noqa: E402
 from spotrelay.contracts.control import ENV_CONTROL_DIR, RequestKind, StopRequest, write_request  # noqa: E402
+from spotrelay.training import Session, spotrelay_session  # noqa: E402
 
 VOCAB, SEQ = 64, 16
 
@@ -112,19 +112,33 @@ def run_steps(session: Session, stepper: Any, deepspeed: bool, args: argparse.Na
     losses: list[tuple[int, float]] = []
     # each step's loss as it happens, so a node killed mid-run still leaves what it computed
     progress = Path(f"{args.out}.rank{rank}.steps.jsonl") if getattr(args, "out", None) else None
+    inject_nan = getattr(args, "inject_nan_at", None)
+    skip_at, skip_n = getattr(args, "skip_data", None) or (None, 0)
+    slow = getattr(args, "slow_s", 0.0) if rank == getattr(args, "slow_rank", None) else 0.0
+    if skip_at == 0:
+        session.skip_batches(skip_n)
     for step, (tokens,) in session.steps(args.steps):
+        time.sleep(slow)  # a slow node: its data or its forward pass lags every step
+        grad_norm = None
         if deepspeed:
             loss = lm_loss(stepper, tokens)
+            if step == inject_nan:
+                loss, inject_nan = loss * float("nan"), None  # a transient fault: once per process
             stepper.backward(loss)
             stepper.step()
         else:
             model, opt, sched = stepper
             opt.zero_grad(set_to_none=True)
             loss = lm_loss(model, tokens)
+            if step == inject_nan:
+                loss, inject_nan = loss * float("nan"), None
             loss.backward()
+            grad_norm = nn.utils.clip_grad_norm_(model.parameters(), float("inf"))  # measures; clips nothing
             opt.step()
             sched.step()
-        session.step_done(loss, samples=tokens.shape[0])
+        session.step_done(loss, samples=tokens.shape[0], grad_norm=grad_norm)
+        if skip_at is not None and step == skip_at - 1:
+            session.skip_batches(skip_n)  # the reference for a rollback: the same data window, skipped
         losses.append((step, loss.item()))
         if progress is not None:
             with progress.open("a") as fh:
@@ -149,6 +163,11 @@ def main() -> int:
     p.add_argument("--stop-at", type=int, default=None)
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--out", default=None)
+    p.add_argument("--inject-nan-at", type=int, default=None, help="make step K's loss NaN (once per process)")
+    p.add_argument("--skip-data", type=lambda v: tuple(int(x) for x in v.split(":")), default=None,
+                   metavar="STEP:N", help="before STEP, drop N batches (what a rollback to STEP does)")
+    p.add_argument("--slow-rank", type=int, default=None, help="this global rank sleeps --slow-s every step")
+    p.add_argument("--slow-s", type=float, default=0.05)
     args = p.parse_args()
 
     seed_everything(args.seed)

@@ -23,9 +23,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from spotrelay.contracts.health import HealthAnomaly
+
 REQUEST_FILE = "request.json"
 EVENTS_FILE = "events.jsonl"
 PROGRESS_FILE = "progress.json"
+METRICS_FILE = "metrics.jsonl"  # rank 0: one JSON object per step (step, loss, lr, grad_norm, ...)
 
 # Environment the agent sets for the training command.
 ENV_CONTROL_DIR = "SPOTRELAY_CONTROL_DIR"
@@ -61,7 +64,7 @@ class StopRequest(BaseModel):
 
 class TrainerEvent(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    kind: str  # "checkpoint_committed" | "stopping" | "resumed"
+    kind: str  # "checkpoint_committed" | "stopping" | "resumed" | "anomaly"
     step: int
     uri: str = ""
     duration_s: float = 0.0
@@ -69,6 +72,7 @@ class TrainerEvent(BaseModel):
     deadline: float | None = None
     request_id: str | None = None
     time: float = 0.0
+    anomaly: HealthAnomaly | None = None  # kind "anomaly"
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -114,6 +118,24 @@ def read_events(control_dir: Path, offset: int = 0) -> tuple[list[TrainerEvent],
     complete = data[: data.rfind("\n") + 1]  # ignore a line still being written
     events = [TrainerEvent.model_validate_json(line) for line in complete.splitlines() if line.strip()]
     return events, offset + len(complete.encode())
+
+
+def read_metrics(control_dir: Path, offset: int = 0) -> tuple[list[dict[str, float]], int]:
+    """Per-step metric lines appended since byte ``offset`` (rank 0 writes them, unsynced)."""
+    try:
+        with open(control_dir / METRICS_FILE, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except FileNotFoundError:
+        return [], offset
+    complete = data[: data.rfind(b"\n") + 1]
+    rows = []
+    for line in complete.splitlines():
+        try:
+            rows.append({k: float(v) for k, v in json.loads(line).items() if v is not None})
+        except (ValueError, TypeError, AttributeError):
+            continue  # a torn or foreign line: metrics are best effort
+    return rows, offset + len(complete)
 
 
 def write_progress(control_dir: Path, step: int) -> None:

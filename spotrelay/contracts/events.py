@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from spotrelay.contracts.health import HealthAnomaly
+
 AGENT_SOURCE = "spotrelay.agent"
 
 
@@ -58,8 +60,9 @@ class TrainingExited(_Event):
 
 class Anomaly(_Event):
     kind: Literal["Anomaly"] = "Anomaly"
-    what: str  # deadline-missed | imds-unreachable | upload-failed | ...
+    what: str  # deadline-missed | imds-unreachable | upload-failed | a health AnomalyKind ...
     detail: str = ""
+    health: HealthAnomaly | None = None  # set for training-health findings (what == health.kind)
 
 
 AgentEvent = Annotated[

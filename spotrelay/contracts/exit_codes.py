@@ -18,6 +18,8 @@ class ExitCode(IntEnum):
     """Infrastructure failed under the trainer (rendezvous, network, disk, IMDS); not the user's code."""
     CANCELLED = 78
     """Stopped by a STOP directive without a save (job cancelled)."""
+    UNHEALTHY = 79
+    """Stopped by the health policy (``stop``, or rollbacks spent); counts as a user error."""
 
     @classmethod
     def describe(cls, code: int) -> str:

@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from spotrelay.contracts.health import HealthPolicy
+
 REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 INSTANCE_TYPE_RE = re.compile(r"^[a-z][a-z0-9-]*\d[a-z0-9-]*\.[a-z0-9]+$")
 NAME_RE = r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$"
@@ -185,3 +187,4 @@ class JobSpec(Strict):
     tracking: Tracking = Field(default_factory=Tracking)
     notifications: Notifications = Field(default_factory=Notifications)
     budget: Budget = Field(default_factory=Budget)
+    health: HealthPolicy = Field(default_factory=HealthPolicy)

@@ -27,7 +27,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "examples" / "tiny")]
 
 from train import SEQ, VOCAB, TinyLM, run_steps, seed_everything, tensor_digest  # noqa: E402
 
-from agent.training import spotrelay_session  # noqa: E402
+from spotrelay.training import spotrelay_session  # noqa: E402
 
 LR = 3e-3
 
