@@ -16,8 +16,7 @@ from cdk import staging
 from cdk.agent_boundary import job_profiles_config
 from cdk.config import AppConfig
 from cdk.permissions import Grants, grants_for
-from spotrelay.local.lambda_seam import function_name_for
-from spotrelay.resources import RESOURCES
+from spotrelay.resources import RESOURCES, function_name_for
 
 # Per-handler timeouts: sfn tasks call EC2 (CreateFleet can take a while); the rest are quick.
 TIMEOUTS = {"sfn_": 120, "reconcile": 120}
@@ -63,7 +62,7 @@ class Functions(Construct):
         )
         code = lambda_.Code.from_asset(str(staging.stage_handlers()))
         self.functions: dict[str, lambda_.Function] = {}
-        self.names: dict[str, str] = {}  # module -> function name (lambda_seam.function_name_for)
+        self.names: dict[str, str] = {}  # module -> function name (resources.function_name_for)
         for module in self.handlers:
             name = function_name_for(module, prefix=f"{config.prefix}-")
             construct_id = "".join(part.title() for part in module.split("_"))

@@ -1,7 +1,7 @@
 """Stage the Lambda code and layer into ``layers/build/`` so that no asset is a folder with .venv in it.
 
-- ``layers/build/handlers/``: only the ``functions/`` and ``spotrelay/`` Python files (plus the
-  workflow JSON); one asset shared by every handler.
+- ``layers/build/handlers/``: only the first-party modules the handlers can import
+  (:func:`cdk.imports.closure`): no twin, no CLI, no simulator, no tests; one asset shared by every handler.
 - ``layers/build/layer/python/``: the third-party packages listed in ``layers/requirements.txt`` and
   their dependencies, copied from the installed distributions (offline: no pip download). Packages the
   Lambda Python runtime already ships (boto3 and its dependencies) are left out; torch and deepspeed
@@ -23,6 +23,8 @@ from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
+
+from cdk import imports
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "layers" / "build"
@@ -62,16 +64,6 @@ def discover_handlers(functions_dir: Path = ROOT / "functions") -> list[str]:
     return found
 
 
-def _copy_tree(src: Path, dst: Path, patterns: tuple[str, ...]) -> None:
-    for pattern in patterns:
-        for path in sorted(src.rglob(pattern)):
-            if "__pycache__" in path.parts:
-                continue
-            target = dst / path.relative_to(src.parent)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, target)
-
-
 def _publish(tmp: Path, out: Path) -> Path:
     """Swap a freshly built folder into place, so two synths at once never see a half-built one."""
     old = out.with_name(f".{out.name}.old.{os.getpid()}")
@@ -92,11 +84,20 @@ def _fresh(out: Path) -> Path:
     return tmp
 
 
-def stage_handlers(root: Path = ROOT, out: Path = BUILD / "handlers") -> Path:
-    """Copy ``functions/`` and ``spotrelay/`` source (no tests, no caches) to a clean folder."""
+def bundle_files(handlers: list[str] | None = None, root: Path = ROOT) -> list[Path]:
+    """Source files of the production bundle, relative to ``root``: the handlers' import closure."""
+    modules = imports.closure(imports.handler_modules(handlers or discover_handlers(root / "functions")), root)
+    paths = (imports.module_path(m, root) for m in modules)
+    return sorted(p.relative_to(root) for p in paths if p is not None)
+
+
+def stage_handlers(root: Path = ROOT, out: Path = BUILD / "handlers", handlers: list[str] | None = None) -> Path:
+    """Copy the production bundle's source (:func:`bundle_files`) to a clean folder."""
     tmp = _fresh(out)
-    _copy_tree(root / "functions", tmp, ("*.py", "*.json"))
-    _copy_tree(root / "spotrelay", tmp, ("*.py", "*.json", "*.yaml"))
+    for rel in bundle_files(handlers, root):
+        target = tmp / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / rel, target)
     return _publish(tmp, out)
 
 

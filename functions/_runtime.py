@@ -1,15 +1,12 @@
 """Shared Lambda runtime: one Powertools Logger, lazily built adapters, idempotency.
 
 Nothing here creates a client at import time. Each factory builds its adapter on first use and
-caches it. The Compute and MarketData adapters can be swapped (the local twin and the tests use
-their own), either with :func:`set_factories` or with environment variables naming a factory,
-``SPOTRELAY_COMPUTE_FACTORY=package.module:callable`` (same for ``SPOTRELAY_MARKET_FACTORY``,
-``SPOTRELAY_POOL_STATS_FACTORY``, ``SPOTRELAY_NOTIFIER_FACTORY``).
+caches it. The local twin and the tests swap adapters in-process with :func:`set_factories`; no
+environment variable can make a production function import a module it names.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable
 from functools import lru_cache
@@ -32,12 +29,6 @@ logger = Logger(service="spotrelay")
 
 Factory = Callable[[], Any]
 _overrides: dict[str, Factory] = {}
-_ENV = {
-    "compute": "SPOTRELAY_COMPUTE_FACTORY",
-    "market": "SPOTRELAY_MARKET_FACTORY",
-    "pool_stats": "SPOTRELAY_POOL_STATS_FACTORY",
-    "notifier": "SPOTRELAY_NOTIFIER_FACTORY",
-}
 _cache: dict[str, Any] = {}
 
 
@@ -58,18 +49,9 @@ def reset() -> None:
     _persistence.cache_clear()
 
 
-def _from_env(name: str) -> Factory | None:
-    spec = os.environ.get(_ENV.get(name, ""), "")
-    if not spec:
-        return None
-    module, _, attr = spec.partition(":")
-    factory: Factory = getattr(importlib.import_module(module), attr)
-    return factory
-
-
 def _build(name: str, default: Factory) -> Any:
     if name not in _cache:
-        factory = _overrides.get(name) or _from_env(name) or default
+        factory = _overrides.get(name) or default
         _cache[name] = factory()
     return _cache[name]
 
@@ -190,6 +172,6 @@ def _lazy(name: str, factory: Callable[[], Any]) -> Any:
 def _optional_notifier() -> Notifier | None:
     from spotrelay.settings import settings
 
-    if "notifier" not in _overrides and not _from_env("notifier") and not settings().topic_arn:
+    if "notifier" not in _overrides and not settings().topic_arn:
         return None
     return _lazy("notifier", notifier)

@@ -114,3 +114,8 @@ RESOURCES = Resources(
         "on_agent_event", "reconcile",
     ),
 )
+
+
+def function_name_for(handler: str, prefix: str = "spotrelay-") -> str:
+    """The Lambda function name of ``functions/<handler>.py`` (CDK and the twin's Lambda seam)."""
+    return f"{prefix}{handler.replace('_', '-')}"

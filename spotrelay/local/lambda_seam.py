@@ -17,6 +17,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from spotrelay.resources import function_name_for
+
 log = logging.getLogger(__name__)
 
 Handler = Callable[[dict[str, Any], Any], Any]
@@ -39,11 +41,6 @@ class LambdaContext:
 
     def get_remaining_time_in_millis(self) -> int:
         return 300_000
-
-
-def function_name_for(handler: str, prefix: str = "spotrelay-") -> str:
-    """The Lambda function name of ``functions/<handler>.py`` (CDK uses the same)."""
-    return f"{prefix}{handler.replace('_', '-')}"
 
 
 def register(function_name: str, handler: Handler) -> None:
