@@ -7,13 +7,27 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from spotrelay.errors import SpecError
+from spotrelay.spec.checks import launch_problems
 from spotrelay.spec.models import JobSpec
+from spotrelay.spec.safe_yaml import load_yaml
 
 MAX_SPEC_BYTES = 256 * 1024
+# The validated spec is stored on the job item; DynamoDB refuses items over 400 KB, and the item
+# also carries attempts, reasons and tokens.
+MAX_STORED_SPEC_BYTES = 160 * 1024
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def suffix_problem(name: str) -> str | None:
+    """Why a file or key of this name is not a spec the controller reads, or None (any case)."""
+    if name.lower().endswith(SPEC_SUFFIXES):
+        return None
+    tail = name.rsplit("/", 1)[-1]
+    found = f"'{tail.rsplit('.', 1)[-1]}'" if "." in tail else "no suffix"
+    return f"has {found}; a spec is .yaml, .yml or .json"
 
 
 def _field_path(loc: tuple[int | str, ...]) -> str:
@@ -46,21 +60,25 @@ def _errors(exc: ValidationError) -> list[tuple[str, str]]:
 
 
 def parse_spec(text: str | bytes, source: str = "<spec>") -> JobSpec:
-    """Parse YAML (a superset of JSON) safely and validate it; raise ``SpecError`` naming fields."""
+    """Parse YAML (a superset of JSON) with the bounded loader and validate it; raise ``SpecError``
+    naming fields. The one entry point for ``validate``, ``submit``, the handler and the agent."""
     if len(text) > MAX_SPEC_BYTES:
         raise SpecError(source, [("(file)", f"is {len(text)} bytes; the limit is {MAX_SPEC_BYTES}")])
-    try:
-        data: Any = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError(source, [("(file)", f"is not valid YAML or JSON{where}")]) from exc
+    data: Any = load_yaml(text, source)
     if not isinstance(data, dict):
         raise SpecError(source, [("(root)", "must be a mapping of fields")])
     try:
-        return JobSpec.model_validate(data)
+        spec = JobSpec.model_validate(data)
     except ValidationError as exc:
         raise SpecError(source, _errors(exc)) from exc
+    problems = launch_problems(spec)
+    if problems:
+        raise SpecError(source, problems)
+    stored = len(_canonical(spec))
+    if stored > MAX_STORED_SPEC_BYTES:
+        raise SpecError(source, [("(file)", f"is {stored} bytes once expanded to JSON; the limit is "
+                                            f"{MAX_STORED_SPEC_BYTES} (the job record must fit in DynamoDB)")])
+    return spec
 
 
 def load_spec(path: str | Path) -> JobSpec:
@@ -74,7 +92,10 @@ def load_spec(path: str | Path) -> JobSpec:
     return parse_spec(p.read_bytes(), source=str(p))
 
 
+def _canonical(spec: JobSpec) -> bytes:
+    return json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
+
+
 def spec_hash(spec: JobSpec) -> str:
     """A stable hash of the spec's content (key order and formatting do not matter)."""
-    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return hashlib.sha256(_canonical(spec)).hexdigest()

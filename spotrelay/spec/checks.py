@@ -1,0 +1,104 @@
+"""Checks that spare a launch: what would only fail on the nodes, after capacity was paid for.
+
+The models check each field's shape; these check what a launch needs from the spec as a whole
+(the script lies inside the working directory, the DeepSpeed config leaves spotrelay's parts to
+spotrelay and agrees with the gang size, nothing the process launch refuses). Each problem is a
+(field path, message) pair, like the model's own errors.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from typing import Any
+
+from spotrelay.spec.models import JobSpec
+
+MAX_DEEPSPEED_CONFIG_BYTES = 64 * 1024
+
+# Set per rank by torchrun / the DeepSpeed launcher; a value from the spec would break rendezvous.
+LAUNCHER_ENV = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+                          "MASTER_ADDR", "MASTER_PORT", "CROSS_RANK", "CROSS_SIZE"})
+
+# DeepSpeed config sections that would take over what spotrelay does itself.
+RESERVED_DEEPSPEED = {
+    "checkpoint": "spotrelay saves and resumes checkpoints itself; set checkpoint.* in the spec instead",
+    "nebula": "spotrelay's checkpoint engine saves checkpoints; remove it",
+    "elasticity": "spotrelay sizes the gang (resources.nodes); remove it",
+}
+
+Problems = list[tuple[str, str]]
+
+
+def inside(path: str) -> str | None:
+    """Why ``path`` is not a relative path that stays inside the working directory, or None."""
+    if path.startswith(("/", "~")) or (len(path) > 1 and path[1] == ":"):
+        return "must be relative to entrypoint.working_dir"
+    normal = posixpath.normpath(path.replace("\\", "/"))
+    if normal == ".." or normal.startswith("../"):
+        return "leaves entrypoint.working_dir ('..'); keep the path inside it"
+    return None
+
+
+def _nul(values: dict[str, str]) -> Problems:
+    return [(path, "contains a NUL character, which no process launch accepts")
+            for path, value in values.items() if "\x00" in value]
+
+
+def entrypoint_problems(spec: JobSpec) -> Problems:
+    entry = spec.entrypoint
+    problems: Problems = []
+    if entry.script is not None and (why := inside(entry.script)):
+        problems.append(("entrypoint.script", why))
+    strings = {"entrypoint.working_dir": entry.working_dir}
+    if entry.script is not None:
+        strings["entrypoint.script"] = entry.script
+    strings.update({f"entrypoint.command[{i}]": v for i, v in enumerate(entry.command or [])})
+    strings.update({f"entrypoint.args[{i}]": v for i, v in enumerate(entry.args)})
+    strings.update({f"entrypoint.env.{k}": v for k, v in entry.env.items()})
+    problems += _nul(strings)
+    for name in entry.env:
+        if name.startswith("SPOTRELAY_"):
+            problems.append((f"entrypoint.env.{name}", "SPOTRELAY_* variables are set by the agent"))
+        elif name in LAUNCHER_ENV:
+            problems.append((f"entrypoint.env.{name}", "is set per rank by the launcher"))
+    return problems
+
+
+def deepspeed_problems(spec: JobSpec) -> Problems:
+    config = spec.launcher.deepspeed_config
+    where = "launcher.deepspeed_config"
+    if isinstance(config, str):
+        why = inside(config)
+        if why is None and not config.lower().endswith(".json"):
+            why = "must name a .json file"
+        return [(where, why)] if why else []
+    if config is None:
+        return []
+    size = len(json.dumps(config, separators=(",", ":")))
+    if size > MAX_DEEPSPEED_CONFIG_BYTES:
+        return [(where, f"is {size} bytes as JSON; the limit is {MAX_DEEPSPEED_CONFIG_BYTES}")]
+    problems: Problems = [(f"{where}.{key}", why) for key, why in RESERVED_DEEPSPEED.items() if key in config]
+    return problems + _batch_problems(config, spec)
+
+
+def _batch_problems(config: dict[str, Any], spec: JobSpec) -> Problems:
+    """DeepSpeed refuses to start unless batch = micro batch x accumulation x world size."""
+    keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    values = [config.get(k) for k in keys]
+    problems: Problems = [(f"launcher.deepspeed_config.{k}", "must be a positive integer")
+                          for k, v in zip(keys, values, strict=True)
+                          if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1)]
+    if problems or None in values or spec.resources.gpus_per_node == 0:
+        return problems
+    batch, micro, steps = (int(v) for v in values)  # type: ignore[arg-type]
+    world = spec.resources.nodes * spec.resources.gpus_per_node
+    if batch != micro * steps * world:
+        problems.append(("launcher.deepspeed_config.train_batch_size",
+                         f"is {batch}, but DeepSpeed needs micro batch x accumulation x ranks = "
+                         f"{micro} x {steps} x {world} = {micro * steps * world}; give two of the three"))
+    return problems
+
+
+def launch_problems(spec: JobSpec) -> Problems:
+    return entrypoint_problems(spec) + deepspeed_problems(spec)
