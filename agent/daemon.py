@@ -16,6 +16,7 @@ from typing import Any
 
 from agent.actions import Responder, classify_exit
 from agent.config import AgentConfig
+from agent.hang import HangWatch, dump_stacks
 from agent.imds import ImdsClient
 from agent.launcher import LaunchPlan, Rendezvous, TrainingProcess, build_plan, contract_env
 from agent.monitors import DirectiveMonitor, Monitor, Notice, NoticeKind, RebalanceMonitor, SpotInterruptionMonitor
@@ -23,6 +24,7 @@ from agent.notice_store import NoticeStore
 from agent.reporting import JobTracking, Reporter, info, warn
 from spotrelay.contracts import control
 from spotrelay.contracts.exit_codes import ExitCode
+from spotrelay.contracts.health import AnomalyKind, HealthAction, HealthAnomaly
 from spotrelay.domain.models import Job, Node, NodeState, Pool
 from spotrelay.errors import AgentConfigError, ImdsUnavailableError, NotFoundError, SpotrelayError
 from spotrelay.ports.job_store import JobStore
@@ -65,6 +67,9 @@ class Agent:
         self.killed = False
         self.tracking: JobTracking | None = None
         self.doomed = False  # this instance got a spot notice: it will not join another gang
+        self.hang = HangWatch(self.control, None, clock)
+        self.hang_action: HealthAction | None = None
+        self.unhealthy: str | None = None  # why the health policy stopped training on this node
 
     def _bad_directive(self, why: str) -> None:
         self.reporter.anomaly("bad-directive", why)
@@ -187,16 +192,21 @@ class Agent:
         events_file = self.control / control.EVENTS_FILE
         offset = events_file.stat().st_size if events_file.exists() else 0  # earlier runs' events are old news
         c.work_dir.mkdir(parents=True, exist_ok=True)
+        self.hang = HangWatch(self.control, spec.health.hang_after_s if spec.health.enabled else None, self.clock)
+        self.hang_action, self.unhealthy = spec.health.action(AnomalyKind.HANG), None
         with open(c.work_dir / f"train-a{c.attempt}.log", "ab") as log:
             proc = TrainingProcess(plan, self.control, log)
             info("launching", argv=plan.argv, master=f"{master}:{port}")
             proc.start()
+            self.hang.reset()
             self._set_node(state=NodeState.RUNNING)
             code, offset = self._loop(proc, offset)
         self._follow(offset)
         exit_code, reason = classify_exit(
             code, proc.worker_codes(), self.responder.pending, self.responder.committed_since_request, self.killed
         )
+        if self.unhealthy:
+            exit_code, reason = ExitCode.UNHEALTHY, self.unhealthy
         last = self.responder.last_committed
         self.reporter.training_exited(
             exit_code, reason, control.read_progress(self.control), last.step if last else None
@@ -268,6 +278,9 @@ class Agent:
             if now >= next_beat:
                 self._heartbeat()
                 next_beat = now + c.heartbeat_s
+            stuck = self.hang.check(now)
+            if stuck is not None and self._on_hang(stuck, proc):
+                return proc.kill_tree(5.0), offset
             self.sleep(TICK_S)
 
     def _follow(self, offset: int) -> int:
@@ -276,7 +289,34 @@ class Agent:
         for event in events:
             if self.tracking and event.kind == "checkpoint_committed":
                 self.tracking.checkpoint(event.step, event.duration_s, event.emergency)
+            if event.kind == "anomaly" and event.anomaly is not None and self.config.rank == 0:
+                # every node's trainer agreed on it; node rank 0 speaks for the gang
+                self.reporter.anomaly(event.anomaly.kind.value, event.anomaly.detail, health=event.anomaly)
         return offset
+
+    def _on_hang(self, step: int, proc: TrainingProcess) -> bool:
+        """Dump the stacks, report, act by the policy; True ends the attempt (``stop``)."""
+        c = self.config
+        stacks = dump_stacks(self.control)
+        path = c.work_dir / f"stacks-a{c.attempt}.txt"
+        path.write_text(stacks)
+        action = self.hang_action or HealthAction.ROLLBACK
+        after = self.hang.after_s or 0.0
+        finding = HealthAnomaly(kind=AnomalyKind.HANG, action=action, step=step, node_rank=c.rank,
+                                detail=f"no step finished for {after:.0f} s after step {step}; stacks in {path}:\n"
+                                       + stacks[:3000])  # fmt: skip
+        warn("training hangs", step=step, action=action.value, stacks=str(path))
+        self.reporter.anomaly(finding.kind.value, finding.detail, health=finding)
+        if action is HealthAction.STOP:
+            self.unhealthy = f"hang: no step finished for {after:.0f} s after step {step}"
+            self.killed = True
+            return True
+        if action is HealthAction.ROLLBACK:  # restart from the latest checkpoint, like a RESTART directive
+            proc.kill_tree(c.stop_grace_s)
+            self.responder.reset()
+            proc.start()
+            self.hang.reset()
+        return False
 
     def _handle(self, notice: Notice, proc: TrainingProcess) -> None:
         new = self.notices.add(notice, self.clock())

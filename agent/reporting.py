@@ -25,6 +25,7 @@ from spotrelay.contracts.events import (
     NodeReady,
     TrainingExited,
 )
+from spotrelay.contracts.health import HealthAnomaly
 from spotrelay.domain.models import Job
 from spotrelay.ports.events import EventPublisher
 from spotrelay.ports.job_store import JobStore
@@ -159,8 +160,8 @@ class Reporter:
             )
         )
 
-    def anomaly(self, what: str, detail: str = "") -> bool:
-        return self.publish(Anomaly(**self._common(), what=what, detail=detail))
+    def anomaly(self, what: str, detail: str = "", health: HealthAnomaly | None = None) -> bool:
+        return self.publish(Anomaly(**self._common(), what=what, detail=detail, health=health))
 
 
 class JobTracking:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from agent.hang import register_stack_dump
 from agent.health import HealthMonitor
 from spotrelay.contracts.control import METRICS_FILE
 from spotrelay.contracts.health import HealthAction, HealthAnomaly, HealthPolicy
@@ -55,6 +56,8 @@ class SessionHealth:
             control_dir.mkdir(parents=True, exist_ok=True)
             self._metrics = open(control_dir / METRICS_FILE, "a", buffering=1)  # noqa: SIM115 - kept open
         self._last = time.perf_counter()
+        if control_dir is not None:
+            register_stack_dump(control_dir, rank)  # the agent asks for the stacks when the run hangs
         module = getattr(engine, "model", None) or getattr(getattr(engine, "engine", None), "module", None)
         if self.monitor is not None and module is not None:
             self.monitor.attach(getattr(module, "module", module))  # DDP/FSDP wrap the module that runs forward

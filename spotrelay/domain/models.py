@@ -50,6 +50,19 @@ class Attempt(Record):
     nodes: int = 0  # instances billed for this attempt
 
 
+class AnomalyRecord(Record):
+    """A training-health finding as the job keeps it (``spotrelay describe`` lists them)."""
+
+    attempt: int
+    node_id: str
+    kind: str  # spotrelay.contracts.health.AnomalyKind
+    action: str  # spotrelay.contracts.health.HealthAction
+    step: int
+    rank: int | None = None
+    detail: str = ""
+    time: float = 0.0
+
+
 class Job(Record):
     job_id: str
     name: str
@@ -74,6 +87,10 @@ class Job(Record):
     cost_so_far: float = 0.0
     task_tokens: dict[str, str] = Field(default_factory=dict)  # wait name -> Step Functions token
     mlflow_run_id: str | None = None
+    anomalies: list[AnomalyRecord] = Field(default_factory=list)  # newest last, at most MAX_ANOMALIES
+
+
+MAX_ANOMALIES = 50
 
 
 class NodeState(StrEnum):

@@ -20,6 +20,7 @@ from spotrelay.domain.models import CheckpointRef, Job, Node, NodeState
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import NotFoundError
 from spotrelay.services.controller import Controller, attempt_nodes
+from spotrelay.services.health import on_health_anomaly
 from spotrelay.services.waits import heartbeat, settle
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,8 @@ def handle_agent_event(ctl: Controller, event: AgentEvent, now: float) -> dict[s
     else:
         assert isinstance(event, Anomaly)
         log.warning("agent anomaly", extra={"job_id": job.job_id, "node_id": node.node_id,
-                                            "what": event.what, "detail": event.detail})
-        changed = False
+                                            "what": event.what, "detail": event.detail[:500]})
+        changed = on_health_anomaly(ctl, job, node, event, now)
     # The agent also writes its own node item (READY, EXITED), so the record may already say what
     # this event says: settle on every NodeReady / TrainingExited, changed or not (it is idempotent).
     decides = isinstance(event, (NodeReady, TrainingExited))

@@ -14,7 +14,8 @@ from spotrelay.ports.notifier import Notifier
 
 log = logging.getLogger(__name__)
 
-KINDS = ("submitted", "started", "interrupted", "recovered", "succeeded", "failed", "rejected", "cancelled")
+KINDS = ("submitted", "started", "interrupted", "recovered", "succeeded", "failed", "rejected", "cancelled",
+         "anomaly")
 
 _SUBJECTS = {
     "started": "job {name} is running (attempt {attempt})",
@@ -25,6 +26,7 @@ _SUBJECTS = {
     "cancelled": "job {name} cancelled",
     "submitted": "job {name} submitted",
     "rejected": "job {name} rejected",
+    "anomaly": "job {name}: {reason}",
 }
 
 
@@ -73,7 +75,7 @@ def announce(notifier: Notifier | None, kind: str, job: Job, now: float, **extra
 
 _EMOJI = {"succeeded": ":white_check_mark:", "failed": ":x:", "rejected": ":no_entry:", "interrupted": ":warning:",
           "recovered": ":arrows_counterclockwise:", "started": ":rocket:", "submitted": ":inbox_tray:",
-          "cancelled": ":octagonal_sign:"}
+          "cancelled": ":octagonal_sign:", "anomaly": ":stethoscope:"}
 _FIELDS = (("attempt", "Attempt"), ("pool", "Pool"), ("steps_lost", "Steps lost"),
            ("checkpoint_step", "Checkpoint step"), ("checkpoint_age_s", "Checkpoint age (s)"),
            ("cost_so_far", "Cost so far (USD)"), ("reason", "Reason"))

@@ -125,6 +125,34 @@ def test_anomaly_is_logged_only(env: Env) -> None:
     assert result["result"] == "no-op" and env.store.get_job(job.job_id) == before
 
 
+def _health(kind: str, action: str, step: int, **more: object) -> dict[str, object]:
+    return {"kind": kind, "action": action, "step": step, "detail": f"{kind} found", **more}
+
+
+def test_health_anomaly_is_recorded_once_and_stop_gives_the_reason(env: Env) -> None:
+    job, gang = running_job(env.store, env.compute)
+    found = _health("non-finite", "stop", 7)
+    event = agent_event("Anomaly", gang[0], what="non-finite", health=found)
+    assert on_agent_event.handler(event, ctx())["result"] == "applied"
+    again = agent_event("Anomaly", gang[0], what="non-finite", health=found)  # redelivered with a new id
+    assert on_agent_event.handler(again, ctx())["result"] == "no-op"
+    current = env.store.get_job(job.job_id)
+    assert [(a.kind, a.action, a.step, a.attempt) for a in current.anomalies] == [("non-finite", "stop", 7, 1)]
+    assert current.reasons[-1].startswith("health: non-finite at step 7 (stop)")
+    assert current.status is JobStatus.RUNNING and env.workflow.completed == []
+
+
+def test_straggler_replace_node_dooms_that_node_and_asks_every_rank_to_save(env: Env) -> None:
+    job, gang = running_job(env.store, env.compute)
+    found = _health("straggler", "replace-node", 40, rank=1, node_rank=1, value=2.4)
+    on_agent_event.handler(agent_event("Anomaly", gang[0], what="straggler", health=found), ctx())
+    nodes = {n.rank: n for n in env.store.nodes_of(job.job_id)}
+    assert nodes[1].state is NodeState.DOOMED and nodes[0].state is NodeState.READY
+    assert {n.directive["kind"] for n in nodes.values() if n.directive} == {"CHECKPOINT_NOW"}
+    assert all(n.directive for n in nodes.values())
+    assert env.store.get_job(job.job_id).status is JobStatus.CHECKPOINTING
+
+
 def test_malformed_agent_event_is_rejected(env: Env) -> None:
     event = load_event("agent_node_ready.json")
     del event["detail"]["instance_id"]

@@ -31,18 +31,28 @@ TRAINER = r"""
 import json, os, sys, time
 from pathlib import Path
 from spotrelay.contracts import control
+from spotrelay.contracts.health import HealthAnomaly
 ctl = Path(os.environ[control.ENV_CONTROL_DIR])
 mode, steps = sys.argv[1], int(sys.argv[2])
 handled = set()
 with open(ctl / "starts", "a") as fh:
     fh.write("x")
 (ctl / "run_id").write_text(os.environ.get(control.ENV_MLFLOW_RUN_ID, ""))
+if mode.startswith("stall"):
+    from agent.hang import register_stack_dump
+    register_stack_dump(ctl, 0)
+first_start = (ctl / "starts").read_text() == "x"
 def commit(step, emergency=False, deadline=None, request_id=None):
     control.append_event(ctl, control.TrainerEvent(kind="checkpoint_committed", step=step, uri=f"s3://b/step-{step}",
         duration_s=0.05, emergency=emergency, deadline=deadline, request_id=request_id, time=time.time()))
 for step in range(1, steps + 1):
     time.sleep(0.1)
     control.write_progress(ctl, step)
+    if step == 3 and (mode == "stall" or (mode == "stall-once" and first_start)):
+        time.sleep(3600)  # stuck in a collective, say
+    if step == 2 and mode == "anomaly":
+        found = HealthAnomaly(kind="grad-explosion", action="notify", step=2, value=40.0, detail="grad norm 40x")
+        control.append_event(ctl, control.TrainerEvent(kind="anomaly", step=2, anomaly=found, time=time.time()))
     request = control.read_request(ctl)
     if request is None or request.request_id in handled:
         continue
@@ -350,3 +360,33 @@ def test_mlflow_run_created_after_ready_and_handed_to_the_trainer(tmp_path: Path
     assert recorder.kinds()[0] == "NodeReady"
     history = MlflowClient(tracking_uri=uri).get_metric_history(run_id, "exit_code")
     assert [m.value for m in history] == [0]
+
+
+def _with_hang(action: str) -> JobSpec:
+    health = {"hang_after_s": 1.0, "actions": {"hang": action}}
+    return JobSpec.model_validate({**SPEC.model_dump(mode="json"), "health": health})
+
+
+def test_hang_dumps_stacks_reports_and_stops_unhealthy(tmp_path: Path, imds: FakeImds) -> None:
+    _, store, recorder, thread, result = run_agent(tmp_path, imds, mode="stall", spec=_with_hang("stop"))
+    assert finish(thread, result) == ExitCode.UNHEALTHY
+    [anomaly] = recorder.of("Anomaly")
+    assert anomaly["what"] == "hang" and anomaly["health"]["action"] == "stop" and anomaly["health"]["step"] == 3
+    assert "trainer.py" in anomaly["detail"]  # the stuck frame, from faulthandler in the trainer
+    assert "trainer.py" in (tmp_path / "stacks-a1.txt").read_text()
+    assert recorder.of("TrainingExited")[0]["reason"].startswith("hang:")
+    assert store.get_node("j-1", "a1-r0").exit_code == ExitCode.UNHEALTHY
+
+
+def test_hang_with_rollback_restarts_the_command(tmp_path: Path, imds: FakeImds) -> None:
+    _, _, recorder, thread, result = run_agent(tmp_path, imds, mode="stall-once", steps=6, spec=_with_hang("rollback"))
+    assert finish(thread, result) == ExitCode.DONE
+    assert (tmp_path / "control" / "starts").read_text() == "xx"
+    assert [a["health"]["action"] for a in recorder.of("Anomaly")] == ["rollback"]
+
+
+def test_trainer_anomaly_is_published_by_node_rank0(tmp_path: Path, imds: FakeImds) -> None:
+    _, _, recorder, thread, result = run_agent(tmp_path, imds, mode="anomaly", steps=5)
+    assert finish(thread, result) == ExitCode.DONE
+    [anomaly] = recorder.of("Anomaly")
+    assert anomaly["what"] == "grad-explosion" and anomaly["health"]["value"] == 40.0
