@@ -45,7 +45,7 @@ CAPABILITIES: dict[str, frozenset[str]] = {
     "on_rebalance": _EVENT | {EC2_LAUNCH, REGION_PARAMETERS, AGENT_PROFILES},
     "on_instance_state": _EVENT | {EC2_TERMINATE},
     "on_agent_event": _EVENT | {PUT_EVENTS},
-    "reconcile": _EVENT | {EXECUTIONS, EC2_TERMINATE, AGENT_PROFILES, AGENT_PROFILES_SWEEP},
+    "reconcile": _EVENT | {EXECUTIONS, EC2_TERMINATE, AGENT_PROFILES, AGENT_PROFILES_SWEEP, SUBMISSIONS},
     "sfn_": _EVENT | {EC2_LAUNCH, EC2_TERMINATE, REGION_PARAMETERS, EXECUTIONS, AGENT_PROFILES},
     "slack_notifier": frozenset({SLACK_SECRET}),
 }

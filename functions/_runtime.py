@@ -23,6 +23,7 @@ from spotrelay.ports.compute import Compute
 from spotrelay.ports.job_store import JobStore
 from spotrelay.ports.market import MarketData
 from spotrelay.ports.notifier import Notifier
+from spotrelay.ports.object_store import ObjectStore
 from spotrelay.ports.workflow import Workflow
 
 logger = Logger(service="spotrelay")
@@ -34,7 +35,7 @@ _cache: dict[str, Any] = {}
 
 def set_factories(**factories: Factory | None) -> None:
     """Replace adapters (``compute=``, ``market=``, ``pool_stats=``, ``notifier=``, ``store=``,
-    ``workflow=``); ``None`` restores the default. Clears cached instances."""
+    ``workflow=``, ``objects=``); ``None`` restores the default. Clears cached instances."""
     for name, factory in factories.items():
         if factory is None:
             _overrides.pop(name, None)
@@ -88,6 +89,12 @@ def _default_pool_stats() -> Any:
     return DynamoDBPoolStatsStore()
 
 
+def _default_objects() -> ObjectStore:
+    from spotrelay.adapters.s3_object_store import S3ObjectStore
+
+    return S3ObjectStore()
+
+
 def _default_notifier() -> Notifier:
     from spotrelay.adapters.sns_notifier import SnsNotifier
 
@@ -116,6 +123,10 @@ def pool_stats() -> Any:
 
 def notifier() -> Notifier:
     return _build("notifier", _default_notifier)
+
+
+def objects() -> ObjectStore:
+    return _build("objects", _default_objects)
 
 
 # --- idempotency -------------------------------------------------------------------------------
@@ -152,7 +163,7 @@ def controller() -> Any:
 
     return Controller(store=store(), workflow=workflow(), compute=_lazy("compute", compute),
                       market=_lazy("market", market), pool_stats=_lazy("pool_stats", pool_stats),
-                      notifier=_optional_notifier())
+                      notifier=_optional_notifier(), objects=_lazy("objects", objects))
 
 
 class _Lazy:

@@ -11,6 +11,7 @@ from spotrelay.errors import NotFoundError, PermanentError
 from spotrelay.settings import settings
 
 _MISSING = ("404", "NoSuchKey", "NotFound")
+_EMPTY = ("416", "InvalidRange")  # a Range request on an empty object
 
 
 class S3ObjectStore:
@@ -37,6 +38,8 @@ class S3ObjectStore:
         try:
             body: bytes = self._s3.get_object(**kwargs)["Body"].read()
         except ClientError as exc:
+            if max_bytes is not None and error_code(exc) in _EMPTY:
+                return b""
             if error_code(exc) in _MISSING:
                 raise NotFoundError(f"s3://{self.bucket}/{key} not found") from exc
             raise

@@ -72,6 +72,8 @@ class Job(Record):
     spec_hash: str = ""
     submission_key: str = ""
     submission_etag: str = ""
+    submission_sequencer: str | None = None  # S3's per-write sequencer: a redrop differs, a redelivery does not
+    submit_tries: int = 0  # unexpected failures while validating/starting; bounded (services/submit.py)
     reasons: list[str] = Field(default_factory=list)  # why REJECTED / FAILED
     created_at: float = 0.0
     updated_at: float = 0.0

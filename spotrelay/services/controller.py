@@ -11,6 +11,7 @@ from spotrelay.ports.compute import Compute
 from spotrelay.ports.job_store import JobStore
 from spotrelay.ports.market import MarketData
 from spotrelay.ports.notifier import Notifier
+from spotrelay.ports.object_store import ObjectStore
 from spotrelay.ports.workflow import Workflow
 from spotrelay.spec.models import JobSpec
 
@@ -28,6 +29,7 @@ class Controller:
     market: MarketData | None = None
     pool_stats: Any = None  # spotrelay.placement.PoolStatsStore
     notifier: Notifier | None = None
+    objects: ObjectStore | None = None  # the jobs bucket (reconcile finishes stuck submissions)
 
     def need_workflow(self) -> Workflow:
         assert self.workflow is not None, "this service needs the workflow port"

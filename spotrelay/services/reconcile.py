@@ -10,7 +10,9 @@
 4. Budget: a running job whose cost so far, the running attempt included, reached the spec's
    ``budget.max_total_cost`` has its outcome wait failed with ``BudgetExceededError``; the
    workflow's catch-all tears it down and records FAILED with that reason.
-5. Leaked agent roles: a per-job agent role and instance profile whose job has ended (or does not
+5. Half-done submissions: a SUBMITTED job, or a VALIDATED one without an execution, older than
+   ``heal_after_s`` is taken on to started, rejected or failed (``services/submit.py``).
+6. Leaked agent roles: a per-job agent role and instance profile whose job has ended (or does not
    exist) is deleted; teardown normally does it, this catches a teardown that failed half way.
 """
 
@@ -35,10 +37,11 @@ _PASSING = (JobStatus.PLACING, JobStatus.PROVISIONING, JobStatus.RECOVERING, Job
 
 
 def reconcile(ctl: Controller, now: float, stale_after_s: float = 300.0, regions: list[str] | None = None,
-              stuck_after_s: float = 3600.0) -> dict[str, Any]:
+              stuck_after_s: float = 3600.0, heal_after_s: float = 180.0) -> dict[str, Any]:
+    report: dict[str, Any] = {"lost": [], "orphans": [], "stuck": [], "over_budget": [], "profiles": [],
+                              "healed": _heal(ctl, now, heal_after_s)}
     jobs = [job for status in LIVE for job in ctl.store.jobs_by_status(status)]
-    report: dict[str, Any] = {"jobs": len(jobs), "lost": [], "orphans": [], "stuck": [], "over_budget": [],
-                              "profiles": []}
+    report["jobs"] = len(jobs)
     for job in jobs:
         if job.status in (JobStatus.RUNNING, JobStatus.CHECKPOINTING):
             report["lost"] += _stale(ctl, job, now, stale_after_s)
@@ -51,6 +54,14 @@ def reconcile(ctl: Controller, now: float, stale_after_s: float = 300.0, regions
     report["profiles"] = _leaked_profiles(ctl, jobs)
     log.info("reconciled", extra=report)
     return report
+
+
+def _heal(ctl: Controller, now: float, heal_after_s: float) -> list[str]:
+    if ctl.objects is None or ctl.workflow is None:
+        return []
+    from spotrelay.services.submit import Ports, heal_submissions
+
+    return heal_submissions(Ports(ctl.store, ctl.objects, ctl.workflow, ctl.notifier), now, heal_after_s)
 
 
 def _stale(ctl: Controller, job: Job, now: float, stale_after_s: float) -> list[str]:

@@ -71,7 +71,8 @@ def test_healthy_jobs_are_left_alone(env: Env) -> None:
         env.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update={"last_heartbeat": time.time()}))
     before = env.store.get_job(job.job_id)
     report = _run(5)
-    assert report == {"jobs": 1, "lost": [], "orphans": [], "stuck": [], "over_budget": [], "profiles": []}
+    assert report == {"jobs": 1, "lost": [], "orphans": [], "stuck": [], "over_budget": [], "profiles": [],
+                      "healed": []}
     assert env.store.get_job(job.job_id) == before and len(env.compute.running(job.job_id)) == 2
 
 
@@ -117,3 +118,31 @@ def test_agent_roles_a_failed_teardown_left_are_deleted(env: Env) -> None:
     assert report["profiles"] == ["job-finished", "job-unknown"]
     assert env.compute.job_profiles() == [live.job_id]  # the live job keeps its role
     assert _run(8)["profiles"] == []
+
+
+def test_submissions_left_half_way_are_finished(env: Env) -> None:
+    """A handler that died after recording the job (SUBMITTED) or after validating it (VALIDATED, no
+    execution) leaves it to the sweep once it is a few minutes old; a fresh one is left alone."""
+    from spotrelay.adapters.aws import client
+    from spotrelay.domain.models import Job
+    from spotrelay.settings import settings
+    from tests.conftest import ROOT
+
+    body = (ROOT / "examples" / "tiny.yaml").read_bytes()
+    old, now = time.time() - 600, time.time()
+    jobs = {"sub-old": (JobStatus.SUBMITTED, old, body), "sub-new": (JobStatus.SUBMITTED, now, body),
+            "bad-old": (JobStatus.SUBMITTED, old, b"version: 1\nname: [\n"),
+            "val-old": (JobStatus.VALIDATED, old, body)}
+    for job_id, (status, at, text) in jobs.items():
+        key = f"submissions/{job_id}.yaml"
+        client("s3").put_object(Bucket=settings().bucket, Key=key, Body=text)
+        env.store.create_job(Job(job_id=job_id, name=job_id, status=status, submission_key=key,
+                                 created_at=at, updated_at=at))
+    report = _run(7)
+    assert sorted(report["healed"]) == ["bad-old:rejected", "sub-old:started", "val-old:started"]
+    assert env.store.get_job("sub-old").status is JobStatus.VALIDATED
+    assert env.store.get_job("sub-old").execution_arn in env.workflow.executions
+    assert env.store.get_job("bad-old").status is JobStatus.REJECTED
+    assert env.store.get_job("sub-new").status is JobStatus.SUBMITTED
+    client("s3").head_object(Bucket=settings().bucket, Key="submissions/bad-old.yaml.rejected.json")
+    assert _run(8)["healed"] == []

@@ -19,7 +19,7 @@ PASS_MACHINE = {"StartAt": "Done", "States": {"Done": {"Type": "Pass", "End": Tr
 
 @pytest.fixture
 def env(aws: dict[str, str]) -> dict[str, str]:
-    from functions import _runtime, on_submission
+    from functions import _runtime
     from spotrelay.settings import reset
 
     arn = client("stepfunctions").create_state_machine(
@@ -29,7 +29,6 @@ def env(aws: dict[str, str]) -> dict[str, str]:
     os.environ["SPOTRELAY_STATE_MACHINE_ARN"] = arn
     reset()
     _runtime.reset()
-    on_submission.objects.cache_clear()
     return {**aws, "state_machine_arn": arn}
 
 
