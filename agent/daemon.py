@@ -14,6 +14,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from pydantic import ValidationError
+
 from agent.actions import Responder, classify_exit
 from agent.config import AgentConfig
 from agent.hang import HangWatch, dump_stacks
@@ -23,6 +25,7 @@ from agent.monitors import DirectiveMonitor, Monitor, Notice, NoticeKind, Rebala
 from agent.notice_store import NoticeStore
 from agent.reporting import JobTracking, Reporter, info, warn
 from spotrelay.contracts import control
+from spotrelay.contracts.events import Directive, DirectiveKind, parse_directive
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.contracts.health import AnomalyKind, HealthAction, HealthAnomaly
 from spotrelay.domain.models import Job, Node, NodeState, Pool
@@ -239,16 +242,28 @@ class Agent:
                 self.config = c.model_copy(update={"attempt": node.attempt, "rank": node.rank, "node_id": node.node_id})
                 self.reporter.config = self.config
                 self.responder = Responder(self.control, self.reporter, self.clock)
-                if node.directive and node.directive.get("kind") == "RESTART":  # this adoption is the restart
+                restart = self._restart_directive(node)
+                if restart is not None:  # this adoption is the restart
                     self.notices.add(
-                        Notice(NoticeKind.DIRECTIVE, "directive", node.directive.get("directive_id"), "RESTART"),
+                        Notice(NoticeKind.DIRECTIVE, "directive", restart.directive_id, restart.kind.value),
                         self.clock(),
                     )
-                    self._clear_directive(str(node.directive.get("directive_id")))
+                    self._clear_directive(restart.directive_id)
                 info("joining attempt", attempt=node.attempt, node_id=node.node_id, rank=node.rank)
                 return True
             self.sleep(c.directive_poll_s)
         return False
+
+    def _restart_directive(self, node: Node) -> Directive | None:
+        """The RESTART that carries this survivor into ``node``'s attempt (a model, parsed)."""
+        if not node.directive:
+            return None
+        try:
+            directive = parse_directive(node.directive)
+        except ValidationError as exc:
+            self._bad_directive(f"unreadable directive {node.directive!r}: {exc.errors()[0]['msg']}")
+            return None
+        return directive if directive.kind is DirectiveKind.RESTART else None
 
     def _loop(self, proc: TrainingProcess, offset: int) -> tuple[int, int]:
         c = self.config

@@ -17,4 +17,4 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     logger.append_keys(job_id=task.job_id)
     from spotrelay.services.workflow_tasks import plan
 
-    return plan(controller(), task.job_id, time.time(), recovery=task.recovery)
+    return plan(controller(), task.job_id, time.time(), recovery=task.recovery).model_dump(mode="json")

@@ -17,4 +17,4 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     logger.append_keys(job_id=task.job_id)
     from spotrelay.services.workflow_tasks import provision
 
-    return provision(controller(), task.job_id, task.plan, time.time())
+    return provision(controller(), task.job_id, task.plan, time.time()).model_dump(mode="json")

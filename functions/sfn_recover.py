@@ -17,4 +17,4 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     logger.append_keys(job_id=task.job_id)
     from spotrelay.services.recovery_flow import recover
 
-    return recover(controller(), task.job_id, task.outcome, task.timings, time.time())
+    return recover(controller(), task.job_id, task.outcome, task.timings, time.time()).model_dump(mode="json")

@@ -89,3 +89,16 @@ class Directive(BaseModel):
     deadline: float | None = None  # epoch seconds by which the checkpoint must be durable
     reason: str = ""
     issued_at: float
+    attempt: int | None = Field(None, ge=1, description="RESTART: the attempt this node joins")
+    rank: int | None = Field(None, ge=0, description="RESTART: its rank in that attempt")
+
+    @classmethod
+    def restart(cls, job_id: str, attempt: int, rank: int, now: float, reason: str) -> Directive:
+        """A survivor kept by replace-lost-nodes joins ``attempt`` as ``rank`` (its local tier stays)."""
+        return cls(directive_id=f"restart-{job_id}-a{attempt}", kind=DirectiveKind.RESTART, issued_at=now,
+                   reason=reason, attempt=attempt, rank=rank)
+
+
+def parse_directive(raw: object) -> Directive:
+    """The directive in a node item (``ValidationError`` when it is not one)."""
+    return Directive.model_validate(raw)

@@ -2,10 +2,11 @@
 
 Stable API (the workflow's recover step calls them in this order):
 
-1. ``classify_nodes(nodes, cancelled=False) -> Outcome`` (or ``classify_attempt(exit_codes,
-   doomed_ranks, lost_ranks, cancelled)``): ``Outcome.kind`` is an ``AttemptEnd`` (succeeded,
+1. ``classify_nodes(nodes, cancelled=False) -> AttemptEnd`` (or ``classify_attempt(exit_codes,
+   doomed_ranks, lost_ranks, cancelled)``): ``AttemptEnd.outcome`` is a ``Verdict`` (succeeded,
    interrupted, node-lost, user-error, infra-error, cancelled), with ``reason``, ``exit_code``,
-   ``rank`` and ``lost_ranks`` (ranks whose nodes must be replaced).
+   ``rank`` and ``lost_ranks`` (ranks whose nodes must be replaced). ``AttemptEnd`` and ``Verdict``
+   live in ``spotrelay/contracts/recovery.py``: ``settle`` classifies once and the workflow carries it.
 2. ``check_retry_budget(spec.recovery, outcome, job.recoveries, job.user_restarts) -> RetryDecision``
    (``charge``: recovery | user-restart, the counters after this retry, a reason), or
    ``RetryBudgetExhaustedError`` naming the limit; the workflow marks the job FAILED with it.
@@ -24,8 +25,9 @@ join the survivors' group.
 
 from __future__ import annotations
 
+from spotrelay.contracts.recovery import AttemptEnd, Verdict
 from spotrelay.recovery.budget import Charge, RetryDecision, check_retry_budget
-from spotrelay.recovery.classify import AttemptEnd, Outcome, classify_attempt, classify_nodes
+from spotrelay.recovery.classify import classify_attempt, classify_nodes
 from spotrelay.recovery.strategies import (
     RecoveryContext,
     RecoveryPlan,
@@ -41,13 +43,13 @@ from spotrelay.recovery.strategies import (
 __all__ = [
     "AttemptEnd",
     "Charge",
-    "Outcome",
     "RecoveryContext",
     "RecoveryPlan",
     "RecoveryStrategy",
     "ReplaceCluster",
     "ReplaceLostNodes",
     "RetryDecision",
+    "Verdict",
     "check_retry_budget",
     "classify_attempt",
     "classify_nodes",

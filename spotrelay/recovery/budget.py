@@ -15,8 +15,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
+from spotrelay.contracts.recovery import AttemptEnd, Verdict
 from spotrelay.errors import RetryBudgetExhaustedError
-from spotrelay.recovery.classify import AttemptEnd, Outcome
 from spotrelay.spec.models import Recovery
 
 
@@ -34,12 +34,12 @@ class RetryDecision(BaseModel):
 
 
 def check_retry_budget(
-    policy: Recovery, outcome: Outcome, recoveries_used: int, user_restarts_used: int
+    policy: Recovery, outcome: AttemptEnd, recoveries_used: int, user_restarts_used: int
 ) -> RetryDecision:
     """Allow one more attempt and say what it costs, or raise ``RetryBudgetExhaustedError``."""
     if not outcome.retryable:
-        raise ValueError(f"an attempt that ended {outcome.kind} is not retried")
-    if outcome.kind is AttemptEnd.USER_ERROR:
+        raise ValueError(f"an attempt that ended {outcome.outcome} is not retried")
+    if outcome.outcome is Verdict.USER_ERROR:
         code = outcome.exit_code
         if policy.retry_exit_codes and code not in policy.retry_exit_codes:
             raise RetryBudgetExhaustedError(
@@ -59,4 +59,4 @@ def check_retry_budget(
         )
     return RetryDecision(charge=Charge.RECOVERY, recoveries=recoveries_used + 1,
                          user_restarts=user_restarts_used,
-                         reason=f"recovery {recoveries_used + 1}/{policy.max_recoveries} after {outcome.kind}")
+                         reason=f"recovery {recoveries_used + 1}/{policy.max_recoveries} after {outcome.outcome}")

@@ -1,6 +1,7 @@
-"""How an attempt ended, from what the ranks reported and what happened to their nodes.
+"""How an attempt ended, from what the ranks reported and what happened to their nodes: the one
+classifier (``services/waits.settle`` calls it when a wait ends; the result is an ``AttemptEnd``).
 
-Precedence, highest first (the first that applies names the end):
+Precedence, highest first (the first that applies names the verdict):
 
 1. cancelled (asked for, or any rank exited CANCELLED) -> CANCELLED
 2. a spot notice for any node, or a rank exited PREEMPTED_SAVED/UNSAVED -> INTERRUPTED
@@ -17,43 +18,13 @@ infra error the ranks that reported it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from enum import StrEnum
-
-from pydantic import BaseModel, ConfigDict
 
 from spotrelay.contracts.exit_codes import ExitCode
+from spotrelay.contracts.recovery import AttemptEnd, Verdict
 from spotrelay.domain.models import Node, NodeState
 
 _PREEMPTED = {int(ExitCode.PREEMPTED_SAVED), int(ExitCode.PREEMPTED_UNSAVED)}
 _OWN_MEANING = {int(c) for c in ExitCode}
-
-
-class AttemptEnd(StrEnum):
-    SUCCEEDED = "succeeded"
-    """Every rank finished training."""
-    INTERRUPTED = "interrupted"
-    """Spot reclaimed at least one node (announced); resume from the emergency checkpoint."""
-    NODE_LOST = "node-lost"
-    """A node vanished without notice; resume from the last committed checkpoint."""
-    USER_ERROR = "user-error"
-    """The training code failed; the spec's restart policy decides."""
-    INFRA_ERROR = "infra-error"
-    """Rendezvous, network, disk or a kill by signal under healthy user code."""
-    CANCELLED = "cancelled"
-    """Stopped on request; never retried."""
-
-
-class Outcome(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    kind: AttemptEnd
-    reason: str
-    exit_code: int | None = None  # the code that decided the kind, if any
-    rank: int | None = None  # the rank that reported it
-    lost_ranks: tuple[int, ...] = ()
-
-    @property
-    def retryable(self) -> bool:
-        return self.kind not in (AttemptEnd.SUCCEEDED, AttemptEnd.CANCELLED)
 
 
 def _first(codes: Mapping[int, int], wanted: set[int] | None = None, user: bool = False) -> tuple[int, int] | None:
@@ -68,50 +39,57 @@ def _first(codes: Mapping[int, int], wanted: set[int] | None = None, user: bool 
 
 def classify_attempt(
     exit_codes: Mapping[int, int], doomed_ranks: Iterable[int] = (), lost_ranks: Iterable[int] = (),
-    cancelled: bool = False,
-) -> Outcome:
+    cancelled: bool = False, attempt: int = 0,
+) -> AttemptEnd:
     """Classify from per-rank exit codes (rank -> code; negative = killed by that signal)."""
     doomed, lost = sorted(set(doomed_ranks)), sorted(set(lost_ranks))
     gone = tuple(sorted(set(doomed) | set(lost)))
     hit = _first(exit_codes, {int(ExitCode.CANCELLED)})
     if cancelled or hit:
-        return Outcome(kind=AttemptEnd.CANCELLED, reason="cancelled", exit_code=hit[1] if hit else None,
-                       rank=hit[0] if hit else None, lost_ranks=gone)
+        return AttemptEnd(outcome=Verdict.CANCELLED, attempt=attempt, reason="cancelled",
+                          exit_code=hit[1] if hit else None, rank=hit[0] if hit else None, lost_ranks=gone)
     hit = _first(exit_codes, _PREEMPTED)
     if doomed or hit:
         unsaved = any(c == int(ExitCode.PREEMPTED_UNSAVED) for c in exit_codes.values())
         what = "spot interruption" + (" (checkpoint missed the deadline)" if unsaved else "")
         ranks = list(gone) if gone else [hit[0]] if hit else []
-        return Outcome(kind=AttemptEnd.INTERRUPTED, reason=f"{what} of ranks {ranks}",
-                       exit_code=hit[1] if hit else None, rank=hit[0] if hit else None, lost_ranks=gone)
+        return AttemptEnd(outcome=Verdict.INTERRUPTED, attempt=attempt, reason=f"{what} of ranks {ranks}",
+                          exit_code=hit[1] if hit else None, rank=hit[0] if hit else None, lost_ranks=gone,
+                          saved=not unsaved)
     if lost:
-        return Outcome(kind=AttemptEnd.NODE_LOST, reason=f"nodes of ranks {lost} lost without notice",
-                       lost_ranks=gone)
+        return AttemptEnd(outcome=Verdict.NODE_LOST, attempt=attempt,
+                          reason=f"nodes of ranks {lost} lost without notice", lost_ranks=gone)
     if exit_codes and all(c == 0 for c in exit_codes.values()):
-        return Outcome(kind=AttemptEnd.SUCCEEDED, reason="every rank exited 0", exit_code=0)
+        return AttemptEnd(outcome=Verdict.SUCCEEDED, attempt=attempt, reason="every rank exited 0", exit_code=0)
     hit = _first(exit_codes, user=True)
     if hit:
-        return Outcome(kind=AttemptEnd.USER_ERROR, reason=f"training code exited {hit[1]} on rank {hit[0]}",
-                       exit_code=hit[1], rank=hit[0])
+        return AttemptEnd(outcome=Verdict.USER_ERROR, attempt=attempt,
+                          reason=f"training code exited {hit[1]} on rank {hit[0]}", exit_code=hit[1], rank=hit[0])
     infra = sorted(r for r, c in exit_codes.items() if c == int(ExitCode.INFRA_ERROR) or c < 0)
     if infra:
         code = exit_codes[infra[0]]
         what = f"killed by signal {-code}" if code < 0 else "infrastructure error"
-        return Outcome(kind=AttemptEnd.INFRA_ERROR, reason=f"{what} on ranks {infra}", exit_code=code,
-                       rank=infra[0], lost_ranks=tuple(infra))
+        return AttemptEnd(outcome=Verdict.INFRA_ERROR, attempt=attempt, reason=f"{what} on ranks {infra}",
+                          exit_code=code, rank=infra[0], lost_ranks=tuple(infra))
     raise ValueError(f"cannot classify an attempt from exit codes {dict(exit_codes)} with no lost node")
 
 
-def classify_nodes(nodes: Iterable[Node], cancelled: bool = False) -> Outcome:
-    """Classify from the gang's node records (state and exit code as the handlers stored them)."""
+def classify_nodes(nodes: Iterable[Node], cancelled: bool = False) -> AttemptEnd:
+    """Classify from the gang's node records (state and exit code as the handlers stored them).
+
+    A TERMINATED node that never reported an exit code was reclaimed after its notice (the state
+    change of a DOOMED node): it counts as doomed, so the end stays an interruption.
+    """
     codes: dict[int, int] = {}
     doomed: list[int] = []
     lost: list[int] = []
+    attempt = 0
     for node in nodes:
+        attempt = max(attempt, node.attempt)
         if node.exit_code is not None:
             codes[node.rank] = node.exit_code
-        if node.state is NodeState.DOOMED:
+        if node.state is NodeState.DOOMED or (node.state is NodeState.TERMINATED and node.exit_code is None):
             doomed.append(node.rank)
         elif node.state is NodeState.LOST:
             lost.append(node.rank)
-    return classify_attempt(codes, doomed, lost, cancelled)
+    return classify_attempt(codes, doomed, lost, cancelled, attempt)

@@ -12,11 +12,11 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from spotrelay.contracts.recovery import AttemptEnd
 from spotrelay.domain.models import Node, NodeState, Pool
 from spotrelay.placement.policy import DEFAULT_CONFIG, PlacementConfig, ScoredPool, best_pool, evaluate_pools
 from spotrelay.placement.pool_stats import PoolStats
 from spotrelay.ports.market import PoolQuote
-from spotrelay.recovery.classify import Outcome
 from spotrelay.spec.models import JobSpec
 
 _GONE = (NodeState.DOOMED, NodeState.LOST, NodeState.TERMINATED)
@@ -25,7 +25,7 @@ _GONE = (NodeState.DOOMED, NodeState.LOST, NodeState.TERMINATED)
 class RecoveryContext(BaseModel):
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
     spec: JobSpec
-    outcome: Outcome
+    outcome: AttemptEnd
     nodes: list[Node]  # the gang of the attempt that ended (all ranks, any state)
     quotes: list[PoolQuote]
     stats: dict[str, PoolStats] = Field(default_factory=dict)
@@ -107,7 +107,7 @@ class ReplaceCluster:
     def plan(self, ctx: RecoveryContext) -> RecoveryPlan:
         best = best_pool(ctx.spec, ctx.quotes, ctx.stats, ctx.now, ctx.excluded, quotas=ctx.quotas,
                          config=ctx.config)
-        return self.new_cluster(ctx, best, f"{ctx.outcome.kind}: new gang in {best.pool.key}")
+        return self.new_cluster(ctx, best, f"{ctx.outcome.outcome}: new gang in {best.pool.key}")
 
     def new_cluster(self, ctx: RecoveryContext, best: ScoredPool, reason: str) -> RecoveryPlan:
         return RecoveryPlan(
@@ -149,7 +149,7 @@ class ReplaceLostNodes(ReplaceCluster):
             strategy=self.name, action="replace-lost" if lost else "restart-in-place", pool=home, scored=same,
             launch_ranks=lost, keep_instance_ids=[n.instance_id for n in survivors],
             terminate_instance_ids=ctx.release(survivors),
-            reason=f"{ctx.outcome.kind}: keep {len(survivors)} survivors in {home.key}, launch ranks {lost}",
+            reason=f"{ctx.outcome.outcome}: keep {len(survivors)} survivors in {home.key}, launch ranks {lost}",
         )
 
     def _fallback(self, ctx: RecoveryContext, why: str) -> RecoveryPlan:

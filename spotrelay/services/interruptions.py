@@ -87,7 +87,7 @@ def interruption_notice(ctl: Controller, instance_id: str, notice_time: float, n
     log.info("interruption notice", extra={"job_id": job.job_id, "node_id": node.node_id, "deadline": deadline,
                                            "directives": sent})
     return {"result": "applied", "job_id": job.job_id, "node_id": node.node_id, "deadline": deadline,
-            "directives": sent, "settled": verdict["outcome"] if verdict else None}
+            "directives": sent, "settled": verdict.outcome.value if verdict else None}
 
 
 def rebalance(ctl: Controller, instance_id: str, event_time: float, now: float) -> dict[str, Any]:
@@ -125,4 +125,4 @@ def instance_state(ctl: Controller, instance_id: str, state: str, now: float) ->
     log.info("instance going away", extra={"job_id": job.job_id, "node_id": node.node_id, "ec2_state": state,
                                            "node_state": target.value})
     return {"result": "applied", "job_id": job.job_id, "node_id": node.node_id, "node_state": target.value,
-            "settled": verdict["outcome"] if verdict else None}
+            "settled": verdict.outcome.value if verdict else None}

@@ -67,7 +67,7 @@ def handle_agent_event(ctl: Controller, event: AgentEvent, now: float) -> dict[s
     decides = isinstance(event, (NodeReady, TrainingExited))
     verdict = settle(ctl, job.job_id, now) if decides else None
     return {"result": "applied" if changed else "no-op", "kind": event.kind,
-            "settled": verdict["outcome"] if verdict else None}
+            "settled": verdict.outcome.value if verdict else None}
 
 
 def _update_node(ctl: Controller, node: Node, change: Any) -> bool:

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from spotrelay.contracts.recovery import AttemptEnd, LaunchPlan, RecoveryPlan
 from spotrelay.contracts.workflow import WorkflowTimings
 
 
@@ -16,11 +17,11 @@ class _Task(BaseModel):
 
 class PlanTask(_Task):
     timings: WorkflowTimings = Field(default_factory=WorkflowTimings)
-    recovery: dict[str, Any] = Field(default_factory=dict)
+    recovery: RecoveryPlan = Field(default_factory=RecoveryPlan)
 
 
 class ProvisionTask(_Task):
-    plan: dict[str, Any]
+    plan: LaunchPlan
 
 
 class RegisterWaitTask(_Task):
@@ -31,7 +32,7 @@ class RegisterWaitTask(_Task):
 
 class RecoverTask(_Task):
     timings: WorkflowTimings = Field(default_factory=WorkflowTimings)
-    outcome: dict[str, Any]
+    outcome: AttemptEnd
 
 
 class TeardownTask(_Task):
@@ -41,4 +42,4 @@ class TeardownTask(_Task):
 class FinalizeTask(_Task):
     result: Literal["SUCCEEDED", "FAILED", "CANCELLED"]
     error: dict[str, Any] | None = None
-    outcome: dict[str, Any] | None = None
+    outcome: AttemptEnd | None = None

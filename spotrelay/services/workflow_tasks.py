@@ -8,8 +8,10 @@ import json
 import logging
 from typing import Any
 
+from spotrelay.contracts.events import Directive
+from spotrelay.contracts.recovery import Candidate, Launched, LaunchPlan, RecoveryPlan
 from spotrelay.domain.cost import attempt_cost
-from spotrelay.domain.models import Attempt, Job, Node, NodeState, Pool, node_id_for
+from spotrelay.domain.models import Attempt, Job, Node, NodeState, node_id_for
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import (
     BudgetExceededError,
@@ -19,10 +21,14 @@ from spotrelay.errors import (
     QuotaExceededError,
 )
 from spotrelay.placement import PoolEvent, best_pool, rank_pools
+from spotrelay.placement.policy import score_pool
+from spotrelay.placement.pool_stats import PoolStats
 from spotrelay.ports.compute import LaunchRequest
+from spotrelay.ports.market import PoolQuote
 from spotrelay.services.controller import Controller, attempt_nodes, regions_of, release_nodes, spec_of
 from spotrelay.services.notify import announce
 from spotrelay.settings import settings
+from spotrelay.spec.models import JobSpec
 
 log = logging.getLogger(__name__)
 MAX_CANDIDATES = 8  # pools provision may try before backing off and re-planning
@@ -46,12 +52,15 @@ def _close_attempt(job: Job, now: float, reason: str) -> dict[str, Any]:
 
 
 # --- plan --------------------------------------------------------------------------------------
-def plan(ctl: Controller, job_id: str, now: float, recovery: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Score the pools; move the job to PLACING; return the candidates best first.
+def plan(ctl: Controller, job_id: str, now: float, recovery: RecoveryPlan | None = None) -> LaunchPlan:
+    """Move the job to PLACING and say where provision launches which ranks.
 
-    After a ``replace-lost-nodes`` recovery (``recovery`` holds ``keep_instance_ids``), the only
-    candidate is the survivors' pool unless it has been excluded since (then a whole new gang).
+    A keeping ``recovery`` (replace-lost / restart-in-place, decided by recover) is executed as is:
+    its survivors' pool is the only candidate, priced but not re-ranked (a pool's cooldown governs
+    new gangs; it does not evict survivors running there). Only a launch that failed in that pool
+    since (provision excluded it) releases the survivors for a whole new gang.
     """
+    recovery = recovery or RecoveryPlan()
     job = _live(ctl.store.get_job(job_id))
     spec = spec_of(job)
     budget = spec.budget.max_total_cost
@@ -61,29 +70,12 @@ def plan(ctl: Controller, job_id: str, now: float, recovery: dict[str, Any] | No
     res = spec.resources
     quotes = ctl.market.quotes(res.regions, res.instance_types, [m.value for m in res.markets])
     stats = ctl.pool_stats.get_many([q.pool.key for q in quotes])
-    excluded = frozenset(job.excluded_pools)
-    ranked = rank_pools(spec, quotes, stats, now, excluded)
-    if not ranked and excluded:  # every pool failed this run: retry those whose cooldown has passed
-        excluded = frozenset()
-        ranked = rank_pools(spec, quotes, stats, now, excluded)
-    if not ranked:
-        best_pool(spec, quotes, stats, now, excluded)  # raises NoPlacementError with the reasons
-        raise NoPlacementError(f"no candidate pool for job {job_id}")
-    keep = list((recovery or {}).get("keep_instance_ids") or [])
-    ranks = list(range(res.nodes))
-    candidates = ranked[:MAX_CANDIDATES]
-    home = (recovery or {}).get("pool")
-    if keep and home and home not in [p for p in excluded]:
-        same = [s for s in ranked if s.pool.key == home]
-        if same:
-            candidates, ranks = same, list((recovery or {}).get("launch_ranks") or [])
-        else:
-            keep = []
-    else:
-        keep = []
-    dropped = set((recovery or {}).get("keep_instance_ids") or []) - set(keep)
-    if dropped:  # the survivors' pool is out: they go, a whole new gang comes
-        release_nodes(ctl, job, [n for n in attempt_nodes(ctl.store, job) if n.instance_id in dropped])
+    launch = _keeping_plan(spec, recovery, job, quotes, stats) if recovery.keeps else None
+    if launch is None:
+        if recovery.keep_instance_ids:  # the survivors' pool refused the replacements: they go too
+            kept = set(recovery.keep_instance_ids)
+            release_nodes(ctl, job, [n for n in attempt_nodes(ctl.store, job) if n.instance_id in kept])
+        launch = _new_gang_plan(spec, job, quotes, stats, now)
 
     def to_placing(current: Job) -> Job | None:
         _live(current)
@@ -93,17 +85,42 @@ def plan(ctl: Controller, job_id: str, now: float, recovery: dict[str, Any] | No
                                           "updated_at": now})
 
     ctl.store.update_job(job_id, to_placing)
-    log.info("placement", extra={"job_id": job_id, "candidates": [c.pool.key for c in candidates]})
-    return {
-        "candidates": [{"pool": c.pool.model_dump(), "price_per_hour": c.quote.price_per_hour,
-                        "score": round(c.score, 4)} for c in candidates],
-        "launch_ranks": ranks,
-        "keep_instance_ids": keep,
-    }
+    log.info("placement", extra={"job_id": job_id, "candidates": [c.pool.key for c in launch.candidates],
+                                 "launch_ranks": launch.launch_ranks, "keep": launch.keep_instance_ids})
+    return launch
+
+
+def _keeping_plan(spec: JobSpec, recovery: RecoveryPlan, job: Job, quotes: list[PoolQuote],
+                  stats: dict[str, PoolStats]) -> LaunchPlan | None:
+    home = recovery.pool
+    assert home is not None
+    quote = next((q for q in quotes if q.pool == home), None)
+    if home.key in job.excluded_pools or quote is None:
+        return None
+    scored = score_pool(spec, quote, stats.get(home.key))
+    return LaunchPlan(candidates=[Candidate(pool=home, price_per_hour=quote.price_per_hour,
+                                            score=round(scored.score, 4))],
+                      launch_ranks=list(recovery.launch_ranks), keep_instance_ids=list(recovery.keep_instance_ids))
+
+
+def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict[str, PoolStats],
+                   now: float) -> LaunchPlan:
+    excluded = frozenset(job.excluded_pools)
+    ranked = rank_pools(spec, quotes, stats, now, excluded)
+    if not ranked and excluded:  # every pool failed this run: retry those whose cooldown has passed
+        excluded = frozenset()
+        ranked = rank_pools(spec, quotes, stats, now, excluded)
+    if not ranked:
+        best_pool(spec, quotes, stats, now, excluded)  # raises NoPlacementError with the reasons
+        raise NoPlacementError(f"no candidate pool for job {job.job_id}")
+    return LaunchPlan(
+        candidates=[Candidate(pool=c.pool, price_per_hour=c.quote.price_per_hour, score=round(c.score, 4))
+                    for c in ranked[:MAX_CANDIDATES]],
+        launch_ranks=list(range(spec.resources.nodes)))
 
 
 # --- provision ---------------------------------------------------------------------------------
-def provision(ctl: Controller, job_id: str, plan_result: dict[str, Any], now: float) -> dict[str, Any]:
+def provision(ctl: Controller, job_id: str, plan_result: LaunchPlan, now: float) -> Launched:
     """Gang-launch in the first candidate with capacity. Every failed pool is recorded (cooldown)
     and excluded for the next plan; when all fail, raise the capacity error for the workflow."""
     job = _live(ctl.store.get_job(job_id))
@@ -112,16 +129,14 @@ def provision(ctl: Controller, job_id: str, plan_result: dict[str, Any], now: fl
     if job.status is not JobStatus.PROVISIONING:
         job = ctl.store.save_job(job.model_copy(update={
             "status": transition(job.status, JobStatus.PROVISIONING), "updated_at": now}), job.status, job.version)
-    spec = spec_of(job)
-    # [] is meaningful: every rank survived (restart in place), nothing to launch
-    ranks = list(plan_result["launch_ranks"] if "launch_ranks" in plan_result else range(spec.resources.nodes))
-    keep = list(plan_result.get("keep_instance_ids") or [])
+    ranks = list(plan_result.launch_ranks)  # [] is meaningful: every rank survived (restart in place)
+    keep = list(plan_result.keep_instance_ids)
     attempt = job.attempt + 1
     failed: list[str] = []
     last_error: Exception | None = None
     compute = ctl.need_compute()
-    for candidate in plan_result["candidates"]:
-        pool = Pool.model_validate(candidate["pool"])
+    for candidate in plan_result.candidates:
+        pool = candidate.pool
         request = LaunchRequest(job_id=job_id, attempt=attempt, pool=pool, count=len(ranks), ranks=ranks,
                                 config_uri=f"s3://{settings().bucket}/{job.submission_key}")
         try:
@@ -140,7 +155,7 @@ def provision(ctl: Controller, job_id: str, plan_result: dict[str, Any], now: fl
         nodes += _carry_survivors(ctl, job, keep, attempt, now)
         for node in nodes:
             ctl.store.put_node(node)
-        record = Attempt(number=attempt, pool=pool, price_per_hour=float(candidate["price_per_hour"]),
+        record = Attempt(number=attempt, pool=pool, price_per_hour=candidate.price_per_hour,
                          nodes=len(nodes), started_at=now,  # billing starts at launch, not at NodeReady
                          resumed_from_step=job.last_checkpoint.step if job.last_checkpoint else None)
 
@@ -162,21 +177,21 @@ def provision(ctl: Controller, job_id: str, plan_result: dict[str, Any], now: fl
 
 def _carry_survivors(ctl: Controller, job: Job, keep: list[str], attempt: int, now: float) -> list[Node]:
     """Survivors kept by replace-lost-nodes join the new attempt: a new node record each, with a
-    RESTART directive so their agents restart training in the new gang and report NodeReady again."""
+    RESTART directive (a model the agent parses) so their agents restart training in the new gang,
+    from their own local tier, and report NodeReady again."""
     if not keep:
         return []
     old = [n for n in ctl.store.nodes_of(job.job_id) if n.attempt == job.attempt and n.instance_id in keep]
-    directive = {"directive_id": f"restart-{job.job_id}-a{attempt}", "kind": "RESTART", "deadline": None,
-                 "reason": f"replacement nodes joined; attempt {attempt}", "issued_at": now}
-    return [n.model_copy(update={"node_id": node_id_for(attempt, n.rank), "attempt": attempt, "version": 0,
-                                 "state": NodeState.PENDING, "directive": directive, "exit_code": None})
-            for n in old]
+    why = f"replacement nodes joined; attempt {attempt}"
+    return [n.model_copy(update={
+        "node_id": node_id_for(attempt, n.rank), "attempt": attempt, "version": 0, "state": NodeState.PENDING,
+        "directive": Directive.restart(job.job_id, attempt, n.rank, now, why).model_dump(mode="json"),
+        "exit_code": None}) for n in old]
 
 
-def _launch_result(job: Job) -> dict[str, Any]:
+def _launch_result(job: Job) -> Launched:
     last = job.attempts[-1]
-    return {"attempt": job.attempt, "pool": last.pool.model_dump() if last.pool else None,
-            "price_per_hour": last.price_per_hour, "nodes": last.nodes}
+    return Launched(attempt=job.attempt, pool=last.pool, price_per_hour=last.price_per_hour, nodes=last.nodes)
 
 
 # --- teardown ----------------------------------------------------------------------------------

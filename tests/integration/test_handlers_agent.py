@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from functions import on_agent_event, sfn_register_wait
+from spotrelay.contracts.recovery import AttemptEnd, Verdict
 from spotrelay.domain.models import NodeState
 from spotrelay.domain.status import JobStatus
 from tests.integration.controller_doubles import Env, agent_event, ctx, env, load_event, running_job
@@ -22,7 +23,8 @@ def test_all_ready_completes_the_ready_wait_once(env: Env) -> None:
     again = agent_event("NodeReady", gang[0])  # same report, new event id: a no-op
     assert on_agent_event.handler(again, ctx())["result"] == "no-op"
     assert on_agent_event.handler(agent_event("NodeReady", gang[1]), ctx())["settled"] == "ready"
-    assert env.workflow.completed == [("success", "tok-ready", {"outcome": "ready", "attempt": 1, "detail": ""})]
+    assert env.workflow.completed == [("success", "tok-ready", AttemptEnd(outcome=Verdict.READY, attempt=1).model_dump(
+        mode="json"))]
     current = env.store.get_job(job.job_id)
     assert current.status is JobStatus.RUNNING and current.task_tokens == {}
     assert current.attempts[0].started_at is not None

@@ -7,6 +7,7 @@ from typing import Any
 
 from functions import on_instance_state, on_interruption_notice, on_rebalance
 from spotrelay.adapters.aws import client
+from spotrelay.contracts.recovery import AttemptEnd, Verdict
 from spotrelay.domain.models import NodeState
 from spotrelay.domain.status import JobStatus
 from spotrelay.settings import settings
@@ -76,8 +77,10 @@ def test_unannounced_loss_settles_outcome_once_and_late_notice_is_ignored(env: E
     gone = ec2_event("ec2_instance_state_terminated.json", gang[1].instance_id)
     result = on_instance_state.handler(gone, ctx())
     assert result["node_state"] == "LOST" and result["settled"] == "node-lost"
-    assert env.workflow.completed == [("success", "tok-out", {
-        "outcome": "node-lost", "attempt": 1, "detail": "node lost without notice", "ranks": [1]})]
+    assert len(env.workflow.completed) == 1
+    kind, token, sent = env.workflow.completed[0]
+    end = AttemptEnd.model_validate(sent)
+    assert (kind, token, end.outcome, end.attempt, end.lost_ranks) == ("success", "tok-out", Verdict.NODE_LOST, 1, (1,))
     assert "outcome" not in env.store.get_job(job.job_id).task_tokens
     # duplicates and the other states of the same disappearance, then the notice arriving late
     assert on_instance_state.handler(gone, ctx()) == result

@@ -6,7 +6,7 @@ import pytest
 
 from spotrelay.domain.models import Node, NodeState, Pool
 from spotrelay.errors import RetryBudgetExhaustedError
-from spotrelay.recovery import AttemptEnd, Charge, check_retry_budget, classify_attempt, classify_nodes
+from spotrelay.recovery import Charge, Verdict, check_retry_budget, classify_attempt, classify_nodes
 from spotrelay.spec.models import Recovery
 
 POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
@@ -15,27 +15,27 @@ POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", ma
 @pytest.mark.parametrize(
     ("codes", "doomed", "lost", "kind", "gone"),
     [
-        ({0: 0, 1: 0}, [], [], AttemptEnd.SUCCEEDED, ()),
-        ({0: 75, 1: 75}, [1], [], AttemptEnd.INTERRUPTED, (1,)),
-        ({0: 75}, [], [], AttemptEnd.INTERRUPTED, ()),  # the IMDS path alone
-        ({0: 77}, [], [1], AttemptEnd.NODE_LOST, (1,)),  # survivors see a broken collective
-        ({0: 1, 1: 77}, [], [], AttemptEnd.USER_ERROR, ()),  # user code is the root cause
-        ({0: 0, 1: 3}, [], [], AttemptEnd.USER_ERROR, ()),
-        ({0: 77, 1: 0}, [], [], AttemptEnd.INFRA_ERROR, (0,)),
-        ({0: -9}, [], [], AttemptEnd.INFRA_ERROR, (0,)),
-        ({0: 78, 1: 75}, [1], [], AttemptEnd.CANCELLED, (1,)),
+        ({0: 0, 1: 0}, [], [], Verdict.SUCCEEDED, ()),
+        ({0: 75, 1: 75}, [1], [], Verdict.INTERRUPTED, (1,)),
+        ({0: 75}, [], [], Verdict.INTERRUPTED, ()),  # the IMDS path alone
+        ({0: 77}, [], [1], Verdict.NODE_LOST, (1,)),  # survivors see a broken collective
+        ({0: 1, 1: 77}, [], [], Verdict.USER_ERROR, ()),  # user code is the root cause
+        ({0: 0, 1: 3}, [], [], Verdict.USER_ERROR, ()),
+        ({0: 77, 1: 0}, [], [], Verdict.INFRA_ERROR, (0,)),
+        ({0: -9}, [], [], Verdict.INFRA_ERROR, (0,)),
+        ({0: 78, 1: 75}, [1], [], Verdict.CANCELLED, (1,)),
     ],
 )
-def test_classify_attempt(codes: dict[int, int], doomed: list[int], lost: list[int], kind: AttemptEnd,
+def test_classify_attempt(codes: dict[int, int], doomed: list[int], lost: list[int], kind: Verdict,
                           gone: tuple[int, ...]) -> None:
     outcome = classify_attempt(codes, doomed, lost)
-    assert outcome.kind is kind
+    assert outcome.outcome is kind
     assert outcome.lost_ranks == gone
 
 
 def test_classify_names_the_deciding_rank_and_code() -> None:
     out = classify_attempt({0: 77, 1: 0, 2: 13, 3: 1})
-    assert (out.kind, out.rank, out.exit_code) == (AttemptEnd.USER_ERROR, 2, 13)
+    assert (out.outcome, out.rank, out.exit_code) == (Verdict.USER_ERROR, 2, 13)
     assert "exited 13 on rank 2" in out.reason
     unsaved = classify_attempt({0: 76, 1: 76}, doomed_ranks=[0])
     assert "missed the deadline" in unsaved.reason
@@ -49,8 +49,8 @@ def test_classify_from_node_records() -> None:
                     state=state, exit_code=code)
 
     out = classify_nodes([node(0, NodeState.EXITED, 77), node(1, NodeState.LOST), node(2, NodeState.RUNNING)])
-    assert out.kind is AttemptEnd.NODE_LOST and out.lost_ranks == (1,)
-    assert classify_nodes([node(0, NodeState.RUNNING)], cancelled=True).kind is AttemptEnd.CANCELLED
+    assert out.outcome is Verdict.NODE_LOST and out.lost_ranks == (1,)
+    assert classify_nodes([node(0, NodeState.RUNNING)], cancelled=True).outcome is Verdict.CANCELLED
 
 
 def test_recoveries_are_charged_until_the_budget_is_spent() -> None:

@@ -23,14 +23,14 @@ def gang(*states: tuple[NodeState, int | None]) -> list[Node]:
 def test_ready_needs_every_node() -> None:
     assert ready_verdict(JOB, []) is None
     assert ready_verdict(JOB, gang((NodeState.READY, None), (NodeState.PENDING, None))) is None
-    assert ready_verdict(JOB, gang((NodeState.READY, None), (NodeState.READY, None)))["outcome"] == "ready"  # type: ignore[index]
+    assert ready_verdict(JOB, gang((NodeState.READY, None), (NodeState.READY, None))).outcome == "ready"  # type: ignore[union-attr]
 
 
 def test_ready_fails_fast_when_a_node_goes_first() -> None:
     doomed = ready_verdict(JOB, gang((NodeState.READY, None), (NodeState.DOOMED, None)))
-    assert doomed is not None and doomed["outcome"] == "interrupted" and doomed["ranks"] == [1]
+    assert doomed is not None and doomed.outcome == "interrupted" and doomed.lost_ranks == (1,)
     lost = ready_verdict(JOB, gang((NodeState.LOST, None), (NodeState.PENDING, None)))
-    assert lost is not None and lost["outcome"] == "node-lost"
+    assert lost is not None and lost.outcome == "node-lost"
 
 
 def test_outcome_waits_for_every_rank_after_a_notice() -> None:
@@ -38,29 +38,29 @@ def test_outcome_waits_for_every_rank_after_a_notice() -> None:
     assert outcome_verdict(JOB, saving) is None  # rank 0 is still saving
     done = gang((NodeState.TERMINATED, None), (NodeState.EXITED, 75))
     verdict = outcome_verdict(JOB, done)
-    assert verdict is not None and verdict["outcome"] == "interrupted" and verdict["saved"] is True
+    assert verdict is not None and verdict.outcome == "interrupted" and verdict.saved is True
     unsaved = outcome_verdict(JOB, gang((NodeState.EXITED, 76), (NodeState.EXITED, 75)))
-    assert unsaved is not None and unsaved["saved"] is False
+    assert unsaved is not None and unsaved.saved is False
 
 
 def test_outcome_ends_at_once_on_loss_user_or_infra_error() -> None:
-    assert outcome_verdict(JOB, gang((NodeState.READY, None), (NodeState.LOST, None)))["outcome"] == "node-lost"  # type: ignore[index]
+    assert outcome_verdict(JOB, gang((NodeState.READY, None), (NodeState.LOST, None))).outcome == "node-lost"  # type: ignore[union-attr]
     user = outcome_verdict(JOB, gang((NodeState.READY, None), (NodeState.EXITED, 3)))
-    assert user is not None and user["outcome"] == "user-error" and user["exit_code"] == 3
+    assert user is not None and user.outcome == "user-error" and user.exit_code == 3
     infra = outcome_verdict(JOB, gang((NodeState.EXITED, 77), (NodeState.READY, None)))
-    assert infra is not None and infra["outcome"] == "infra-error"
+    assert infra is not None and infra.outcome == "infra-error"
 
 
 def test_a_user_error_on_a_higher_rank_beats_the_peers_infra_error() -> None:
     # rank 1 crashed in user code; rank 0's collective then failed and it reported 77
     verdict = outcome_verdict(JOB, gang((NodeState.EXITED, 77), (NodeState.EXITED, 1)))
-    assert verdict is not None and verdict["outcome"] == "user-error" and verdict["rank"] == 1
+    assert verdict is not None and verdict.outcome == "user-error" and verdict.rank == 1
 
 
 def test_outcome_success_and_cancel() -> None:
     assert outcome_verdict(JOB, gang((NodeState.EXITED, 0), (NodeState.READY, None))) is None
-    assert outcome_verdict(JOB, gang((NodeState.EXITED, 0), (NodeState.EXITED, 0)))["outcome"] == "succeeded"  # type: ignore[index]
-    assert outcome_verdict(JOB, gang((NodeState.EXITED, 78), (NodeState.EXITED, 0)))["outcome"] == "cancelled"  # type: ignore[index]
+    assert outcome_verdict(JOB, gang((NodeState.EXITED, 0), (NodeState.EXITED, 0))).outcome == "succeeded"  # type: ignore[union-attr]
+    assert outcome_verdict(JOB, gang((NodeState.EXITED, 78), (NodeState.EXITED, 0))).outcome == "cancelled"  # type: ignore[union-attr]
 
 
 def test_backoff_doubles_up_to_the_cap() -> None:

@@ -1,0 +1,128 @@
+"""The end of an attempt and its recovery: the one typed contract the workflow carries.
+
+- :class:`Verdict` names every way a wait can end. The services build verdicts from it and the
+  ASL's Choice states route on its values (a test checks that the two sets are the same).
+- :class:`AttemptEnd` is the classification, decided once by ``services/waits.settle`` (or by
+  ``recover`` for a timed-out wait, which nobody settled) and sent through the task token as the
+  ``$.outcome`` of the execution.
+- :class:`RecoveryPlan` is what ``recover`` decided (``$.recovery``): which survivors stay, which
+  ranks to launch and where. ``plan`` and ``provision`` execute it; they do not decide again.
+- :class:`LaunchPlan` is what ``plan`` hands ``provision`` (``$.plan``).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from spotrelay.domain.models import Pool
+
+
+class Verdict(StrEnum):
+    READY = "ready"
+    """Ready wait: every node of the attempt reported NodeReady (the one verdict that ends no attempt)."""
+    SUCCEEDED = "succeeded"
+    """Every rank finished training."""
+    INTERRUPTED = "interrupted"
+    """Spot reclaimed at least one node (announced); resume from the emergency checkpoint."""
+    NODE_LOST = "node-lost"
+    """A node vanished without notice; resume from the last committed checkpoint."""
+    USER_ERROR = "user-error"
+    """The training code failed; the spec's restart policy decides."""
+    INFRA_ERROR = "infra-error"
+    """Rendezvous, network, disk or a kill by signal under healthy user code."""
+    CANCELLED = "cancelled"
+    """Stopped on request; never retried."""
+    READY_TIMEOUT = "ready-timeout"
+    """The ready wait timed out (the ASL's ReadyTimedOut): some node never came up."""
+    HEARTBEAT_TIMEOUT = "heartbeat-timeout"
+    """The outcome wait missed its heartbeat (the ASL's OutcomeTimedOut): the gang went silent."""
+
+    @property
+    def timed_out(self) -> bool:
+        return self in (Verdict.READY_TIMEOUT, Verdict.HEARTBEAT_TIMEOUT)
+
+    @property
+    def retryable(self) -> bool:
+        return self not in (Verdict.READY, Verdict.SUCCEEDED, Verdict.CANCELLED)
+
+
+class AttemptEnd(BaseModel):
+    """How a wait ended (field ``outcome``, routed on by the ASL as ``$.outcome.outcome``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    outcome: Verdict
+    attempt: int = Field(0, ge=0)
+    reason: str = ""
+    lost_ranks: tuple[int, ...] = ()  # ranks whose nodes must be replaced
+    exit_code: int | None = None  # the code that decided the verdict, if any
+    rank: int | None = None  # the rank that reported it
+    saved: bool | None = None  # interrupted: every rank's emergency save committed
+
+    @property
+    def retryable(self) -> bool:
+        return self.outcome.retryable
+
+    def as_loss(self, vanished: list[int]) -> AttemptEnd:
+        """A crash that echoes peers whose instances vanished is their loss, not the code's error."""
+        lost = tuple(sorted(set(self.lost_ranks) | set(vanished)))
+        return self.model_copy(update={
+            "outcome": Verdict.NODE_LOST, "lost_ranks": lost, "exit_code": None, "rank": None,
+            "reason": f"nodes of ranks {sorted(vanished)} vanished ({self.reason})"})
+
+
+class RecoveryAction(StrEnum):
+    NEW_CLUSTER = "new-cluster"
+    """Release every survivor; launch the whole gang in the best pool."""
+    REPLACE_LOST = "replace-lost"
+    """Survivors keep their instances and local tier; launch only ``launch_ranks`` in ``pool``."""
+    RESTART_IN_PLACE = "restart-in-place"
+    """Every rank survived: the same instances restart training, nothing is launched."""
+
+
+class RecoveryPlan(BaseModel):
+    """What ``recover`` decided; ``plan`` and ``provision`` execute it. The ASL's Init state is the
+    empty plan (a new cluster, nothing kept)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    action: RecoveryAction = RecoveryAction.NEW_CLUSTER
+    outcome: Verdict | None = None  # the end this recovers from (None before the first attempt)
+    reason: str = ""
+    backoff_s: int = Field(0, ge=0)
+    recoveries: int = 0
+    user_restarts: int = 0
+    pool: Pool | None = None  # the survivors' pool (replace-lost / restart-in-place)
+    keep_instance_ids: list[str] = Field(default_factory=list)
+    launch_ranks: list[int] = Field(default_factory=list)  # ranks to launch in ``pool`` (keeping plans)
+
+    @property
+    def keeps(self) -> bool:
+        return self.action is not RecoveryAction.NEW_CLUSTER and bool(self.keep_instance_ids) \
+            and self.pool is not None
+
+
+class Candidate(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    pool: Pool
+    price_per_hour: float = Field(..., ge=0)
+    score: float
+
+
+class LaunchPlan(BaseModel):
+    """What ``plan`` hands ``provision``: try the candidates in order with these ranks."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    candidates: list[Candidate]
+    launch_ranks: list[int]  # [] is meaningful: every rank survived (restart in place)
+    keep_instance_ids: list[str] = Field(default_factory=list)
+
+
+class Launched(BaseModel):
+    """What ``provision`` launched (``$.launch``): the attempt the waits then watch."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    attempt: int = Field(..., ge=1)
+    pool: Pool | None = None
+    price_per_hour: float = 0.0
+    nodes: int = 0
