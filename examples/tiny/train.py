@@ -6,7 +6,9 @@ Reads SPOTRELAY_* from the environment (checkpoint dir/URI, control dir, interva
 defaults. ``--out`` gets, per rank, ``<out>.rank<R>.json`` with the losses of the steps this
 process ran and a sha256 of the final parameters and optimizer state (for bit-identity checks).
 ``--stop-at K`` makes rank 0 write a checkpoint_and_stop request during step K-1, the way the
-agent would, to exercise the coordinated stop.
+agent would, to exercise the coordinated stop. Health faults: ``--inject-nan-at K`` (step K's loss
+is NaN, once per process), ``--skip-data STEP:N`` (the reference for a rollback), ``--slow-rank R``
+(rank R lags every step, in the job's first attempt only).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from spotrelay.contracts.control import ENV_CONTROL_DIR, RequestKind, StopRequest, write_request  # noqa: E402
+from spotrelay.contracts.control import ENV_ATTEMPT, ENV_CONTROL_DIR, RequestKind, StopRequest, write_request  # noqa: E402
 from spotrelay.training import Session, spotrelay_session  # noqa: E402
 
 VOCAB, SEQ = 64, 16
@@ -114,7 +116,9 @@ def run_steps(session: Session, stepper: Any, deepspeed: bool, args: argparse.Na
     progress = Path(f"{args.out}.rank{rank}.steps.jsonl") if getattr(args, "out", None) else None
     inject_nan = getattr(args, "inject_nan_at", None)
     skip_at, skip_n = getattr(args, "skip_data", None) or (None, 0)
-    slow = getattr(args, "slow_s", 0.0) if rank == getattr(args, "slow_rank", None) else 0.0
+    # a slow node in the first attempt only: its replacement is a healthy machine
+    first_attempt = os.environ.get(ENV_ATTEMPT, "1") == "1"
+    slow = getattr(args, "slow_s", 0.0) if rank == getattr(args, "slow_rank", None) and first_attempt else 0.0
     if skip_at == 0:
         session.skip_batches(skip_n)
     for step, (tokens,) in session.steps(args.steps):
@@ -166,7 +170,7 @@ def main() -> int:
     p.add_argument("--inject-nan-at", type=int, default=None, help="make step K's loss NaN (once per process)")
     p.add_argument("--skip-data", type=lambda v: tuple(int(x) for x in v.split(":")), default=None,
                    metavar="STEP:N", help="before STEP, drop N batches (what a rollback to STEP does)")
-    p.add_argument("--slow-rank", type=int, default=None, help="this global rank sleeps --slow-s every step")
+    p.add_argument("--slow-rank", type=int, default=None, help="in attempt 1, this rank sleeps --slow-s every step")
     p.add_argument("--slow-s", type=float, default=0.05)
     args = p.parse_args()
 

@@ -84,13 +84,19 @@ def submit(file: Path, endpoint_url: EndpointOpt = None, bucket: BucketOpt = Non
 
 
 @app.command()
-def jobs(endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None) -> None:
+def jobs(endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None,
+         as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List jobs, newest last."""
     from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
 
     _connect(endpoint_url, None, table, region)
+    found = DynamoDBJobStore().all_jobs()
+    if as_json:
+        sys.stdout.write(json.dumps([j.model_dump(mode="json", exclude={"task_tokens", "spec"}) for j in found],
+                                    indent=2) + "\n")
+        return
     grid = Table("job", "name", "status", "attempt", "step", "last checkpoint", "cost $")
-    for job in DynamoDBJobStore().all_jobs():
+    for job in found:
         ckpt = f"step {job.last_checkpoint.step}" if job.last_checkpoint else "-"
         grid.add_row(job.job_id, job.name, job.status.value, str(job.attempt), str(job.last_step), ckpt,
                      f"{job.cost_so_far:.2f}")
@@ -144,6 +150,13 @@ def cancel(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None
         raise typer.Exit(1) from exc
     out.print(f"{job.job_id}: {job.status.value}")
 
+
+# What happened to a job (spotrelay/cli/inspect.py): `spotrelay describe|logs|cost JOB`.
+from spotrelay.cli.inspect import cost, describe, logs  # noqa: E402
+
+app.command()(describe)
+app.command()(logs)
+app.command()(cost)
 
 # The local twin (spotrelay/cli/local.py): `spotrelay local up|interrupt|kill|nodes` and `spotrelay demo`.
 from spotrelay.cli.local import demo, local_app  # noqa: E402

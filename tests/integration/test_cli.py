@@ -61,6 +61,8 @@ def test_jobs_status_and_cancel(aws: dict[str, str]) -> None:
     store.create_job(Job(job_id="j-running", name="llm", status=JobStatus.SUBMITTED, created_at=1, updated_at=1))
     listed = runner.invoke(app, ["jobs"])
     assert listed.exit_code == 0 and "j-running" in listed.output
+    as_json = runner.invoke(app, ["jobs", "--json"])
+    assert [j["job_id"] for j in json.loads(as_json.stdout)] == ["j-running"]
     shown = runner.invoke(app, ["status", "j-running", "--json"])
     assert json.loads(shown.stdout)["job"]["status"] == "SUBMITTED"
     cancelled = runner.invoke(app, ["cancel", "j-running"])

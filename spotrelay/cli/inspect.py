@@ -1,0 +1,176 @@
+"""``spotrelay describe | logs | cost``: what happened to a job, its training output, what it cost.
+
+Every command that reads takes ``--json``. Errors are one line (``error: ...``), exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from spotrelay.cli import config
+from spotrelay.errors import SpotrelayError
+
+out = Console()
+err = Console(stderr=True)
+
+EndpointOpt = Annotated[str | None, typer.Option("--endpoint-url", help="AWS endpoint (the local twin)")]
+TableOpt = Annotated[str | None, typer.Option("--table", help="jobs table")]
+RegionOpt = Annotated[str | None, typer.Option("--region", help="home region")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+LOG_GROUP_ENV = "SPOTRELAY_LOG_GROUP"
+LOG_GROUP_DEFAULT = "/spotrelay/training"
+
+
+def _fail(message: object, code: int = 1) -> typer.Exit:
+    err.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def _connect(endpoint: str | None, table: str | None, region: str | None) -> None:
+    try:
+        config.apply({"endpoint_url": endpoint, "jobs_table": table, "region": region})
+    except ValueError as exc:
+        raise _fail(exc, 2) from exc
+
+
+def _when(ts: float | None) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+
+
+def _emit(model: Any) -> None:
+    sys.stdout.write(json.dumps(model.model_dump(mode="json"), indent=2) + "\n")
+
+
+def _load(job_id: str) -> tuple[Any, list[Any]]:
+    from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+
+    store = DynamoDBJobStore()
+    try:
+        return store.get_job(job_id), store.nodes_of(job_id)
+    except SpotrelayError as exc:
+        raise _fail(exc) from exc
+    except Exception as exc:  # no credentials, no network, no table: still one line
+        raise _fail(f"cannot read job {job_id}: {exc}") from exc
+
+
+def describe(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None,
+             as_json: JsonOpt = False) -> None:
+    """Attempts (pool, nodes, times, end reason, steps, cost), checkpoints, recoveries, anomalies."""
+    from spotrelay.adapters.s3_object_store import S3ObjectStore
+    from spotrelay.resources import RESOURCES
+    from spotrelay.services.describe import checkpoint_location, checkpoints, describe_job
+    from spotrelay.settings import settings
+
+    _connect(endpoint_url, table, region)
+    job, nodes = _load(job_id)
+    bucket, prefix = checkpoint_location(job, settings().bucket, RESOURCES.checkpoints_prefix)
+    report = describe_job(job, nodes, time.time(), checkpoints(S3ObjectStore(bucket), prefix))
+    if as_json:
+        _emit(report)
+        return
+    out.print(f"[bold]{report.name}[/] ({report.job_id}) [cyan]{report.status}[/] attempt {report.attempt}, "
+              f"step {report.last_step}, steps lost {report.steps_lost}, cost ${report.cost.total:.2f}")
+    for reason in report.reasons:
+        out.print(f"  [yellow]{reason}[/]", highlight=False)
+    grid = Table("attempt", "pool", "nodes", "started", "ended", "end reason", "from step", "steps", "cost $",
+                 title="attempts")
+    for a in report.attempts:
+        grid.add_row(str(a.number), a.pool or "-", str(a.nodes), _when(a.started_at), _when(a.ended_at),
+                     a.end_reason or "-", str(a.resumed_from_step if a.resumed_from_step is not None else "-"),
+                     str(a.steps if a.steps is not None else "-"), f"{a.cost:.2f}")
+    out.print(grid)
+    if report.recoveries_detail:
+        grid = Table("after attempt", "reason", "downtime s", "resumed from step", title="recoveries")
+        for r in report.recoveries_detail:
+            grid.add_row(str(r.after_attempt), r.reason or "-", str(r.downtime_s if r.downtime_s is not None else "-"),
+                         str(r.resumed_from_step if r.resumed_from_step is not None else "-"))
+        out.print(grid)
+    if report.checkpoints:
+        grid = Table("step", "saved", "MB", "on request", "uri", title="checkpoints")
+        for c in report.checkpoints:
+            grid.add_row(str(c.step), _when(c.created), f"{(c.bytes or 0) / 1e6:.1f}", "yes" if c.requested else "",
+                         c.uri)
+        out.print(grid)
+    if report.anomalies:
+        grid = Table("attempt", "step", "kind", "action", "rank", "detail", title="anomalies")
+        for an in report.anomalies:
+            first = an.detail.splitlines()[0][:100] if an.detail else ""
+            grid.add_row(str(an.attempt), str(an.step), an.kind, an.action,
+                         str(an.rank) if an.rank is not None else "-", first)
+        out.print(grid)
+
+
+def cost(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None,
+         as_json: JsonOpt = False) -> None:
+    """What the job has cost so far, per attempt, against its budget."""
+    from spotrelay.services.describe import cost_report
+
+    _connect(endpoint_url, table, region)
+    job, _ = _load(job_id)
+    report = cost_report(job, time.time())
+    if as_json:
+        _emit(report)
+        return
+    grid = Table("attempt", "pool", "nodes", "hours", "$/instance-h", "cost $")
+    for line in report.lines:
+        grid.add_row(str(line.attempt), line.pool or "-", str(line.nodes), f"{line.hours:.3f}",
+                     f"{line.price_per_hour:.2f}", f"{line.cost:.2f}")
+    out.print(grid)
+    budget = f" of ${report.budget:.2f} budget" if report.budget else ""
+    out.print(f"total ${report.total:.2f}{budget}")
+
+
+def logs(job_id: str, attempt: Annotated[int | None, typer.Option("--attempt", help="default: the latest")] = None,
+         rank: Annotated[int | None, typer.Option("--rank", help="node rank; default: every node")] = None,
+         follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new lines")] = False,
+         local_dir: Annotated[Path | None, typer.Option("--dir", help="the twin's work dir (node files)")] = None,
+         log_group: Annotated[str | None, typer.Option("--log-group", help="CloudWatch Logs group")] = None,
+         endpoint_url: EndpointOpt = None, region: RegionOpt = None, as_json: JsonOpt = False) -> None:
+    """The training output of a job's nodes: the twin's files (--dir), else CloudWatch Logs."""
+    from spotrelay.ports.logs import TrainingLogs
+
+    _connect(endpoint_url, None, region)
+    source: TrainingLogs
+    if local_dir is not None:
+        from spotrelay.adapters.file_logs import FileTrainingLogs
+
+        source = FileTrainingLogs(local_dir)
+    else:
+        from spotrelay.adapters.cloudwatch_logs import CloudWatchTrainingLogs
+
+        source = CloudWatchTrainingLogs(log_group or os.environ.get(LOG_GROUP_ENV) or LOG_GROUP_DEFAULT)
+    try:
+        streams = source.streams(job_id)
+    except SpotrelayError as exc:
+        raise _fail(exc) from exc
+    except Exception as exc:
+        raise _fail(f"cannot list the logs of {job_id}: {exc}") from exc
+    if not streams:
+        raise _fail(f"no training logs for job {job_id} yet")
+    chosen = attempt if attempt is not None else max(s.attempt for s in streams)
+    streams = [s for s in streams if s.attempt == chosen and (rank is None or s.rank == rank)]
+    if not streams:
+        raise _fail(f"no logs for attempt {chosen}" + (f" rank {rank}" if rank is not None else ""))
+    cursors: dict[str, str | None] = {s.name: None for s in streams}
+    while True:
+        for s in streams:
+            lines, cursors[s.name] = source.read(s, cursors[s.name])
+            for line in lines:
+                if as_json:
+                    sys.stdout.write(json.dumps({"attempt": s.attempt, "rank": s.rank, "line": line}) + "\n")
+                else:
+                    sys.stdout.write((f"[a{s.attempt}-r{s.rank}] " if len(streams) > 1 else "") + line + "\n")
+        sys.stdout.flush()
+        if not follow:
+            return
+        time.sleep(1.0)

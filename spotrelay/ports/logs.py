@@ -1,0 +1,28 @@
+"""The training output of a job's nodes: one stream per (attempt, node rank)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class LogStream:
+    attempt: int
+    rank: int
+    name: str  # the adapter's id: a file path, or a CloudWatch log stream name
+
+
+def stream_name(job_id: str, attempt: int, rank: int) -> str:
+    """The CloudWatch log stream of one node's training output."""
+    return f"{job_id}/a{attempt}-r{rank}"
+
+
+class TrainingLogs(Protocol):
+    def streams(self, job_id: str) -> list[LogStream]:
+        """Every stream of the job, by attempt then rank."""
+        ...
+
+    def read(self, stream: LogStream, cursor: str | None = None) -> tuple[list[str], str | None]:
+        """Lines after ``cursor`` (None: from the start) and the cursor to continue from."""
+        ...

@@ -1,0 +1,168 @@
+"""What happened to a job, for people: attempts, checkpoints, recoveries, anomalies, cost.
+
+Pure assembly from the job record, its nodes and the checkpoint manifests in S3 (the caller reads
+them); the CLI renders it as tables or ``--json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from spotrelay.domain.models import AnomalyRecord, Job, Node
+from spotrelay.ports.object_store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+class _View(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AttemptView(_View):
+    number: int
+    pool: str | None
+    instance_type: str | None
+    market: str | None
+    nodes: int
+    instances: list[str]
+    started_at: float | None
+    ended_at: float | None
+    end_reason: str | None
+    resumed_from_step: int | None
+    steps: int | None  # steps this attempt added to what the next one resumed from (or the job's last)
+    exit_codes: dict[int, int | None]  # node rank -> exit code
+    price_per_hour: float
+    cost: float
+
+
+class CheckpointView(_View):
+    step: int
+    uri: str
+    created: float | None = None
+    bytes: int | None = None
+    requested: bool = False  # saved for a request (notice, rebalance, replace-node), not on the cadence
+
+
+class RecoveryView(_View):
+    after_attempt: int
+    reason: str | None
+    stopped_at: float | None
+    resumed_at: float | None
+    downtime_s: float | None
+    resumed_from_step: int | None
+
+
+class CostLine(_View):
+    attempt: int
+    pool: str | None
+    nodes: int
+    hours: float
+    price_per_hour: float
+    cost: float
+
+
+class CostReport(_View):
+    job_id: str
+    total: float
+    budget: float | None
+    lines: list[CostLine]
+
+
+class JobReport(_View):
+    job_id: str
+    name: str
+    status: str
+    attempt: int
+    last_step: int
+    steps_lost: int
+    recoveries: int
+    reasons: list[str]
+    attempts: list[AttemptView]
+    checkpoints: list[CheckpointView]
+    recoveries_detail: list[RecoveryView]
+    anomalies: list[AnomalyRecord]
+    cost: CostReport
+    mlflow_run_id: str | None = None
+    execution_arn: str | None = None
+
+
+def _hours(start: float | None, end: float | None, now: float) -> float:
+    if start is None:
+        return 0.0
+    return max(0.0, (end if end is not None else now) - start) / 3600.0
+
+
+def cost_report(job: Job, now: float) -> CostReport:
+    lines = [CostLine(attempt=a.number, pool=a.pool.key if a.pool else None, nodes=a.nodes,
+                      hours=round(_hours(a.started_at, a.ended_at, now), 4), price_per_hour=a.price_per_hour,
+                      cost=round(a.cost, 4))
+             for a in job.attempts]  # fmt: skip
+    budget = (job.spec.get("budget") or {}).get("max_total_cost") if job.spec else None
+    return CostReport(job_id=job.job_id, total=round(job.cost_so_far, 4), budget=budget, lines=lines)
+
+
+def checkpoint_location(job: Job, bucket: str, default_prefix: str) -> tuple[str, str]:
+    """(bucket, key prefix) of the job's durable tier: the spec's ``s3_prefix`` or the jobs bucket's."""
+    custom = ((job.spec.get("checkpoint") or {}).get("s3_prefix") if job.spec else None) or ""
+    if custom:
+        rest = custom.removeprefix("s3://").rstrip("/")
+        other, _, key = rest.partition("/")
+        return other, f"{key}/" if key else ""
+    return bucket, f"{default_prefix}{job.job_id}/"
+
+
+def checkpoints(objects: ObjectStore | None, prefix: str) -> list[CheckpointView]:
+    """The committed checkpoints under ``prefix`` (a manifest exists), oldest first; [] when unreadable."""
+    if objects is None:
+        return []
+    try:
+        keys = [k for k in objects.list_keys(prefix) if k.endswith("/manifest.json")]
+    except Exception as exc:  # describe must still answer without the bucket
+        log.warning("cannot list checkpoints: %s", exc)
+        return []
+    found = []
+    for key in sorted(keys):
+        try:
+            manifest: dict[str, Any] = json.loads(objects.get(key, max_bytes=4_000_000))
+        except Exception as exc:
+            log.warning("unreadable manifest %s: %s", key, exc)
+            continue
+        shards = manifest.get("shards") or []
+        size = sum(int(s.get("size", 0)) for s in shards) if isinstance(shards, list) else None
+        found.append(CheckpointView(step=int(manifest.get("step", -1)), uri=key.rsplit("/", 1)[0] + "/",
+                                    created=manifest.get("created"), bytes=size,
+                                    requested=bool(manifest.get("request_id"))))
+    return sorted(found, key=lambda c: c.step)
+
+
+def describe_job(job: Job, nodes: list[Node], now: float, ckpts: list[CheckpointView] | None = None) -> JobReport:
+    attempts: list[AttemptView] = []
+    for i, a in enumerate(job.attempts):
+        mine = sorted((n for n in nodes if n.attempt == a.number), key=lambda n: n.rank)
+        following = job.attempts[i + 1] if i + 1 < len(job.attempts) else None
+        reached = following.resumed_from_step if following is not None else job.last_step
+        steps = None if reached is None else max(0, reached - (a.resumed_from_step or 0))
+        attempts.append(AttemptView(
+            number=a.number, pool=a.pool.key if a.pool else None,
+            instance_type=a.pool.instance_type if a.pool else None, market=a.pool.market if a.pool else None,
+            nodes=a.nodes or len(mine),
+            instances=[n.instance_id for n in mine], started_at=a.started_at, ended_at=a.ended_at,
+            end_reason=a.end_reason, resumed_from_step=a.resumed_from_step, steps=steps,
+            exit_codes={n.rank: n.exit_code for n in mine}, price_per_hour=a.price_per_hour, cost=round(a.cost, 4),
+        ))  # fmt: skip
+    recoveries = [
+        RecoveryView(after_attempt=a.number, reason=a.end_reason, stopped_at=a.ended_at, resumed_at=b.started_at,
+                     downtime_s=round(b.started_at - a.ended_at, 1) if a.ended_at and b.started_at else None,
+                     resumed_from_step=b.resumed_from_step)
+        for a, b in zip(job.attempts, job.attempts[1:], strict=False)
+    ]  # fmt: skip
+    return JobReport(
+        job_id=job.job_id, name=job.name, status=job.status.value, attempt=job.attempt, last_step=job.last_step,
+        steps_lost=job.steps_lost, recoveries=job.recoveries, reasons=list(job.reasons), attempts=attempts,
+        checkpoints=ckpts or [], recoveries_detail=recoveries, anomalies=list(job.anomalies),
+        cost=cost_report(job, now), mlflow_run_id=job.mlflow_run_id, execution_arn=job.execution_arn,
+    )  # fmt: skip

@@ -1,0 +1,84 @@
+"""The local twin with a sick run: a NaN at one step and a straggler node in the same job.
+
+The NaN is found at the step it happened (every rank agrees in the boundary all-reduce); the
+session rolls back to the newest checkpoint before it and skips the data in between. The straggler
+(rank 1 lags every step in attempt 1) is found by the step-time comparison; the controller dooms
+its node and has every rank save, recovery replaces it, and attempt 2 finishes. The final model is
+the one an uninterrupted run that skipped the same data window ends with, bit for bit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from spotrelay.contracts.control import read_events
+from spotrelay.domain.models import Job
+from spotrelay.local.market import MarketModel
+from spotrelay.local.reference import read_results
+from spotrelay.local.twin import Twin, TwinOptions
+from tests.integration.torchrun import result, torchrun
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS, EVERY, NAN_AT = 18, 3, 4  # NaN in step 4 -> found at boundary 5 -> back to step-3, 2 batches skipped
+
+pytestmark = pytest.mark.slow
+
+
+def _spec() -> str:
+    data = yaml.safe_load((ROOT / "examples" / "tiny.yaml").read_text())
+    data["entrypoint"]["args"] = ["--engine", "ddp", "--steps", str(STEPS), "--step-sleep", "0.1", "--out", "result",
+                                  "--inject-nan-at", str(NAN_AT), "--slow-rank", "1", "--slow-s", "0.3"]
+    data["checkpoint"]["every_steps"] = EVERY
+    data["health"] = {"warmup_steps": 2, "straggler_every": 3, "straggler_checks": 2}
+    data.pop("tracking", None)
+    return yaml.safe_dump(data)
+
+
+@pytest.fixture
+def twin(moto_server: object, tmp_path: Path) -> Iterator[Twin]:
+    market = MarketModel(regions=["us-east-1", "us-west-2"], boot_time_s=100, time_scale=0.01, notice_window_s=40)
+    t = Twin(TwinOptions(root=tmp_path, market=market, moto=moto_server,  # type: ignore[arg-type]
+                         code_dir=ROOT, reconcile_every_s=5)).start()
+    yield t
+    t.stop()
+
+
+def _wait_terminal(twin: Twin, key: str, timeout: float) -> Job:
+    deadline = time.time() + timeout
+    job = None
+    while time.time() < deadline:
+        job = twin.job_for_key(key)
+        if job is not None and job.status.terminal:
+            return job
+        time.sleep(1)
+    raise AssertionError(f"job not finished in {timeout}s: {job and (job.status, job.attempt, job.reasons)}")
+
+
+def test_nan_rolls_back_and_the_straggler_is_replaced(twin: Twin, tmp_path: Path) -> None:
+    assert twin.compute is not None and twin.dispatcher is not None
+    job = _wait_terminal(twin, twin.submit(_spec(), "sick.yaml"), timeout=300)
+    errors = [(d.function, d.error) for d in twin.dispatcher.deliveries if d.error]
+    assert job.status.value == "SUCCEEDED", (job.reasons, job.attempts, errors)
+
+    found = [(a.attempt, a.kind, a.action, a.step) for a in job.anomalies]
+    assert found[0] == (1, "non-finite", "rollback", NAN_AT + 1)  # at the very step it happened
+    assert [(a, k, x) for a, k, x, _ in found[1:]] == [(1, "straggler", "replace-node")]
+    assert job.anomalies[1].rank == 1 and job.attempt == 2
+
+    nodes = {(li.instance.attempt, li.instance.rank): li for li in twin.compute.instances()}
+    slow = nodes[(1, 1)].instance.instance_id
+    assert slow not in {nodes[(2, r)].instance.instance_id for r in (0, 1)}  # the straggler's machine is gone
+    events, _ = read_events(nodes[(1, 0)].work_dir / "control")
+    [rollback] = [e.anomaly for e in events if e.anomaly is not None and e.anomaly.kind == "non-finite"]
+    assert (rollback.rollback_to, rollback.skipped_batches) == (EVERY, NAN_AT + 1 - EVERY)
+
+    # the reference: straight through, skipping the same window; same final parameters and optimizer
+    torchrun(ROOT / "examples" / "tiny" / "train.py", tmp_path, "reference", tmp_path / "ckpt-ref",
+             ["--engine", "ddp", "--steps", str(STEPS), "--skip-data", f"{EVERY}:{NAN_AT + 1 - EVERY}"])
+    final = read_results(nodes[(2, 0)].work_dir / "result")[0]
+    assert final["exit"] == 0 and final["state_sha256"] == result(tmp_path, "reference", 0)["state_sha256"]

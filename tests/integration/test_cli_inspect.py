@@ -1,0 +1,101 @@
+"""``spotrelay describe | cost | logs`` against moto's server: a job with two attempts, a recovery,
+an anomaly and checkpoints in S3; logs from a twin's node files and from CloudWatch Logs."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from spotrelay.adapters.aws import client
+from spotrelay.adapters.cloudwatch_logs import CloudWatchTrainingLogs
+from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+from spotrelay.cli.main import app
+from spotrelay.domain.models import AnomalyRecord, Attempt, CheckpointRef, Job, Node, NodeState, Pool
+from spotrelay.domain.status import JobStatus
+
+runner = CliRunner()
+POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
+T0 = 1_764_000_000.0
+
+
+def _job(aws: dict[str, str]) -> Job:
+    store = DynamoDBJobStore()
+    attempts = [
+        Attempt(number=1, pool=POOL, started_at=T0, ended_at=T0 + 3600, end_reason="interrupted", nodes=2,
+                price_per_hour=30.0, cost=60.0),
+        Attempt(number=2, pool=POOL, started_at=T0 + 3900, ended_at=T0 + 5700, end_reason="succeeded", nodes=2,
+                price_per_hour=30.0, cost=30.0, resumed_from_step=400),
+    ]
+    anomaly = AnomalyRecord(attempt=1, node_id="a1-r0", kind="non-finite", action="rollback", step=123,
+                            detail="loss or gradient norm is NaN/Inf", time=T0 + 100)
+    job = Job(job_id="j-seen", name="llm", status=JobStatus.SUCCEEDED, attempt=2, attempts=attempts, recoveries=1,
+              last_step=600, steps_lost=7, cost_so_far=90.0, anomalies=[anomaly], created_at=T0, updated_at=T0,
+              last_checkpoint=CheckpointRef(step=600, uri="s3://x", committed_at=T0 + 5600),
+              spec={"budget": {"max_total_cost": 500}})
+    store.create_job(job)
+    for attempt in (1, 2):
+        for rank in (0, 1):
+            store.put_node(Node(job_id="j-seen", node_id=f"a{attempt}-r{rank}", attempt=attempt, rank=rank,
+                                instance_id=f"i-{attempt}{rank}", pool=POOL, state=NodeState.EXITED,
+                                exit_code=75 if attempt == 1 else 0))
+    for step in (400, 600):
+        manifest = {"step": step, "created": T0 + step, "request_id": "n-1" if step == 400 else None,
+                    "shards": [{"path": "a", "size": 2_000_000, "sha256": "0"}]}
+        client("s3").put_object(Bucket=aws["bucket"], Key=f"checkpoints/j-seen/step-{step:08d}/manifest.json",
+                                Body=json.dumps(manifest).encode())
+    return job
+
+
+def test_describe_and_cost_as_json_and_tables(aws: dict[str, str]) -> None:
+    _job(aws)
+    described = runner.invoke(app, ["describe", "j-seen", "--json"])
+    assert described.exit_code == 0, described.output
+    report = json.loads(described.stdout)
+    assert [(a["number"], a["end_reason"], a["steps"], a["instances"]) for a in report["attempts"]] == [
+        (1, "interrupted", 400, ["i-10", "i-11"]), (2, "succeeded", 200, ["i-20", "i-21"])]
+    assert report["recoveries_detail"] == [{"after_attempt": 1, "reason": "interrupted", "stopped_at": T0 + 3600,
+                                            "resumed_at": T0 + 3900, "downtime_s": 300.0, "resumed_from_step": 400}]
+    assert [(c["step"], c["requested"], c["bytes"]) for c in report["checkpoints"]] == [
+        (400, True, 2_000_000), (600, False, 2_000_000)]
+    assert report["anomalies"][0]["kind"] == "non-finite" and report["attempts"][0]["exit_codes"] == {"0": 75, "1": 75}
+    table = runner.invoke(app, ["describe", "j-seen"])
+    assert table.exit_code == 0 and "interrupted" in table.output and "non-finite" in table.output
+    costs = json.loads(runner.invoke(app, ["cost", "j-seen", "--json"]).stdout)
+    assert costs["total"] == 90.0 and costs["budget"] == 500 and [ln["cost"] for ln in costs["lines"]] == [60.0, 30.0]
+    assert costs["lines"][0]["hours"] == 1.0
+    assert "total $90.00 of $500.00 budget" in runner.invoke(app, ["cost", "j-seen"]).output
+
+
+def test_unknown_job_is_one_line(aws: dict[str, str]) -> None:
+    for command in ("describe", "cost"):
+        result = runner.invoke(app, [command, "no-such-job"])
+        assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+        assert result.output.startswith("error:") and "Traceback" not in result.output
+
+
+def test_logs_from_the_twins_node_files(aws: dict[str, str], tmp_path: Path) -> None:
+    for attempt, rank, text in ((1, 0, "a1 r0\n"), (2, 0, "step 1\nstep 2\n"), (2, 1, "r1 line\npartial")):
+        node = tmp_path / "nodes" / f"j-seen-a{attempt}-r{rank}-i-0abc{attempt}{rank}"
+        node.mkdir(parents=True)
+        (node / f"train-a{attempt}.log").write_text(text)
+    latest = runner.invoke(app, ["logs", "j-seen", "--dir", str(tmp_path)])
+    assert latest.exit_code == 0, latest.output
+    assert latest.stdout.splitlines() == ["[a2-r0] step 1", "[a2-r0] step 2", "[a2-r1] r1 line"]
+    one = runner.invoke(app, ["logs", "j-seen", "--dir", str(tmp_path), "--attempt", "1", "--rank", "0", "--json"])
+    assert [json.loads(line) for line in one.stdout.splitlines()] == [{"attempt": 1, "rank": 0, "line": "a1 r0"}]
+    none = runner.invoke(app, ["logs", "j-other", "--dir", str(tmp_path)])
+    assert none.exit_code == 1 and none.output.startswith("error: no training logs")
+
+
+def test_logs_from_cloudwatch(aws: dict[str, str]) -> None:
+    client("logs").create_log_group(logGroupName="/spotrelay/training")
+    shipped = CloudWatchTrainingLogs("/spotrelay/training")
+    now = int(time.time() * 1000)  # CloudWatch drops events older than 14 days
+    shipped.put("j-seen", 1, 0, [(now, "hello"), (now + 1, "world")])
+    shipped.put("j-seen", 1, 0, [(now + 2, "again")])
+    result = runner.invoke(app, ["logs", "j-seen", "--rank", "0"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == ["hello", "world", "again"]
