@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from typing import Any
 
 import boto3
 from botocore.config import Config
 
-_CONFIG = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=30)
+
+def _config() -> Config:
+    # the CLI asks for fewer attempts (SPOTRELAY_AWS_MAX_ATTEMPTS): a person waits for the answer
+    attempts = int(os.environ.get("SPOTRELAY_AWS_MAX_ATTEMPTS") or 5)
+    return Config(retries={"mode": "standard", "max_attempts": attempts}, connect_timeout=5, read_timeout=30)
 
 
 @lru_cache(maxsize=64)
@@ -17,7 +22,7 @@ def client(service: str, region: str | None = None) -> Any:
 
     s = settings()
     return boto3.session.Session().client(  # type: ignore[call-overload]
-        service, region_name=region or s.region, endpoint_url=s.endpoint_url, config=_CONFIG
+        service, region_name=region or s.region, endpoint_url=s.endpoint_url, config=_config()
     )
 
 
@@ -27,7 +32,7 @@ def resource(service: str, region: str | None = None) -> Any:
 
     s = settings()
     return boto3.session.Session().resource(  # type: ignore[call-overload]
-        service, region_name=region or s.region, endpoint_url=s.endpoint_url, config=_CONFIG
+        service, region_name=region or s.region, endpoint_url=s.endpoint_url, config=_config()
     )
 
 

@@ -9,16 +9,20 @@ import json
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
+from spotrelay.cli.errors import SpotrelayGroup, UsageProblem
+from spotrelay.errors import SpotrelayError
+
 local_app = typer.Typer(
-    help="Run the whole system on this machine (the local twin) and inject faults.", no_args_is_help=True
+    help="Run the whole system on this machine (the local twin) and inject faults.",
+    no_args_is_help=True,
+    cls=SpotrelayGroup,  # the same one-line errors when invoked on its own
 )
 out = Console()
-err = Console(stderr=True)
 
 StateOpt = Annotated[Path, typer.Option("--state", help="the twin's state file (written by `local up`)")]
 
@@ -92,17 +96,30 @@ def up(
         term.print("twin stopped")
 
 
-def _fault(kind: str, node: str, state: Path) -> None:
-    from spotrelay.local.control import call
+def _call(method: str, path: str, state: Path) -> tuple[int, dict[str, Any]]:
+    """Ask the running twin; a missing state file is a usage error, a twin that does not answer
+    (stopped, with its state file left behind) a runtime one."""
+    import requests
+
+    from spotrelay.local.control import call, control_url
 
     try:
-        status, body = call("POST", f"/{kind}/{node}", state)
+        url = control_url(state)
     except RuntimeError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from exc
+        raise UsageProblem(str(exc)) from exc
+    try:
+        return call(method, path, state)
+    except (requests.RequestException, ValueError) as exc:
+        raise SpotrelayError(
+            f"the twin at {url} does not answer ({type(exc).__name__}); if it stopped, delete the stale "
+            f"{state} and start it again with `spotrelay local up`"
+        ) from exc
+
+
+def _fault(kind: str, node: str, state: Path) -> None:
+    status, body = _call("POST", f"/{kind}/{node}", state)
     if status != 200:
-        err.print(f"[red]error:[/] {body.get('error')}")
-        raise typer.Exit(1)
+        raise SpotrelayError(str(body.get("error")))
     out.print(f"{kind}: {body['instance_id']}")
 
 
@@ -130,13 +147,7 @@ def nodes(state: StateOpt = Path(".spotrelay-twin.json"), as_json: bool = typer.
     """The twin's instances: live and gone."""
     from rich.table import Table
 
-    from spotrelay.local.control import call
-
-    try:
-        _, body = call("GET", "/nodes", state)
-    except RuntimeError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from exc
+    _, body = _call("GET", "/nodes", state)
     if as_json:
         out.print_json(json.dumps(body["nodes"]))
         return

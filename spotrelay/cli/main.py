@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from spotrelay.cli import config
-from spotrelay.errors import SpecError, SpotrelayError
+from spotrelay.cli.errors import SpotrelayGroup, UsageProblem
 
 app = typer.Typer(help="Train on spot capacity without losing work.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
+                  pretty_exceptions_enable=False, cls=SpotrelayGroup)
 out = Console()
 err = Console(stderr=True)
 
@@ -24,20 +27,24 @@ EndpointOpt = Annotated[str | None, typer.Option("--endpoint-url", help="AWS end
 BucketOpt = Annotated[str | None, typer.Option("--bucket", help="jobs bucket")]
 TableOpt = Annotated[str | None, typer.Option("--table", help="jobs table")]
 RegionOpt = Annotated[str | None, typer.Option("--region", help="home region")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+CLI_AWS_ATTEMPTS = "3"  # a person is waiting: fail in seconds, not a minute of backoff
 
 
 def _connect(endpoint: str | None, bucket: str | None, table: str | None, region: str | None) -> None:
     try:
         config.apply({"endpoint_url": endpoint, "bucket": bucket, "jobs_table": table, "region": region})
     except ValueError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from exc
+        raise UsageProblem(str(exc)) from exc
+    os.environ.setdefault("SPOTRELAY_AWS_MAX_ATTEMPTS", CLI_AWS_ATTEMPTS)
 
 
-def _print_spec_error(exc: SpecError) -> None:
-    err.print(f"[red]invalid spec[/] {exc.source}")
-    for path, msg in exc.errors:
-        err.print(f"  [bold]{path}[/]: {msg}")
+def _spec_file(file: Path) -> None:
+    from spotrelay.spec.load import suffix_problem
+
+    problem = suffix_problem(file.name)
+    if problem is not None:
+        raise UsageProblem(f"{file}: {problem}; rename it (the controller reads only those)")
 
 
 @app.command()
@@ -45,11 +52,8 @@ def validate(file: Path) -> None:
     """Validate a job spec; exit 0 when good, 2 with every error when not."""
     from spotrelay.spec import load_spec
 
-    try:
-        spec = load_spec(file)
-    except SpecError as exc:
-        _print_spec_error(exc)
-        raise typer.Exit(2) from exc
+    _spec_file(file)
+    spec = load_spec(file)  # a SpecError is printed field by field, exit 2 (cli/errors.py)
     out.print(f"[green]ok[/] {file}: job '{spec.name}', {spec.resources.nodes} node(s)")
 
 
@@ -61,22 +65,26 @@ def schema() -> None:
     sys.stdout.write(json.dumps(JobSpec.model_json_schema(), indent=2) + "\n")
 
 
+def submission_key(name: str, suffix: str, now: float) -> str:
+    """A key the controller reads (lower-case spec suffix), unique per upload: two submits, two jobs."""
+    from spotrelay.resources import RESOURCES
+
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+    return f"{RESOURCES.submissions_prefix}{name}-{stamp}-{uuid.uuid4().hex[:8]}{suffix.lower()}"
+
+
 @app.command()
 def submit(file: Path, endpoint_url: EndpointOpt = None, bucket: BucketOpt = None, table: TableOpt = None,
            region: RegionOpt = None) -> None:
     """Validate locally, upload to the submissions prefix and print the job id."""
     from spotrelay.adapters.s3_object_store import S3ObjectStore
     from spotrelay.domain.models import job_id_for
-    from spotrelay.resources import RESOURCES
     from spotrelay.spec import load_spec
 
-    try:
-        spec = load_spec(file)
-    except SpecError as exc:
-        _print_spec_error(exc)
-        raise typer.Exit(2) from exc
+    _spec_file(file)
+    spec = load_spec(file)
     _connect(endpoint_url, bucket, table, region)
-    key = f"{RESOURCES.submissions_prefix}{spec.name}-{time.strftime('%Y%m%dT%H%M%S')}{file.suffix or '.yaml'}"
+    key = submission_key(spec.name, file.suffix, time.time())
     etag = S3ObjectStore().put(key, file.read_bytes(), "application/yaml")
     job_id = job_id_for(key, etag)
     out.print(f"submitted [bold]{spec.name}[/] as s3 key {key}")
@@ -85,7 +93,7 @@ def submit(file: Path, endpoint_url: EndpointOpt = None, bucket: BucketOpt = Non
 
 @app.command()
 def jobs(endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None,
-         as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+         as_json: JsonOpt = False) -> None:
     """List jobs, newest last."""
     from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
 
@@ -95,27 +103,29 @@ def jobs(endpoint_url: EndpointOpt = None, table: TableOpt = None, region: Regio
         sys.stdout.write(json.dumps([j.model_dump(mode="json", exclude={"task_tokens", "spec"}) for j in found],
                                     indent=2) + "\n")
         return
-    grid = Table("job", "name", "status", "attempt", "step", "last checkpoint", "cost $")
+    grid = Table()
+    # ids are what every other command takes: never cut or wrapped, whatever the terminal's width
+    grid.add_column("job", no_wrap=True, min_width=max((len(j.job_id) for j in found), default=3))
+    for header in ("name", "status", "attempt", "step", "last checkpoint", "cost $"):
+        grid.add_column(header)
     for job in found:
         ckpt = f"step {job.last_checkpoint.step}" if job.last_checkpoint else "-"
         grid.add_row(job.job_id, job.name, job.status.value, str(job.attempt), str(job.last_step), ckpt,
                      f"{job.cost_so_far:.2f}")
-    out.print(grid)
+    needed = Measurement.get(out, out.options.update(width=10_000), grid).maximum
+    out.print(grid, width=max(out.width, needed), crop=False)  # wider than the terminal beats a cut id
 
 
 @app.command()
 def status(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None,
-           as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+           as_json: JsonOpt = False) -> None:
     """Show one job: status, attempts, checkpoint, nodes, reasons."""
     from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+    from spotrelay.cli.views import attempts_table, nodes_table
 
     _connect(endpoint_url, None, table, region)
     store = DynamoDBJobStore()
-    try:
-        job = store.get_job(job_id)
-    except SpotrelayError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(1) from exc
+    job = store.get_job(job_id)
     nodes = store.nodes_of(job_id)
     if as_json:
         sys.stdout.write(json.dumps({"job": job.model_dump(mode="json", exclude={"task_tokens"}),
@@ -126,11 +136,10 @@ def status(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None
     if job.last_checkpoint:
         out.print(f"last checkpoint: step {job.last_checkpoint.step} at {job.last_checkpoint.uri}")
     for reason in job.reasons:
-        out.print(f"  [yellow]{reason}[/]")
-    grid = Table("node", "rank", "instance", "pool", "state", "ip")
-    for n in sorted(nodes, key=lambda n: (n.attempt, n.rank)):
-        grid.add_row(n.node_id, str(n.rank), n.instance_id, n.pool.key, n.state.value, n.private_ip or "-")
-    out.print(grid)
+        out.print(f"  [yellow]{reason}[/]", markup=True, highlight=False)
+    if job.attempts:
+        out.print(attempts_table(job))
+    out.print(nodes_table(nodes))
 
 
 @app.command()
@@ -142,12 +151,7 @@ def cancel(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None
     from spotrelay.services.cancel import request_cancel
 
     _connect(endpoint_url, None, table, region)
-    try:
-        job = request_cancel(job_id, store=DynamoDBJobStore(), workflow=SfnWorkflow(), now=time.time(),
-                             reason=reason)
-    except SpotrelayError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(1) from exc
+    job = request_cancel(job_id, store=DynamoDBJobStore(), workflow=SfnWorkflow(), now=time.time(), reason=reason)
     out.print(f"{job.job_id}: {job.status.value}")
 
 

@@ -72,3 +72,39 @@ def test_jobs_status_and_cancel(aws: dict[str, str]) -> None:
     assert again.exit_code == 1 and "already ended" in again.output
     missing = runner.invoke(app, ["status", "nope"])
     assert missing.exit_code == 1
+
+
+def test_submit_names_every_upload_uniquely_and_accepts_any_case_suffix(aws: dict[str, str], tmp_path: object) -> None:
+    upper = os.path.join(str(tmp_path), "TINY.YAML")
+    with open(TINY, "rb") as src, open(upper, "wb") as dst:
+        dst.write(src.read())
+    ids = [runner.invoke(app, ["submit", path]).stdout.strip().splitlines()[-1] for path in (TINY, TINY, upper)]
+    assert len(set(ids)) == 3  # same file, same second: three jobs
+    keys = [o["Key"] for o in client("s3").list_objects_v2(Bucket=aws["bucket"])["Contents"]]
+    from spotrelay.services.submit import is_submission
+    from spotrelay.spec.load import suffix_problem
+
+    assert len(keys) == 3 and all(is_submission(k) and suffix_problem(k) is None and k.endswith(".yaml") for k in keys)
+
+
+def test_jobs_prints_ids_whole_and_json(aws: dict[str, str]) -> None:
+    store = DynamoDBJobStore()
+    long_id = "a-rather-long-job-name-20261201t031100-abcdef12-0123456789ab"
+    store.create_job(Job(job_id=long_id, name="llm", status=JobStatus.SUBMITTED, created_at=1, updated_at=1))
+    narrow = CliRunner(env={"COLUMNS": "60"}).invoke(app, ["jobs"])
+    assert narrow.exit_code == 0 and long_id in narrow.output, narrow.output
+    listed = json.loads(runner.invoke(app, ["jobs", "--json"]).stdout)
+    assert [j["job_id"] for j in listed] == [long_id] and listed[0]["status"] == "SUBMITTED"
+
+
+def test_status_shows_the_attempts(aws: dict[str, str]) -> None:
+    from spotrelay.domain.models import Attempt, Pool
+
+    pool = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
+    attempts = [Attempt(number=1, pool=pool, started_at=100, ended_at=200, end_reason="interrupted", nodes=2),
+                Attempt(number=2, pool=pool, started_at=300, resumed_from_step=40, nodes=2)]
+    DynamoDBJobStore().create_job(Job(job_id="j-att", name="llm", status=JobStatus.RUNNING, attempt=2,
+                                      attempts=attempts, created_at=1, updated_at=1))
+    shown = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["status", "j-att"])
+    assert shown.exit_code == 0, shown.output
+    assert "interrupted" in shown.output and "step 40" in shown.output and pool.key in shown.output

@@ -1,0 +1,81 @@
+"""One place where every CLI command's failure becomes one line and an exit code.
+
+``SpotrelayGroup`` is the Typer group class of the app (and so of every command and sub-app added
+to it, now or later): it runs the command and turns what escapes into ``error: <cause>; <what to
+do>`` on stderr. Exit codes: 2 for usage and configuration (bad flags, unreadable or invalid
+files), 1 for runtime failures (AWS, the twin, a job that cannot do what was asked). A traceback
+is a bug: ``SPOTRELAY_DEBUG=1`` shows it for a report.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import typer
+from rich.console import Console
+from typer import _click as click  # typer vendors click: its exceptions, not the click package's
+from typer.core import TyperGroup
+
+from spotrelay.errors import SpecError, SpotrelayError
+
+err = Console(stderr=True)
+USAGE, RUNTIME = 2, 1
+
+
+class UsageProblem(SpotrelayError):
+    """A problem with what the user typed or pointed at (exit 2)."""
+
+
+def explain(exc: BaseException) -> tuple[str, int]:
+    """(one line, exit code) for anything a command let escape."""
+    from spotrelay.adapters.aws_errors import explain as explain_aws
+
+    aws = explain_aws(exc, os.environ.get("AWS_ENDPOINT_URL"))
+    if aws is not None:
+        return aws
+    if isinstance(exc, UsageProblem):
+        return str(exc), USAGE
+    if isinstance(exc, SpotrelayError):
+        return str(exc), RUNTIME
+    if isinstance(exc, (OSError, UnicodeDecodeError)) and not _network(exc):
+        name = getattr(exc, "filename", None)
+        what = f"{name}: " if name else ""
+        return f"{what}{getattr(exc, 'strerror', None) or exc}", USAGE
+    if _network(exc):
+        return f"cannot connect: {exc}; is the endpoint (or the twin) running?", RUNTIME
+    if isinstance(exc, ValueError):
+        return str(exc), USAGE
+    return f"unexpected {type(exc).__name__}: {exc} (a bug: rerun with SPOTRELAY_DEBUG=1 and report it)", RUNTIME
+
+
+def _network(exc: BaseException) -> bool:
+    return isinstance(exc, ConnectionError) or type(exc).__module__.startswith(("requests", "urllib3"))
+
+
+def print_spec_error(exc: SpecError) -> None:
+    """Spec errors list every field, one per line, under the file's name."""
+    err.print(f"[red]invalid spec[/] {exc.source}", highlight=False)
+    for path, msg in exc.errors:
+        err.print(f"  {path}: {msg}", highlight=False, markup=False, soft_wrap=True)
+
+
+class SpotrelayGroup(TyperGroup):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, click.ClickException):  # usage errors print their own help
+            raise
+        except KeyboardInterrupt:
+            err.print("interrupted")
+            raise typer.Exit(130) from None
+        except SpecError as exc:
+            print_spec_error(exc)
+            raise typer.Exit(USAGE) from None
+        except Exception as exc:
+            if os.environ.get("SPOTRELAY_DEBUG"):
+                raise
+            line, code = explain(exc)
+            err.print(f"error: {' '.join(line.split())}", highlight=False, markup=False, soft_wrap=True)
+            raise typer.Exit(code) from None
+

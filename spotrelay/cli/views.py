@@ -1,0 +1,32 @@
+"""Tables the CLI prints for one job: its attempts and its nodes."""
+
+from __future__ import annotations
+
+import time
+
+from rich.table import Table
+
+from spotrelay.domain.models import Job, Node
+
+
+def _when(at: float | None) -> str:
+    return time.strftime("%m-%d %H:%M:%S", time.gmtime(at)) if at else "-"
+
+
+def attempts_table(job: Job) -> Table:
+    """One row per launch: where, how many nodes, how it ended, which step it resumed from."""
+    grid = Table("attempt", "pool", "nodes", "started (UTC)", "ended (UTC)", "end reason", "resumed from", "cost $",
+                 title="attempts", title_justify="left")
+    for a in job.attempts:
+        grid.add_row(str(a.number), a.pool.key if a.pool else "-", str(a.nodes or "-"), _when(a.started_at),
+                     _when(a.ended_at), a.end_reason or ("running" if a.ended_at is None else "-"),
+                     f"step {a.resumed_from_step}" if a.resumed_from_step is not None else "start",
+                     f"{a.cost:.2f}")
+    return grid
+
+
+def nodes_table(nodes: list[Node]) -> Table:
+    grid = Table("node", "rank", "instance", "pool", "state", "ip", title="nodes", title_justify="left")
+    for n in sorted(nodes, key=lambda n: (n.attempt, n.rank)):
+        grid.add_row(n.node_id, str(n.rank), n.instance_id, n.pool.key, n.state.value, n.private_ip or "-")
+    return grid

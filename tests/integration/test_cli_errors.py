@@ -1,0 +1,137 @@
+"""Every CLI command run against nothing (no credentials, an unreachable endpoint, a dead twin, a
+deployment that is not there) prints one line that names the cause and what to do, never a
+traceback, and exits 1 (runtime) or 2 (usage)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from botocore.exceptions import ClientError
+from typer.testing import CliRunner
+
+from spotrelay.cli import config
+from spotrelay.cli.main import app
+from tests.conftest import ROOT
+from tests.hostile_corpus import HOSTILE
+
+TINY = str(ROOT / "examples" / "tiny.yaml")
+# Commands that reach AWS or the twin, with arguments. A new command that talks to either belongs here.
+NETWORK = {
+    "submit": [TINY], "jobs": [], "status": ["job-x"], "cancel": ["job-x"],
+    "describe": ["job-x"], "logs": ["job-x"], "cost": ["job-x"],  # the health helper's, when present
+}
+TWIN = {"nodes": [], "interrupt": ["1"], "kill": ["1"]}
+_CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                   "AWS_DEFAULT_PROFILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                   "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE", "SPOTRELAY_TWIN_URL",
+                   "SPOTRELAY_CONFIG", "AWS_DEFAULT_REGION")
+
+
+def _commands() -> list[list[str]]:
+    import typer.main
+
+    group = typer.main.get_command(app)
+    names = set(group.commands)  # type: ignore[attr-defined]
+    return [[name, *args] for name, args in NETWORK.items() if name in names]
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def nowhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An empty home and working directory, no credentials anywhere, no instance metadata."""
+    from spotrelay.settings import reset
+
+    for name in (*_CREDENTIAL_ENV, *config.KEYS.values()):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("SPOTRELAY_AWS_MAX_ATTEMPTS", "1")
+    monkeypatch.chdir(tmp_path)
+    reset()
+    yield tmp_path
+    reset()
+
+
+def _one_line(args: list[str], codes: tuple[int, ...] = (1,)) -> str:
+    result = CliRunner().invoke(app, args)
+    text = result.output.strip()
+    assert "Traceback" not in text and isinstance(result.exception, SystemExit), (args, text, result.exception)
+    assert result.exit_code in codes, (args, result.exit_code, text)
+    assert len(text.splitlines()) == 1 and text.startswith("error: "), (args, text)
+    return text
+
+
+@pytest.mark.parametrize("args", _commands(), ids=lambda a: a[0])
+def test_without_credentials(nowhere: Path, args: list[str]) -> None:
+    assert "no AWS credentials found" in _one_line(args)
+
+
+@pytest.mark.parametrize("args", _commands(), ids=lambda a: a[0])
+def test_with_an_unreachable_endpoint(nowhere: Path, args: list[str]) -> None:
+    port = _closed_port()
+    line = _one_line([*args, "--endpoint-url", f"http://127.0.0.1:{port}"])
+    assert f"cannot reach http://127.0.0.1:{port}" in line and "spotrelay local up" in line
+
+
+@pytest.mark.parametrize("args", [*_commands(), *[["local", n, *a] for n, a in TWIN.items()]], ids=lambda a: a[-1])
+def test_against_a_twin_that_died_and_left_its_files(nowhere: Path, args: list[str]) -> None:
+    """`spotrelay local up` wrote .spotrelay.toml and .spotrelay-twin.json, then was killed."""
+    config.write_file(nowhere / ".spotrelay.toml", {"endpoint_url": f"http://127.0.0.1:{_closed_port()}"})
+    (nowhere / ".spotrelay-twin.json").write_text(json.dumps({"control_url": f"http://127.0.0.1:{_closed_port()}"}))
+    line = _one_line(args)
+    assert "cannot reach" in line or "does not answer" in line
+
+
+@pytest.mark.parametrize("name", sorted(TWIN))
+def test_twin_commands_without_a_twin_are_usage_errors(nowhere: Path, name: str) -> None:
+    assert "no running twin" in _one_line(["local", name, *TWIN[name]], codes=(2,))
+
+
+def test_a_deployment_that_is_not_there(aws: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPOTRELAY_JOBS_TABLE", "no-such-table")
+    monkeypatch.setenv("SPOTRELAY_AWS_MAX_ATTEMPTS", "1")
+    line = _one_line(["jobs"])
+    assert "not found calling" in line and "--table" in line
+    assert "not found" in _one_line(["status", "job-x"])
+
+
+@pytest.mark.parametrize(("code", "expected"), [("AccessDeniedException", "access denied calling Scan"),
+                                                ("ExpiredTokenException", "log in again"),
+                                                ("ResourceNotFoundException", "not found calling Scan"),
+                                                ("ThrottlingException", "AWS refused Scan (ThrottlingException)")])
+def test_aws_refusals_read_as_one_line(code: str, expected: str) -> None:
+    from spotrelay.cli.errors import explain
+
+    exc = ClientError({"Error": {"Code": code, "Message": "m"}}, "Scan")
+    line, exit_code = explain(exc)
+    assert expected in line and exit_code == 1 and "\n" not in line
+
+
+@pytest.mark.parametrize("name", ["deep-flow.yaml", "python-tag.yaml", "empty.yaml", "notes.txt"])
+def test_validate_refuses_hostile_files_with_exit_2(name: str) -> None:
+    result = CliRunner().invoke(app, ["validate", str(HOSTILE / name)])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert isinstance(result.exception, SystemExit)
+
+
+def test_validate_of_a_missing_file_is_a_usage_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["validate", str(tmp_path / "gone.yaml")])
+    assert result.exit_code == 2 and "cannot be read" in result.output
+
+
+@pytest.mark.parametrize("args", [["status"], ["local", "kill"], ["jobs", "--no-such-flag"]])
+def test_usage_errors_exit_2(args: list[str]) -> None:
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "Traceback" not in result.output and "Usage" in result.output
