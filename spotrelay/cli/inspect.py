@@ -1,6 +1,7 @@
 """``spotrelay describe | logs | cost``: what happened to a job, its training output, what it cost.
 
-Every command that reads takes ``--json``. Errors are one line (``error: ...``), exit 1.
+Every command that reads takes ``--json``. Errors are one line (``error: ...``): the app's
+``SpotrelayGroup`` (cli/errors.py) turns whatever escapes into it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from spotrelay.cli import config
-from spotrelay.errors import SpotrelayError
+from spotrelay.cli.errors import UsageProblem
 
 out = Console()
 err = Console(stderr=True)
@@ -40,7 +41,8 @@ def _connect(endpoint: str | None, table: str | None, region: str | None) -> Non
     try:
         config.apply({"endpoint_url": endpoint, "jobs_table": table, "region": region})
     except ValueError as exc:
-        raise _fail(exc, 2) from exc
+        raise UsageProblem(str(exc)) from exc
+    os.environ.setdefault("SPOTRELAY_AWS_MAX_ATTEMPTS", "3")  # as the main commands do
 
 
 def _when(ts: float | None) -> str:
@@ -55,12 +57,8 @@ def _load(job_id: str) -> tuple[Any, list[Any]]:
     from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
 
     store = DynamoDBJobStore()
-    try:
-        return store.get_job(job_id), store.nodes_of(job_id)
-    except SpotrelayError as exc:
-        raise _fail(exc) from exc
-    except Exception as exc:  # no credentials, no network, no table: still one line
-        raise _fail(f"cannot read job {job_id}: {exc}") from exc
+    # what fails here (no credentials, no network, no table, no job) becomes one line in cli/errors.py
+    return store.get_job(job_id), store.nodes_of(job_id)
 
 
 def describe(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None,
@@ -149,12 +147,7 @@ def logs(job_id: str, attempt: Annotated[int | None, typer.Option("--attempt", h
         from spotrelay.adapters.cloudwatch_logs import CloudWatchTrainingLogs
 
         source = CloudWatchTrainingLogs(log_group or os.environ.get(LOG_GROUP_ENV) or LOG_GROUP_DEFAULT)
-    try:
-        streams = source.streams(job_id)
-    except SpotrelayError as exc:
-        raise _fail(exc) from exc
-    except Exception as exc:
-        raise _fail(f"cannot list the logs of {job_id}: {exc}") from exc
+    streams = source.streams(job_id)  # failures read as one line through cli/errors.py
     if not streams:
         raise _fail(f"no training logs for job {job_id} yet")
     chosen = attempt if attempt is not None else max(s.attempt for s in streams)
