@@ -11,6 +11,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -23,7 +24,8 @@ from agent.imds import ImdsClient
 from agent.launcher import LaunchPlan, Rendezvous, TrainingProcess, build_plan, contract_env
 from agent.monitors import DirectiveMonitor, Monitor, Notice, NoticeKind, RebalanceMonitor, SpotInterruptionMonitor
 from agent.notice_store import NoticeStore
-from agent.reporting import JobTracking, Reporter, info, warn
+from agent.reporting import Reporter, info, warn
+from agent.tracking import JobTracking
 from spotrelay.contracts import control
 from spotrelay.contracts.events import Directive, DirectiveKind, parse_directive
 from spotrelay.contracts.exit_codes import ExitCode
@@ -73,6 +75,7 @@ class Agent:
         self.hang = HangWatch(self.control, None, clock)
         self.hang_action: HealthAction | None = None
         self.unhealthy: str | None = None  # why the health policy stopped training on this node
+        self._metrics_at = 0  # bytes of metrics.jsonl already sent to MLflow
 
     def _bad_directive(self, why: str) -> None:
         self.reporter.anomaly("bad-directive", why)
@@ -181,11 +184,16 @@ class Agent:
         c = self.config
         self.killed = False
         self.register()
+        if track and c.rank == 0:
+            try:  # the record as it is now: this attempt's pool, steps lost, cost so far
+                job = self.store.get_job(c.job_id)
+            except SpotrelayError as exc:
+                warn("job record unreadable; tracking with the old one", error=str(exc))
         if track and c.rank == 0 and self.tracking is None:
             # after NodeReady: MLflow's first open (store migrations) can take a while
             self.tracking = JobTracking.for_job(c, job, spec, self.store)
         elif self.tracking is not None:
-            self.tracking.attempt = c.attempt
+            self.tracking.attempt_started(c, spec, job)
         env = contract_env(c, job, spec, self.tracking.run_id if self.tracking else job.mlflow_run_id)
         master, port = self.wait_for_rank0()
         per_node = c.nproc_per_node or max(spec.resources.gpus_per_node, 1)  # CPU jobs: one rank per node
@@ -194,6 +202,8 @@ class Agent:
         control.clear_request(self.control)
         events_file = self.control / control.EVENTS_FILE
         offset = events_file.stat().st_size if events_file.exists() else 0  # earlier runs' events are old news
+        metrics_file = self.control / control.METRICS_FILE
+        self._metrics_at = metrics_file.stat().st_size if metrics_file.exists() else 0
         c.work_dir.mkdir(parents=True, exist_ok=True)
         self.hang = HangWatch(self.control, spec.health.hang_after_s if spec.health.enabled else None, self.clock)
         self.hang_action, self.unhealthy = spec.health.action(AnomalyKind.HANG), None
@@ -216,7 +226,10 @@ class Agent:
         )
         self._set_node(state=NodeState.EXITED, exit_code=exit_code)
         if self.tracking:
-            self.tracking.attempt_ended(exit_code, last.step if last else None)
+            ckpt_dir = Path(env[control.ENV_CHECKPOINT_DIR])
+            manifest = ckpt_dir / f"step-{last.step:08d}" / "manifest.json" if last else None
+            self.tracking.attempt_ended(exit_code, last.step if last else None, reason, manifest,
+                                        last.uri if last else None, spec.tracking.register_model)
         info("training exited", exit_code=exit_code, reason=reason)
         return exit_code
 
@@ -301,9 +314,14 @@ class Agent:
     def _follow(self, offset: int) -> int:
         events, offset = control.read_events(self.control, offset)
         self.responder.on_events(events)
+        if self.tracking:
+            rows, self._metrics_at = control.read_metrics(self.control, self._metrics_at)
+            self.tracking.add_metrics(rows)
         for event in events:
             if self.tracking and event.kind == "checkpoint_committed":
-                self.tracking.checkpoint(event.step, event.duration_s, event.emergency)
+                self.tracking.checkpoint(event.step, event.duration_s, event.emergency, event.stall_s)
+            if self.tracking and event.kind == "resumed":
+                self.tracking.resumed(event.step)
             if event.kind == "anomaly" and event.anomaly is not None and self.config.rank == 0:
                 # every node's trainer agreed on it; node rank 0 speaks for the gang
                 self.reporter.anomaly(event.anomaly.kind.value, event.anomaly.detail, health=event.anomaly)

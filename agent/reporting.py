@@ -1,4 +1,4 @@
-"""Reporting: agent events on EventBridge, structured JSON logs, MLflow.
+"""Reporting: agent events on EventBridge, structured JSON logs (MLflow: agent/tracking.py).
 
 Events use source ``spotrelay.agent``, ``detail-type`` = the event's ``kind`` and the pydantic model
 from :mod:`spotrelay.contracts.events` as ``detail``, so the controller parses them with
@@ -26,10 +26,7 @@ from spotrelay.contracts.events import (
     TrainingExited,
 )
 from spotrelay.contracts.health import HealthAnomaly
-from spotrelay.domain.models import Job
 from spotrelay.ports.events import EventPublisher
-from spotrelay.ports.job_store import JobStore
-from spotrelay.spec.models import JobSpec
 
 log = logging.getLogger("spotrelay.agent")
 
@@ -162,89 +159,3 @@ class Reporter:
 
     def anomaly(self, what: str, detail: str = "", health: HealthAnomaly | None = None) -> bool:
         return self.publish(Anomaly(**self._common(), what=what, detail=detail, health=health))
-
-
-class JobTracking:
-    """One MLflow run per job, resumed across attempts; only node rank 0 writes to it.
-
-    The run id lives on the job record (``mlflow_run_id``); a run tagged ``spotrelay.job_id`` is
-    found again if that write was lost. Params are logged once; per-attempt values are metrics with
-    the attempt number as their step, since MLflow refuses to change a logged param.
-    """
-
-    def __init__(self, client: Any, run_id: str, attempt: int) -> None:
-        self.client = client
-        self.run_id = run_id
-        self.attempt = attempt
-
-    @classmethod
-    def for_job(cls, config: AgentConfig, job: Job, spec: JobSpec, store: JobStore) -> JobTracking | None:
-        uri = spec.tracking.tracking_uri
-        if not uri:
-            return None
-        try:
-            from mlflow.tracking import MlflowClient
-
-            client = MlflowClient(tracking_uri=uri)
-            run_id = job.mlflow_run_id or cls._find_or_create(client, config, spec)
-            if job.mlflow_run_id != run_id:
-                store.update_job(
-                    job.job_id,
-                    lambda j: None if j.mlflow_run_id == run_id else j.model_copy(update={"mlflow_run_id": run_id}),
-                )
-            tracking = cls(client, run_id, config.attempt)
-            tracking.attempt_started(config, spec)
-            return tracking
-        except Exception as exc:  # tracking must never stop training
-            warn("MLflow unavailable; not tracking", error=str(exc))
-            return None
-
-    @staticmethod
-    def _find_or_create(client: Any, config: AgentConfig, spec: JobSpec) -> str:
-        name = spec.tracking.mlflow_experiment or "spotrelay"
-        experiment = client.get_experiment_by_name(name)
-        experiment_id = experiment.experiment_id if experiment else client.create_experiment(name)
-        found = client.search_runs(
-            [experiment_id], filter_string=f"tags.`spotrelay.job_id` = '{config.job_id}'", max_results=1
-        )
-        if found:
-            return str(found[0].info.run_id)
-        tags = {**spec.tracking.tags, "spotrelay.job_id": config.job_id, "mlflow.runName": spec.name}
-        return str(client.create_run(experiment_id, tags=tags).info.run_id)
-
-    def attempt_started(self, config: AgentConfig, spec: JobSpec) -> None:
-        logged = self.client.get_run(self.run_id).data.params
-        params = {
-            "job_id": config.job_id,
-            "nodes": spec.resources.nodes,
-            "launcher": spec.launcher.type,
-            "gpus_per_node": spec.resources.gpus_per_node,
-            "checkpoint_every_steps": spec.checkpoint.every_steps,
-        }
-        for key, value in params.items():
-            if key not in logged:
-                self.client.log_param(self.run_id, key, value)
-        self.client.set_tag(self.run_id, "spotrelay.attempt", str(config.attempt))
-        self.client.set_tag(self.run_id, "spotrelay.instance_type", config.instance_type or "")
-        self.client.log_metric(self.run_id, "attempt", config.attempt, step=config.attempt)
-
-    def checkpoint(self, step: int, duration_s: float, emergency: bool) -> None:
-        self._safe(self.client.log_metric, self.run_id, "checkpoint_duration_s", duration_s, step=step)
-        if emergency:
-            self._safe(self.client.log_metric, self.run_id, "emergency_checkpoint_step", step, step=self.attempt)
-
-    def attempt_ended(self, exit_code: int, last_committed_step: int | None) -> None:
-        self._safe(self.client.log_metric, self.run_id, "exit_code", exit_code, step=self.attempt)
-        if last_committed_step is not None:
-            self._safe(
-                self.client.log_metric, self.run_id, "last_committed_step", last_committed_step, step=self.attempt
-            )
-        if exit_code == 0:
-            self._safe(self.client.set_terminated, self.run_id, "FINISHED")
-
-    @staticmethod
-    def _safe(call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        try:
-            call(*args, **kwargs)
-        except Exception as exc:
-            warn("MLflow call failed", call=getattr(call, "__name__", "?"), error=str(exc))

@@ -258,5 +258,6 @@ class Pipeline:
             event = TrainerEvent(
                 kind="checkpoint_committed", step=job.step, uri=job.uri, duration_s=duration,
                 emergency=job.emergency, deadline=job.deadline, request_id=job.request_id, time=time.time(),
+                stall_s=job.timings.get("snapshot_s"),
             )  # fmt: skip
             append_event(self.control_dir, event)

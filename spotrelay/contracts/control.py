@@ -73,6 +73,7 @@ class TrainerEvent(BaseModel):
     request_id: str | None = None
     time: float = 0.0
     anomaly: HealthAnomaly | None = None  # kind "anomaly"
+    stall_s: float | None = None  # checkpoint_committed: what the training loop waited for the snapshot
 
 
 def write_atomic(path: Path, text: str) -> None:

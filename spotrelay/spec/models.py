@@ -162,6 +162,8 @@ class Tracking(Strict):
     mlflow_experiment: str | None = None
     tracking_uri: str | None = None
     tags: dict[str, str] = Field(default_factory=dict)
+    register_model: str | None = Field(None, min_length=1, max_length=256,
+                                       description="register the final checkpoint as a version of this MLflow model")
 
 
 class Notifications(Strict):

@@ -1,17 +1,21 @@
-"""MLflow: one run per job, resumed across attempts (run id on the job record, or found by tag)."""
+"""MLflow lineage (real MLflow, sqlite store): one parent run per job, one nested child per attempt,
+per-step metrics on both, checkpoint times, the final manifest as an artifact, the registered model."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from agent.config import AgentConfig
-from agent.reporting import JobTracking
-from spotrelay.domain.models import Job
+from agent.tracking import JobTracking
+from spotrelay.domain.models import Attempt, Job, Pool
 from spotrelay.domain.status import JobStatus
 from spotrelay.spec.models import JobSpec
+
+POOL = Pool(region="us-east-1", az="us-east-1b", instance_type="p4d.24xlarge", market="spot")
 
 
 class JobOnly:
@@ -33,41 +37,70 @@ def _spec(uri: str) -> JobSpec:
             "entrypoint": {"script": "t.py"},
             "resources": {"nodes": 2},
             "checkpoint": {"every_steps": 5},
-            "tracking": {"tracking_uri": uri, "mlflow_experiment": "exp", "tags": {"team": "ml"}},
+            "tracking": {"tracking_uri": uri, "mlflow_experiment": "exp", "tags": {"team": "ml"},
+                         "register_model": "tiny-lm"},
         }
     )
 
 
 def _config(attempt: int) -> AgentConfig:
-    return AgentConfig(job_id="j-1", attempt=attempt, rank=0, nodes=2, instance_type="p5.48xlarge")
+    return AgentConfig(job_id="j-1", attempt=attempt, rank=0, nodes=2, instance_type="p4d.24xlarge")
 
 
-def test_one_run_per_job_across_attempts(tmp_path: Path) -> None:
+def test_parent_run_with_a_child_per_attempt_metrics_and_the_final_model(tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     spec = _spec(uri)
-    store = JobOnly(Job(job_id="j-1", name="tracked", status=JobStatus.RUNNING))
+    MlflowClient(tracking_uri=uri).create_experiment("exp", artifact_location=(tmp_path / "artifacts").as_uri())
+    attempts = [Attempt(number=1, pool=POOL, started_at=100.0, ended_at=200.0, nodes=2)]
+    store = JobOnly(Job(job_id="j-1", name="tracked", status=JobStatus.RUNNING, attempts=attempts))
     first = JobTracking.for_job(_config(1), store.job, spec, store)  # type: ignore[arg-type]
-    assert first is not None and store.job.mlflow_run_id == first.run_id
-    first.checkpoint(step=7, duration_s=1.5, emergency=True)
-    first.attempt_ended(75, 7)
+    assert first is not None and store.job.mlflow_run_id == first.run_id and first.child_id
+    first.add_metrics([{"step": 1, "loss": 3.0, "lr": 0.1, "step_s": 0.5}, {"step": 2, "loss": 2.5}])
+    first.checkpoint(step=2, duration_s=1.5, emergency=True, stall_s=0.02)
+    first.attempt_ended(75, 2, "preempted-saved")
 
-    second = JobTracking.for_job(_config(2), store.job, spec, store)  # type: ignore[arg-type]
-    assert second is not None and second.run_id == first.run_id
-    second.attempt_ended(0, 20)
-
-    # the job record lost the id (a lost write): the run is found again by its tag
-    lost = store.job.model_copy(update={"mlflow_run_id": None})
-    third = JobTracking.for_job(_config(3), lost, spec, JobOnly(lost))  # type: ignore[arg-type]
-    assert third is not None and third.run_id == first.run_id
+    later = store.job.model_copy(update={"attempts": [*attempts, Attempt(number=2, pool=POOL, nodes=2)],
+                                         "steps_lost": 3, "cost_so_far": 12.5, "recoveries": 1})
+    second = JobTracking.for_job(_config(2), later, spec, JobOnly(later))  # type: ignore[arg-type]
+    assert second is not None and second.run_id == first.run_id and second.child_id != first.child_id
+    second.resumed(2)
+    second.add_metrics([{"step": 3, "loss": 2.0}])
+    manifest = tmp_path / "step-00000004" / "manifest.json"
+    manifest.parent.mkdir()
+    manifest.write_text(json.dumps({"step": 4}))
+    second.attempt_ended(0, 4, "done", manifest, "s3://bucket/checkpoints/j-1/step-00000004", "tiny-lm")
 
     client = MlflowClient(tracking_uri=uri)
-    run = client.get_run(first.run_id)
-    assert run.data.params["nodes"] == "2" and run.data.tags["team"] == "ml"
+    parent = client.get_run(first.run_id)
+    assert parent.data.params["nodes"] == "2" and parent.data.tags["team"] == "ml"
+    assert parent.info.status == "FINISHED"
+    loss = client.get_metric_history(first.run_id, "loss")
+    assert [(m.step, m.value) for m in loss] == [(1, 3.0), (2, 2.5), (3, 2.0)]
     assert [m.value for m in client.get_metric_history(first.run_id, "exit_code")] == [75, 0]
-    assert run.info.status == "FINISHED"
-    assert len(client.search_runs([run.info.experiment_id])) == 1
+    assert [(m.step, m.value) for m in client.get_metric_history(first.run_id, "steps_lost")] == [(1, 0.0), (2, 3.0)]
+    assert client.get_metric_history(first.run_id, "cost_so_far")[-1].value == 12.5
+    assert client.get_metric_history(first.run_id, "downtime_s")  # attempt 2 came after attempt 1 ended
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.`mlflow.parentRunId` = '{first.run_id}'",
+                                  order_by=["tags.`spotrelay.attempt` ASC"])
+    assert [c.data.tags["mlflow.runName"] for c in children] == ["attempt-1", "attempt-2"]
+    one, two = children
+    assert one.info.status == "KILLED" and one.data.tags["spotrelay.end_reason"] == "preempted-saved"
+    assert one.data.params["pool"] == POOL.key and one.data.params["instance_type"] == "p4d.24xlarge"
+    assert one.data.metrics["checkpoint_stall_s"] == 0.02 and one.data.metrics["checkpoint_persist_s"] == 1.5
+    assert two.info.status == "FINISHED" and two.data.tags["spotrelay.resumed_from_step"] == "2"
+    assert [m.step for m in client.get_metric_history(two.info.run_id, "loss")] == [3]
+    assert [a.path for a in client.list_artifacts(first.run_id, "final-checkpoint")] == [
+        "final-checkpoint/manifest.json"]
+    [version] = client.search_model_versions("name='tiny-lm'")
+    assert version.source == "s3://bucket/checkpoints/j-1/step-00000004" and version.run_id == first.run_id
+
+    # an agent that restarts mid-attempt finds the same runs (the job lost its run id: found by tag)
+    lost = later.model_copy(update={"mlflow_run_id": None})
+    again = JobTracking.for_job(_config(2), lost, spec, JobOnly(lost))  # type: ignore[arg-type]
+    assert again is not None and (again.run_id, again.child_id) == (first.run_id, second.child_id)
 
 
 def test_no_tracking_uri_no_mlflow() -> None:

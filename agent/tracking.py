@@ -1,0 +1,198 @@
+"""MLflow lineage of a job: one parent run per job, one nested child run per attempt.
+
+Only node rank 0's agent writes. The parent run id lives on the job record (``mlflow_run_id``;
+a run tagged ``spotrelay.job_id`` is found again if that write was lost); a child is found again by
+its ``spotrelay.attempt`` tag, so a restarted agent does not make a second one.
+
+- parent: the job's params (once), lifecycle metrics with the attempt as their step (steps lost,
+  downtime before the attempt, cost so far, recoveries), the per-step training metrics as one curve
+  across attempts, the final manifest as an artifact, the registered model;
+- child: where the attempt ran (pool, instance type, nodes), when, how it ended, the step it resumed
+  from, its own per-step metrics and each checkpoint's stall and persist time.
+
+Per-step metrics come from rank 0's ``metrics.jsonl`` and are sent in batches (``flush``), so the
+training loop never waits for the tracking server. Every call is best effort: MLflow trouble is
+logged, never raised.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agent.config import AgentConfig
+from agent.reporting import warn
+from spotrelay.contracts.exit_codes import ExitCode
+from spotrelay.domain.models import Job
+from spotrelay.ports.job_store import JobStore
+from spotrelay.spec.models import JobSpec
+
+FLUSH_S = 5.0
+STEP_METRICS = ("loss", "lr", "grad_norm", "samples_s", "step_s")
+
+
+class JobTracking:
+    def __init__(self, client: Any, run_id: str, attempt: int, clock: Callable[[], float] = time.time) -> None:
+        self.client, self.run_id, self.attempt, self.clock = client, run_id, attempt, clock
+        self.child_id: str | None = None
+        self._pending: list[Any] = []
+        self._flushed = clock()
+
+    # --- the runs ----------------------------------------------------------------------------------
+    @classmethod
+    def for_job(cls, config: AgentConfig, job: Job, spec: JobSpec, store: JobStore) -> JobTracking | None:
+        uri = spec.tracking.tracking_uri
+        if not uri:
+            return None
+        try:
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(tracking_uri=uri)
+            run_id = job.mlflow_run_id or cls._find_or_create(client, config, spec)
+            if job.mlflow_run_id != run_id:
+                store.update_job(
+                    job.job_id,
+                    lambda j: None if j.mlflow_run_id == run_id else j.model_copy(update={"mlflow_run_id": run_id}),
+                )
+            tracking = cls(client, run_id, config.attempt)
+            tracking.attempt_started(config, spec, job)
+            return tracking
+        except Exception as exc:  # tracking must never stop training
+            warn("MLflow unavailable; not tracking", error=str(exc))
+            return None
+
+    @staticmethod
+    def _find_or_create(client: Any, config: AgentConfig, spec: JobSpec) -> str:
+        name = spec.tracking.mlflow_experiment or "spotrelay"
+        experiment = client.get_experiment_by_name(name)
+        experiment_id = experiment.experiment_id if experiment else client.create_experiment(name)
+        found = client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.`spotrelay.job_id` = '{config.job_id}' and tags.`spotrelay.role` = 'job'",
+            max_results=1,
+        )
+        if found:
+            return str(found[0].info.run_id)
+        tags = {**spec.tracking.tags, "spotrelay.job_id": config.job_id, "spotrelay.role": "job",
+                "mlflow.runName": spec.name}  # fmt: skip
+        return str(client.create_run(experiment_id, tags=tags).info.run_id)
+
+    def attempt_started(self, config: AgentConfig, spec: JobSpec, job: Job | None = None) -> None:
+        """Parent params (once) and lifecycle metrics; this attempt's child run."""
+        self.attempt = config.attempt
+        parent = self.client.get_run(self.run_id)
+        params = {"job_id": config.job_id, "nodes": spec.resources.nodes, "launcher": spec.launcher.type,
+                  "gpus_per_node": spec.resources.gpus_per_node,
+                  "checkpoint_every_steps": spec.checkpoint.every_steps}  # fmt: skip
+        for key, value in params.items():
+            if key not in parent.data.params:
+                self.client.log_param(self.run_id, key, value)
+        self.client.set_tag(self.run_id, "spotrelay.attempt", str(config.attempt))
+        self.client.log_metric(self.run_id, "attempt", config.attempt, step=config.attempt)
+        if job is not None:
+            self._lifecycle(job)
+        self.child_id = self._child(config, parent.info.experiment_id, job)
+
+    def _lifecycle(self, job: Job) -> None:
+        now = self.clock()
+        previous = [a for a in job.attempts if a.number < self.attempt and a.ended_at]
+        values = {"steps_lost": job.steps_lost, "cost_so_far": job.cost_so_far, "recoveries": job.recoveries}
+        if previous:
+            values["downtime_s"] = max(0.0, now - max(a.ended_at or 0.0 for a in previous))
+        for key, value in values.items():
+            self._safe(self.client.log_metric, self.run_id, key, float(value), step=self.attempt)
+
+    def _child(self, config: AgentConfig, experiment_id: str, job: Job | None) -> str:
+        mine = f"tags.`mlflow.parentRunId` = '{self.run_id}' and tags.`spotrelay.attempt` = '{self.attempt}'"
+        found = self.client.search_runs([experiment_id], filter_string=mine, max_results=1)
+        if found:
+            return str(found[0].info.run_id)
+        record = next((a for a in (job.attempts if job else []) if a.number == self.attempt), None)
+        pool = record.pool if record is not None else None
+        tags = {"mlflow.parentRunId": self.run_id, "mlflow.runName": f"attempt-{self.attempt}",
+                "spotrelay.job_id": config.job_id, "spotrelay.role": "attempt", "spotrelay.attempt": str(self.attempt),
+                "spotrelay.instance_type": config.instance_type or (pool.instance_type if pool else ""),
+                "spotrelay.pool": pool.key if pool else f"{config.region or '?'}/{config.az or '?'}"}  # fmt: skip
+        child = str(self.client.create_run(experiment_id, tags=tags).info.run_id)
+        params = {"attempt": self.attempt, "nodes": config.nodes or (record.nodes if record else ""),
+                  "instance_type": tags["spotrelay.instance_type"], "pool": tags["spotrelay.pool"],
+                  "market": pool.market if pool else "", "started_at": round(self.clock(), 3)}  # fmt: skip
+        for key, value in params.items():
+            self._safe(self.client.log_param, child, key, value)
+        return child
+
+    # --- during the attempt ------------------------------------------------------------------------
+    def resumed(self, step: int) -> None:
+        if self.child_id:
+            self._safe(self.client.set_tag, self.child_id, "spotrelay.resumed_from_step", str(step))
+            self._safe(self.client.log_metric, self.child_id, "resumed_from_step", step, step=step)
+
+    def add_metrics(self, rows: list[dict[str, float]]) -> None:
+        """Per-step rows from rank 0 (step, loss, lr, grad_norm, samples_s, step_s); sent by ``flush``."""
+        from mlflow.entities import Metric
+
+        ms = int(self.clock() * 1000)
+        for row in rows:
+            step = int(row.get("step", 0))
+            self._pending += [Metric(key, float(row[key]), ms, step) for key in STEP_METRICS if key in row]
+        if self.clock() - self._flushed >= FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        pending, self._pending, self._flushed = self._pending, [], self.clock()
+        for start in range(0, len(pending), 1000):  # MLflow takes at most 1000 metrics per batch
+            chunk = pending[start : start + 1000]
+            for run in filter(None, (self.child_id, self.run_id)):  # the parent holds the curve across attempts
+                self._safe(self.client.log_batch, run, metrics=chunk)
+
+    def checkpoint(self, step: int, duration_s: float, emergency: bool, stall_s: float | None = None) -> None:
+        for run in filter(None, (self.child_id, self.run_id)):
+            self._safe(self.client.log_metric, run, "checkpoint_persist_s", duration_s, step=step)
+            if stall_s is not None:
+                self._safe(self.client.log_metric, run, "checkpoint_stall_s", stall_s, step=step)
+        if emergency:
+            self._safe(self.client.log_metric, self.run_id, "emergency_checkpoint_step", step, step=self.attempt)
+
+    # --- the end -----------------------------------------------------------------------------------
+    def attempt_ended(self, exit_code: int, last_committed_step: int | None, reason: str = "",
+                      manifest: Path | None = None, final_uri: str | None = None,
+                      register_model: str | None = None) -> None:  # fmt: skip
+        self.flush()
+        self._safe(self.client.log_metric, self.run_id, "exit_code", exit_code, step=self.attempt)
+        if last_committed_step is not None:
+            self._safe(self.client.log_metric, self.run_id, "last_committed_step", last_committed_step,
+                       step=self.attempt)  # fmt: skip
+        if self.child_id:
+            why = reason or ExitCode.describe(exit_code)
+            self._safe(self.client.set_tag, self.child_id, "spotrelay.end_reason", why)
+            self._safe(self.client.log_param, self.child_id, "ended_at", round(self.clock(), 3))
+            status = "FINISHED" if exit_code == 0 else "KILLED" if exit_code in (75, 76, 78) else "FAILED"
+            self._safe(self.client.set_terminated, self.child_id, status)
+        if exit_code != 0:
+            return
+        if manifest is not None and manifest.is_file():
+            self._safe(self.client.log_artifact, self.run_id, str(manifest), "final-checkpoint")
+        if register_model and final_uri:
+            self._register(register_model, final_uri)
+        self._safe(self.client.set_terminated, self.run_id, "FINISHED")
+
+    def _register(self, name: str, source: str) -> None:
+        """A model version whose source is the final checkpoint (its manifest lists the files)."""
+        try:
+            try:
+                self.client.create_registered_model(name)
+            except Exception as exc:
+                if "RESOURCE_ALREADY_EXISTS" not in str(exc) and "already exists" not in str(exc):
+                    raise
+            self.client.create_model_version(name, source, run_id=self.run_id)
+        except Exception as exc:
+            warn("model registration failed", name=name, error=str(exc))
+
+    @staticmethod
+    def _safe(call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        try:
+            call(*args, **kwargs)
+        except Exception as exc:
+            warn("MLflow call failed", call=getattr(call, "__name__", "?"), error=str(exc))
