@@ -15,7 +15,7 @@ from constructs import Construct
 from cdk import staging
 from cdk.agent_boundary import job_profiles_config
 from cdk.config import AppConfig
-from cdk.permissions import Grants, grants_for
+from cdk.permissions import Grants, grant
 from spotrelay.resources import RESOURCES, function_name_for
 
 # Per-handler timeouts: sfn tasks call EC2 (CreateFleet can take a while); the rest are quick.
@@ -103,7 +103,8 @@ class Functions(Construct):
                 },
                 description=f"spotrelay {module}",
             )
-            grants_for(module).apply(role, grants)
+            grant(role, module, grants)
+            log_group.grant_write(role)  # the Lambda service writes the function's logs with this role
             Validations.of(fn).acknowledge(
                 Acknowledgment(
                     id="AwsSolutions-L1",

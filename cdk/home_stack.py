@@ -58,6 +58,7 @@ class HomeStack(Stack):
             prefix=config.prefix,
             training_regions=config.training_regions,
             agent_boundary_arn=boundary_arn(config),
+            topic_key=notifications.key,
         )
         functions = Functions(self, "Functions", config=config, env=env, grants=grants, handlers=handlers)
         workflow = Workflow(

@@ -90,6 +90,7 @@ _LOG_DELIVERY = (
 STAR_RESOURCE_REASONS: tuple[tuple[str, str], ...] = (
     ("xray:", "X-Ray trace and sampling calls support no resource-level permissions"),
     ("ec2:Describe", "EC2 Describe* calls support no resource-level permissions"),
+    ("ec2:GetSpotPlacementScores", "GetSpotPlacementScores supports no resource-level permissions (read-only)"),
     (
         "iam:ListRoles",
         "ListRoles supports no resource-level permissions; reconcile lists the /spotrelay/ path and reads "

@@ -1,16 +1,22 @@
-"""What each handler may do. A handler gets only the capabilities its trigger needs.
+"""What each handler may do: exactly the AWS actions its code can call, each on the narrowest resource.
 
-Handlers are discovered by name (``functions/<module>.py``), so capabilities are keyed by module name
-or prefix; a module not listed here gets the job store and the topic only, and a review of this table.
+:data:`ACTIONS` lists, per ``functions/<module>.py``, the IAM actions of every AWS call its code path can
+make (through the adapters it builds), including the ones AWS checks along with a call (tag on create,
+``iam:PassRole`` on launch, KMS for the encrypted topic). tests/infrastructure/test_grants.py reads the
+code, derives the same list and fails, naming the action and the handler, when they differ. Where each
+action may act (tables, one bucket prefix, tagged instances in the training regions, the per-job agent
+roles) is decided once, per action, in :meth:`Grants.statements`. A handler missing here gets nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aws_cdk import Aws
 from aws_cdk import aws_dynamodb as ddb
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_secretsmanager as sm
 from aws_cdk import aws_sns as sns
@@ -22,38 +28,58 @@ from spotrelay.resources import RESOURCES
 # tag-changing calls are limited to such instances.
 MANAGED_TAG = "spotrelay:job-id"
 
-STORE = "store"  # read/write the job, node, pool and idempotency tables
-SUBMISSIONS = "submissions"  # read (and move) objects under submissions/
-CHECKPOINTS_READ = "checkpoints-read"  # read manifests under checkpoints/
-PUBLISH = "publish"  # publish to the notifications topic
-EXECUTIONS = "executions"  # start, describe, list and stop job-run executions
-TOKENS = "tokens"  # complete and heartbeat task tokens of job-run
-EC2_READ = "ec2-read"  # describe instances, spot prices, offerings
-EC2_LAUNCH = "ec2-launch"  # create fleets / run instances from our launch templates
-EC2_TERMINATE = "ec2-terminate"  # terminate instances tagged by spotrelay
-REGION_PARAMETERS = "region-parameters"  # read /<prefix>/training/* SSM parameters in training regions
-SLACK_SECRET = "slack-secret"  # read the Slack webhook secret
-PUT_EVENTS = "put-events"  # publish controller events on the home bus
-AGENT_PROFILES = "agent-profiles"  # create/delete the per-job agent roles and instance profiles
-AGENT_PROFILES_SWEEP = "agent-profiles-sweep"  # list the per-job agent roles (reconcile deletes leaked ones)
-
-_CONTROLLER = frozenset({STORE, PUBLISH})
-_EVENT = _CONTROLLER | {TOKENS, EC2_READ, CHECKPOINTS_READ}
-CAPABILITIES: dict[str, frozenset[str]] = {
-    "on_submission": _CONTROLLER | {SUBMISSIONS, EXECUTIONS},
-    "on_interruption_notice": _EVENT | {EC2_LAUNCH, EC2_TERMINATE, REGION_PARAMETERS, AGENT_PROFILES},
-    "on_rebalance": _EVENT | {EC2_LAUNCH, REGION_PARAMETERS, AGENT_PROFILES},
-    "on_instance_state": _EVENT | {EC2_TERMINATE},
-    "on_agent_event": _EVENT | {PUT_EVENTS},
-    "reconcile": _EVENT | {EXECUTIONS, EC2_TERMINATE, AGENT_PROFILES, AGENT_PROFILES_SWEEP, SUBMISSIONS},
-    "sfn_": _EVENT | {EC2_LAUNCH, EC2_TERMINATE, REGION_PARAMETERS, EXECUTIONS, AGENT_PROFILES},
-    "slack_notifier": frozenset({SLACK_SECRET}),
+# Groups of actions that travel together (one adapter method each); ACTIONS below composes them.
+IDEMPOTENCY = frozenset({"dynamodb:PutItem", "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"})
+NOTIFY = frozenset({"sns:Publish", "kms:GenerateDataKey", "kms:Decrypt"})  # the topic is KMS-encrypted
+MARKET = frozenset({"ec2:DescribeSpotPriceHistory", "ec2:DescribeAvailabilityZones", "ec2:GetSpotPlacementScores",
+                    "dynamodb:BatchGetItem"})  # pool stats
+TERMINATE = frozenset({"ec2:DescribeInstances", "ec2:TerminateInstances"})
+TEARDOWN = TERMINATE | {
+    "ec2:DescribePlacementGroups", "ec2:DeletePlacementGroup",
+    "iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile", "iam:DeleteRolePolicy", "iam:DeleteRole",
 }
+LAUNCH = TERMINATE | {
+    # discovery of the region's subnets, security group, launch template and AMI
+    "ssm:GetParameters", "ec2:DescribeLaunchTemplateVersions", "ec2:DescribeSubnets",
+    "ec2:DescribeSecurityGroups", "ec2:DescribeImages",
+    # the per-job agent role and instance profile
+    "iam:CreateRole", "iam:TagRole", "iam:PutRolePolicy", "iam:CreateInstanceProfile",
+    "iam:GetInstanceProfile", "iam:AddRoleToInstanceProfile", "iam:PassRole",
+    # the gang itself
+    "ec2:CreatePlacementGroup", "ec2:CreateLaunchTemplate", "ec2:DeleteLaunchTemplate", "ec2:CreateFleet",
+    "ec2:RunInstances", "ec2:CreateTags", "iam:CreateServiceLinkedRole",
+}
+_READ = frozenset({"dynamodb:GetItem", "dynamodb:Query"})
+_WRITE = frozenset({"dynamodb:PutItem"})
+
+ACTIONS: dict[str, frozenset[str]] = {
+    "on_submission": frozenset({"dynamodb:GetItem", "s3:GetObject", "s3:PutObject", "states:StartExecution"})
+    | _WRITE | NOTIFY,
+    "on_agent_event": IDEMPOTENCY | _READ | NOTIFY | {"states:SendTaskSuccess", "states:SendTaskHeartbeat"},
+    "on_instance_state": IDEMPOTENCY | _READ | NOTIFY | {"states:SendTaskSuccess"},
+    "on_interruption_notice": IDEMPOTENCY | _READ | NOTIFY | {"states:SendTaskSuccess"},
+    "on_rebalance": IDEMPOTENCY | _READ,
+    "reconcile": IDEMPOTENCY | _READ | NOTIFY | TEARDOWN | {
+        "iam:ListRoles", "iam:ListRoleTags",  # the sweep of leaked per-job roles
+        "states:DescribeExecution", "states:StopExecution", "states:SendTaskSuccess", "states:SendTaskFailure",
+    },
+    "sfn_plan": _READ | _WRITE | MARKET | {"ec2:TerminateInstances"},  # releases survivors it drops
+    "sfn_provision": _READ | _WRITE | {"dynamodb:UpdateItem"} | LAUNCH,  # the only task that launches
+    "sfn_register_wait": _READ | _WRITE | NOTIFY | {"states:SendTaskSuccess", "states:SendTaskFailure"},
+    "sfn_recover": _READ | _WRITE | {"dynamodb:UpdateItem"} | MARKET | TERMINATE | NOTIFY,
+    "sfn_teardown": _READ | _WRITE | TEARDOWN,
+    "sfn_finalize": frozenset({"dynamodb:GetItem"}) | _WRITE | NOTIFY,
+    "slack_notifier": frozenset({"secretsmanager:GetSecretValue"}),
+}
+# Key prefixes of the jobs bucket a handler's S3 object actions may touch.
+S3_PREFIXES: dict[str, tuple[str, ...]] = {"on_submission": (RESOURCES.submissions_prefix,)}
+# What the Lambda service itself needs (logs, traces), granted to every function in cdk/functions.py.
+PLATFORM = frozenset({"logs:CreateLogStream", "logs:PutLogEvents", "xray:PutTraceSegments", "xray:PutTelemetryRecords"})
 
 
 @dataclass(frozen=True)
 class Grants:
-    """The resources capabilities refer to."""
+    """The resources the actions act on."""
 
     tables: dict[str, ddb.ITable]
     bucket: s3.IBucket
@@ -63,197 +89,165 @@ class Grants:
     prefix: str
     training_regions: tuple[str, ...]
     agent_boundary_arn: str = ""  # the managed policy every per-job agent role must carry (agent_boundary)
+    topic_key: kms.IKey | None = None  # the key the topic is encrypted with
 
+    def statements(self, module: str, actions: frozenset[str]) -> list[iam.PolicyStatement]:
+        """One statement per resource scope, holding the given actions that act there."""
+        by_scope: dict[str, list[str]] = {}
+        for action in sorted(actions):
+            scope = next((name for name, match in _SCOPES if match(action)), None)
+            if scope is None:
+                raise ValueError(f"cdk/permissions.py: no resource scope for {action} ({module}); add one to _SCOPES")
+            by_scope.setdefault(scope, []).append(action)
+        out: list[iam.PolicyStatement] = []
+        for scope, acts in by_scope.items():
+            out.extend(getattr(self, f"_{scope}")(module, acts))
+        return out
 
-@dataclass(frozen=True)
-class GrantSet:
-    capabilities: frozenset[str]
+    # --- scopes ----------------------------------------------------------------------------------
+    def _tables(self, module: str, acts: list[str]) -> list[iam.PolicyStatement]:
+        arns = [a for t in self.tables.values() for a in (t.table_arn, f"{t.table_arn}/index/*")]
+        return [iam.PolicyStatement(actions=acts, resources=arns)]
 
-    def apply(self, role: iam.IRole, g: Grants) -> None:
-        caps = self.capabilities
-        if STORE in caps:
-            for table in g.tables.values():
-                table.grant_read_write_data(role)
-        if SUBMISSIONS in caps:
-            g.bucket.grant_read_write(role, f"{RESOURCES.submissions_prefix}*")
-        if CHECKPOINTS_READ in caps:
-            g.bucket.grant_read(role, f"{RESOURCES.checkpoints_prefix}*")
-        if PUBLISH in caps:
-            g.topic.grant_publish(role)
-        if SLACK_SECRET in caps:
-            g.slack_secret.grant_read(role)
-        sm_arn = state_machine_arn(g.state_machine_name)
-        execution_arn = f"arn:{Aws.PARTITION}:states:{Aws.REGION}:{Aws.ACCOUNT_ID}:execution:{g.state_machine_name}:*"
-        statements: list[iam.PolicyStatement] = []
-        if EXECUTIONS in caps:
-            statements.append(
-                iam.PolicyStatement(actions=["states:StartExecution", "states:ListExecutions"], resources=[sm_arn])
-            )
-            statements.append(
-                iam.PolicyStatement(
-                    actions=["states:DescribeExecution", "states:StopExecution"], resources=[execution_arn]
-                )
-            )
-        if TOKENS in caps:
-            statements.append(
-                iam.PolicyStatement(
-                    actions=["states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat"],
-                    resources=[sm_arn],
-                )
-            )
-        if EC2_READ in caps:
-            statements.append(
-                iam.PolicyStatement(
-                    actions=[
-                        "ec2:DescribeInstances",
-                        "ec2:DescribeInstanceStatus",
-                        "ec2:DescribeSpotPriceHistory",
-                        "ec2:DescribeInstanceTypeOfferings",
-                        "ec2:DescribeAvailabilityZones",
-                        "ec2:DescribeFleets",
-                        "ec2:DescribeFleetInstances",
-                        "ec2:DescribeLaunchTemplates",
-                        "ec2:DescribeSubnets",
-                        "ec2:DescribePlacementGroups",
-                        "ec2:DescribeLaunchTemplateVersions",
-                    ],
-                    resources=["*"],
-                )
-            )
-        if EC2_LAUNCH in caps:
-            statements.extend(_launch_statements(g))
-        if EC2_TERMINATE in caps:
-            statements.append(
-                iam.PolicyStatement(
-                    actions=[
-                        "ec2:TerminateInstances",
-                        "ec2:DeleteFleets",
-                        "ec2:DeletePlacementGroup",
-                        "ec2:DeleteLaunchTemplate",
-                    ],
-                    resources=[
-                        f"arn:{Aws.PARTITION}:ec2:*:{Aws.ACCOUNT_ID}:{kind}/*"
-                        for kind in ("instance", "fleet", "placement-group", "launch-template")
-                    ],
-                    conditions={"Null": {f"aws:ResourceTag/{MANAGED_TAG}": "false"}, **_in_regions(g)},
-                )
-            )
-        if AGENT_PROFILES in caps:
-            statements.extend(_agent_profile_statements(g))
-        if AGENT_PROFILES_SWEEP in caps:
-            statements.append(iam.PolicyStatement(actions=["iam:ListRoles"], resources=["*"]))
-            statements.append(iam.PolicyStatement(actions=["iam:ListRoleTags"], resources=[job_role_arns(g.prefix)[0]]))
-        if REGION_PARAMETERS in caps:
-            statements.append(
-                iam.PolicyStatement(
-                    actions=["ssm:GetParameter", "ssm:GetParameters", "ssm:GetParametersByPath"],
-                    resources=[f"arn:{Aws.PARTITION}:ssm:*:{Aws.ACCOUNT_ID}:parameter/{g.prefix}/training/*"],
-                    conditions=_in_regions(g),
-                )
-            )
-        if PUT_EVENTS in caps:
-            statements.append(
-                iam.PolicyStatement(
-                    actions=["events:PutEvents"],
-                    resources=[f"arn:{Aws.PARTITION}:events:{Aws.REGION}:{Aws.ACCOUNT_ID}:event-bus/default"],
-                    conditions={"StringEquals": {"events:source": ["spotrelay.controller"]}},
-                )
-            )
-        for statement in statements:
-            role.add_to_principal_policy(statement)
+    def _objects(self, module: str, acts: list[str]) -> list[iam.PolicyStatement]:
+        if module not in S3_PREFIXES:
+            raise ValueError(f"cdk/permissions.py: {module} calls {acts}; name its key prefixes in S3_PREFIXES")
+        return [iam.PolicyStatement(actions=acts, resources=[self.bucket.arn_for_objects(f"{p}*")
+                                                             for p in S3_PREFIXES[module]])]
 
+    def _executions(self, module: str, acts: list[str]) -> list[iam.PolicyStatement]:
+        machine = [a for a in acts if a in ("states:StartExecution", "states:ListExecutions") or "Task" in a]
+        execution = f"arn:{Aws.PARTITION}:states:{Aws.REGION}:{Aws.ACCOUNT_ID}:execution:{self.state_machine_name}:*"
+        rest = [a for a in acts if a not in machine]
+        return [iam.PolicyStatement(actions=group, resources=[resource]) for group, resource in (
+            (machine, state_machine_arn(self.state_machine_name)), (rest, execution)) if group]
 
-def _launch_statements(g: Grants) -> list[iam.PolicyStatement]:
-    """Launch from our templates only, tag at launch only, pass only the agent roles."""
-    acct = Aws.ACCOUNT_ID
-    part = Aws.PARTITION
-    return [
-        iam.PolicyStatement(
-            actions=["ec2:CreateFleet", "ec2:RunInstances", "ec2:CreatePlacementGroup", "ec2:CreateLaunchTemplate"],
-            resources=[
-                f"arn:{part}:ec2:*:{acct}:{kind}/*"
-                for kind in (
-                    "instance",
-                    "fleet",
-                    "placement-group",
-                    "volume",
-                    "network-interface",
-                    "spot-instances-request",
-                    "launch-template",
-                )
-            ],
-            conditions={"Null": {f"aws:RequestTag/{MANAGED_TAG}": "false"}, **_in_regions(g)},
-        ),
-        iam.PolicyStatement(
-            actions=["ec2:CreateFleet", "ec2:RunInstances"],
-            resources=[f"arn:{part}:ec2:*:{acct}:{kind}/*" for kind in ("launch-template", "subnet", "security-group")]
-            + [f"arn:{part}:ec2:*::image/*"],
-            conditions=_in_regions(g),
-        ),
-        iam.PolicyStatement(
-            actions=["ec2:CreateTags"],
-            resources=[f"arn:{part}:ec2:*:{acct}:*/*"],
-            conditions={
-                "StringEquals": {
-                    "ec2:CreateAction": ["CreateFleet", "RunInstances", "CreatePlacementGroup", "CreateLaunchTemplate"],
-                    "aws:RequestedRegion": list(g.training_regions),
-                }
-            },
-        ),
-        # rank and Name tags go on after launch, only onto instances this controller launched
-        iam.PolicyStatement(
-            actions=["ec2:CreateTags"],
-            resources=[f"arn:{part}:ec2:*:{acct}:instance/*"],
-            conditions={"Null": {f"aws:ResourceTag/{MANAGED_TAG}": "false"}, **_in_regions(g)},
-        ),
-        # only the per-job agent roles (launch, and AddRoleToInstanceProfile, need PassRole)
-        iam.PolicyStatement(
-            actions=["iam:PassRole"],
-            resources=[job_role_arns(g.prefix)[0]],
-            conditions={"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}},
-        ),
-        iam.PolicyStatement(
-            actions=["iam:CreateServiceLinkedRole"],
-            resources=[
-                f"arn:{part}:iam::{acct}:role/aws-service-role/spot.amazonaws.com/*",
-                f"arn:{part}:iam::{acct}:role/aws-service-role/ec2fleet.amazonaws.com/*",
-            ],
+    def _describe(self, module: str, acts: list[str]) -> list[iam.PolicyStatement]:
+        return [iam.PolicyStatement(actions=acts, resources=["*"])]  # no resource-level permissions
+
+    def _launch(self, module: str, acts: list[str]) -> list[iam.PolicyStatement]:
+        """Launch from our templates only, tagged at launch only, in the training regions only."""
+        part, acct = Aws.PARTITION, Aws.ACCOUNT_ID
+        kinds = ("instance", "fleet", "placement-group", "volume", "network-interface", "spot-instances-request",
+                 "launch-template")
+        out = [iam.PolicyStatement(
+            actions=acts, resources=[f"arn:{part}:ec2:*:{acct}:{kind}/*" for kind in kinds],
+            conditions={"Null": {f"aws:RequestTag/{MANAGED_TAG}": "false"}, **self._in_regions()},
+        )]
+        fleet = [a for a in acts if a in ("ec2:CreateFleet", "ec2:RunInstances")]
+        if fleet:
+            out.append(iam.PolicyStatement(
+                actions=fleet,
+                resources=[f"arn:{part}:ec2:*:{acct}:{kind}/*" for kind in ("launch-template", "subnet",
+                                                                             "security-group")]
+                + [f"arn:{part}:ec2:*::image/*"],
+                conditions=self._in_regions(),
+            ))
+        return out
+
+    def _tags(self, module: str, acts: list[str]) -> list[iam.PolicyStatement]:
+        part, acct = Aws.PARTITION, Aws.ACCOUNT_ID
+        return [
+            iam.PolicyStatement(actions=acts, resources=[f"arn:{part}:ec2:*:{acct}:*/*"], conditions={"StringEquals": {
+                "ec2:CreateAction": ["CreateFleet", "RunInstances", "CreatePlacementGroup", "CreateLaunchTemplate"],
+                "aws:RequestedRegion": list(self.training_regions)}}),
+            # rank and Name tags go on after launch, only onto instances this controller launched
+            iam.PolicyStatement(actions=acts, resources=[f"arn:{part}:ec2:*:{acct}:instance/*"],
+                                conditions={"Null": {f"aws:ResourceTag/{MANAGED_TAG}": "false"}, **self._in_regions()}),
+        ]
+
+    def _managed(self, module: str, acts: list[str]) -> list[iam.PolicyStatement]:
+        kinds = ("instance", "fleet", "placement-group", "launch-template")
+        return [iam.PolicyStatement(
+            actions=acts, resources=[f"arn:{Aws.PARTITION}:ec2:*:{Aws.ACCOUNT_ID}:{kind}/*" for kind in kinds],
+            conditions={"Null": {f"aws:ResourceTag/{MANAGED_TAG}": "false"}, **self._in_regions()},
+        )]
+
+    def _pass_role(self, module: str, acts: list[str]) -> list[iam.PolicyStatement]:
+        # only the per-job agent roles (launch, and AddRoleToInstanceProfile, need PassRole), only to EC2
+        return [iam.PolicyStatement(actions=acts, resources=[job_role_arns(self.prefix)[0]],
+                                    conditions={"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}})]
+
+    def _service_linked(self, module: str, acts: list[str]) -> list[iam.PolicyStatement]:
+        part, acct = Aws.PARTITION, Aws.ACCOUNT_ID
+        return [iam.PolicyStatement(
+            actions=acts,
+            resources=[f"arn:{part}:iam::{acct}:role/aws-service-role/{s}/*"
+                       for s in ("spot.amazonaws.com", "ec2fleet.amazonaws.com")],
             conditions={"StringLike": {"iam:AWSServiceName": ["spot.amazonaws.com", "ec2fleet.amazonaws.com"]}},
-        ),
-    ]
+        )]
+
+    def _role_create(self, module: str, acts: list[str]) -> list[iam.PolicyStatement]:
+        """Per-job agent roles are created and given a policy only with the agents' permissions boundary,
+        so the controller cannot mint a role beyond what agents need (cdk/agent_boundary.py)."""
+        if not self.agent_boundary_arn:
+            raise ValueError(f"{module} creates agent roles: Grants.agent_boundary_arn is required")
+        return [iam.PolicyStatement(actions=acts, resources=[job_role_arns(self.prefix)[0]],
+                                    conditions={"StringEquals": {"iam:PermissionsBoundary": self.agent_boundary_arn}})]
+
+    def _roles(self, module: str, acts: list[str]) -> list[iam.PolicyStatement]:
+        return [iam.PolicyStatement(actions=acts, resources=[job_role_arns(self.prefix)[0]])]
+
+    def _profiles(self, module: str, acts: list[str]) -> list[iam.PolicyStatement]:
+        return [iam.PolicyStatement(actions=acts, resources=[job_role_arns(self.prefix)[1]])]
+
+    def _list_roles(self, module: str, acts: list[str]) -> list[iam.PolicyStatement]:
+        return [iam.PolicyStatement(actions=acts, resources=["*"])]  # ListRoles has no resource-level permissions
+
+    def _parameters(self, module: str, acts: list[str]) -> list[iam.PolicyStatement]:
+        return [iam.PolicyStatement(
+            actions=acts, resources=[f"arn:{Aws.PARTITION}:ssm:*:{Aws.ACCOUNT_ID}:parameter/{self.prefix}/training/*"],
+            conditions=self._in_regions(),
+        )]
+
+    def _events(self, module: str, acts: list[str]) -> list[iam.PolicyStatement]:
+        return [iam.PolicyStatement(
+            actions=acts, resources=[f"arn:{Aws.PARTITION}:events:{Aws.REGION}:{Aws.ACCOUNT_ID}:event-bus/default"],
+            conditions={"StringEquals": {"events:source": ["spotrelay.controller"]}},
+        )]
+
+    def _topic(self, module: str, acts: list[str]) -> list[iam.PolicyStatement]:
+        return [iam.PolicyStatement(actions=acts, resources=[self.topic.topic_arn])]
+
+    def _topic_key(self, module: str, acts: list[str]) -> list[iam.PolicyStatement]:
+        if self.topic_key is None:
+            raise ValueError(f"{module} publishes to the encrypted topic: Grants.topic_key is required")
+        return [iam.PolicyStatement(actions=acts, resources=[self.topic_key.key_arn])]
+
+    def _secret(self, module: str, acts: list[str]) -> list[iam.PolicyStatement]:
+        return [iam.PolicyStatement(actions=acts, resources=[self.slack_secret.secret_arn])]
+
+    def _in_regions(self) -> dict[str, object]:
+        # one ARN with a region wildcard plus this condition keeps policies small (CDK would split them)
+        return {"StringEquals": {"aws:RequestedRegion": list(self.training_regions)}}
 
 
-def _agent_profile_statements(g: Grants) -> list[iam.PolicyStatement]:
-    """Per-job agent roles (spotrelay/adapters/iam_job_profile.py): created and given a policy only with
-    the stack's permissions boundary, so the controller cannot mint a role beyond what agents need."""
-    roles, profiles = job_role_arns(g.prefix)
-    if not g.agent_boundary_arn:
-        raise ValueError("agent-profiles needs Grants.agent_boundary_arn")
-    return [
-        iam.PolicyStatement(
-            actions=["iam:CreateRole", "iam:PutRolePolicy"],
-            resources=[roles],
-            conditions={"StringEquals": {"iam:PermissionsBoundary": g.agent_boundary_arn}},
-        ),
-        iam.PolicyStatement(
-            actions=["iam:GetRole", "iam:TagRole", "iam:DeleteRolePolicy", "iam:DeleteRole"], resources=[roles]
-        ),
-        iam.PolicyStatement(
-            actions=[
-                "iam:CreateInstanceProfile",
-                "iam:GetInstanceProfile",
-                "iam:AddRoleToInstanceProfile",
-                "iam:RemoveRoleFromInstanceProfile",
-                "iam:DeleteInstanceProfile",
-            ],
-            resources=[profiles],
-        ),
-    ]
+def _in(*names: str) -> Callable[[str], bool]:
+    return lambda action: action in names
 
 
-def _in_regions(g: Grants) -> dict[str, object]:
-    # one ARN with a region wildcard plus this condition keeps policies small (CDK would split them)
-    return {"StringEquals": {"aws:RequestedRegion": list(g.training_regions)}}
+# (scope, which actions act there); first match wins. Scope "x" is built by Grants._x.
+_SCOPES: tuple[tuple[str, Callable[[str], bool]], ...] = (
+    ("tables", lambda a: a.startswith("dynamodb:")),
+    ("objects", _in("s3:GetObject", "s3:PutObject", "s3:DeleteObject")),
+    ("executions", lambda a: a.startswith("states:")),
+    ("describe", lambda a: a.startswith("ec2:Describe") or a == "ec2:GetSpotPlacementScores"),
+    ("launch", _in("ec2:CreateFleet", "ec2:RunInstances", "ec2:CreatePlacementGroup", "ec2:CreateLaunchTemplate")),
+    ("tags", _in("ec2:CreateTags")),
+    ("managed", _in("ec2:TerminateInstances", "ec2:DeleteFleets", "ec2:DeletePlacementGroup",
+                    "ec2:DeleteLaunchTemplate")),
+    ("pass_role", _in("iam:PassRole")),
+    ("service_linked", _in("iam:CreateServiceLinkedRole")),
+    ("role_create", _in("iam:CreateRole", "iam:PutRolePolicy")),
+    ("roles", _in("iam:GetRole", "iam:TagRole", "iam:DeleteRolePolicy", "iam:DeleteRole", "iam:ListRoleTags")),
+    ("profiles", lambda a: a.startswith("iam:") and "InstanceProfile" in a),
+    ("list_roles", _in("iam:ListRoles")),
+    ("parameters", lambda a: a.startswith("ssm:GetParameter")),
+    ("events", _in("events:PutEvents")),
+    ("topic", _in("sns:Publish")),
+    ("topic_key", _in("kms:GenerateDataKey", "kms:Decrypt")),
+    ("secret", _in("secretsmanager:GetSecretValue")),
+)
 
 
 def state_machine_arn(name: str) -> str:
@@ -262,10 +256,10 @@ def state_machine_arn(name: str) -> str:
     return f"arn:{Aws.PARTITION}:states:{Aws.REGION}:{Aws.ACCOUNT_ID}:stateMachine:{name}"
 
 
-def grants_for(module: str) -> GrantSet:
-    if module in CAPABILITIES:
-        return GrantSet(CAPABILITIES[module])
-    for key, caps in CAPABILITIES.items():
-        if key.endswith("_") and module.startswith(key):
-            return GrantSet(caps)
-    return GrantSet(_CONTROLLER)
+def actions_for(module: str) -> frozenset[str]:
+    return ACTIONS.get(module, frozenset())
+
+
+def grant(role: iam.IRole, module: str, grants: Grants) -> None:
+    for statement in grants.statements(module, actions_for(module)):
+        role.add_to_principal_policy(statement)

@@ -6,7 +6,6 @@ import pytest
 
 from cdk import nag, staging
 from cdk.config import AppConfig, InfraConfigError, from_context
-from cdk.permissions import CAPABILITIES, EC2_LAUNCH, SLACK_SECRET, grants_for
 from cdk.workflow import placeholders, render, substitutions
 
 
@@ -93,15 +92,6 @@ def test_nag_rendering_matches_cdk_nag_and_reasons_only_for_known_wildcards() ->
     star["Statement"].append({"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": "*"})
     assert nag.reason_for("Resource::*", star) is None  # s3 on "*" is never explained
     assert nag.reason_for("Action::dynamodb:*") is None
-
-
-def test_capabilities_by_handler_name() -> None:
-    assert grants_for("sfn_provision").capabilities == CAPABILITIES["sfn_"]
-    assert EC2_LAUNCH in grants_for("sfn_provision").capabilities
-    assert grants_for("slack_notifier").capabilities == {SLACK_SECRET}
-    assert SLACK_SECRET not in grants_for("on_submission").capabilities
-    assert EC2_LAUNCH not in grants_for("on_agent_event").capabilities
-    assert grants_for("brand_new_handler").capabilities == {"store", "publish"}
 
 
 # What the Lambda Python runtime ships besides the standard library.

@@ -288,9 +288,7 @@ def test_per_job_agent_profiles_only_with_the_boundary(synth: Synth) -> None:
     functions = _functions(synth)
     for module, fn in functions.items():
         statements = _statements(template, fn["Role"]["Fn::GetAtt"][0])
-        iam_actions = {a for s in statements for a in _acts(s) if a.startswith("iam:")}
-        manages = module.startswith("sfn_") or module in ("reconcile", "on_interruption_notice", "on_rebalance")
-        assert ("iam:DeleteRole" in iam_actions) == manages, module
+        # which handler holds which iam: action is test_grants.py's; here: where they may act
         for s in statements:
             if not any(a.startswith("iam:") for a in _acts(s)) or "iam:CreateServiceLinkedRole" in _acts(s):
                 continue
