@@ -62,6 +62,7 @@ ACTIONS: dict[str, frozenset[str]] = {
     "reconcile": IDEMPOTENCY | _READ | NOTIFY | TEARDOWN | {
         "iam:ListRoles", "iam:ListRoleTags",  # the sweep of leaked per-job roles
         "states:DescribeExecution", "states:StopExecution", "states:SendTaskSuccess", "states:SendTaskFailure",
+        "s3:GetObject", "s3:PutObject", "states:StartExecution",  # heals stuck submissions (services/submit.py)
     },
     "sfn_plan": _READ | _WRITE | MARKET | {"ec2:TerminateInstances"},  # releases survivors it drops
     "sfn_provision": _READ | _WRITE | {"dynamodb:UpdateItem"} | LAUNCH,  # the only task that launches
@@ -72,7 +73,10 @@ ACTIONS: dict[str, frozenset[str]] = {
     "slack_notifier": frozenset({"secretsmanager:GetSecretValue"}),
 }
 # Key prefixes of the jobs bucket a handler's S3 object actions may touch.
-S3_PREFIXES: dict[str, tuple[str, ...]] = {"on_submission": (RESOURCES.submissions_prefix,)}
+S3_PREFIXES: dict[str, tuple[str, ...]] = {
+    "on_submission": (RESOURCES.submissions_prefix,),
+    "reconcile": (RESOURCES.submissions_prefix,),
+}
 # What the Lambda service itself needs (logs, traces), granted to every function in cdk/functions.py.
 PLATFORM = frozenset({"logs:CreateLogStream", "logs:PutLogEvents", "xray:PutTraceSegments", "xray:PutTelemetryRecords"})
 

@@ -40,6 +40,8 @@ PORT_ADAPTERS: dict[str, tuple[str, str]] = {
 _NEED = {"need_compute": "compute", "need_workflow": "workflow"}
 # Modules whose calls on arbitrary objects may be boto3 client calls.
 ADAPTER_PACKAGES = ("spotrelay.adapters", "functions")
+# Methods of dicts, lists and strings: never taken for a first-party method of the same name.
+_BUILTIN_METHODS = frozenset(name for t in (dict, list, str, set) for name in dir(t) if not name.startswith("_"))
 # Third-party helpers we call, and the actions they make (name called -> actions).
 LIBRARY_CALLS: dict[str, tuple[str, ...]] = {
     # Powertools idempotency: save in progress, read on conflict, save the result, delete on failure
@@ -237,7 +239,9 @@ class Analyzer:
                 out += [(None, a) for a in self._ops_for(mod, str(call.args[0].value))]
                 continue
             out += [(None, a) for a in self._ops_for(mod, attr)]
-            out += [((m, f"{c}.{attr}"), None) for m, c in visible.values() if attr in _module(m).classes[c]]  # type: ignore[union-attr]
+            if mod.name.startswith("spotrelay.adapters") and attr not in _BUILTIN_METHODS:
+                out += [((m, f"{c}.{attr}"), None) for m, c in visible.values()
+                        if attr in _module(m).classes[c]]  # type: ignore[union-attr]
         return out
 
     def _paginated_args(self, target: tuple[str, str], call: ast.Call) -> list[str]:
