@@ -21,9 +21,10 @@ from agent.actions import Responder, classify_exit
 from agent.config import AgentConfig
 from agent.hang import HangWatch, dump_stacks
 from agent.imds import ImdsClient
-from agent.launcher import LaunchPlan, Rendezvous, TrainingProcess, build_plan, contract_env
+from agent.launcher import EXIT_DIR, LaunchPlan, Rendezvous, TrainingProcess, build_plan, contract_env
 from agent.monitors import DirectiveMonitor, Monitor, Notice, NoticeKind, RebalanceMonitor, SpotInterruptionMonitor
 from agent.notice_store import NoticeStore
+from agent.output_tail import failure_tail
 from agent.reporting import Reporter, info, warn
 from agent.tracking import JobTracking
 from spotrelay.contracts import control
@@ -207,7 +208,8 @@ class Agent:
         c.work_dir.mkdir(parents=True, exist_ok=True)
         self.hang = HangWatch(self.control, spec.health.hang_after_s if spec.health.enabled else None, self.clock)
         self.hang_action, self.unhealthy = spec.health.action(AnomalyKind.HANG), None
-        with open(c.work_dir / f"train-a{c.attempt}.log", "ab") as log:
+        log_path = c.work_dir / f"train-a{c.attempt}.log"
+        with open(log_path, "ab") as log:
             proc = TrainingProcess(plan, self.control, log)
             info("launching", argv=plan.argv, master=f"{master}:{port}")
             proc.start()
@@ -222,7 +224,11 @@ class Agent:
             exit_code, reason = ExitCode.UNHEALTHY, self.unhealthy
         last = self.responder.last_committed
         self.reporter.training_exited(
-            exit_code, reason, control.read_progress(self.control), last.step if last else None
+            exit_code,
+            reason,
+            control.read_progress(self.control),
+            last.step if last else None,
+            failure_tail(exit_code, self.control / EXIT_DIR, log_path),
         )
         self._set_node(state=NodeState.EXITED, exit_code=exit_code)
         if self.tracking:

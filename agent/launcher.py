@@ -272,7 +272,7 @@ def worker_main(argv: list[str]) -> None:
     script, *args = argv[len(local_rank) :]
     sys.argv = [script, *local_rank, *args]
     sys.path.insert(0, str(Path(script).resolve().parent))  # as `python script.py` does
-    code = 1
+    code, error = 1, ""
     try:
         runpy.run_path(script, run_name="__main__")
         code = 0
@@ -280,6 +280,7 @@ def worker_main(argv: list[str]) -> None:
         code = _code_of(exc)
         raise
     except BaseException as exc:
+        error = traceback.format_exc()[-8192:]  # this rank's own cause (agent/output_tail.py quotes it)
         if not lost_peer(exc):
             raise
         traceback.print_exc()
@@ -289,9 +290,8 @@ def worker_main(argv: list[str]) -> None:
         control_dir = os.environ.get(control.ENV_CONTROL_DIR)
         if control_dir:
             rank = os.environ.get("RANK", "0")
-            control.write_atomic(
-                Path(control_dir) / EXIT_DIR / f"rank-{rank}.json", json.dumps({"rank": int(rank), "code": int(code)})
-            )
+            record = {"rank": int(rank), "code": int(code), **({"error": error} if error else {})}
+            control.write_atomic(Path(control_dir) / EXIT_DIR / f"rank-{rank}.json", json.dumps(record))
 
 
 if __name__ == "__main__":

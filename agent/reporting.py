@@ -145,7 +145,12 @@ class Reporter:
         )
 
     def training_exited(
-        self, exit_code: int, reason: str, last_step: int | None, last_committed_step: int | None
+        self,
+        exit_code: int,
+        reason: str,
+        last_step: int | None,
+        last_committed_step: int | None,
+        output_tail: str = "",
     ) -> bool:
         return self.publish(
             TrainingExited(
@@ -154,6 +159,7 @@ class Reporter:
                 reason=reason,
                 last_step=last_step,
                 last_committed_step=last_committed_step,
+                output_tail=output_tail,
             )
         )
 

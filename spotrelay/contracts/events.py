@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from spotrelay.contracts.health import HealthAnomaly
 
 AGENT_SOURCE = "spotrelay.agent"
+MAX_OUTPUT_TAIL = 2000  # characters of the failing rank's output a TrainingExited may carry
 
 
 class _Event(BaseModel):
@@ -56,6 +57,9 @@ class TrainingExited(_Event):
     reason: str  # ExitCode.describe(exit_code) plus detail
     last_step: int | None = None
     last_committed_step: int | None = None
+    # the end of the failing rank's output (its traceback, usually): on AWS the node's log goes
+    # with the instance, so the cause travels with the event into the job's reasons
+    output_tail: str = Field("", max_length=MAX_OUTPUT_TAIL)
 
 
 class Anomaly(_Event):

@@ -120,6 +120,7 @@ class Node(Record):
     directive: dict[str, Any] | None = None  # CHECKPOINT_NOW / STOP / RESTART for the agent
     master_port: int | None = None  # rank 0's agent sets the rendezvous port it serves; others follow it
     exit_code: int | None = None
+    output_tail: str | None = None  # the end of a failing rank's output (TrainingExited)
 
 
 def job_id_for(key: str, etag: str) -> str:

@@ -83,8 +83,11 @@ def classify_nodes(nodes: Iterable[Node], cancelled: bool = False) -> AttemptEnd
     codes: dict[int, int] = {}
     doomed: list[int] = []
     lost: list[int] = []
+    tails: dict[int, str] = {}
     attempt = 0
     for node in nodes:
+        if node.output_tail:
+            tails[node.rank] = node.output_tail
         attempt = max(attempt, node.attempt)
         if node.exit_code is not None:
             codes[node.rank] = node.exit_code
@@ -92,4 +95,9 @@ def classify_nodes(nodes: Iterable[Node], cancelled: bool = False) -> AttemptEnd
             doomed.append(node.rank)
         elif node.state is NodeState.LOST:
             lost.append(node.rank)
-    return classify_attempt(codes, doomed, lost, cancelled, attempt)
+    end = classify_attempt(codes, doomed, lost, cancelled, attempt)
+    tail = tails.get(end.rank) if end.rank is not None else None
+    if tail and end.outcome in (Verdict.USER_ERROR, Verdict.INFRA_ERROR):
+        # quoted into the reason, so the job's reasons and its notifications say why
+        end = end.model_copy(update={"reason": f"{end.reason}; its output ended with:\n{tail}"})
+    return end

@@ -107,7 +107,7 @@ def _on_checkpoint(ctl: Controller, job: Job, event: CheckpointCommitted, now: f
 
 def _on_exit(ctl: Controller, job: Job, node: Node, event: TrainingExited, now: float) -> bool:
     changed = _update_node(ctl, node, lambda n: n.model_copy(update={
-        "state": NodeState.EXITED, "exit_code": event.exit_code})
+        "state": NodeState.EXITED, "exit_code": event.exit_code, "output_tail": event.output_tail or None})
         if n.state not in _FINAL else None)
     last = event.last_step
     if changed and last is not None and last > job.last_step:

@@ -160,3 +160,20 @@ def test_malformed_agent_event_is_rejected(env: Env) -> None:
     del event["detail"]["instance_id"]
     with pytest.raises(ValidationError):
         on_agent_event.handler(event, ctx())
+
+
+def test_the_failing_ranks_output_reaches_the_outcome_and_the_retry_verdict(env: Env) -> None:
+    from spotrelay.errors import RetryBudgetExhaustedError
+    from spotrelay.recovery import check_retry_budget
+    from spotrelay.spec.models import Recovery
+
+    _, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    tail = 'File "train.py", line 12, in <module>\nFileNotFoundError: data/shard-0.bin'
+    on_agent_event.handler(agent_event("TrainingExited", gang[1], exit_code=1, reason="user-error",
+                                       output_tail=tail), ctx())
+    assert env.store.get_node(gang[1].job_id, gang[1].node_id).output_tail == tail
+    end = env.workflow.completed[0][2]
+    assert end["reason"].startswith("training code exited 1 on rank 1") and tail in end["reason"]
+    with pytest.raises(RetryBudgetExhaustedError) as info:  # what the job's FAILED reason is made of
+        check_retry_budget(Recovery(), AttemptEnd.model_validate(end), 0, 0)
+    assert "FileNotFoundError: data/shard-0.bin" in str(info.value)
