@@ -1,9 +1,11 @@
 """Coordinated stop: every rank acts on a stop request at the same step boundary.
 
 Each rank polls the agent's ``request.json`` (one ``stat`` per step; the file is read only when
-it changed), then all ranks agree with one all-reduce(MAX) of three integers: the request code
-(strongest request wins), whether a time-based checkpoint is due (rank clocks differ), and the
-earliest deadline. A request id already acted on (also across a restart) is ignored.
+it changed), then all ranks agree with one all-reduce(MAX) of four integers: the request code
+(strongest request wins), whether a time-based checkpoint is due (rank clocks differ), the
+earliest deadline, and whether any rank must start its final save of a notice window now
+(agent/notice_window.py: each rank judges by its own flush time, the earliest one wins). A request
+id already acted on (also across a restart) is ignored.
 """
 
 from __future__ import annotations
@@ -47,14 +49,18 @@ class Decision:
     checkpoint_due: bool
     deadline: float | None
     extra: tuple[int, ...] = ()
+    final_due: bool = False
 
 
-def agree(local: StopRequest | None, due: bool, device: str = "cpu", extra: list[int] | None = None) -> Decision:
+def agree(
+    local: StopRequest | None, due: bool, device: str = "cpu", extra: list[int] | None = None, final_due: bool = False
+) -> Decision:
     """One all-reduce(MAX) over the world; without torch.distributed, the local view decides.
     ``extra``: more integers that ride in the same all-reduce (the health checks' flags)."""
     code = REQUEST_CODE[local.kind] if local is not None else 0
     deadline_ms = int(local.deadline * 1000) if local is not None and local.deadline else None
-    values = [code, int(due), -deadline_ms if deadline_ms is not None else _NO_DEADLINE, *(extra or ())]
+    values = [code, int(due), -deadline_ms if deadline_ms is not None else _NO_DEADLINE, int(final_due)]
+    values += list(extra or ())
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -65,7 +71,7 @@ def agree(local: StopRequest | None, due: bool, device: str = "cpu", extra: list
         values = [int(v) for v in tensor.tolist()]
     deadline = -values[2] / 1000 if values[2] != _NO_DEADLINE else None
     return Decision(kind=CODE_KIND[values[0]], checkpoint_due=bool(values[1]), deadline=deadline,
-                    extra=tuple(values[3:]))
+                    final_due=bool(values[3]), extra=tuple(values[4:]))  # fmt: skip
 
 
 def gather_ids(request_id: str | None) -> list[str]:
@@ -89,3 +95,8 @@ def all_ok(ok: bool, device: str = "cpu") -> bool:
     flag = torch.tensor([0 if ok else 1], dtype=torch.int64, device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return int(flag.item()) == 0
+
+
+def any_rank(flag: bool, device: str = "cpu") -> bool:
+    """True when any rank's flag is True."""
+    return not all_ok(not flag, device)

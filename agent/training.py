@@ -28,8 +28,9 @@ from agent.checkpoint.pipeline import Pipeline, SaveJob, Topology
 from agent.checkpoint.restore import choose, materialize
 from agent.checkpoint.s3_tier import S3Tier
 from agent.checkpoint.state import capture_rng, load_trainer_state, restore_rng, snapshot_tree, trainer_file
+from agent.notice_window import Margin, NoticeTraining, SaveLike
 from agent.session_health import SessionHealth
-from agent.stop import RequestPoller, agree, all_ok, gather_ids
+from agent.stop import RequestPoller, agree, all_ok, any_rank, gather_ids
 from spotrelay.contracts.control import RequestKind, TrainerEvent, append_event, write_progress
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.contracts.health import HealthAction, HealthAnomaly
@@ -87,6 +88,9 @@ class Session:
         self._device = "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
         self.health = SessionHealth(config.health, self.topo.rank, self.topo.world_size,
                                     self.topo.local_world_size, config.control_dir, engine, lr_scheduler)
+        # training through a spot notice: this rank's flush and step times, the agreed window
+        margin = Margin(config.notice_margin_s, config.notice_margin_share)
+        self.notice = NoticeTraining(margin, config.flush_prior_mb_s)
 
     # --- resume ------------------------------------------------------------------------------------
     def resume(self, before: int | None = None) -> int | None:
@@ -157,7 +161,11 @@ class Session:
             if self._boundary(max_steps):
                 return
         if self.config.save_final and self._last_saved != self.step and self.step > 0:
-            self.save()
+            w = self.notice.window  # finished inside a notice window: the last save is an emergency one
+            if w is None:
+                self.save()
+            else:
+                self.save(emergency=True, deadline=w.deadline, request_id=w.request_id)
 
     def step_done(self, loss: Any = None, samples: int | None = None, grad_norm: Any = None) -> None:
         """Record the step's loss, sample count and gradient norm (for progress, the manifest, the
@@ -190,12 +198,13 @@ class Session:
 
     def _boundary(self, max_steps: int) -> bool:
         """After each step: progress, one collective, then save/stop as agreed. True ends the loop."""
-        cfg = self.config
+        cfg, now = self.config, time.time()
         if cfg.control_dir is not None and self.topo.local_rank == 0:
             write_progress(cfg.control_dir, self.step)
+        self.notice.boundary(now)
         request = self.poller.poll()
         due = bool(cfg.every_minutes and time.monotonic() - self._last_save_time >= cfg.every_minutes * 60)
-        decision = agree(request, due, self._device, self.health.extra(self.step))
+        decision = agree(request, due, self._device, self.health.extra(self.step), self.notice.final_due(now))
         request_id = None
         if decision.kind is not None:  # every rank learns the ids, so none acts on them again
             ids = gather_ids(request.request_id if request is not None else None)
@@ -208,15 +217,18 @@ class Session:
         finding = self.health.judge(self.step, decision.extra)
         if finding is not None and self._on_anomaly(finding):
             return True
+        if self.notice.window is not None:  # no other saves in the window: the bandwidth is the final save's
+            w, snapshot = self.notice.window, self.notice.snapshot
+            if decision.final_due and finding is None:  # an unhealthy step is never saved
+                job = self.save(emergency=True, deadline=w.deadline, request_id=w.request_id)
+                return self._stop_after(job, w.deadline, w.request_id, fallback=snapshot)
+            if decision.final_due and snapshot is not None:
+                return self._stop_after(snapshot, w.deadline, w.request_id)
+            if decision.kind is RequestKind.CHECKPOINT_AND_STOP:
+                w.tighten(decision.deadline)  # another node's notice: the earliest deadline wins
+            return False
         if decision.kind is RequestKind.CHECKPOINT_AND_STOP:
-            job = self.save(emergency=True, deadline=decision.deadline, request_id=request_id)
-            wait = (decision.deadline - time.time()) if decision.deadline else cfg.commit_timeout_s
-            ok = job.done.wait(max(wait, 1.0)) and job.error is None
-            # Nobody exits before the global commit: torchrun stops the whole group on a first exit.
-            ok = all_ok(ok, self._device)
-            self.exit_code = ExitCode.PREEMPTED_SAVED if ok else ExitCode.PREEMPTED_UNSAVED
-            self._event(TrainerEvent(kind="stopping", step=self.step, request_id=request_id, time=time.time()))
-            return True
+            return self._notice(decision.deadline, request_id)
         periodic = bool(cfg.every_steps and self.step % cfg.every_steps == 0 and self.step < max_steps)
         wanted = decision.kind is RequestKind.CHECKPOINT or periodic or decision.checkpoint_due or self._save_requested
         if wanted and finding is not None:  # an unhealthy step is never saved: the next healthy one is
@@ -252,6 +264,37 @@ class Session:
         log.warning("health: rolled back to step %d, skipping %d batch(es)", restored, skipped)
         return finding.model_copy(update={"rollback_to": restored, "skipped_batches": skipped})
 
+    # --- a spot notice -----------------------------------------------------------------------------
+    def _notice(self, deadline: float | None, request_id: str | None) -> bool:
+        """Snapshot now (committed in the background); keep training when every rank can still fit
+        a final save before the deadline, else this snapshot is the last one: wait for it, stop."""
+        job = self.save(emergency=True, deadline=deadline, request_id=request_id)
+        if not self.config.notice_training or deadline is None:
+            return self._stop_after(job, deadline, request_id)
+        now = time.time()
+        if any_rank(self.notice.no_room(now, deadline), self._device):
+            return self._stop_after(job, deadline, request_id)
+        flush = self.notice.open(deadline, now, self.step, request_id, job)
+        log.info("notice at step %d: training on; a final save is predicted to take %.1f s", self.step, flush)
+        self._event(TrainerEvent(kind="notice_training", step=self.step, deadline=deadline, request_id=request_id,
+                                 time=now))  # fmt: skip
+        return False
+
+    def _stop_after(
+        self, job: SaveLike, deadline: float | None, request_id: str | None, fallback: SaveLike | None = None
+    ) -> bool:
+        """Wait for ``job``'s global commit (or ``fallback``'s: the notice-time snapshot), then stop."""
+        wait = (deadline - time.time()) if deadline else self.config.commit_timeout_s
+        ok = job.done.wait(max(wait, 1.0)) and job.error is None
+        if not ok and fallback is not None:
+            ok = fallback.done.wait(max(wait, 1.0)) and fallback.error is None
+            log.warning("the final save did not commit in time; the notice-time snapshot %s", "did" if ok else "failed")
+        # Nobody exits before the global commit: torchrun stops the whole group on a first exit.
+        ok = all_ok(ok, self._device)
+        self.exit_code = ExitCode.PREEMPTED_SAVED if ok else ExitCode.PREEMPTED_UNSAVED
+        self._event(TrainerEvent(kind="stopping", step=self.step, request_id=request_id, time=time.time()))
+        return True
+
     # --- saving ------------------------------------------------------------------------------------
     def request_checkpoint(self) -> None:
         """Save at the end of the current step. Every rank must call it in the same step."""
@@ -274,6 +317,7 @@ class Session:
         job.timings["snapshot_s"] = time.time() - started  # what the training loop waited for
         self._last_saved, self._last_save_time = self.step, time.monotonic()
         self.last_job = job
+        self.notice.saved(job)
         return self.pipeline.submit(job)
 
     def close(self) -> int:

@@ -179,6 +179,7 @@ def run(args: argparse.Namespace, work: Path, bucket: str) -> dict[str, Any]:
     options = {
         "checkpoint_dir": work / "ckpt", "checkpoint_uri": f"s3://{bucket}/checkpoints/bench",
         "control_dir": control, "keep_local": 2, "keep_s3": 2, "save_final": False,
+        "notice_training": False,  # time the flush itself: stop at the request, as the final save does
     }  # fmt: skip
     build = build_deepspeed if args.engine == "deepspeed" else build_torch
     session, train, tensors_now = build(args, options)

@@ -22,6 +22,11 @@ class Settings:
     state_machine_arn: str | None
     event_bus: str
     slack_secret_arn: str | None
+    # botocore's own per-service override: the twin routes the nodes' S3 through a throttle
+    s3_endpoint_url: str | None = None
+
+    def endpoint_for(self, service: str) -> str | None:
+        return (self.s3_endpoint_url if service == "s3" else None) or self.endpoint_url
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -44,6 +49,7 @@ def settings() -> Settings:
         state_machine_arn=_env(r.state_machine_env),
         event_bus=_env(r.event_bus_env, "default") or "default",
         slack_secret_arn=_env(r.slack_secret_env),
+        s3_endpoint_url=_env("AWS_ENDPOINT_URL_S3"),
     )
 
 

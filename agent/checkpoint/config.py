@@ -24,6 +24,17 @@ def _int(name: str, default: int | None) -> int | None:
     return int(value) if value else default
 
 
+def _bool(name: str) -> bool | None:
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return None
+    if value in ("0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{name}={value!r}: expected 0/1, true/false, yes/no or on/off")
+
+
 def code_hash(path: str | None = None) -> str:
     """sha256 of the training script (the entry point), so a resumed run can tell code changed."""
     target = Path(path or sys.argv[0])
@@ -53,6 +64,11 @@ class SessionConfig(BaseModel):
     background_upload_mb_s: float | None = Field(None, gt=0)
     upload_workers: int = Field(8, ge=1)
     health: HealthPolicy = Field(default_factory=HealthPolicy)  # the spec's health section (SPOTRELAY_HEALTH)
+    # A spot notice: snapshot at once, keep training, final save as late as the flush time allows.
+    notice_training: bool = True
+    notice_margin_s: float = Field(3.0, ge=0)  # plus notice_margin_share of the predicted flush
+    notice_margin_share: float = Field(0.25, ge=0)
+    flush_prior_mb_s: float = Field(100.0, gt=0)  # before this rank has timed a save of its own
 
     @classmethod
     def from_env(cls, **defaults: Any) -> SessionConfig:
@@ -69,6 +85,8 @@ class SessionConfig(BaseModel):
             "every_minutes": _float(c.ENV_CHECKPOINT_EVERY_MINUTES),
             "keep_local": _int(c.ENV_KEEP_LOCAL, None),
             "keep_s3": _int(c.ENV_KEEP_S3, None),
+            "notice_training": _bool(c.ENV_NOTICE_TRAINING),
+            "notice_margin_s": _float(c.ENV_NOTICE_MARGIN_S),
         }
         values.update({k: v for k, v in env.items() if v is not None})
         if os.environ.get(ENV_HEALTH):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.checkpoint.engines import Output, Snapshot
+from agent.checkpoint.engines import ArenaFile, Output, Snapshot
 from agent.checkpoint.local_tier import LocalTier
 from agent.checkpoint.manifest import Manifest, RankPart, merge_parts, step_name
 from agent.checkpoint.s3_tier import S3Tier
@@ -61,6 +61,12 @@ class SaveJob:
     error: BaseException | None = None
     uri: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+    nbytes: int = 0  # what this rank writes for the save; known once the plan is written
+
+    @property
+    def flush_s(self) -> float:
+        """Snapshot + plan + transfer + commit: what a final save before a deadline takes."""
+        return sum(self.timings.get(k, 0.0) for k in ("snapshot_s", "write_s", "commit_s"))
 
     @property
     def ok(self) -> bool:
@@ -197,6 +203,7 @@ class Pipeline:
         s3_first = job.emergency and self.s3 is not None
         uploader = self.uploaders.get(job.emergency)
         items = encode(step_dir, files)
+        job.nbytes = sum(f.size if isinstance(f, ArenaFile) else f.stat().st_size for f in files)
         helper: dict[str, float] = {}
         shards = None
         if uploader is not None:

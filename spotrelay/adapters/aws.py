@@ -22,7 +22,7 @@ def client(service: str, region: str | None = None) -> Any:
 
     s = settings()
     return boto3.session.Session().client(  # type: ignore[call-overload]
-        service, region_name=region or s.region, endpoint_url=s.endpoint_url, config=_config()
+        service, region_name=region or s.region, endpoint_url=s.endpoint_for(service), config=_config()
     )
 
 
@@ -32,7 +32,7 @@ def resource(service: str, region: str | None = None) -> Any:
 
     s = settings()
     return boto3.session.Session().resource(  # type: ignore[call-overload]
-        service, region_name=region or s.region, endpoint_url=s.endpoint_url, config=_config()
+        service, region_name=region or s.region, endpoint_url=s.endpoint_for(service), config=_config()
     )
 
 

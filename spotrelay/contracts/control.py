@@ -42,6 +42,10 @@ ENV_CHECKPOINT_EVERY_MINUTES = "SPOTRELAY_CHECKPOINT_EVERY_MINUTES"
 ENV_KEEP_LOCAL = "SPOTRELAY_KEEP_LOCAL"
 ENV_KEEP_S3 = "SPOTRELAY_KEEP_S3"
 ENV_MLFLOW_RUN_ID = "SPOTRELAY_MLFLOW_RUN_ID"
+# Training through a spot notice (agent/notice_window.py): "0" stops at the notice instead; the
+# safety margin kept before the deadline on top of the predicted flush time.
+ENV_NOTICE_TRAINING = "SPOTRELAY_NOTICE_TRAINING"
+ENV_NOTICE_MARGIN_S = "SPOTRELAY_NOTICE_MARGIN_S"
 
 
 class RequestKind(StrEnum):
@@ -64,7 +68,7 @@ class StopRequest(BaseModel):
 
 class TrainerEvent(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    kind: str  # "checkpoint_committed" | "stopping" | "resumed" | "anomaly"
+    kind: str  # "checkpoint_committed" | "notice_training" | "stopping" | "resumed" | "anomaly"
     step: int
     uri: str = ""
     duration_s: float = 0.0

@@ -22,6 +22,7 @@ from spotrelay.local.compute import LocalCompute
 from spotrelay.local.dispatcher import Dispatcher, Ticker, scheduled_event
 from spotrelay.local.ec2_events import Ec2EventBus
 from spotrelay.local.market import MarketModel
+from spotrelay.local.throttle import Throttle
 from spotrelay.resources import RESOURCES
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class TwinOptions:
     extra_env: dict[str, str] = field(default_factory=dict)  # for the controller and the agents
     moto: motoserver.MotoServer | None = None  # reuse a running server (tests); it is reset first
     code_dir: Path | None = None  # the job's code, put on every node's disk (default: the cwd)
+    s3_mb_s: float | None = None  # the nodes reach S3 through a bandwidth throttle (MB/s, both ways)
 
 
 class Twin:
@@ -74,6 +76,7 @@ class Twin:
         self.dispatcher: Dispatcher | None = None
         self.ticker: Ticker | None = None
         self.state_machine_arn: str | None = None
+        self.throttle: Throttle | None = None
         self.env: dict[str, str] = {}  # what a CLI or an agent needs to talk to this twin
         self._saved_env: dict[str, str] | None = None
 
@@ -112,6 +115,9 @@ class Twin:
         reset()
         self.env = self._env()
         self.compute.agent_env = {**self.env, **{f"SPOTRELAY_AGENT_{k.upper()}": v for k, v in TWIN_AGENT.items()}}
+        if self.options.s3_mb_s:  # only the nodes' S3 (checkpoints) is slowed, not the controller
+            self.throttle = Throttle("127.0.0.1", self.moto.port, self.options.s3_mb_s * 1e6).start()
+            self.compute.agent_env["AWS_ENDPOINT_URL_S3"] = self.throttle.url
         self.dispatcher = Dispatcher(routes)
         self.dispatcher.start()
         reconcile = lambda_seam.register_module("reconcile")
@@ -132,6 +138,8 @@ class Twin:
             self.compute.close()
         if self.dispatcher:
             self.dispatcher.stop()
+        if self.throttle:
+            self.throttle.stop()
         if self.moto and self.options.moto is None:
             self.moto.stop()
         self._restore()

@@ -48,7 +48,9 @@ def _spec(out: Path) -> dict[str, Any]:
         "entrypoint": {
             "script": "examples/tiny/train.py",
             "args": [*TRAIN_ARGS, "--out", str(out)],
-            "env": {"OMP_NUM_THREADS": "1"},
+            # stop at the notice: these checks are about both notice paths reaching the same step
+            # (training on through a notice: tests/integration/test_notice_training.py)
+            "env": {"OMP_NUM_THREADS": "1", "SPOTRELAY_NOTICE_TRAINING": "0"},
         },
         "resources": {"nodes": 2, "gpus_per_node": 0},
         "checkpoint": {"every_steps": 4, "keep_local": 2, "keep_s3": 3},

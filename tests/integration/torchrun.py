@@ -27,7 +27,11 @@ def torchrun(
     """``script --checkpoint-dir ckpt --out tmp/name *args``; fails the test if a rank wrote nothing."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
     cmd += ["--checkpoint-dir", str(ckpt), "--out", str(tmp / name), *args]
-    full_env = {**os.environ, "PYTHONWARNINGS": "ignore", control.ENV_CONTROL_DIR: str(tmp / "control"), **(env or {})}
+    full_env = {
+        **os.environ, "PYTHONWARNINGS": "ignore", control.ENV_CONTROL_DIR: str(tmp / "control"),
+        control.ENV_NOTICE_TRAINING: "0",  # --stop-at: stop at the request (training on: test_notice_training)
+        **(env or {}),
+    }  # fmt: skip
     done = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, check=False)
     if not all((tmp / f"{name}.rank{r}.json").exists() for r in (0, 1)):
         pytest.fail(f"{name} wrote no result (rc {done.returncode}):\n{done.stderr[-4000:]}")
