@@ -5,6 +5,9 @@ Pure: every time is passed in (an injected clock), nothing sleeps.
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass, field
+
 import pytest
 
 from agent.notice_window import (
@@ -12,6 +15,7 @@ from agent.notice_window import (
     FlushPredictor,
     FlushSample,
     Margin,
+    NoticeTraining,
     NoticeWindow,
     StepTimer,
     final_save_due,
@@ -106,3 +110,48 @@ def test_a_window_walk_through_with_an_injected_clock() -> None:
     window.tighten(None)
     window.tighten(deadline)
     assert window.deadline == deadline - 60
+
+
+@dataclass
+class FakeSave:
+    started: float
+    nbytes: int = 0
+    emergency: bool = True
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    flush_s: float = 0.0
+
+
+def test_the_tracker_learns_from_finished_saves_and_waits_for_the_snapshot() -> None:
+    """A rank's view: a periodic save taught it 4 s; the notice snapshot is in flight, then done in 2 s."""
+    tracker = NoticeTraining(Margin(fixed_s=1.0, share=0.0))
+    periodic = FakeSave(started=0.0, nbytes=10 * MB, emergency=False, flush_s=4.0)
+    tracker.saved(periodic)
+    tracker.boundary(1.0)
+    assert tracker.flush.predict(10 * MB) == pytest.approx(1.1)  # not finished: the prior (1 s + 10 MB at 100 MB/s)
+    periodic.done.set()
+    for now in (2.0, 3.0):
+        tracker.boundary(now)
+    assert tracker.save_bytes == 10 * MB and tracker.flush.predict(10 * MB) == pytest.approx(4.0)
+    deadline = 30.0
+    assert not tracker.no_room(3.0, deadline)  # 3 + 1 (step) + 4 + 4 + 1 = 13 < 30
+    assert tracker.no_room(20.5, deadline)  # 20.5 + 10 > 30: the snapshot is the last save
+    snapshot = FakeSave(started=3.0, nbytes=10 * MB, flush_s=2.0)
+    tracker.saved(snapshot)
+    tracker.open(deadline, 3.0, 40, "r1", snapshot)
+    # in flight for 1 s of a predicted 4: the final save queues 3 s behind it, then takes 4
+    assert tracker.final_due(4.0) is False
+    late = NoticeTraining(Margin(fixed_s=1.0, share=0.0))
+    late.open(deadline, 3.0, 40, "r1", FakeSave(started=3.0, nbytes=10 * MB))
+    assert late.final_due(17.0)  # 14 s in flight: the final save takes >= 14 s and waits 3.5 s
+    due_at = None
+    for now in range(4, 31):
+        if now == 6:
+            snapshot.done.set()  # committed: the tracker learns 2 s on the emergency lane
+        tracker.boundary(float(now))
+        if tracker.final_due(float(now)):
+            due_at = now
+            break
+    assert tracker.flush.predict(10 * MB) == pytest.approx(2.0)
+    assert due_at == 26  # 26 + 1 (step) + 2 (flush) + 1 (margin) = 30: the last boundary that fits
+    assert NoticeTraining(Margin()).final_due(0.0) is False  # no window, nothing due
