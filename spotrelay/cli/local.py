@@ -41,6 +41,7 @@ def up(
     boot_s: Annotated[float, typer.Option(help="modeled boot time, seconds")] = 300.0,
     time_scale: Annotated[float, typer.Option(help="twin seconds per modeled second of boot")] = 0.01,
     notice_s: Annotated[float, typer.Option(help="twin seconds from a spot notice to the reclaim")] = 30.0,
+    s3_mb_s: Annotated[float, typer.Option(help="the nodes' S3 bandwidth, MB/s (0: unthrottled)")] = 0.0,
     write_config: Annotated[bool, typer.Option(help="write ./.spotrelay.toml for the CLI")] = True,
     state: StateOpt = Path(".spotrelay-twin.json"),
 ) -> None:
@@ -62,7 +63,7 @@ def up(
     if trace:
         market.use_trace(speedup=speedup)
     term = Console(file=quiet_logs(work_dir / "twin.log"))
-    twin = Twin(TwinOptions(root=work_dir.resolve(), market=market)).start()
+    twin = Twin(TwinOptions(root=work_dir.resolve(), market=market, s3_mb_s=s3_mb_s or None)).start()
     assert twin.compute is not None
     control = ControlServer(twin.compute, twin.env).start()
     chaos = ChaosDriver(market, twin.compute).start()
@@ -170,10 +171,12 @@ def demo(
     json_file: Annotated[Path | None, typer.Option("--json", help="write the summary as JSON here")] = None,
     spec: Annotated[Path, typer.Option(help="the job to run")] = Path("examples/tiny.yaml"),
     live: Annotated[bool, typer.Option(help="live Rich view (off: one line per change)")] = True,
+    s3_mb_s: Annotated[float, typer.Option(help="the nodes' S3 bandwidth, MB/s (0: unthrottled)")] = 0.5,
 ) -> None:
     """Run the whole system on this machine: submit a 2-node job, interrupt it with a spot notice,
     lose a node without notice, recover both, and check the result against an uninterrupted run."""
     from spotrelay.local.demo import DemoOptions, run_demo
 
-    summary = run_demo(DemoOptions(out=out_dir, json_path=json_file, spec=spec, live=live))
+    opts = DemoOptions(out=out_dir, json_path=json_file, spec=spec, live=live, s3_mb_s=s3_mb_s or None)
+    summary = run_demo(opts)
     raise typer.Exit(0 if summary.ok else 1)

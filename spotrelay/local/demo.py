@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import yaml
 from rich.console import Console
 from rich.live import Live
 
-from spotrelay.contracts.control import read_events
+from spotrelay.contracts.control import PROGRESS_FILE, read_events
 from spotrelay.domain.models import Job, Node
 from spotrelay.local import demo_report as report
 from spotrelay.local.chaos import ChaosDriver, Fired, node_step
@@ -45,21 +46,23 @@ class DemoOptions:
     json_path: Path | None = None
     spec: Path = Path("examples/tiny.yaml")
     live: bool = True
+    steps: int = 200  # enough that attempt 1 trains through the whole notice window and attempt 2 runs on
     notice_step: int = 20  # spot notice on rank 1 when attempt 1 reaches this step
-    kill_step: int = 45  # rank 0 of attempt 2 vanishes at this step
-    step_sleep_s: float = 0.15  # pace training so the faults land mid-run and a human can follow
-    timeout_s: float = 420.0  # from the submission to a terminal status (about 3 min on a quiet machine)
+    kill_after_steps: int = 25  # rank 0 of attempt 2 vanishes this many steps after attempt 2 resumed
+    step_sleep_s: float = 0.25  # pace training so the faults land mid-run and a human can follow
+    timeout_s: float = 600.0  # from the submission to a terminal status (about 4 min on a quiet machine)
     boot_s: float = 300.0  # modeled boot time of a GPU instance
     time_scale: float = 0.01
     notice_window_s: float = 30.0
+    s3_mb_s: float | None = 0.5  # the nodes' S3 through a bandwidth throttle (None: full speed)
     reference: bool = True
 
 
-def prepare_spec(path: Path, out: Path, step_sleep_s: float) -> tuple[str, str]:
-    """The example spec with the demo's pacing, per-node results and the local MLflow store."""
+def prepare_spec(path: Path, out: Path, step_sleep_s: float, steps: int | None = None) -> tuple[str, str]:
+    """The example spec with the demo's pacing and length, per-node results and the local MLflow store."""
     data = yaml.safe_load(path.read_text())
     args = [a for a in data["entrypoint"].get("args", [])]
-    args += ["--step-sleep", str(step_sleep_s), "--out", RESULT]
+    args += ["--step-sleep", str(step_sleep_s), "--out", RESULT] + (["--steps", str(steps)] if steps else [])
     data["entrypoint"]["args"] = args
     uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
     data.setdefault("tracking", {})["tracking_uri"] = uri
@@ -71,8 +74,9 @@ def prepare_spec(path: Path, out: Path, step_sleep_s: float) -> tuple[str, str]:
 class Recorder:
     """Everything the demo watches, for the live view and the report."""
 
-    def __init__(self, twin: Twin, log: EventLog) -> None:
+    def __init__(self, twin: Twin, log: EventLog, on_resumed: Callable[[int, int], None] | None = None) -> None:
         self.twin, self.log = twin, log
+        self.on_resumed = on_resumed  # (attempt, step) the first time a node of that attempt resumed
         self.faults: list[report.Fault] = []
         self.job: Job | None = None
         self.nodes: list[Node] = []
@@ -127,11 +131,16 @@ class Recorder:
             if resumed:
                 self._resumed[iid] = resumed[0].step
                 self.log.add(f"a{attempt}-r{li.instance.rank} resumed from step {resumed[0].step}", "green")
+                if self.on_resumed is not None and li.instance.rank == 0:
+                    self.on_resumed(attempt, resumed[0].step)
         step = self.steps.get(iid)
+        resumed_from = self._resumed.get(iid)
         for fault in self.faults:
             if fault.resumed_at is None and attempt > fault.attempt and step is not None:
-                fault.resumed_at = time.time()
-                fault.resumed_from_step = self._resumed.get(iid)
+                if resumed_from is not None and step <= resumed_from:
+                    continue  # restored, but no step finished yet
+                fault.resumed_at = _progress_time(li)  # when that step was written, not when we looked
+                fault.resumed_from_step = resumed_from
 
 
 def run_demo(opts: DemoOptions) -> report.Summary:
@@ -140,7 +149,7 @@ def run_demo(opts: DemoOptions) -> report.Summary:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     console = Console(file=quiet_logs(out / "twin.log"))
-    spec_text, tracking_uri = prepare_spec(opts.spec, out, opts.step_sleep_s)
+    spec_text, tracking_uri = prepare_spec(opts.spec, out, opts.step_sleep_s, opts.steps)
     spec = parse_spec(spec_text)
     experiment = spec.tracking.mlflow_experiment or "spotrelay"
     market = MarketModel(
@@ -148,11 +157,13 @@ def run_demo(opts: DemoOptions) -> report.Summary:
         boot_time_s=opts.boot_s,
         time_scale=opts.time_scale,
         notice_window_s=opts.notice_window_s,
-        chaos=[
-            ChaosAction("interrupt", "1", at_step=opts.notice_step, attempt=1),
-            ChaosAction("kill", "0", at_step=opts.kill_step, attempt=2),
-        ],
+        chaos=[ChaosAction("interrupt", "1", at_step=opts.notice_step, attempt=1)],
     )
+
+    def kill_later(attempt: int, step: int) -> None:  # the loss lands mid-run whatever step attempt 2 resumed at
+        if attempt == 2:
+            market.add_chaos(ChaosAction("kill", "0", at_step=step + opts.kill_after_steps, attempt=2))
+
     t0 = time.time()
     log = EventLog(t0)
     # The three slow starts overlap: the reference run, MLflow's store migrations, the twin.
@@ -163,11 +174,11 @@ def run_demo(opts: DemoOptions) -> report.Summary:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    twin = Twin(TwinOptions(root=(out / "twin").resolve(), market=market)).start()
+    twin = Twin(TwinOptions(root=(out / "twin").resolve(), market=market, s3_mb_s=opts.s3_mb_s)).start()
     assert twin.compute is not None and twin.dispatcher is not None
     _mark(log, "twin up")
     mlflow_ready.wait(120)  # before any agent looks the experiment up
-    rec = Recorder(twin, log)
+    rec = Recorder(twin, log, kill_later)
     twin.dispatcher.listeners.append(rec.on_delivery)
     twin.bus.listeners.append(rec.on_ec2)
     chaos = ChaosDriver(market, twin.compute)
@@ -215,6 +226,13 @@ def run_demo(opts: DemoOptions) -> report.Summary:
         opts.json_path.write_text(summary.to_json())
     print_summary(console, summary)
     return summary
+
+
+def _progress_time(li: LocalInstance) -> float:
+    try:
+        return (li.work_dir / "control" / PROGRESS_FILE).stat().st_mtime
+    except OSError:
+        return time.time()
 
 
 def _mark(log: EventLog, what: str) -> None:

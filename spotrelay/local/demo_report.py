@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spotrelay.local.downtime import FaultTimes, downtime, window_share
 from spotrelay.local.market import MarketModel
 
 
@@ -42,6 +43,7 @@ class Summary:
     reference_state_sha256: str | None
     losses_compared: int
     losses_identical: bool | None
+    targets: dict[str, Any]
     cost: dict[str, float]
     wall_s: float
     timeline_png: str | None
@@ -53,24 +55,68 @@ class Summary:
         return json.dumps(asdict(self), indent=2)
 
 
-def recoveries(faults: list[Fault], market: MarketModel) -> list[dict[str, Any]]:
-    """Wall-clock recovery per fault here, and with the modeled boot time in place of the scaled one."""
+def recoveries(faults: list[Fault], market: MarketModel, times: list[FaultTimes]) -> list[dict[str, Any]]:
+    """Per fault: recovery (fault -> resumed) and downtime (training stopped -> resumed at full size),
+    measured here and modeled with the 300 s boot and EC2's 120 s window (spotrelay/local/downtime.py)."""
     out = []
-    for f in faults:
+    for f, t in zip(faults, times, strict=True):
         measured = f.recovery_s()
-        modeled = None if measured is None else measured - market.boot_delay_s() + market.boot_time_s
-        out.append(
-            {
-                "kind": f.kind,
-                "node": f.node,
-                "at_step": f.step,
-                "attempt": f.attempt,
-                "resumed_from_step": f.resumed_from_step,
-                "recovery_s": None if measured is None else round(measured, 1),
-                "recovery_with_modeled_boot_s": None if modeled is None else round(modeled, 1),
-            }
-        )
+        d = downtime(t, market.boot_time_s)
+        row: dict[str, Any] = {
+            "kind": f.kind,
+            "node": f.node,
+            "at_step": f.step,
+            "attempt": f.attempt,
+            "resumed_from_step": f.resumed_from_step,
+            "recovery_s": _r(measured),
+            "downtime_s": _r(d.downtime_s if d else None),
+            "downtime_modeled_s": _r(d.downtime_modeled_s if d else None),
+            "replacement_boot_s": _r(t.booted_at - t.launched_at if t.booted_at and t.launched_at else None),
+            "replacement_launched_after_stop_s": _r(t.launched_at - t.stopped_at if t.launched_at else None),
+        }
+        if f.kind == "spot-notice":
+            row.update({
+                "notice_window_s": t.window_s,
+                "notice_training_share": _r(d.window_training_share if d else window_share(t, t.window_s), 3),
+                "notice_training_share_modeled": _r(d.window_training_share_modeled if d else None, 3),
+                "final_commit_before_reclaim_s": _r(t.reclaim_at - t.final_commit_at
+                                                    if t.reclaim_at and t.final_commit_at else None),
+                "steps_lost_after_notice": (max(0, (f.step or 0) - f.resumed_from_step)
+                                            if f.resumed_from_step is not None else None),
+                "trained_through_notice_steps": (f.resumed_from_step - (f.step or 0)
+                                                 if f.resumed_from_step is not None else None),
+            })  # fmt: skip
+        out.append(row)
     return out
+
+
+def _r(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+# The targets of issue 12 the demo checks (the twin with the modeled 300 s boot and a 120 s window).
+NOTICE_DOWNTIME_TARGET_S = 200.0
+NOTICE_TRAINING_TARGET = 0.8
+
+
+def targets(rows: list[dict[str, Any]], steps_lost: int, bit_identical: bool | None) -> dict[str, Any]:
+    """Each target with the value reached and whether it is met (None: nothing to judge)."""
+    notices = [r for r in rows if r["kind"] == "spot-notice"]
+    down = [r["downtime_modeled_s"] for r in notices if r["downtime_modeled_s"] is not None]
+    share = [r["notice_training_share_modeled"] for r in notices if r["notice_training_share_modeled"] is not None]
+    lost = [r["steps_lost_after_notice"] for r in notices if r["steps_lost_after_notice"] is not None]
+
+    def judge(value: Any, ok: bool | None, target: str) -> dict[str, Any]:
+        return {"target": target, "value": value, "met": ok}
+
+    return {
+        "notice_downtime_modeled_s": judge(max(down, default=None), max(down) <= NOTICE_DOWNTIME_TARGET_S
+                                           if down else None, f"<= {NOTICE_DOWNTIME_TARGET_S:.0f} s"),
+        "notice_window_training_share": judge(min(share, default=None), min(share) >= NOTICE_TRAINING_TARGET
+                                              if share else None, f">= {NOTICE_TRAINING_TARGET:.0%}"),
+        "steps_lost_after_notice": judge(max(lost, default=None), max(lost) == 0 if lost else None, "0"),
+        "bit_identical": judge(bit_identical, bit_identical, "true"),
+    }  # fmt: skip
 
 
 def costs(lifetimes: list[dict[str, Any]], market: MarketModel, faults: list[Fault], end: float) -> dict[str, float]:

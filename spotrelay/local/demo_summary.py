@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from spotrelay.contracts.control import read_events
 from spotrelay.local import demo_report as report
+from spotrelay.local.downtime import FaultTimes
 from spotrelay.local.market import MarketModel
 from spotrelay.local.reference import read_progress, read_results
 
@@ -32,6 +34,42 @@ def attempt_results(twin: Twin) -> dict[int, dict[int, dict[str, Any]]]:
         for rank, result in results.items():
             out.setdefault(li.instance.attempt or 0, {})[rank] = result
     return out
+
+
+def fault_times(f: report.Fault, twin: Twin, market: MarketModel) -> FaultTimes:
+    """When training stopped, when the next attempt's newest node was launched and booted, and the
+    notice's final commit and deadline, from the nodes' control events and the instance lifetimes."""
+    assert twin.compute is not None
+    stopped, commit_at, reclaim_at = f.time, None, None
+    if f.kind == "spot-notice":
+        events = [
+            e
+            for li in twin.compute.instances()
+            if li.instance.attempt == f.attempt
+            for e in read_events(li.work_dir / "control")[0]
+        ]
+        commits = sorted((e for e in events if e.kind == "checkpoint_committed" and e.emergency), key=lambda e: e.time)
+        stops = [e.time for e in events if e.kind == "stopping"]
+        if commits:  # the last save started where training stopped
+            last = commits[-1]
+            stopped, commit_at, reclaim_at = last.time - last.duration_s, last.time, last.deadline
+        elif stops:
+            stopped = min(stops)
+        reclaim_at = reclaim_at or f.time + market.notice_window()
+    new = [life for life in twin.compute.history() if life["attempt"] == f.attempt + 1]
+    launched = max((life["launched_at"] for life in new), default=None)
+    booted = [life["booted_at"] for life in new]
+    return FaultTimes(
+        kind=f.kind,
+        fault_at=f.time,
+        stopped_at=stopped,
+        resumed_at=f.resumed_at,
+        launched_at=launched,
+        booted_at=max(booted) if booted and None not in booted else None,
+        window_s=market.notice_window() if f.kind == "spot-notice" else None,
+        final_commit_at=commit_at,
+        reclaim_at=reclaim_at,
+    )
 
 
 def _losses(results: dict[int, dict[str, Any]]) -> dict[int, float]:
@@ -88,6 +126,7 @@ def summarize(
     steps_lost = job.steps_lost if job else 0
     if not steps_lost:  # the controller's count, else ours: steps run past the checkpoint resumed from
         steps_lost = sum(max(0, (f.step or 0) - (f.resumed_from_step or f.step or 0)) for f in faults)
+    rows = report.recoveries(faults, market, [fault_times(f, twin, market) for f in faults])
     summary = report.Summary(
         ok=not problems,
         job_id=job.job_id if job else None,
@@ -96,7 +135,8 @@ def summarize(
         interruptions=sum(f.kind == "spot-notice" for f in faults),
         node_losses=sum(f.kind == "node-lost" for f in faults),
         steps_lost=steps_lost,
-        recoveries=report.recoveries(faults, market),
+        recoveries=rows,
+        targets=report.targets(rows, steps_lost, bit_identical),
         bit_identical=bit_identical,
         final_state_sha256=final_sha[0] if final_sha else None,
         reference_state_sha256=ref_sha[0] if ref_sha else None,
@@ -119,6 +159,10 @@ def summarize(
     return summary
 
 
+def _pct(share: float | None) -> str:
+    return "?" if share is None else f"{share:.0%}"
+
+
 def print_summary(console: Console, s: report.Summary) -> None:
     table = Table(title="spotrelay demo summary", show_header=False)
     table.add_row("result", "[bold green]OK[/]" if s.ok else "[bold red]PROBLEMS[/]")
@@ -127,10 +171,21 @@ def print_summary(console: Console, s: report.Summary) -> None:
     table.add_row("steps lost", str(s.steps_lost))
     for r in s.recoveries:
         table.add_row(
-            f"recovery after {r['kind']}",
-            f"{r['recovery_s']}s here; {r['recovery_with_modeled_boot_s']}s with a modeled "
-            f"boot; resumed from step {r['resumed_from_step']}",
+            f"downtime after {r['kind']}",
+            f"{r['downtime_s']}s here (training stopped -> resumed at full size); {r['downtime_modeled_s']}s "
+            f"with the modeled 300 s boot and a 120 s window; resumed from step {r['resumed_from_step']}",
         )
+        if r["kind"] == "spot-notice":
+            table.add_row(
+                "  notice window",
+                f"trained {r['trained_through_notice_steps']} steps after the notice at step {r['at_step']}: "
+                f"{_pct(r['notice_training_share'])} of the {r['notice_window_s']:.0f}s window here, "
+                f"{_pct(r['notice_training_share_modeled'])} of 120 s modeled; final save committed "
+                f"{r['final_commit_before_reclaim_s']}s before the reclaim",
+            )
+    for name, t in s.targets.items():
+        mark = {True: "[green]met[/]", False: "[red]missed[/]", None: "not measured"}[t["met"]]
+        table.add_row(f"target {name}", f"{t['value']} (target {t['target']}): {mark}")
     ident = {True: "[green]bit-identical[/]", False: "[red]DIFFERENT[/]", None: "not checked"}[s.bit_identical]
     table.add_row("final model vs reference", f"{ident} (sha256 {str(s.final_state_sha256)[:16]}...)")
     table.add_row("losses vs reference", f"{s.losses_compared} steps compared, identical: {s.losses_identical}")

@@ -139,6 +139,11 @@ class MarketModel:
         """Twin seconds between the spot notice and the instance being taken."""
         return self.notice_window_s
 
+    def add_chaos(self, action: ChaosAction) -> None:
+        """Script one more fault while the twin runs (the demo times its second fault from a resume)."""
+        with self._lock:
+            self.chaos.append(action)
+
     def due_chaos(self, step: int | None, elapsed_s: float, attempt: int) -> list[ChaosAction]:
         """Scripted actions whose trigger has been reached; each fires once."""
         due = []

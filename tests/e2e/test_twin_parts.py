@@ -186,6 +186,7 @@ def test_cli_faults_reach_the_twin_through_its_control_endpoint(
 
 def test_demo_report_costs_recoveries_and_timeline(tmp_path: Path) -> None:
     from spotrelay.local import demo_report as report
+    from spotrelay.local.downtime import FaultTimes
 
     market = MarketModel(boot_time_s=300, time_scale=0.01)
     t0 = 1000.0
@@ -209,8 +210,15 @@ def test_demo_report_costs_recoveries_and_timeline(tmp_path: Path) -> None:
     assert cost["on_demand_same_time_usd"] == pytest.approx(2 * market.on_demand_price("p5.48xlarge"), rel=1e-3)
     assert 0 < cost["savings_vs_on_demand_pct"] < 100
     assert cost["recoveries_usd"] == pytest.approx(60 * 2 * spot_price / 3600, rel=1e-3)
-    [rec] = report.recoveries([fault], market)
-    assert rec["recovery_s"] == 60.0 and rec["recovery_with_modeled_boot_s"] == 60.0 - 3.0 + 300.0
+    # training stopped 25 s into a 30 s window, the replacement launched after that
+    times = FaultTimes("spot-notice", t0 + 50, t0 + 75, t0 + 110, t0 + 80, t0 + 83, 30.0, t0 + 77, t0 + 80)
+    [rec] = report.recoveries([fault], market, [times])
+    assert rec["recovery_s"] == 60.0 and rec["downtime_s"] == 35.0
+    assert rec["downtime_modeled_s"] == 35.0 - 3.0 + 300.0 and rec["final_commit_before_reclaim_s"] == 3.0
+    assert rec["notice_training_share"] == pytest.approx(25 / 30, abs=1e-3)
+    assert rec["steps_lost_after_notice"] == 0 and rec["trained_through_notice_steps"] == 2
+    met = report.targets([rec], steps_lost=0, bit_identical=True)
+    assert met["notice_downtime_modeled_s"]["met"] is False and met["notice_window_training_share"]["met"] is True
     png = tmp_path / "timeline.png"
     report.timeline_png(png, {0: 4.0, 1: 3.9}, {1: {0: 4.0}, 2: {1: 3.9}}, [fault], lives, t0)
     assert png.stat().st_size > 10_000

@@ -30,7 +30,7 @@ from tests.integration.torchrun import result, torchrun
 
 pytestmark = pytest.mark.slow
 TRAIN = ROOT / "examples" / "tiny" / "train.py"
-STEPS, EVERY, WINDOW_S = 160, 10, 20.0
+STEPS, EVERY, WINDOW_S = 200, 10, 30.0
 ARGS = ["--engine", "ddp", "--steps", str(STEPS), "--every", str(EVERY)]
 THROTTLE_BYTES_S = 500_000  # a save of the tiny model (2 x 230 kB) takes seconds to reach S3
 

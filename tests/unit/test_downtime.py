@@ -1,0 +1,49 @@
+"""Measured and modeled downtime per fault (spotrelay/local/downtime.py, docs/local-twin.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from spotrelay.local.downtime import FaultTimes, downtime
+
+BOOT = 300.0
+
+
+def test_a_replacement_launched_after_the_stop_pays_the_whole_modeled_boot() -> None:
+    # notice at 100, 30 s twin window; training stopped at 125, launch at 127, booted at 130 (3 s
+    # scaled boot), first step at 136
+    t = FaultTimes("spot-notice", 100.0, 125.0, 136.0, launched_at=127.0, booted_at=130.0, window_s=30.0)
+    d = downtime(t, BOOT)
+    assert d is not None
+    assert d.downtime_s == pytest.approx(11.0)
+    assert d.downtime_modeled_s == pytest.approx(11.0 - 3.0 + BOOT)  # measured - boot here + modeled boot
+    assert d.window_training_share == pytest.approx(25 / 30)
+    assert d.window_training_share_modeled == pytest.approx(1 - 5 / 120)  # stop -> reclaim as measured
+
+
+def test_a_replacement_booted_during_the_window_hides_only_the_overlap_the_model_allows() -> None:
+    # launched 2 s after the notice: in the model it boots until 2 + 300 = 302 s after the notice,
+    # while training runs until 25 + 90 = 115 s after it; then what followed here (rendezvous,
+    # restore, first step: 6 s after both were ready)
+    t = FaultTimes("spot-notice", 100.0, 125.0, 131.0, launched_at=102.0, booted_at=105.0, window_s=30.0)
+    d = downtime(t, BOOT)
+    assert d is not None and d.downtime_s == pytest.approx(6.0)
+    assert d.downtime_modeled_s == pytest.approx((2 + BOOT) - (25 + 90) + 6.0)
+
+
+def test_an_unannounced_loss_has_no_window_and_no_shift() -> None:
+    t = FaultTimes("node-lost", 200.0, 200.0, 230.0, launched_at=215.0, booted_at=218.0)
+    d = downtime(t, BOOT)
+    assert d is not None and d.downtime_s == pytest.approx(30.0)
+    assert d.downtime_modeled_s == pytest.approx(30.0 - 3.0 + BOOT)
+    assert d.window_training_share is None and d.window_training_share_modeled is None
+
+
+def test_without_a_new_node_the_modeled_downtime_is_the_measured_one() -> None:
+    t = FaultTimes("spot-notice", 100.0, 125.0, 128.0, window_s=30.0)  # a spare or survivors only
+    d = downtime(t, BOOT)
+    assert d is not None and d.downtime_modeled_s == d.downtime_s == pytest.approx(3.0)
+
+
+def test_nothing_to_report_until_training_resumed() -> None:
+    assert downtime(FaultTimes("node-lost", 1.0, 1.0, None), BOOT) is None
