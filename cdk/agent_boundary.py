@@ -93,7 +93,7 @@ class AgentBoundary(Construct):
                 ),
                 iam.PolicyStatement(
                     actions=["s3:GetObject"],
-                    resources=[f"{home_bucket}/{RESOURCES.submissions_prefix}*"]
+                    resources=[f"{home_bucket}/{p}*" for p in (RESOURCES.submissions_prefix, RESOURCES.code_prefix)]
                     + [f"{b}/{p}*" for b in data for p in ("data/", "artifacts/agent/")],
                 ),
                 iam.PolicyStatement(

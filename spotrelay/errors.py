@@ -47,6 +47,10 @@ class SpecError(PermanentError):
         super().__init__(f"{source}: {lines}")
 
 
+class CodeArchiveError(PermanentError):
+    """The job's code cannot be packed, fetched or unpacked safely (entrypoint.code)."""
+
+
 # --- capacity and placement ------------------------------------------------------------------
 class InsufficientCapacityError(RetryableError):
     """EC2 had no capacity for the pool (InsufficientInstanceCapacity, partial fleet)."""

@@ -48,6 +48,7 @@ class Resources:
     slack_secret_env: str = "SPOTRELAY_SLACK_SECRET_ARN"
     submissions_prefix: str = "submissions/"
     checkpoints_prefix: str = "checkpoints/"
+    code_prefix: str = "code/"  # packed job code, content-addressed: code/<sha256>.tar.gz
     schedule_minutes: int = 1
     handlers: tuple[str, ...] = field(default=())
 

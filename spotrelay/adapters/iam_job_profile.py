@@ -88,6 +88,7 @@ def job_policy(config: JobProfileConfig, job_id: str, config_uri: str = "") -> d
          "Condition": {"StringLike": {"s3:prefix": [ckpt, f"{ckpt}/*"]}}},
     ]
     reads = [f"arn:{part}:s3:::{b}/{p}*" for b in config.data_buckets.values() for p in ("data/", "artifacts/agent/")]
+    reads.append(f"arn:{part}:s3:::{config.jobs_bucket or s.bucket}/{RESOURCES.code_prefix}*")  # entrypoint.code
     spec = _spec_object(config_uri)
     if spec:
         reads.append(f"arn:{part}:s3:::{spec}")

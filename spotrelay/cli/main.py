@@ -50,10 +50,12 @@ def _spec_file(file: Path) -> None:
 @app.command()
 def validate(file: Path) -> None:
     """Validate a job spec; exit 0 when good, 2 with every error when not."""
+    from spotrelay.cli.code import local_code_dir
     from spotrelay.spec import load_spec
 
     _spec_file(file)
     spec = load_spec(file)  # a SpecError is printed field by field, exit 2 (cli/errors.py)
+    local_code_dir(spec, file)
     out.print(f"[green]ok[/] {file}: job '{spec.name}', {spec.resources.nodes} node(s)")
 
 
@@ -78,14 +80,21 @@ def submit(file: Path, endpoint_url: EndpointOpt = None, bucket: BucketOpt = Non
            region: RegionOpt = None) -> None:
     """Validate locally, upload to the submissions prefix and print the job id."""
     from spotrelay.adapters.s3_object_store import S3ObjectStore
+    from spotrelay.cli.code import local_code_dir, upload
     from spotrelay.domain.models import job_id_for
     from spotrelay.spec import load_spec
 
     _spec_file(file)
     spec = load_spec(file)
+    code_dir = local_code_dir(spec, file)
     _connect(endpoint_url, bucket, table, region)
-    key = submission_key(spec.name, file.suffix, time.time())
-    etag = S3ObjectStore().put(key, file.read_bytes(), "application/yaml")
+    body, suffix = file.read_bytes(), file.suffix
+    if code_dir is not None:  # the spec goes up as JSON, naming the uploaded archive
+        body, uri = upload(spec, file, code_dir)
+        suffix = ".json"
+        out.print(f"code {code_dir} uploaded as {uri}", highlight=False)
+    key = submission_key(spec.name, suffix, time.time())
+    etag = S3ObjectStore().put(key, body, "application/json" if suffix == ".json" else "application/yaml")
     job_id = job_id_for(key, etag)
     out.print(f"submitted [bold]{spec.name}[/] as s3 key {key}")
     sys.stdout.write(job_id + "\n")

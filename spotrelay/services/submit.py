@@ -29,6 +29,7 @@ from spotrelay.ports.notifier import Notifier
 from spotrelay.ports.object_store import ObjectStore
 from spotrelay.ports.workflow import Workflow
 from spotrelay.resources import RESOURCES
+from spotrelay.spec.checks import dropped_problems
 from spotrelay.spec.load import MAX_SPEC_BYTES, parse_spec, spec_hash, suffix_problem
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,8 @@ def advance(job: Job, ports: Ports, now: float, size: int | None = None) -> Subm
         if job.status is JobStatus.SUBMITTED:
             try:
                 spec = parse_spec(_read(job.submission_key, size, ports.objects), source=job.submission_key)
+                if problems := dropped_problems(spec):
+                    raise SpecError(job.submission_key, problems)
             except SpecError as exc:
                 return _reject(job, exc.errors, ports, now)
             job = ports.store.save_job(job.model_copy(update={

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from typing import Any
 
 from spotrelay.spec.models import JobSpec
@@ -65,6 +66,35 @@ def entrypoint_problems(spec: JobSpec) -> Problems:
     return problems
 
 
+CODE_ARCHIVE = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+\.(tar\.gz|tgz)$")
+CONTENT_ADDRESSED = re.compile(r"(?:^|/)([0-9a-f]{64})\.tar\.gz$")
+
+
+def code_problems(spec: JobSpec) -> Problems:
+    entry = spec.entrypoint
+    if entry.code is None:
+        return [("entrypoint.code_sha256", "goes with entrypoint.code")] if entry.code_sha256 else []
+    problems: Problems = []
+    if entry.code.startswith("s3://"):
+        if not CODE_ARCHIVE.match(entry.code):
+            problems.append(("entrypoint.code", "must be an s3://bucket/key.tar.gz archive"))
+        named = CONTENT_ADDRESSED.search(entry.code)
+        if named and entry.code_sha256 and named.group(1) != entry.code_sha256:
+            problems.append(("entrypoint.code_sha256", "differs from the sha256 in the archive's name"))
+    if (why := inside(entry.working_dir)) is not None and entry.working_dir != ".":
+        problems.append(("entrypoint.working_dir", why.replace("entrypoint.working_dir", "the unpacked code")))
+    return problems
+
+
+def dropped_problems(spec: JobSpec) -> Problems:
+    """What only a spec dropped in S3 cannot have: the controller cannot read the user's disk."""
+    code = spec.entrypoint.code
+    if code is not None and not code.startswith("s3://"):
+        return [("entrypoint.code", "is a local path; `spotrelay submit` packs and uploads it, a spec dropped "
+                                    "in S3 must name an s3:// .tar.gz archive")]
+    return []
+
+
 def deepspeed_problems(spec: JobSpec) -> Problems:
     config = spec.launcher.deepspeed_config
     where = "launcher.deepspeed_config"
@@ -101,4 +131,4 @@ def _batch_problems(config: dict[str, Any], spec: JobSpec) -> Problems:
 
 
 def launch_problems(spec: JobSpec) -> Problems:
-    return entrypoint_problems(spec) + deepspeed_problems(spec)
+    return entrypoint_problems(spec) + code_problems(spec) + deepspeed_problems(spec)

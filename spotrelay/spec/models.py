@@ -32,6 +32,12 @@ class Entrypoint(Strict):
     args: list[str] = Field(default_factory=list)
     working_dir: str = "."
     env: dict[str, str] = Field(default_factory=dict)
+    code: str | None = Field(
+        None, min_length=1,
+        description="the training code: a local directory (`spotrelay submit` packs and uploads it) or an "
+                    "s3:// .tar.gz archive; unpacked on each node, working_dir is relative to it",
+    )
+    code_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="sha256 of the archive")
 
     @model_validator(mode="after")
     def _one_of(self) -> Entrypoint:

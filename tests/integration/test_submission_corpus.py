@@ -109,3 +109,12 @@ def test_a_failure_before_validation_ends_as_a_rejection(env: dict[str, str], mo
     result = _invoke(event)
     assert result["outcome"] == "rejected" and "ConnectionError: endpoint reset" in result["reasons"][0]
     assert DynamoDBJobStore().get_job(result["job_id"]).status is JobStatus.REJECTED
+
+
+def test_a_dropped_spec_must_name_an_s3_archive_for_its_code(env: dict[str, str]) -> None:
+    local = TINY.replace(b"  working_dir: .\n", b"  working_dir: .\n  code: ./examples/tiny\n")
+    result = _invoke(_drop(env["bucket"], "submissions/local-code.yaml", local))
+    assert result["outcome"] == "rejected" and result["reasons"][0].startswith("entrypoint.code: is a local path")
+    remote = TINY.replace(b"  working_dir: .\n", f"  working_dir: .\n  code: s3://{env['bucket']}/code/x.tar.gz\n"
+                          .encode())
+    assert _invoke(_drop(env["bucket"], "submissions/s3-code.yaml", remote))["outcome"] == "started"
