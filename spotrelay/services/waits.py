@@ -109,7 +109,9 @@ def _claim(job: Job, wait: str, token: str, verdict: AttemptEnd, now: float) -> 
         return None
     update: dict[str, Any] = {"task_tokens": {k: v for k, v in job.task_tokens.items() if k != wait},
                               "updated_at": now}
-    if verdict.outcome is Verdict.READY and job.status is JobStatus.STARTING:
+    # SUCCEEDED at the ready wait: every rank finished before its NodeReady was seen (dropped or
+    # late); training did run, so the job passes RUNNING on its way to SUCCEEDED (property tests)
+    if verdict.outcome in (Verdict.READY, Verdict.SUCCEEDED) and job.status is JobStatus.STARTING:
         update["status"] = transition(job.status, JobStatus.RUNNING)
     return job.model_copy(update=update)
 

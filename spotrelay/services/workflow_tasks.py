@@ -228,15 +228,17 @@ def finalize(ctl: Controller, job_id: str, result: str, now: float,
              error: dict[str, Any] | None = None) -> dict[str, Any]:
     """Record the terminal status (SUCCEEDED, FAILED with the reason, CANCELLED) and notify once."""
     target = JobStatus(result)
+    if target is JobStatus.CANCELLED:  # a stop the user did not ask for (a rank exited CANCELLED) is
+        # recorded as CANCELLING first: every write moves one step along the table
+        ctl.store.update_job(job_id, lambda j: None if j.status.terminal or j.status is JobStatus.CANCELLING
+                             else j.model_copy(update={"status": transition(j.status, JobStatus.CANCELLING),
+                                                       "updated_at": now}))
 
     def finish(job: Job) -> Job | None:
         if job.status.terminal:
             return None  # already final: a retry or a late duplicate
         final = JobStatus.CANCELLED if job.status is JobStatus.CANCELLING else target
-        status = job.status
-        if final is JobStatus.CANCELLED and status is not JobStatus.CANCELLING:
-            status = transition(status, JobStatus.CANCELLING)
-        update: dict[str, Any] = {"status": transition(status, final), "updated_at": now, "task_tokens": {}}
+        update: dict[str, Any] = {"status": transition(job.status, final), "updated_at": now, "task_tokens": {}}
         update.update(_close_attempt(job, now, final.value.lower()))
         if final is JobStatus.FAILED:
             update["reasons"] = [*job.reasons, error_reason(error)]

@@ -1,0 +1,408 @@
+"""Property tests of the controller (hypothesis, stateful): one job's real job-run ASL, interpreted
+step by step (asl_runner), against the real services over in-memory ports, while EC2 events, agent
+events, duplicated workflow tasks, timeouts, cancels and reconcile ticks arrive in any order, twice,
+late or never. Dropped events are the ones the strategy never draws.
+
+After every step:
+- the job moved only along the documented transition table (spotrelay.domain.status.TRANSITIONS);
+- at most one attempt is open, each attempt number was launched at most once (no duplicate
+  cluster), and every live instance of the job belongs to its current attempt (or was doomed);
+- every task token got at most one answer (a retried task repeating the same answer is refused by
+  Step Functions and harmless; two different answers are a race);
+- the recorded last checkpoint never moved backwards;
+- a finished job has no live instance.
+At the end a well-behaved agent and EC2 drive the run to its end: the job must finish (no hang),
+with every node terminated and no instance left.
+
+500 examples, derandomized, so ``make test`` is the same every run; ``HYPOTHESIS_PROFILE=explore``
+draws new ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+import uuid
+from collections import Counter
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from pydantic import BaseModel
+
+from spotrelay.adapters.memory_job_store import MemoryJobStore
+from spotrelay.contracts.events import CheckpointCommitted, Heartbeat, NodeReady, TrainingExited
+from spotrelay.contracts.exit_codes import ExitCode
+from spotrelay.contracts.workflow import WorkflowInput, WorkflowTimings
+from spotrelay.domain.models import Job, Node, NodeState
+from spotrelay.domain.status import JobStatus, can_transition
+from spotrelay.errors import ConflictError, SpotrelayError
+from spotrelay.placement import InMemoryPoolStatsStore
+from spotrelay.services import interruptions, node_events, reconcile, recovery_flow, waits, workflow_tasks
+from spotrelay.services.cancel import request_cancel
+from spotrelay.services.controller import Controller
+from spotrelay.services.task_payloads import FinalizeTask, PlanTask, ProvisionTask, RecoverTask, RegisterWaitTask
+from tests.integration.asl_runner import Execution, TaskError
+from tests.integration.controller_doubles import QuotedMarket, ScriptedCompute, new_job
+
+settings.register_profile(
+    "default", max_examples=500, stateful_step_count=20, deadline=None, derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+settings.register_profile("debug", parent=settings.get_profile("default"),
+                          report_multiple_bugs=False)
+settings.register_profile("explore", parent=settings.get_profile("default"), derandomize=False, max_examples=2000,
+                          report_multiple_bugs=False)
+PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+JOB = "job-under-test"
+EXIT_CODES = [ExitCode.DONE, ExitCode.PREEMPTED_SAVED, ExitCode.PREEMPTED_UNSAVED, ExitCode.USER_ERROR,
+              ExitCode.INFRA_ERROR, ExitCode.CANCELLED]
+_FINAL = (NodeState.TERMINATED, NodeState.LOST, NodeState.EXITED)
+
+
+class WatchedStore(MemoryJobStore):
+    """The in-memory store, recording every job write that leaves the transition table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.illegal: list[str] = []
+
+    def save_job(self, job: Job, expected_status: JobStatus, expected_version: int) -> Job:
+        saved = super().save_job(job, expected_status, expected_version)
+        if job.status is not expected_status and not can_transition(expected_status, job.status):
+            self.illegal.append(f"{expected_status} -> {job.status}")
+        return saved
+
+
+class AslWorkflow:
+    """The Workflow port in front of the interpreted execution; counts every completion call."""
+
+    def __init__(self) -> None:
+        self.execution: Execution | None = None
+        self.sends: dict[str, set[str]] = {}  # token -> the distinct answers sent for it
+        self.senders: dict[str, list[str]] = {}  # token -> who completed it (the call sites), for a failure
+
+    def start(self, job_id: str, payload: dict[str, Any]) -> str:
+        return f"arn:aws:states:us-east-1:123456789012:execution:spotrelay-job-run:{job_id}"
+
+    def stop(self, execution_arn: str, cause: str) -> None:
+        assert self.execution is not None
+        self.execution.abort()
+
+    def _count(self, token: str, answer: Any) -> None:
+        self.sends.setdefault(token, set()).add(json.dumps(answer, sort_keys=True, default=str))
+        where = [f"{f.name}:{f.lineno}" for f in traceback.extract_stack()[-8:-2] if "spotrelay" in f.filename]
+        self.senders.setdefault(token, []).append(" < ".join(reversed(where)))
+
+    def send_success(self, task_token: str, output: dict[str, Any]) -> None:
+        self._count(task_token, output)
+        assert self.execution is not None
+        self.execution.complete(task_token, output=output)
+
+    def send_failure(self, task_token: str, error: str, cause: str) -> None:
+        self._count(task_token, [error, cause])
+        assert self.execution is not None
+        self.execution.complete(task_token, error=error, cause=cause)
+
+    def send_heartbeat(self, task_token: str) -> None:
+        if self.execution is None or self.execution.token != task_token:
+            raise ConflictError(f"task token {task_token} is not open")
+
+    def describe(self, execution_arn: str) -> dict[str, Any]:
+        assert self.execution is not None
+        return {"executionArn": execution_arn, "status": self.execution.status}
+
+
+def _capacity(fails: int) -> Any:
+    """The first ``fails`` launches anywhere find no capacity (every pool, for a while)."""
+    from tests.integration.controller_doubles import CAPACITY
+
+    return lambda pool, n: CAPACITY if n < fails else None
+
+
+class ControllerRun(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.store = WatchedStore()
+        self.workflow = AslWorkflow()
+        self.compute = ScriptedCompute()
+        self.ctl = Controller(store=self.store, workflow=self.workflow, compute=self.compute,
+                              market=QuotedMarket(), pool_stats=InMemoryPoolStatsStore())
+        self.now = 1_000_000.0
+        self.delivered: list[Any] = []  # every event delivered so far (for duplicates and late replays)
+        self.best_checkpoint = -1
+        self.timings = WorkflowTimings(ready_timeout_s=600, heartbeat_s=600, backoff_s=5, backoff_max_s=60,
+                                       provision_retry_s=5)
+
+    # --- set-up -------------------------------------------------------------------------------
+    @initialize(nodes=st.integers(1, 3), fails=st.integers(0, 4), strategy=st.sampled_from(
+        ["replace-cluster", "replace-lost-nodes"]))
+    def submit(self, nodes: int, fails: int, strategy: str) -> None:
+        self.compute._fail = _capacity(fails)
+        job = new_job(self.store, job_id=JOB, status=JobStatus.VALIDATED, strategy=strategy)
+        spec = dict(job.spec, resources={**job.spec["resources"], "nodes": nodes})
+        arn = self.workflow.start(JOB, {})
+        self.store.update_job(JOB, lambda j: j.model_copy(update={"spec": spec, "execution_arn": arn,
+                                                                  "created_at": self.now, "updated_at": self.now}))
+        data = WorkflowInput(job_id=JOB, timings=self.timings).model_dump(mode="json")
+        self.workflow.execution = Execution(data, self._invoke)
+
+    # --- the Lambda tasks, as the handlers call them --------------------------------------------
+    def _invoke(self, name: str, payload: dict[str, Any]) -> Any:
+        try:
+            result = self._call(name, payload)
+            return result.model_dump(mode="json") if isinstance(result, BaseModel) else result
+        except SpotrelayError as exc:  # the handler's error type is the exception's class name
+            raise TaskError(type(exc).__name__, json.dumps({"errorMessage": str(exc)})) from exc
+
+    def _call(self, name: str, payload: dict[str, Any]) -> Any:
+        ctl, now = self.ctl, self.now
+        if name == "sfn_plan":
+            plan_task = PlanTask.model_validate(payload)
+            return workflow_tasks.plan(ctl, plan_task.job_id, now, recovery=plan_task.recovery)
+        if name == "sfn_provision":
+            provision_task = ProvisionTask.model_validate(payload)
+            return workflow_tasks.provision(ctl, provision_task.job_id, provision_task.plan, now)
+        if name == "sfn_register_wait":
+            wait = RegisterWaitTask.model_validate(payload)
+            return waits.register_wait(ctl, wait.job_id, wait.wait, wait.attempt, wait.task_token, now)
+        if name == "sfn_recover":
+            recover_task = RecoverTask.model_validate(payload)
+            return recovery_flow.recover(ctl, recover_task.job_id, recover_task.outcome, recover_task.timings, now)
+        if name == "sfn_teardown":
+            return workflow_tasks.teardown(ctl, payload["job_id"], now)
+        if name == "sfn_finalize":
+            final = FinalizeTask.model_validate(payload)
+            return workflow_tasks.finalize(ctl, final.job_id, final.result, now, error=final.error)
+        raise AssertionError(f"the ASL names an unknown function {name}")
+
+    # --- helpers --------------------------------------------------------------------------------
+    @property
+    def execution(self) -> Execution:
+        assert self.workflow.execution is not None
+        return self.workflow.execution
+
+    def _job(self) -> Job:
+        return self.store.get_job(JOB)
+
+    def _node(self, index: int) -> Node | None:
+        nodes = self.store.nodes_of(JOB)
+        return nodes[index % len(nodes)] if nodes else None
+
+    def _deliver(self, event: Any) -> None:
+        self.delivered.append(event)
+        self._apply(event)
+
+    def _apply(self, event: Any) -> None:
+        if isinstance(event, tuple):  # an EC2 event: (kind, instance id, event time)
+            kind, iid, when = event
+            if kind == "notice":
+                interruptions.interruption_notice(self.ctl, iid, when, self.now)
+            elif kind == "rebalance":
+                interruptions.rebalance(self.ctl, iid, when, self.now)
+            else:
+                interruptions.instance_state(self.ctl, iid, kind, self.now)
+        else:
+            node_events.handle_agent_event(self.ctl, event, self.now)
+
+    def _agent(self, cls: type, node: Node, attempt: int | None = None, **fields: Any) -> Any:
+        return cls(event_id=uuid.uuid4().hex, job_id=node.job_id, node_id=node.node_id,
+                   instance_id=node.instance_id, attempt=attempt or node.attempt, rank=node.rank,
+                   time=self.now, **fields)
+
+    # --- what may happen, in any order ----------------------------------------------------------
+    @rule(duplicate=st.booleans())
+    def workflow_step(self, duplicate: bool) -> None:
+        self.execution.step(duplicate=duplicate)
+
+    @rule()
+    def wait_times_out(self) -> None:
+        self.execution.time_out()
+
+    @rule(seconds=st.sampled_from([1.0, 30.0, 400.0, 4000.0]))
+    def clock(self, seconds: float) -> None:
+        self.now += seconds
+
+    @rule(seconds=st.sampled_from([0.0, 400.0]))
+    def reconcile_tick(self, seconds: float) -> None:
+        self.now += seconds  # reconcile late
+        reconcile.reconcile(self.ctl, self.now, stale_after_s=300.0, regions=["us-east-1"], stuck_after_s=3600.0)
+
+    @rule(index=st.integers(0, 8), kind=st.sampled_from(["NodeReady", "Heartbeat", "CheckpointCommitted",
+                                                          "TrainingExited"]),
+          stale=st.booleans(), step=st.integers(0, 40), code=st.sampled_from(EXIT_CODES), emergency=st.booleans())
+    def agent_event(self, index: int, kind: str, stale: bool, step: int, code: int, emergency: bool) -> None:
+        node = self._node(index)
+        if node is None:
+            return
+        attempt = max(1, node.attempt - 1) if stale else node.attempt
+        if kind == "NodeReady":
+            event = self._agent(NodeReady, node, attempt, private_ip="10.0.0.1", region="us-east-1",
+                                az=node.pool.az)
+        elif kind == "Heartbeat":
+            event = self._agent(Heartbeat, node, attempt, step=step)
+        elif kind == "CheckpointCommitted":
+            event = self._agent(CheckpointCommitted, node, attempt, step=step, uri=f"s3://b/ckpt/step-{step}",
+                                duration_s=1.0, emergency=emergency)
+        else:
+            event = self._agent(TrainingExited, node, attempt, exit_code=int(code), reason="test",
+                                last_step=step, last_committed_step=None)
+        self._deliver(event)
+
+    @rule(index=st.integers(0, 8), kind=st.sampled_from(["notice", "rebalance", "shutting-down", "terminated"]),
+          dies=st.booleans())
+    def ec2_event(self, index: int, kind: str, dies: bool) -> None:
+        node = self._node(index)
+        if node is None:
+            return
+        if kind in ("shutting-down", "terminated") or dies:
+            self.compute.live.pop(node.instance_id, None)  # the instance really goes
+        self._deliver((kind, node.instance_id, self.now))
+
+    @rule(index=st.integers(0, 8))
+    def instance_vanishes(self, index: int) -> None:
+        """An unannounced loss whose events are all dropped: only reconcile can notice."""
+        node = self._node(index)
+        if node is not None:
+            self.compute.live.pop(node.instance_id, None)
+
+    @rule(back=st.integers(1, 6))
+    def replay(self, back: int) -> None:
+        """A duplicate, late or out-of-order delivery of an earlier event."""
+        if self.delivered:
+            self._apply(self.delivered[-min(back, len(self.delivered))])
+
+    @rule()
+    def cancel(self) -> None:
+        if not self._job().status.terminal:
+            request_cancel(JOB, store=self.store, workflow=self.workflow, now=self.now, reason="property test")
+
+    # --- invariants -------------------------------------------------------------------------------
+    @invariant()
+    def moves_only_along_the_table(self) -> None:
+        assert self.store.illegal == []
+
+    @invariant()
+    def one_live_attempt(self) -> None:
+        job = self.store.find_job(JOB)
+        if job is None:
+            return
+        assert sum(a.ended_at is None for a in job.attempts) <= 1, job.attempts
+        launches = Counter((r.job_id, r.attempt) for r in self.compute.launched)
+        assert max(launches.values(), default=0) <= 1, f"a cluster launched twice: {launches}"
+        nodes = self.store.nodes_of(JOB)
+        for iid in self.compute.running(JOB):
+            mine = [n for n in nodes if n.instance_id == iid]
+            newest = max(mine, key=lambda n: n.attempt) if mine else None
+            assert newest is not None, f"instance {iid} has no node record"
+            if job.status.terminal:
+                raise AssertionError(f"job {job.status} but instance {iid} ({newest.node_id}) still runs")
+            assert newest.attempt == job.attempt or newest.state is NodeState.DOOMED, (
+                f"instance {iid} of attempt {newest.attempt} ({newest.state}) runs during attempt {job.attempt}")
+
+    @invariant()
+    def each_token_completed_once(self) -> None:
+        # A retried task may repeat its own answer (Step Functions refuses the repeat); two different
+        # answers for one token are a race that the conditional claim on the job must prevent.
+        twice = {t: sorted(a) for t, a in self.workflow.sends.items() if len(a) > 1}
+        assert not twice, f"tokens answered twice: {twice} by {[self.workflow.senders[t] for t in twice]}"
+
+    @invariant()
+    def checkpoint_never_moves_back(self) -> None:
+        job = self.store.find_job(JOB)
+        step = job.last_checkpoint.step if job and job.last_checkpoint else -1
+        assert step >= self.best_checkpoint, f"last checkpoint went back from {self.best_checkpoint} to {step}"
+        self.best_checkpoint = step
+
+    # --- the end: everything behaves, the run must finish cleanly --------------------------------
+    def teardown(self) -> None:
+        if self.workflow.execution is None:
+            return
+        for _ in range(200):
+            job = self._job()
+            if job.status.terminal and self.execution.status != "RUNNING":
+                break
+            self._behave()
+        job = self._job()
+        assert job.status.terminal, (f"job hangs in {job.status} (execution {self.execution.status} at "
+                                     f"{self.execution.current}): {self.execution.history[-12:]}")
+        assert self.execution.status != "RUNNING", f"execution hangs at {self.execution.current}"
+        assert self.compute.running(JOB) == [], "instances left running after the job finished"
+        reconcile.reconcile(self.ctl, self.now, regions=["us-east-1"])
+        left = [n.node_id for n in self.store.nodes_of(JOB) if n.state is not NodeState.TERMINATED
+                and n.instance_id in self.compute.live]
+        assert left == []
+        self.moves_only_along_the_table()
+        self.each_token_completed_once()
+
+    def _behave(self) -> None:
+        """One round of a healthy world: nodes answer the open wait, dead instances' events arrive,
+        the clock moves and reconcile runs."""
+        execution = self.execution
+        wait = execution.wait_kind()
+        job = self._job()
+        if wait is not None:
+            for node in [n for n in self.store.nodes_of(JOB) if n.attempt == job.attempt]:
+                if node.instance_id not in self.compute.live:
+                    self._apply(("terminated", node.instance_id, self.now))
+                elif wait == "ready":
+                    self._apply(self._agent(NodeReady, node, private_ip="10.0.0.1", region="us-east-1",
+                                            az=node.pool.az))
+                elif node.state not in _FINAL:
+                    self._apply(self._agent(TrainingExited, node, exit_code=0, reason="done",
+                                            last_step=40, last_committed_step=40))
+            if execution.wait_kind() == wait and execution.token is not None:
+                execution.time_out()  # nothing answered it: the wait's timeout ends it
+        else:
+            execution.step()
+        self.now += 30.0
+        if execution.status != "RUNNING" or self._job().status.terminal:
+            self.now += 4000.0
+            reconcile.reconcile(self.ctl, self.now, regions=["us-east-1"])
+
+
+ControllerRun.TestCase.settings = PROFILE
+TestControllerProperties = ControllerRun.TestCase
+
+
+def _started(nodes: int = 1) -> ControllerRun:
+    """A run whose ready wait is open: Init, Plan, Provision, WaitReady."""
+    run = ControllerRun()
+    run.submit(nodes=nodes, fails=0, strategy="replace-cluster")
+    for _ in range(4):
+        run.workflow_step(duplicate=False)
+    assert run.execution.wait_kind() == "ready"
+    return run
+
+
+def test_the_interpreter_runs_the_happy_path() -> None:
+    """The harness itself: with no faults, the job succeeds through plan, provision, both waits,
+    teardown and finalize (so the properties above are about the real path)."""
+    run = ControllerRun()
+    run.submit(nodes=2, fails=0, strategy="replace-cluster")
+    run.teardown()
+    assert run._job().status is JobStatus.SUCCEEDED and run.execution.status == "SUCCEEDED"
+    assert run.execution.history[:4] == ["Init", "Plan", "Provision", "WaitReady"]
+    assert "Teardown" in run.execution.history and "Finalize" in run.execution.history
+
+
+def test_regression_dropped_node_ready_then_exit_0_succeeds() -> None:
+    """Shrunk counterexample: NodeReady was dropped and the rank finished. First the ready wait
+    called the node lost and recovery refused a finished attempt (ValueError); with the typed
+    verdicts it said SUCCEEDED while the job was still STARTING, and finalize's STARTING ->
+    SUCCEEDED was refused (InvalidTransitionError). Either way the finished job ended FAILED."""
+    run = _started()
+    run.agent_event(index=0, kind="TrainingExited", stale=False, step=0, code=ExitCode.DONE, emergency=False)
+    run.teardown()
+    assert run._job().status is JobStatus.SUCCEEDED and "Recover" not in run.execution.history
+
+
+def test_regression_rank_exits_cancelled_moves_through_cancelling() -> None:
+    """Shrunk counterexample: a rank exited CANCELLED (78) while the job was STARTING; finalize
+    wrote STARTING -> CANCELLED in one write, a move the transition table does not have."""
+    run = _started()
+    run.agent_event(index=0, kind="TrainingExited", stale=False, step=0, code=ExitCode.CANCELLED, emergency=False)
+    run.teardown()
+    assert run._job().status is JobStatus.CANCELLED and run.store.illegal == []
