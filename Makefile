@@ -26,7 +26,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/spotrelay demo --out demo-out --json demo-out/summary.json
 
-test: $(STAMP)
+# checkov (pinned in tests/infrastructure/checkov_env.py) has its own venv: its dependencies conflict with ours
+CHECKOV := .cache/checkov-venv/bin/checkov
+$(CHECKOV): tests/infrastructure/checkov_env.py | $(STAMP)
+	$(BIN)/python -m tests.infrastructure.checkov_env
+
+test: $(STAMP) $(CHECKOV)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q tests
 

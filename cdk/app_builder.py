@@ -6,7 +6,7 @@ from pathlib import Path
 
 from aws_cdk import App, Environment, Tags
 
-from cdk import nag
+from cdk import checkov, nag
 from cdk.config import AppConfig, from_context
 from cdk.home_stack import HomeStack
 from cdk.regional_stack import RegionalStack
@@ -64,6 +64,7 @@ def build(
         stacks[regional.stack_name] = regional
     Tags.of(app).add("spotrelay:deployment", config.prefix)
     unexplained = [w for s in stacks.values() for w in getattr(s, "unexplained_wildcards", [])]
+    checkov.add_skips(app)  # accepted checkov findings, with their reasons, in each resource's Metadata
     if checks:
         nag.add_checks(app)
     if unexplained and checks:

@@ -8,6 +8,7 @@ from typing import Any
 from aws_cdk import Duration
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
@@ -38,11 +39,14 @@ def event_pattern(pattern: dict[str, Any]) -> events.EventPattern:
     return events.EventPattern(**{_PATTERN_KEYS[key]: value for key, value in pattern.items()})
 
 
-def dead_letter_queue(scope: Construct, id: str) -> sqs.Queue:
+def dead_letter_queue(scope: Construct, id: str, key: kms.IKey | None = None) -> sqs.Queue:
+    """With ``key`` (the home stack's customer key, whose policy lets EventBridge use it) the queue is
+    encrypted with it; without (training regions hold no key), with SQS-owned keys (cdk/checkov.py)."""
     queue = sqs.Queue(
         scope,
         id,
-        encryption=sqs.QueueEncryption.SQS_MANAGED,
+        encryption=sqs.QueueEncryption.KMS if key else sqs.QueueEncryption.SQS_MANAGED,
+        encryption_master_key=key,
         enforce_ssl=True,
         retention_period=Duration.days(14),
     )
@@ -62,12 +66,13 @@ class Events(Construct):
         functions: dict[str, lambda_.IFunction],
         state_machine: sfn.IStateMachine | None,
         rules: tuple[Rule, ...] = RESOURCES.rules,
+        key: kms.IKey | None = None,
     ) -> None:
         super().__init__(scope, id)
         self.rules: dict[str, events.Rule] = {}
         self.dlqs: dict[str, sqs.Queue] = {}
         for spec in rules:
-            dlq = dead_letter_queue(self, f"{spec.logical}Dlq")
+            dlq = dead_letter_queue(self, f"{spec.logical}Dlq", key)
             target: events.IRuleTarget
             if spec.handler is None:
                 if state_machine is None:
@@ -95,7 +100,7 @@ class Events(Construct):
 
         reconcile = functions.get("reconcile")
         if reconcile is not None:
-            dlq = dead_letter_queue(self, "ReconcileDlq")
+            dlq = dead_letter_queue(self, "ReconcileDlq", key)
             self.rules["Reconcile"] = events.Rule(
                 self,
                 "Reconcile",

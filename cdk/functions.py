@@ -20,6 +20,10 @@ from spotrelay.resources import RESOURCES, function_name_for
 
 # Per-handler timeouts: sfn tasks call EC2 (CreateFleet can take a while); the rest are quick.
 TIMEOUTS = {"sfn_": 120, "reconcile": 120}
+# Reserved concurrency: a flood of EC2 events cannot starve the workflow's tasks (each kind has its own
+# share; throttled event invocations wait in Lambda's async queue, throttled tasks are retried by the ASL),
+# and one reconcile sweep runs at a time. 112 in all (docs/security.md): the rest stays unreserved.
+RESERVED = {"on_": 10, "sfn_": 10, "reconcile": 1, "slack_notifier": 1}
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ class Functions(Construct):
             # RetentionDays is a name enum in Python; the days from config go in directly
             log_group.node.default_child.retention_in_days = config.log_retention_days  # type: ignore[union-attr]
             timeout = next((t for key, t in TIMEOUTS.items() if module.startswith(key)), 60)
+            reserved = next((n for key, n in RESERVED.items() if module.startswith(key)), 1)
             fn = lambda_.Function(
                 self,
                 construct_id,
@@ -94,6 +99,7 @@ class Functions(Construct):
                 log_group=log_group,
                 memory_size=512,
                 timeout=Duration.seconds(timeout),
+                reserved_concurrent_executions=reserved,
                 tracing=lambda_.Tracing.ACTIVE,
                 environment={
                     **env.values,

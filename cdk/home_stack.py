@@ -76,7 +76,8 @@ class HomeStack(Stack):
             },
         )
         rules = Events(
-            self, "Events", config=config, functions=dict(functions.functions), state_machine=workflow.state_machine
+            self, "Events", config=config, functions=dict(functions.functions), state_machine=workflow.state_machine,
+            key=notifications.key,
         )
         notifier = functions.function(SLACK_NOTIFIER)
         if notifier is not None:

@@ -55,3 +55,39 @@ def test_cfn_lint_clean_on_every_template(synth: Synth) -> None:
         matches = lint_file(path, ManualArgs(regions=[synth.regions[name]], ignore_checks=CFN_LINT_IGNORED))
         problems += [f"{name}: {m.rule.id} {m.message[:300]} (line {m.linenumber})" for m in matches]
     assert problems == [], "\n".join(problems)
+
+
+def test_checkov_finds_nothing_that_is_not_fixed_or_accepted_with_a_reason(synth: Synth) -> None:
+    """checkov (pinned, own venv) on every synthesized template; acceptances live in cdk/checkov.py."""
+    from cdk.checkov import ACCEPTED
+    from tests.infrastructure import checkov_env
+
+    reports = checkov_env.run([Path(synth.outdir) / f"{name}.template.json" for name in synth.templates])
+    failed, skipped, passed = [], [], 0
+    for report in reports:
+        results = report["results"]
+        passed += int(report["summary"]["passed"])
+        failed += [f"{c['check_id']} ({c['check_name']}) at {Path(c['file_path']).name}: {c['resource']}"
+                   for c in results["failed_checks"]]
+        skipped += results["skipped_checks"]
+    assert not failed, (
+        "checkov findings: fix each, or accept it in ACCEPTED in cdk/checkov.py with its reason:\n  "
+        + "\n  ".join(sorted(failed))
+    )
+    assert passed > 100, "checkov checked almost nothing: did it read the templates?"
+    for check in skipped:
+        assert len(check["check_result"].get("suppress_comment") or "") >= 30, (check["check_id"], check["resource"])
+    unused = {a.rule for a in ACCEPTED} - {c["check_id"] for c in skipped}
+    assert not unused, f"cdk/checkov.py accepts {sorted(unused)}, which no template needs any more: remove them"
+
+
+def test_every_sqs_queue_is_encrypted_and_every_handler_has_reserved_concurrency(synth: Synth) -> None:
+    for name, template in synth.templates.items():
+        for logical, resource in template["Resources"].items():
+            props = resource.get("Properties", {})
+            if resource["Type"] == "AWS::SQS::Queue":
+                assert props.get("KmsMasterKeyId") or props.get("SqsManagedSseEnabled") is True, (name, logical)
+                if name == synth.home:  # the home stack has a customer key that EventBridge may use
+                    assert props.get("KmsMasterKeyId"), (name, logical)
+            if resource["Type"] == "AWS::Lambda::Function" and str(props.get("Handler", "")).startswith("functions."):
+                assert int(props["ReservedConcurrentExecutions"]) >= 1, (name, logical)

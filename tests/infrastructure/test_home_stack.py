@@ -184,7 +184,7 @@ def test_rules_patterns_equal_the_shared_description_with_dlq_and_retry(synth: S
     fn = functions[schedule["Properties"]["Targets"][0]["Arn"]["Fn::GetAtt"][0]]
     assert fn["Properties"]["Handler"] == "functions.reconcile.handler"
     for queue in synth.resources(synth.home, "AWS::SQS::Queue").values():
-        assert queue["Properties"]["SqsManagedSseEnabled"] is True
+        assert "KmsMasterKeyId" in queue["Properties"]  # the stack's customer key
 
 
 def test_state_machine_definition_is_the_asl_file_after_substitution(synth: Synth) -> None:
