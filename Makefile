@@ -45,6 +45,7 @@ synth: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/checkpoint.py
 	$(BIN)/python bench/checkpoint.py --engine deepspeed
+	$(BIN)/python bench/health.py
 
 clean:
 	rm -rf $(VENV) cdk.out .cache demo-out
