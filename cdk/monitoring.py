@@ -1,4 +1,6 @@
-"""Alarms (failed executions, DLQ depth, handler errors) to the notifications topic, and a dashboard."""
+"""Alarms (failed executions, DLQ depth, handler errors, training anomalies, recovery storms) to the
+notifications topic, and a dashboard with the controller's own metrics (spotrelay/ports/metrics.py,
+published by the handlers as EMF log lines: no PutMetricData permission)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,15 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from cdk.config import AppConfig
+from spotrelay.ports.metrics import NAMESPACE, SERVICE
 
 PERIOD = Duration.minutes(5)
+RECOVERY_STORM = 5  # recoveries in an hour: the market is churning or a job is crash-looping
+
+
+def controller_metric(name: str, statistic: str = "Sum", period: Duration = PERIOD) -> cw.Metric:
+    return cw.Metric(namespace=NAMESPACE, metric_name=name, dimensions_map={"service": SERVICE},
+                     statistic=statistic, period=period)
 
 
 class Monitoring(Construct):
@@ -32,12 +41,12 @@ class Monitoring(Construct):
         action = cw_actions.SnsAction(topic)
         self.alarms: list[cw.Alarm] = []
 
-        def alarm(alarm_id: str, metric: cw.IMetric, description: str) -> cw.Alarm:
+        def alarm(alarm_id: str, metric: cw.IMetric, description: str, threshold: float = 1) -> cw.Alarm:
             created = cw.Alarm(
                 self,
                 alarm_id,
                 metric=metric,
-                threshold=1,
+                threshold=threshold,
                 evaluation_periods=1,
                 comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
                 treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
@@ -57,6 +66,17 @@ class Monitoring(Construct):
             "ExecutionsTimedOut",
             state_machine.metric_timed_out(period=PERIOD, statistic="Sum"),
             "a job-run execution timed out",
+        )
+        alarm(
+            "TrainingAnomalies",
+            controller_metric("TrainingAnomalies"),
+            "a training run reported a health anomaly (NaN, loss spike, straggler, hang); `spotrelay describe JOB`",
+        )
+        alarm(
+            "RecoveryStorm",
+            controller_metric("Recoveries", period=Duration.hours(1)),
+            f"{RECOVERY_STORM} or more recoveries in an hour across jobs: check the pools' cooldowns and the jobs",
+            threshold=RECOVERY_STORM,
         )
         for logical, queue in sorted(dlqs.items()):
             alarm(
@@ -113,4 +133,24 @@ class Monitoring(Construct):
                 ],
             ),
             cw.AlarmStatusWidget(title="alarms", width=24, alarms=self.alarms),
+        )
+        self.dashboard.add_widgets(
+            cw.GraphWidget(
+                title="spot notices, recoveries, anomalies",
+                width=8,
+                left=[controller_metric(n) for n in ("SpotNotices", "Recoveries", "TrainingAnomalies")],
+            ),
+            cw.GraphWidget(
+                title="steps lost and downtime",
+                width=8,
+                left=[controller_metric("StepsLost")],
+                right=[controller_metric("DowntimeSeconds", "Maximum")],
+            ),
+            cw.GraphWidget(
+                title="checkpoint flush (p90, max) and job cost",
+                width=8,
+                left=[controller_metric("CheckpointFlushSeconds", "p90"),
+                      controller_metric("CheckpointFlushSeconds", "Maximum")],
+                right=[controller_metric("JobCostUSD")],
+            ),
         )

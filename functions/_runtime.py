@@ -35,7 +35,7 @@ _cache: dict[str, Any] = {}
 
 def set_factories(**factories: Factory | None) -> None:
     """Replace adapters (``compute=``, ``market=``, ``pool_stats=``, ``notifier=``, ``store=``,
-    ``workflow=``, ``objects=``); ``None`` restores the default. Clears cached instances."""
+    ``workflow=``, ``objects=``, ``metrics=``); ``None`` restores the default. Clears cached instances."""
     for name, factory in factories.items():
         if factory is None:
             _overrides.pop(name, None)
@@ -157,13 +157,25 @@ def once(name: str, key: dict[str, Any], action: Callable[[], dict[str, Any]], c
     return result
 
 
+def metrics() -> Any:
+    """Operator metrics (EMF lines on stdout; None when a test or the twin turned them off)."""
+
+    def default() -> Any:
+        from spotrelay.adapters.emf_metrics import EmfMetrics
+
+        return EmfMetrics()
+
+    return _build("metrics", default)
+
+
 def controller() -> Any:
     """The ports bundled for the services (spotrelay.services.controller.Controller)."""
     from spotrelay.services.controller import Controller
 
     return Controller(store=store(), workflow=workflow(), compute=_lazy("compute", compute),
                       market=_lazy("market", market), pool_stats=_lazy("pool_stats", pool_stats),
-                      notifier=_optional_notifier(), objects=_lazy("objects", objects))
+                      notifier=_optional_notifier(), objects=_lazy("objects", objects),
+                      metrics=metrics())
 
 
 class _Lazy:

@@ -52,6 +52,16 @@ def queue_name(rule_logical: str) -> str:
     return f"spotrelay-{rule_logical.lower()}"
 
 
+class RecordedMetrics:
+    """The twin's metrics sink: (name, value, unit) in publication order."""
+
+    def __init__(self) -> None:
+        self.values: list[tuple[str, float, str]] = []
+
+    def put(self, name: str, value: float, unit: str = "Count") -> None:
+        self.values.append((name, value, unit))
+
+
 @dataclass
 class TwinOptions:
     root: Path
@@ -78,6 +88,7 @@ class Twin:
         self.state_machine_arn: str | None = None
         self.throttle: Throttle | None = None
         self.env: dict[str, str] = {}  # what a CLI or an agent needs to talk to this twin
+        self.metrics = RecordedMetrics()  # the handlers' operator metrics
         self._saved_env: dict[str, str] | None = None
 
     # --- bring-up -----------------------------------------------------------------------------
@@ -154,7 +165,7 @@ class Twin:
         try:
             from functions import _runtime
 
-            _runtime.set_factories(compute=None, market=None)
+            _runtime.set_factories(compute=None, market=None, metrics=None)
         except ImportError:
             pass
         reset()
@@ -195,8 +206,9 @@ class Twin:
         """Point the controller's Compute and MarketData factories at the twin's adapters."""
         from functions import _runtime
 
-        compute, market = self.compute, self.market
-        _runtime.set_factories(compute=lambda: compute, market=lambda: market)
+        compute, market, metrics = self.compute, self.market, self.metrics
+        # the handlers' operator metrics are kept in memory (EMF lines on stdout would garble the demo's view)
+        _runtime.set_factories(compute=lambda: compute, market=lambda: market, metrics=lambda: metrics)
 
     def _create_workflow(self) -> str:
         """Lambda functions and the job-run state machine from the ASL file (the controller's setup)."""

@@ -10,6 +10,7 @@ from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.ports.compute import Compute
 from spotrelay.ports.job_store import JobStore
 from spotrelay.ports.market import MarketData
+from spotrelay.ports.metrics import METRICS, MetricsSink
 from spotrelay.ports.notifier import Notifier
 from spotrelay.ports.object_store import ObjectStore
 from spotrelay.ports.workflow import Workflow
@@ -30,6 +31,16 @@ class Controller:
     pool_stats: Any = None  # spotrelay.placement.PoolStatsStore
     notifier: Notifier | None = None
     objects: ObjectStore | None = None  # the jobs bucket (reconcile finishes stuck submissions)
+    metrics: MetricsSink | None = None  # operator metrics (spotrelay/ports/metrics.py)
+
+    def measure(self, name: str, value: float) -> None:
+        """Publish one operator metric; never raises (a metric must not break the job)."""
+        if self.metrics is None:
+            return
+        try:
+            self.metrics.put(name, value, METRICS.get(name, "Count"))
+        except Exception:
+            log.exception("metric not published", extra={"metric": name})
 
     def need_workflow(self) -> Workflow:
         assert self.workflow is not None, "this service needs the workflow port"

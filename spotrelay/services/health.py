@@ -50,6 +50,7 @@ def on_health_anomaly(ctl: Controller, job: Job, node: Node, event: Anomaly, now
         return False
     log.warning("training health", extra={"job_id": job.job_id, "kind": found.kind.value,
                                           "action": found.action.value, "step": found.step})
+    ctl.measure("TrainingAnomalies", 1)
     announce(ctl.notifier, "anomaly", updated, now, reason=reason)
     if found.action is HealthAction.REPLACE_NODE:
         _replace(ctl, updated, found.node_rank if found.node_rank is not None else node.rank, reason, now)

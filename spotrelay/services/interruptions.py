@@ -80,6 +80,7 @@ def interruption_notice(ctl: Controller, instance_id: str, notice_time: float, n
                           kind=DirectiveKind.CHECKPOINT_NOW, deadline=deadline, issued_at=now,
                           reason=f"spot interruption of {instance_id} (rank {node.rank})")
     sent = _direct(ctl, job, directive)
+    ctl.measure("SpotNotices", 1)
     ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={
         "status": transition(j.status, JobStatus.CHECKPOINTING), "updated_at": now})
         if j.status is JobStatus.RUNNING else None)

@@ -102,7 +102,10 @@ def _on_checkpoint(ctl: Controller, job: Job, event: CheckpointCommitted, now: f
             update["status"] = transition(j.status, JobStatus.RUNNING)
         return j.model_copy(update=update)
 
-    return ctl.store.update_job(job.job_id, record) is not None
+    changed = ctl.store.update_job(job.job_id, record) is not None
+    if changed and (job.last_checkpoint is None or event.step > job.last_checkpoint.step):
+        ctl.measure("CheckpointFlushSeconds", event.duration_s)
+    return changed
 
 
 def _on_exit(ctl: Controller, job: Job, node: Node, event: TrainingExited, now: float) -> bool:

@@ -30,8 +30,31 @@ _SUBJECTS = {
 }
 
 
+def recovery_downtime(job: Job, now: float) -> float | None:
+    """Seconds from the end of the previous attempt until ``now``; None on the first attempt."""
+    ended = [a.ended_at for a in job.attempts if a.number < job.attempt and a.ended_at]
+    return round(max(0.0, now - max(ended)), 1) if ended else None
+
+
+def total_downtime(job: Job) -> float:
+    """Seconds without training between attempts (each gap from an attempt's end to the next start)."""
+    gaps = [b.started_at - a.ended_at for a, b in zip(job.attempts, job.attempts[1:], strict=False)
+            if a.ended_at and b.started_at]  # fmt: skip
+    return round(sum(max(0.0, g) for g in gaps), 1)
+
+
+def console_url(execution_arn: str | None) -> str | None:
+    """The Step Functions console page of the job's execution."""
+    if not execution_arn or execution_arn.count(":") < 6:
+        return None
+    region = execution_arn.split(":")[3]
+    return (f"https://{region}.console.aws.amazon.com/states/home?region={region}"
+            f"#/v2/executions/details/{execution_arn}")
+
+
 def job_context(job: Job, now: float, **extra: Any) -> dict[str, Any]:
-    """The numbers people ask about: attempt, steps lost, checkpoint age, cost so far."""
+    """The numbers people ask about: attempt, pool, steps lost, downtime, checkpoint age, cost so far,
+    and where to look (the execution in the console)."""
     current = job.attempts[-1] if job.attempts else None
     ckpt = job.last_checkpoint
     context: dict[str, Any] = {
@@ -43,9 +66,11 @@ def job_context(job: Job, now: float, **extra: Any) -> dict[str, Any]:
         "pool": current.pool.key if current and current.pool else None,
         "last_step": job.last_step,
         "steps_lost": job.steps_lost,
+        "downtime_s": total_downtime(job),
         "checkpoint_step": ckpt.step if ckpt else None,
         "checkpoint_age_s": round(now - ckpt.committed_at, 1) if ckpt else None,
         "cost_so_far": round(job.cost_so_far, 2),
+        "console_url": console_url(job.execution_arn),
     }
     if job.reasons:
         context["reasons"] = list(job.reasons)
@@ -78,7 +103,7 @@ _EMOJI = {"succeeded": ":white_check_mark:", "failed": ":x:", "rejected": ":no_e
           "cancelled": ":octagonal_sign:", "anomaly": ":stethoscope:"}
 _FIELDS = (("attempt", "Attempt"), ("pool", "Pool"), ("steps_lost", "Steps lost"),
            ("checkpoint_step", "Checkpoint step"), ("checkpoint_age_s", "Checkpoint age (s)"),
-           ("cost_so_far", "Cost so far (USD)"), ("reason", "Reason"))
+           ("downtime_s", "Downtime (s)"), ("cost_so_far", "Cost so far (USD)"), ("reason", "Reason"))
 
 
 def slack_payload(message: dict[str, Any], channel: str | None = None) -> dict[str, Any]:
@@ -96,8 +121,10 @@ def slack_payload(message: dict[str, Any], channel: str | None = None) -> dict[s
     }
     if facts:
         body["blocks"].append({"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(facts)}})
-    body["blocks"].append({"type": "context", "elements": [
-        {"type": "mrkdwn", "text": f"job `{message.get('job_id')}`"}]})
+    where = f"job `{message.get('job_id')}`"
+    if context.get("console_url"):
+        where += f" | <{context['console_url']}|execution in the console>"
+    body["blocks"].append({"type": "context", "elements": [{"type": "mrkdwn", "text": where}]})
     if channel:
         body["channel"] = channel
     return body

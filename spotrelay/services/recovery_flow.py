@@ -135,7 +135,11 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
         update.update(_close_attempt(cur, now, outcome.outcome.value))
         return cur.model_copy(update=update)
 
-    job = ctl.store.update_job(job_id, to_recovering) or ctl.store.get_job(job_id)
+    updated = ctl.store.update_job(job_id, to_recovering)
+    if updated is not None:  # once per recovery, not per retry of this task
+        ctl.measure("Recoveries", 1)
+        ctl.measure("StepsLost", updated.steps_lost - job.steps_lost)
+    job = updated or ctl.store.get_job(job_id)
     result = _result(job, attempt_nodes(ctl.store, job), timings, outcome.outcome, reason)
     announce(ctl.notifier, "interrupted", job, now, reason=outcome.reason, action=result.action.value,
              backoff_s=result.backoff_s, retry=decision.reason)

@@ -21,7 +21,7 @@ from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import ConflictError, InvalidTransitionError, JobCancelledError
 from spotrelay.recovery.classify import classify_nodes
 from spotrelay.services.controller import Controller, attempt_nodes
-from spotrelay.services.notify import announce
+from spotrelay.services.notify import announce, recovery_downtime
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,11 @@ def settle(ctl: Controller, job_id: str, now: float) -> AttemptEnd | None:
         log.info("wait completed", extra={"job_id": job_id, "wait": wait, "verdict": verdict.outcome.value,
                                           "reason": verdict.reason, "lost_ranks": list(verdict.lost_ranks)})
         if verdict.outcome is Verdict.READY:
-            announce(ctl.notifier, "started" if claimed.attempt <= 1 else "recovered", claimed, now)
+            downtime = recovery_downtime(claimed, now)
+            if downtime is not None:
+                ctl.measure("DowntimeSeconds", downtime)
+            announce(ctl.notifier, "started" if claimed.attempt <= 1 else "recovered", claimed, now,
+                     **({"downtime_s": downtime} if downtime is not None else {}))
         return verdict
     return None
 

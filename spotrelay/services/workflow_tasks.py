@@ -247,6 +247,7 @@ def finalize(ctl: Controller, job_id: str, result: str, now: float,
     done = ctl.store.update_job(job_id, finish)
     if done is None:
         return {"status": ctl.store.get_job(job_id).status.value, "changed": False}
+    ctl.measure("JobCostUSD", done.cost_so_far)
     announce(ctl.notifier, done.status.value.lower(), done, now)
     log.info("job finished", extra={"job_id": job_id, "status": done.status.value, "reasons": done.reasons})
     return {"status": done.status.value, "changed": True, "cost": round(done.cost_so_far, 4)}

@@ -8,6 +8,7 @@ from typing import Any
 
 from cdk import staging
 from cdk.workflow import ASL_PATH, placeholders, render
+from spotrelay.ports.metrics import METRICS
 from spotrelay.resources import RESOURCES
 from tests.infrastructure.conftest import Synth
 
@@ -233,7 +234,10 @@ def test_alarms_cover_failed_executions_dlqs_and_handler_errors(synth: Synth) ->
     error_alarms = [a for a in alarms if (a["Namespace"], a["MetricName"]) == ("AWS/Lambda", "Errors")]
     assert len(error_alarms) == len(_functions(synth))
     assert all(a["AlarmActions"] for a in alarms)
-    assert len(synth.resources(synth.home, "AWS::CloudWatch::Dashboard")) == 1
+    assert {("Spotrelay", "TrainingAnomalies"), ("Spotrelay", "Recoveries")} <= metrics
+    (dashboard,) = synth.resources(synth.home, "AWS::CloudWatch::Dashboard").values()
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    assert all(name in body for name in METRICS)  # every controller metric is on the dashboard
 
 
 def test_topic_encrypted_tls_only_with_slack_and_email(synth: Synth) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from spotrelay.domain.models import Attempt, CheckpointRef, Job, Pool
 from spotrelay.domain.status import JobStatus
-from spotrelay.services.notify import announce, job_context, slack_payload, topic_for
+from spotrelay.services.notify import announce, job_context, recovery_downtime, slack_payload, topic_for
 
 POOL = Pool(region="us-west-2", az="us-west-2b", instance_type="p4d.24xlarge", market="spot")
 
@@ -53,3 +53,19 @@ def test_slack_payload() -> None:
     assert body["text"] == ":white_check_mark: spotrelay: job llm succeeded" and body["channel"] == "#ml"
     facts = body["blocks"][1]["text"]["text"]
     assert "*Steps lost:* 12" in facts and "*Pool:* us-west-2/us-west-2b/p4d.24xlarge/spot" in facts
+
+
+def test_messages_carry_downtime_and_the_execution_link() -> None:
+    arn = "arn:aws:states:us-west-2:123456789012:execution:spotrelay-job-run:j-1"
+    attempts = [Attempt(number=1, pool=POOL, started_at=0.0, ended_at=100.0),
+                Attempt(number=2, pool=POOL, started_at=160.0, ended_at=300.0),
+                Attempt(number=3, pool=POOL, started_at=340.0)]
+    job = _job(attempts=attempts, execution_arn=arn)
+    context = job_context(job, now=400.0)
+    assert context["downtime_s"] == 100.0  # 60 s + 40 s between attempts
+    assert context["console_url"].startswith("https://us-west-2.console.aws.amazon.com/states/home?region=us-west-2")
+    assert context["console_url"].endswith(arn)
+    body = slack_payload({"kind": "recovered", "job_id": "j-1", "subject": "s", "context": context})
+    assert "*Downtime (s):* 100.0" in body["blocks"][1]["text"]["text"]
+    assert "execution in the console" in body["blocks"][2]["elements"][0]["text"]
+    assert recovery_downtime(job, now=350.0) == 50.0 and recovery_downtime(_job(attempt=1), 1.0) is None
