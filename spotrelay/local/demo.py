@@ -24,6 +24,7 @@ from spotrelay.contracts.control import PROGRESS_FILE, read_events
 from spotrelay.domain.models import Job, Node
 from spotrelay.local import demo_report as report
 from spotrelay.local.chaos import ChaosDriver, Fired, node_step
+from spotrelay.local.code_delivery import deliver_script_dir
 from spotrelay.local.compute import LocalInstance
 from spotrelay.local.demo_summary import RESULT, print_summary, summarize
 from spotrelay.local.demo_view import EventLog, render
@@ -174,7 +175,9 @@ def run_demo(opts: DemoOptions) -> report.Summary:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    twin = Twin(TwinOptions(root=(out / "twin").resolve(), market=market, s3_mb_s=opts.s3_mb_s)).start()
+    ami = (out / "twin" / "ami").resolve()  # nothing baked in: the code is delivered (local/code_delivery.py)
+    ami.mkdir(parents=True)
+    twin = Twin(TwinOptions(root=(out / "twin").resolve(), market=market, s3_mb_s=opts.s3_mb_s, code_dir=ami)).start()
     assert twin.compute is not None and twin.dispatcher is not None
     _mark(log, "twin up")
     mlflow_ready.wait(120)  # before any agent looks the experiment up
@@ -184,6 +187,7 @@ def run_demo(opts: DemoOptions) -> report.Summary:
     chaos = ChaosDriver(market, twin.compute)
     chaos.listeners.append(rec.on_fault)
     chaos.start()
+    spec_text = deliver_script_dir(spec_text, Path.cwd())
     key = twin.submit(spec_text, f"{spec.name}.yaml")
     log.add(f"submitted s3://{twin.env.get('SPOTRELAY_BUCKET', 'spotrelay-jobs')}/{key}")
     live = opts.live and console.is_terminal

@@ -13,6 +13,7 @@ import posixpath
 import re
 from typing import Any
 
+from spotrelay.contracts import control
 from spotrelay.spec.models import JobSpec
 
 MAX_DEEPSPEED_CONFIG_BYTES = 64 * 1024
@@ -20,6 +21,13 @@ MAX_DEEPSPEED_CONFIG_BYTES = 64 * 1024
 # Set per rank by torchrun / the DeepSpeed launcher; a value from the spec would break rendezvous.
 LAUNCHER_ENV = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
                           "MASTER_ADDR", "MASTER_PORT", "CROSS_RANK", "CROSS_SIZE"})
+
+# Set by the agent for the training API (agent/launcher.contract_env), over anything the spec says.
+AGENT_ENV = frozenset({
+    control.ENV_CONTROL_DIR, control.ENV_JOB_ID, control.ENV_ATTEMPT, control.ENV_CHECKPOINT_DIR,
+    control.ENV_CHECKPOINT_URI, control.ENV_SPEC_HASH, control.ENV_CHECKPOINT_EVERY_STEPS,
+    control.ENV_CHECKPOINT_EVERY_MINUTES, control.ENV_KEEP_LOCAL, control.ENV_KEEP_S3, control.ENV_MLFLOW_RUN_ID,
+})
 
 # DeepSpeed config sections that would take over what spotrelay does itself.
 RESERVED_DEEPSPEED = {
@@ -59,8 +67,8 @@ def entrypoint_problems(spec: JobSpec) -> Problems:
     strings.update({f"entrypoint.env.{k}": v for k, v in entry.env.items()})
     problems += _nul(strings)
     for name in entry.env:
-        if name.startswith("SPOTRELAY_"):
-            problems.append((f"entrypoint.env.{name}", "SPOTRELAY_* variables are set by the agent"))
+        if name in AGENT_ENV:
+            problems.append((f"entrypoint.env.{name}", "is set by the agent (from the spec's checkpoint and the job)"))
         elif name in LAUNCHER_ENV:
             problems.append((f"entrypoint.env.{name}", "is set per rank by the launcher"))
     return problems

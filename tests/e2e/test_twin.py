@@ -18,6 +18,7 @@ import yaml
 from spotrelay.contracts.control import read_events
 from spotrelay.domain.models import Job
 from spotrelay.local.chaos import ChaosDriver
+from spotrelay.local.code_delivery import deliver_script_dir
 from spotrelay.local.market import ChaosAction, MarketModel
 from spotrelay.local.reference import read_results
 from spotrelay.local.twin import Twin, TwinOptions
@@ -48,12 +49,13 @@ def twin(moto_server: object, tmp_path: Path) -> Iterator[Twin]:
         notice_window_s=40,
         chaos=[ChaosAction("interrupt", "1", at_step=NOTICE_AT, attempt=1)],
     )
+    (tmp_path / "ami").mkdir()
     t = Twin(
         TwinOptions(
             root=tmp_path,
             market=market,
             moto=moto_server,  # type: ignore[arg-type]
-            code_dir=ROOT,
+            code_dir=tmp_path / "ami",  # empty: the code is delivered through S3 (entrypoint.code)
             reconcile_every_s=5,
         )
     ).start()
@@ -76,7 +78,7 @@ def test_interrupted_job_recovers_and_finishes(twin: Twin) -> None:
     assert twin.compute is not None and twin.dispatcher is not None
     chaos = ChaosDriver(twin.market, twin.compute).start()
     try:
-        key = twin.submit(_spec(), "tiny-e2e.yaml")
+        key = twin.submit(deliver_script_dir(_spec(), ROOT), "tiny-e2e.yaml")
         job = _wait_terminal(twin, key, timeout=240)
     finally:
         chaos.stop()

@@ -102,3 +102,9 @@ def test_batch_that_deepspeed_would_accept_passes() -> None:
         b"launcher: {type: deepspeed, deepspeed_config: {train_batch_size: 512, "
         b"train_micro_batch_size_per_gpu: 4, gradient_accumulation_steps: 8}}\n")
     assert parse_spec(text).resources.nodes == 2
+
+
+def test_user_facing_spotrelay_knobs_stay_allowed_in_env() -> None:
+    text = SPEC_HEAD.replace(b"{command: [python, train.py]}",
+                             b"{command: [python, train.py], env: {SPOTRELAY_NOTICE_TRAINING: '0'}}")
+    assert parse_spec(text).entrypoint.env == {"SPOTRELAY_NOTICE_TRAINING": "0"}
