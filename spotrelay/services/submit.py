@@ -223,8 +223,8 @@ def heal_submissions(ports: Ports, now: float, older_than_s: float = 180.0) -> l
     healed = []
     for status in _HALF_WAY:
         for job in ports.store.jobs_by_status(status):
-            if not _unfinished(job) or job.updated_at >= now - older_than_s:
-                continue
+            if not _unfinished(job) or job.updated_at >= now - older_than_s or not job.submission_key:
+                continue  # fresh, done, or not made from a dropped file (nothing to read again)
             try:
                 result = advance(job, ports, now)
             except Exception as exc:  # counted on the job; the next sweep tries again
