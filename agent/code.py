@@ -10,10 +10,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from agent.launcher import LaunchPlan, Rendezvous
 from spotrelay.code.pack import MAX_PACKED_BYTES
 from spotrelay.code.unpack import MARKER, unpack
+from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.errors import CodeArchiveError
 from spotrelay.spec.checks import CONTENT_ADDRESSED
 from spotrelay.spec.models import Entrypoint, JobSpec
@@ -55,6 +57,28 @@ def fetch(entry: Entrypoint, work_dir: Path) -> Path:
         return unpack(archive, dest, sha)
     finally:
         archive.unlink(missing_ok=True)
+
+
+class _Launches(Protocol):
+    plan_builder: PlanBuilder
+
+
+class _Reports(Protocol):
+    def training_exited(self, exit_code: int, reason: str, last_step: int | None,
+                        last_committed_step: int | None, output_tail: str = "") -> bool: ...
+
+
+def prepare(agent: _Launches, spec: JobSpec, work_dir: Path, reporter: _Reports) -> int | None:
+    """Fetch the code and point the agent's launches into it; USER_ERROR (reported, with the
+    cause) when the archive is unusable, None when the agent may go on."""
+    if not spec.entrypoint.code:
+        return None
+    try:
+        agent.plan_builder = in_code_dir(agent.plan_builder, fetch(spec.entrypoint, work_dir))
+    except CodeArchiveError as exc:  # the user's archive: a user error, with the cause, and no rank starts
+        reporter.training_exited(ExitCode.USER_ERROR, f"user-error: {exc}", None, None, str(exc))
+        return int(ExitCode.USER_ERROR)
+    return None
 
 
 def in_code_dir(builder: PlanBuilder, code_dir: Path) -> PlanBuilder:

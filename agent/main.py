@@ -14,14 +14,13 @@ import sys
 from pathlib import Path
 
 from agent import reporting
-from agent.code import fetch as fetch_code
-from agent.code import in_code_dir
+from agent.code import prepare as prepare_code
 from agent.config import AgentConfig, from_env, load_config, load_job_and_spec, with_instance_facts
 from agent.daemon import Agent
 from agent.imds import DEFAULT_ENDPOINT, ImdsClient
 from agent.reporting import Reporter, warn
 from spotrelay.contracts.exit_codes import ExitCode
-from spotrelay.errors import AgentConfigError, CodeArchiveError, ImdsUnavailableError
+from spotrelay.errors import AgentConfigError, ImdsUnavailableError
 from spotrelay.ports.events import EventPublisher
 from spotrelay.ports.job_store import JobStore
 
@@ -89,12 +88,9 @@ def run_agent(config_file: Path | None = None) -> int:
         signal.signal(sig, agent.on_signal)
     try:
         job, spec = load_job_and_spec(config, store)
-        if spec.entrypoint.code:
-            try:
-                agent.plan_builder = in_code_dir(agent.plan_builder, fetch_code(spec.entrypoint, config.work_dir))
-            except CodeArchiveError as exc:  # the user's archive: a user error, with the cause
-                reporter.training_exited(ExitCode.USER_ERROR, f"user-error: {exc}", None, None, str(exc))
-                return ExitCode.USER_ERROR
+        refused = prepare_code(agent, spec, config.work_dir, reporter)  # entrypoint.code, before any rank
+        if refused is not None:
+            return refused
         return agent.serve(job, spec, track=True)
     except Exception as exc:  # the agent's own failure is infrastructure, never the user's code
         reporting.log.exception("agent failed")

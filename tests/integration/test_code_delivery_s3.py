@@ -74,3 +74,41 @@ def test_a_missing_code_directory_is_a_usage_error(aws: dict[str, str], tmp_path
     result = CliRunner().invoke(app, ["submit", str(tmp_path / "job.yaml")])
     assert result.exit_code == 2 and "entrypoint.code: ./proj is not a directory" in result.output
     assert "Contents" not in client("s3").list_objects_v2(Bucket=aws["bucket"])
+
+
+class _Reporter:
+    def __init__(self) -> None:
+        self.exits: list[tuple[int, str, str]] = []
+
+    def training_exited(self, exit_code: int, reason: str, last_step: int | None, last_committed_step: int | None,
+                        output_tail: str = "") -> bool:
+        self.exits.append((exit_code, reason, output_tail))
+        return True
+
+
+class _Agent:
+    def __init__(self) -> None:
+        from agent.launcher import build_plan
+
+        self.plan_builder = build_plan
+
+
+def test_the_agent_launches_inside_the_code_or_reports_a_user_error(aws: dict[str, str], tmp_path: Path) -> None:
+    from agent.code import prepare
+    from agent.launcher import Rendezvous
+    from spotrelay.code.pack import pack
+    from spotrelay.contracts.exit_codes import ExitCode
+
+    root = _project(tmp_path).parent / "proj"
+    bundle = pack(root)
+    client("s3").put_object(Bucket=aws["bucket"], Key=bundle.key, Body=bundle.data)
+    spec = parse_spec(SPEC.replace("code: ./proj", f"code: s3://{aws['bucket']}/{bundle.key}"))
+    agent, reporter = _Agent(), _Reporter()
+    assert prepare(agent, spec, tmp_path / "node", reporter) is None and reporter.exits == []
+    plan = agent.plan_builder(spec, Rendezvous(1, 0, 1, "127.0.0.1", 29500), {}, None, "python")
+    assert Path(plan.cwd) == tmp_path / "node" / "code" / "src" and (Path(plan.cwd) / "train.py").is_file()
+
+    gone = parse_spec(SPEC.replace("code: ./proj", f"code: s3://{aws['bucket']}/code/{'0' * 64}.tar.gz"))
+    assert prepare(_Agent(), gone, tmp_path / "other", reporter) == ExitCode.USER_ERROR
+    code, reason, tail = reporter.exits[0]
+    assert code == ExitCode.USER_ERROR and "cannot be read" in reason and "cannot be read" in tail
