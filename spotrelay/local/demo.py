@@ -51,7 +51,7 @@ class DemoOptions:
     notice_step: int = 20  # spot notice on rank 1 when attempt 1 reaches this step
     kill_after_steps: int = 25  # rank 0 of attempt 2 vanishes this many steps after attempt 2 resumed
     step_sleep_s: float = 0.25  # pace training so the faults land mid-run and a human can follow
-    timeout_s: float = 600.0  # from the submission to a terminal status (about 4 min on a quiet machine)
+    timeout_s: float = 900.0  # from the submission to a terminal status (about 4 min on a quiet machine)
     boot_s: float = 300.0  # modeled boot time of a GPU instance
     time_scale: float = 0.01
     notice_window_s: float = 30.0

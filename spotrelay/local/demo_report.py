@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spotrelay.local.downtime import FaultTimes, downtime, window_share
+from spotrelay.local.downtime import FaultTimes, downtime, window_share, window_share_modeled
 from spotrelay.local.market import MarketModel
 
 
@@ -78,7 +78,7 @@ def recoveries(faults: list[Fault], market: MarketModel, times: list[FaultTimes]
             row.update({
                 "notice_window_s": t.window_s,
                 "notice_training_share": _r(d.window_training_share if d else window_share(t, t.window_s), 3),
-                "notice_training_share_modeled": _r(d.window_training_share_modeled if d else None, 3),
+                "notice_training_share_modeled": _r(window_share_modeled(t), 3),
                 "final_commit_before_reclaim_s": _r(t.reclaim_at - t.final_commit_at
                                                     if t.reclaim_at and t.final_commit_at else None),
                 "steps_lost_after_notice": (max(0, (f.step or 0) - f.resumed_from_step)

@@ -170,16 +170,20 @@ def print_summary(console: Console, s: report.Summary) -> None:
     table.add_row("faults", f"{s.interruptions} spot notice(s), {s.node_losses} unannounced node loss(es)")
     table.add_row("steps lost", str(s.steps_lost))
     for r in s.recoveries:
-        table.add_row(
-            f"downtime after {r['kind']}",
-            f"{r['downtime_s']}s here (training stopped -> resumed at full size); {r['downtime_modeled_s']}s "
-            f"with the modeled 300 s boot and a 120 s window; resumed from step {r['resumed_from_step']}",
-        )
+        if r["downtime_s"] is None:
+            table.add_row(f"downtime after {r['kind']}", "training did not resume (not measured)")
+        else:
+            table.add_row(
+                f"downtime after {r['kind']}",
+                f"{r['downtime_s']}s here (training stopped -> resumed at full size); {r['downtime_modeled_s']}s "
+                f"with the modeled 300 s boot and a 120 s window; resumed from step {r['resumed_from_step']}",
+            )
         if r["kind"] == "spot-notice":
+            trained = r["trained_through_notice_steps"]
             table.add_row(
                 "  notice window",
-                f"trained {r['trained_through_notice_steps']} steps after the notice at step {r['at_step']}: "
-                f"{_pct(r['notice_training_share'])} of the {r['notice_window_s']:.0f}s window here, "
+                (f"trained {trained} steps after the notice at step {r['at_step']}; " if trained is not None else "")
+                + f"{_pct(r['notice_training_share'])} of the {r['notice_window_s']:.0f}s window here, "
                 f"{_pct(r['notice_training_share_modeled'])} of 120 s modeled; final save committed "
                 f"{r['final_commit_before_reclaim_s']}s before the reclaim",
             )

@@ -58,6 +58,14 @@ def window_share(t: FaultTimes, window_s: float | None) -> float | None:
     return min(max((t.stopped_at - t.fault_at) / window_s, 0.0), 1.0)
 
 
+def window_share_modeled(t: FaultTimes, window_real_s: float = EC2_NOTICE_WINDOW_S) -> float | None:
+    """The share of EC2's window spent training when stop -> reclaim takes what it took here."""
+    if t.kind != "spot-notice" or not t.window_s:
+        return None
+    tail = max(t.fault_at + t.window_s - t.stopped_at, 0.0)
+    return min(max(1 - tail / window_real_s, 0.0), 1.0)
+
+
 def downtime(t: FaultTimes, boot_modeled_s: float, window_real_s: float = EC2_NOTICE_WINDOW_S) -> Downtime | None:
     """None until training resumed."""
     if t.resumed_at is None:
@@ -74,13 +82,9 @@ def downtime(t: FaultTimes, boot_modeled_s: float, window_real_s: float = EC2_NO
             launch += shift
         after = t.resumed_at - max(t.booted_at, t.stopped_at)
         modeled = max(launch + boot_modeled_s - stop, 0.0) + after
-    share_modeled = None
-    if notice and t.window_s is not None:
-        tail = max(t.fault_at + t.window_s - t.stopped_at, 0.0)  # stop -> reclaim, as measured
-        share_modeled = min(max(1 - tail / window_real_s, 0.0), 1.0)
     return Downtime(
         downtime_s=measured,
         downtime_modeled_s=modeled,
         window_training_share=window_share(t, t.window_s),
-        window_training_share_modeled=share_modeled,
+        window_training_share_modeled=window_share_modeled(t, window_real_s),
     )
