@@ -247,6 +247,7 @@ def log_to_mlflow(
         "demo_attempts": summary.attempts,
         "demo_bit_identical": float(bool(summary.bit_identical)),
         **{f"cost_{k}": v for k, v in summary.cost.items()},
+        **{f"target_{k}": float(t["value"]) for k, t in summary.targets.items() if isinstance(t["value"], int | float)},
     }
     for key, value in metrics.items():
         client.log_metric(run_id, key, float(value))
