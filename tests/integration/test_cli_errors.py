@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from spotrelay.cli import config
 from spotrelay.cli.main import app
 from tests.conftest import ROOT
-from tests.hostile_corpus import HOSTILE
+from tests.hostile_corpus import EXPECT, corpus
 
 TINY = str(ROOT / "examples" / "tiny.yaml")
 # Commands that reach AWS or the twin, with arguments. A new command that talks to either belongs here.
@@ -119,11 +119,13 @@ def test_aws_refusals_read_as_one_line(code: str, expected: str) -> None:
     assert expected in line and exit_code == 1 and "\n" not in line
 
 
-@pytest.mark.parametrize("name", ["deep-flow.yaml", "python-tag.yaml", "empty.yaml", "notes.txt"])
-def test_validate_refuses_hostile_files_with_exit_2(name: str) -> None:
-    result = CliRunner().invoke(app, ["validate", str(HOSTILE / name)])
-    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
-    assert isinstance(result.exception, SystemExit)
+def test_validate_refuses_the_whole_hostile_corpus_with_exit_2(tmp_path: Path) -> None:
+    for name, body in corpus().items():
+        path = tmp_path / name
+        path.write_bytes(body)
+        result = CliRunner().invoke(app, ["validate", str(path)])
+        assert result.exit_code == 2 and "Traceback" not in result.output, (name, result.output)
+        assert isinstance(result.exception, SystemExit) and EXPECT[name] in " ".join(result.output.split()), name
 
 
 def test_validate_of_a_missing_file_is_a_usage_error(tmp_path: Path) -> None:
