@@ -43,6 +43,7 @@ synth: $(STAMP)
 	$(BIN)/python app.py
 
 bench: $(STAMP)
+	$(BIN)/spotrelay local chaos --jobs 60 --seed 7 --max-faults 200 --parallel 3 --out bench-out/chaos --json bench-out/chaos.json
 	$(BIN)/python bench/checkpoint.py
 	$(BIN)/python bench/checkpoint.py --engine deepspeed
 	$(BIN)/python bench/health.py

@@ -183,3 +183,51 @@ def demo(
     )
     summary = run_demo(opts)
     raise typer.Exit(0 if summary.ok else 1)
+
+
+@local_app.command()
+def chaos(
+    jobs: Annotated[int, typer.Option("--jobs", help="how many jobs to run")] = 4,
+    seed: Annotated[int, typer.Option("--seed", help="draws the faults, their targets and their times")] = 1,
+    faults: Annotated[str, typer.Option("--faults", help="comma list of fault kinds (default: all)")] = "",
+    max_faults: Annotated[int | None, typer.Option("--max-faults", help="stop injecting after this many")] = None,
+    parallel: Annotated[int, typer.Option("--parallel", help="jobs training at once")] = 2,
+    steps: Annotated[int, typer.Option("--steps", help="training steps per job")] = 40,
+    out_dir: Annotated[Path, typer.Option("--out", help="the twin's and the reference's files")] = Path("chaos-out"),
+    json_file: Annotated[Path | None, typer.Option("--json", help="write the result as JSON here")] = None,
+) -> None:
+    """Run JOBS jobs in the twin under faults drawn from SEED; exit 1 unless nothing got stuck, no
+    checkpoint was lost, no cluster was launched twice, nothing was left running and every
+    succeeded job's model is bit-identical to an uninterrupted run (docs/chaos.md)."""
+    from rich.table import Table
+
+    from spotrelay.local.campaign import CampaignOptions, run_campaign, write_json
+    from spotrelay.local.faults import KINDS
+    from spotrelay.local.twinlog import quiet_logs
+
+    kinds = tuple(k.strip() for k in faults.split(",") if k.strip()) or KINDS
+    try:
+        options = CampaignOptions(jobs=jobs, seed=seed, faults=kinds, max_faults=max_faults, parallel=parallel,
+                                  steps=steps, out=out_dir)
+    except ValueError as exc:
+        raise UsageProblem(str(exc)) from exc
+    term = Console(file=quiet_logs(out_dir / "twin.log"))  # the twin's own logs go to the file
+    result = run_campaign(options, on_line=lambda line: term.print(line, highlight=False))
+    if json_file:
+        write_json(result, json_file)
+    table = Table(title=f"chaos campaign, seed {seed}")
+    for column in ("job", "status", "attempts", "faults", "resumed from", "lost", "bit-identical", "reason"):
+        table.add_column(column)
+    for r in result["records"]:
+        table.add_row(r["name"], r["status"], str(r["attempts"]), ",".join(r["faults"]) or "-",
+                      ",".join(map(str, r["resumed_from"])) or "-", str(r["checkpoints_lost"]),
+                      {True: "yes", False: "NO", None: "-"}[r["bit_identical"]], r["reason"][:60])
+    term.print(table)
+    keys = ("jobs", "succeeded", "failed", "stuck", "faults", "checkpoints_lost", "duplicate_clusters",
+            "instances_left", "bit_identical")
+    term.print("  ".join(f"{k}={result[k]}" for k in keys), highlight=False)
+    for kind, d in result["downtime_s_by_kind"].items():
+        term.print(f"downtime {kind}: mean {d['mean']} s, max {d['max']} s over {d['n']}", highlight=False)
+    ok = (result["stuck"] == 0 and result["checkpoints_lost"] == 0 and result["duplicate_clusters"] == 0
+          and result["instances_left"] == 0 and result["bit_identical"] == result["succeeded"])
+    raise typer.Exit(0 if ok else 1)

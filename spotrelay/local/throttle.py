@@ -3,7 +3,9 @@ connection to ``upstream`` and lets at most ``bytes_per_s`` through in each dire
 all connections (one shared link, as a node's path to S3 is).
 
 The twin puts it in front of moto's S3 (``AWS_ENDPOINT_URL_S3`` for the nodes) to show that a
-final save still commits before the reclaim when S3 is slow; tests use it the same way.
+final save still commits before the reclaim when S3 is slow; tests use it the same way. The chaos
+campaign also injects S3 faults here (:class:`LinkFaults`): open connections dropped mid-transfer,
+and new ones answered ``503 SlowDown`` / ``500 InternalError`` without reaching moto.
 
     with Throttle("127.0.0.1", moto_port, bytes_per_s=4_000_000) as t:
         env["AWS_ENDPOINT_URL_S3"] = t.url
@@ -50,8 +52,48 @@ class TokenBucket:
             self.sleep(debt / self.rate)
 
 
+_S3_ERRORS = {
+    "SlowDown": ("503 Slow Down", "Please reduce your request rate."),
+    "InternalError": ("500 Internal Server Error", "We encountered an internal error. Please try again."),
+}
+
+
+class LinkFaults:
+    """S3 faults queued for the proxy: each new connection takes the next one (if any)."""
+
+    def __init__(self) -> None:
+        self._queue: list[str] = []
+        self._lock = threading.Lock()
+        self.injected: dict[str, int] = {}
+
+    def add(self, code: str, count: int) -> None:
+        if code not in _S3_ERRORS:
+            raise ValueError(f"unknown S3 fault {code!r}; known: {', '.join(_S3_ERRORS)}")
+        with self._lock:
+            self._queue += [code] * count
+
+    def take(self) -> str | None:
+        with self._lock:
+            code = self._queue.pop(0) if self._queue else None
+            if code:
+                self.injected[code] = self.injected.get(code, 0) + 1
+            return code
+
+
+def s3_error_response(code: str) -> bytes:
+    status, message = _S3_ERRORS[code]
+    body = f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{message}</Message></Error>'
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: application/xml\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return (head + body).encode()
+
+
 class Throttle:
     def __init__(self, upstream_host: str, upstream_port: int, bytes_per_s: float, host: str = "127.0.0.1") -> None:
+        self.faults = LinkFaults()
+        self.dropped = 0
         self.upstream = (upstream_host, upstream_port)
         self.up = TokenBucket(bytes_per_s)  # client -> server (uploads)
         self.down = TokenBucket(bytes_per_s)  # server -> client (downloads)
@@ -91,6 +133,10 @@ class Throttle:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            code = self.faults.take()
+            if code is not None:
+                threading.Thread(target=self._refuse, args=(client, code), daemon=True).start()
+                continue
             try:
                 server = socket.create_connection(self.upstream, timeout=10)
                 server.settimeout(None)
@@ -101,6 +147,35 @@ class Throttle:
                 self._sockets.update((client, server))
             for src, dst, bucket, up in ((client, server, self.up, True), (server, client, self.down, False)):
                 threading.Thread(target=self._pump, args=(src, dst, bucket, up), daemon=True).start()
+
+    def drop_connections(self) -> int:
+        """Reset every open connection now (mid-request or mid-transfer): a dropped connection."""
+        with self._lock:
+            sockets, self._sockets = list(self._sockets), set()
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                sock.close()  # linger 0: the peer sees a reset, as when a load balancer drops it
+        self.dropped += len(sockets) // 2
+        return len(sockets) // 2
+
+    @staticmethod
+    def _refuse(client: socket.socket, code: str) -> None:
+        """Read the request head, answer with an S3 error, close (the request never reaches S3)."""
+        try:
+            client.settimeout(5)
+            head = b""
+            while b"\r\n\r\n" not in head and len(head) < 65536:
+                chunk = client.recv(CHUNK)
+                if not chunk:
+                    break
+                head += chunk
+            client.sendall(s3_error_response(code))
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                client.close()
 
     def _pump(self, src: socket.socket, dst: socket.socket, bucket: TokenBucket, up: bool) -> None:
         try:
