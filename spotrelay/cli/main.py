@@ -177,6 +177,11 @@ from spotrelay.cli.local import demo, local_app  # noqa: E402
 app.add_typer(local_app, name="local")
 app.command("demo")(demo)
 
+# The fleet simulator (spotrelay/cli/simulate.py, spotrelay/sim/).
+from spotrelay.cli.simulate import simulate  # noqa: E402
+
+app.command("simulate")(simulate)
+
 
 def main() -> None:  # pragma: no cover - console entry point
     app()

@@ -1,0 +1,98 @@
+"""What spotrelay saves, side by side with what teams run today, on the shipped g4dn trace.
+
+    .venv/bin/python bench/economics.py [--seeds 3] [--job-hours 168] [--nodes 8,16,32] [--json F]
+
+For each gang size it runs every policy on the same markets and seeds (spotrelay/sim) under two
+sets of assumptions and prints each policy's cost per useful GPU-hour relative to on-demand and to
+the price limit, its captured saving and its goodput (mean and min over seeds):
+
+- catalog: the catalog's P5/P4d prices (spot at the catalog's typical fraction) and a 300 s boot;
+- bamboo: Bamboo's published assumptions, 45 s to add a node, $3.06 on-demand and $0.91 spot per
+  node-hour for every pool (``--boot-s 45 --on-demand-price 3.06 --spot-price 0.91``).
+
+Then it checks the issue's targets and prints each as met or NOT met, and the simulator's speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from spotrelay.sim.build import MarketOptions
+from spotrelay.sim.job import JobModel
+from spotrelay.sim.runner import POLICIES, Report, SimOptions, simulate
+
+TRACE = Path(__file__).resolve().parents[1] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv"
+SETTINGS = {
+    "catalog": {"boot_s": 300.0},
+    "bamboo": {"boot_s": 45.0, "on_demand_price": 3.06, "spot_price": 0.91},
+}
+
+
+def run(nodes: int, setting: str, seeds: int, job_hours: float, trace: Path) -> Report:
+    market = MarketOptions(traces=[str(trace)], **SETTINGS[setting])  # type: ignore[arg-type]
+    return simulate(SimOptions(market=market, job=JobModel(nodes=nodes, job_hours=job_hours), seeds=seeds))
+
+
+def lowest_but_limit(report: Report) -> bool:
+    """spotrelay cheapest per useful GPU-hour of every policy but price-limit, on every seed."""
+    for seed in range(report.seeds):
+        by = {r.policy: r.values["cost_per_useful_gpu_hour"] for r in report.runs if r.seed == seed}
+        others = [v for p, v in by.items() if p not in ("spotrelay", "price-limit")]
+        if others and by["spotrelay"] > min(others):
+            return False
+    return True
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--job-hours", type=float, default=168.0)
+    parser.add_argument("--nodes", default="8,16,32")
+    parser.add_argument("--trace", type=Path, default=TRACE)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    out: dict[str, object] = {}
+    checks: list[tuple[str, bool, str]] = []
+    started, cpu0, events = time.perf_counter(), time.process_time(), 0
+    for setting in SETTINGS:
+        print(f"\n== {setting}: {SETTINGS[setting]} | trace {args.trace.name}, {args.seeds} seeds, "
+              f"{args.job_hours:g} h jobs ==")
+        print(f"{'nodes':>5} {'policy':15} {'vs on-demand':>13} {'vs limit':>9} {'captured':>9} {'goodput':>8} "
+              f"{'min goodput':>11} {'on-demand':>9}")
+        for nodes in [int(n) for n in args.nodes.split(",")]:
+            report = run(nodes, setting, args.seeds, args.job_hours, args.trace)
+            events += report.events
+            out[f"{setting}/{nodes}"] = report.to_json()
+            for policy in POLICIES:
+                goodputs = report.series(policy, "goodput")
+                print(f"{nodes:>5} {policy:15} {report.mean(policy, 'vs_on_demand'):>13.3f} "
+                      f"{report.mean(policy, 'vs_price_limit'):>9.3f} {report.mean(policy, 'captured_saving'):>9.3f} "
+                      f"{report.mean(policy, 'goodput'):>8.3f} {min(goodputs):>11.3f} "
+                      f"{report.mean(policy, 'on_demand_share'):>9.0%}")
+            checks.append((f"{setting} {nodes} nodes: spotrelay cheapest but price-limit on every seed",
+                           lowest_but_limit(report), ""))
+            if nodes == 16 and setting == "catalog":
+                cs, gp = report.mean("spotrelay", "captured_saving"), report.mean("spotrelay", "goodput")
+                checks.append(("catalog 16 nodes: captured saving >= 0.8 with goodput >= 0.8",
+                               cs >= 0.8 and gp >= 0.8, f"captured {cs:.3f}, goodput {gp:.3f}"))
+            if nodes == 16 and setting == "bamboo":
+                x = 1.0 / report.mean("spotrelay", "vs_on_demand")
+                checks.append(("bamboo 16 nodes: >= 2.6x cheaper than on-demand", x >= 2.6 and math.isfinite(x),
+                               f"{x:.2f}x"))
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu0
+    print("\ntargets:")
+    for name, ok, detail in checks:
+        print(f"  [{'met' if ok else 'NOT met'}] {name}" + (f" ({detail})" if detail else ""))
+    print(f"\n{events:,} simulated events in {wall:.1f} s wall, {cpu:.1f} s CPU ({events / cpu:,.0f} events per CPU-s)")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

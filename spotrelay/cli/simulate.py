@@ -1,0 +1,73 @@
+"""``spotrelay simulate``: the fleet simulator (spotrelay/sim, docs/simulator.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from spotrelay.placement import catalog
+
+out = Console()
+err = Console(stderr=True)
+
+
+def _split(values: list[str] | None) -> list[str]:
+    return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
+
+
+def simulate(
+    trace: Annotated[list[str] | None, typer.Option(
+        "--trace", help="FILE, or POOL=FILE (POOL: a glob over pool keys)")] = None,
+    trace_format: Annotated[str, typer.Option("--trace-format", help="bamboo | pools-csv | synthetic")] = "bamboo",
+    nodes: Annotated[int, typer.Option("--nodes", min=1, max=512)] = 16,
+    instance_types: Annotated[list[str] | None, typer.Option("--instance-types")] = None,
+    regions: Annotated[list[str] | None, typer.Option("--regions")] = None,
+    policies: Annotated[str, typer.Option("--policies", help="all or NAME,...")] = "all",
+    seeds: Annotated[int, typer.Option("--seeds", min=1)] = 1,
+    jobs: Annotated[int, typer.Option("--jobs", min=1, help="independent jobs per seed")] = 1,
+    job_hours: Annotated[float, typer.Option("--job-hours", min=0.01, help="training hours at full speed")] = 168.0,
+    checkpoint_minutes: Annotated[float, typer.Option("--checkpoint-minutes", min=0.1)] = 30.0,
+    strategy: Annotated[str, typer.Option("--strategy", help="spotrelay's recovery strategy")] = "replace-cluster",
+    boot_s: Annotated[float, typer.Option("--boot-s", min=0)] = 300.0,
+    on_demand_price: Annotated[float | None, typer.Option("--on-demand-price", min=0)] = None,
+    spot_price: Annotated[float | None, typer.Option("--spot-price", min=0)] = None,
+    json_path: Annotated[Path | None, typer.Option("--json")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot")] = None,
+) -> None:
+    """Replay spotrelay's decisions and the baselines over a spot market; compare cost and goodput."""
+    from spotrelay.sim.build import MarketOptions
+    from spotrelay.sim.inputs import SimInputError
+    from spotrelay.sim.job import JobModel
+    from spotrelay.sim.report import print_report, write_json, write_plot
+    from spotrelay.sim.runner import POLICIES, SimOptions
+    from spotrelay.sim.runner import simulate as run_simulation
+
+    chosen = POLICIES if policies == "all" else tuple(_split([policies]))
+    bad = [p for p in chosen if p not in POLICIES]
+    if bad or trace_format not in ("bamboo", "pools-csv", "synthetic"):
+        what = f"policy {bad[0]!r} (known: {', '.join(POLICIES)})" if bad else f"--trace-format {trace_format!r}"
+        err.print(f"[red]error:[/] unknown {what}", soft_wrap=True, highlight=False)
+        raise typer.Exit(2)
+    try:
+        opts = SimOptions(
+            market=MarketOptions(traces=list(trace or []), trace_format=trace_format,  # type: ignore[arg-type]
+                                 regions=_split(regions) or list(catalog.DEFAULT_REGIONS),
+                                 instance_types=_split(instance_types) or ["p5.48xlarge", "p4d.24xlarge"],
+                                 boot_s=boot_s, on_demand_price=on_demand_price, spot_price=spot_price),
+            job=JobModel(nodes=nodes, job_hours=job_hours, checkpoint_minutes=checkpoint_minutes, strategy=strategy),
+            policies=chosen, seeds=seeds, jobs=jobs, timeline=plot is not None,
+        )
+        report = run_simulation(opts)
+    except (SimInputError, ValueError) as exc:
+        err.print(f"[red]error:[/] {str(exc).splitlines()[0]}", soft_wrap=True, highlight=False, markup=True)
+        raise typer.Exit(2) from None
+    print_report(report, out if out.is_terminal else Console(width=200))
+    if json_path is not None:
+        write_json(report, json_path)
+        out.print(f"wrote {json_path}")
+    if plot is not None:
+        write_plot(report, plot)
+        out.print(f"wrote {plot}")

@@ -1,0 +1,124 @@
+"""Build a ``Market`` from the CLI's inputs: Bamboo traces, a pools CSV, or the synthetic generator.
+
+Offsets and synthetic draws come from ``random.Random(f"{seed}/...")``: the same seed gives the same
+market to every policy, a different seed a different one.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from spotrelay.placement import catalog
+from spotrelay.placement.policy import DEFAULT_CONFIG, band_rate
+from spotrelay.sim.inputs import SimInputError, Slot, Trace, read_bamboo, read_pools_csv
+from spotrelay.sim.market import Market, SimPool, SlotCapacity, TraceCapacity, match_trace, pool_keys, slot_pools
+
+TraceFormat = Literal["bamboo", "pools-csv", "synthetic"]
+
+
+@dataclass
+class MarketOptions:
+    traces: list[str] = field(default_factory=list)  # FILE or POOL=FILE (POOL: a glob over pool keys)
+    trace_format: TraceFormat = "bamboo"
+    regions: list[str] = field(default_factory=lambda: list(catalog.DEFAULT_REGIONS))
+    instance_types: list[str] = field(default_factory=lambda: ["p5.48xlarge", "p4d.24xlarge"])
+    boot_s: float = 300.0
+    on_demand_price: float | None = None  # overrides the catalog for every pool
+    spot_price: float | None = None  # overrides the catalog for every spot pool
+    unannounced_share: float = DEFAULT_CONFIG.unannounced_share
+    rebalance_share: float = 0.5
+    trace_semantics: Literal["capacity", "nodes"] = "capacity"
+    synthetic_slot_s: float = 6 * 3600.0
+    synthetic_days: float = 30.0
+
+
+def _load_traces(opts: MarketOptions) -> tuple[Trace | None, list[tuple[str, Trace]]]:
+    default: Trace | None = None
+    mapping: list[tuple[str, Trace]] = []
+    for item in opts.traces:
+        pattern, sep, path = item.partition("=")
+        if sep:
+            mapping.append((pattern, read_bamboo(path)))
+        elif default is not None:
+            raise SimInputError(f"{item}: only one --trace FILE may drive every pool; map others with POOL=FILE")
+        else:
+            default = read_bamboo(item)
+    return default, mapping
+
+
+def _price(opts: MarketOptions, region: str, itype: str) -> tuple[float, float]:
+    od = opts.on_demand_price if opts.on_demand_price is not None else catalog.on_demand_price(region, itype)
+    spot = opts.spot_price if opts.spot_price is not None else catalog.typical_spot_price(region, itype)
+    if od is None or spot is None:
+        raise SimInputError(f"no catalog price for {itype} in {region}; pass --on-demand-price and --spot-price")
+    return od, spot
+
+
+def synthetic_tables(opts: MarketOptions, seed: int) -> dict[tuple[str, str, str], SlotCapacity]:
+    """Spot Advisor bands as truth: each pool's reclaim rate is its band's rate times a seeded
+    log-normal factor (sigma 0.5); capacity per slot is drawn around 8 x a seeded placement score."""
+    out = {}
+    for pool in pool_keys(opts.regions, opts.instance_types, ["spot"]):
+        rng = random.Random(f"{seed}/synthetic/{pool.key}")
+        band = catalog.advisor_band(pool.region, pool.instance_type)
+        rate = band_rate(DEFAULT_CONFIG.unknown_band if band is None else band) * math.exp(rng.gauss(0.0, 0.5))
+        score = rng.uniform(3.0, 10.0)
+        _, spot = _price(opts, pool.region, pool.instance_type)
+        slots = []
+        for i in range(max(1, int(opts.synthetic_days * 86400 / opts.synthetic_slot_s))):
+            cap = int(rng.uniform(0.0, 16.0 * score))
+            price = spot * (1.0 + rng.uniform(-0.1, 0.1))
+            slots.append(Slot(i * opts.synthetic_slot_s, round(price, 4), round(score, 1), cap, rate))
+        out[(pool.region, pool.az, pool.instance_type)] = SlotCapacity(slots, len(slots) * opts.synthetic_slot_s)
+    return out
+
+
+def build_market(opts: MarketOptions, seed: int) -> Market:
+    default, mapping = (None, []) if opts.trace_format != "bamboo" else _load_traces(opts)
+    if opts.trace_format == "bamboo" and default is None and not mapping:
+        raise SimInputError("--trace FILE (or POOL=FILE) is required with --trace-format bamboo")
+    slots: dict[tuple[str, str, str], SlotCapacity] = {}
+    if opts.trace_format == "pools-csv":
+        if len(opts.traces) != 1:
+            raise SimInputError("--trace-format pools-csv takes exactly one --trace FILE")
+        slots = slot_pools(read_pools_csv(opts.traces[0]))
+    elif opts.trace_format == "synthetic":
+        slots = synthetic_tables(opts, seed)
+    pools: list[SimPool] = []
+    first = True
+    for pool in pool_keys(opts.regions, opts.instance_types, ["spot", "on-demand"]):
+        od, spot = _price(opts, pool.region, pool.instance_type)
+        info = catalog.instance(pool.instance_type)
+        band = catalog.advisor_band(pool.region, pool.instance_type)
+        sp = SimPool(pool=pool, key=pool.key, on_demand_price=od, spot_price=spot if pool.market == "spot" else None,
+                     band=band, gpus=info.gpus if info else 8)
+        if pool.market == "spot":
+            if opts.trace_format == "bamboo":
+                trace = match_trace(pool.key, mapping, default)
+                if trace is None:
+                    continue  # a pool no trace drives is not part of this market
+                offset = 0.0 if first else random.Random(f"{seed}/offset/{pool.key}").uniform(0, trace.period_s)
+                first = False
+                sp.capacity = TraceCapacity(trace, offset, opts.trace_semantics)
+            else:
+                table = slots.get((pool.region, pool.az, pool.instance_type))
+                if table is None:
+                    continue
+                sp.capacity = table
+                sp.spot_price = None
+                sp.default_rate = band_rate(DEFAULT_CONFIG.unknown_band if band is None else band)
+        pools.append(sp)
+    if not any(p.spot for p in pools):
+        raise SimInputError("no spot pool of the given regions and instance types is driven by the input")
+    return Market(pools=pools, unannounced_share=opts.unannounced_share, rebalance_share=opts.rebalance_share,
+                  boot_s=opts.boot_s)
+
+
+def trace_label(opts: MarketOptions) -> str:
+    if opts.trace_format == "synthetic":
+        return "synthetic"
+    return ",".join(Path(t.partition("=")[2] or t).name if "=" in t else Path(t).name for t in opts.traces)

@@ -1,0 +1,336 @@
+"""spotrelay's controller in the simulator: the job-run ASL walked state by state, its tasks served
+by the shipped decisions through in-memory state.
+
+- Plan/Provision/Recover call placement (``evaluate_pools``/``rank_pools``), the pool stats store and
+  its cooldowns (``InMemoryPoolStatsStore``), ``classify_nodes``, ``check_retry_budget``,
+  ``plan_recovery`` and ``backoff_seconds`` exactly as the Lambdas do (spotrelay/services/
+  workflow_tasks.py and recovery_flow.py); the glue between them follows those services line by
+  line and names them where it does.
+- The two task-token waits resolve with ``ready_verdict``/``outcome_verdict`` (spotrelay/services/
+  waits.py) over the gang's node records, so the Choice states see the verdicts the Lambdas send.
+- Node records change the way the event handlers change them: a notice marks the node DOOMED and
+  records INTERRUPTED for its pool; the ranks keep training and save as late as the flush allows,
+  then exit 75 (76 when the save cannot finish before the reclaim); an unannounced reclaim marks it
+  LOST; a rebalance recommendation takes a proactive checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spotrelay.contracts.exit_codes import ExitCode
+from spotrelay.contracts.workflow import WorkflowTimings
+from spotrelay.domain.models import Job, Node, NodeState
+from spotrelay.domain.status import JobStatus
+from spotrelay.errors import NoPlacementError, RetryBudgetExhaustedError
+from spotrelay.placement import InMemoryPoolStatsStore, PlacementConfig, PoolEvent, ScoredPool, evaluate_pools
+from spotrelay.placement.policy import DEFAULT_CONFIG
+from spotrelay.recovery import AttemptEnd, RecoveryContext, check_retry_budget, classify_nodes, plan_recovery
+from spotrelay.services.recovery_flow import backoff_seconds
+from spotrelay.services.waits import outcome_verdict, ready_verdict
+from spotrelay.services.workflow_tasks import MAX_CANDIDATES
+from spotrelay.sim.asl import Await, Finished, Sleep, TaskFailed, Walker, load_asl
+from spotrelay.sim.engine import Run, SimNode
+from spotrelay.sim.job import JobModel
+from spotrelay.sim.market import Market
+from spotrelay.spec.models import JobSpec
+
+SAVE_MARGIN_S = 10.0  # the final save is timed to commit this long before the reclaim
+_ASL_CACHE: dict[str, Any] = {}
+
+
+class RankCache:
+    """``evaluate_pools`` is pure in (spec, quotes, stats, which pools cool down, excluded): memoize it."""
+
+    def __init__(self, config: PlacementConfig) -> None:
+        self.config = config
+        self._memo: dict[tuple[Any, ...], Any] = {}
+
+    def evaluate(self, spec: Any, quotes: list[Any], stats: dict[str, Any], now: float,
+                 excluded: frozenset[str]) -> Any:
+        key = (id(quotes), excluded, tuple(
+            (k, s.interruptions, s.hours_observed, s.launches, s.capacity_failures, s.cooling(now))
+            for k, s in sorted(stats.items())))
+        hit = self._memo.get(key)
+        if hit is None:
+            if len(self._memo) > 4096:
+                self._memo.clear()
+            hit = self._memo[key] = evaluate_pools(spec, quotes, stats, now, excluded, config=self.config)
+        return hit
+
+
+class SpotrelayRun(Run):
+    def __init__(self, market: Market, job: JobModel, seed: int, *, regions: list[str], instance_types: list[str],
+                 config: PlacementConfig = DEFAULT_CONFIG, timings: WorkflowTimings | None = None,
+                 asl: dict[str, Any] | None = None, rebalance_checkpoint: bool = True,
+                 markets: tuple[str, ...] = ("spot", "on-demand"), spec: JobSpec | None = None, **kw: Any) -> None:
+        super().__init__(market, job, seed, **kw)
+        self.spec = spec or job.spec(regions, instance_types, list(markets))
+        self.timings = timings or WorkflowTimings()
+        self.stats = InMemoryPoolStatsStore()
+        self.ranker = RankCache(config)
+        self.rebalance_checkpoint = rebalance_checkpoint
+        self.attempt = 0
+        self.recoveries = self.user_restarts = 0
+        self.excluded: set[str] = set()
+        self.attempt_pool: Any = None
+        self.attempt_start = 0.0
+        self.waiting: str | None = None
+        self.wait_epoch = 0
+        self.ready_pending = 0
+        self.decisions: list[dict[str, Any]] = []  # attempt, pool, resumed_from (calibration)
+        if asl is None:
+            asl = _ASL_CACHE.get("job_run") or _ASL_CACHE.setdefault("job_run", load_asl())
+        self.walker = Walker(asl, {
+            "fn_sfn_plan": self.task_plan, "fn_sfn_provision": self.task_provision,
+            "fn_sfn_recover": self.task_recover, "fn_sfn_teardown": self.task_teardown,
+            "fn_sfn_finalize": self.task_finalize,
+        }, {"job_id": "sim", "timings": self.timings.model_dump()})
+
+    # --- driving the walker ---------------------------------------------------------------------
+    def start(self) -> None:
+        self.at(self.now, self._step, None)
+
+    def _step(self, result: Any) -> None:
+        self._handle(self.walker.resume(result))
+
+    def _handle(self, what: Sleep | Await | Finished) -> None:
+        if isinstance(what, Sleep):
+            self.at(self.now + what.seconds, self._step, None)
+        elif isinstance(what, Await):
+            self.waiting = what.wait
+            self.wait_epoch += 1
+            if what.timeout_s is not None:
+                self.at(self.now + what.timeout_s, self._timeout, self.wait_epoch)
+            self._settle()
+        elif what.failed:
+            self.metrics.failed_reason = self.metrics.failed_reason or f"job failed ({what.state})"
+        else:
+            self.finish()
+
+    def _timeout(self, epoch: int) -> None:
+        if self.waiting is not None and epoch == self.wait_epoch:
+            self.waiting = None
+            self._handle(self.walker.resume(error="States.Timeout"))
+
+    def _records(self) -> list[Node]:
+        return [Node(job_id="sim", node_id=f"a{n.attempt}-r{n.rank}", attempt=self.attempt, rank=n.rank,
+                     instance_id=n.instance_id, pool=n.pool.pool, state=NodeState(n.state), exit_code=n.exit_code)
+                for n in sorted(self.gang.values(), key=lambda n: n.rank)]
+
+    def _job(self) -> Job:
+        return Job(job_id="sim", name="sim", status=JobStatus.RUNNING, attempt=self.attempt)
+
+    def _settle(self) -> None:
+        """waits.settle: deliver the verdict of the registered wait once the node records give one."""
+        if self.waiting is None:
+            return
+        if self.waiting == "ready":
+            quick = any(n.state not in ("READY", "RUNNING") for n in self.gang.values())
+            if quick and not any(n.state in ("DOOMED", "LOST", "TERMINATED", "EXITED") for n in self.gang.values()):
+                return  # still booting and nothing went away: no verdict yet (skip building records)
+            verdict = ready_verdict(self._job(), self._records())
+        else:
+            if all(n.state in ("READY", "RUNNING") for n in self.gang.values()):
+                return
+            verdict = outcome_verdict(self._job(), self._records())
+        if verdict is None:
+            return
+        wait, self.waiting = self.waiting, None
+        if wait == "ready" and verdict["outcome"] == "ready":
+            self.at(self.now + self.job.restore_s(), self._train, self.epoch)
+        self._handle(self.walker.resume(verdict))
+
+    # --- market and agent events (the event handlers' effect on the records) --------------------
+    def _train(self, epoch: int) -> None:
+        if epoch != self.epoch or self.running or not self.gang:
+            return
+        if any(n.state != "READY" for n in self.gang.values()):
+            return
+        for n in self.gang.values():
+            n.state = "RUNNING"
+        info = next(iter(self.gang.values())).pool
+        self.start_training(info.pool.instance_type, info.gpus * len(self.gang))
+        self.note(info.key, f"training from step {self.ckpt_step}")
+
+    def on_booted(self, node: SimNode) -> None:
+        self._settle()
+
+    def on_notice(self, node: SimNode) -> None:
+        """interruptions.interruption_notice: count it, doom the node, every rank saves late."""
+        self.stats.record(node.pool.key, PoolEvent.INTERRUPTED, self.now)
+        if node.rank not in self.gang or self.gang[node.rank] is not node or node.state in ("LOST", "TERMINATED"):
+            return
+        if node.state not in ("DOOMED", "EXITED"):
+            node.state = "DOOMED"
+        self.note(node.pool.key, f"notice rank {node.rank}")
+        if self.running:
+            flush = self.job.flush_s()
+            save_t = max(self.now, node.removal_t - flush - SAVE_MARGIN_S)
+            commit_t = save_t + flush
+            saved = commit_t <= node.removal_t
+            step = int(self.step_at(save_t) + 1e-6)
+            self.at(commit_t if saved else node.removal_t, self._exit_all, (self.epoch, step if saved else None))
+        elif self.waiting == "outcome":  # ready, still restoring: nothing new to save, the ranks stop
+            self._exit_all((self.epoch, self.ckpt_step))
+        else:
+            self._settle()
+
+    def _exit_all(self, arg: tuple[int, int | None]) -> None:
+        epoch, step = arg
+        if epoch != self.epoch:
+            return
+        if self.running:
+            self.stop_training(step if step is not None else self.committed(self.now))
+        else:
+            self.epoch += 1  # the pending start of training is off
+        code = ExitCode.PREEMPTED_SAVED if step is not None else ExitCode.PREEMPTED_UNSAVED
+        for n in self.gang.values():
+            if n.state not in ("LOST", "TERMINATED"):
+                n.state, n.exit_code = "EXITED", int(code)
+        self._settle()
+
+    def on_rebalance(self, node: SimNode) -> None:
+        if self.rebalance_checkpoint and self.running and self.gang.get(node.rank) is node:
+            self.force_checkpoint(self.now, self.now + self.job.persist_s() + self.job.stall_s(
+                node.pool.pool.instance_type))
+
+    def on_removed(self, node: SimNode, announced: bool) -> None:
+        if self.gang.get(node.rank) is not node:
+            return
+        if node.state == "LOST" and self.running:  # unannounced: the attempt ends at once
+            self.stop_training(self.committed(self.now))
+            self.note(node.pool.key, f"rank {node.rank} lost without notice")
+        self._settle()
+
+    def on_training_done(self) -> None:
+        for n in self.gang.values():
+            if n.state not in ("LOST", "TERMINATED"):
+                n.state, n.exit_code = "EXITED", int(ExitCode.DONE)
+        self._settle()
+
+    # --- the ASL's tasks ------------------------------------------------------------------------
+    def _quotes(self) -> tuple[list[Any], dict[str, Any]]:
+        quotes = self.market.quotes(self.now)
+        return quotes, self.stats.get_many(p.key for p in self.market.pools)
+
+    def _ranked(self, quotes: list[Any], stats: dict[str, Any], excluded: frozenset[str]) -> list[ScoredPool]:
+        return list(self.ranker.evaluate(self.spec, quotes, stats, self.now, excluded).ranked)
+
+    def task_plan(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """workflow_tasks.plan."""
+        recovery = payload.get("recovery") or {}
+        quotes, stats = self._quotes()
+        excluded = frozenset(self.excluded)
+        ranked = self._ranked(quotes, stats, excluded)
+        if not ranked and excluded:
+            excluded = frozenset()
+            ranked = self._ranked(quotes, stats, excluded)
+        if not ranked:
+            raise TaskFailed("NoPlacementError", "no candidate pool")
+        keep = list(recovery.get("keep_instance_ids") or [])
+        ranks = list(range(self.job.nodes))
+        candidates = ranked[:MAX_CANDIDATES]
+        home = recovery.get("pool")
+        if keep and home and home not in excluded:
+            same = [s for s in ranked if s.pool.key == home]
+            if same:
+                candidates, ranks = same, list(recovery.get("launch_ranks") or [])
+            else:
+                keep = []
+        else:
+            keep = []
+        dropped = set(recovery.get("keep_instance_ids") or []) - set(keep)
+        for node in [n for n in self.gang.values() if n.instance_id in dropped]:
+            self.end_node(node)
+            del self.gang[node.rank]
+        return {"candidates": [{"pool": c.pool.key, "price_per_hour": c.quote.price_per_hour} for c in candidates],
+                "launch_ranks": ranks, "keep_instance_ids": keep}
+
+    def task_provision(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """workflow_tasks.provision: the first candidate with capacity; failures cool down."""
+        plan = payload["plan"]
+        ranks, keep = list(plan["launch_ranks"]), set(plan.get("keep_instance_ids") or [])
+        attempt = self.attempt + 1
+        failed = []
+        for candidate in plan["candidates"]:
+            sp = self.market.by_key[candidate["pool"]]
+            nodes = self.launch(sp, ranks, attempt) if ranks else []
+            if nodes is None:
+                self.stats.record(sp.key, PoolEvent.CAPACITY_FAILURE, self.now)
+                failed.append(sp.key)
+                continue
+            self.stats.record(sp.key, PoolEvent.LAUNCHED, self.now)
+            survivors = {r: n for r, n in self.gang.items() if n.instance_id in keep}
+            for n in self.gang.values():
+                if n.instance_id not in keep:
+                    self.end_node(n)
+            for n in survivors.values():  # the RESTART directive: they rejoin as PENDING, then ready
+                n.attempt, n.state, n.exit_code = attempt, "READY", None
+            self.gang = {**survivors, **{n.rank: n for n in nodes}}
+            self.attempt, self.excluded = attempt, set()
+            self.attempt_pool, self.attempt_start = sp, self.now
+            self.decisions.append({"attempt": attempt, "pool": sp.key, "resumed_from_step": self.ckpt_step})
+            return {"attempt": attempt, "pool": sp.key, "price_per_hour": candidate["price_per_hour"],
+                    "nodes": len(self.gang)}
+        self.excluded |= set(failed)
+        raise TaskFailed("InsufficientCapacityError", f"no capacity in {len(failed)} pools")
+
+    def task_recover(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """recovery_flow.recover: classify, charge the budget, plan with the spec's strategy."""
+        verdict = payload.get("outcome") or {}
+        if verdict.get("outcome") in ("ready-timeout", "heartbeat-timeout"):
+            for n in self.gang.values():
+                if n.state == "PENDING":
+                    n.state = "LOST"
+        if self.running:  # a verdict that ends a running attempt without a save
+            self.stop_training(self.committed(self.now))
+        self.epoch += 1
+        nodes = self._records()
+        try:
+            outcome = classify_nodes(nodes)
+        except ValueError:
+            from spotrelay.recovery import Outcome
+            outcome = Outcome(kind=AttemptEnd.NODE_LOST, reason=str(verdict.get("outcome")),
+                              lost_ranks=tuple(n.rank for n in nodes))
+        self.metrics.interruptions += 1
+        try:
+            decision = check_retry_budget(self.spec.recovery, outcome, self.recoveries, self.user_restarts)
+        except RetryBudgetExhaustedError as exc:
+            self.metrics.failed_reason = str(exc)
+            raise TaskFailed("RetryBudgetExhaustedError", str(exc)) from None
+        current = self.attempt_pool
+        if current is not None:
+            hours = max(0.0, self.now - self.attempt_start) / 3600.0 * max(1, len(self.gang))
+            self.stats.record(current.key, PoolEvent.OBSERVED, self.now, hours=hours)
+        keep: list[str] = []
+        action = "new-cluster"
+        quotes, stats = self._quotes()
+        try:
+            plan = plan_recovery(RecoveryContext(spec=self.spec, outcome=outcome, nodes=nodes, quotes=quotes,
+                                                 stats=stats, now=self.now, excluded=frozenset(self.excluded),
+                                                 config=self.ranker.config))
+            keep, action = list(plan.keep_instance_ids), plan.action
+        except NoPlacementError:
+            pass
+        for node in list(self.gang.values()):
+            if node.instance_id not in keep:
+                self.end_node(node)
+        if action == "new-cluster" and current is not None and outcome.kind in (
+                AttemptEnd.INTERRUPTED, AttemptEnd.NODE_LOST, AttemptEnd.INFRA_ERROR):
+            self.excluded.add(current.key)
+        self.recoveries, self.user_restarts = decision.recoveries, decision.user_restarts
+        alive = {n.rank: n for n in self.gang.values() if n.end_t is None}
+        self.gang = alive
+        self.note(current.key if current else "", f"recover: {outcome.kind.value}, {action}")
+        return {"backoff_s": backoff_seconds(self.timings, self.recoveries + self.user_restarts),
+                "outcome": outcome.kind.value, "keep_instance_ids": [n.instance_id for n in alive.values()],
+                "launch_ranks": [r for r in range(self.job.nodes) if r not in alive],
+                "pool": current.key if alive and current else None}
+
+    def task_teardown(self, payload: dict[str, Any]) -> dict[str, Any]:
+        self.release_all()
+        return {"terminated": []}
+
+    def task_finalize(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return {"status": payload.get("result"), "changed": True}

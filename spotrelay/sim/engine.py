@@ -1,0 +1,329 @@
+"""The event loop and the physics every policy shares: nodes boot, train, checkpoint, get reclaimed
+and are billed. Policies (``controller.py`` for spotrelay, ``baselines.py``) decide what to launch
+where and react to what happens; nothing here decides.
+
+Training is not simulated step by step: while a gang runs, the step reached at time t is
+``start_step + (t - start) / step_eff`` (``step_eff`` = step time + the periodic snapshot stall
+spread over the checkpoint interval). Periodic checkpoints land every ``every_steps`` steps and
+are committed ``persist_s`` later; the only events are market events of held nodes, boots, the
+end of training and the policy's own timers, which is what makes months cheap to simulate.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from spotrelay.domain.cost import CostEntry
+from spotrelay.sim.job import REF_TYPE, JobModel
+from spotrelay.sim.market import Market, SimPool, TraceCapacity
+
+INF = float("inf")
+
+
+@dataclass(slots=True, eq=False)
+class SimNode:
+    rank: int
+    pool: SimPool
+    key: object
+    attempt: int
+    instance_id: str
+    launch_t: float
+    boot_t: float
+    removal_t: float
+    announced: bool
+    state: str = "PENDING"  # a NodeState value
+    exit_code: int | None = None
+    end_t: float | None = None  # billing stopped
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """A scripted reclaim (the twin's chaos): ``notice`` (announced) or ``kill`` (unannounced) of
+    ``rank`` when attempt ``attempt`` reaches ``step``."""
+
+    kind: str
+    rank: int
+    step: int
+    attempt: int
+
+
+@dataclass
+class Metrics:
+    interruptions: int = 0  # attempts ended by a reclaim or a loss
+    recoveries: int = 0  # restarts of training after one
+    steps_lost: int = 0
+    recovery_s: list[float] = field(default_factory=list)
+    cross_region_moves: int = 0
+    capacity_failures: int = 0
+    finished: bool = False
+    failed_reason: str | None = None
+    events: int = 0
+    timeline: list[tuple[float, str, str]] = field(default_factory=list)  # (t, pool key, what)
+
+
+class Run:
+    """One job under one policy on one market and seed."""
+
+    def __init__(self, market: Market, job: JobModel, seed: int, start_t: float = 0.0,
+                 horizon_s: float = 400 * 86400.0, timeline: bool = False, faults: tuple[Fault, ...] = ()) -> None:
+        self.market, self.job = market, job
+        self.rng = random.Random(f"{seed}/run")
+        self.now = self.start_t = start_t
+        self.horizon = start_t + horizon_s
+        self._heap: list[tuple[float, int, Callable[..., None], Any]] = []
+        self._seq = itertools.count()
+        self.held: dict[str, set[object]] = {}
+        self.gang: dict[int, SimNode] = {}  # rank -> node of the current attempt
+        self.entries: list[CostEntry] = []
+        self.paid_gpu_s = 0.0
+        self.od_gpu_s = 0.0
+        self.metrics = Metrics()
+        self.keep_timeline = timeline
+        self.faults = faults
+        self._ids = itertools.count(1)
+        # training progress
+        self.total = job.total_steps
+        self.ckpt_step = 0  # newest committed checkpoint
+        self.running = False
+        self.epoch = 0  # bumps whenever a training segment starts or stops (stale timers die)
+        self.seg_t0 = self.seg_step0 = 0.0
+        self.step_eff = self.step_pure = 1.0
+        self.every = 1
+        self.seg_gpus = 0
+        self.forced: list[tuple[float, int]] = []  # (commit time, step) of notice/rebalance saves
+        self.useful: list[list[float]] = []  # [start_step, end_step, step_s, gpus] that still count
+        self.stopped_at: float | None = None  # training stopped at (for the recovery time)
+        self.last_region: str | None = None
+        self._watched: set[str] = set()
+
+    # --- event loop -----------------------------------------------------------------------------
+    def at(self, t: float, fn: Callable[..., None], arg: Any = None) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), fn, arg))
+
+    def loop(self) -> None:
+        heap, pop = self._heap, heapq.heappop
+        while heap and not self.metrics.finished and self.metrics.failed_reason is None:
+            t, _, fn, arg = pop(heap)
+            if t > self.horizon:
+                self.metrics.failed_reason = "did not finish within the simulated horizon"
+                self.now = self.horizon
+                break
+            self.now = t
+            self.metrics.events += 1
+            fn(arg)
+        self.release_all()
+
+    def note(self, pool: str, what: str) -> None:
+        if self.keep_timeline:
+            self.metrics.timeline.append((self.now - self.start_t, pool, what))
+
+    # --- nodes ----------------------------------------------------------------------------------
+    def launch(self, sp: SimPool, ranks: list[int], attempt: int, *, unlimited: bool = False) -> list[SimNode] | None:
+        """Gang-launch ``ranks`` in ``sp`` now (all or none); None when the pool has no capacity."""
+        held = self.held.setdefault(sp.key, set())
+        grants: list[tuple[object, float]]
+        if unlimited:
+            grants = [(("pl", next(self._ids)), INF) for _ in ranks]
+        else:
+            got = self.market.grant(sp, self.now, len(ranks), held, self.rng)
+            if got is None:
+                self.metrics.capacity_failures += 1
+                return None
+            grants = [(g.key, g.removal_t) for g in got]
+        nodes = []
+        boot = self.market.boot_s
+        spread = self.market.boot_spread
+        for rank, (key, removal) in zip(ranks, grants, strict=True):
+            held.add(key)
+            announced = self.rng.random() >= self.market.unannounced_share
+            node = SimNode(rank=rank, pool=sp, key=key, attempt=attempt, instance_id=f"i-{next(self._ids):07d}",
+                           launch_t=self.now, boot_t=self.now + boot * self.rng.uniform(1 - spread, 1 + spread),
+                           removal_t=removal, announced=announced)
+            nodes.append(node)
+            if removal < INF:
+                self.reclaim(node, removal)
+            self.at(node.boot_t, self._booted, node)
+        cap = sp.capacity
+        if isinstance(cap, TraceCapacity) and cap.semantics == "capacity" and sp.key not in self._watched:
+            self._watched.add(sp.key)
+            self.at(max(self.now, cap.next_drop(self.now) - self.job.notice_s), self._watch, sp)
+        if self.last_region is not None and sp.pool.region != self.last_region:
+            self.metrics.cross_region_moves += 1
+        self.last_region = sp.pool.region
+        self.note(sp.key, f"launch {len(ranks)} ({'spot' if sp.spot else 'on-demand'}) attempt {attempt}")
+        return nodes
+
+    def reclaim(self, node: SimNode, removal: float, rebalance: bool = True) -> None:
+        """The market takes ``node`` back at ``removal``: notice 120 s before unless unannounced."""
+        node.removal_t = removal
+        if node.announced:
+            self.at(max(self.now, removal - self.job.notice_s), self._notice, node)
+            if rebalance and self.rng.random() < self.market.rebalance_share:
+                when = removal - self.job.notice_s - self.rng.uniform(600.0, 1800.0)
+                if when > self.now:
+                    self.at(when, self._rebalance, node)
+        self.at(removal, self._removed, node)
+
+    def _watch(self, sp: SimPool) -> None:
+        """Capacity semantics: at a drop's notice time, reclaim what the pool can no longer hold."""
+        cap = sp.capacity
+        assert isinstance(cap, TraceCapacity)
+        mine = [n for n in self._live_in(sp) if n.removal_t == INF]
+        if not mine:
+            self._watched.discard(sp.key)
+            return
+        drop = cap.next_drop(self.now)
+        excess = len(mine) - cap.capacity(drop)
+        if excess > 0:
+            for node in self.rng.sample(mine, excess):
+                self.reclaim(node, drop, rebalance=False)
+        # the next drop strictly after this one (trace times are whole milliseconds)
+        self.at(max(self.now + 1e-3, cap.next_drop(drop + 5e-4) - self.job.notice_s), self._watch, sp)
+
+    def _live_in(self, sp: SimPool) -> list[SimNode]:
+        return [n for n in self.gang.values() if n.pool is sp and n.end_t is None]
+
+    def end_node(self, node: SimNode, state: str = "TERMINATED") -> None:
+        """Stop billing ``node`` (terminated by us or reclaimed) and free its place in the pool."""
+        if node.end_t is not None:
+            node.state = state if node.state != "LOST" else node.state
+            return
+        node.end_t = self.now
+        node.state = state
+        self.held.get(node.pool.key, set()).discard(node.key)
+        gpu_s = (self.now - node.launch_t) * node.pool.gpus * self.job.speed(node.pool.pool.instance_type)
+        self.paid_gpu_s += gpu_s
+        if not node.pool.spot:
+            self.od_gpu_s += gpu_s
+        self.entries.append(CostEntry(attempt=max(1, node.attempt), pool=node.pool.pool, nodes=1,
+                                      price_per_hour=node.pool.price(node.launch_t),
+                                      on_demand_price_per_hour=node.pool.on_demand_price,
+                                      started_at=node.launch_t, ended_at=self.now))
+
+    def release_all(self) -> None:
+        for node in list(self.gang.values()):
+            self.end_node(node, "TERMINATED" if node.state != "LOST" else "LOST")
+
+    def _booted(self, node: SimNode) -> None:
+        if node.end_t is None and node.state == "PENDING":
+            node.state = "READY"
+            self.on_booted(node)
+
+    def _notice(self, node: SimNode) -> None:
+        if node.end_t is None:
+            self.on_notice(node)
+
+    def _rebalance(self, node: SimNode) -> None:
+        if node.end_t is None:
+            self.on_rebalance(node)
+
+    def _removed(self, node: SimNode) -> None:
+        if node.end_t is None:
+            announced = node.announced
+            self.end_node(node, "TERMINATED" if announced or node.state == "EXITED" else "LOST")
+            self.on_removed(node, announced)
+
+    # --- training -------------------------------------------------------------------------------
+    def start_training(self, instance_type: str, gpus: int) -> None:
+        self.running = True
+        self.epoch += 1
+        self.seg_t0, self.seg_step0 = self.now, float(self.ckpt_step)
+        self.step_pure = self.job.step_s(REF_TYPE)  # useful hours in reference (H100) GPU-hours
+        self.every = self.job.every_steps(instance_type)
+        self.step_eff = self.job.step_s(instance_type) + self.job.stall_s(instance_type) / self.every
+        self.seg_gpus = self.job.nodes * self.job.ref_gpus()
+        if self.stopped_at is not None:
+            self.metrics.recovery_s.append(self.now - self.stopped_at)
+            self.metrics.recoveries += 1
+            self.stopped_at = None
+        self.at(self.now + (self.total - self.seg_step0) * self.step_eff, self._done, self.epoch)
+        attempt = max((n.attempt for n in self.gang.values()), default=0)
+        for fault in self.faults:
+            if fault.attempt == attempt and fault.step > self.seg_step0 and fault.rank in self.gang:
+                node = self.gang[fault.rank]
+                when = self.now + (fault.step - self.seg_step0) * self.step_eff
+                node.announced = fault.kind == "notice"
+                self.reclaim(node, when + (self.job.notice_s if node.announced else 0.0), rebalance=False)
+
+    def step_at(self, t: float) -> float:
+        if not self.running:
+            return float(self.ckpt_step)
+        return min(float(self.total), self.seg_step0 + max(0.0, t - self.seg_t0) / self.step_eff)
+
+    def committed(self, t: float) -> int:
+        """The newest checkpoint durable in S3 at ``t``."""
+        best = self.ckpt_step
+        if self.running:
+            reached = self.step_at(t - self.job.persist_s())
+            periodic = int(reached // self.every) * self.every
+            if periodic > best and periodic > self.seg_step0:
+                best = periodic
+        for when, step in self.forced:
+            if when <= t and step > best:
+                best = step
+        return best
+
+    def force_checkpoint(self, t: float, commit_t: float) -> int:
+        step = int(self.step_at(t) + 1e-6)
+        self.forced.append((commit_t, step))
+        return step
+
+    def stop_training(self, resume_from: int) -> None:
+        """Training stops now and will resume from ``resume_from`` (work after it is lost)."""
+        reached = int(self.step_at(self.now) + 1e-6) if self.running else self.ckpt_step
+        if self.running:
+            self.useful.append([self.seg_step0, float(reached), self.step_pure, float(self.seg_gpus)])
+            self.stopped_at = self.now
+        self.running = False
+        self.epoch += 1
+        self.forced.clear()
+        resume_from = min(resume_from, reached)
+        self.metrics.steps_lost += max(0, reached - resume_from)
+        while self.useful and self.useful[-1][1] > resume_from:  # redone work does not count
+            seg = self.useful[-1]
+            if seg[0] >= resume_from:
+                self.useful.pop()
+            else:
+                seg[1] = float(resume_from)
+                break
+        self.ckpt_step = resume_from
+
+    def _done(self, epoch: int) -> None:
+        if epoch != self.epoch or not self.running:
+            return
+        self.useful.append([self.seg_step0, float(self.total), self.step_pure, float(self.seg_gpus)])
+        self.running = False
+        self.ckpt_step = self.total
+        self.on_training_done()
+
+    def useful_gpu_hours(self) -> float:
+        return sum((e - s) * step_s * gpus for s, e, step_s, gpus in self.useful) / 3600.0
+
+    # --- policy hooks ---------------------------------------------------------------------------
+    def on_booted(self, node: SimNode) -> None: ...
+
+    def on_notice(self, node: SimNode) -> None: ...
+
+    def on_rebalance(self, node: SimNode) -> None: ...
+
+    def on_removed(self, node: SimNode, announced: bool) -> None: ...
+
+    def on_training_done(self) -> None: ...
+
+    def finish(self) -> None:
+        self.metrics.finished = True
+        self.note("", "finished")
+
+
+def per_throughput(sp: SimPool, t: float) -> float:
+    """USD per hour per unit of training speed: how baselines rank pools (cheapest first)."""
+    from spotrelay.placement import catalog
+
+    info = catalog.instance(sp.pool.instance_type)
+    return sp.price(t) / (info.throughput if info else 1.0) if not math.isnan(sp.price(t)) else INF

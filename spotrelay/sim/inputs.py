@@ -1,0 +1,178 @@
+"""Market inputs for the simulator: Bamboo preemption traces and per-pool price/capacity tables.
+
+Both readers are strict: a bad row raises ``SimInputError`` naming the file and the line, so the
+CLI can print one line and stop. Formats (docs/simulator.md has the full description):
+
+- Bamboo trace: ``ms,add|remove,node`` per line (no header), milliseconds from the trace start,
+  as in uclasystem/bamboo's ``project_pactum/simulation`` data. A node must be added before it is
+  removed; nodes still alive at the end are removed when the trace wraps.
+- Pools CSV (header required): ``timestamp,region,availability_zone,instance_type,spot_price`` and
+  optionally ``placement_score,capacity,interruptions_per_hour,product_description``. One row per
+  pool and time slot: the slot lasts until that pool's next row. ``timestamp`` is seconds from the
+  start or ISO 8601 (what DescribeSpotPriceHistory returns); ``spot_price`` is USD per
+  instance-hour (``SpotPrice``); ``placement_score`` is 1-10 (GetSpotPlacementScores, single AZ);
+  ``capacity`` is how many instances a launch can get in the slot (empty: unlimited);
+  ``interruptions_per_hour`` is the reclaim rate per instance-hour (empty: the Spot Advisor band's).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+
+class SimInputError(ValueError):
+    """A trace or table the simulator cannot read; the message names the file and the line."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceNode:
+    add_s: float
+    remove_s: float  # the trace's end when the node outlived it
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """A Bamboo trace as node lifetimes within one period (seconds from the trace start)."""
+
+    source: str
+    period_s: float
+    nodes: tuple[TraceNode, ...]
+
+    def mean_capacity(self) -> float:
+        return sum(n.remove_s - n.add_s for n in self.nodes) / self.period_s
+
+    def removals_per_node_hour(self) -> float:
+        removed = sum(1 for n in self.nodes if n.remove_s < self.period_s)
+        hours = sum(n.remove_s - n.add_s for n in self.nodes) / 3600.0
+        return removed / hours if hours else 0.0
+
+
+def read_bamboo(path: str | Path) -> Trace:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SimInputError(f"{path}: cannot read the trace ({exc.strerror or exc})") from None
+    alive: dict[str, float] = {}
+    done: list[TraceNode] = []
+    last = 0.0
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 3:
+            raise SimInputError(f"{path}:{lineno}: expected 'ms,add|remove,node', got {line.strip()!r}")
+        ms, action, node = parts
+        try:
+            t = int(ms) / 1000.0
+        except ValueError:
+            raise SimInputError(f"{path}:{lineno}: time {ms!r} is not an integer number of milliseconds") from None
+        if t < last:
+            raise SimInputError(f"{path}:{lineno}: time {ms} goes backwards (previous row was later)")
+        if not node:
+            raise SimInputError(f"{path}:{lineno}: empty node name")
+        last = t
+        if action == "add":
+            if node in alive:
+                raise SimInputError(f"{path}:{lineno}: node {node!r} added twice without a removal")
+            alive[node] = t
+        elif action == "remove":
+            if node not in alive:
+                raise SimInputError(f"{path}:{lineno}: node {node!r} removed but never added")
+            done.append(TraceNode(alive.pop(node), t))
+        else:
+            raise SimInputError(f"{path}:{lineno}: action {action!r} is not 'add' or 'remove'")
+    if not done and not alive:
+        raise SimInputError(f"{path}: the trace has no rows")
+    period = max(last, 1.0)
+    done.extend(TraceNode(t, period) for t in alive.values())
+    return Trace(source=str(path), period_s=period, nodes=tuple(sorted(done, key=lambda n: (n.add_s, n.remove_s))))
+
+
+@dataclass(slots=True)
+class Slot:
+    start_s: float
+    spot_price: float
+    placement_score: float | None = None
+    capacity: int | None = None  # None: unlimited
+    interruptions_per_hour: float | None = None
+
+
+@dataclass(slots=True)
+class PoolTable:
+    """Slots of one spot pool, sorted by start."""
+
+    region: str
+    az: str
+    instance_type: str
+    slots: list[Slot] = field(default_factory=list)
+
+
+REQUIRED = ("timestamp", "region", "availability_zone", "instance_type", "spot_price")
+OPTIONAL = ("placement_score", "capacity", "interruptions_per_hour", "product_description")
+
+
+def _timestamp(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _opt_float(row: dict[str, str], name: str) -> float | None:
+    value = (row.get(name) or "").strip()
+    return None if not value else float(value)
+
+
+def read_pools_csv(path: str | Path) -> list[PoolTable]:
+    path = Path(path)
+    try:
+        fh = path.open(newline="")
+    except OSError as exc:
+        raise SimInputError(f"{path}: cannot read the pools table ({exc.strerror or exc})") from None
+    tables: dict[tuple[str, str, str], PoolTable] = {}
+    with fh:
+        reader = csv.DictReader(fh)
+        header = reader.fieldnames or []
+        missing = [c for c in REQUIRED if c not in header]
+        if missing:
+            raise SimInputError(f"{path}:1: header lacks column(s) {', '.join(missing)} (needs {', '.join(REQUIRED)})")
+        unknown = [c for c in header if c not in REQUIRED + OPTIONAL]
+        if unknown:
+            raise SimInputError(f"{path}:1: unknown column(s) {', '.join(unknown)}")
+        for row in reader:
+            lineno = reader.line_num
+            try:
+                start = _timestamp(row["timestamp"].strip())
+                price = float(row["spot_price"])
+                score = _opt_float(row, "placement_score")
+                cap = _opt_float(row, "capacity")
+                rate = _opt_float(row, "interruptions_per_hour")
+            except (ValueError, AttributeError) as exc:
+                raise SimInputError(f"{path}:{lineno}: {exc}") from None
+            if not (math.isfinite(price) and price >= 0):
+                raise SimInputError(f"{path}:{lineno}: spot_price {row['spot_price']!r} must be a price >= 0")
+            if score is not None and not 1 <= score <= 10:
+                raise SimInputError(f"{path}:{lineno}: placement_score {score} is not within 1..10")
+            if cap is not None and (cap < 0 or cap != int(cap)):
+                raise SimInputError(f"{path}:{lineno}: capacity {cap} is not a whole number >= 0")
+            if rate is not None and not (math.isfinite(rate) and rate >= 0):
+                raise SimInputError(f"{path}:{lineno}: interruptions_per_hour {rate} must be >= 0")
+            key = (row["region"].strip(), row["availability_zone"].strip(), row["instance_type"].strip())
+            if not all(key):
+                raise SimInputError(f"{path}:{lineno}: region, availability_zone and instance_type are required")
+            table = tables.setdefault(key, PoolTable(*key))
+            if table.slots and start <= table.slots[-1].start_s:
+                raise SimInputError(f"{path}:{lineno}: timestamp does not increase for pool {'/'.join(key)}")
+            table.slots.append(Slot(start, price, score, None if cap is None else int(cap), rate))
+    if not tables:
+        raise SimInputError(f"{path}: the pools table has no rows")
+    t0 = min(t.slots[0].start_s for t in tables.values())
+    for table in tables.values():  # times relative to the table's start
+        for slot in table.slots:
+            slot.start_s -= t0
+    return list(tables.values())

@@ -1,0 +1,92 @@
+"""The simulated job: how long a step takes where, what a checkpoint costs, how long a restore takes.
+
+Defaults describe a stated job, derived in docs/simulator.md from what bench/checkpoint.py measured:
+a 70B-parameter model trained with ZeRO-3 (bf16 weights, fp32 master + two Adam moments: 16 bytes per
+parameter, 1.12 TB of checkpoint), 2M tokens per step, 16 x p5.48xlarge (128 H100) at 40% MFU:
+6 x 70e9 x 2.1e6 / (128 x 989e12 x 0.4) = 17 s per step. Step time scales with 16 / nodes
+(same global batch) and with the catalog's throughput for other types (p4d.24xlarge: 2.8x slower).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spotrelay.placement import catalog
+from spotrelay.spec.models import JobSpec
+
+CHECKPOINT_BYTES = 70e9 * 16  # ZeRO-3 model + optimizer state
+REF_NODES, REF_TYPE, REF_STEP_S = 16, "p5.48xlarge", 17.0
+
+
+def _gpus(instance_type: str) -> int:
+    info = catalog.instance(instance_type)
+    return info.gpus if info else 8
+
+
+@dataclass(frozen=True)
+class JobModel:
+    nodes: int = 16
+    job_hours: float = 168.0  # hours of training on REF_TYPE at full speed (sets total_steps)
+    checkpoint_minutes: float = 30.0  # periodic checkpoint cadence (placement's assumed default)
+    snapshot_gbps: float = 12.0  # GB/s GPU -> host per GPU (the stall is 1.13x a bare copy, bench)
+    s3_gbps: float = 5.0  # GB/s to or from S3 per node (40 Gbit/s of the ENA share)
+    flush_overhead: float = 1.21  # emergency flush / plain upload (bench/checkpoint.py)
+    bringup_s: float = 120.0  # NCCL/EFA bring-up and framework start after boot
+    notice_s: float = 120.0
+    strategy: str = "replace-cluster"
+    steps: int | None = None  # total steps (overrides job_hours)
+    ref_step_s: float = REF_STEP_S  # step time of REF_NODES x REF_TYPE
+    checkpoint_bytes: float = CHECKPOINT_BYTES
+    max_recoveries: int = 1000
+
+    def step_s(self, instance_type: str) -> float:
+        info, ref = catalog.instance(instance_type), catalog.instance(REF_TYPE)
+        tput = info.throughput if info else 1.0
+        assert ref is not None
+        return self.ref_step_s * (REF_NODES / self.nodes) * ref.throughput / tput
+
+    def speed(self, instance_type: str) -> float:
+        """Work per GPU-second relative to REF_TYPE (paid GPU-hours are counted in REF_TYPE's)."""
+        return self.step_s(REF_TYPE) * self.ref_gpus() / (self.step_s(instance_type) * _gpus(instance_type))
+
+    def ref_gpus(self) -> int:
+        return _gpus(REF_TYPE)
+
+    @property
+    def total_steps(self) -> int:
+        if self.steps is not None:
+            return self.steps
+        return max(1, int(self.job_hours * 3600 / self.step_s(REF_TYPE)))
+
+    def bytes_per_node(self) -> float:
+        return self.checkpoint_bytes / self.nodes
+
+    def stall_s(self, instance_type: str) -> float:
+        info = catalog.instance(instance_type)
+        gpus = info.gpus if info else 8
+        return 1.13 * self.bytes_per_node() / gpus / (self.snapshot_gbps * 1e9)
+
+    def flush_s(self) -> float:
+        """Notice -> emergency checkpoint committed in S3 (snapshot + upload + commit)."""
+        return self.flush_overhead * self.bytes_per_node() / (self.s3_gbps * 1e9)
+
+    def persist_s(self) -> float:
+        """A periodic checkpoint reaches S3 this long after its snapshot (background upload)."""
+        return self.bytes_per_node() / (self.s3_gbps * 1e9)
+
+    def restore_s(self) -> float:
+        """After boot: bring-up plus loading this node's shards from S3."""
+        return self.bringup_s + self.bytes_per_node() / (self.s3_gbps * 1e9)
+
+    def every_steps(self, instance_type: str) -> int:
+        return max(1, round(self.checkpoint_minutes * 60 / self.step_s(instance_type)))
+
+    def spec(self, regions: list[str], instance_types: list[str], markets: list[str]) -> JobSpec:
+        """The job spec the controller's decisions read (placement, strategy, retry budget)."""
+        return JobSpec.model_validate({
+            "version": 1, "name": "sim", "entrypoint": {"command": ["python", "train.py"]},
+            "resources": {"nodes": self.nodes, "regions": regions, "instance_types": instance_types,
+                          "markets": markets},
+            "checkpoint": {"every_minutes": self.checkpoint_minutes},
+            "recovery": {"strategy": self.strategy, "max_recoveries": self.max_recoveries},
+        })

@@ -1,0 +1,231 @@
+"""The simulated market: every pool's price, capacity and reclaims over time.
+
+A pool is (region, AZ, instance type, market), as in placement. On-demand pools have unlimited
+capacity and no reclaims (hardware failures aside, which the simulator leaves out). A spot pool's
+capacity comes from one of two models:
+
+- ``TraceCapacity`` (Bamboo traces): the trace's nodes ARE the pool's spot instances. A launch of
+  k nodes takes k of the nodes alive now that this job does not already hold (all or none: gang
+  launches are ``MinTargetCapacity = count``); each one is reclaimed when the trace removes it,
+  so removals at the same millisecond are correlated reclaims. The trace wraps around; pool i
+  other than the first sees it shifted by a seeded offset.
+- ``SlotCapacity`` (pools CSV and the synthetic generator): capacity per time slot and a reclaim
+  rate per instance-hour; a node's lifetime is exponential at the rate of the slot it started in,
+  and a slot whose capacity falls below what the job holds reclaims the excess at its start.
+
+Every reclaim comes with the 120 s notice except an ``unannounced_share`` of them; a
+``rebalance_share`` also get a rebalance recommendation 10-30 min ahead (when the node was up then).
+"""
+
+from __future__ import annotations
+
+import bisect
+import fnmatch
+import random
+from dataclasses import dataclass, field
+
+from spotrelay.domain.models import Pool
+from spotrelay.placement import catalog
+from spotrelay.ports.market import PoolQuote
+from spotrelay.sim.inputs import PoolTable, Slot, Trace
+
+NOTICE_S = 120.0  # EC2 spot interruption notice
+
+
+@dataclass(slots=True)
+class Grant:
+    """One node a launch got: its identity in the pool and when the market takes it back."""
+
+    key: object
+    removal_t: float  # absolute simulated seconds; inf = never
+
+
+class TraceCapacity:
+    """``semantics="capacity"`` (default): the trace's live count is what the pool offers a customer;
+    a drop below what the job holds reclaims the difference (free capacity goes first, as EC2 takes
+    back unused capacity before running instances). ``"nodes"``: the job's nodes are trace nodes
+    and live exactly as long (pessimistic: every removal can hit the job, whatever it holds)."""
+
+    def __init__(self, trace: Trace, offset_s: float, semantics: str = "capacity") -> None:
+        self.trace, self.offset, self.semantics = trace, offset_s, semantics
+        self.period = trace.period_s
+        self.adds = [n.add_s for n in trace.nodes]
+        self.removes = [n.remove_s for n in trace.nodes]
+        self.drops = sorted({r for r in self.removes})
+
+    def next_drop(self, t: float) -> float:
+        """The next time after ``t`` when the trace removes nodes (absolute seconds)."""
+        x = t + self.offset
+        cycle = int(x // self.period)
+        tau = x - cycle * self.period
+        i = bisect.bisect_right(self.drops, tau)
+        if i < len(self.drops):
+            return t + self.drops[i] - tau
+        return t + self.period - tau + self.drops[0]
+
+    def _alive(self, t: float) -> tuple[int, float, list[int]]:
+        x = t + self.offset
+        cycle = int(x // self.period)
+        tau = x - cycle * self.period
+        upto = bisect.bisect_right(self.adds, tau)
+        return cycle, tau, [i for i in range(upto) if self.removes[i] > tau]
+
+    def capacity(self, t: float) -> int:
+        return len(self._alive(t)[2])
+
+    def grant(self, t: float, count: int, held: set[object], rng: random.Random) -> list[Grant] | None:
+        cycle, tau, alive = self._alive(t)
+        if self.semantics == "capacity":
+            if len(alive) - len(held) < count:
+                return None
+            return [Grant(("cap", rng.random()), float("inf")) for _ in range(count)]
+        free = [i for i in alive if (cycle, i) not in held]
+        if len(free) < count:
+            return None
+        picked = rng.sample(free, count)
+        return [Grant((cycle, i), t + self.removes[i] - tau) for i in picked]
+
+
+class SlotCapacity:
+    def __init__(self, slots: list[Slot], period_s: float) -> None:
+        self.slots, self.period = slots, period_s
+        self.starts = [s.start_s for s in slots]
+        self._serial = 0
+
+    def slot_at(self, t: float) -> tuple[int, Slot]:
+        cycle = int(t // self.period)
+        i = max(0, bisect.bisect_right(self.starts, t - cycle * self.period) - 1)
+        return cycle, self.slots[i]
+
+    def capacity(self, t: float) -> int | None:
+        return self.slot_at(t)[1].capacity
+
+    def grant(self, t: float, count: int, held: set[object], rng: random.Random,
+              default_rate: float = 0.0) -> list[Grant] | None:
+        _, slot = self.slot_at(t)
+        if slot.capacity is not None and slot.capacity - len(held) < count:
+            return None
+        rate = slot.interruptions_per_hour if slot.interruptions_per_hour is not None else default_rate
+        squeeze = self._squeeze(t, len(held) + count)
+        out: list[Grant] = []
+        for n in range(count):
+            life = rng.expovariate(rate / 3600.0) if rate > 0 else float("inf")
+            end = t + life
+            if squeeze is not None and n >= count - squeeze[1]:
+                end = min(end, squeeze[0])  # the newest nodes go first when the slot shrinks
+            self._serial += 1
+            out.append(Grant(("slot", self._serial), end))
+        return out
+
+    def _squeeze(self, t: float, holding: int) -> tuple[float, int] | None:
+        """(when, how many) the first later slot (within one period) takes back from ``holding``."""
+        cycle = int(t // self.period)
+        base = cycle * self.period
+        i = bisect.bisect_right(self.starts, t - base)
+        for k in range(len(self.slots)):
+            j = i + k
+            start = base + (j // len(self.slots)) * self.period + self.starts[j % len(self.slots)]
+            cap = self.slots[j % len(self.slots)].capacity
+            if cap is not None and cap < holding:
+                return start, holding - cap
+        return None
+
+
+@dataclass(slots=True)
+class SimPool:
+    pool: Pool
+    key: str
+    on_demand_price: float
+    spot_price: float | None  # constant spot price (trace/synthetic); None for on-demand
+    band: int | None
+    gpus: int
+    capacity: TraceCapacity | SlotCapacity | None = None  # None: unlimited, never reclaimed
+    default_rate: float = 0.0  # reclaims per instance-hour when a slot gives none
+    score: float | None = None  # spot placement score when no slot gives one
+
+    @property
+    def spot(self) -> bool:
+        return self.pool.market == "spot"
+
+    def price(self, t: float) -> float:
+        if isinstance(self.capacity, SlotCapacity):
+            return self.capacity.slot_at(t)[1].spot_price
+        return self.on_demand_price if self.spot_price is None else self.spot_price
+
+    def placement_score(self, t: float) -> float | None:
+        if isinstance(self.capacity, SlotCapacity):
+            return self.capacity.slot_at(t)[1].placement_score
+        return self.score
+
+
+@dataclass
+class Market:
+    pools: list[SimPool]
+    unannounced_share: float = 0.1
+    rebalance_share: float = 0.5
+    boot_s: float = 300.0
+    boot_spread: float = 0.15  # each node boots in boot_s x U(1 - spread, 1 + spread)
+    _static_quotes: list[PoolQuote] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.by_key = {p.key: p for p in self.pools}
+        self._varies = any(isinstance(p.capacity, SlotCapacity) for p in self.pools)
+
+    def quotes(self, t: float) -> list[PoolQuote]:
+        """What the MarketData port would answer now (cached while no price moves)."""
+        if not self._varies and self._static_quotes is not None:
+            return self._static_quotes
+        out = [PoolQuote(pool=p.pool, price_per_hour=round(p.price(t), 4),
+                         advisor_band=p.band if p.spot else None, placement_score=p.placement_score(t))
+               for p in self.pools]
+        if not self._varies:
+            self._static_quotes = out
+        return out
+
+    def grant(self, sp: SimPool, t: float, count: int, held: set[object], rng: random.Random) -> list[Grant] | None:
+        """The nodes a gang launch gets, or None for InsufficientInstanceCapacity."""
+        if sp.capacity is None:
+            return [Grant(("od", rng.random()), float("inf")) for _ in range(count)]
+        if isinstance(sp.capacity, SlotCapacity):
+            return sp.capacity.grant(t, count, held, rng, sp.default_rate)
+        return sp.capacity.grant(t, count, held, rng)
+
+
+def from_quotes(quotes: list[PoolQuote], on_demand: dict[tuple[str, str], float], boot_s: float) -> Market:
+    """A market of fixed quotes with unlimited capacity (the twin's ``MarketModel``, scripted faults)."""
+    pools = []
+    for q in quotes:
+        info = catalog.instance(q.pool.instance_type)
+        od = on_demand.get((q.pool.region, q.pool.instance_type), q.price_per_hour)
+        pools.append(SimPool(pool=q.pool, key=q.pool.key, on_demand_price=od,
+                             spot_price=q.price_per_hour if q.pool.market == "spot" else None,
+                             band=q.advisor_band, gpus=info.gpus if info else 8, score=q.placement_score))
+    return Market(pools=pools, unannounced_share=0.0, rebalance_share=0.0, boot_s=boot_s, boot_spread=0.0)
+
+
+def pool_keys(regions: list[str], instance_types: list[str], markets: list[str]) -> list[Pool]:
+    pools = []
+    for region in regions:
+        for itype in instance_types:
+            if not catalog.offered(region, itype):
+                continue
+            for az in catalog.zones(region, itype):
+                for market in markets:
+                    pools.append(Pool(region=region, az=az, instance_type=itype, market=market))
+    return pools
+
+
+def match_trace(key: str, mapping: list[tuple[str, Trace]], default: Trace | None) -> Trace | None:
+    for pattern, trace in mapping:
+        if fnmatch.fnmatch(key, pattern) or fnmatch.fnmatch(key, pattern + "/spot"):
+            return trace
+    return default
+
+
+def slot_pools(tables: list[PoolTable]) -> dict[tuple[str, str, str], SlotCapacity]:
+    out = {}
+    for table in tables:
+        starts = [s.start_s for s in table.slots]
+        step = (starts[-1] - starts[-2]) if len(starts) > 1 else 3600.0
+        out[(table.region, table.az, table.instance_type)] = SlotCapacity(table.slots, starts[-1] + step)
+    return out

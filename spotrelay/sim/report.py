@@ -1,0 +1,85 @@
+"""Show a simulation: a Rich table per policy, the JSON document, a PNG (cost vs goodput; a timeline)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from spotrelay.sim.runner import Report
+
+COLUMNS = (
+    ("$/useful GPU-h", "cost_per_useful_gpu_hour", "{:.3f}"), ("vs on-demand", "vs_on_demand", "{:.3f}"),
+    ("vs price-limit", "vs_price_limit", "{:.3f}"), ("captured", "captured_saving", "{:.2f}"),
+    ("goodput", "goodput", "{:.3f}"), ("cost $", "cost_usd", "{:,.0f}"), ("wall h", "wall_hours", "{:.1f}"),
+    ("steps lost", "steps_lost", "{:.0f}"), ("interrupts", "interruptions", "{:.0f}"),
+    ("recoveries", "recoveries", "{:.0f}"), ("rec p50 s", "recovery_s_p50", "{:.0f}"),
+    ("rec p95 s", "recovery_s_p95", "{:.0f}"), ("on-demand", "on_demand_share", "{:.0%}"),
+    ("x-region", "cross_region_moves", "{:.0f}"),
+)
+
+
+def _cell(report: Report, policy: str, metric: str, fmt: str) -> str:
+    mean = report.mean(policy, metric)
+    if not math.isfinite(mean):
+        return "-"
+    text = fmt.format(mean)
+    spread = report.spread(policy, metric)
+    return f"{text} ±{fmt.format(spread)}" if report.seeds > 1 and spread > 0 and "%" not in fmt else text
+
+
+def table(report: Report) -> Table:
+    t = Table(title=f"{report.nodes} nodes, trace {report.trace}, {report.seeds} seed(s)"
+              + (" (mean ± stdev)" if report.seeds > 1 else ""))
+    t.add_column("policy")
+    for title, _, _ in COLUMNS:
+        t.add_column(title, justify="right")
+    for policy in report.policies():
+        t.add_row(policy, *(_cell(report, policy, metric, fmt) for _, metric, fmt in COLUMNS))
+    return t
+
+
+def print_report(report: Report, console: Console) -> None:
+    console.print(table(report))
+    rate = report.events / report.seconds if report.seconds else 0.0
+    console.print(f"{report.events:,} simulated events in {report.seconds:.2f} s ({rate:,.0f} events/s)")
+
+
+def write_json(report: Report, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+
+
+def write_plot(report: Report, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    for policy in report.policies():
+        xs, ys = report.series(policy, "goodput"), report.series(policy, "cost_per_useful_gpu_hour")
+        left.scatter(xs, ys, label=policy)
+    left.set_xlabel("goodput (useful / paid GPU-hours)")
+    left.set_ylabel("USD per useful GPU-hour")
+    left.set_title(f"cost against goodput, {report.nodes} nodes, {report.seeds} seed(s)")
+    left.legend()
+    run = next((r for r in report.runs if r.policy == "spotrelay" and r.timeline), None)
+    if run is not None:
+        pools = sorted({p for _, p, _ in run.timeline if p})
+        for t, pool, what in run.timeline:
+            if not pool:
+                continue
+            color = "red" if "notice" in what or "lost" in what else "green" if "training" in what else "grey"
+            right.scatter(t / 3600.0, pools.index(pool), c=color, s=8)
+        right.set_yticks(range(len(pools)), [p.replace("/spot", " s").replace("/on-demand", " od") for p in pools],
+                         fontsize=6)
+        right.set_xlabel("hours")
+        right.set_title("spotrelay, seed 0: launches (grey), training (green), losses (red)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

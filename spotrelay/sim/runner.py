@@ -1,0 +1,184 @@
+"""Run every policy on the same market and seeds, and reduce the runs to the contract's numbers."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from spotrelay.domain.cost import CostLedger
+from spotrelay.placement.policy import DEFAULT_CONFIG, PlacementConfig
+from spotrelay.sim.baselines import BASELINES, BaselineRun
+from spotrelay.sim.build import MarketOptions, build_market, trace_label
+from spotrelay.sim.controller import SpotrelayRun
+from spotrelay.sim.engine import Run
+from spotrelay.sim.job import JobModel
+
+POLICIES = ("spotrelay", "on-demand", "skypilot-like", "sagemaker-like", "price-limit")
+METRICS = ("cost_usd", "useful_gpu_hours", "cost_per_useful_gpu_hour", "goodput", "wall_hours", "steps_lost",
+           "interruptions", "recoveries", "recovery_s_p50", "recovery_s_p95", "on_demand_share",
+           "captured_saving")
+
+
+@dataclass
+class SimOptions:
+    market: MarketOptions = field(default_factory=MarketOptions)
+    job: JobModel = field(default_factory=JobModel)
+    policies: tuple[str, ...] = POLICIES
+    seeds: int = 1
+    jobs: int = 1  # independent jobs per seed (each starts at its own seeded time)
+    placement: PlacementConfig = DEFAULT_CONFIG
+    spotrelay_switches: dict[str, Any] = field(default_factory=dict)  # variants: strategy, rebalance, ...
+    timeline: bool = False
+
+
+@dataclass
+class RunResult:
+    policy: str
+    seed: int
+    values: dict[str, float]
+    finished: bool
+    events: int
+    timeline: list[tuple[float, str, str]]
+    decisions: list[dict[str, Any]]
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def make_run(policy: str, opts: SimOptions, market: Any, seed: int, start_t: float) -> Run:
+    # a policy that cannot place the gang (no pool holds it) gives up after 10x the job's length
+    horizon = 10 * opts.job.job_hours * 3600.0 + 86400.0
+    common: dict[str, Any] = {"start_t": start_t, "timeline": opts.timeline, "horizon_s": horizon}
+    regions, types = opts.market.regions, opts.market.instance_types
+    if policy == "spotrelay":
+        switches = dict(opts.spotrelay_switches)
+        job = replace(opts.job, strategy=switches.pop("strategy", opts.job.strategy))
+        run: Run = SpotrelayRun(market, job, seed, regions=regions, instance_types=types, config=opts.placement,
+                                **switches, **common)
+    elif policy in BASELINES:
+        run = BaselineRun(market, opts.job, seed, policy=policy, regions=regions, instance_types=types, **common)
+    else:
+        raise ValueError(f"unknown policy '{policy}'; known: {', '.join(POLICIES)}")
+    return run
+
+
+def measure(policy: str, seed: int, run: Run) -> RunResult:
+    end = run.now
+    cost = CostLedger(entries=tuple(run.entries)).cost_so_far(end)
+    useful = run.useful_gpu_hours()
+    paid = run.paid_gpu_s / 3600.0
+    m = run.metrics
+    values = {
+        "cost_usd": cost, "useful_gpu_hours": useful,
+        "cost_per_useful_gpu_hour": cost / useful if useful > 0 else math.inf,
+        "goodput": useful / paid if paid > 0 else 0.0, "wall_hours": (end - run.start_t) / 3600.0,
+        "steps_lost": float(m.steps_lost), "interruptions": float(m.interruptions),
+        "recoveries": float(m.recoveries), "recovery_s_p50": percentile(m.recovery_s, 0.5),
+        "recovery_s_p95": percentile(m.recovery_s, 0.95),
+        "on_demand_share": run.od_gpu_s / run.paid_gpu_s if run.paid_gpu_s else 0.0,
+        "cross_region_moves": float(m.cross_region_moves), "capacity_failures": float(m.capacity_failures),
+    }
+    return RunResult(policy, seed, values, m.finished, m.events, m.timeline,
+                     list(getattr(run, "decisions", [])))
+
+
+def run_seed(opts: SimOptions, seed: int) -> list[RunResult]:
+    """Every policy on seed ``seed``'s market, ``opts.jobs`` jobs each (summed per policy)."""
+    market = build_market(opts.market, seed)
+    starts = [random.Random(f"{seed}/start/{j}").uniform(0, 7 * 86400.0) for j in range(opts.jobs)]
+    out = []
+    for policy in opts.policies:
+        parts = []
+        for j, start in enumerate(starts):
+            run = make_run(policy, opts, market, seed * 1000 + j, start)
+            run.start()  # type: ignore[attr-defined]
+            run.loop()
+            parts.append(measure(policy, seed, run))
+        out.append(parts[0] if len(parts) == 1 else _sum(parts))
+    _captured(out)
+    return out
+
+
+def _sum(parts: list[RunResult]) -> RunResult:
+    add = ("cost_usd", "useful_gpu_hours", "wall_hours", "steps_lost", "interruptions", "recoveries",
+           "cross_region_moves", "capacity_failures")
+    values = {k: sum(p.values[k] for p in parts) for k in add}
+    values["cost_per_useful_gpu_hour"] = (values["cost_usd"] / values["useful_gpu_hours"]
+                                          if values["useful_gpu_hours"] else math.inf)
+    for k in ("goodput", "recovery_s_p50", "recovery_s_p95", "on_demand_share"):
+        values[k] = statistics.fmean(p.values[k] for p in parts)
+    return RunResult(parts[0].policy, parts[0].seed, values, all(p.finished for p in parts),
+                     sum(p.events for p in parts), parts[0].timeline, parts[0].decisions)
+
+
+def _captured(results: list[RunResult]) -> None:
+    by = {r.policy: r.values["cost_per_useful_gpu_hour"] for r in results}
+    od, pl = by.get("on-demand"), by.get("price-limit")
+    for r in results:
+        ok = od is not None and pl is not None and od > pl and math.isfinite(od)
+        r.values["captured_saving"] = (od - r.values["cost_per_useful_gpu_hour"]) / (od - pl) if ok else math.nan  # type: ignore[operator]
+        r.values["vs_on_demand"] = r.values["cost_per_useful_gpu_hour"] / od if od else math.nan
+        r.values["vs_price_limit"] = r.values["cost_per_useful_gpu_hour"] / pl if pl else math.nan
+
+
+@dataclass
+class Report:
+    nodes: int
+    seeds: int
+    trace: str
+    runs: list[RunResult]
+    seconds: float
+
+    @property
+    def events(self) -> int:
+        return sum(r.events for r in self.runs)
+
+    def policies(self) -> list[str]:
+        return list(dict.fromkeys(r.policy for r in self.runs))
+
+    def series(self, policy: str, metric: str) -> list[float]:
+        return [r.values[metric] for r in self.runs if r.policy == policy]
+
+    def mean(self, policy: str, metric: str) -> float:
+        vals = [v for v in self.series(policy, metric) if not math.isnan(v)]
+        return statistics.fmean(vals) if vals else math.nan
+
+    def spread(self, policy: str, metric: str) -> float:
+        vals = [v for v in self.series(policy, metric) if math.isfinite(v)]
+        return statistics.stdev(vals) if len(vals) > 1 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        def clean(v: float) -> float | None:
+            return None if not math.isfinite(v) else round(v, 6)
+
+        return {
+            "nodes": self.nodes, "seeds": self.seeds, "trace": self.trace,
+            "policies": {p: {k: clean(self.mean(p, k)) for k in METRICS} for p in self.policies()},
+            "spread": {p: {k: clean(self.spread(p, k)) for k in METRICS} for p in self.policies()},
+            "relative": {p: {"vs_on_demand": clean(self.mean(p, "vs_on_demand")),
+                             "vs_price_limit": clean(self.mean(p, "vs_price_limit")),
+                             "cross_region_moves": clean(self.mean(p, "cross_region_moves")),
+                             "finished_share": clean(statistics.fmean(
+                                 1.0 if r.finished else 0.0 for r in self.runs if r.policy == p))}
+                         for p in self.policies()},
+            "events": self.events, "seconds": round(self.seconds, 3),
+        }
+
+
+def simulate(opts: SimOptions) -> Report:
+    started = time.perf_counter()
+    runs: list[RunResult] = []
+    for seed in range(opts.seeds):
+        runs.extend(run_seed(opts, seed))
+    return Report(nodes=opts.job.nodes, seeds=opts.seeds, trace=trace_label(opts.market), runs=runs,
+                  seconds=time.perf_counter() - started)

@@ -1,0 +1,63 @@
+"""The simulator takes the twin's decisions on the demo's scenario (spotrelay/local/demo.py): a spot
+notice on rank 1 when attempt 1 reaches step 20, rank 0 of attempt 2 lost without notice at step 45.
+
+The twin's pools come from a twin run of `spotrelay demo` (its plan log listed the candidates:
+attempt 1 in us-east-1a p5 spot, attempt 2 in us-east-1c p5 spot once 1a was excluded and cooling);
+attempt 3 follows the same rule: 1c excluded after the loss, 1a still cooling -> the next pool.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spotrelay.local.market import MarketModel
+from spotrelay.placement import catalog
+from spotrelay.sim.controller import SpotrelayRun
+from spotrelay.sim.engine import Fault
+from spotrelay.sim.job import REF_NODES, JobModel
+from spotrelay.sim.market import from_quotes
+from spotrelay.spec.load import load_spec
+
+TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml"
+
+
+def demo_run(faults: tuple[Fault, ...]) -> SpotrelayRun:
+    spec = load_spec(TINY)
+    res = spec.resources
+    twin = MarketModel(regions=res.regions)
+    quotes = twin.quotes(res.regions, res.instance_types, [m.value for m in res.markets])
+    on_demand = {(r, t): twin.on_demand_price(t, r) for r in res.regions for t in res.instance_types}
+    market = from_quotes(quotes, on_demand, boot_s=twin.boot_time_s)
+    # 2 nodes, 60 steps of 10 s on p5 (so every_steps=10 is 100 s), a 30 s notice like the twin's
+    step_s = 10.0
+    job = JobModel(nodes=res.nodes, steps=60, ref_step_s=step_s * res.nodes / REF_NODES,
+                   checkpoint_minutes=10 * step_s / 60.0, notice_s=twin.notice_window_s,
+                   checkpoint_bytes=50e6)  # the tiny model's checkpoint is tens of MB
+    assert job.every_steps("p5.48xlarge") == spec.checkpoint.every_steps == 10
+    run = SpotrelayRun(market, job, seed=0, regions=res.regions, instance_types=res.instance_types, spec=spec,
+                       faults=faults)
+    run.start()
+    run.loop()
+    return run
+
+
+def test_demo_scenario_takes_the_twins_decisions() -> None:
+    run = demo_run((Fault("notice", rank=1, step=20, attempt=1), Fault("kill", rank=0, step=45, attempt=2)))
+    assert run.metrics.finished and run.metrics.failed_reason is None
+    pools = [d["pool"] for d in run.decisions]
+    assert [d["attempt"] for d in run.decisions] == [1, 2, 3]
+    assert pools[:2] == ["us-east-1/us-east-1a/p5.48xlarge/spot", "us-east-1/us-east-1c/p5.48xlarge/spot"]
+    assert pools[2] == "us-east-1/us-east-1b/p4d.24xlarge/spot"
+    resumed = [d["resumed_from_step"] for d in run.decisions]
+    # attempt 2 resumes from the save taken during the notice (trained through it: step 20..22),
+    # attempt 3 from the last periodic checkpoint before the loss at 45
+    assert resumed[0] == 0 and 20 <= resumed[1] <= 22 and resumed[2] == 40
+    assert run.metrics.interruptions == 2 and run.metrics.recoveries == 2
+    assert run.metrics.steps_lost == 5  # 41..45 redone after the unannounced loss
+
+
+def test_without_faults_one_attempt_in_the_best_pool() -> None:
+    run = demo_run(())
+    assert [d["pool"] for d in run.decisions] == ["us-east-1/us-east-1a/p5.48xlarge/spot"]
+    assert run.metrics.steps_lost == 0 and run.metrics.interruptions == 0
+    assert catalog.offered("us-east-1", "p5.48xlarge")

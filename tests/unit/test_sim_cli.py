@@ -1,0 +1,42 @@
+"""`spotrelay simulate`: the contract's JSON, the plot, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from spotrelay.cli.main import app
+from spotrelay.sim.runner import METRICS, POLICIES
+
+TRACE = Path(__file__).resolve().parents[2] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv"
+
+
+def test_simulate_writes_the_contracts_json_and_a_plot(tmp_path: Path) -> None:
+    out, png = tmp_path / "sim.json", tmp_path / "sim.png"
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(TRACE), "--nodes", "4", "--job-hours", "3",
+                                      "--seeds", "2", "--regions", "us-east-1,us-west-2", "--json", str(out),
+                                      "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["nodes"] == 4 and doc["seeds"] == 2 and doc["trace"] == TRACE.name
+    assert set(doc["policies"]) == set(POLICIES)
+    for values in doc["policies"].values():
+        assert set(values) == set(METRICS)
+    limit, od = doc["policies"]["price-limit"], doc["policies"]["on-demand"]
+    assert limit["captured_saving"] == 1.0 and od["captured_saving"] == 0.0
+    assert od["on_demand_share"] == 1.0 and od["interruptions"] == 0
+    assert 0 < doc["policies"]["spotrelay"]["goodput"] <= 1
+    assert png.stat().st_size > 10_000
+    assert "events/s" in result.output
+
+
+def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("10,add,a\n20,vanish,a\n")
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(bad)])
+    assert result.exit_code == 2
+    assert result.output.strip().count("\n") == 0 and f"{bad}:2" in result.output
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(TRACE), "--policies", "spotrelay,magic"])
+    assert result.exit_code == 2 and "magic" in result.output

@@ -1,0 +1,96 @@
+"""Market inputs: Bamboo traces, the pools CSV and the synthetic generator; bad input names file and line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spotrelay.sim.build import MarketOptions, build_market
+from spotrelay.sim.inputs import SimInputError, read_bamboo, read_pools_csv
+from spotrelay.sim.market import SlotCapacity, TraceCapacity
+
+TRACE = Path(__file__).resolve().parents[2] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv"
+
+
+def test_the_shipped_trace_reads_as_the_issue_describes_it() -> None:
+    trace = read_bamboo(TRACE)
+    assert 12 < trace.mean_capacity() < 13.5
+    assert 0.5 < trace.removals_per_node_hour() < 1.0  # nodes last under two hours on average
+    cap = TraceCapacity(trace, 0.0)
+    assert max(cap.capacity(t) for t in range(0, int(trace.period_s), 60)) == 24
+
+
+@pytest.mark.parametrize(("text", "line", "what"), [
+    ("1000,add,a\nxx,add,b\n", 2, "not an integer"),
+    ("1000,add,a\n2000,drop,a\n", 2, "not 'add' or 'remove'"),
+    ("1000,remove,a\n", 1, "never added"),
+    ("2000,add,a\n1000,add,b\n", 2, "backwards"),
+    ("1000,add,a\n1500,add\n", 2, "expected"),
+])
+def test_malformed_trace_names_file_and_line(tmp_path: Path, text: str, line: int, what: str) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    with pytest.raises(SimInputError, match=f"{path}:{line}: .*{what}"):
+        read_bamboo(path)
+
+
+HEADER = "timestamp,region,availability_zone,instance_type,spot_price,placement_score,capacity,interruptions_per_hour\n"
+
+
+def test_pools_csv_holds_price_history_and_placement_scores(tmp_path: Path) -> None:
+    path = tmp_path / "pools.csv"
+    path.write_text(HEADER + "2025-06-01T00:00:00Z,us-east-1,us-east-1a,p5.48xlarge,21.5,7,24,0.01\n"
+                    "2025-06-01T06:00:00Z,us-east-1,us-east-1a,p5.48xlarge,23.0,3,4,\n"
+                    "2025-06-01T00:00:00Z,us-east-1,us-east-1c,p5.48xlarge,20,,,\n")
+    tables = read_pools_csv(path)
+    assert len(tables) == 2
+    market = build_market(MarketOptions(traces=[str(path)], trace_format="pools-csv", regions=["us-east-1"],
+                                        instance_types=["p5.48xlarge"]), seed=0)
+    spot = market.by_key["us-east-1/us-east-1a/p5.48xlarge/spot"]
+    assert isinstance(spot.capacity, SlotCapacity)
+    assert spot.price(0) == 21.5 and spot.price(7 * 3600) == 23.0
+    assert spot.placement_score(7 * 3600) == 3 and spot.capacity.capacity(7 * 3600) == 4
+
+
+@pytest.mark.parametrize(("rows", "line", "what"), [
+    ("0,us-east-1,us-east-1a,p5.48xlarge,cheap,,,\n", 2, "could not convert"),
+    ("0,us-east-1,us-east-1a,p5.48xlarge,1,11,,\n", 2, "placement_score"),
+    ("0,us-east-1,us-east-1a,p5.48xlarge,1,,2.5,\n", 2, "capacity"),
+    ("5,us-east-1,us-east-1a,p5.48xlarge,1,,,\n5,us-east-1,us-east-1a,p5.48xlarge,1,,,\n", 3, "does not increase"),
+])
+def test_malformed_pools_csv_names_file_and_line(tmp_path: Path, rows: str, line: int, what: str) -> None:
+    path = tmp_path / "pools.csv"
+    path.write_text(HEADER + rows)
+    with pytest.raises(SimInputError, match=f"{path}:{line}: .*{what}"):
+        read_pools_csv(path)
+
+
+def test_pools_csv_header_is_checked(tmp_path: Path) -> None:
+    path = tmp_path / "pools.csv"
+    path.write_text("timestamp,region,price\n0,us-east-1,1\n")
+    with pytest.raises(SimInputError, match=f"{path}:1: header lacks"):
+        read_pools_csv(path)
+
+
+def test_synthetic_market_is_a_function_of_the_seed() -> None:
+    opts = MarketOptions(trace_format="synthetic", synthetic_days=2)
+
+    def fingerprint(seed: int) -> list[tuple[float, int | None]]:
+        market = build_market(opts, seed)
+        return [(p.price(3600.0), p.capacity.capacity(3600.0)) for p in market.pools
+                if isinstance(p.capacity, SlotCapacity)]
+
+    assert fingerprint(1) == fingerprint(1)
+    assert fingerprint(1) != fingerprint(2)
+
+
+def test_pool_traces_map_files_to_pools(tmp_path: Path) -> None:
+    other = tmp_path / "other.csv"
+    other.write_text("0,add,a\n3600000,remove,a\n")
+    market = build_market(MarketOptions(traces=[f"us-east-1/*/p5.48xlarge=={other}".replace("==", "="),
+                                                str(TRACE)], regions=["us-east-1"]), seed=0)
+    p5 = [p for p in market.pools if p.spot and p.pool.instance_type == "p5.48xlarge"]
+    p4d = [p for p in market.pools if p.spot and p.pool.instance_type == "p4d.24xlarge"]
+    assert all(isinstance(p.capacity, TraceCapacity) and p.capacity.trace.source == str(other) for p in p5)
+    assert all(isinstance(p.capacity, TraceCapacity) and p.capacity.trace.source == str(TRACE) for p in p4d)
