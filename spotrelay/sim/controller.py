@@ -19,16 +19,17 @@ from __future__ import annotations
 from typing import Any
 
 from spotrelay.contracts.exit_codes import ExitCode
+from spotrelay.contracts.recovery import AttemptEnd, Launched, LaunchPlan, RecoveryAction, RecoveryPlan, Verdict
 from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.domain.status import JobStatus
 from spotrelay.errors import NoPlacementError, RetryBudgetExhaustedError
-from spotrelay.placement import InMemoryPoolStatsStore, PlacementConfig, PoolEvent, ScoredPool, evaluate_pools
+from spotrelay.placement import InMemoryPoolStatsStore, PoolEvent
 from spotrelay.placement.policy import DEFAULT_CONFIG
-from spotrelay.recovery import AttemptEnd, RecoveryContext, check_retry_budget, classify_nodes, plan_recovery
-from spotrelay.services.recovery_flow import backoff_seconds
+from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery
+from spotrelay.services.recovery_flow import _result as recovery_result
 from spotrelay.services.waits import outcome_verdict, ready_verdict
-from spotrelay.services.workflow_tasks import MAX_CANDIDATES
+from spotrelay.services.workflow_tasks import _keeping_plan, _new_gang_plan
 from spotrelay.sim.asl import Await, Finished, Sleep, TaskFailed, Walker, load_asl
 from spotrelay.sim.engine import Run, SimNode
 from spotrelay.sim.job import JobModel
@@ -39,36 +40,16 @@ SAVE_MARGIN_S = 10.0  # the final save is timed to commit this long before the r
 _ASL_CACHE: dict[str, Any] = {}
 
 
-class RankCache:
-    """``evaluate_pools`` is pure in (spec, quotes, stats, which pools cool down, excluded): memoize it."""
-
-    def __init__(self, config: PlacementConfig) -> None:
-        self.config = config
-        self._memo: dict[tuple[Any, ...], Any] = {}
-
-    def evaluate(self, spec: Any, quotes: list[Any], stats: dict[str, Any], now: float,
-                 excluded: frozenset[str]) -> Any:
-        key = (id(quotes), excluded, tuple(
-            (k, s.interruptions, s.hours_observed, s.launches, s.capacity_failures, s.cooling(now))
-            for k, s in sorted(stats.items())))
-        hit = self._memo.get(key)
-        if hit is None:
-            if len(self._memo) > 4096:
-                self._memo.clear()
-            hit = self._memo[key] = evaluate_pools(spec, quotes, stats, now, excluded, config=self.config)
-        return hit
-
-
 class SpotrelayRun(Run):
     def __init__(self, market: Market, job: JobModel, seed: int, *, regions: list[str], instance_types: list[str],
-                 config: PlacementConfig = DEFAULT_CONFIG, timings: WorkflowTimings | None = None,
+                 timings: WorkflowTimings | None = None,
                  asl: dict[str, Any] | None = None, rebalance_checkpoint: bool = True,
                  markets: tuple[str, ...] = ("spot", "on-demand"), spec: JobSpec | None = None, **kw: Any) -> None:
         super().__init__(market, job, seed, **kw)
         self.spec = spec or job.spec(regions, instance_types, list(markets))
         self.timings = timings or WorkflowTimings()
         self.stats = InMemoryPoolStatsStore()
-        self.ranker = RankCache(config)
+        self.config = DEFAULT_CONFIG  # what the services use; sweeping it means changing the default
         self.rebalance_checkpoint = rebalance_checkpoint
         self.attempt = 0
         self.recoveries = self.user_restarts = 0
@@ -126,8 +107,8 @@ class SpotrelayRun(Run):
         if self.waiting is None:
             return
         if self.waiting == "ready":
-            quick = any(n.state not in ("READY", "RUNNING") for n in self.gang.values())
-            if quick and not any(n.state in ("DOOMED", "LOST", "TERMINATED", "EXITED") for n in self.gang.values()):
+            if any(n.state == "PENDING" for n in self.gang.values()) and not any(
+                    n.state in ("DOOMED", "LOST", "TERMINATED", "EXITED") for n in self.gang.values()):
                 return  # still booting and nothing went away: no verdict yet (skip building records)
             verdict = ready_verdict(self._job(), self._records())
         else:
@@ -136,10 +117,10 @@ class SpotrelayRun(Run):
             verdict = outcome_verdict(self._job(), self._records())
         if verdict is None:
             return
-        wait, self.waiting = self.waiting, None
-        if wait == "ready" and verdict["outcome"] == "ready":
+        self.waiting = None
+        if verdict.outcome is Verdict.READY:
             self.at(self.now + self.job.restore_s(), self._train, self.epoch)
-        self._handle(self.walker.resume(verdict))
+        self._handle(self.walker.resume(verdict.model_dump(mode="json")))
 
     # --- market and agent events (the event handlers' effect on the records) --------------------
     def _train(self, epoch: int) -> None:
@@ -210,51 +191,39 @@ class SpotrelayRun(Run):
         self._settle()
 
     # --- the ASL's tasks ------------------------------------------------------------------------
-    def _quotes(self) -> tuple[list[Any], dict[str, Any]]:
-        quotes = self.market.quotes(self.now)
-        return quotes, self.stats.get_many(p.key for p in self.market.pools)
-
-    def _ranked(self, quotes: list[Any], stats: dict[str, Any], excluded: frozenset[str]) -> list[ScoredPool]:
-        return list(self.ranker.evaluate(self.spec, quotes, stats, self.now, excluded).ranked)
+    def _light_job(self) -> Job:
+        """The job record fields the services' pure helpers read."""
+        return Job(job_id="sim", name="sim", status=JobStatus.RECOVERING, attempt=self.attempt,
+                   recoveries=self.recoveries, user_restarts=self.user_restarts,
+                   excluded_pools=sorted(self.excluded), spec={"resources": {"nodes": self.job.nodes}})
 
     def task_plan(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """workflow_tasks.plan."""
-        recovery = payload.get("recovery") or {}
-        quotes, stats = self._quotes()
-        excluded = frozenset(self.excluded)
-        ranked = self._ranked(quotes, stats, excluded)
-        if not ranked and excluded:
-            excluded = frozenset()
-            ranked = self._ranked(quotes, stats, excluded)
-        if not ranked:
-            raise TaskFailed("NoPlacementError", "no candidate pool")
-        keep = list(recovery.get("keep_instance_ids") or [])
-        ranks = list(range(self.job.nodes))
-        candidates = ranked[:MAX_CANDIDATES]
-        home = recovery.get("pool")
-        if keep and home and home not in excluded:
-            same = [s for s in ranked if s.pool.key == home]
-            if same:
-                candidates, ranks = same, list(recovery.get("launch_ranks") or [])
-            else:
-                keep = []
-        else:
-            keep = []
-        dropped = set(recovery.get("keep_instance_ids") or []) - set(keep)
-        for node in [n for n in self.gang.values() if n.instance_id in dropped]:
-            self.end_node(node)
-            del self.gang[node.rank]
-        return {"candidates": [{"pool": c.pool.key, "price_per_hour": c.quote.price_per_hour} for c in candidates],
-                "launch_ranks": ranks, "keep_instance_ids": keep}
+        """workflow_tasks.plan: execute a keeping RecoveryPlan, else rank the pools for a new gang."""
+        recovery = RecoveryPlan.model_validate(payload.get("recovery") or {})
+        quotes = self.market.quotes(self.now)
+        stats = self.stats.get_many(p.key for p in self.market.pools)
+        job = self._light_job()
+        launch = _keeping_plan(self.spec, recovery, job, quotes, stats) if recovery.keeps else None
+        if launch is None:
+            if recovery.keep_instance_ids:  # the survivors' pool refused the replacements: they go too
+                kept = set(recovery.keep_instance_ids)
+                for node in [n for n in self.gang.values() if n.instance_id in kept]:
+                    self.end_node(node)
+                    del self.gang[node.rank]
+            try:
+                launch = _new_gang_plan(self.spec, job, quotes, stats, self.now)
+            except NoPlacementError as exc:
+                raise TaskFailed("NoPlacementError", str(exc)) from None
+        return launch.model_dump(mode="json")
 
     def task_provision(self, payload: dict[str, Any]) -> dict[str, Any]:
         """workflow_tasks.provision: the first candidate with capacity; failures cool down."""
-        plan = payload["plan"]
-        ranks, keep = list(plan["launch_ranks"]), set(plan.get("keep_instance_ids") or [])
+        plan = LaunchPlan.model_validate(payload["plan"])
+        ranks, keep = list(plan.launch_ranks), set(plan.keep_instance_ids)
         attempt = self.attempt + 1
         failed = []
-        for candidate in plan["candidates"]:
-            sp = self.market.by_key[candidate["pool"]]
+        for candidate in plan.candidates:
+            sp = self.market.by_key[candidate.pool.key]
             nodes = self.launch(sp, ranks, attempt) if ranks else []
             if nodes is None:
                 self.stats.record(sp.key, PoolEvent.CAPACITY_FAILURE, self.now)
@@ -265,37 +234,37 @@ class SpotrelayRun(Run):
             for n in self.gang.values():
                 if n.instance_id not in keep:
                     self.end_node(n)
-            for n in survivors.values():  # the RESTART directive: they rejoin as PENDING, then ready
+            for n in survivors.values():  # the RESTART directive: they rejoin and report ready
                 n.attempt, n.state, n.exit_code = attempt, "READY", None
             self.gang = {**survivors, **{n.rank: n for n in nodes}}
             self.attempt, self.excluded = attempt, set()
             self.attempt_pool, self.attempt_start = sp, self.now
             self.decisions.append({"attempt": attempt, "pool": sp.key, "resumed_from_step": self.ckpt_step})
-            return {"attempt": attempt, "pool": sp.key, "price_per_hour": candidate["price_per_hour"],
-                    "nodes": len(self.gang)}
+            return Launched(attempt=attempt, pool=sp.pool, price_per_hour=candidate.price_per_hour,
+                            nodes=len(self.gang)).model_dump(mode="json")
         self.excluded |= set(failed)
         raise TaskFailed("InsufficientCapacityError", f"no capacity in {len(failed)} pools")
 
     def task_recover(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """recovery_flow.recover: classify, charge the budget, plan with the spec's strategy."""
-        verdict = payload.get("outcome") or {}
-        if verdict.get("outcome") in ("ready-timeout", "heartbeat-timeout"):
-            for n in self.gang.values():
-                if n.state == "PENDING":
-                    n.state = "LOST"
+        """recovery_flow.recover: take the settled AttemptEnd, charge the budget, plan the strategy."""
+        end = AttemptEnd.model_validate(payload.get("outcome") or {})
         if self.running:  # a verdict that ends a running attempt without a save
             self.stop_training(self.committed(self.now))
         self.epoch += 1
         nodes = self._records()
-        try:
-            outcome = classify_nodes(nodes)
-        except ValueError:
-            from spotrelay.recovery import Outcome
-            outcome = Outcome(kind=AttemptEnd.NODE_LOST, reason=str(verdict.get("outcome")),
-                              lost_ranks=tuple(n.rank for n in nodes))
+        if end.outcome.timed_out:  # _settled_end: the silent nodes are lost, classified once here
+            for n in self.gang.values():
+                if n.state == "PENDING":
+                    n.state = "LOST"
+            nodes = self._records()
+            try:
+                end = classify_nodes(nodes)
+            except ValueError:
+                end = AttemptEnd(outcome=Verdict.NODE_LOST, attempt=self.attempt, reason=str(end.outcome),
+                                 lost_ranks=tuple(n.rank for n in nodes))
         self.metrics.interruptions += 1
         try:
-            decision = check_retry_budget(self.spec.recovery, outcome, self.recoveries, self.user_restarts)
+            decision = check_retry_budget(self.spec.recovery, end, self.recoveries, self.user_restarts)
         except RetryBudgetExhaustedError as exc:
             self.metrics.failed_reason = str(exc)
             raise TaskFailed("RetryBudgetExhaustedError", str(exc)) from None
@@ -304,29 +273,30 @@ class SpotrelayRun(Run):
             hours = max(0.0, self.now - self.attempt_start) / 3600.0 * max(1, len(self.gang))
             self.stats.record(current.key, PoolEvent.OBSERVED, self.now, hours=hours)
         keep: list[str] = []
-        action = "new-cluster"
-        quotes, stats = self._quotes()
+        action = RecoveryAction.NEW_CLUSTER
+        quotes = self.market.quotes(self.now)
+        stats = self.stats.get_many(p.key for p in self.market.pools)
         try:
-            plan = plan_recovery(RecoveryContext(spec=self.spec, outcome=outcome, nodes=nodes, quotes=quotes,
+            plan = plan_recovery(RecoveryContext(spec=self.spec, outcome=end, nodes=nodes, quotes=quotes,
                                                  stats=stats, now=self.now, excluded=frozenset(self.excluded),
-                                                 config=self.ranker.config))
-            keep, action = list(plan.keep_instance_ids), plan.action
+                                                 config=self.config))
+            keep, action = list(plan.keep_instance_ids), RecoveryAction(plan.action)
         except NoPlacementError:
             pass
+        if end.outcome is Verdict.USER_ERROR and action is not RecoveryAction.NEW_CLUSTER:
+            keep, action = [], RecoveryAction.NEW_CLUSTER
         for node in list(self.gang.values()):
             if node.instance_id not in keep:
                 self.end_node(node)
-        if action == "new-cluster" and current is not None and outcome.kind in (
-                AttemptEnd.INTERRUPTED, AttemptEnd.NODE_LOST, AttemptEnd.INFRA_ERROR):
+        if action is RecoveryAction.NEW_CLUSTER and current is not None and end.outcome in (
+                Verdict.INTERRUPTED, Verdict.NODE_LOST, Verdict.INFRA_ERROR):
             self.excluded.add(current.key)
         self.recoveries, self.user_restarts = decision.recoveries, decision.user_restarts
-        alive = {n.rank: n for n in self.gang.values() if n.end_t is None}
-        self.gang = alive
-        self.note(current.key if current else "", f"recover: {outcome.kind.value}, {action}")
-        return {"backoff_s": backoff_seconds(self.timings, self.recoveries + self.user_restarts),
-                "outcome": outcome.kind.value, "keep_instance_ids": [n.instance_id for n in alive.values()],
-                "launch_ranks": [r for r in range(self.job.nodes) if r not in alive],
-                "pool": current.key if alive and current else None}
+        records = self._records()
+        self.gang = {n.rank: n for n in self.gang.values() if n.end_t is None}
+        self.note(current.key if current else "", f"recover: {end.outcome.value}, {action.value}")
+        result = recovery_result(self._light_job(), records, self.timings, end.outcome, end.reason)
+        return result.model_dump(mode="json")
 
     def task_teardown(self, payload: dict[str, Any]) -> dict[str, Any]:
         self.release_all()

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spotrelay.domain.cost import CostLedger
-from spotrelay.placement.policy import DEFAULT_CONFIG, PlacementConfig
 from spotrelay.sim.baselines import BASELINES, BaselineRun
 from spotrelay.sim.build import MarketOptions, build_market, trace_label
 from spotrelay.sim.controller import SpotrelayRun
@@ -30,7 +29,6 @@ class SimOptions:
     policies: tuple[str, ...] = POLICIES
     seeds: int = 1
     jobs: int = 1  # independent jobs per seed (each starts at its own seeded time)
-    placement: PlacementConfig = DEFAULT_CONFIG
     spotrelay_switches: dict[str, Any] = field(default_factory=dict)  # variants: strategy, rebalance, ...
     timeline: bool = False
 
@@ -63,8 +61,7 @@ def make_run(policy: str, opts: SimOptions, market: Any, seed: int, start_t: flo
     if policy == "spotrelay":
         switches = dict(opts.spotrelay_switches)
         job = replace(opts.job, strategy=switches.pop("strategy", opts.job.strategy))
-        run: Run = SpotrelayRun(market, job, seed, regions=regions, instance_types=types, config=opts.placement,
-                                **switches, **common)
+        run: Run = SpotrelayRun(market, job, seed, regions=regions, instance_types=types, **switches, **common)
     elif policy in BASELINES:
         run = BaselineRun(market, opts.job, seed, policy=policy, regions=regions, instance_types=types, **common)
     else:
