@@ -57,6 +57,7 @@ class AgentConfig(BaseModel):
     jobs_table: str | None = None
     nodes_table: str | None = None
     event_bus: str | None = None
+    log_group: str | None = Field(None, description="CloudWatch Logs group for the training output (None: local)")
     imds_endpoint: str = "http://169.254.169.254"
     # local paths
     work_dir: Path = Path("/opt/spotrelay/run")

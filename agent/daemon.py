@@ -22,6 +22,7 @@ from agent.config import AgentConfig
 from agent.hang import HangWatch, dump_stacks
 from agent.imds import ImdsClient
 from agent.launcher import EXIT_DIR, LaunchPlan, Rendezvous, TrainingProcess, build_plan, contract_env
+from agent.log_shipper import LogShipper, LogSink
 from agent.monitors import DirectiveMonitor, Monitor, Notice, NoticeKind, RebalanceMonitor, SpotInterruptionMonitor
 from agent.notice_store import NoticeStore
 from agent.output_tail import failure_tail
@@ -59,6 +60,7 @@ class Agent:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         plan_builder: Callable[[JobSpec, Rendezvous, dict[str, str], str | None, str], LaunchPlan] = build_plan,
+        log_sink: LogSink | None = None,
     ) -> None:
         self.config, self.store, self.reporter, self.imds = config, store, reporter, imds
         self.plan_builder = plan_builder
@@ -77,6 +79,8 @@ class Agent:
         self.hang_action: HealthAction | None = None
         self.unhealthy: str | None = None  # why the health policy stopped training on this node
         self._metrics_at = 0  # bytes of metrics.jsonl already sent to MLflow
+        self.log_sink = log_sink
+        self.shipper: LogShipper | None = None
 
     def _bad_directive(self, why: str) -> None:
         self.reporter.anomaly("bad-directive", why)
@@ -209,6 +213,7 @@ class Agent:
         self.hang = HangWatch(self.control, spec.health.hang_after_s if spec.health.enabled else None, self.clock)
         self.hang_action, self.unhealthy = spec.health.action(AnomalyKind.HANG), None
         log_path = c.work_dir / f"train-a{c.attempt}.log"
+        self.shipper = LogShipper(self.log_sink, c.job_id, c.attempt, c.rank, log_path) if self.log_sink else None
         with open(log_path, "ab") as log:
             proc = TrainingProcess(plan, self.control, log)
             info("launching", argv=plan.argv, master=f"{master}:{port}")
@@ -217,6 +222,8 @@ class Agent:
             self._set_node(state=NodeState.RUNNING)
             code, offset = self._loop(proc, offset)
         self._follow(offset)
+        if self.shipper:
+            self.shipper.ship(final=True)
         exit_code, reason = classify_exit(
             code, proc.worker_codes(), self.responder.pending, self.responder.committed_since_request, self.killed
         )
@@ -312,6 +319,8 @@ class Agent:
             if now >= next_beat:
                 self._heartbeat()
                 next_beat = now + c.heartbeat_s
+            if self.shipper:
+                self.shipper.tick(now)
             stuck = self.hang.check(now)
             if stuck is not None and self._on_hang(stuck, proc):
                 return proc.kill_tree(5.0), offset

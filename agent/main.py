@@ -18,17 +18,29 @@ from agent.code import prepare as prepare_code
 from agent.config import AgentConfig, from_env, load_config, load_job_and_spec, with_instance_facts
 from agent.daemon import Agent
 from agent.imds import DEFAULT_ENDPOINT, ImdsClient
+from agent.log_shipper import LogSink
 from agent.reporting import Reporter, warn
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.errors import AgentConfigError, ImdsUnavailableError
 from spotrelay.ports.events import EventPublisher
 from spotrelay.ports.job_store import JobStore
+from spotrelay.ports.logs import LOG_GROUP_ENV
 
 
 def publisher(config: AgentConfig) -> EventPublisher:
     from spotrelay.adapters.eventbridge_publisher import EventBridgePublisher
 
     return EventBridgePublisher(config.event_bus)  # the home bus, in AWS_REGION (the home region)
+
+
+def log_sink(config: AgentConfig) -> LogSink | None:
+    """CloudWatch Logs for the training output, when the stacks gave a group (none in the twin)."""
+    group = config.log_group or os.environ.get(LOG_GROUP_ENV)
+    if not group:
+        return None
+    from spotrelay.adapters.cloudwatch_logs import CloudWatchTrainingLogs
+
+    return CloudWatchTrainingLogs(group)  # in AWS_REGION, the home region, like the bus and tables
 
 
 def node_store(config: AgentConfig) -> JobStore:
@@ -83,7 +95,7 @@ def run_agent(config_file: Path | None = None) -> int:
     reporting.setup_logging(config.job_id, config.node)
     store = node_store(config)
     reporter = Reporter(config, publisher(config))
-    agent = Agent(config, store, reporter, imds)
+    agent = Agent(config, store, reporter, imds, log_sink=log_sink(config))
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, agent.on_signal)
     try:

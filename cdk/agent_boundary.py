@@ -20,6 +20,7 @@ from constructs import Construct
 from cdk.config import AppConfig
 from cdk.storage import jobs_bucket_name, table_name
 from spotrelay.contracts.events import AGENT_SOURCE
+from spotrelay.ports.logs import LOG_GROUP_DEFAULT
 from spotrelay.resources import JOBS, NODES, RESOURCES
 
 PATH = "/spotrelay/"
@@ -104,6 +105,10 @@ class AgentBoundary(Construct):
                     actions=["events:PutEvents"],
                     resources=[event_bus_arn(config)],
                     conditions={"StringEquals": {"events:source": [AGENT_SOURCE]}},
+                ),
+                iam.PolicyStatement(  # the training output (each job's policy narrows it to its streams)
+                    actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                    resources=[f"arn:{part}:logs:{home}:{acct}:log-group:{LOG_GROUP_DEFAULT}:log-stream:*"],
                 ),
             ],
         )

@@ -30,6 +30,7 @@ from agent.userdata import UserDataParams, render_user_data
 from cdk.config import AppConfig
 from cdk.storage import jobs_bucket_name, table_name
 from spotrelay.contracts.events import AGENT_SOURCE
+from spotrelay.ports.logs import LOG_GROUP_DEFAULT, LOG_GROUP_ENV
 from spotrelay.resources import JOBS, NODES, RESOURCES
 
 ROOT_VOLUME_GIB = 500
@@ -104,6 +105,12 @@ class AgentFleet(Construct):
                 conditions={"StringEquals": {"events:source": [AGENT_SOURCE]}},
             )
         )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                resources=[f"arn:{part}:logs:{home}:{acct}:log-group:{LOG_GROUP_DEFAULT}:log-stream:*"],
+            )
+        )
         self.instance_profile = iam.InstanceProfile(self, "Profile", role=self.role)
 
         ami = CfnParameter(
@@ -126,6 +133,7 @@ class AgentFleet(Construct):
                 "SPOTRELAY_JOBS_TABLE": table_name(config, JOBS),
                 "SPOTRELAY_NODES_TABLE": table_name(config, NODES),
                 "SPOTRELAY_EVENT_BUS": f"arn:{part}:events:{home}:{acct}:event-bus/default",
+                LOG_GROUP_ENV: LOG_GROUP_DEFAULT,  # the home stack's group; the agent ships train-a<N>.log
             },
         ))
         self.launch_template = ec2.CfnLaunchTemplate(

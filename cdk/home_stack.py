@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from aws_cdk import CfnOutput, Stack
+from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from cdk import nag
@@ -18,6 +19,7 @@ from cdk.notifications import Notifications
 from cdk.permissions import Grants, state_machine_arn
 from cdk.storage import Storage
 from cdk.workflow import ASL_PATH, Workflow
+from spotrelay.ports.logs import LOG_GROUP_DEFAULT
 from spotrelay.resources import RESOURCES
 
 SLACK_NOTIFIER = "slack_notifier"
@@ -39,6 +41,9 @@ class HomeStack(Stack):
         storage = Storage(self, "Storage", config=config)
         notifications = Notifications(self, "Notifications", config=config)
         self.agent_boundary = AgentBoundary(self, "AgentBoundary", config=config)
+        # the nodes' training output (agent/log_shipper.py; `spotrelay logs` reads it)
+        training_logs = logs.LogGroup(self, "TrainingLogs", log_group_name=LOG_GROUP_DEFAULT)
+        training_logs.node.default_child.retention_in_days = config.log_retention_days  # type: ignore[union-attr]
         sm_name = config.resource_name("job-run")
         table_names = {logical: table.table_name for logical, table in storage.tables.items()}
         env = handler_env(

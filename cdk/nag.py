@@ -79,6 +79,11 @@ WILDCARD_REASONS: tuple[tuple[str, str], ...] = (
         r"^Resource::arn:<AWS::Partition>:logs:[a-z0-9-<>:]+:log-group:[A-Za-z0-9/_.-]+:\*$",
         "log streams of this function's own log group",
     ),
+    (
+        r"^Resource::arn:<AWS::Partition>:logs:[A-Za-z0-9<>:-]+:log-group:/spotrelay/training:log-stream:\*$",
+        "the training nodes' output: one stream per job, attempt and node, named at launch; each job's own "
+        "role narrows it to the job's streams (<job>/*)",
+    ),
 )
 
 

@@ -9,7 +9,8 @@ the stack's permissions boundary, with one inline policy naming this job's id ev
   on each training region's data bucket; ``data/`` and ``artifacts/agent/`` (the agent wheel) read;
 - GetObject on the job's spec object (``config_uri``);
 - DynamoDB Get/Put/Update/Query on the jobs and nodes tables with ``dynamodb:LeadingKeys`` = job id;
-- ``events:PutEvents`` on the home bus with ``events:source`` = ``spotrelay.agent``.
+- ``events:PutEvents`` on the home bus with ``events:source`` = ``spotrelay.agent``;
+- CreateLogStream/PutLogEvents on the job's own streams (``<job>/...``) of the training log group.
 
 Creation is idempotent (EntityAlreadyExists is fine); ``delete`` removes profile and role at teardown;
 ``jobs`` lists the roles by their job tag, so reconcile can delete those a failed teardown left.
@@ -31,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from spotrelay.adapters.aws import error_code
 from spotrelay.contracts.events import AGENT_SOURCE
+from spotrelay.ports.logs import LOG_GROUP_DEFAULT
 from spotrelay.resources import RESOURCES
 
 PATH = "/spotrelay/"
@@ -105,6 +107,11 @@ def job_policy(config: JobProfileConfig, job_id: str, config_uri: str = "") -> d
                                    else f"arn:{part}:events:{home}:{acct}:event-bus/{s.event_bus}")
     statements.append({"Sid": "AgentEvents", "Effect": "Allow", "Action": "events:PutEvents", "Resource": bus,
                        "Condition": {"StringEquals": {"events:source": AGENT_SOURCE}}})
+    # the training output: only this job's streams in the training log group
+    group = f"arn:{part}:logs:{home}:{acct}:log-group:{LOG_GROUP_DEFAULT}"
+    statements.append({"Sid": "TrainingLogs", "Effect": "Allow",
+                       "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
+                       "Resource": f"{group}:log-stream:{job_id}/*"})
     return {"Version": "2012-10-17", "Statement": statements}
 
 

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from spotrelay.cli import config
 from spotrelay.cli.errors import UsageProblem
+from spotrelay.ports.logs import LOG_GROUP_DEFAULT, LOG_GROUP_ENV
 
 out = Console()
 err = Console(stderr=True)
@@ -28,8 +29,6 @@ EndpointOpt = Annotated[str | None, typer.Option("--endpoint-url", help="AWS end
 TableOpt = Annotated[str | None, typer.Option("--table", help="jobs table")]
 RegionOpt = Annotated[str | None, typer.Option("--region", help="home region")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
-LOG_GROUP_ENV = "SPOTRELAY_LOG_GROUP"
-LOG_GROUP_DEFAULT = "/spotrelay/training"
 
 
 def _fail(message: object, code: int = 1) -> typer.Exit:

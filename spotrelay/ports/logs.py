@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+LOG_GROUP_ENV = "SPOTRELAY_LOG_GROUP"
+LOG_GROUP_DEFAULT = "/spotrelay/training"  # created by the home stack (cdk/home_stack.py)
+
 
 @dataclass(frozen=True)
 class LogStream:

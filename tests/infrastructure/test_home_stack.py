@@ -8,6 +8,7 @@ from typing import Any
 
 from cdk import staging
 from cdk.workflow import ASL_PATH, placeholders, render
+from spotrelay.ports.logs import LOG_GROUP_DEFAULT
 from spotrelay.ports.metrics import METRICS
 from spotrelay.resources import RESOURCES
 from tests.infrastructure.conftest import Synth
@@ -312,3 +313,9 @@ def test_per_job_agent_profiles_only_with_the_boundary(synth: Synth) -> None:
     assert '"ssm_prefix": "/spotrelay/training"' in ec2_config
     for region in synth.config.training_regions:  # checkpoints/<job>/ in every region's data bucket
         assert f'"{region}": "spotrelay-data-<AWS::AccountId>-{region}"' in ec2_config
+
+
+def test_training_log_group_for_the_nodes_output(synth: Synth) -> None:
+    groups = [g["Properties"] for g in synth.resources(synth.home, "AWS::Logs::LogGroup").values()]
+    [training] = [g for g in groups if g.get("LogGroupName") == LOG_GROUP_DEFAULT]
+    assert training["RetentionInDays"] > 0

@@ -106,7 +106,8 @@ def test_agent_role_limited_to_its_paths_and_agent_calls(synth: Synth) -> None:
             ):
                 text = json.dumps(resource)
                 if text.endswith('*"]]}') or text.endswith('*"'):
-                    assert any(p in text for p in ("/checkpoints/*", "/data/*", "/artifacts/agent/*")), text
+                    assert any(p in text for p in ("/checkpoints/*", "/data/*", "/artifacts/agent/*",
+                                                   "/spotrelay/training:log-stream:*")), text
         ddb = [
             s
             for s in statements

@@ -48,6 +48,7 @@ def commit(step, emergency=False, deadline=None, request_id=None):
 for step in range(1, steps + 1):
     time.sleep(0.1)
     control.write_progress(ctl, step)
+    print(f"step {step}", flush=True)
     if step == 3 and (mode == "stall" or (mode == "stall-once" and first_start)):
         time.sleep(3600)  # stuck in a collective, say
     if step == 2 and mode == "anomaly":
@@ -150,6 +151,7 @@ def run_agent(
     mode: str = "ok",
     steps: int = 30,
     spec: JobSpec = SPEC,
+    log_sink: Any = None,
     **over: Any,
 ) -> tuple[Agent, MemoryStore, Recorder, threading.Thread, list[int]]:
     (tmp_path / "trainer.py").write_text(TRAINER)
@@ -184,7 +186,8 @@ def run_agent(
         )
 
     client = ImdsClient(imds.url, timeout_s=2.0, retries=1)  # generous: CI machines are loaded
-    agent = Agent(config, store, Reporter(config, recorder), client, plan_builder=plan)  # type: ignore[arg-type]
+    agent = Agent(config, store, Reporter(config, recorder), client, plan_builder=plan,  # type: ignore[arg-type]
+                  log_sink=log_sink)
     result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(agent.serve(job, spec, track=True)), daemon=True)
     thread.start()
@@ -390,3 +393,16 @@ def test_trainer_anomaly_is_published_by_node_rank0(tmp_path: Path, imds: FakeIm
     assert finish(thread, result) == ExitCode.DONE
     [anomaly] = recorder.of("Anomaly")
     assert anomaly["what"] == "grad-explosion" and anomaly["health"]["value"] == 40.0
+
+
+def test_training_output_is_shipped_off_the_node(tmp_path: Path, imds: FakeImds) -> None:
+    shipped: list[tuple[str, int, int, str]] = []
+
+    class Sink:
+        def put(self, job_id: str, attempt: int, rank: int, lines: list[tuple[int, str]]) -> None:
+            shipped.extend((job_id, attempt, rank, text) for _, text in lines)
+
+    _, _, _, thread, result = run_agent(tmp_path, imds, steps=4, log_sink=Sink())
+    assert finish(thread, result) == ExitCode.DONE
+    assert [text for *_, text in shipped if text.startswith("step")] == ["step 1", "step 2", "step 3", "step 4"]
+    assert {(j, a, r) for j, a, r, _ in shipped} == {("j-1", 1, 0)}
