@@ -146,8 +146,9 @@ class HealthMonitor:
         ordered = sorted(times)
         median = max(ordered[(len(ordered) - 1) // 2], 1e-9)  # lower median: one slow rank of two counts
         worst = max(range(len(times)), key=lambda r: times[r])
+        slow = times[worst] > factor * median and times[worst] - median >= self.policy.straggler_min_s
         for r in range(len(times)):
-            self._slow[r] = self._slow[r] + 1 if r == worst and times[r] > factor * median else 0
+            self._slow[r] = self._slow[r] + 1 if r == worst and slow else 0
         if self._slow[worst] < self.policy.straggler_checks:
             return None
         self._slow[worst] = 0

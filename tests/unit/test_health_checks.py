@@ -56,13 +56,21 @@ def test_straggler_needs_consecutive_slow_comparisons_and_names_its_node() -> No
     policy = HealthPolicy(warmup_steps=0, straggler_every=2, straggler_checks=2, straggler_factor=1.5)
     monitor = HealthMonitor(policy, rank=0, world_size=4, local_world_size=2)
     flags = [0, 0, 0]
-    times = [10_000, 10_500, 30_000, 9_800]  # microseconds: rank 2 is three times slower
+    times = [100_000, 105_000, 300_000, 98_000]  # microseconds: rank 2 is three times slower
     assert monitor.judge(2, (*flags, *times)) is None  # first slow comparison
     finding = monitor.judge(4, (*flags, *times))
     assert finding is not None and finding.kind is AnomalyKind.STRAGGLER
     assert (finding.rank, finding.node_rank, finding.action) == (2, 1, HealthAction.REPLACE_NODE)
     assert finding.value is not None and finding.value > 2.5
     assert monitor.judge(6, (*flags, 10_000, 10_000, 10_500, 9_900)) is None
+
+
+def test_millisecond_jitter_is_not_a_straggler() -> None:
+    policy = HealthPolicy(warmup_steps=0, straggler_every=2, straggler_checks=1, straggler_min_s=0.05)
+    monitor = HealthMonitor(policy, rank=0, world_size=2)
+    assert monitor.judge(2, (0, 0, 0, 2_000, 6_000)) is None  # 3x slower, but by 4 ms
+    found = monitor.judge(4, (0, 0, 0, 2_000, 80_000))
+    assert found is not None and found.rank == 1
 
 
 def test_straggler_times_ride_only_on_comparison_steps() -> None:
