@@ -14,8 +14,10 @@ Lambda runtime is pinned to that interpreter's minor version (:func:`lambda_pyth
 from __future__ import annotations
 
 import ast
+import compileall
 import contextlib
 import os
+import py_compile
 import re
 import shutil
 import sys
@@ -64,6 +66,16 @@ def discover_handlers(functions_dir: Path = ROOT / "functions") -> list[str]:
     return found
 
 
+def _compile(folder: Path, shown_as: str) -> None:
+    """Byte-compile every module in place: Lambda cannot write __pycache__ under /var/task or /opt, so
+    without these each cold start compiles every module it imports (seconds). Hash-based pycs stay valid
+    whatever mtimes the asset zip gives the files; the interpreter is the runtime's minor version."""
+    ok = compileall.compile_dir(str(folder), quiet=2, workers=1, ddir=shown_as,  # tracebacks name Lambda's paths
+                                invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    if not ok:
+        raise RuntimeError(f"byte-compiling {folder} failed")
+
+
 def _publish(tmp: Path, out: Path) -> Path:
     """Swap a freshly built folder into place, so two synths at once never see a half-built one."""
     old = out.with_name(f".{out.name}.old.{os.getpid()}")
@@ -98,6 +110,7 @@ def stage_handlers(root: Path = ROOT, out: Path = BUILD / "handlers", handlers: 
         target = tmp / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(root / rel, target)
+    _compile(tmp, "/var/task")
     return _publish(tmp, out)
 
 
@@ -145,4 +158,5 @@ def stage_layer(out: Path = BUILD / "layer") -> Path:
                 target = site / file
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src, target)
+    _compile(tmp, "/opt")
     return _publish(tmp, out)

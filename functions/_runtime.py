@@ -10,21 +10,19 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aws_lambda_powertools import Logger
-from aws_lambda_powertools.utilities.idempotency import (
-    DynamoDBPersistenceLayer,
-    IdempotencyConfig,
-    idempotent_function,
-)
 
-from spotrelay.ports.compute import Compute
-from spotrelay.ports.job_store import JobStore
-from spotrelay.ports.market import MarketData
-from spotrelay.ports.notifier import Notifier
-from spotrelay.ports.object_store import ObjectStore
-from spotrelay.ports.workflow import Workflow
+if TYPE_CHECKING:  # cold start: boto3 (via Powertools idempotency) and the ports load on first use
+    from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
+
+    from spotrelay.ports.compute import Compute
+    from spotrelay.ports.job_store import JobStore
+    from spotrelay.ports.market import MarketData
+    from spotrelay.ports.notifier import Notifier
+    from spotrelay.ports.object_store import ObjectStore
+    from spotrelay.ports.workflow import Workflow
 
 logger = Logger(service="spotrelay")
 
@@ -132,6 +130,8 @@ def objects() -> ObjectStore:
 # --- idempotency -------------------------------------------------------------------------------
 @lru_cache(maxsize=1)
 def _persistence() -> DynamoDBPersistenceLayer:
+    from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
+
     from spotrelay.adapters.aws import client
     from spotrelay.settings import settings
 
@@ -144,6 +144,8 @@ def once(name: str, key: dict[str, Any], action: Callable[[], dict[str, Any]], c
 
     A repeat returns the first result; a failed run leaves no record, so a redelivery retries.
     """
+    from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idempotent_function
+
     config = IdempotencyConfig(expires_after_seconds=expires_after_s, raise_on_no_idempotency_key=True)
     if context is not None:
         config.register_lambda_context(context)

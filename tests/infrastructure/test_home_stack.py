@@ -162,7 +162,7 @@ def test_layer_holds_dependencies_but_no_torch_and_handlers_asset_only_source(sy
     handlers_dir = staging.BUILD / "handlers"
     files = [p for p in handlers_dir.rglob("*") if p.is_file()]
     assert files and {p.relative_to(handlers_dir).parts[0] for p in files} == {"functions", "spotrelay"}
-    assert all(p.suffix in (".py", ".json", ".yaml") for p in files)
+    assert all(p.suffix in (".py", ".pyc", ".json", ".yaml") for p in files)
     assert not any(".venv" in p.parts or "cdk.out" in p.parts for p in files)
     # the asset CDK staged is that folder (Code.from_asset of layers/build/handlers)
     assets = [p for p in synth.outdir.iterdir() if p.is_dir() and (p / "functions" / "on_submission.py").exists()]
