@@ -109,3 +109,9 @@ def test_the_analysis_follows_ports_to_the_production_adapters() -> None:
     assert chain[0] == "functions/sfn_provision.py:handler"
     assert "spotrelay.adapters.ec2_compute:Ec2Compute.launch" in chain
     assert "iam:PassRole" in found and "states:StartExecution" not in found
+
+
+def test_security_doc_names_every_handler_role() -> None:
+    doc = (staging.ROOT / "docs" / "security.md").read_text()
+    missing = [h for h in staging.discover_handlers() if f"| `{h}` |" not in doc]
+    assert not missing, f"docs/security.md's role table lacks {missing}"
