@@ -211,7 +211,7 @@ def chaos(
                                   steps=steps, out=out_dir)
     except ValueError as exc:
         raise UsageProblem(str(exc)) from exc
-    term = Console(file=quiet_logs(out_dir / "twin.log"))  # the twin's own logs go to the file
+    term = Console(file=quiet_logs(out_dir / "twin.log"), width=150)  # the twin's own logs go to the file
     result = run_campaign(options, on_line=lambda line: term.print(line, highlight=False))
     if json_file:
         write_json(result, json_file)
