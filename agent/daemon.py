@@ -27,6 +27,7 @@ from agent.monitors import DirectiveMonitor, Monitor, Notice, NoticeKind, Rebala
 from agent.notice_store import NoticeStore
 from agent.output_tail import failure_tail
 from agent.reporting import Reporter, info, warn
+from agent.spare import SpareCache, StandBy, wait_for_drain
 from agent.tracking import JobTracking
 from spotrelay.contracts import control
 from spotrelay.contracts.events import Directive, DirectiveKind, parse_directive
@@ -120,6 +121,9 @@ class Agent:
             self.store.put_node(ready(node))
         self.reporter.node_ready()
 
+    def _stopping(self) -> bool:
+        return any(sig in (signal.SIGTERM, signal.SIGINT) for sig in self.signals)
+
     def wait_for_rank0(self) -> tuple[str, int]:
         """Rank 0's address and rendezvous port (it may be a survivor of an earlier gang)."""
         c = self.config
@@ -127,7 +131,7 @@ class Agent:
             return c.private_ip or "127.0.0.1", c.master_port
         give_up = self.clock() + c.rank0_wait_s
         while self.clock() < give_up:
-            if any(sig in (signal.SIGTERM, signal.SIGINT) for sig in self.signals):
+            if self._stopping():
                 raise SpotrelayError("stopped by a signal while waiting for rank 0")
             for node in self.store.nodes_of(c.job_id):
                 if (
@@ -200,6 +204,7 @@ class Agent:
         elif self.tracking is not None:
             self.tracking.attempt_started(c, spec, job)
         env = contract_env(c, job, spec, self.tracking.run_id if self.tracking else job.mlflow_run_id)
+        wait_for_drain(lambda: self.store.nodes_of(c.job_id), c.attempt, self.clock, self.sleep, self._stopping)
         master, port = self.wait_for_rank0()
         per_node = c.nproc_per_node or max(spec.resources.gpus_per_node, 1)  # CPU jobs: one rank per node
         rdzv = Rendezvous(c.nodes or spec.resources.nodes, c.rank, per_node, master, port)
@@ -250,18 +255,42 @@ class Agent:
         """Run this attempt; a surviving node then waits (``linger_s``) to be carried into the next
         gang (the controller's replace-lost-nodes: a new node item for this instance, RESTART).
         ``track``: keep the job's MLflow run (node rank 0 only, when the spec has a tracking URI)."""
+        if self.config.rank >= spec.resources.nodes and not self._stand_by(job, spec):
+            return ExitCode.DONE  # a hot spare that was never needed
         while True:
             code = self.run(job, spec, track)
             if code in (ExitCode.DONE, ExitCode.CANCELLED) or self.doomed or not self._adopt_next_attempt():
                 return code
 
-    def _adopt_next_attempt(self) -> bool:
+    def _stand_by(self, job: Job, spec: JobSpec) -> bool:
+        """A hot spare: registered, out of training, mirroring the newest checkpoint, until recover
+        promotes it (True) or the job ends or its instance is doomed (False)."""
+        self.register()
+        env = contract_env(self.config, job, spec, job.mlflow_run_id)
+        bench = StandBy(SpareCache(Path(env[control.ENV_CHECKPOINT_DIR]), env.get(control.ENV_CHECKPOINT_URI),
+                                   spec.checkpoint.keep_local), self._spare_alive)
+        info("hot spare standing by", rank=self.config.rank)
+        return self._adopt_next_attempt(linger_s=float("inf"), while_waiting=bench.tick)
+
+    def _spare_alive(self) -> bool:
+        if any(n.kind is NoticeKind.SPOT_INTERRUPTION for n in self._poll_imds()):
+            self.doomed = True
+            return False
+        job = self.store.find_job(self.config.job_id)
+        if job is None or job.status.terminal:
+            return False
+        self._set_node(last_heartbeat=self.clock())
+        return True
+
+    def _adopt_next_attempt(self, linger_s: float | None = None,
+                            while_waiting: Callable[[], bool] | None = None) -> bool:
         c = self.config
-        give_up = self.clock() + c.linger_s
-        info("waiting to join a later attempt", linger_s=c.linger_s)
+        give_up = self.clock() + (c.linger_s if linger_s is None else linger_s)
+        info("waiting to join a later attempt", linger_s=linger_s or c.linger_s)
         while self.clock() < give_up and not self.signals:
             later = [
-                n for n in self.store.nodes_of(c.job_id) if n.instance_id == c.instance_id and n.attempt > c.attempt
+                n for n in self.store.nodes_of(c.job_id)
+                if n.instance_id == c.instance_id and n.attempt > c.attempt and not n.spare
             ]
             if later:
                 node = max(later, key=lambda n: n.attempt)
@@ -277,6 +306,8 @@ class Agent:
                     self._clear_directive(restart.directive_id)
                 info("joining attempt", attempt=node.attempt, node_id=node.node_id, rank=node.rank)
                 return True
+            if while_waiting is not None and not while_waiting():
+                return False
             self.sleep(c.directive_poll_s)
         return False
 

@@ -59,6 +59,9 @@ class AttemptEnd(BaseModel):
     exit_code: int | None = None  # the code that decided the verdict, if any
     rank: int | None = None  # the rank that reported it
     saved: bool | None = None  # interrupted: every rank's emergency save committed
+    # a spot notice ended the attempt while its ranks still save: they finish by this time (epoch s)
+    # and the replacements boot meanwhile (recovery.launch_at_notice)
+    deadline: float | None = None
 
     @property
     def retryable(self) -> bool:
@@ -81,6 +84,14 @@ class RecoveryAction(StrEnum):
     """Every rank survived: the same instances restart training, nothing is launched."""
 
 
+class Promotion(BaseModel):
+    """A hot spare that takes a lost rank (it restarts from its own local tier, no boot)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    rank: int = Field(..., ge=0)
+    instance_id: str
+
+
 class RecoveryPlan(BaseModel):
     """What ``recover`` decided; ``plan`` and ``provision`` execute it. The ASL's Init state is the
     empty plan (a new cluster, nothing kept)."""
@@ -95,6 +106,7 @@ class RecoveryPlan(BaseModel):
     pool: Pool | None = None  # the survivors' pool (replace-lost / restart-in-place)
     keep_instance_ids: list[str] = Field(default_factory=list)
     launch_ranks: list[int] = Field(default_factory=list)  # ranks to launch in ``pool`` (keeping plans)
+    promoted: list[Promotion] = Field(default_factory=list)  # lost ranks hot spares take (not launched)
 
     @property
     def keeps(self) -> bool:
@@ -116,6 +128,7 @@ class LaunchPlan(BaseModel):
     candidates: list[Candidate]
     launch_ranks: list[int]  # [] is meaningful: every rank survived (restart in place)
     keep_instance_ids: list[str] = Field(default_factory=list)
+    promoted: list[Promotion] = Field(default_factory=list)
 
 
 class Launched(BaseModel):

@@ -47,7 +47,8 @@ class Attempt(Record):
     resumed_from_step: int | None = None
     cost: float = 0.0
     price_per_hour: float = 0.0  # USD per instance-hour at launch (the cost ledger's price)
-    nodes: int = 0  # instances billed for this attempt
+    nodes: int = 0  # instances billed for this attempt (hot spares included)
+    spares: int = 0  # of those, hot spares out of training (resources.spares)
 
 
 class AnomalyRecord(Record):
@@ -121,6 +122,10 @@ class Node(Record):
     master_port: int | None = None  # rank 0's agent sets the rendezvous port it serves; others follow it
     exit_code: int | None = None
     output_tail: str | None = None  # the end of a failing rank's output (TrainingExited)
+    reclaim_at: float | None = None  # DOOMED: when EC2 takes the instance (the notice's deadline)
+    release_after: float | None = None  # left to finish its emergency save: nobody terminates it before this
+    spare: bool = False  # a hot spare: agent up, out of training, newest checkpoint local; takes a lost rank
+    takes_rank: int | None = None  # a spare recover promoted: it joins the next attempt as this rank
 
 
 def job_id_for(key: str, etag: str) -> str:

@@ -8,7 +8,8 @@ In short, for a gang of N nodes in a pool with price p (USD per instance-hour)::
     loss   = restore_hours + unannounced_share * checkpoint_interval_hours / 2
     useful = 1 / (1 + N * lambda * loss)                                      fraction of paid time
     speed  = throughput(type) * locality(region)                              vs N x p4d.24xlarge
-    score  = (N * p + N * transfer_usd) * (1 + capacity_risk) / (useful * speed)
+    score  = ((N + spares) * p + N * transfer_usd) * (1 + capacity_risk) / (useful * speed)
+             (with hot spares, restore_hours is the spare's takeover time, not a boot)
 
 Nothing orders markets or types by name: spot P5 before spot P4d before on-demand is what the
 numbers say for today's prices and bands, and it changes when they do.
@@ -41,6 +42,7 @@ class PlacementConfig(BaseModel):
     unannounced_share: float = Field(0.1, ge=0, le=1, description="losses that come without a notice")
     assumed_checkpoint_minutes: float = Field(30.0, gt=0, description="when the spec gives only steps")
     default_restore_minutes: float = Field(12.0, ge=0)
+    spare_takeover_minutes: float = Field(1.0, ge=0, description="a hot spare restarts a lost rank from its local tier")
     remote_data_slowdown: float = Field(0.9, gt=0, le=1, description="speed factor without a replica")
     transfer_usd_per_node_hour: float = Field(0.5, ge=0, description="cross-region reads per node-hour")
     capacity_risk_weight: float = Field(0.1, ge=0, description="score uplift at certain launch failure")
@@ -102,10 +104,12 @@ def score_pool(
     spec: JobSpec, quote: PoolQuote, stats: PoolStats | None, config: PlacementConfig = DEFAULT_CONFIG
 ) -> ScoredPool:
     """Score one pool (no filtering)."""
-    pool, n = quote.pool, spec.resources.nodes
+    pool, n, spares = quote.pool, spec.resources.nodes, spec.resources.spares
     info = catalog.instance(pool.instance_type)
     throughput = config.throughput.get(pool.instance_type) or (info.throughput if info else 1.0)
     restore_h = (info.restore_minutes if info else config.default_restore_minutes) / 60.0
+    if spares:  # a hot spare takes the lost rank from its local tier: no boot, no download
+        restore_h = config.spare_takeover_minutes / 60.0
     prior, spot_rate = interruption_rate(quote, stats, config)
     rate = spot_rate + config.node_failure_rate
     # announced losses keep the work (emergency checkpoint); unannounced ones lose half an interval
@@ -118,7 +122,7 @@ def score_pool(
     locality = config.remote_data_slowdown if remote else 1.0
     transfer = n * config.transfer_usd_per_node_hour if remote else 0.0
     risk = capacity_risk(quote, stats, config)
-    gang_price = n * quote.price_per_hour
+    gang_price = (n + spares) * quote.price_per_hour  # spares are billed like the ranks
     score = (gang_price + transfer) * (1.0 + config.capacity_risk_weight * risk) / (
         useful * throughput * locality
     )
@@ -134,13 +138,14 @@ def score_pool(
         "locality": locality,
         "transfer_usd_per_hour": transfer,
         "capacity_risk": risk,
+        "spares": float(spares),
     }
     return ScoredPool(pool=pool, quote=quote, score=score, breakdown=breakdown)
 
 
 def _why_not(
     spec: JobSpec, quote: PoolQuote, stats: PoolStats | None, now: float, excluded: frozenset[str],
-    quotas: Mapping[str, float] | None,
+    quotas: Mapping[str, float] | None, running: frozenset[str] = frozenset(),
 ) -> str | None:
     res, pool = spec.resources, quote.pool
     if pool.key in excluded:
@@ -153,7 +158,7 @@ def _why_not(
         return "region not allowed by the spec"
     if res.max_hourly_price is not None and quote.price_per_hour > res.max_hourly_price:
         return f"price {quote.price_per_hour:.2f} above max_hourly_price {res.max_hourly_price:.2f}"
-    if stats is not None and stats.cooling(now):
+    if stats is not None and stats.cooling(now) and pool.key not in running:
         return f"cooling down until {stats.cooldown_until:.0f} after {stats.last_event}"
     info = catalog.instance(pool.instance_type)
     quota = quotas.get(f"{pool.region}/{pool.market}") if quotas else None
@@ -165,13 +170,15 @@ def _why_not(
 def evaluate_pools(
     spec: JobSpec, quotes: list[PoolQuote], stats: Mapping[str, PoolStats], now: float,
     excluded: frozenset[str] = frozenset(), *, quotas: Mapping[str, float] | None = None,
-    config: PlacementConfig = DEFAULT_CONFIG,
+    config: PlacementConfig = DEFAULT_CONFIG, running: frozenset[str] = frozenset(),
 ) -> Ranking:
-    """Candidates best first, and why each other quoted pool was dropped."""
+    """Candidates best first, and why each other quoted pool was dropped. ``running``: pools where
+    the job's survivors run; a cooldown governs new gangs and does not drop them (their interruption
+    history still weighs in the score)."""
     ranked: list[ScoredPool] = []
     dropped: dict[str, str] = {}
     for quote in quotes:
-        reason = _why_not(spec, quote, stats.get(quote.pool.key), now, excluded, quotas)
+        reason = _why_not(spec, quote, stats.get(quote.pool.key), now, excluded, quotas, running)
         if reason is None:
             ranked.append(score_pool(spec, quote, stats.get(quote.pool.key), config))
         else:

@@ -120,8 +120,10 @@ class ReplaceCluster:
 @register("replace-lost-nodes")
 class ReplaceLostNodes(ReplaceCluster):
     """Keep survivors; launch only the lost ranks in the survivors' pool (same AZ, same placement
-    group). Falls back to a new cluster when that pool is cooling down, excluded or no longer
-    quoted, or when another pool is cheaper per useful hour by more than ``keep_margin``."""
+    group). The pool's cooldown (it was just interrupted) does not evict the healthy survivors: the
+    interruption weighs in its score instead. Falls back to a new cluster when that pool is
+    excluded or no longer quoted, or when another pool is cheaper per useful hour by more than
+    ``keep_margin`` (a survivor is then released like any other node)."""
 
     def plan(self, ctx: RecoveryContext) -> RecoveryPlan:
         survivors = ctx.survivors()
@@ -132,7 +134,7 @@ class ReplaceLostNodes(ReplaceCluster):
             return self._fallback(ctx, "survivors span several pools")
         home = pools.pop()
         ranking = evaluate_pools(ctx.spec, ctx.quotes, ctx.stats, ctx.now, ctx.excluded, quotas=ctx.quotas,
-                                 config=ctx.config)
+                                 config=ctx.config, running=frozenset({home.key}))
         if home.key in ranking.dropped:
             return self._fallback(ctx, f"pool {home.key} is not usable: {ranking.dropped[home.key]}")
         same = next((s for s in ranking.ranked if s.pool == home), None)

@@ -78,7 +78,17 @@ def current_node(store: JobStore, instance_id: str) -> tuple[Job, Node] | None:
 
 
 def attempt_nodes(store: JobStore, job: Job) -> list[Node]:
-    return [n for n in store.nodes_of(job.job_id) if n.attempt == job.attempt]
+    """The gang of the current attempt (hot spares are not in it)."""
+    return [n for n in store.nodes_of(job.job_id) if n.attempt == job.attempt and not n.spare]
+
+
+def spare_nodes(store: JobStore, job: Job) -> list[Node]:
+    """The job's hot spares still standing by (whichever attempt launched them)."""
+    return sorted((n for n in store.nodes_of(job.job_id) if n.spare and n.state in SPARE_LIVE
+                   and n.takes_rank is None), key=lambda n: n.rank)
+
+
+SPARE_LIVE = (NodeState.PENDING, NodeState.READY, NodeState.RUNNING)
 
 
 def release_nodes(ctl: Controller, job: Job, nodes: list[Node]) -> list[str]:

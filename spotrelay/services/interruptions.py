@@ -1,8 +1,10 @@
 """EC2 events about our instances: spot interruption notices, rebalance recommendations, and
 state changes (stopping, stopped, shutting-down, terminated).
 
-- A notice dooms the node, tells every rank to checkpoint now (deadline = the reclaim time), cools
-  the pool down, and moves a RUNNING job to CHECKPOINTING.
+- A notice dooms the node (with its reclaim time), tells every rank to checkpoint now (deadline =
+  the reclaim time), cools the pool down, and moves a RUNNING job to CHECKPOINTING. With the spec's
+  ``recovery.launch_at_notice`` the settle that follows ends the attempt at once, so the workflow's
+  recover launches the doomed ranks' replacements during the window (one writer: recover decides).
 - A rebalance recommendation asks for a proactive checkpoint (RUNNING -> CHECKPOINTING -> RUNNING).
 - A state change of a node we did not retire is a loss: announced (doomed) nodes become
   TERMINATED, unannounced ones LOST, and the workflow's waits are settled.
@@ -63,7 +65,23 @@ def _directive_id(kind: str, instance_id: str, when: float) -> str:
     return f"{kind.lower()}-" + hashlib.sha256(f"{instance_id}:{when}".encode()).hexdigest()[:12]
 
 
+def _spare(ctl: Controller, instance_id: str, state: NodeState) -> dict[str, Any] | None:
+    """A hot spare is out of training: a notice or a loss only takes it off the bench (the next
+    provision launches another); the gang and the workflow are not touched."""
+    found = current_node(ctl.store, instance_id)
+    if found is None or not found[1].spare:
+        return None
+    job, node = found
+    ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update={"state": state})
+                          if n.spare and n.state not in _GONE else None)
+    return {"result": "applied", "job_id": job.job_id, "node_id": node.node_id, "node_state": state.value,
+            "settled": None}
+
+
 def interruption_notice(ctl: Controller, instance_id: str, notice_time: float, now: float) -> dict[str, Any]:
+    benched = _spare(ctl, instance_id, NodeState.DOOMED)
+    if benched is not None:
+        return benched
     found = _ours(ctl, instance_id)
     if isinstance(found, dict):
         return found
@@ -73,9 +91,10 @@ def interruption_notice(ctl: Controller, instance_id: str, notice_time: float, n
     ctl.pool_stats.record(node.pool.key, PoolEvent.INTERRUPTED, now)
     if node.state in _GONE:
         return _ignored(f"node already {node.state.value}; the attempt ended", instance_id, job.job_id)
-    ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update={"state": NodeState.DOOMED})
-                          if n.state not in (NodeState.DOOMED, NodeState.EXITED, *_GONE) else None)
     deadline = notice_time + NOTICE_LEAD_S
+    ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(
+        update={"state": NodeState.DOOMED, "reclaim_at": deadline})
+        if n.state not in (NodeState.EXITED, *_GONE) and n.reclaim_at is None else None)
     directive = Directive(directive_id=_directive_id("checkpoint-now", instance_id, notice_time),
                           kind=DirectiveKind.CHECKPOINT_NOW, deadline=deadline, issued_at=now,
                           reason=f"spot interruption of {instance_id} (rank {node.rank})")
@@ -84,7 +103,9 @@ def interruption_notice(ctl: Controller, instance_id: str, notice_time: float, n
     ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={
         "status": transition(j.status, JobStatus.CHECKPOINTING), "updated_at": now})
         if j.status is JobStatus.RUNNING else None)
-    verdict = settle(ctl, job.job_id, now)  # before training started, the ready wait ends here
+    # Before training started the ready wait ends here; with recovery.launch_at_notice the outcome
+    # wait ends too, so recover launches the replacements while the ranks save (they drain).
+    verdict = settle(ctl, job.job_id, now)
     log.info("interruption notice", extra={"job_id": job.job_id, "node_id": node.node_id, "deadline": deadline,
                                            "directives": sent})
     return {"result": "applied", "job_id": job.job_id, "node_id": node.node_id, "deadline": deadline,
@@ -109,7 +130,25 @@ def rebalance(ctl: Controller, instance_id: str, event_time: float, now: float) 
     return {"result": "applied" if changed else "no-op", "job_id": job.job_id, "directives": sent}
 
 
+def _drained(ctl: Controller, instance_id: str) -> dict[str, Any] | None:
+    """A rank of an earlier attempt left to drain after a notice is gone: TERMINATED, so the
+    replacements waiting for it (agent ``wait_for_drain``) go on."""
+    found = current_node(ctl.store, instance_id)
+    if found is None:
+        return None
+    job, node = found
+    if node.attempt >= job.attempt or node.release_after is None or node.state is NodeState.TERMINATED:
+        return None
+    ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update={"state": NodeState.TERMINATED})
+                          if n.state is not NodeState.TERMINATED else None)
+    return {"result": "applied", "job_id": job.job_id, "node_id": node.node_id, "node_state": "TERMINATED",
+            "settled": None}
+
+
 def instance_state(ctl: Controller, instance_id: str, state: str, now: float) -> dict[str, Any]:
+    drained = _drained(ctl, instance_id) or _spare(ctl, instance_id, NodeState.TERMINATED)
+    if drained is not None:
+        return drained
     found = _ours(ctl, instance_id)
     if isinstance(found, dict):
         return found

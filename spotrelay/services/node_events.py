@@ -1,6 +1,8 @@
 """Agent events (source ``spotrelay.agent``): NodeReady, Heartbeat, CheckpointCommitted,
 TrainingExited, Anomaly. Each updates its node and job with conditional writes, then settles the
-workflow's waits. Events of an older attempt, an unknown node or a finished job are no-ops.
+workflow's waits. Events of an unknown node or a finished job are no-ops, and so are those of an
+older attempt, except a draining rank's (recovery.launch_at_notice): its emergency commit counts
+and its exit releases its node.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from spotrelay.contracts.events import (
     NodeReady,
     TrainingExited,
 )
+from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.domain.models import CheckpointRef, Job, Node, NodeState
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import NotFoundError
-from spotrelay.services.controller import Controller, attempt_nodes
+from spotrelay.services.controller import Controller, attempt_nodes, release_nodes
 from spotrelay.services.health import on_health_anomaly
 from spotrelay.services.waits import heartbeat, settle
 
@@ -38,6 +41,8 @@ def handle_agent_event(ctl: Controller, event: AgentEvent, now: float) -> dict[s
         return _ignored("unknown job", event)
     if job.status.terminal:
         return _ignored(f"job already {job.status.value}", event)
+    if event.attempt < job.attempt and isinstance(event, (CheckpointCommitted, TrainingExited)):
+        return _from_earlier_attempt(ctl, job, event, now)
     if event.attempt != job.attempt:
         return _ignored(f"late: attempt {event.attempt}, the job is on attempt {job.attempt}", event)
     try:
@@ -68,6 +73,27 @@ def handle_agent_event(ctl: Controller, event: AgentEvent, now: float) -> dict[s
     verdict = settle(ctl, job.job_id, now) if decides else None
     return {"result": "applied" if changed else "no-op", "kind": event.kind,
             "settled": verdict.outcome.value if verdict else None}
+
+
+def _from_earlier_attempt(ctl: Controller, job: Job, event: CheckpointCommitted | TrainingExited,
+                          now: float) -> dict[str, Any]:
+    """A rank left to drain after a notice (its replacements already launched) commits its emergency
+    save and exits: the save is the job's newest checkpoint; a dropped node is released on exit."""
+    if isinstance(event, CheckpointCommitted):
+        changed = _on_checkpoint(ctl, job, event, now)
+        return {"result": "applied" if changed else "no-op", "kind": event.kind, "settled": None}
+    try:
+        node = ctl.store.get_node(event.job_id, event.node_id)
+    except NotFoundError:
+        return _ignored("unknown node", event)
+    if node.release_after is None or node.instance_id != event.instance_id:
+        return _ignored(f"late: attempt {event.attempt}, the job is on attempt {job.attempt}", event)
+    changed = _update_node(ctl, node, lambda n: n.model_copy(update={
+        "state": NodeState.EXITED, "exit_code": event.exit_code}) if n.state not in _FINAL else None)
+    if event.exit_code == ExitCode.PREEMPTED_UNSAVED:
+        log.warning("emergency save missed its deadline", extra={"job_id": job.job_id, "rank": event.rank})
+    release_nodes(ctl, job, [ctl.store.get_node(job.job_id, node.node_id)])
+    return {"result": "applied" if changed else "no-op", "kind": event.kind, "settled": None}
 
 
 def _update_node(ctl: Controller, node: Node, change: Any) -> bool:

@@ -25,7 +25,7 @@ from spotrelay.domain.cost import attempt_cost
 from spotrelay.domain.models import Job, NodeState
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import BudgetExceededError, ConflictError, NotFoundError
-from spotrelay.services.controller import Controller, attempt_nodes, regions_of
+from spotrelay.services.controller import SPARE_LIVE, Controller, attempt_nodes, regions_of
 from spotrelay.services.notify import announce
 from spotrelay.services.waits import settle
 
@@ -50,7 +50,7 @@ def reconcile(ctl: Controller, now: float, stale_after_s: float = 300.0, regions
     for job in jobs:
         if job.execution_arn and _stuck(ctl, job, now, stuck_after_s):
             report["stuck"].append(job.job_id)
-    report["orphans"] = _orphans(ctl, jobs, regions or [])
+    report["orphans"] = _orphans(ctl, jobs, regions or [], now)
     report["profiles"] = _leaked_profiles(ctl, jobs)
     log.info("reconciled", extra=report)
     return report
@@ -149,7 +149,14 @@ def _leaked_profiles(ctl: Controller, live: list[Job]) -> list[str]:
     return deleted
 
 
-def _orphans(ctl: Controller, live: list[Job], regions: list[str]) -> list[str]:
+def _draining(ctl: Controller, job: Job, instance_id: str, now: float) -> bool:
+    """Still finishing its emergency save after a notice, or a hot spare standing by."""
+    return any(n.instance_id == instance_id and n.state is not NodeState.TERMINATED and (
+        (n.release_after is not None and now < n.release_after) or (n.spare and n.state in SPARE_LIVE))
+        for n in ctl.store.nodes_of(job.job_id))
+
+
+def _orphans(ctl: Controller, live: list[Job], regions: list[str], now: float) -> list[str]:
     scan = set(regions)
     for each in live:
         scan.update(regions_of(each))
@@ -164,6 +171,8 @@ def _orphans(ctl: Controller, live: list[Job], regions: list[str]) -> list[str]:
                 continue  # current (or being launched)
             if any(n.instance_id == inst.instance_id for n in attempt_nodes(ctl.store, job)):
                 continue  # a survivor carried into the current attempt
+            if _draining(ctl, job, inst.instance_id, now):
+                continue  # finishing its emergency save after a notice (recovery.launch_at_notice)
         doomed.setdefault(inst.pool.region, []).append(inst.instance_id)
     for region, ids in doomed.items():
         ctl.need_compute().terminate(ids, region)

@@ -11,21 +11,31 @@ records FAILED with that message.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
-from spotrelay.contracts.recovery import AttemptEnd, RecoveryAction, RecoveryPlan, Verdict
+from spotrelay.contracts.recovery import AttemptEnd, Promotion, RecoveryAction, RecoveryPlan, Verdict
 from spotrelay.contracts.workflow import WorkflowTimings
-from spotrelay.domain.models import Job, Node, NodeState
+from spotrelay.domain.models import Job, Node, NodeState, Pool
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import JobCancelledError, NoPlacementError
 from spotrelay.placement import PoolEvent
 from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery
-from spotrelay.services.controller import Controller, attempt_nodes, release_nodes, spec_of
+from spotrelay.services.controller import (
+    SPARE_LIVE,
+    Controller,
+    attempt_nodes,
+    release_nodes,
+    spare_nodes,
+    spec_of,
+)
 from spotrelay.services.notify import announce
 from spotrelay.services.workflow_tasks import _close_attempt
 
 log = logging.getLogger(__name__)
 _DEAD = (NodeState.DOOMED, NodeState.LOST, NodeState.TERMINATED)
+_SAVING = (NodeState.READY, NodeState.RUNNING, NodeState.DOOMED)  # may still commit an emergency save
+DRAIN_GRACE_S = 30.0  # after the reclaim time, a draining node is released whatever it says
 
 
 def backoff_seconds(timings: WorkflowTimings, retries: int) -> int:
@@ -89,7 +99,7 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
         raise JobCancelledError(f"job {job_id} is being cancelled")
     nodes = attempt_nodes(ctl.store, job)
     if job.status is JobStatus.RECOVERING:  # a retried task: the work is done, answer the same
-        return _result(job, nodes, timings, end.outcome, "")
+        return _result(job, nodes, timings, end, "", ctl.store.nodes_of(job_id))
     outcome, nodes = _settled_end(ctl, job, nodes, end, timings, now)
     if outcome.outcome is Verdict.CANCELLED:
         raise JobCancelledError(f"job {job_id}: {outcome.reason}")
@@ -102,6 +112,7 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
         ctl.pool_stats.record(current.pool.key, PoolEvent.OBSERVED, now, hours=hours)
     keep: list[str] = []
     action, reason = RecoveryAction.NEW_CLUSTER, outcome.reason
+    plan_pool = None
     try:
         assert ctl.market is not None
         res = spec.resources
@@ -110,12 +121,18 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
         plan = plan_recovery(RecoveryContext(spec=spec, outcome=outcome, nodes=nodes, quotes=quotes, stats=stats,
                                              now=now, excluded=frozenset(job.excluded_pools)))
         keep, action, reason = list(plan.keep_instance_ids), RecoveryAction(plan.action), plan.reason
+        plan_pool = plan.pool
     except NoPlacementError as exc:  # every pool cools down right now; Plan decides after the backoff
         log.info("no pool to recover into yet", extra={"job_id": job_id, "why": str(exc)})
     if outcome.outcome is Verdict.USER_ERROR and action is not RecoveryAction.NEW_CLUSTER:
         keep = []  # a user restart relaunches in place only through a new gang (simple and clean)
         action = RecoveryAction.NEW_CLUSTER
-    release_nodes(ctl, job, [n for n in nodes if n.instance_id not in keep])
+    home = plan_pool if action is not RecoveryAction.NEW_CLUSTER else None
+    spares = _promote_spares(ctl, job, home, nodes, keep)
+    dropped = [n for n in nodes if n.instance_id not in keep] + spares
+    if outcome.deadline is not None:  # a notice: ranks still saving drain; their replacements boot now
+        dropped = _drain(ctl, job, dropped, outcome.deadline + DRAIN_GRACE_S)
+    release_nodes(ctl, job, dropped)
 
     excluded = set(job.excluded_pools)
     if action is RecoveryAction.NEW_CLUSTER and current is not None and current.pool is not None and \
@@ -129,7 +146,8 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
         update: dict[str, Any] = {
             "status": transition(cur.status, JobStatus.RECOVERING), "updated_at": now, "task_tokens": {},
             "recoveries": decision.recoveries, "user_restarts": decision.user_restarts,
-            "steps_lost": cur.steps_lost + max(0, cur.last_step - ckpt_step),
+            # a notice's emergency save is still to come: it keeps every step (0 lost), or says otherwise
+            "steps_lost": cur.steps_lost + (0 if outcome.deadline is not None else max(0, cur.last_step - ckpt_step)),
             "excluded_pools": sorted(excluded),
         }
         update.update(_close_attempt(cur, now, outcome.outcome.value))
@@ -140,20 +158,52 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
         ctl.measure("Recoveries", 1)
         ctl.measure("StepsLost", updated.steps_lost - job.steps_lost)
     job = updated or ctl.store.get_job(job_id)
-    result = _result(job, attempt_nodes(ctl.store, job), timings, outcome.outcome, reason)
+    result = _result(job, attempt_nodes(ctl.store, job), timings, outcome, reason, ctl.store.nodes_of(job_id))
     announce(ctl.notifier, "interrupted", job, now, reason=outcome.reason, action=result.action.value,
              backoff_s=result.backoff_s, retry=decision.reason)
     log.info("recovering", extra={"job_id": job_id, **result.model_dump(mode="json")})
     return result
 
 
-def _result(job: Job, nodes: list[Node], timings: WorkflowTimings, outcome: Verdict, reason: str) -> RecoveryPlan:
+def _promote_spares(ctl: Controller, job: Job, home: Pool | None, nodes: list[Node], keep: list[str]) -> list[Node]:
+    """Hot spares in the survivors' pool take the lost ranks (``takes_rank``, the lowest first);
+    returns the spares to release (all of them when a new gang goes elsewhere)."""
+    spares = spare_nodes(ctl.store, job)
+    if home is None:
+        return spares
+    alive = {n.rank for n in nodes if n.instance_id in keep}
+    lost = [r for r in range(spec_of(job).resources.nodes) if r not in alive]
+    here = [s for s in spares if s.pool == home]
+    for rank, spare in zip(lost, here, strict=False):
+        ctl.store.update_node(job.job_id, spare.node_id, _taking(rank))
+    return [s for s in spares if s.pool != home]
+
+
+def _taking(rank: int) -> Callable[[Node], Node | None]:
+    return lambda n: n.model_copy(update={"takes_rank": rank}) if n.takes_rank is None else None
+
+
+def _drain(ctl: Controller, job: Job, dropped: list[Node], until: float) -> list[Node]:
+    """Dropped nodes still saving after a notice are left to finish (``release_after``): the agent
+    event of their exit, or reconcile after ``until``, releases them. Returns the rest (release now)."""
+    saving = [n for n in dropped if n.state in _SAVING]
+    for node in saving:
+        ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update={"release_after": until})
+                              if n.state in _SAVING and n.release_after is None else None)
+    return [n for n in dropped if n.state not in _SAVING]
+
+
+def _result(job: Job, nodes: list[Node], timings: WorkflowTimings, end: AttemptEnd, reason: str,
+            job_spares: list[Node]) -> RecoveryPlan:
     """The plan as the job store now holds it: whatever still runs is kept (a retried task answers
     the same), every other rank is launched in the survivors' pool."""
-    keep = sorted((n for n in nodes if n.state not in _DEAD), key=lambda n: n.rank)  # exited ranks still run
+    # exited ranks' instances still run; draining ones (release_after) are not kept
+    keep = sorted((n for n in nodes if n.state not in _DEAD and n.release_after is None), key=lambda n: n.rank)
     ranks = {n.rank for n in keep}
     size = int(job.spec.get("resources", {}).get("nodes", len(nodes)))
-    launch = [r for r in range(size) if r not in ranks]
+    promoted = [Promotion(rank=int(n.takes_rank), instance_id=n.instance_id) for n in job_spares
+                if n.spare and n.takes_rank is not None and n.takes_rank not in ranks and n.state in SPARE_LIVE]
+    launch = [r for r in range(size) if r not in ranks and r not in {p.rank for p in promoted}]
     pools = {n.pool for n in keep}
     pool = pools.pop() if len(pools) == 1 else None
     if not keep or pool is None:
@@ -161,10 +211,12 @@ def _result(job: Job, nodes: list[Node], timings: WorkflowTimings, outcome: Verd
     else:
         action = RecoveryAction.REPLACE_LOST if launch else RecoveryAction.RESTART_IN_PLACE
     return RecoveryPlan(
-        action=action, outcome=outcome, reason=reason,
-        backoff_s=backoff_seconds(timings, job.recoveries + job.user_restarts),
+        action=action, outcome=end.outcome, reason=reason,
+        # after a notice the replacements are wanted now: the window is the time they have to boot
+        backoff_s=0 if end.deadline is not None else backoff_seconds(timings, job.recoveries + job.user_restarts),
         recoveries=job.recoveries, user_restarts=job.user_restarts,
         pool=pool if action is not RecoveryAction.NEW_CLUSTER else None,
         keep_instance_ids=[n.instance_id for n in keep] if action is not RecoveryAction.NEW_CLUSTER else [],
         launch_ranks=launch if action is not RecoveryAction.NEW_CLUSTER else list(range(size)),
+        promoted=promoted if action is not RecoveryAction.NEW_CLUSTER else [],
     )

@@ -20,7 +20,7 @@ from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import ConflictError, InvalidTransitionError, JobCancelledError
 from spotrelay.recovery.classify import classify_nodes
-from spotrelay.services.controller import Controller, attempt_nodes
+from spotrelay.services.controller import Controller, attempt_nodes, spec_of
 from spotrelay.services.notify import announce, recovery_downtime
 
 log = logging.getLogger(__name__)
@@ -64,13 +64,23 @@ def outcome_verdict(job: Job, nodes: list[Node]) -> AttemptEnd | None:
 
     When it ends is decided here: an unannounced loss, a user error or an infrastructure error ends
     it at once (the other ranks would hang in a collective); after an interruption notice it ends
-    when every rank is done, so the emergency checkpoint can finish.
+    when every rank is done, so the emergency checkpoint can finish; or, with the spec's
+    ``recovery.launch_at_notice``, at once with the notice's ``deadline``: the ranks keep saving
+    (they drain) while recover launches their replacements.
     """
     if not nodes:
         return None
     if any(_broken(n) for n in nodes) or all(n.state in GONE for n in nodes):
         return _classify(job, nodes)
+    reclaims = [n.reclaim_at for n in nodes if n.state is NodeState.DOOMED and n.reclaim_at is not None]
+    if reclaims and _launch_at_notice(job):
+        end = _classify(job, nodes)  # interrupted: the doomed ranks are lost, the others still save
+        return end.model_copy(update={"deadline": max(reclaims), "saved": None})
     return None
+
+
+def _launch_at_notice(job: Job) -> bool:
+    return spec_of(job).recovery.launch_at_notice
 
 
 def settle(ctl: Controller, job_id: str, now: float) -> AttemptEnd | None:

@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 from spotrelay.contracts.events import Directive
-from spotrelay.contracts.recovery import Candidate, Launched, LaunchPlan, RecoveryPlan
+from spotrelay.contracts.recovery import Candidate, Launched, LaunchPlan, Promotion, RecoveryPlan
 from spotrelay.domain.cost import attempt_cost
 from spotrelay.domain.models import Attempt, Job, Node, NodeState, node_id_for
 from spotrelay.domain.status import JobStatus, transition
@@ -25,7 +25,14 @@ from spotrelay.placement.policy import score_pool
 from spotrelay.placement.pool_stats import PoolStats
 from spotrelay.ports.compute import LaunchRequest
 from spotrelay.ports.market import PoolQuote
-from spotrelay.services.controller import Controller, attempt_nodes, regions_of, release_nodes, spec_of
+from spotrelay.services.controller import (
+    SPARE_LIVE,
+    Controller,
+    regions_of,
+    release_nodes,
+    spare_nodes,
+    spec_of,
+)
 from spotrelay.services.notify import announce
 from spotrelay.settings import settings
 from spotrelay.spec.models import JobSpec
@@ -73,8 +80,8 @@ def plan(ctl: Controller, job_id: str, now: float, recovery: RecoveryPlan | None
     launch = _keeping_plan(spec, recovery, job, quotes, stats) if recovery.keeps else None
     if launch is None:
         if recovery.keep_instance_ids:  # the survivors' pool refused the replacements: they go too
-            kept = set(recovery.keep_instance_ids)
-            release_nodes(ctl, job, [n for n in attempt_nodes(ctl.store, job) if n.instance_id in kept])
+            kept = set(recovery.keep_instance_ids) | {p.instance_id for p in recovery.promoted}
+            release_nodes(ctl, job, [n for n in ctl.store.nodes_of(job_id) if n.instance_id in kept])
         launch = _new_gang_plan(spec, job, quotes, stats, now)
 
     def to_placing(current: Job) -> Job | None:
@@ -100,7 +107,8 @@ def _keeping_plan(spec: JobSpec, recovery: RecoveryPlan, job: Job, quotes: list[
     scored = score_pool(spec, quote, stats.get(home.key))
     return LaunchPlan(candidates=[Candidate(pool=home, price_per_hour=quote.price_per_hour,
                                             score=round(scored.score, 4))],
-                      launch_ranks=list(recovery.launch_ranks), keep_instance_ids=list(recovery.keep_instance_ids))
+                      launch_ranks=list(recovery.launch_ranks), keep_instance_ids=list(recovery.keep_instance_ids),
+                      promoted=list(recovery.promoted))
 
 
 def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict[str, PoolStats],
@@ -131,16 +139,19 @@ def provision(ctl: Controller, job_id: str, plan_result: LaunchPlan, now: float)
             "status": transition(job.status, JobStatus.PROVISIONING), "updated_at": now}), job.status, job.version)
     ranks = list(plan_result.launch_ranks)  # [] is meaningful: every rank survived (restart in place)
     keep = list(plan_result.keep_instance_ids)
+    spec = spec_of(job)
+    spare_ranks = _spare_ranks(ctl, job, spec, plan_result)
     attempt = job.attempt + 1
     failed: list[str] = []
     last_error: Exception | None = None
     compute = ctl.need_compute()
     for candidate in plan_result.candidates:
         pool = candidate.pool
-        request = LaunchRequest(job_id=job_id, attempt=attempt, pool=pool, count=len(ranks), ranks=ranks,
+        wanted = ranks + spare_ranks  # spares boot with the ranks; nothing waits for them
+        request = LaunchRequest(job_id=job_id, attempt=attempt, pool=pool, count=len(wanted), ranks=wanted,
                                 config_uri=f"s3://{settings().bucket}/{job.submission_key}")
         try:
-            instances = compute.launch(request) if ranks else []
+            instances = compute.launch(request) if wanted else []
         except (InsufficientCapacityError, QuotaExceededError) as exc:
             event = PoolEvent.QUOTA_EXCEEDED if isinstance(exc, QuotaExceededError) else PoolEvent.CAPACITY_FAILURE
             ctl.pool_stats.record(pool.key, event, now)
@@ -150,13 +161,17 @@ def provision(ctl: Controller, job_id: str, plan_result: LaunchPlan, now: float)
             continue
         ctl.pool_stats.record(pool.key, PoolEvent.LAUNCHED, now)
         nodes = [Node(job_id=job_id, node_id=node_id_for(attempt, i.rank), attempt=attempt, rank=i.rank,
-                      instance_id=i.instance_id, pool=pool, private_ip=i.private_ip, launched_at=now)
+                      instance_id=i.instance_id, pool=pool, private_ip=i.private_ip, launched_at=now,
+                      spare=i.rank in spare_ranks)
                  for i in instances]
         nodes += _carry_survivors(ctl, job, keep, attempt, now)
+        nodes += promote_spares(ctl, job, plan_result.promoted, attempt, now)
         for node in nodes:
             ctl.store.put_node(node)
+        spares = len(spare_nodes(ctl.store, job))  # the new ones and those still standing by
         record = Attempt(number=attempt, pool=pool, price_per_hour=candidate.price_per_hour,
-                         nodes=len(nodes), started_at=now,  # billing starts at launch, not at NodeReady
+                         nodes=len([n for n in nodes if not n.spare]) + spares, spares=spares,
+                         started_at=now,  # billing starts at launch, not at NodeReady
                          resumed_from_step=job.last_checkpoint.step if job.last_checkpoint else None)
 
         def started(current: Job, record: Attempt = record) -> Job:
@@ -187,6 +202,36 @@ def _carry_survivors(ctl: Controller, job: Job, keep: list[str], attempt: int, n
         "node_id": node_id_for(attempt, n.rank), "attempt": attempt, "version": 0, "state": NodeState.PENDING,
         "directive": Directive.restart(job.job_id, attempt, n.rank, now, why).model_dump(mode="json"),
         "exit_code": None}) for n in old]
+
+
+def _spare_ranks(ctl: Controller, job: Job, spec: JobSpec, plan_result: LaunchPlan) -> list[int]:
+    """Ranks (past the gang's) for the hot spares to launch now: ``resources.spares`` minus those
+    standing by and not taking a rank in this plan."""
+    taking = {p.instance_id for p in plan_result.promoted}
+    standing = [n for n in spare_nodes(ctl.store, job) if n.instance_id not in taking]
+    used = {n.rank for n in standing}
+    free = (r for r in range(spec.resources.nodes, spec.resources.nodes + 2 * spec.resources.spares + 1)
+            if r not in used)
+    return [next(free) for _ in range(max(0, spec.resources.spares - len(standing)))]
+
+
+def promote_spares(ctl: Controller, job: Job, promoted: list[Promotion], attempt: int, now: float) -> list[Node]:
+    """Hot spares recover chose take their ranks in the new attempt: a gang record each with a
+    RESTART directive (like a survivor); their spare record ends (EXITED)."""
+    records: list[Node] = []
+    for take in promoted:
+        spare = next((n for n in ctl.store.nodes_of(job.job_id) if n.spare and n.instance_id == take.instance_id),
+                     None)
+        if spare is None or spare.state not in SPARE_LIVE:
+            continue  # gone meanwhile: the workflow's ready wait times out and recovers that rank
+        why = f"hot spare takes rank {take.rank}; attempt {attempt}"
+        records.append(spare.model_copy(update={
+            "node_id": node_id_for(attempt, take.rank), "attempt": attempt, "rank": take.rank, "version": 0,
+            "state": NodeState.PENDING, "spare": False, "takes_rank": None, "exit_code": None,
+            "directive": Directive.restart(job.job_id, attempt, take.rank, now, why).model_dump(mode="json")}))
+        ctl.store.update_node(job.job_id, spare.node_id, lambda n: n.model_copy(update={"state": NodeState.EXITED})
+                              if n.state in SPARE_LIVE else None)
+    return records
 
 
 def _launch_result(job: Job) -> Launched:

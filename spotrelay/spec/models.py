@@ -83,6 +83,7 @@ class Resources(Strict):
     markets: list[Market] = Field(default_factory=lambda: [Market.SPOT, Market.ON_DEMAND], min_length=1)
     regions: list[str] = Field(default_factory=lambda: ["us-east-1"], min_length=1, max_length=4)
     max_hourly_price: float | None = Field(None, gt=0, description="USD per instance-hour, any market")
+    spares: int = Field(0, ge=0, le=64, description="hot spares booted with the gang; they take a lost rank")
 
     @field_validator("instance_types")
     @classmethod
@@ -150,7 +151,11 @@ class Checkpoint(Strict):
 
 
 class Recovery(Strict):
-    strategy: Literal["replace-cluster", "replace-lost-nodes"] = "replace-cluster"
+    # replace-lost-nodes keeps survivors while their pool is still the best choice, else a new gang
+    strategy: Literal["replace-cluster", "replace-lost-nodes"] = "replace-lost-nodes"
+    launch_at_notice: bool = Field(True, description="boot the doomed ranks' replacements during the notice")
+    prewarm_on_rebalance: bool = Field(False, description="boot a standby on a rebalance recommendation")
+    prewarm_wait_s: float = Field(600.0, gt=0, le=3600, description="release the standby if no notice by then")
     max_recoveries: int = Field(10, ge=0, le=1000)
     max_user_restarts: int = Field(0, ge=0, le=100)
     retry_exit_codes: list[int] = Field(default_factory=list)

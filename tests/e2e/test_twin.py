@@ -37,6 +37,8 @@ def _spec() -> str:
     # 24 steps would all fit into the notice window: stop at the notice here (the demo trains on)
     data["entrypoint"].setdefault("env", {})["SPOTRELAY_NOTICE_TRAINING"] = "0"
     data.pop("tracking", None)
+    # this test follows a whole new gang after the ranks stopped (the demo shows the default path)
+    data["recovery"].update(strategy="replace-cluster", launch_at_notice=False)
     return yaml.safe_dump(data)
 
 

@@ -125,7 +125,8 @@ def spec(nodes: int = 2, **recovery: Any) -> dict[str, Any]:
         "resources": {"nodes": nodes, "gpus_per_node": 0, "instance_types": ["p5.48xlarge", "p4d.24xlarge"],
                       "regions": ["us-east-1"]},
         "checkpoint": {"every_steps": 10},
-        "recovery": {"max_recoveries": 2, **recovery},
+        # the original policy (whole new gang after the attempt ended) unless a test asks otherwise
+        "recovery": {"max_recoveries": 2, "strategy": "replace-cluster", "launch_at_notice": False, **recovery},
     }
 
 

@@ -59,13 +59,24 @@ def test_replace_lost_nodes_keeps_survivors_in_the_same_pool() -> None:
     assert plan.keep_instance_ids == ["i-0", "i-1", "i-3"] and plan.terminate_instance_ids == ["i-2"]
 
 
-def test_replace_lost_nodes_falls_back_when_the_pool_cools_down() -> None:
+def test_a_cooldown_does_not_evict_the_survivors() -> None:
+    # the notice that dooms rank 1 cools the pool down: that governs new gangs, not these survivors
     stats = {HOME.key: apply_event(empty_stats(HOME.key), PoolEvent.INTERRUPTED, NOW - 60)}
     plan = plan_recovery(ctx(spec(), gang({1: NodeState.DOOMED}), stats=stats))
+    assert plan.action == "replace-lost" and plan.pool == HOME and plan.launch_ranks == [1]
+    assert plan.keep_instance_ids == ["i-0", "i-2", "i-3"] and plan.terminate_instance_ids == ["i-1"]
+    # the interruption still weighs in the survivors' pool's score
+    calm = plan_recovery(ctx(spec(), gang({1: NodeState.DOOMED})))
+    assert plan.scored is not None and calm.scored is not None and plan.scored.score > calm.scored.score
+
+
+def test_replace_lost_nodes_falls_back_when_the_pool_is_excluded() -> None:
+    c = ctx(spec(), gang({1: NodeState.DOOMED})).model_copy(update={"excluded": frozenset({HOME.key})})
+    plan = plan_recovery(c)
     assert plan.action == "new-cluster" and plan.pool != HOME
     assert plan.launch_ranks == [0, 1, 2, 3]
     assert plan.terminate_instance_ids == ["i-0", "i-1", "i-2", "i-3"]  # the doomed one too
-    assert "cooling down" in plan.reason
+    assert "not usable: excluded" in plan.reason
 
 
 def test_replace_lost_nodes_moves_when_another_pool_is_cheaper_per_useful_hour() -> None:

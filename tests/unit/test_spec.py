@@ -52,7 +52,8 @@ def test_minimal_defaults() -> None:
     spec = parse_spec(json.dumps(MINIMAL))
     assert spec.resources.instance_types == ["p5.48xlarge", "p4d.24xlarge"]
     assert [m.value for m in spec.resources.markets] == ["spot", "on-demand"]
-    assert spec.recovery.strategy == "replace-cluster"
+    assert spec.recovery.strategy == "replace-lost-nodes" and spec.recovery.launch_at_notice
+    assert spec.resources.spares == 0 and not spec.recovery.prewarm_on_rebalance
 
 
 @pytest.mark.parametrize(

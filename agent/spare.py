@@ -1,0 +1,87 @@
+"""A hot spare (``resources.spares``): booted with the gang, out of training. It keeps the job's
+newest committed checkpoint in its local tier, so when recover promotes it to a lost rank (a node
+record for it in the next attempt with a RESTART directive) it restores without a download.
+
+Detect (a newer manifest in S3, a record that adopts this instance) and act (copy the step into the
+local tier) are kept apart: :class:`SpareCache` only mirrors; the daemon's stand-by loop decides.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from agent.checkpoint.local_tier import LocalTier
+from agent.checkpoint.restore import materialize
+from agent.checkpoint.s3_tier import S3Tier
+from spotrelay.domain.models import Node, NodeState
+from spotrelay.errors import CorruptCheckpointError
+
+log = logging.getLogger("spotrelay.agent")
+
+
+class SpareCache:
+    """Mirrors the newest committed step from S3 into this node's local tier (keeps ``keep``)."""
+
+    def __init__(self, local_dir: Path, uri: str | None, keep: int = 2, s3: S3Tier | None = None) -> None:
+        self.local = LocalTier(local_dir)
+        self.s3 = s3 if s3 is not None else (S3Tier(uri) if uri else None)
+        self.keep = max(1, keep)
+        self.cached: int | None = max(self.local.steps(), default=None)
+
+    def refresh(self) -> int | None:
+        """Copy the newest committed step if it is newer than the local one; returns the local newest."""
+        if self.s3 is None:
+            return self.cached
+        newest = self.s3.latest()
+        if newest is None or (self.cached is not None and newest <= self.cached):
+            return self.cached
+        try:
+            materialize(newest, self.local, self.s3)
+        except CorruptCheckpointError as exc:  # a step being pruned or still uploading: next poll
+            log.info("spare could not mirror step %s: %s", newest, exc)
+            return self.cached
+        self.cached = newest
+        self.local.prune(self.keep, protect={newest})
+        log.info("spare holds step %s locally", newest)
+        return newest
+
+
+class StandBy:
+    """One poll of a spare on the bench: still wanted (``alive``), then mirror the newest step."""
+
+    def __init__(self, cache: SpareCache, alive: Callable[[], bool]) -> None:
+        self.cache, self.alive = cache, alive
+
+    def tick(self) -> bool:
+        if not self.alive():
+            return False
+        try:
+            self.cache.refresh()
+        except Exception as exc:  # S3 unreachable for a while: the next poll tries again
+            log.warning("spare could not refresh its checkpoint: %s", exc)
+        return True
+
+
+def draining_ranks(nodes: list[Node], attempt: int, now: float) -> list[int]:
+    """Ranks of earlier attempts left to finish their emergency save after a notice
+    (``release_after`` set by recover) that have not exited yet: replacements wait for them."""
+    return sorted(n.rank for n in nodes
+                  if n.attempt < attempt and n.release_after is not None and now < n.release_after
+                  and n.state in (NodeState.READY, NodeState.RUNNING, NodeState.DOOMED))
+
+
+def wait_for_drain(read_nodes: Callable[[], list[Node]], attempt: int, clock: Callable[[], float],
+                   sleep: Callable[[float], None], stopping: Callable[[], bool]) -> None:
+    """Replacements launched during a notice wait here, before the rendezvous, until the ranks they
+    replace committed their emergency save and exited: training then restores the newest step."""
+    logged = False
+    while not stopping():
+        ranks = draining_ranks(read_nodes(), attempt, clock())
+        if not ranks:
+            return
+        if not logged:
+            log.info("waiting for the previous gang's emergency save (ranks %s)", ranks)
+            logged = True
+        sleep(1.0)

@@ -1,0 +1,90 @@
+"""Hot spares (resources.spares) in moto's Step Functions with our handlers: booted with the gang
+and out of it, a spare takes a doomed or lost rank (no launch for that rank), and a new spare is
+launched in the background; spares are billed in the attempt's ledger."""
+
+from __future__ import annotations
+
+from functions import on_agent_event, on_instance_state, on_interruption_notice
+from spotrelay.domain.models import Node, NodeState
+from spotrelay.domain.status import JobStatus
+from tests.integration.controller_doubles import agent_event, ctx, ec2_event, new_job, wait_until
+from tests.integration.test_workflow_job_run import Harness, wf
+
+__all__ = ["wf"]
+
+
+def _spare_job(wf: Harness) -> tuple[str, list[Node], Node]:
+    job = new_job(wf.store, strategy="replace-lost-nodes", launch_at_notice=True)
+    wf.store.update_job(job.job_id, lambda j: j.model_copy(update={
+        "spec": {**j.spec, "resources": {**j.spec["resources"], "spares": 1}}}))
+    arn = wf.start(job)
+    everyone = wf.gang(1)
+    gang = [n for n in everyone if not n.spare]
+    spares = [n for n in everyone if n.spare]
+    assert [n.rank for n in gang] == [0, 1] and [n.rank for n in spares] == [2]
+    assert wf.compute.launched[0].ranks == [0, 1, 2]  # the spare boots with the gang, in its pool
+    for node in everyone:
+        on_agent_event.handler(agent_event("NodeReady", node), ctx())
+    wait_until(lambda: wf.job().status is JobStatus.RUNNING, what="RUNNING")
+    first = wf.job().attempts[0]
+    assert (first.nodes, first.spares) == (3, 1)  # billed with the gang
+    return arn, gang, spares[0]
+
+
+def _attempt(wf: Harness, attempt: int) -> list[Node]:
+    def launched() -> list[Node] | None:
+        job = wf.job()
+        nodes = [n for n in wf.store.nodes_of(job.job_id) if n.attempt == attempt]
+        return nodes if job.attempt == attempt and job.status is JobStatus.STARTING else None
+    found: list[Node] = wait_until(launched, what=f"attempt {attempt}")
+    return sorted(found, key=lambda n: n.rank)
+
+
+def _finish(wf: Harness, arn: str, nodes: list[Node]) -> None:
+    gang = [n for n in nodes if not n.spare]
+    for node in gang:
+        on_agent_event.handler(agent_event("NodeReady", node), ctx())
+    wait_until(lambda: wf.job().status is JobStatus.RUNNING, what="RUNNING again")
+    wf.exit_all(gang, 0)
+    assert wf.finished(arn)["status"] == "SUCCEEDED"
+    assert wf.compute.running("job-under-test") == []  # the spares are torn down with the job
+
+
+def test_a_spare_takes_the_doomed_rank_at_the_notice(wf: Harness) -> None:
+    arn, (survivor, doomed), spare = _spare_job(wf)
+    notice = ec2_event("ec2_spot_interruption_warning.json", doomed.instance_id)
+    assert on_interruption_notice.handler(notice, ctx())["result"] == "applied"
+    second = _attempt(wf, 2)
+    ranks = {n.rank: n for n in second if not n.spare}
+    assert ranks[0].instance_id == survivor.instance_id
+    assert ranks[1].instance_id == spare.instance_id  # the spare takes rank 1: nothing boots for it
+    assert ranks[1].directive is not None and ranks[1].directive["kind"] == "RESTART"
+    assert ranks[1].directive["rank"] == 1
+    assert [r.ranks for r in wf.compute.launched] == [[0, 1, 2], [2]]  # only a new spare, in the background
+    assert [n.spare for n in second if n.rank == 2] == [True]
+    assert wf.store.get_node("job-under-test", spare.node_id).state is NodeState.EXITED  # off the bench
+    assert (wf.job().attempts[1].nodes, wf.job().attempts[1].spares) == (3, 1)
+    wf.exit_all([survivor, doomed], 75, last_step=8, last_committed_step=8)
+    _finish(wf, arn, second)
+
+
+def test_a_spare_takes_a_rank_lost_without_notice(wf: Harness) -> None:
+    arn, (survivor, lost), spare = _spare_job(wf)
+    on_instance_state.handler(ec2_event("ec2_instance_state_terminated.json", lost.instance_id), ctx())
+    second = _attempt(wf, 2)
+    ranks = {n.rank: n for n in second if not n.spare}
+    assert (ranks[0].instance_id, ranks[1].instance_id) == (survivor.instance_id, spare.instance_id)
+    assert [r.ranks for r in wf.compute.launched] == [[0, 1, 2], [2]]
+    _finish(wf, arn, second)
+
+
+def test_a_doomed_spare_leaves_the_gang_alone(wf: Harness) -> None:
+    arn, gang, spare = _spare_job(wf)
+    wait_until(lambda: "outcome" in wf.job().task_tokens, what="outcome wait registered")
+    notice = ec2_event("ec2_spot_interruption_warning.json", spare.instance_id)
+    assert on_interruption_notice.handler(notice, ctx())["node_state"] == "DOOMED"
+    current = wf.job()
+    assert current.status is JobStatus.RUNNING and current.attempt == 1 and "outcome" in current.task_tokens
+    assert [wf.store.get_node(n.job_id, n.node_id).directive for n in gang] == [None, None]
+    wf.exit_all(gang, 0)
+    assert wf.finished(arn)["status"] == "SUCCEEDED"
