@@ -68,7 +68,7 @@ def draining_ranks(nodes: list[Node], attempt: int, now: float) -> list[int]:
     """Ranks of earlier attempts left to finish their emergency save after a notice
     (``release_after`` set by recover) that have not exited yet: replacements wait for them."""
     return sorted(n.rank for n in nodes
-                  if n.attempt < attempt and n.release_after is not None and now < n.release_after
+                  if n.attempt < attempt and not n.spare and n.release_after is not None and now < n.release_after
                   and n.state in (NodeState.READY, NodeState.RUNNING, NodeState.DOOMED))
 
 

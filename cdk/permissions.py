@@ -55,10 +55,11 @@ _WRITE = frozenset({"dynamodb:PutItem"})
 ACTIONS: dict[str, frozenset[str]] = {
     "on_submission": frozenset({"dynamodb:GetItem", "s3:GetObject", "s3:PutObject", "states:StartExecution"})
     | _WRITE | NOTIFY,
-    "on_agent_event": IDEMPOTENCY | _READ | NOTIFY | {"states:SendTaskSuccess", "states:SendTaskHeartbeat"},
+    "on_agent_event": IDEMPOTENCY | _READ | NOTIFY | {"states:SendTaskSuccess", "states:SendTaskHeartbeat",
+                                                      "ec2:TerminateInstances"},  # releases a drained rank
     "on_instance_state": IDEMPOTENCY | _READ | NOTIFY | {"states:SendTaskSuccess"},
     "on_interruption_notice": IDEMPOTENCY | _READ | NOTIFY | {"states:SendTaskSuccess"},
-    "on_rebalance": IDEMPOTENCY | _READ,
+    "on_rebalance": IDEMPOTENCY | _READ | {"states:SendTaskSuccess"},  # asks the workflow for a standby
     "reconcile": IDEMPOTENCY | _READ | NOTIFY | TEARDOWN | {
         "iam:ListRoles", "iam:ListRoleTags",  # the sweep of leaked per-job roles
         "states:DescribeExecution", "states:StopExecution", "states:SendTaskSuccess", "states:SendTaskFailure",

@@ -1,4 +1,5 @@
-"""Workflow task: gang-launch in the first candidate pool with capacity; capacity errors propagate."""
+"""Workflow task: gang-launch in the first candidate pool with capacity (capacity errors propagate);
+or, from the Prewarm state, one rebalance standby (the one function that launches)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ from spotrelay.services.task_payloads import ProvisionTask
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     task = ProvisionTask.model_validate(event)
     logger.append_keys(job_id=task.job_id)
+    if task.standby is not None:  # the Prewarm state (recovery.prewarm_on_rebalance)
+        from spotrelay.services.prewarm import prewarm
+
+        return prewarm(controller(), task.job_id, task.standby, time.time())
     from spotrelay.services.workflow_tasks import provision
 
+    assert task.plan is not None
     return provision(controller(), task.job_id, task.plan, time.time()).model_dump(mode="json")

@@ -173,13 +173,15 @@ def demo(
     live: Annotated[bool, typer.Option(help="live Rich view (off: one line per change)")] = True,
     s3_mb_s: Annotated[float, typer.Option(help="the nodes' S3 bandwidth, MB/s (0: unthrottled)")] = 0.5,
     timeout_s: Annotated[float, typer.Option(help="seconds from the submission to a finished job")] = 900.0,
+    spares: Annotated[int | None, typer.Option(min=0, max=4, help="hot spares booted with the gang")] = None,
 ) -> None:
     """Run the whole system on this machine: submit a 2-node job, interrupt it with a spot notice,
     lose a node without notice, recover both, and check the result against an uninterrupted run."""
     from spotrelay.local.demo import DemoOptions, run_demo
 
     opts = DemoOptions(
-        out=out_dir, json_path=json_file, spec=spec, live=live, s3_mb_s=s3_mb_s or None, timeout_s=timeout_s
+        out=out_dir, json_path=json_file, spec=spec, live=live, s3_mb_s=s3_mb_s or None, timeout_s=timeout_s,
+        spares=spares,
     )
     summary = run_demo(opts)
     raise typer.Exit(0 if summary.ok else 1)

@@ -38,6 +38,9 @@ class Verdict(StrEnum):
     """The ready wait timed out (the ASL's ReadyTimedOut): some node never came up."""
     HEARTBEAT_TIMEOUT = "heartbeat-timeout"
     """The outcome wait missed its heartbeat (the ASL's OutcomeTimedOut): the gang went silent."""
+    REBALANCE = "rebalance"
+    """A rebalance recommendation with ``recovery.prewarm_on_rebalance``: boot a standby for
+    ``lost_ranks`` until ``deadline`` (the ASL's Prewarm), then wait again. Ends no attempt."""
 
     @property
     def timed_out(self) -> bool:
@@ -45,7 +48,7 @@ class Verdict(StrEnum):
 
     @property
     def retryable(self) -> bool:
-        return self not in (Verdict.READY, Verdict.SUCCEEDED, Verdict.CANCELLED)
+        return self not in (Verdict.READY, Verdict.SUCCEEDED, Verdict.CANCELLED, Verdict.REBALANCE)
 
 
 class AttemptEnd(BaseModel):

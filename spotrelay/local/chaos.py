@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from spotrelay.contracts.control import read_progress
+from spotrelay.domain.models import Node
 from spotrelay.local.compute import LocalCompute, LocalInstance
 from spotrelay.local.market import ChaosAction, MarketModel
 
@@ -33,15 +34,34 @@ def node_step(li: LocalInstance) -> int | None:
     return read_progress(li.work_dir / "control")
 
 
+Places = dict[str, tuple[int, int]]  # instance id -> (attempt, rank) it serves now
+
+
+def places_of(nodes: list[Node]) -> Places:
+    """Where each instance trains now, from the node records: a survivor kept by replace-lost-nodes
+    or a promoted spare serves a later attempt (and maybe another rank) than its launch tags say;
+    a spare on the bench serves none."""
+    out: Places = {}
+    for node in sorted(nodes, key=lambda n: n.attempt):
+        if node.spare:
+            out.pop(node.instance_id, None)
+        else:
+            out[node.instance_id] = (node.attempt, node.rank)
+    return out
+
+
 class ChaosDriver:
-    def __init__(self, market: MarketModel, compute: LocalCompute, seed: int = 7, every_s: float = 0.25) -> None:
+    def __init__(self, market: MarketModel, compute: LocalCompute, seed: int = 7, every_s: float = 0.25,
+                 where: Callable[[], Places] | None = None) -> None:
         self.market = market
         self.compute = compute
+        self.where = where  # None: the launch tags (attempt, rank) say where an instance serves
         self.every_s = every_s
         self.fired: list[Fired] = []
         self.listeners: list[Callable[[Fired], None]] = []
         self._rng = random.Random(seed)
         self._t0 = time.time()
+        self._places: Places = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="chaos")
 
@@ -57,9 +77,10 @@ class ChaosDriver:
     def tick(self) -> None:
         elapsed = time.time() - self._t0
         alive = [li for li in self.compute.instances() if li.alive and li.booted_at is not None]
+        self._places = self.where() if self.where is not None else {}
         by_attempt: dict[tuple[str | None, int | None], list[LocalInstance]] = {}
         for li in alive:
-            by_attempt.setdefault((li.instance.job_id, li.instance.attempt), []).append(li)
+            by_attempt.setdefault((li.instance.job_id, self._place(li)[0]), []).append(li)
         for (_, attempt), gang in by_attempt.items():
             steps = [s for s in (node_step(li) for li in gang) if s is not None]
             step = max(steps) if steps else None
@@ -71,10 +92,14 @@ class ChaosDriver:
                 victim = self._rng.choice(spot)
                 self._apply("interrupt", victim, None, "trace")
 
+    def _place(self, li: LocalInstance) -> tuple[int | None, int | None]:
+        return self._places.get(li.instance.instance_id, (li.instance.attempt, li.instance.rank)) \
+            if self.where is None or li.instance.instance_id in self._places else (None, None)
+
     def _fire(self, action: ChaosAction, gang: list[LocalInstance], step: int | None) -> None:
         for li in gang:
-            i = li.instance
-            if action.node in (i.instance_id, f"a{i.attempt}-r{i.rank}", str(i.rank)):
+            attempt, rank = self._place(li)
+            if action.node in (li.instance.instance_id, f"a{attempt}-r{rank}", str(rank)):
                 self._apply(action.kind, li, step, "script")
                 return
         log.warning(
@@ -90,7 +115,8 @@ class ChaosDriver:
             self.compute.interrupt(iid)
         else:
             self.compute.kill(iid)
-        fired = Fired(time.time(), kind, iid, f"a{li.instance.attempt}-r{li.instance.rank}", step, source)
+        attempt, rank = self._place(li)
+        fired = Fired(time.time(), kind, iid, f"a{attempt}-r{rank}", step, source)
         self.fired.append(fired)
         for listener in self.listeners:
             listener(fired)

@@ -23,7 +23,7 @@ from rich.live import Live
 from spotrelay.contracts.control import PROGRESS_FILE, read_events
 from spotrelay.domain.models import Job, Node
 from spotrelay.local import demo_report as report
-from spotrelay.local.chaos import ChaosDriver, Fired, node_step
+from spotrelay.local.chaos import ChaosDriver, Fired, node_step, places_of
 from spotrelay.local.code_delivery import deliver_script_dir
 from spotrelay.local.compute import LocalInstance
 from spotrelay.local.demo_summary import RESULT, print_summary, summarize
@@ -57,11 +57,15 @@ class DemoOptions:
     notice_window_s: float = 30.0
     s3_mb_s: float | None = 0.5  # the nodes' S3 through a bandwidth throttle (None: full speed)
     reference: bool = True
+    spares: int | None = None  # resources.spares for the job (None: the example's own)
 
 
-def prepare_spec(path: Path, out: Path, step_sleep_s: float, steps: int | None = None) -> tuple[str, str]:
+def prepare_spec(path: Path, out: Path, step_sleep_s: float, steps: int | None = None,
+                 spares: int | None = None) -> tuple[str, str]:
     """The example spec with the demo's pacing and length, per-node results and the local MLflow store."""
     data = yaml.safe_load(path.read_text())
+    if spares is not None:
+        data["resources"]["spares"] = spares
     args = [a for a in data["entrypoint"].get("args", [])]
     args += ["--step-sleep", str(step_sleep_s), "--out", RESULT] + (["--steps", str(steps)] if steps else [])
     data["entrypoint"]["args"] = args
@@ -83,7 +87,8 @@ class Recorder:
         self.nodes: list[Node] = []
         self.steps: dict[str, int | None] = {}
         self._status: str | None = None
-        self._resumed: dict[str, int] = {}
+        self._resumed: dict[str, tuple[int, int]] = {}  # instance -> (attempt, step) of its newest resume
+        self._resumes_seen: dict[str, int] = {}
 
     def on_delivery(self, d: Delivery) -> None:
         what = d.detail_type or "schedule"
@@ -123,25 +128,27 @@ class Recorder:
             self._watch_resume(li)
 
     def _watch_resume(self, li: LocalInstance) -> None:
-        """Close a fault when a later attempt has finished a step after resuming."""
-        attempt = li.instance.attempt or 0
+        """Close a fault when a later attempt has finished a step after resuming. An instance serves
+        the attempt its newest node record says (a survivor or a promoted spare outlives its launch
+        attempt); only a resume seen in that attempt counts."""
         iid = li.instance.instance_id
-        if iid not in self._resumed:
-            events, _ = read_events(li.work_dir / "control")
-            resumed = [e for e in events if e.kind == "resumed"]
-            if resumed:
-                self._resumed[iid] = resumed[0].step
-                self.log.add(f"a{attempt}-r{li.instance.rank} resumed from step {resumed[0].step}", "green")
-                if self.on_resumed is not None and li.instance.rank == 0:
-                    self.on_resumed(attempt, resumed[0].step)
+        attempt, rank = places_of(self.nodes).get(iid, (li.instance.attempt or 0, li.instance.rank))
+        events, _ = read_events(li.work_dir / "control")
+        resumed = [e for e in events if e.kind == "resumed"]
+        if len(resumed) > self._resumes_seen.get(iid, 0):
+            self._resumes_seen[iid] = len(resumed)
+            self._resumed[iid] = (attempt, resumed[-1].step)
+            self.log.add(f"a{attempt}-r{rank} resumed from step {resumed[-1].step}", "green")
+            if self.on_resumed is not None and rank == 0:
+                self.on_resumed(attempt, resumed[-1].step)
         step = self.steps.get(iid)
-        resumed_from = self._resumed.get(iid)
+        seen = self._resumed.get(iid)
         for fault in self.faults:
             if fault.resumed_at is None and attempt > fault.attempt and step is not None:
-                if resumed_from is not None and step <= resumed_from:
-                    continue  # restored, but no step finished yet
+                if seen is None or seen[0] != attempt or step <= seen[1]:
+                    continue  # not restarted in this attempt yet, or no step finished since
                 fault.resumed_at = _progress_time(li)  # when that step was written, not when we looked
-                fault.resumed_from_step = resumed_from
+                fault.resumed_from_step = seen[1]
 
 
 def run_demo(opts: DemoOptions) -> report.Summary:
@@ -150,7 +157,7 @@ def run_demo(opts: DemoOptions) -> report.Summary:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     console = Console(file=quiet_logs(out / "twin.log"))
-    spec_text, tracking_uri = prepare_spec(opts.spec, out, opts.step_sleep_s, opts.steps)
+    spec_text, tracking_uri = prepare_spec(opts.spec, out, opts.step_sleep_s, opts.steps, opts.spares)
     spec = parse_spec(spec_text)
     experiment = spec.tracking.mlflow_experiment or "spotrelay"
     market = MarketModel(
@@ -184,7 +191,7 @@ def run_demo(opts: DemoOptions) -> report.Summary:
     rec = Recorder(twin, log, kill_later)
     twin.dispatcher.listeners.append(rec.on_delivery)
     twin.bus.listeners.append(rec.on_ec2)
-    chaos = ChaosDriver(market, twin.compute)
+    chaos = ChaosDriver(market, twin.compute, where=lambda: places_of(rec.nodes))
     chaos.listeners.append(rec.on_fault)
     chaos.start()
     spec_text = deliver_script_dir(spec_text, Path.cwd())

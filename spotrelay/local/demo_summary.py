@@ -36,7 +36,7 @@ def attempt_results(twin: Twin) -> dict[int, dict[int, dict[str, Any]]]:
     return out
 
 
-def fault_times(f: report.Fault, twin: Twin, market: MarketModel) -> FaultTimes:
+def fault_times(f: report.Fault, twin: Twin, market: MarketModel, nodes: int | None = None) -> FaultTimes:
     """When training stopped, when the next attempt's newest node was launched and booted, and the
     notice's final commit and deadline, from the nodes' control events and the instance lifetimes."""
     assert twin.compute is not None
@@ -56,7 +56,9 @@ def fault_times(f: report.Fault, twin: Twin, market: MarketModel) -> FaultTimes:
         elif stops:
             stopped = min(stops)
         reclaim_at = reclaim_at or f.time + market.notice_window()
-    new = [life for life in twin.compute.history() if life["attempt"] == f.attempt + 1]
+    # the replacements the next attempt waited for: not the hot spares launched in the background
+    new = [life for life in twin.compute.history() if life["attempt"] == f.attempt + 1
+           and (nodes is None or life["rank"] is None or life["rank"] < nodes)]
     launched = max((life["launched_at"] for life in new), default=None)
     booted = [life["booted_at"] for life in new]
     return FaultTimes(
@@ -126,7 +128,7 @@ def summarize(
     steps_lost = job.steps_lost if job else 0
     if not steps_lost:  # the controller's count, else ours: steps run past the checkpoint resumed from
         steps_lost = sum(max(0, (f.step or 0) - (f.resumed_from_step or f.step or 0)) for f in faults)
-    rows = report.recoveries(faults, market, [fault_times(f, twin, market) for f in faults])
+    rows = report.recoveries(faults, market, [fault_times(f, twin, market, nodes) for f in faults])
     summary = report.Summary(
         ok=not problems,
         job_id=job.job_id if job else None,

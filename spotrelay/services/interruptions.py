@@ -23,6 +23,7 @@ from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.placement import PoolEvent
 from spotrelay.services.controller import Controller, attempt_nodes, current_node
+from spotrelay.services.prewarm import request_standby
 from spotrelay.services.waits import settle
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,9 @@ def rebalance(ctl: Controller, instance_id: str, event_time: float, now: float) 
         "status": transition(j.status, JobStatus.CHECKPOINTING), "updated_at": now})
         if j.status is JobStatus.RUNNING else None)
     sent = _direct(ctl, job, directive) if changed is not None else 0
-    return {"result": "applied" if changed else "no-op", "job_id": job.job_id, "directives": sent}
+    standby = changed is not None and request_standby(ctl, changed, node, now)  # the workflow launches it
+    return {"result": "applied" if changed else "no-op", "job_id": job.job_id, "directives": sent,
+            "standby": standby}
 
 
 def _drained(ctl: Controller, instance_id: str) -> dict[str, Any] | None:

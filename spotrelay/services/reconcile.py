@@ -10,6 +10,9 @@
 4. Budget: a running job whose cost so far, the running attempt included, reached the spec's
    ``budget.max_total_cost`` has its outcome wait failed with ``BudgetExceededError``; the
    workflow's catch-all tears it down and records FAILED with that reason.
+5. Rebalance standbys whose bounded wait ran out without a notice are released, their cost added
+   (services/prewarm.py); an instance draining its emergency save after a notice, or a hot spare
+   standing by, is not an orphan.
 5. Half-done submissions: a SUBMITTED job, or a VALIDATED one without an execution, older than
    ``heal_after_s`` is taken on to started, rejected or failed (``services/submit.py``).
 6. Leaked agent roles: a per-job agent role and instance profile whose job has ended (or does not
@@ -27,6 +30,7 @@ from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import BudgetExceededError, ConflictError, NotFoundError
 from spotrelay.services.controller import SPARE_LIVE, Controller, attempt_nodes, regions_of
 from spotrelay.services.notify import announce
+from spotrelay.services.prewarm import release_expired
 from spotrelay.services.waits import settle
 
 log = logging.getLogger(__name__)
@@ -39,9 +43,11 @@ _PASSING = (JobStatus.PLACING, JobStatus.PROVISIONING, JobStatus.RECOVERING, Job
 def reconcile(ctl: Controller, now: float, stale_after_s: float = 300.0, regions: list[str] | None = None,
               stuck_after_s: float = 3600.0, heal_after_s: float = 180.0) -> dict[str, Any]:
     report: dict[str, Any] = {"lost": [], "orphans": [], "stuck": [], "over_budget": [], "profiles": [],
-                              "healed": _heal(ctl, now, heal_after_s)}
+                              "standbys": [], "healed": _heal(ctl, now, heal_after_s)}
     jobs = [job for status in LIVE for job in ctl.store.jobs_by_status(status)]
     report["jobs"] = len(jobs)
+    for job in jobs:
+        report["standbys"] += release_expired(ctl, job, now)  # rebalance standbys no notice needed
     for job in jobs:
         if job.status in (JobStatus.RUNNING, JobStatus.CHECKPOINTING):
             report["lost"] += _stale(ctl, job, now, stale_after_s)

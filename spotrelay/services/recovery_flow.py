@@ -30,6 +30,7 @@ from spotrelay.services.controller import (
     spec_of,
 )
 from spotrelay.services.notify import announce
+from spotrelay.services.prewarm import standby_cost
 from spotrelay.services.workflow_tasks import _close_attempt
 
 log = logging.getLogger(__name__)
@@ -151,6 +152,10 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
             "excluded_pools": sorted(excluded),
         }
         update.update(_close_attempt(cur, now, outcome.outcome.value))
+        # a rebalance standby that takes a rank: its time before this attempt goes into the ledger
+        update["cost_so_far"] = update.get("cost_so_far", cur.cost_so_far) + sum(
+            standby_cost(cur, n, now) for n in ctl.store.nodes_of(job_id)
+            if n.spare and n.takes_rank is not None and n.release_after is not None)
         return cur.model_copy(update=update)
 
     updated = ctl.store.update_job(job_id, to_recovering)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from spotrelay.contracts.recovery import AttemptEnd, LaunchPlan, RecoveryPlan
 from spotrelay.contracts.workflow import WorkflowTimings
@@ -21,7 +21,14 @@ class PlanTask(_Task):
 
 
 class ProvisionTask(_Task):
-    plan: LaunchPlan
+    plan: LaunchPlan | None = None
+    standby: AttemptEnd | None = None  # the Prewarm state: a rebalance verdict
+
+    @model_validator(mode="after")
+    def _one(self) -> ProvisionTask:
+        if (self.plan is None) == (self.standby is None):
+            raise ValueError("give either 'plan' (Provision) or 'standby' (Prewarm)")
+        return self
 
 
 class RegisterWaitTask(_Task):

@@ -96,18 +96,9 @@ def settle(ctl: Controller, job_id: str, now: float) -> AttemptEnd | None:
         verdict = decide(job, nodes)
         if verdict is None:
             continue
-        def claim(cur: Job, w: str = wait, t: str = token, v: AttemptEnd = verdict) -> Job | None:
-            return _claim(cur, w, t, v, now)
-
-        claimed = ctl.store.update_job(job_id, claim)
+        claimed = deliver(ctl, job_id, wait, token, verdict, now)
         if claimed is None:
             continue  # another event delivered it first
-        try:
-            ctl.need_workflow().send_success(token, verdict.model_dump(mode="json"))
-        except ConflictError:
-            log.info("wait already ended", extra={"job_id": job_id, "wait": wait})
-        log.info("wait completed", extra={"job_id": job_id, "wait": wait, "verdict": verdict.outcome.value,
-                                          "reason": verdict.reason, "lost_ranks": list(verdict.lost_ranks)})
         if verdict.outcome is Verdict.READY:
             downtime = recovery_downtime(claimed, now)
             if downtime is not None:
@@ -116,6 +107,24 @@ def settle(ctl: Controller, job_id: str, now: float) -> AttemptEnd | None:
                      **({"downtime_s": downtime} if downtime is not None else {}))
         return verdict
     return None
+
+
+def deliver(ctl: Controller, job_id: str, wait: str, token: str, verdict: AttemptEnd, now: float) -> Job | None:
+    """Claim ``token`` (a conditional write removing it from the job), then complete it with the
+    verdict. None when another event claimed it first."""
+    def claim(cur: Job) -> Job | None:
+        return _claim(cur, wait, token, verdict, now)
+
+    claimed = ctl.store.update_job(job_id, claim)
+    if claimed is None:
+        return None
+    try:
+        ctl.need_workflow().send_success(token, verdict.model_dump(mode="json"))
+    except ConflictError:
+        log.info("wait already ended", extra={"job_id": job_id, "wait": wait})
+    log.info("wait completed", extra={"job_id": job_id, "wait": wait, "verdict": verdict.outcome.value,
+                                      "reason": verdict.reason, "lost_ranks": list(verdict.lost_ranks)})
+    return claimed
 
 
 def _claim(job: Job, wait: str, token: str, verdict: AttemptEnd, now: float) -> Job | None:

@@ -227,7 +227,7 @@ def promote_spares(ctl: Controller, job: Job, promoted: list[Promotion], attempt
         why = f"hot spare takes rank {take.rank}; attempt {attempt}"
         records.append(spare.model_copy(update={
             "node_id": node_id_for(attempt, take.rank), "attempt": attempt, "rank": take.rank, "version": 0,
-            "state": NodeState.PENDING, "spare": False, "takes_rank": None, "exit_code": None,
+            "state": NodeState.PENDING, "spare": False, "takes_rank": None, "exit_code": None, "release_after": None,
             "directive": Directive.restart(job.job_id, attempt, take.rank, now, why).model_dump(mode="json")}))
         ctl.store.update_node(job.job_id, spare.node_id, lambda n: n.model_copy(update={"state": NodeState.EXITED})
                               if n.state in SPARE_LIVE else None)

@@ -1,12 +1,14 @@
-"""Hot spares (resources.spares) in moto's Step Functions with our handlers: booted with the gang
-and out of it, a spare takes a doomed or lost rank (no launch for that rank), and a new spare is
-launched in the background; spares are billed in the attempt's ledger."""
+"""Hot spares (resources.spares) and rebalance standbys (recovery.prewarm_on_rebalance) in moto's
+Step Functions with our handlers: a spare takes a doomed or lost rank (no launch for that rank), a
+new spare is launched in the background, and spares and standbys are billed in the ledger."""
 
 from __future__ import annotations
 
-from functions import on_agent_event, on_instance_state, on_interruption_notice
+from functions import on_agent_event, on_instance_state, on_interruption_notice, on_rebalance
 from spotrelay.domain.models import Node, NodeState
 from spotrelay.domain.status import JobStatus
+from spotrelay.services.controller import Controller
+from spotrelay.services.reconcile import reconcile
 from tests.integration.controller_doubles import agent_event, ctx, ec2_event, new_job, wait_until
 from tests.integration.test_workflow_job_run import Harness, wf
 
@@ -86,5 +88,47 @@ def test_a_doomed_spare_leaves_the_gang_alone(wf: Harness) -> None:
     current = wf.job()
     assert current.status is JobStatus.RUNNING and current.attempt == 1 and "outcome" in current.task_tokens
     assert [wf.store.get_node(n.job_id, n.node_id).directive for n in gang] == [None, None]
+    wf.exit_all(gang, 0)
+    assert wf.finished(arn)["status"] == "SUCCEEDED"
+
+
+def _prewarm_job(wf: Harness) -> tuple[str, list[Node]]:
+    job = new_job(wf.store, strategy="replace-lost-nodes", launch_at_notice=True, prewarm_on_rebalance=True,
+                  prewarm_wait_s=60)
+    arn = wf.start(job)
+    gang = wf.agents_ready(1)
+    wait_until(lambda: "outcome" in wf.job().task_tokens, what="outcome wait registered")
+    rebalance = ec2_event("ec2_rebalance_recommendation.json", gang[1].instance_id)
+    assert on_rebalance.handler(rebalance, ctx())["standby"] is True
+    standby = wait_until(lambda: [n for n in wf.store.nodes_of(job.job_id) if n.spare], what="standby launched")
+    assert [n.rank for n in standby] == [2] and standby[0].pool == gang[1].pool
+    assert standby[0].release_after is not None
+    wait_until(lambda: "outcome" in wf.job().task_tokens, what="waiting for the outcome again")
+    assert "Prewarm" in wf.states_entered(arn) and wf.job().attempt == 1
+    return arn, gang + standby
+
+
+def test_a_rebalance_standby_takes_the_rank_when_the_notice_follows(wf: Harness) -> None:
+    arn, (survivor, doomed, standby) = _prewarm_job(wf)
+    notice = ec2_event("ec2_spot_interruption_warning.json", doomed.instance_id)
+    assert on_interruption_notice.handler(notice, ctx())["result"] == "applied"
+    second = _attempt(wf, 2)
+    ranks = {n.rank: n for n in second if not n.spare}
+    assert (ranks[0].instance_id, ranks[1].instance_id) == (survivor.instance_id, standby.instance_id)
+    assert ranks[1].release_after is None  # a rank now, not a standby
+    assert [r.ranks for r in wf.compute.launched] == [[0, 1], [2]]  # nothing launched for rank 1
+    wf.exit_all([survivor, doomed], 75, last_step=8, last_committed_step=8)
+    _finish(wf, arn, second)
+
+
+def test_an_unused_standby_is_released_and_billed(wf: Harness) -> None:
+    arn, (*gang, standby) = _prewarm_job(wf)
+    ctl = Controller(store=wf.store, workflow=wf.workflow, compute=wf.compute)
+    assert standby.release_after is not None
+    before = wf.job().cost_so_far
+    assert reconcile(ctl, now=standby.release_after - 1)["standbys"] == []
+    assert reconcile(ctl, now=standby.release_after)["standbys"] == [standby.instance_id]
+    assert standby.instance_id not in wf.compute.running("job-under-test")
+    assert wf.job().cost_so_far > before  # its time is in the ledger
     wf.exit_all(gang, 0)
     assert wf.finished(arn)["status"] == "SUCCEEDED"
