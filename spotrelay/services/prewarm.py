@@ -18,6 +18,7 @@ from typing import Any
 from spotrelay.contracts.recovery import AttemptEnd, Verdict
 from spotrelay.domain.cost import attempt_cost
 from spotrelay.domain.models import Job, Node, node_id_for
+from spotrelay.domain.status import JobStatus
 from spotrelay.errors import InsufficientCapacityError, QuotaExceededError
 from spotrelay.ports.compute import LaunchRequest
 from spotrelay.services.controller import SPARE_LIVE, Controller, attempt_nodes, release_nodes, spec_of
@@ -47,7 +48,8 @@ def prewarm(ctl: Controller, job_id: str, ask: AttemptEnd, now: float) -> dict[s
     """Launch the standby; a capacity error or a changed job only skips it (the job goes on)."""
     job = ctl.store.get_job(job_id)
     at_risk = [n for n in attempt_nodes(ctl.store, job) if n.rank in ask.lost_ranks]
-    if job.status.terminal or job.attempt != ask.attempt or not at_risk or _standbys(ctl, job):
+    if job.status.terminal or job.status is JobStatus.CANCELLING or job.attempt != ask.attempt or not at_risk \
+            or _standbys(ctl, job):
         return {"launched": []}
     spec = spec_of(job)
     taken = {n.rank for n in ctl.store.nodes_of(job_id) if n.spare and n.state in SPARE_LIVE}

@@ -137,7 +137,7 @@ def test_rebalance_asks_for_a_proactive_checkpoint_once(env: Env) -> None:
     job, gang = running_job(env.store, env.compute)
     event = ec2_event("ec2_rebalance_recommendation.json", gang[0].instance_id)
     result = on_rebalance.handler(event, ctx())
-    assert result == {"result": "applied", "job_id": job.job_id, "directives": 2}
+    assert result == {"result": "applied", "job_id": job.job_id, "directives": 2, "standby": False}
     assert env.store.get_job(job.job_id).status is JobStatus.CHECKPOINTING
     assert {n.directive["kind"] for n in env.store.nodes_of(job.job_id) if n.directive} == {"CHECKPOINT"}
     version = env.store.get_job(job.job_id).version
