@@ -24,7 +24,7 @@ from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.domain.status import JobStatus
 from spotrelay.errors import NoPlacementError, RetryBudgetExhaustedError
-from spotrelay.placement import InMemoryPoolStatsStore, PoolEvent
+from spotrelay.placement import CooldownPolicy, InMemoryPoolStatsStore, PoolEvent
 from spotrelay.placement.policy import DEFAULT_CONFIG
 from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery
 from spotrelay.services.recovery_flow import _result as recovery_result
@@ -42,13 +42,13 @@ _ASL_CACHE: dict[str, Any] = {}
 
 class SpotrelayRun(Run):
     def __init__(self, market: Market, job: JobModel, seed: int, *, regions: list[str], instance_types: list[str],
-                 timings: WorkflowTimings | None = None,
+                 timings: WorkflowTimings | None = None, cooldown: CooldownPolicy | None = None,
                  asl: dict[str, Any] | None = None, rebalance_checkpoint: bool = True,
                  markets: tuple[str, ...] = ("spot", "on-demand"), spec: JobSpec | None = None, **kw: Any) -> None:
         super().__init__(market, job, seed, **kw)
         self.spec = spec or job.spec(regions, instance_types, list(markets))
         self.timings = timings or WorkflowTimings()
-        self.stats = InMemoryPoolStatsStore()
+        self.stats = InMemoryPoolStatsStore(cooldown)  # None: the shipped CooldownPolicy()
         self.config = DEFAULT_CONFIG  # what the services use; sweeping it means changing the default
         self.rebalance_checkpoint = rebalance_checkpoint
         self.attempt = 0

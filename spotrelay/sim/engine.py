@@ -150,9 +150,11 @@ class Run:
                 self.reclaim(node, removal)
             self.at(node.boot_t, self._booted, node)
         cap = sp.capacity
-        if isinstance(cap, TraceCapacity) and cap.semantics == "capacity" and sp.key not in self._watched:
+        if (not unlimited and isinstance(cap, TraceCapacity) and cap.semantics == "capacity"
+                and sp.key not in self._watched):
             self._watched.add(sp.key)
-            self.at(max(self.now, cap.next_drop(self.now) - self.job.notice_s), self._watch, sp)
+            drop = cap.next_drop(self.now)
+            self.at(max(self.now, drop - self.job.notice_s), self._watch, (sp, drop))
         if self.last_region is not None and sp.pool.region != self.last_region:
             self.metrics.cross_region_moves += 1
         self.last_region = sp.pool.region
@@ -170,21 +172,21 @@ class Run:
                     self.at(when, self._rebalance, node)
         self.at(removal, self._removed, node)
 
-    def _watch(self, sp: SimPool) -> None:
+    def _watch(self, arg: tuple[SimPool, float]) -> None:
         """Capacity semantics: at a drop's notice time, reclaim what the pool can no longer hold."""
+        sp, drop = arg
         cap = sp.capacity
         assert isinstance(cap, TraceCapacity)
         mine = [n for n in self._live_in(sp) if n.removal_t == INF]
         if not mine:
             self._watched.discard(sp.key)
             return
-        drop = cap.next_drop(self.now)
         excess = len(mine) - cap.capacity(drop)
         if excess > 0:
             for node in self.rng.sample(mine, excess):
                 self.reclaim(node, drop, rebalance=False)
-        # the next drop strictly after this one (trace times are whole milliseconds)
-        self.at(max(self.now + 1e-3, cap.next_drop(drop + 5e-4) - self.job.notice_s), self._watch, sp)
+        following = cap.next_drop(drop + 5e-4)  # strictly after this one (trace times are whole ms)
+        self.at(max(self.now, following - self.job.notice_s), self._watch, (sp, following))
 
     def _live_in(self, sp: SimPool) -> list[SimNode]:
         return [n for n in self.gang.values() if n.pool is sp and n.end_t is None]
