@@ -42,6 +42,11 @@ class BaselineRun(Run):
         self.last_lost_region: str | None = None
 
     def start(self) -> None:
+        if self.policy != "price-limit" and all(
+                p.capacity is not None and p.capacity.peak < self.job.nodes for p in self.pools):
+            # it would retry until the horizon: no pool it may use ever holds the gang
+            self.metrics.failed_reason = f"no pool {self.policy} may use ever holds {self.job.nodes} nodes"
+            return
         self.at(self.now, self._place, None)
 
     def _order(self) -> list[SimPool]:

@@ -52,6 +52,12 @@ class TraceCapacity:
         self.adds = [n.add_s for n in trace.nodes]
         self.removes = [n.remove_s for n in trace.nodes]
         self.drops = sorted({r for r in self.removes})
+        events = sorted([(a, 1) for a in self.adds] + [(r, -1) for r in self.removes])
+        live = peak = 0
+        for _, d in events:
+            live += d
+            peak = max(peak, live)
+        self.peak = peak  # the most the pool ever offers
 
     def next_drop(self, t: float) -> float:
         """The next time after ``t`` when the trace removes nodes (absolute seconds)."""
@@ -99,6 +105,11 @@ class SlotCapacity:
 
     def capacity(self, t: float) -> int | None:
         return self.slot_at(t)[1].capacity
+
+    @property
+    def peak(self) -> float:
+        caps = [s.capacity for s in self.slots]
+        return float("inf") if any(c is None for c in caps) else float(max(c for c in caps if c is not None))
 
     def grant(self, t: float, count: int, held: set[object], rng: random.Random,
               default_rate: float = 0.0) -> list[Grant] | None:

@@ -54,8 +54,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def make_run(policy: str, opts: SimOptions, market: Any, seed: int, start_t: float) -> Run:
-    # a policy that cannot place the gang (no pool holds it) gives up after 10x the job's length
-    horizon = 10 * opts.job.job_hours * 3600.0 + 86400.0
+    # a policy that cannot finish by then gives up: twice the job's length and a month
+    horizon = 2 * opts.job.job_hours * 3600.0 + 30 * 86400.0
     common: dict[str, Any] = {"start_t": start_t, "timeline": opts.timeline, "horizon_s": horizon}
     regions, types = opts.market.regions, opts.market.instance_types
     if policy == "spotrelay":
