@@ -253,8 +253,11 @@ class SpotrelayRun(Run):
         self.epoch += 1
         nodes = self._records()
         if end.outcome.timed_out:  # _settled_end: the silent nodes are lost, classified once here
+            # recovery_flow._mark_unresponsive: ready -> the nodes still PENDING; heartbeat -> every live
+            # node (agents heartbeat while alive here, so none is staler than another)
+            gone = ("DOOMED", "LOST", "TERMINATED", "EXITED")
             for n in self.gang.values():
-                if n.state == "PENDING":
+                if n.state == "PENDING" or (end.outcome is Verdict.HEARTBEAT_TIMEOUT and n.state not in gone):
                     n.state = "LOST"
             nodes = self._records()
             try:
