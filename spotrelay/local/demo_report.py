@@ -50,6 +50,7 @@ class Summary:
     mlflow_run_id: str | None
     mlflow_tracking_uri: str | None
     problems: list[str] = field(default_factory=list)
+    mlflow_lineage: dict[str, Any] = field(default_factory=dict)  # child runs per attempt, loss points
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -263,6 +264,25 @@ def log_to_mlflow(
         if path.exists():
             client.log_artifact(run_id, str(path))
     return run_id
+
+
+def mlflow_lineage(tracking_uri: str, run_id: str) -> dict[str, Any]:
+    """What the job's MLflow run shows: one nested run per attempt and the loss curve across them."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    parent = client.get_run(run_id)
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'")  # fmt: skip
+    losses = client.get_metric_history(run_id, "loss")
+    tags = [c.data.tags for c in children]
+    runs = sorted((t.get("mlflow.runName", "?"), t.get("spotrelay.end_reason", "")) for t in tags)
+    return {
+        "attempt_runs": runs,
+        "loss_points": len(losses),
+        "loss_steps": [min((m.step for m in losses), default=0), max((m.step for m in losses), default=0)],
+        "final_manifest_logged": bool(client.list_artifacts(run_id, "final-checkpoint")),
+    }
 
 
 def ensure_experiment(tracking_uri: str, name: str, artifact_dir: Path) -> str:

@@ -156,6 +156,7 @@ def summarize(
         summary.mlflow_run_id = report.log_to_mlflow(
             tracking_uri, job.mlflow_run_id if job else None, experiment, summary, [png]
         )
+        summary.mlflow_lineage = report.mlflow_lineage(tracking_uri, summary.mlflow_run_id)
     except Exception as exc:
         summary.problems.append(f"MLflow logging failed: {exc}")
     return summary
@@ -198,6 +199,9 @@ def print_summary(console: Console, s: report.Summary) -> None:
     table.add_row("cost", ", ".join(f"{k}={v}" for k, v in s.cost.items()))
     table.add_row("timeline", str(s.timeline_png))
     table.add_row("MLflow", f"run {s.mlflow_run_id} in {s.mlflow_tracking_uri}")
+    if s.mlflow_lineage:
+        runs = ", ".join(f"{name} ({why or 'running'})" for name, why in s.mlflow_lineage["attempt_runs"])
+        table.add_row("MLflow lineage", f"{runs}; {s.mlflow_lineage['loss_points']} loss points across them")
     for p in s.problems:
         table.add_row("[red]problem[/]", p)
     console.print(table)

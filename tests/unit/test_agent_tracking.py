@@ -97,6 +97,13 @@ def test_parent_run_with_a_child_per_attempt_metrics_and_the_final_model(tmp_pat
     [version] = client.search_model_versions("name='tiny-lm'")
     assert version.source == "s3://bucket/checkpoints/j-1/step-00000004" and version.run_id == first.run_id
 
+    # what the demo's summary reports from the run
+    from spotrelay.local.demo_report import mlflow_lineage
+
+    lineage = mlflow_lineage(uri, first.run_id)
+    assert lineage["attempt_runs"] == [("attempt-1", "preempted-saved"), ("attempt-2", "done")]
+    assert lineage["loss_points"] == 3 and lineage["loss_steps"] == [1, 3] and lineage["final_manifest_logged"]
+
     # an agent that restarts mid-attempt finds the same runs (the job lost its run id: found by tag)
     lost = later.model_copy(update={"mlflow_run_id": None})
     again = JobTracking.for_job(_config(2), lost, spec, JobOnly(lost))  # type: ignore[arg-type]
