@@ -1,0 +1,99 @@
+"""The grant analysis checked against what really happens: every handler runs on its real event sample
+against moto with the production adapters, and every AWS call it makes must be one the static analysis
+(tests/infrastructure/aws_calls.py, which test_grants.py holds the roles to) found for it."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from botocore.client import BaseClient
+
+from cdk import staging
+from tests.conftest import load_event
+from tests.infrastructure import aws_calls
+
+SAMPLES = {
+    "on_submission": "s3_object_created_submission.json",
+    "on_agent_event": "agent_heartbeat.json",
+    "on_instance_state": "ec2_instance_state_terminated.json",
+    "on_interruption_notice": "ec2_spot_interruption_warning.json",
+    "on_rebalance": "ec2_rebalance_recommendation.json",
+    "reconcile": "scheduled_event.json",
+    "slack_notifier": "sns_notification.json",
+}
+JOB = "grants-runtime-job"
+TASKS: dict[str, dict[str, Any]] = {
+    "sfn_plan": {"job_id": JOB},
+    "sfn_provision": {"job_id": JOB, "plan": {"candidates": [], "launch_ranks": []}},
+    "sfn_register_wait": {"job_id": JOB, "wait": "ready", "attempt": 1, "task_token": "token"},
+    "sfn_recover": {"job_id": JOB, "outcome": {"outcome": "node-lost", "attempt": 1}},
+    "sfn_teardown": {"job_id": JOB},
+    "sfn_finalize": {"job_id": JOB, "result": "FAILED"},
+}
+
+
+@pytest.fixture
+def recorded(aws: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Production adapters (no doubles) and every boto3 call as its IAM action."""
+    from functions import _runtime
+    from spotrelay.adapters.aws import client
+    from spotrelay.settings import reset
+
+    secret = client("secretsmanager").create_secret(
+        Name="grants-runtime-slack", SecretString=json.dumps({"webhook_url": "http://127.0.0.1:9/none"}))
+    monkeypatch.setenv("SPOTRELAY_SLACK_SECRET_ARN", secret["ARN"])
+    monkeypatch.setenv("SPOTRELAY_STATE_MACHINE_ARN", "arn:aws:states:us-east-1:123456789012:stateMachine:none")
+    reset()
+    _runtime.set_factories(compute=None, market=None, pool_stats=None, notifier=None, store=None, workflow=None,
+                           objects=None)
+    client("s3").put_object(Bucket=aws["bucket"], Key="submissions/llm-pretrain.yaml",
+                            Body=(staging.ROOT / "examples" / "tiny.yaml").read_bytes())
+    calls: list[str] = []
+    original = BaseClient._make_api_call
+
+    def recording(self: BaseClient, operation: str, params: dict[str, Any]) -> Any:
+        action = f"{self.meta.service_model.signing_name}:{operation}"
+        calls.append(aws_calls.ACTION_NAMES.get(action, action))
+        return original(self, operation, params)
+
+    monkeypatch.setattr(BaseClient, "_make_api_call", recording)
+    yield calls
+    _runtime.reset()
+    monkeypatch.undo()
+    reset()
+
+
+def test_every_call_a_handler_makes_is_one_the_analysis_found(recorded: list[str]) -> None:
+    from spotrelay.adapters.aws import client
+    from spotrelay.local.lambda_seam import LambdaContext
+    from spotrelay.settings import settings
+
+    # submission first, the workflow's tasks in their order: they work on the job it recorded
+    order = ["on_submission", *TASKS]
+    handlers = sorted(staging.discover_handlers(), key=lambda h: order.index(h) if h in order else len(order))
+    static = aws_calls.handler_calls(handlers)
+    unexplained, silent = [], []
+    job_id = JOB
+    for handler in handlers:
+        recorded.clear()
+        event = load_event(SAMPLES[handler]) if handler in SAMPLES else dict(TASKS.get(handler, {"job_id": JOB}))
+        if "job_id" in event and handler not in SAMPLES:
+            event["job_id"] = job_id
+        module = importlib.import_module(f"functions.{handler}")
+        with contextlib.suppress(Exception):  # no state machine, an unreachable webhook: the calls were made
+            module.handler(event, LambdaContext(f"spotrelay-{handler}"))
+        made = set(recorded)
+        if handler == "on_submission":  # the job it recorded (its execution could not start: no machine)
+            items = client("dynamodb").scan(TableName=settings().jobs_table)["Items"]
+            job_id = items[0]["job_id"]["S"] if items else job_id
+        unexplained += [f"{handler}: called {a}, which tests/infrastructure/aws_calls.py did not find"
+                        for a in sorted(made - set(static[handler]))]
+        if not made:
+            silent.append(handler)
+    assert not unexplained, "\n".join(unexplained)
+    assert not silent, f"these handlers made no AWS call on their sample, so nothing was checked: {silent}"
