@@ -138,5 +138,14 @@ def _batch_problems(config: dict[str, Any], spec: JobSpec) -> Problems:
     return problems
 
 
+def gpu_problems(spec: JobSpec) -> Problems:
+    """More ranks per node than an instance type has GPUs: torchrun would start, CUDA would not."""
+    from spotrelay.placement.catalog import instance  # lazy: placement imports the spec
+
+    want = spec.resources.gpus_per_node
+    small = [(t, info.gpus) for t in spec.resources.instance_types if (info := instance(t)) and info.gpus < want]
+    return [("resources.gpus_per_node", f"is {want}, but {t} has {gpus} GPUs") for t, gpus in small]
+
+
 def launch_problems(spec: JobSpec) -> Problems:
-    return entrypoint_problems(spec) + code_problems(spec) + deepspeed_problems(spec)
+    return entrypoint_problems(spec) + code_problems(spec) + deepspeed_problems(spec) + gpu_problems(spec)

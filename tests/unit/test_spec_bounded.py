@@ -108,3 +108,11 @@ def test_user_facing_spotrelay_knobs_stay_allowed_in_env() -> None:
     text = SPEC_HEAD.replace(b"{command: [python, train.py]}",
                              b"{command: [python, train.py], env: {SPOTRELAY_NOTICE_TRAINING: '0'}}")
     assert parse_spec(text).entrypoint.env == {"SPOTRELAY_NOTICE_TRAINING": "0"}
+
+
+def test_more_ranks_per_node_than_the_instance_has_gpus_is_refused() -> None:
+    text = SPEC_HEAD.replace(b"nodes: 1", b"nodes: 1, gpus_per_node: 16, instance_types: [p5.48xlarge]")
+    with pytest.raises(SpecError) as info:
+        parse_spec(text)
+    assert info.value.errors == [("resources.gpus_per_node", "is 16, but p5.48xlarge has 8 GPUs")]
+    assert parse_spec(text.replace(b"16", b"8")).resources.gpus_per_node == 8
