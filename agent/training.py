@@ -286,8 +286,9 @@ class Session:
         """Wait for ``job``'s global commit (or ``fallback``'s: the notice-time snapshot), then stop."""
         wait = (deadline - time.time()) if deadline else self.config.commit_timeout_s
         ok = job.done.wait(max(wait, 1.0)) and job.error is None
-        if not ok and fallback is not None:
-            ok = fallback.done.wait(max(wait, 1.0)) and fallback.error is None
+        if not ok and fallback is not None:  # the final save failed or is late: the notice one counts
+            left = (deadline - time.time()) if deadline else self.config.commit_timeout_s
+            ok = fallback.done.wait(max(left, 1.0)) and fallback.error is None
             log.warning("the final save did not commit in time; the notice-time snapshot %s", "did" if ok else "failed")
         # Nobody exits before the global commit: torchrun stops the whole group on a first exit.
         ok = all_ok(ok, self._device)
