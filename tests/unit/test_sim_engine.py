@@ -1,0 +1,70 @@
+"""The simulator's physics: what a reclaim costs with and without notice, capacity drops, the bound."""
+
+from __future__ import annotations
+
+import random
+
+from spotrelay.domain.models import Pool
+from spotrelay.sim.baselines import BaselineRun
+from spotrelay.sim.inputs import Trace, TraceNode
+from spotrelay.sim.job import JobModel
+from spotrelay.sim.market import Market, SimPool, TraceCapacity
+from spotrelay.sim.runner import measure
+
+POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
+# 4 nodes from t=0; at 2 h two of them go (capacity 4 -> 2); back to 4 at 3 h; the trace lasts 10 h
+TRACE = Trace("t", 36000.0, (TraceNode(0, 36000), TraceNode(0, 36000), TraceNode(0, 7200), TraceNode(0, 7200),
+                             TraceNode(10800, 36000), TraceNode(10800, 36000)))
+
+
+def market(semantics: str = "capacity") -> Market:
+    sp = SimPool(pool=POOL, key=POOL.key, on_demand_price=10.0, spot_price=4.0, band=1, gpus=8,
+                 capacity=TraceCapacity(TRACE, 0.0, semantics))
+    return Market(pools=[sp], unannounced_share=0.0, rebalance_share=0.0, boot_s=300.0, boot_spread=0.0)
+
+
+def job(nodes: int) -> JobModel:
+    return JobModel(nodes=nodes, job_hours=4.0, checkpoint_minutes=30.0)
+
+
+def run(policy: str, nodes: int, m: Market) -> BaselineRun:
+    r = BaselineRun(m, job(nodes), 0, policy=policy, regions=["us-east-1"], instance_types=["p5.48xlarge"])
+    r.start()
+    r.loop()
+    return r
+
+
+def test_capacity_drop_reclaims_only_what_the_pool_can_no_longer_hold() -> None:
+    small = run("sagemaker-like", 2, market())  # 2 of 4: the drop to 2 leaves them alone
+    assert small.metrics.interruptions == 0 and small.metrics.finished
+    big = run("sagemaker-like", 4, market())  # 4 of 4: the drop takes two at 2 h
+    assert big.metrics.interruptions >= 1 and big.metrics.finished
+    assert big.metrics.steps_lost > 0  # no notice-driven save: back to the last periodic checkpoint
+    assert measure("sagemaker-like", 0, big).values["goodput"] < measure("sagemaker-like", 0, small).values["goodput"]
+
+
+def test_node_semantics_lose_nodes_the_job_holds_whatever_is_left() -> None:
+    nodes = TraceCapacity(TRACE, 0.0, "nodes")
+    grants = nodes.grant(3600.0, 4, set(), random.Random(1))  # every live node: two of them die at 2 h
+    assert grants is not None and sorted(g.removal_t for g in grants) == [7200.0, 7200.0, 36000.0, 36000.0]
+    assert nodes.grant(3600.0, 5, set(), random.Random(1)) is None
+    capacity = TraceCapacity(TRACE, 0.0)
+    assert all(g.removal_t == float("inf") for g in capacity.grant(3600.0, 4, set(), random.Random(1)) or [])
+    assert capacity.next_drop(3600.0) == 7200.0 and capacity.next_drop(7200.0 + 1) == 36000.0
+
+
+def test_price_limit_is_never_interrupted_and_pays_spot() -> None:
+    r = run("price-limit", 4, market())
+    values = measure("price-limit", 0, r).values
+    assert r.metrics.interruptions == 0 and values["steps_lost"] == 0
+    hours = r.paid_gpu_s / 3600 / 8 / 4  # per node
+    assert abs(values["cost_usd"] - 4 * 4.0 * hours) < 1e-6
+    assert values["goodput"] > 0.95 and values["on_demand_share"] == 0
+
+
+def test_checkpoint_arithmetic() -> None:
+    j = job(16)
+    assert j.every_steps("p5.48xlarge") == round(1800 / j.step_s("p5.48xlarge"))
+    assert j.step_s("p4d.24xlarge") > 2.5 * j.step_s("p5.48xlarge")
+    assert j.flush_s() < j.notice_s  # the 70B job's final save fits the notice at 16 nodes
+    assert JobModel(nodes=2).flush_s() > JobModel(nodes=2).notice_s  # ... not at 2 nodes
