@@ -30,7 +30,8 @@ def simulate(
     jobs: Annotated[int, typer.Option("--jobs", min=1, help="independent jobs per seed")] = 1,
     job_hours: Annotated[float, typer.Option("--job-hours", min=0.01, help="training hours at full speed")] = 168.0,
     checkpoint_minutes: Annotated[float, typer.Option("--checkpoint-minutes", min=0.1)] = 30.0,
-    strategy: Annotated[str, typer.Option("--strategy", help="spotrelay's recovery strategy")] = "replace-cluster",
+    strategy: Annotated[str | None, typer.Option(
+        "--strategy", help="spotrelay's recovery strategy (default: the spec's)")] = None,
     boot_s: Annotated[float, typer.Option("--boot-s", min=0)] = 300.0,
     on_demand_price: Annotated[float | None, typer.Option("--on-demand-price", min=0)] = None,
     spot_price: Annotated[float | None, typer.Option("--spot-price", min=0)] = None,

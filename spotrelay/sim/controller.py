@@ -47,6 +47,7 @@ class SpotrelayRun(Run):
                  markets: tuple[str, ...] = ("spot", "on-demand"), spec: JobSpec | None = None, **kw: Any) -> None:
         super().__init__(market, job, seed, **kw)
         self.spec = spec or job.spec(regions, instance_types, list(markets))
+        self._spec_doc = self.spec.model_dump(mode="json")
         self.timings = timings or WorkflowTimings()
         self.stats = InMemoryPoolStatsStore(cooldown)  # None: the shipped CooldownPolicy()
         self.config = DEFAULT_CONFIG  # what the services use; sweeping it means changing the default
@@ -59,6 +60,7 @@ class SpotrelayRun(Run):
         self.waiting: str | None = None
         self.wait_epoch = 0
         self.ready_pending = 0
+        self.short_starts = 0  # trainings started with fewer ranks than the gang (should stay 0)
         self.decisions: list[dict[str, Any]] = []  # attempt, pool, resumed_from (calibration)
         if asl is None:
             asl = _ASL_CACHE.get("job_run") or _ASL_CACHE.setdefault("job_run", load_asl())
@@ -96,11 +98,12 @@ class SpotrelayRun(Run):
 
     def _records(self) -> list[Node]:
         return [Node(job_id="sim", node_id=f"a{n.attempt}-r{n.rank}", attempt=self.attempt, rank=n.rank,
-                     instance_id=n.instance_id, pool=n.pool.pool, state=NodeState(n.state), exit_code=n.exit_code)
+                     instance_id=n.instance_id, pool=n.pool.pool, state=NodeState(n.state), exit_code=n.exit_code,
+                     reclaim_at=n.removal_t if n.state == "DOOMED" else None)
                 for n in sorted(self.gang.values(), key=lambda n: n.rank)]
 
     def _job(self) -> Job:
-        return Job(job_id="sim", name="sim", status=JobStatus.RUNNING, attempt=self.attempt)
+        return Job(job_id="sim", name="sim", status=JobStatus.RUNNING, attempt=self.attempt, spec=self._spec_doc)
 
     def _settle(self) -> None:
         """waits.settle: deliver the verdict of the registered wait once the node records give one."""
@@ -128,6 +131,8 @@ class SpotrelayRun(Run):
             return
         if any(n.state != "READY" for n in self.gang.values()):
             return
+        if len(self.gang) != self.job.nodes:
+            self.short_starts += 1
         for n in self.gang.values():
             n.state = "RUNNING"
         info = next(iter(self.gang.values())).pool
@@ -151,14 +156,19 @@ class SpotrelayRun(Run):
             commit_t = save_t + flush
             saved = commit_t <= node.removal_t
             step = int(self.step_at(save_t) + 1e-6)
-            self.at(commit_t if saved else node.removal_t, self._exit_all, (self.epoch, step if saved else None))
+            self.at(commit_t if saved else node.removal_t, self._exit_all,
+                    (self.epoch, step if saved else None, self.attempt))
+            self._settle()  # with launch_at_notice the outcome wait ends now, with the deadline
         elif self.waiting == "outcome":  # ready, still restoring: nothing new to save, the ranks stop
-            self._exit_all((self.epoch, self.ckpt_step))
+            self._exit_all((self.epoch, self.ckpt_step, self.attempt))
         else:
             self._settle()
 
-    def _exit_all(self, arg: tuple[int, int | None]) -> None:
-        epoch, step = arg
+    def _exit_all(self, arg: tuple[int, int | None, int]) -> None:
+        """The ranks of ``attempt`` committed their save (``step``; None: it missed the reclaim) and exit.
+        With launch_at_notice the workflow has already moved on: survivors kept for the next attempt
+        keep their instances, and the new gang trains from this save once it is ready."""
+        epoch, step, attempt = arg
         if epoch != self.epoch:
             return
         if self.running:
@@ -167,8 +177,11 @@ class SpotrelayRun(Run):
             self.epoch += 1  # the pending start of training is off
         code = ExitCode.PREEMPTED_SAVED if step is not None else ExitCode.PREEMPTED_UNSAVED
         for n in self.gang.values():
-            if n.state not in ("LOST", "TERMINATED"):
+            if n.attempt == attempt and n.state not in ("LOST", "TERMINATED"):
                 n.state, n.exit_code = "EXITED", int(code)
+        if attempt != self.attempt and self.gang and all(
+                n.state == "READY" for n in self.gang.values()):
+            self.at(self.now + self.job.restore_s(), self._train, self.epoch)  # the new gang was ready first
         self._settle()
 
     def on_rebalance(self, node: SimNode) -> None:
@@ -179,9 +192,10 @@ class SpotrelayRun(Run):
     def on_removed(self, node: SimNode, announced: bool) -> None:
         if self.gang.get(node.rank) is not node:
             return
-        if node.state == "LOST" and self.running:  # unannounced: the attempt ends at once
+        if self.running:  # a rank of a running gang is gone (unannounced, or its save never came): it ends now
+            node.state = "LOST"
             self.stop_training(self.committed(self.now))
-            self.note(node.pool.key, f"rank {node.rank} lost without notice")
+            self.note(node.pool.key, f"rank {node.rank} lost while training")
         self._settle()
 
     def on_training_done(self) -> None:
@@ -248,9 +262,11 @@ class SpotrelayRun(Run):
     def task_recover(self, payload: dict[str, Any]) -> dict[str, Any]:
         """recovery_flow.recover: take the settled AttemptEnd, charge the budget, plan the strategy."""
         end = AttemptEnd.model_validate(payload.get("outcome") or {})
-        if self.running:  # a verdict that ends a running attempt without a save
-            self.stop_training(self.committed(self.now))
-        self.epoch += 1
+        if end.deadline is None:
+            if self.running:  # a verdict that ends a running attempt without a save
+                self.stop_training(self.committed(self.now))
+            self.epoch += 1
+        # else: launch_at_notice, the ranks keep training and save by the deadline (_exit_all)
         nodes = self._records()
         if end.outcome.timed_out:  # _settled_end: the silent nodes are lost, classified once here
             # recovery_flow._mark_unresponsive: ready -> the nodes still PENDING; heartbeat -> every live
@@ -289,16 +305,16 @@ class SpotrelayRun(Run):
         if end.outcome is Verdict.USER_ERROR and action is not RecoveryAction.NEW_CLUSTER:
             keep, action = [], RecoveryAction.NEW_CLUSTER
         for node in list(self.gang.values()):
-            if node.instance_id not in keep:
-                self.end_node(node)
+            if node.instance_id not in keep and not (end.deadline is not None and node.state == "DOOMED"):
+                self.end_node(node)  # (a doomed node drains: it saves until EC2 takes it)
         if action is RecoveryAction.NEW_CLUSTER and current is not None and end.outcome in (
                 Verdict.INTERRUPTED, Verdict.NODE_LOST, Verdict.INFRA_ERROR):
             self.excluded.add(current.key)
         self.recoveries, self.user_restarts = decision.recoveries, decision.user_restarts
         records = self._records()
-        self.gang = {n.rank: n for n in self.gang.values() if n.end_t is None}
+        self.gang = {n.rank: n for n in self.gang.values() if n.end_t is None and n.instance_id in keep}
         self.note(current.key if current else "", f"recover: {end.outcome.value}, {action.value}")
-        result = recovery_result(self._light_job(), records, self.timings, end.outcome, end.reason)
+        result = recovery_result(self._light_job(), records, self.timings, end, end.reason, [])
         return result.model_dump(mode="json")
 
     def task_teardown(self, payload: dict[str, Any]) -> dict[str, Any]:

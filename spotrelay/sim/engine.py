@@ -101,6 +101,8 @@ class Run:
         self.stopped_at: float | None = None  # training stopped at (for the recovery time)
         self.last_region: str | None = None
         self._watched: set[str] = set()
+        self.launched: list[SimNode] = []
+        self.seg_nodes: list[SimNode] = []
 
     # --- event loop -----------------------------------------------------------------------------
     def at(self, t: float, fn: Callable[..., None], arg: Any = None) -> None:
@@ -118,6 +120,7 @@ class Run:
             self.metrics.events += 1
             fn(arg)
         self.release_all()
+        self.bill_leftovers()
 
     def note(self, pool: str, what: str) -> None:
         if self.keep_timeline:
@@ -146,6 +149,7 @@ class Run:
                            launch_t=self.now, boot_t=self.now + boot * self.rng.uniform(1 - spread, 1 + spread),
                            removal_t=removal, announced=announced)
             nodes.append(node)
+            self.launched.append(node)
             if removal < INF:
                 self.reclaim(node, removal)
             self.at(node.boot_t, self._booted, node)
@@ -198,6 +202,8 @@ class Run:
             return
         node.end_t = self.now
         node.state = state
+        if self.running and node in self.seg_nodes:  # a member of the training gang is gone: it stops
+            self.stop_training(self.committed(self.now))
         self.held.get(node.pool.key, set()).discard(node.key)
         gpu_s = (self.now - node.launch_t) * node.pool.gpus * self.job.speed(node.pool.pool.instance_type)
         self.paid_gpu_s += gpu_s
@@ -211,6 +217,12 @@ class Run:
     def release_all(self) -> None:
         for node in list(self.gang.values()):
             self.end_node(node, "TERMINATED" if node.state != "LOST" else "LOST")
+
+    def bill_leftovers(self) -> None:
+        """At the end: nodes outside the gang still billed (draining after a notice) stop now."""
+        for node in self.launched:
+            if node.end_t is None:
+                self.end_node(node)
 
     def _booted(self, node: SimNode) -> None:
         if node.end_t is None and node.state == "PENDING":
@@ -240,6 +252,7 @@ class Run:
         self.every = self.job.every_steps(instance_type)
         self.step_eff = self.job.step_s(instance_type) + self.job.stall_s(instance_type) / self.every
         self.seg_gpus = self.job.nodes * self.job.ref_gpus()
+        self.seg_nodes = list(self.gang.values())
         if self.stopped_at is not None:
             self.metrics.recovery_s.append(self.now - self.stopped_at)
             self.metrics.recoveries += 1

@@ -33,7 +33,7 @@ class JobModel:
     flush_overhead: float = 1.21  # emergency flush / plain upload (bench/checkpoint.py)
     bringup_s: float = 120.0  # NCCL/EFA bring-up and framework start after boot
     notice_s: float = 120.0
-    strategy: str = "replace-cluster"
+    strategy: str | None = None  # None: the spec's default (recovery.strategy)
     steps: int | None = None  # total steps (overrides job_hours)
     ref_step_s: float = REF_STEP_S  # step time of REF_NODES x REF_TYPE
     checkpoint_bytes: float = CHECKPOINT_BYTES
@@ -88,5 +88,6 @@ class JobModel:
             "resources": {"nodes": self.nodes, "regions": regions, "instance_types": instance_types,
                           "markets": markets},
             "checkpoint": {"every_minutes": self.checkpoint_minutes},
-            "recovery": {"strategy": self.strategy, "max_recoveries": self.max_recoveries},
+            "recovery": {"max_recoveries": self.max_recoveries,
+                         **({"strategy": self.strategy} if self.strategy else {})},
         })
