@@ -13,7 +13,6 @@ import posixpath
 import re
 from typing import Any
 
-from spotrelay.contracts import control
 from spotrelay.spec.models import JobSpec
 
 MAX_DEEPSPEED_CONFIG_BYTES = 64 * 1024
@@ -22,12 +21,17 @@ MAX_DEEPSPEED_CONFIG_BYTES = 64 * 1024
 LAUNCHER_ENV = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
                           "MASTER_ADDR", "MASTER_PORT", "CROSS_RANK", "CROSS_SIZE"})
 
-# Set by the agent for the training API (agent/launcher.contract_env), over anything the spec says.
-AGENT_ENV = frozenset({
-    control.ENV_CONTROL_DIR, control.ENV_JOB_ID, control.ENV_ATTEMPT, control.ENV_CHECKPOINT_DIR,
-    control.ENV_CHECKPOINT_URI, control.ENV_SPEC_HASH, control.ENV_CHECKPOINT_EVERY_STEPS,
-    control.ENV_CHECKPOINT_EVERY_MINUTES, control.ENV_KEEP_LOCAL, control.ENV_KEEP_S3, control.ENV_MLFLOW_RUN_ID,
-})
+
+def agent_env() -> frozenset[str]:
+    """Set by the agent for the training API (agent/launcher.contract_env), over anything the spec says."""
+    from spotrelay.contracts import control  # lazy: the spec loads without the contracts
+
+    return frozenset({
+        control.ENV_CONTROL_DIR, control.ENV_JOB_ID, control.ENV_ATTEMPT, control.ENV_CHECKPOINT_DIR,
+        control.ENV_CHECKPOINT_URI, control.ENV_SPEC_HASH, control.ENV_CHECKPOINT_EVERY_STEPS,
+        control.ENV_CHECKPOINT_EVERY_MINUTES, control.ENV_KEEP_LOCAL, control.ENV_KEEP_S3, control.ENV_MLFLOW_RUN_ID,
+    })
+
 
 # DeepSpeed config sections that would take over what spotrelay does itself.
 RESERVED_DEEPSPEED = {
@@ -66,8 +70,9 @@ def entrypoint_problems(spec: JobSpec) -> Problems:
     strings.update({f"entrypoint.args[{i}]": v for i, v in enumerate(entry.args)})
     strings.update({f"entrypoint.env.{k}": v for k, v in entry.env.items()})
     problems += _nul(strings)
+    reserved = agent_env() if entry.env else frozenset()
     for name in entry.env:
-        if name in AGENT_ENV:
+        if name in reserved:
             problems.append((f"entrypoint.env.{name}", "is set by the agent (from the spec's checkpoint and the job)"))
         elif name in LAUNCHER_ENV:
             problems.append((f"entrypoint.env.{name}", "is set per rank by the launcher"))
@@ -140,9 +145,11 @@ def _batch_problems(config: dict[str, Any], spec: JobSpec) -> Problems:
 
 def gpu_problems(spec: JobSpec) -> Problems:
     """More ranks per node than an instance type has GPUs: torchrun would start, CUDA would not."""
+    want = spec.resources.gpus_per_node
+    if want == 0:
+        return []
     from spotrelay.placement.catalog import instance  # lazy: placement imports the spec
 
-    want = spec.resources.gpus_per_node
     small = [(t, info.gpus) for t in spec.resources.instance_types if (info := instance(t)) and info.gpus < want]
     return [("resources.gpus_per_node", f"is {want}, but {t} has {gpus} GPUs") for t, gpus in small]
 
