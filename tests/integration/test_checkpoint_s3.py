@@ -183,3 +183,17 @@ def test_a_helper_that_cannot_map_the_arena_falls_back_to_the_trainer(aws: dict[
     chosen = choose(LocalTier(tmp_path / "fresh"), S3Tier(s3.uri))
     assert chosen is not None and chosen.step == 8  # uploaded bytes match the recorded sha256
     arena.close()
+
+
+def test_a_hot_spare_mirrors_the_newest_commit_into_its_local_tier(s3_setup: Any, tmp_path: Path) -> None:
+    from agent.spare import SpareCache
+
+    pipeline, local, s3, _ = s3_setup
+    spare = SpareCache(tmp_path / "spare", s3.uri, keep=1)
+    assert spare.refresh() is None  # nothing committed yet
+    for step in (2, 4):
+        assert _save(pipeline, local, step, numel=1024).error is None
+        assert spare.refresh() == step
+    assert spare.local.steps() == [4]  # keeps only the newest: what a takeover restores
+    assert (spare.local.step_dir(4) / "model.pt").read_bytes() == (local.step_dir(4) / "model.pt").read_bytes()
+    assert choose(LocalTier(tmp_path / "spare"), None) is not None  # restorable without S3
