@@ -146,7 +146,7 @@ def _drive(twin: Twin, injector: Injector, records: list[JobRecord], hits: list[
             if hit is not None:
                 hits.append(hit)
                 for record in records:
-                    if record.job_id == hit.job_id:
+                    if hit.job_id is not None and record.job_id == hit.job_id:  # not the global faults
                         record.faults.append(kind)
                 on_line(f"fault {len(hits)}/{limit}: {kind} {hit.job_id or ''} {hit.node or ''} {hit.detail}".rstrip())
             next_fault = now + rng.uniform(*options.fault_every_s)

@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from spotrelay.local.compute import LocalInstance, _descendants
@@ -40,6 +41,25 @@ KINDS = (
     "write-conflict",  # bursts of concurrent writes to a job (its handlers' conditional writes lose)
     "reconcile-late",  # the reconcile schedule stops for a while
 )
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _children(pid: int) -> list[int]:
+    direct = set()
+    for child in _descendants(pid):
+        try:
+            stat = (Path("/proc") / str(child) / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            direct.add(child)
+    return sorted(direct)
 
 
 @dataclass
@@ -160,15 +180,16 @@ class Injector:
         return self._hit("agent-kill", li, f"{len(trainers)} trainer processes left running")
 
     def _crash_trainer(self, li: LocalInstance) -> Hit | None:
-        """SIGKILL one training worker (the leaf processes under the launcher)."""
+        """SIGKILL one training worker: a process the launcher (torchrun) started itself, not a
+        helper the trainer spawned (a checkpoint uploader's death is another fault)."""
         if li.process is None:
             return None
-        pids = _descendants(li.process.pid)
-        leaves = [p for p in pids if not _descendants(p)]
-        if not leaves:
+        launchers = [p for p in _descendants(li.process.pid) if b"torch.distributed.run" in _cmdline(p)]
+        workers = [w for p in launchers for w in _children(p)]
+        if not workers:
             return None
         with contextlib.suppress(ProcessLookupError):
-            os.kill(self.rng.choice(leaves), signal.SIGKILL)
+            os.kill(self.rng.choice(workers), signal.SIGKILL)
         return self._hit("trainer-crash", li)
 
     def reap(self, everything: bool = False) -> None:
