@@ -54,7 +54,7 @@ def recorded(aws: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[l
     client("s3").put_object(Bucket=aws["bucket"], Key="submissions/llm-pretrain.yaml",
                             Body=(staging.ROOT / "examples" / "tiny.yaml").read_bytes())
     calls: list[str] = []
-    original = BaseClient._make_api_call
+    original = BaseClient._make_api_call  # type: ignore[attr-defined]
 
     def recording(self: BaseClient, operation: str, params: dict[str, Any]) -> Any:
         action = f"{self.meta.service_model.signing_name}:{operation}"
