@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from agent.batching import BatchPlan, GlobalBatchSampler
+from agent.checkpoint.compat import check_manifest
 from agent.checkpoint.config import SessionConfig
 from agent.checkpoint.engines import Engine
 from agent.checkpoint.local_tier import LocalTier
@@ -34,7 +36,7 @@ from agent.stop import RequestPoller, agree, all_ok, any_rank, gather_ids
 from spotrelay.contracts.control import RequestKind, TrainerEvent, append_event, write_progress
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.contracts.health import HealthAction, HealthAnomaly
-from spotrelay.errors import CheckpointError
+from spotrelay.errors import BatchPlanError, IncompatibleCheckpointError
 
 log = logging.getLogger("spotrelay.training")
 
@@ -62,6 +64,7 @@ class Session:
         dataloader: Any = None,
         lr_scheduler: Any = None,
         stateful: dict[str, Any] | None = None,
+        batch: BatchPlan | None = None,
     ) -> None:
         self.engine, self.config = engine, config
         self.dataloader, self.lr_scheduler = dataloader, lr_scheduler
@@ -75,7 +78,13 @@ class Session:
             background=(config.background_upload_workers, config.background_upload_mb_s),
         )  # fmt: skip
         self.poller = RequestPoller(config.control_dir)
-        self.step = self.samples = self.epoch = 0
+        self.step = self.samples = self.epoch = self.cursor = 0
+        self._global_data = isinstance(getattr(dataloader, "batch_sampler", None), GlobalBatchSampler)
+        self.plan = batch or (dataloader.batch_sampler.plan if self._global_data else None)
+        if self.plan is not None and self.plan.world_size != self.topo.world_size:
+            raise BatchPlanError(f"the batch plan is for {self.plan.world_size} ranks, not {self.topo.world_size}")
+        self.accumulation = self.plan.accumulation if self.plan else 1
+        self.resume_seconds: float | None = None
         self.resumed_from: int | None = None
         self.exit_code = ExitCode.DONE
         self.last_loss: float | None = None
@@ -109,33 +118,49 @@ class Session:
             materialize(step, self.local, self.s3)  # another node: fetch from S3 if not local
         _barrier()
         manifest = self.local.manifest(step)
-        if manifest.world_size != self.topo.world_size:
-            raise CheckpointError(
-                f"step-{step} was saved by {manifest.world_size} ranks; this run has {self.topo.world_size}"
-            )
-        if manifest.spec_hash and self.config.spec_hash and manifest.spec_hash != self.config.spec_hash:
-            log.warning("resuming step %d saved under spec %s, now %s", step, manifest.spec_hash, self.config.spec_hash)
         step_dir = self.local.step_dir(step)
-        self.engine.load(self.local.root, step_dir)
-        self._load_trainer_state(load_trainer_state(trainer_file(step_dir, self.topo.rank)))
+        cfg = self.config
+        check_manifest(manifest, step_dir, self.engine.kind, cfg.spec_hash, cfg.code_hash, cfg.allow_spec_change)
+        saved_world = manifest.world_size
+        if saved_world != self.topo.world_size:
+            self._check_resizable(step_dir, saved_world)
+        started = time.monotonic()
+        self.engine.load(self.local.root, step_dir, manifest)
+        own = self.topo.rank < saved_world  # a rank the saved world did not have takes rank 0's counters
+        self._load_trainer_state(load_trainer_state(trainer_file(step_dir, self.topo.rank if own else 0)), own)
         self.resumed_from = self._last_saved = step
-        log.info("resumed from step %d (%s)", step, step_dir)
+        self.resume_seconds = time.monotonic() - started
+        log.info("resumed from step %d (%s), saved by %d ranks, now %d", step, step_dir, saved_world,
+                 self.topo.world_size)  # fmt: skip
         self._event(TrainerEvent(kind="resumed", step=step, uri=str(step_dir), time=time.time()))
         return step
+
+    def _check_resizable(self, step_dir: Path, saved_world: int) -> None:
+        if self.dataloader is not None and not self._global_data:
+            raise IncompatibleCheckpointError(
+                f"{step_dir}: saved by {saved_world} ranks, this run has {self.topo.world_size}, and its data "
+                "loader's position is per rank; use agent.batching.GlobalBatchSampler (docs/training-api.md) "
+                f"or resume on {saved_world} ranks"
+            )
 
     def _trainer_state(self, request_id: str | None) -> dict[str, Any]:
         handled = sorted(self.poller.handled | ({request_id} if request_id else set()))
         return snapshot_tree({
             "step": self.step, "samples": self.samples, "epoch": self.epoch, "rng": capture_rng(),
-            "data": self.dataloader.state_dict() if hasattr(self.dataloader, "state_dict") else None,
+            "cursor": self.cursor, "global_batch": self.plan.global_batch if self.plan else None,
+            "data": self.dataloader.state_dict() if hasattr(self.dataloader, "state_dict") and not self._global_data
+            else None,
             "scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
             "extra": {name: obj.state_dict() for name, obj in self.stateful.items()},
             "handled_requests": handled,
         })  # fmt: skip
 
-    def _load_trainer_state(self, state: dict[str, Any]) -> None:
+    def _load_trainer_state(self, state: dict[str, Any], own_rng: bool = True) -> None:
         self.step, self.samples, self.epoch = int(state["step"]), int(state["samples"]), int(state["epoch"])
-        if state["data"] is not None and hasattr(self.dataloader, "load_state_dict"):
+        self.cursor = int(state.get("cursor", 0))
+        if self.plan is not None and state.get("global_batch") not in (None, self.plan.global_batch):
+            log.warning("global batch %d now, %s when saved", self.plan.global_batch, state["global_batch"])
+        if state["data"] is not None and hasattr(self.dataloader, "load_state_dict") and not self._global_data:
             self.dataloader.load_state_dict(state["data"])
         if state["scheduler"] is not None and self.lr_scheduler is not None:
             self.lr_scheduler.load_state_dict(state["scheduler"])
@@ -144,20 +169,32 @@ class Session:
         self.poller.handled.update(state["handled_requests"])
         if self.dataloader is not None:
             self._start_epoch()  # a new loader iterator draws a seed from torch's RNG: draw it first
-        restore_rng(state["rng"])
+        if own_rng:  # a rank new to the world keeps its own seeded generators
+            restore_rng(state["rng"])
 
     # --- the loop ----------------------------------------------------------------------------------
     def steps(self, max_steps: int) -> Iterator[tuple[int, Any]]:
         """Yield (step index, batch) from where the last checkpoint left off until ``max_steps``."""
+        if self.accumulation != 1:
+            raise BatchPlanError(f"this world accumulates {self.accumulation} micro-batches a step: use micro_steps()")
+        for step, _micro, batch in self.micro_steps(max_steps):
+            yield step, batch
+
+    def micro_steps(self, max_steps: int) -> Iterator[tuple[int, int, Any]]:
+        """Yield (step, micro-batch index, batch), ``accumulation`` micro-batches per optimizer step."""
         if self.resumed_from is None:
             self.resume()
         while self.step < max_steps:
-            while self._skip > 0 and self.dataloader is not None:
+            while self._skip > 0 and self.dataloader is not None:  # a skipped step: all its micro-batches
                 self._skip -= 1
-                self._next_batch()
-            batch = self._next_batch() if self.dataloader is not None else None
-            yield self.step, batch
+                for _ in range(self.accumulation):
+                    self._next_batch()
+                self.cursor += self.plan.global_batch if self.plan else 0
+            for micro in range(self.accumulation):
+                batch = self._next_batch() if self.dataloader is not None else None
+                yield self.step, micro, batch
             self.step += 1
+            self.cursor += self.plan.global_batch if self.plan else 0
             if self._boundary(max_steps):
                 return
         if self.config.save_final and self._last_saved != self.step and self.step > 0:
@@ -188,12 +225,14 @@ class Session:
             try:
                 return next(self._iter)
             except StopIteration:
-                self._iter, self.epoch = None, self.epoch + 1
+                self._iter, self.epoch, self.cursor = None, self.epoch + 1, 0
 
     def _start_epoch(self) -> None:
-        sampler: Any = getattr(self.dataloader, "sampler", None)
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(self.epoch)
+        for sampler in (getattr(self.dataloader, "sampler", None), getattr(self.dataloader, "batch_sampler", None)):
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(self.epoch)
+        if self._global_data:  # every rank's position follows from the global cursor
+            self.dataloader.batch_sampler.set_cursor(self.cursor)
         self._iter = iter(self.dataloader)
 
     def _boundary(self, max_steps: int) -> bool:
@@ -308,7 +347,9 @@ class Session:
         snapshot = self.engine.snapshot(self.local.root, step_dir)
         fields = {
             "job_id": self.config.job_id, "engine": self.engine.kind, "samples": self.samples,
-            "data_state": {"epoch": self.epoch, "step": self.step, "samples": self.samples},
+            "data_state": {"epoch": self.epoch, "step": self.step, "samples": self.samples, "cursor": self.cursor,
+                           "global_batch": self.plan.global_batch if self.plan else None,
+                           "micro_batch": self.plan.micro_batch if self.plan else None},
             "spec_hash": self.config.spec_hash, "code_hash": self.config.code_hash, **self.engine.describe(),
         }  # fmt: skip
         job = SaveJob(
@@ -341,6 +382,7 @@ def spotrelay_session(
     lr_scheduler: Any = None,
     dataloader: Any = None,
     stateful: dict[str, Any] | None = None,
+    batch: BatchPlan | None = None,
     **config: Any,
 ) -> Session:
     """A Session for a DeepSpeed engine, or for a torch model (plain, DDP or FSDP) and optimizer.
@@ -354,6 +396,13 @@ def spotrelay_session(
         from agent.checkpoint.deepspeed_engine import DeepSpeedEngine
 
         engine = DeepSpeedEngine(model)
+        plan = batch or getattr(getattr(dataloader, "batch_sampler", None), "plan", None)
+        if plan is not None and int(model.gradient_accumulation_steps()) != plan.accumulation:
+            raise BatchPlanError(
+                f"the DeepSpeed config has gradient_accumulation_steps {model.gradient_accumulation_steps()}, "
+                f"the batch plan needs {plan.accumulation} (global batch {plan.global_batch}); "
+                "build the config from agent.batching.plan_batch"
+            )
     else:
         if optimizer is None:
             raise ValueError("a plain torch model needs its optimizer")
@@ -361,4 +410,4 @@ def spotrelay_session(
 
         engine = DcpEngine(model, optimizer)
     Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-    return Session(engine, cfg, dataloader=dataloader, lr_scheduler=lr_scheduler, stateful=stateful)
+    return Session(engine, cfg, dataloader=dataloader, lr_scheduler=lr_scheduler, stateful=stateful, batch=batch)

@@ -85,6 +85,14 @@ class UnsafeCheckpointError(CheckpointError, PermanentError):
     """A checkpoint file would execute code when loaded (a pickle with globals)."""
 
 
+class IncompatibleCheckpointError(CheckpointError, PermanentError):
+    """A valid checkpoint this run cannot use: another engine, another model, another spec or layout."""
+
+
+class BatchPlanError(PermanentError):
+    """The global batch cannot be split over this world size and micro-batch."""
+
+
 # --- node agent ------------------------------------------------------------------------------
 class ImdsUnavailableError(RetryableError):
     """The instance metadata service did not answer (timeouts, refused, 5xx) after retries."""

@@ -7,6 +7,7 @@ environment). Importing it needs the ``agent`` extra (torch). See docs/training-
 
 from __future__ import annotations
 
+from agent.batching import BatchPlan, GlobalBatchSampler, plan_batch
 from agent.checkpoint.config import SessionConfig
 from agent.training import Session, spotrelay_session
 from spotrelay.contracts.exit_codes import ExitCode
@@ -14,11 +15,14 @@ from spotrelay.contracts.health import AnomalyKind, HealthAction, HealthAnomaly,
 
 __all__ = [
     "AnomalyKind",
+    "BatchPlan",
     "ExitCode",
+    "GlobalBatchSampler",
     "HealthAction",
     "HealthAnomaly",
     "HealthPolicy",
     "Session",
     "SessionConfig",
+    "plan_batch",
     "spotrelay_session",
 ]

@@ -53,6 +53,12 @@ def split(tree: Any, arena: Arena) -> tuple[dict[str, Any], list[tuple[int, int]
     return {"format": FORMAT, "tree": map_tree(tree, leaf), "tensors": specs}, segments
 
 
+def load_skeleton(path: Path | str) -> Any:
+    """The state tree without reading the tensor bytes (tensors stay ``{MARK: i}``): for metadata."""
+    loaded = safe_torch_load(path, map_location="cpu")
+    return loaded["tree"] if isinstance(loaded, dict) and loaded.get("format") == FORMAT else loaded
+
+
 def load(path: Path | str, map_location: Any = None) -> Any:
     """A file written as skeleton + tensors (or a plain torch file), tensors rebuilt on the CPU."""
     path = Path(path)

@@ -57,6 +57,7 @@ class SessionConfig(BaseModel):
     keep_local: int = Field(2, ge=1)
     keep_s3: int = Field(5, ge=1)
     save_final: bool = True
+    allow_spec_change: bool = False  # a checkpoint saved under another spec hash is refused unless set
     commit_timeout_s: float = 900.0
     # Periodic uploads are background traffic: few connections (and optionally a bandwidth cap)
     # leave the cores, memory bandwidth and NIC to training. Emergency uploads use every connection.
@@ -87,6 +88,7 @@ class SessionConfig(BaseModel):
             "keep_s3": _int(c.ENV_KEEP_S3, None),
             "notice_training": _bool(c.ENV_NOTICE_TRAINING),
             "notice_margin_s": _float(c.ENV_NOTICE_MARGIN_S),
+            "allow_spec_change": True if os.environ.get(c.ENV_ALLOW_SPEC_CHANGE) == "1" else None,
         }
         values.update({k: v for k, v in env.items() if v is not None})
         if os.environ.get(ENV_HEALTH):

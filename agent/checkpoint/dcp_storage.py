@@ -143,6 +143,16 @@ def load(state: dict[str, Any], path: Path, process_group: Any = None, no_dist: 
         raise CorruptCheckpointError(f"{path}: {exc}") from None
 
 
+def saved_model_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Global shapes of the saved ``model.*`` tensors, from the (scanned) metadata."""
+    metadata = RawStorageReader(path).read_metadata()
+    return {
+        key.removeprefix("model."): tuple(meta.size)
+        for key, meta in metadata.state_dict_metadata.items()
+        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
+    }
+
+
 class RawStorageReader(StorageReader):
     def __init__(self, path: Path) -> None:
         super().__init__()

@@ -17,8 +17,11 @@ from typing import Any
 import torch
 
 from agent.checkpoint import arena_files
+from agent.checkpoint import deepspeed_reshard as reshard
 from agent.checkpoint.arena import Arena, ArenaPool, arena_size
+from agent.checkpoint.compat import check_parameters
 from agent.checkpoint.engines import ArenaFile, Output, Snapshot
+from agent.checkpoint.manifest import Manifest
 from agent.checkpoint.state import snapshot_tree
 
 try:
@@ -88,7 +91,21 @@ class DeepSpeedEngine:
 
         return Snapshot(write=write, release=release)
 
-    def load(self, root: Path, step_dir: Path) -> None:
+    def live_shapes(self) -> dict[str, tuple[int, ...]]:
+        params = self.engine.module.named_parameters()
+        return {n: tuple(getattr(p, "ds_shape", p.shape)) for n, p in params if p.requires_grad}
+
+    def load(self, root: Path, step_dir: Path, manifest: Manifest) -> None:
+        stage = manifest.zero_stage
+        states_path = reshard.model_states_file(step_dir, stage)
+        check_parameters(step_dir, reshard.saved_shapes(arena_files.load_skeleton(states_path)), self.live_shapes())
+        saved_dp = int(manifest.layout.get("dp", manifest.world_size))
+        if saved_dp != int(self.engine.dp_world_size) or stage != self.engine.zero_optimization_stage():
+            # another world (or ZeRO stage): whole tensors from every saved partition, then our slices
+            model_states = arena_files.load(states_path)
+            reshard.scatter(self.engine, reshard.merge(step_dir, stage, saved_dp, model_states))
+            reshard.restore_counters(self.engine, model_states)
+            return
         self.engine.checkpoint_engine = self.ckpt
         path, _ = self.engine.load_checkpoint(
             str(root), tag=step_dir.name, load_optimizer_states=True, load_lr_scheduler_states=True

@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from agent.checkpoint.manifest import Manifest
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,9 @@ class Engine(Protocol):
 
     def snapshot(self, root: Path, step_dir: Path) -> Snapshot: ...
 
-    def load(self, root: Path, step_dir: Path) -> None: ...
+    def load(self, root: Path, step_dir: Path, manifest: Manifest) -> None:
+        """Load ``step_dir`` (written by ``manifest.world_size`` ranks, maybe not this world's)."""
+        ...
 
     def describe(self) -> dict[str, Any]:
         """``layout`` (dp/tp/pp) and ``zero_stage`` for the manifest."""

@@ -19,13 +19,21 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DistributedSampler, TensorDataset
-from torchdata.stateful_dataloader import StatefulDataLoader
+from torch.utils.data import DataLoader
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "examples" / "tiny")]
 
-from train import SEQ, VOCAB, TinyLM, run_steps, seed_everything, tensor_digest  # noqa: E402
+from train import (  # noqa: E402
+    TinyLM,
+    add_common_args,
+    cli,
+    ds_batch,
+    make_loader,
+    run_steps,
+    seed_everything,
+    tensor_digest,
+)
 
 from spotrelay.training import spotrelay_session  # noqa: E402
 
@@ -38,23 +46,23 @@ def _sha(obj: Any) -> str:
     return digest.hexdigest()
 
 
-def build_zero3(args: argparse.Namespace, loader: StatefulDataLoader) -> tuple[Any, Any]:
+def build_zero3(args: argparse.Namespace, loader: DataLoader[Any]) -> tuple[Any, Any]:
     import deepspeed
     from deepspeed.utils import set_z3_leaf_modules
 
-    model = TinyLM()
+    model = TinyLM(dropout=args.dropout)
     # MultiheadAttention reads out_proj's weight without calling out_proj: gather it as one leaf
     set_z3_leaf_modules(model, [torch.nn.MultiheadAttention])
     config = {
-        "train_micro_batch_size_per_gpu": args.batch,
-        "gradient_accumulation_steps": 1,
+        **ds_batch(loader),
         "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01, "torch_adam": True}},
         "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": LR, "warmup_num_steps": 5}},
         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
         "steps_per_print": 10**9,
     }  # fmt: skip
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    return engine, spotrelay_session(engine, dataloader=loader, checkpoint_dir=args.checkpoint_dir)
+    session = spotrelay_session(engine, dataloader=loader, checkpoint_dir=args.checkpoint_dir, every_steps=args.every)
+    return engine, session
 
 
 def digest_zero3(engine: Any) -> dict[str, str]:
@@ -68,11 +76,11 @@ def digest_zero3(engine: Any) -> dict[str, str]:
     return {"params_sha256": _sha(full), "optim_sha256": _sha(optim), "numel": sum(t.numel() for t in full.values())}
 
 
-def build_fsdp(args: argparse.Namespace, loader: StatefulDataLoader) -> tuple[Any, Any]:
+def build_fsdp(args: argparse.Namespace, loader: DataLoader[Any]) -> tuple[Any, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    model = TinyLM()
+    model = TinyLM(dropout=args.dropout)
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     for layer in model.body.layers:
         fully_shard(layer, mesh=mesh)
@@ -80,8 +88,9 @@ def build_fsdp(args: argparse.Namespace, loader: StatefulDataLoader) -> tuple[An
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.2, total_iters=5)
     session = spotrelay_session(
-        model, optimizer, lr_scheduler=scheduler, dataloader=loader, checkpoint_dir=args.checkpoint_dir
-    )
+        model, optimizer, lr_scheduler=scheduler, dataloader=loader, checkpoint_dir=args.checkpoint_dir,
+        every_steps=args.every,
+    )  # fmt: skip
     return (model, optimizer, scheduler), session
 
 
@@ -102,12 +111,7 @@ def digest_fsdp(stepper: Any) -> dict[str, Any]:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--engine", choices=["zero3", "fsdp"], required=True)
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--checkpoint-dir", required=True)
-    p.add_argument("--stop-at", type=int, default=None)
-    p.add_argument("--out", required=True)
+    add_common_args(p)
     args = p.parse_args()
 
     seed_everything(args.seed)
@@ -119,20 +123,17 @@ def main() -> int:
         dist.init_process_group("gloo")
     rank = dist.get_rank()
 
-    data = torch.randint(0, VOCAB, (128, SEQ + 1), generator=torch.Generator().manual_seed(7))
-    dataset = TensorDataset(data)
-    sampler: DistributedSampler[Any] = DistributedSampler(dataset, shuffle=True, seed=args.seed)
-    loader = StatefulDataLoader(dataset, batch_size=args.batch, sampler=sampler)
-    stepper, session = (build_zero3 if args.engine == "zero3" else build_fsdp)(args, loader)
+    stepper, session = (build_zero3 if args.engine == "zero3" else build_fsdp)(args, make_loader(args))
 
-    losses = run_steps(session, stepper, args.engine == "zero3", args, rank)
+    losses, samples = run_steps(session, stepper, args.engine == "zero3", args, rank)
     code = session.close()
     result: dict[str, Any] = digest_zero3(stepper) if args.engine == "zero3" else digest_fsdp(stepper)
-    result.update(losses=losses, exit=code, resumed_from=session.resumed_from)
+    result.update(losses=losses, samples=samples, exit=code, resumed_from=session.resumed_from)
+    result.update(resume_seconds=session.resume_seconds)
     Path(f"{args.out}.rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
     return code
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

@@ -23,9 +23,10 @@ def torchrun(
     args: list[str],
     env: dict[str, str] | None = None,
     timeout: int = 400,
+    nproc: int = 2,
 ) -> None:
     """``script --checkpoint-dir ckpt --out tmp/name *args``; fails the test if a rank wrote nothing."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), str(script)]
     cmd += ["--checkpoint-dir", str(ckpt), "--out", str(tmp / name), *args]
     full_env = {
         **os.environ, "PYTHONWARNINGS": "ignore", control.ENV_CONTROL_DIR: str(tmp / "control"),
@@ -33,7 +34,7 @@ def torchrun(
         **(env or {}),
     }  # fmt: skip
     done = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, check=False)
-    if not all((tmp / f"{name}.rank{r}.json").exists() for r in (0, 1)):
+    if not all((tmp / f"{name}.rank{r}.json").exists() for r in range(nproc)):
         pytest.fail(f"{name} wrote no result (rc {done.returncode}):\n{done.stderr[-4000:]}")
 
 

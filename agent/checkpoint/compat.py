@@ -1,0 +1,69 @@
+"""Checks that a valid checkpoint fits this run, made before anything is loaded.
+
+Each refusal is an IncompatibleCheckpointError naming the step folder, what differs and what to
+do; nothing saved is changed (the run stops before its first step, so no save or pruning runs).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from agent.checkpoint.manifest import Manifest
+from spotrelay.errors import IncompatibleCheckpointError
+
+log = logging.getLogger("spotrelay.checkpoint")
+ALLOW_SPEC_CHANGE_HINT = "set SPOTRELAY_ALLOW_SPEC_CHANGE=1 (allow_spec_change=True) to resume it anyway"
+ENGINE_NAMES = {"dcp": "torch DDP/FSDP (torch.distributed.checkpoint)", "deepspeed": "DeepSpeed"}
+
+
+def check_manifest(
+    manifest: Manifest, step_dir: Path, engine: str, spec_hash: str, code_hash: str, allow_spec_change: bool
+) -> None:
+    if manifest.engine != engine:
+        saved, now = ENGINE_NAMES.get(manifest.engine, manifest.engine), ENGINE_NAMES.get(engine, engine)
+        raise IncompatibleCheckpointError(
+            f"{step_dir}: written by a {saved} session, this run is a {now} session; resume it with the "
+            f"engine that wrote it, or give this run an empty checkpoint location"
+        )
+    if manifest.spec_hash and spec_hash and manifest.spec_hash != spec_hash:
+        if not allow_spec_change:
+            raise IncompatibleCheckpointError(
+                f"{step_dir}: saved under job spec {manifest.spec_hash}, this run's spec is {spec_hash}; "
+                f"resume with the spec that wrote it, or {ALLOW_SPEC_CHANGE_HINT}"
+            )
+        log.warning("resuming %s saved under spec %s, now %s (allowed)", step_dir, manifest.spec_hash, spec_hash)
+    if manifest.code_hash and code_hash and manifest.code_hash != code_hash:  # code fixes are normal: warn
+        log.warning("resuming %s saved by another script (%s, now %s)", step_dir, manifest.code_hash, code_hash)
+    layout = manifest.layout or {}
+    for axis in ("tp", "pp"):
+        if int(layout.get(axis, 1)) != 1:
+            raise IncompatibleCheckpointError(
+                f"{step_dir}: saved with {axis}={layout[axis]}; only the data-parallel size may change on resume"
+            )
+
+
+def check_parameters(step_dir: Path, saved: dict[str, tuple[int, ...]], live: dict[str, tuple[int, ...]]) -> None:
+    """Same parameter names and shapes (global shapes: sharding does not count)."""
+    missing = sorted(set(saved) - set(live))
+    extra = sorted(set(live) - set(saved))
+    shapes = sorted(k for k in set(saved) & set(live) if tuple(saved[k]) != tuple(live[k]))
+    if not (missing or extra or shapes):
+        return
+    parts = []
+    if missing:
+        parts.append(f"the model has no {_few(missing)} (saved)")
+    if extra:
+        parts.append(f"the checkpoint has no {_few(extra)} (in the model)")
+    if shapes:
+        differ = [f"{k} saved {tuple(saved[k])}, now {tuple(live[k])}" for k in shapes[:3]]
+        parts.append("shapes differ: " + ", ".join(differ))
+    raise IncompatibleCheckpointError(
+        f"{step_dir}: another model: " + "; ".join(parts)
+        + "; resume it with the model that wrote it, or give this run an empty checkpoint location"
+    )  # fmt: skip
+
+
+def _few(names: list[str]) -> str:
+    shown = ", ".join(names[:3])
+    return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")

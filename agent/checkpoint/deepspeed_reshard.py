@@ -1,0 +1,203 @@
+"""DeepSpeed ZeRO-1/2/3 resumed at another data-parallel size, from our own checkpoint files.
+
+DeepSpeed's ``load_checkpoint`` only reads partitions for the world that wrote them. At another
+size we convert at restore time, in two steps, without DeepSpeed's pickle loader:
+
+1. **Merge**: every saved optimizer partition (each rank's file, read through our skeleton +
+   raw tensor format) is cut back into whole per-parameter tensors: the fp32 master weights and
+   each optimizer state of the same size (Adam's ``exp_avg``, ``exp_avg_sq``). ZeRO-1/2 files
+   say where each parameter's fragment lies (``param_slice_mappings``: start and length in that
+   rank's flat partition; a parameter's fragments in rank order make the whole). ZeRO-3 splits
+   every parameter in ``ceil(numel / world)`` pieces, in ``param_shapes`` order.
+2. **Scatter**: the live engine, built for the new world, gets its own slice of each tensor: the
+   fp32 partition, the optimizer states, the model weights (ZeRO-1/2: every rank holds them
+   whole; ZeRO-3: this rank's partition), the step count, the optimizer's hyper-parameters, the
+   LR scheduler and DeepSpeed's step/sample counters.
+
+Frozen parameters and tensor/pipeline parallelism are refused (only the data-parallel size may change).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agent.checkpoint import arena_files
+from spotrelay.errors import CorruptCheckpointError, IncompatibleCheckpointError
+
+FP32 = "__fp32__"
+
+
+def model_states_file(step_dir: Path, stage: int) -> Path:
+    name = "zero_pp_rank_0_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"
+    return step_dir / name
+
+
+def optim_file(step_dir: Path, rank: int) -> Path:
+    for prefix in ("", "bf16_"):
+        path = step_dir / f"{prefix}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+        if path.is_file():
+            return path
+    raise CorruptCheckpointError(f"{step_dir}: no optimizer partition of rank {rank}")
+
+
+def saved_shapes(model_states: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(shape) for group in model_states["param_shapes"] for name, shape in group.items()}
+
+
+@dataclass
+class FullState:
+    """Whole per-parameter tensors: ``tensors[name][FP32]`` and ``tensors[name][state key]``."""
+
+    tensors: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    scalars: dict[str, torch.Tensor] = field(default_factory=dict)  # the optimizer's 0-d state (step)
+    param_groups: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _flat_states(state: Any, index: int, numel: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(states as large as the flat partition, 0-d states) of one flat parameter's optimizer entry."""
+    entry = state[index]
+    flat = {k: v for k, v in entry.items() if isinstance(v, torch.Tensor) and v.numel() == numel and v.dim() == 1}
+    scalars = {k: v for k, v in entry.items() if isinstance(v, torch.Tensor) and v.dim() == 0}
+    return flat, scalars
+
+
+def merge(step_dir: Path, stage: int, world: int, model_states: dict[str, Any]) -> FullState:
+    if model_states.get("frozen_param_shapes"):
+        raise IncompatibleCheckpointError(
+            f"{step_dir}: has frozen parameters, which resuming DeepSpeed at another world size does not "
+            "support yet; resume it on the world size that wrote it"
+        )
+    optims = [arena_files.load(optim_file(step_dir, r))["optimizer_state_dict"] for r in range(world)]
+    groups: list[dict[str, Any]] = model_states["param_shapes"]
+    return _merge_zero3(groups, optims, world) if stage == 3 else _merge_zero12(groups, optims)
+
+
+def _merge_zero12(groups: list[dict[str, Any]], optims: list[dict[str, Any]]) -> FullState:
+    full = FullState(param_groups=optims[0]["base_optimizer_state"]["param_groups"])
+    for g, shapes in enumerate(groups):
+        per_rank = []
+        for osd in optims:
+            flat = osd["single_partition_of_fp32_groups"][g]
+            states, scalars = _flat_states(osd["base_optimizer_state"]["state"], g, flat.numel())
+            full.scalars.update(scalars)
+            per_rank.append(({FP32: flat, **states}, osd["param_slice_mappings"][g]))
+        for name, shape in shapes.items():
+            pieces: dict[str, list[torch.Tensor]] = {}
+            for flats, mapping in per_rank:
+                frag = mapping.get(name)
+                if frag is None:
+                    continue
+                for key, flat in flats.items():
+                    pieces.setdefault(key, []).append(flat.narrow(0, frag.start, frag.numel))
+            full.tensors[name] = {key: _whole(name, torch.cat(p), shape) for key, p in pieces.items()}
+    return full
+
+
+def _merge_zero3(groups: list[dict[str, Any]], optims: list[dict[str, Any]], world: int) -> FullState:
+    full = FullState(param_groups=optims[0]["optimizer_state_dict"]["param_groups"])
+    per_rank = []
+    for osd in optims:
+        subgroups = list(osd["fp32_flat_groups"])
+        flats: dict[str, list[torch.Tensor]] = {FP32: subgroups}
+        for i, sub in enumerate(subgroups):
+            states, scalars = _flat_states(osd["optimizer_state_dict"]["state"], i, sub.numel())
+            full.scalars.update(scalars)
+            for key, value in states.items():
+                flats.setdefault(key, []).append(value)
+        per_rank.append({key: torch.cat(parts) for key, parts in flats.items()})
+    offset = 0
+    for shapes in groups:
+        for name, shape in shapes.items():
+            numel = math.prod(shape)
+            part = math.ceil(numel / world)
+            full.tensors[name] = {
+                key: _whole(name, torch.cat([r[key].narrow(0, offset, part) for r in per_rank])[:numel], shape)
+                for key in per_rank[0]
+            }
+            offset += part
+    return full
+
+
+def _whole(name: str, flat: torch.Tensor, shape: Any) -> torch.Tensor:
+    if flat.numel() != math.prod(shape):
+        raise CorruptCheckpointError(f"{name}: the partitions hold {flat.numel()} values, the shape {tuple(shape)}")
+    return flat.reshape(tuple(shape))
+
+
+# --- scatter into the live engine ----------------------------------------------------------------
+def _ensure_state(base: torch.optim.Optimizer, flats: list[torch.Tensor], full: FullState, keys: set[str]) -> None:
+    """Adam-like optimizers create their state on the first step: create it now, then overwrite."""
+    for group, saved in zip(base.param_groups, full.param_groups, strict=False):
+        group.update({k: v for k, v in saved.items() if k != "params"})  # lr, betas, ... as saved
+    for flat in flats:  # the fp32 partitions the base optimizer steps (ZeRO-3 swaps them into its groups)
+        state = base.state[flat]
+        for key in keys:
+            if key not in state or state[key].shape != flat.shape:
+                state[key] = torch.zeros_like(flat)
+        for key, value in full.scalars.items():
+            state[key] = value.clone()
+
+
+def scatter(engine: Any, full: FullState) -> None:
+    opt = engine.optimizer
+    keys = {k for per in full.tensors.values() for k in per if k != FP32}
+    names = {id(p): n for n, p in engine.module.named_parameters()}
+    if engine.zero_optimization_stage() == 3:
+        _ensure_state(opt.optimizer, list(opt.fp32_partitioned_groups_flat), full, keys)
+        _scatter_zero3(engine, opt, names, full, keys)
+    else:
+        _ensure_state(opt.optimizer, list(opt.single_partition_of_fp32_groups), full, keys)
+        _scatter_zero12(opt, names, full, keys)
+
+
+def _scatter_zero12(opt: Any, names: dict[int, str], full: FullState, keys: set[str]) -> None:
+    for i, group in enumerate(opt.bit16_groups):
+        flat_hp = opt.single_partition_of_fp32_groups[i]
+        state = opt.optimizer.state[flat_hp]
+        for lp in group:
+            saved = full.tensors[names[id(lp)]]
+            with torch.no_grad():
+                lp.data.copy_(saved[FP32].to(lp.dtype))  # every ZeRO-1/2 rank holds the whole weights
+            mapping = lp._hp_mapping
+            if mapping is None:  # no fragment of this parameter in this rank's partition
+                continue
+            src, dst = mapping.lp_fragment_address, mapping.hp_fragment_address
+            for key in (FP32, *keys):
+                target = flat_hp if key == FP32 else state[key]
+                value = saved[key].flatten().narrow(0, src.start, src.numel)
+                target.data.narrow(0, dst.start, dst.numel).copy_(value)
+
+
+def _scatter_zero3(engine: Any, opt: Any, names: dict[int, str], full: FullState, keys: set[str]) -> None:
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group=opt.dp_process_group)
+    rank = dist.get_rank(group=opt.dp_process_group)
+    for param in engine.module.parameters():
+        saved = full.tensors[names[id(param)]]
+        part = int(param.ds_tensor.ds_numel)
+        for key in (FP32, *keys):
+            padded = torch.zeros(part * world, dtype=saved[key].dtype)
+            padded[: saved[key].numel()] = saved[key].flatten()
+            mine = padded.narrow(0, part * rank, part)
+            target, _ = opt._get_fp32_opt_state_partition(param, False, None if key == FP32 else key)
+            target.data.copy_(mine[: target.numel()])
+            if key == FP32:
+                with torch.no_grad():
+                    param.ds_tensor.data.copy_(mine[: param.ds_tensor.numel()].to(param.ds_tensor.dtype))
+                    if param.numel() == saved[key].numel():  # a persistent parameter is also held whole
+                        param.data.copy_(saved[key].view_as(param).to(param.dtype))
+
+
+def restore_counters(engine: Any, model_states: dict[str, Any]) -> None:
+    """What DeepSpeed's own load sets besides the tensors: scheduler, step and sample counters."""
+    if engine.lr_scheduler is not None and model_states.get("lr_scheduler") is not None:
+        engine.lr_scheduler.load_state_dict(model_states["lr_scheduler"])
+    engine.global_steps = int(model_states.get("global_steps", 0))
+    engine.global_samples = int(model_states.get("global_samples", 0))
+    engine.skipped_steps = int(model_states.get("skipped_steps", 0))

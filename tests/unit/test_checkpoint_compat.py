@@ -1,0 +1,79 @@
+"""Checkpoints this run cannot use are refused before anything loads, naming the folder, the
+difference and what to do; nothing saved changes (a real torch session, one process, no dist)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent.checkpoint.compat import check_manifest, check_parameters
+from agent.checkpoint.manifest import Manifest
+from agent.training import spotrelay_session
+from spotrelay.errors import IncompatibleCheckpointError
+
+
+def _manifest(**fields: object) -> Manifest:
+    base: dict[str, object] = {"step": 4, "engine": "dcp", "world_size": 2, "ranks": [0, 1], "shards": []}
+    return Manifest.model_validate({**base, **fields})
+
+
+def test_a_checkpoint_of_another_engine_is_refused_with_what_to_do() -> None:
+    with pytest.raises(IncompatibleCheckpointError) as err:
+        check_manifest(_manifest(), Path("/c/step-00000004"), "deepspeed", "", "", False)
+    assert str(err.value).startswith("/c/step-00000004: written by a torch DDP/FSDP")
+    assert "DeepSpeed session" in str(err.value) and "resume it with the engine that wrote it" in str(err.value)
+
+
+def test_another_spec_is_refused_unless_allowed() -> None:
+    manifest = _manifest(spec_hash="aaa")
+    with pytest.raises(IncompatibleCheckpointError, match="saved under job spec aaa, this run's spec is bbb"):
+        check_manifest(manifest, Path("/c/step-00000004"), "dcp", "bbb", "", False)
+    check_manifest(manifest, Path("/c/step-00000004"), "dcp", "bbb", "", True)  # logged, resumed
+    check_manifest(manifest, Path("/c/step-00000004"), "dcp", "", "", False)  # no spec given: a local run
+
+
+def test_tensor_or_pipeline_parallel_layouts_cannot_change() -> None:
+    with pytest.raises(IncompatibleCheckpointError, match="saved with tp=2; only the data-parallel size"):
+        check_manifest(_manifest(layout={"dp": 2, "tp": 2, "pp": 1}), Path("/c"), "dcp", "", "", False)
+
+
+def test_missing_extra_and_reshaped_parameters_are_named() -> None:
+    saved = {"a.weight": (4, 4), "b.weight": (2,), "old.weight": (1,)}
+    live = {"a.weight": (4, 8), "b.weight": (2,), "new.weight": (3,)}
+    with pytest.raises(IncompatibleCheckpointError) as err:
+        check_parameters(Path("/c/step-00000004"), saved, live)
+    text = str(err.value)
+    assert "the model has no old.weight" in text and "the checkpoint has no new.weight" in text
+    assert "a.weight saved (4, 4), now (4, 8)" in text
+
+
+def _digest(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(folder)).encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def test_a_different_model_is_refused_and_the_checkpoint_is_left_as_it_was(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    session = spotrelay_session(model, optimizer, checkpoint_dir=tmp_path)
+    for _ in session.steps(2):
+        optimizer.zero_grad()
+        model(torch.ones(1, 4)).sum().backward()
+        optimizer.step()
+    assert session.close() == 0
+    before = _digest(tmp_path)
+
+    other = torch.nn.Sequential(torch.nn.Linear(4, 8))
+    resumed = spotrelay_session(other, torch.optim.SGD(other.parameters(), lr=0.1), checkpoint_dir=tmp_path)
+    with pytest.raises(IncompatibleCheckpointError) as err:
+        resumed.resume()
+    assert f"{tmp_path / 'step-00000002'}: another model" in str(err.value)
+    assert "0.weight saved (4, 4), now (8, 4)" in str(err.value)
+    resumed.close()
+    assert _digest(tmp_path) == before
