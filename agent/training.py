@@ -105,6 +105,7 @@ class Session:
     def resume(self, before: int | None = None) -> int | None:
         """Load the newest valid checkpoint (every rank the same step, older than ``before`` when
         given); return its step or None."""
+        started = time.monotonic()
         chosen: list[int | None] = [None]
         if self.topo.rank == 0:
             manifest = choose(self.local, self.s3, before=before)
@@ -124,7 +125,6 @@ class Session:
         saved_world = manifest.world_size
         if saved_world != self.topo.world_size:
             self._check_resizable(step_dir, saved_world)
-        started = time.monotonic()
         self.engine.load(self.local.root, step_dir, manifest)
         own = self.topo.rank < saved_world  # a rank the saved world did not have takes rank 0's counters
         self._load_trainer_state(load_trainer_state(trainer_file(step_dir, self.topo.rank if own else 0)), own)

@@ -254,7 +254,14 @@ def main() -> None:
         "--moto-nice", type=int, default=19, help="CPU priority of moto's server (0: competes with training)"
     )
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--resize", action="store_true", help="time resumes at other world sizes instead (bench/resize.py)")
+    p.add_argument("--engines", default="ddp,zero2,zero3", help="with --resize")
     args = p.parse_args()
+    if args.resize:
+        from resize import run_all  # bench/resize.py, next to this file
+
+        run_all(args.engines.split(","), args.state_mb if args.state_mb != 300 else 60)
+        return
     torch.set_num_threads(args.threads)
     proc, _url = start_moto(args.moto_nice)
     try:

@@ -97,12 +97,12 @@ class DeepSpeedEngine:
 
     def load(self, root: Path, step_dir: Path, manifest: Manifest) -> None:
         stage = manifest.zero_stage
-        states_path = reshard.model_states_file(step_dir, stage)
-        check_parameters(step_dir, reshard.saved_shapes(arena_files.load_skeleton(states_path)), self.live_shapes())
+        # the skeleton (no tensor bytes) holds the parameter shapes, the scheduler and the counters
+        model_states = arena_files.load_skeleton(reshard.model_states_file(step_dir, stage))
+        check_parameters(step_dir, reshard.saved_shapes(model_states), self.live_shapes())
         saved_dp = int(manifest.layout.get("dp", manifest.world_size))
         if saved_dp != int(self.engine.dp_world_size) or stage != self.engine.zero_optimization_stage():
             # another world (or ZeRO stage): whole tensors from every saved partition, then our slices
-            model_states = arena_files.load(states_path)
             reshard.scatter(self.engine, reshard.merge(step_dir, stage, saved_dp, model_states))
             reshard.restore_counters(self.engine, model_states)
             return
