@@ -11,6 +11,11 @@ In short, for a gang of N nodes in a pool with price p (USD per instance-hour)::
     score  = ((N + spares) * p + N * transfer_usd) * (1 + capacity_risk) / (useful * speed)
              (with hot spares, restore_hours is the spare's takeover time, not a boot)
 
+With ``resources.min_nodes`` < nodes, (pool, gang size) pairs are ranked: a gang of n < N nodes does
+n/N of the work per hour and is charged ``(N / n) ** shrink_delay_weight`` for finishing later::
+
+    score(n) = ((n + spares) * p + n * transfer_usd) * (1 + capacity_risk) / (useful(n) * speed * n / N) * (N / n) ** w
+
 Nothing orders markets or types by name: spot P5 before spot P4d before on-demand is what the
 numbers say for today's prices and bands, and it changes when they do.
 """
@@ -48,6 +53,9 @@ class PlacementConfig(BaseModel):
     capacity_risk_weight: float = Field(0.1, ge=0, description="score uplift at certain launch failure")
     capacity_prior_weight: float = Field(4.0, gt=0, description="launches the placement-score prior weighs")
     throughput: dict[str, float] = Field(default_factory=dict, description="overrides of catalog throughput")
+    shrink_delay_weight: float = Field(
+        0.5, ge=0, description="a smaller gang is charged (nodes / n) ** w for the time it runs longer"
+    )
 
 
 DEFAULT_CONFIG = PlacementConfig()
@@ -57,8 +65,9 @@ class ScoredPool(BaseModel):
     model_config = ConfigDict(extra="forbid")
     pool: Pool
     quote: PoolQuote
-    score: float  # expected USD per useful training hour for the whole gang (lower is better)
+    score: float  # expected USD per useful training hour of the full gang's work (lower is better)
     breakdown: dict[str, float]
+    nodes: int = 0  # the gang size scored (resources.nodes unless the spec allows min_nodes)
 
 
 class Ranking(BaseModel):
@@ -101,10 +110,11 @@ def checkpoint_hours(spec: JobSpec, config: PlacementConfig) -> float:
 
 
 def score_pool(
-    spec: JobSpec, quote: PoolQuote, stats: PoolStats | None, config: PlacementConfig = DEFAULT_CONFIG
+    spec: JobSpec, quote: PoolQuote, stats: PoolStats | None, config: PlacementConfig = DEFAULT_CONFIG,
+    nodes: int | None = None,
 ) -> ScoredPool:
-    """Score one pool (no filtering)."""
-    pool, n, spares = quote.pool, spec.resources.nodes, spec.resources.spares
+    """Score one pool for a gang of ``nodes`` (default: the spec's; no filtering)."""
+    pool, n, spares, full = quote.pool, nodes or spec.resources.nodes, spec.resources.spares, spec.resources.nodes
     info = catalog.instance(pool.instance_type)
     throughput = config.throughput.get(pool.instance_type) or (info.throughput if info else 1.0)
     restore_h = (info.restore_minutes if info else config.default_restore_minutes) / 60.0
@@ -123,9 +133,11 @@ def score_pool(
     transfer = n * config.transfer_usd_per_node_hour if remote else 0.0
     risk = capacity_risk(quote, stats, config)
     gang_price = (n + spares) * quote.price_per_hour  # spares are billed like the ranks
+    share = n / full  # of the full gang's work per hour
+    delay = (full / n) ** config.shrink_delay_weight
     score = (gang_price + transfer) * (1.0 + config.capacity_risk_weight * risk) / (
-        useful * throughput * locality
-    )
+        useful * throughput * locality * share
+    ) * delay
     breakdown = {
         "price_per_hour": quote.price_per_hour,
         "gang_price_per_hour": gang_price,
@@ -139,16 +151,30 @@ def score_pool(
         "transfer_usd_per_hour": transfer,
         "capacity_risk": risk,
         "spares": float(spares),
+        "gang_share": share,
+        "delay_factor": delay,
     }
-    return ScoredPool(pool=pool, quote=quote, score=score, breakdown=breakdown)
+    return ScoredPool(pool=pool, quote=quote, score=score, breakdown=breakdown, nodes=n)
+
+
+def gang_key(pool_key: str, nodes: int) -> str:
+    """An ``excluded`` entry for one pool at ``nodes`` and larger (a gang that did not fit there)."""
+    return f"{pool_key}@{nodes}"
+
+
+def _excluded(pool_key: str, nodes: int, excluded: frozenset[str]) -> bool:
+    if pool_key in excluded:
+        return True
+    return any(k.startswith(pool_key + "@") and nodes >= int(k.rsplit("@", 1)[1]) for k in excluded)
 
 
 def _why_not(
     spec: JobSpec, quote: PoolQuote, stats: PoolStats | None, now: float, excluded: frozenset[str],
-    quotas: Mapping[str, float] | None, running: frozenset[str] = frozenset(),
+    quotas: Mapping[str, float] | None, running: frozenset[str] = frozenset(), nodes: int | None = None,
 ) -> str | None:
     res, pool = spec.resources, quote.pool
-    if pool.key in excluded:
+    nodes = nodes or res.nodes
+    if _excluded(pool.key, nodes, excluded):
         return "excluded"
     if pool.instance_type not in res.instance_types:
         return "instance type not allowed by the spec"
@@ -162,39 +188,46 @@ def _why_not(
         return f"cooling down until {stats.cooldown_until:.0f} after {stats.last_event}"
     info = catalog.instance(pool.instance_type)
     quota = quotas.get(f"{pool.region}/{pool.market}") if quotas else None
-    if quota is not None and info is not None and res.nodes * info.vcpus > quota:
-        return f"needs {res.nodes * info.vcpus} vCPUs, quota leaves {quota:.0f}"
+    if quota is not None and info is not None and nodes * info.vcpus > quota:
+        return f"needs {nodes * info.vcpus} vCPUs, quota leaves {quota:.0f}"
     return None
 
 
 def evaluate_pools(
     spec: JobSpec, quotes: list[PoolQuote], stats: Mapping[str, PoolStats], now: float,
     excluded: frozenset[str] = frozenset(), *, quotas: Mapping[str, float] | None = None,
-    config: PlacementConfig = DEFAULT_CONFIG, running: frozenset[str] = frozenset(),
+    config: PlacementConfig = DEFAULT_CONFIG, running: frozenset[str] = frozenset(), gang_sizes: bool = False,
 ) -> Ranking:
     """Candidates best first, and why each other quoted pool was dropped. ``running``: pools where
     the job's survivors run; a cooldown governs new gangs and does not drop them (their interruption
-    history still weighs in the score)."""
+    history still weighs in the score). With ``gang_sizes``, (pool, gang size) pairs from ``nodes``
+    down to ``min_nodes`` (``dropped``: pools with no size left)."""
     ranked: list[ScoredPool] = []
     dropped: dict[str, str] = {}
+    smallest = spec.resources.smallest_gang if gang_sizes else spec.resources.nodes
     for quote in quotes:
-        reason = _why_not(spec, quote, stats.get(quote.pool.key), now, excluded, quotas, running)
-        if reason is None:
-            ranked.append(score_pool(spec, quote, stats.get(quote.pool.key), config))
-        else:
-            dropped[quote.pool.key] = reason
-    ranked.sort(key=lambda s: (s.score, s.pool.key))
+        key, pool_stats, first_reason = quote.pool.key, stats.get(quote.pool.key), None
+        for n in range(spec.resources.nodes, smallest - 1, -1):
+            reason = _why_not(spec, quote, pool_stats, now, excluded, quotas, running, n)
+            if reason is None:
+                ranked.append(score_pool(spec, quote, pool_stats, config, nodes=n))
+            first_reason = first_reason or reason
+        if first_reason is not None and not any(s.pool.key == key for s in ranked):
+            dropped[key] = first_reason
+    ranked.sort(key=lambda s: (s.score, -s.nodes, s.pool.key))
     return Ranking(ranked=ranked, dropped=dropped)
 
 
 def rank_pools(
     spec: JobSpec, quotes: list[PoolQuote], stats: dict[str, PoolStats], now: float,
     excluded: frozenset[str] = frozenset(), *, quotas: Mapping[str, float] | None = None,
-    config: PlacementConfig = DEFAULT_CONFIG,
+    config: PlacementConfig = DEFAULT_CONFIG, gang_sizes: bool = False,
 ) -> list[ScoredPool]:
     """Candidate pools best first (lowest expected USD per useful hour). ``quotas`` maps
-    ``"<region>/<market>"`` to the vCPUs the account can still start there."""
-    return evaluate_pools(spec, quotes, stats, now, excluded, quotas=quotas, config=config).ranked
+    ``"<region>/<market>"`` to the vCPUs the account can still start there; ``gang_sizes`` ranks
+    (pool, gang size) pairs down to ``resources.min_nodes``."""
+    return evaluate_pools(spec, quotes, stats, now, excluded, quotas=quotas, config=config,
+                          gang_sizes=gang_sizes).ranked  # fmt: skip
 
 
 def best_pool(

@@ -140,6 +140,13 @@ def _batch_problems(config: dict[str, Any], spec: JobSpec) -> Problems:
         problems.append(("launcher.deepspeed_config.train_batch_size",
                          f"is {batch}, but DeepSpeed needs micro batch x accumulation x ranks = "
                          f"{micro} x {steps} x {world} = {micro * steps * world}; give two of the three"))
+    gpus = spec.resources.gpus_per_node
+    for nodes in range(spec.resources.smallest_gang, spec.resources.nodes):  # elastic: every smaller gang
+        if batch % (micro * nodes * gpus):
+            problems.append(("resources.min_nodes",
+                             f"a gang of {nodes} nodes cannot keep the global batch {batch} with micro batch "
+                             f"{micro} ({nodes * gpus} ranks); raise min_nodes or pick a batch they all divide"))
+            break
     return problems
 
 

@@ -75,6 +75,11 @@ class Launcher(Strict):
 
 class Resources(Strict):
     nodes: int = Field(..., ge=1, le=512)
+    min_nodes: int | None = Field(
+        None, ge=1, le=512,
+        description="smallest gang the job may run on while the full one cannot be placed or costs more "
+        "per useful hour (default: nodes); the global batch is kept by gradient accumulation",
+    )  # fmt: skip
     gpus_per_node: int = Field(8, ge=0, le=16, description="0 runs on CPU (the local twin)")
     instance_types: list[str] = Field(
         default_factory=lambda: ["p5.48xlarge", "p4d.24xlarge"], min_length=1,
@@ -84,6 +89,16 @@ class Resources(Strict):
     regions: list[str] = Field(default_factory=lambda: ["us-east-1"], min_length=1, max_length=4)
     max_hourly_price: float | None = Field(None, gt=0, description="USD per instance-hour, any market")
     spares: int = Field(0, ge=0, le=64, description="hot spares booted with the gang; they take a lost rank")
+
+    @model_validator(mode="after")
+    def _min_nodes(self) -> Resources:
+        if self.min_nodes is not None and self.min_nodes > self.nodes:
+            raise ValueError(f"min_nodes {self.min_nodes} is more than nodes {self.nodes}")
+        return self
+
+    @property
+    def smallest_gang(self) -> int:
+        return self.min_nodes or self.nodes
 
     @field_validator("instance_types")
     @classmethod
