@@ -228,7 +228,9 @@ class Session:
                 self._iter, self.epoch, self.cursor = None, self.epoch + 1, 0
 
     def _start_epoch(self) -> None:
-        for sampler in (getattr(self.dataloader, "sampler", None), getattr(self.dataloader, "batch_sampler", None)):
+        loader = self.dataloader
+        samplers: list[Any] = [getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)]
+        for sampler in samplers:
             if hasattr(sampler, "set_epoch"):
                 sampler.set_epoch(self.epoch)
         if self._global_data:  # every rank's position follows from the global cursor
