@@ -29,14 +29,15 @@ from agent.checkpoint.local_tier import LocalTier
 from agent.checkpoint.pipeline import Pipeline, SaveJob, Topology
 from agent.checkpoint.restore import choose, materialize
 from agent.checkpoint.s3_tier import S3Tier
-from agent.checkpoint.state import capture_rng, load_trainer_state, restore_rng, snapshot_tree, trainer_file
+from agent.checkpoint.state import load_trainer_state, trainer_file
 from agent.notice_window import Margin, NoticeTraining, SaveLike
+from agent.session_data import SessionData
 from agent.session_health import SessionHealth
 from agent.stop import RequestPoller, agree, all_ok, any_rank, gather_ids
 from spotrelay.contracts.control import RequestKind, TrainerEvent, append_event, write_progress
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.contracts.health import HealthAction, HealthAnomaly
-from spotrelay.errors import BatchPlanError, IncompatibleCheckpointError
+from spotrelay.errors import BatchPlanError
 
 log = logging.getLogger("spotrelay.training")
 
@@ -56,7 +57,7 @@ def _barrier() -> None:
         dist.barrier()
 
 
-class Session:
+class Session(SessionData):
     def __init__(
         self,
         engine: Engine,
@@ -135,43 +136,6 @@ class Session:
         self._event(TrainerEvent(kind="resumed", step=step, uri=str(step_dir), time=time.time()))
         return step
 
-    def _check_resizable(self, step_dir: Path, saved_world: int) -> None:
-        if self.dataloader is not None and not self._global_data:
-            raise IncompatibleCheckpointError(
-                f"{step_dir}: saved by {saved_world} ranks, this run has {self.topo.world_size}, and its data "
-                "loader's position is per rank; use agent.batching.GlobalBatchSampler (docs/training-api.md) "
-                f"or resume on {saved_world} ranks"
-            )
-
-    def _trainer_state(self, request_id: str | None) -> dict[str, Any]:
-        handled = sorted(self.poller.handled | ({request_id} if request_id else set()))
-        return snapshot_tree({
-            "step": self.step, "samples": self.samples, "epoch": self.epoch, "rng": capture_rng(),
-            "cursor": self.cursor, "global_batch": self.plan.global_batch if self.plan else None,
-            "data": self.dataloader.state_dict() if hasattr(self.dataloader, "state_dict") and not self._global_data
-            else None,
-            "scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
-            "extra": {name: obj.state_dict() for name, obj in self.stateful.items()},
-            "handled_requests": handled,
-        })  # fmt: skip
-
-    def _load_trainer_state(self, state: dict[str, Any], own_rng: bool = True) -> None:
-        self.step, self.samples, self.epoch = int(state["step"]), int(state["samples"]), int(state["epoch"])
-        self.cursor = int(state.get("cursor", 0))
-        if self.plan is not None and state.get("global_batch") not in (None, self.plan.global_batch):
-            log.warning("global batch %d now, %s when saved", self.plan.global_batch, state["global_batch"])
-        if state["data"] is not None and hasattr(self.dataloader, "load_state_dict") and not self._global_data:
-            self.dataloader.load_state_dict(state["data"])
-        if state["scheduler"] is not None and self.lr_scheduler is not None:
-            self.lr_scheduler.load_state_dict(state["scheduler"])
-        for name, obj in self.stateful.items():
-            obj.load_state_dict(state["extra"][name])
-        self.poller.handled.update(state["handled_requests"])
-        if self.dataloader is not None:
-            self._start_epoch()  # a new loader iterator draws a seed from torch's RNG: draw it first
-        if own_rng:  # a rank new to the world keeps its own seeded generators
-            restore_rng(state["rng"])
-
     # --- the loop ----------------------------------------------------------------------------------
     def steps(self, max_steps: int) -> Iterator[tuple[int, Any]]:
         """Yield (step index, batch) from where the last checkpoint left off until ``max_steps``."""
@@ -216,26 +180,6 @@ class Session:
     def skip_batches(self, count: int) -> None:
         """Draw and drop ``count`` batches before the next step (every rank must call it alike)."""
         self._skip += max(count, 0)
-
-    def _next_batch(self) -> Any:
-        while True:
-            if self._iter is None:
-                self._start_epoch()
-            assert self._iter is not None
-            try:
-                return next(self._iter)
-            except StopIteration:
-                self._iter, self.epoch, self.cursor = None, self.epoch + 1, 0
-
-    def _start_epoch(self) -> None:
-        loader = self.dataloader
-        samplers: list[Any] = [getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)]
-        for sampler in samplers:
-            if hasattr(sampler, "set_epoch"):
-                sampler.set_epoch(self.epoch)
-        if self._global_data:  # every rank's position follows from the global cursor
-            self.dataloader.batch_sampler.set_cursor(self.cursor)
-        self._iter = iter(self.dataloader)
 
     def _boundary(self, max_steps: int) -> bool:
         """After each step: progress, one collective, then save/stop as agreed. True ends the loop."""
