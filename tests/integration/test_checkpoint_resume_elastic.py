@@ -37,11 +37,11 @@ def test_resume_on_2_then_1_then_3_ranks_keeps_losses_and_data_order(tmp_path: P
     args = ["--engine", kind, *COMMON]
     env = {"SPOTRELAY_KEEP_LOCAL": "10"}
     straight_args = [*args, "--global-batch", str(GLOBAL), "--steps", str(STEPS), "--every", "3"]
-    torchrun(script, tmp_path, "straight", tmp_path / "straight", straight_args, env=env)
+    torchrun(script, tmp_path, "straight", tmp_path / "straight", straight_args, env=env, timeout=600)
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tmp_path / "straight" / "step-00000003", ckpt / "step-00000003")
     for name, (ranks, until) in zip([n for n, _ in PHASES], RESUMES, strict=True):
-        torchrun(script, tmp_path, name, ckpt, [*args, "--steps", str(until)], nproc=ranks, env=env)
+        torchrun(script, tmp_path, name, ckpt, [*args, "--steps", str(until)], nproc=ranks, env=env, timeout=600)
 
     straight = result(tmp_path, "straight", 0)
     losses: dict[int, list[float]] = {s: [] for s, _ in straight["losses"] if s < 3}
