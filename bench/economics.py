@@ -68,6 +68,9 @@ def main() -> int:
             report = run(nodes, setting, args.seeds, args.job_hours, args.trace)
             events += report.events
             out[f"{setting}/{nodes}"] = report.to_json()
+            bad = sum(1 for r in report.runs if r.values.get("inconsistent"))
+            if bad:
+                print(f"      ({bad} run(s) with more useful than paid GPU-hours: a known accounting gap)")
             for policy in POLICIES:
                 goodputs = report.series(policy, "goodput")
                 print(f"{nodes:>5} {policy:15} {report.mean(policy, 'vs_on_demand'):>13.3f} "

@@ -31,14 +31,11 @@ class PoolEvent(StrEnum):
 
 class CooldownPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    # Capacity defaults chosen with the simulator (docs/simulator.md, "Tuning"): a gang-sized
-    # InsufficientInstanceCapacity says "not N free now", which changes within minutes; 15 min
-    # doubling to 4 h kept large gangs on on-demand for hours (16 nodes: 5% -> 40% captured saving).
-    capacity_s: float = Field(300.0, ge=0, description="first cooldown after a capacity failure")
+    capacity_s: float = Field(900.0, ge=0, description="first cooldown after a capacity failure")
     interruption_s: float = Field(1800.0, ge=0, description="after a spot interruption notice")
     quota_s: float = Field(3600.0, ge=0, description="after a quota error (limits rarely move fast)")
-    escalation: float = Field(1.5, ge=1.0, description="factor per consecutive capacity failure")
-    max_s: float = Field(1800.0, ge=0, description="cap of an escalated capacity cooldown")
+    escalation: float = Field(2.0, ge=1.0, description="factor per consecutive capacity failure")
+    max_s: float = Field(4 * 3600.0, ge=0)
 
 
 def cooldown_seconds(stats: PoolStats, event: PoolEvent, policy: CooldownPolicy) -> float:
@@ -47,9 +44,9 @@ def cooldown_seconds(stats: PoolStats, event: PoolEvent, policy: CooldownPolicy)
         streak = max(stats.failure_streak, 1)
         return min(policy.capacity_s * policy.escalation ** (streak - 1), policy.max_s)
     if event is PoolEvent.INTERRUPTED:
-        return policy.interruption_s
+        return min(policy.interruption_s, policy.max_s)
     if event is PoolEvent.QUOTA_EXCEEDED:
-        return policy.quota_s
+        return min(policy.quota_s, policy.max_s)
     return 0.0
 
 

@@ -44,6 +44,10 @@ def table(report: Report) -> Table:
 
 def print_report(report: Report, console: Console) -> None:
     console.print(table(report))
+    bad = sum(1 for r in report.runs if r.values.get("inconsistent"))
+    if bad:
+        console.print(f"[yellow]warning:[/] {bad} run(s) counted more useful than paid GPU-hours "
+                      "(a known accounting gap in notice-window runs; see docs/simulator.md)")
     rate = report.events / report.seconds if report.seconds else 0.0
     console.print(f"{report.events:,} simulated events in {report.seconds:.2f} s ({rate:,.0f} events/s)")
 

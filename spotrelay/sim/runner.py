@@ -84,6 +84,9 @@ def measure(policy: str, seed: int, run: Run) -> RunResult:
         "recovery_s_p95": percentile(m.recovery_s, 0.95),
         "on_demand_share": run.od_gpu_s / run.paid_gpu_s if run.paid_gpu_s else 0.0,
         "cross_region_moves": float(m.cross_region_moves), "capacity_failures": float(m.capacity_failures),
+        # physics check: more useful than paid GPU-hours means the simulator trained a gang it did
+        # not bill (a known, not yet found, accounting gap in some notice-window runs): flagged
+        "inconsistent": 1.0 if useful > paid * 1.000001 + 1e-9 else 0.0,
     }
     return RunResult(policy, seed, values, m.finished, m.events, m.timeline,
                      list(getattr(run, "decisions", [])))
@@ -108,7 +111,7 @@ def run_seed(opts: SimOptions, seed: int) -> list[RunResult]:
 
 def _sum(parts: list[RunResult]) -> RunResult:
     add = ("cost_usd", "useful_gpu_hours", "wall_hours", "steps_lost", "interruptions", "recoveries",
-           "cross_region_moves", "capacity_failures")
+           "cross_region_moves", "capacity_failures", "inconsistent")
     values = {k: sum(p.values[k] for p in parts) for k in add}
     values["cost_per_useful_gpu_hour"] = (values["cost_usd"] / values["useful_gpu_hours"]
                                           if values["useful_gpu_hours"] else math.inf)
@@ -165,6 +168,8 @@ class Report:
             "relative": {p: {"vs_on_demand": clean(self.mean(p, "vs_on_demand")),
                              "vs_price_limit": clean(self.mean(p, "vs_price_limit")),
                              "cross_region_moves": clean(self.mean(p, "cross_region_moves")),
+                             "inconsistent_runs": int(sum(r.values.get("inconsistent", 0.0)
+                                                          for r in self.runs if r.policy == p)),
                              "finished_share": clean(statistics.fmean(
                                  1.0 if r.finished else 0.0 for r in self.runs if r.policy == p))}
                          for p in self.policies()},
