@@ -60,11 +60,41 @@ def print_spec_error(exc: SpecError) -> None:
         err.print(f"  {path}: {msg}", highlight=False, markup=False, soft_wrap=True)
 
 
+def usage_line(exc: click.exceptions.UsageError) -> str:
+    """Click's usage error as one line: the cause and where the help is, without the usage box."""
+    msg = " ".join(exc.format_message().split())
+    msg = msg[:1].lower() + msg[1:]
+    if not msg.endswith((".", "?")):
+        msg += "."
+    path = exc.ctx.command_path if exc.ctx is not None else "spotrelay"
+    return f"error: {msg} Try '{path} --help'."
+
+
+def _usage_exit(exc: click.exceptions.UsageError) -> typer.Exit:
+    err.print(usage_line(exc), highlight=False, markup=False, soft_wrap=True)
+    return typer.Exit(USAGE)
+
+
 class SpotrelayGroup(TyperGroup):
+    # Parsing happens in make_context (this group's own options) and inside invoke (the subcommand's
+    # name, then its arguments): both are wrapped so a usage error anywhere in the tree is one line.
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:  # bare `spotrelay` / `spotrelay local`: the help
+            raise
+        except click.exceptions.UsageError as exc:
+            raise _usage_exit(exc) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (typer.Exit, typer.Abort, click.ClickException):  # usage errors print their own help
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.exceptions.UsageError as exc:
+            raise _usage_exit(exc) from None
+        except (typer.Exit, typer.Abort, click.ClickException):
             raise
         except KeyboardInterrupt:
             err.print("interrupted")

@@ -4,10 +4,12 @@ traceback, and exits 1 (runtime) or 2 (usage)."""
 
 from __future__ import annotations
 
+import enum
 import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
@@ -133,7 +135,63 @@ def test_validate_of_a_missing_file_is_a_usage_error(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "cannot be read" in result.output
 
 
-@pytest.mark.parametrize("args", [["status"], ["local", "kill"], ["jobs", "--no-such-flag"]])
-def test_usage_errors_exit_2(args: list[str]) -> None:
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 2 and "Traceback" not in result.output and "Usage" in result.output
+def _tree() -> tuple[list[list[str]], list[tuple[list[str], Any]]]:
+    """(group paths, (leaf path, command)) of the whole app, so a new command is covered by itself."""
+    import typer.main
+
+    groups: list[list[str]] = []
+    leaves: list[tuple[list[str], Any]] = []
+
+    def walk(cmd: Any, path: list[str]) -> None:
+        subs = getattr(cmd, "commands", None)
+        if subs is None:
+            leaves.append((path, cmd))
+            return
+        groups.append(path)
+        for name, sub in subs.items():
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    return groups, leaves
+
+
+def _bad_values(path: list[str], cmd: Any) -> list[list[str]]:
+    """A number option given a word, a choice given a value outside it."""
+    cases = []
+    for param in cmd.params:
+        kind = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+        opts = [o for o in getattr(param, "opts", []) if o.startswith("--")]
+        if not opts or getattr(param, "is_flag", False):
+            continue
+        if kind in (int, float) or (isinstance(kind, type) and issubclass(kind, enum.Enum)):
+            cases.append([*path, opts[0], "no-such-value"])
+    return cases
+
+
+_GROUPS, _LEAVES = _tree()
+_USAGE_CASES = [
+    *[[*path, "no-such-command"] for path in _GROUPS],
+    *[[*path, "--no-such-option"] for path, _ in _LEAVES],
+    *[path for path, cmd in _LEAVES if any(p.required for p in cmd.params)],  # a missing argument
+    *[case for path, cmd in _LEAVES for case in _bad_values(path, cmd)],
+]
+
+
+@pytest.mark.parametrize("args", _USAGE_CASES, ids=" ".join)
+def test_usage_errors_are_one_line_and_exit_2(args: list[str]) -> None:
+    line = _one_line(args, codes=(2,))
+    assert "Usage" not in line and line.endswith("--help'."), line
+    assert any(word in line for word in ("no such", "missing", "invalid value")), line
+
+
+def test_the_usage_tree_covers_every_kind_of_mistake() -> None:
+    """The enumeration above is not vacuous: every command, the sub-app, and some bad values."""
+    names = {" ".join(path) for path, _ in _LEAVES}
+    assert {"submit", "describe", "logs", "cost", "simulate", "local chaos", "local up"} <= names
+    assert [] in _GROUPS and ["local"] in _GROUPS
+    assert any(case[-1] == "no-such-value" for case in _USAGE_CASES)
+
+
+def test_a_bare_group_still_shows_its_help() -> None:
+    result = CliRunner().invoke(app, ["local"])
+    assert "Usage" in result.output and "chaos" in result.output and "Traceback" not in result.output
