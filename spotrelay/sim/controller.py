@@ -129,10 +129,11 @@ class SpotrelayRun(Run):
     def _train(self, epoch: int) -> None:
         if epoch != self.epoch or self.running or not self.gang:
             return
-        if any(n.state != "READY" for n in self.gang.values()):
+        if any(n.state != "READY" or n.end_t is not None for n in self.gang.values()):
             return
-        if len(self.gang) != self.job.nodes:
+        if len(self.gang) != self.job.nodes:  # never expected: a gang trains whole
             self.short_starts += 1
+            return
         for n in self.gang.values():
             n.state = "RUNNING"
         info = next(iter(self.gang.values())).pool
@@ -249,7 +250,9 @@ class SpotrelayRun(Run):
                 if n.instance_id not in keep:
                     self.end_node(n)
             for n in survivors.values():  # the RESTART directive: they rejoin and report ready
-                n.attempt, n.state, n.exit_code = attempt, "READY", None
+                n.attempt = attempt
+                if n.end_t is None:  # one EC2 took meanwhile stays gone: the ready wait sees it
+                    n.state, n.exit_code = "READY", None
             self.gang = {**survivors, **{n.rank: n for n in nodes}}
             self.attempt, self.excluded = attempt, set()
             self.attempt_pool, self.attempt_start = sp, self.now
