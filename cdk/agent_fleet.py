@@ -10,6 +10,7 @@ The regional role below is only the fallback for nodes started by hand from this
 (the controller cannot pass it: its PassRole covers only ``/spotrelay/<prefix>-agent-job-*``).
 It reaches only the agent's own calls: ``checkpoints/`` of the home jobs bucket (the default
 durable tier, so a job resumes in any region) and of this region's data bucket (replicated home),
+``code/`` of the home jobs bucket read-only (entrypoint.code archives, as the per-job profiles),
 ``data/`` and ``artifacts/agent/`` of the data bucket read-only, job and node items in the home
 tables, and PutEvents with source ``spotrelay.agent`` on the home bus. Job and rank come from instance
 tags read through IMDS (InstanceMetadataTags), so the role needs no ec2:Describe*.
@@ -84,6 +85,10 @@ class AgentFleet(Construct):
             iam.PolicyStatement(
                 actions=["s3:ListBucket"], resources=[home_bucket], conditions={"StringLike": {"s3:prefix": [ckpt]}}
             )
+        )
+        # entrypoint.code archives (content-addressed, read-only), as the per-job profiles allow
+        self.role.add_to_policy(
+            iam.PolicyStatement(actions=["s3:GetObject"], resources=[f"{home_bucket}/{RESOURCES.code_prefix}*"])
         )
         table_arn = f"arn:{part}:dynamodb:{home}:{acct}:table/"
         # the agent registers and updates its node (conditional puts) and records its MLflow run id

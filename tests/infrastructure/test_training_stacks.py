@@ -106,7 +106,7 @@ def test_agent_role_limited_to_its_paths_and_agent_calls(synth: Synth) -> None:
             ):
                 text = json.dumps(resource)
                 if text.endswith('*"]]}') or text.endswith('*"'):
-                    assert any(p in text for p in ("/checkpoints/*", "/data/*", "/artifacts/agent/*",
+                    assert any(p in text for p in ("/checkpoints/*", "/data/*", "/artifacts/agent/*", "/code/*",
                                                    "/spotrelay/training:log-stream:*")), text
         ddb = [
             s
@@ -120,6 +120,18 @@ def test_agent_role_limited_to_its_paths_and_agent_calls(synth: Synth) -> None:
             "table/spotrelay-nodes" in json.dumps(s["Resource"]) or "table/spotrelay-jobs" in json.dumps(s["Resource"])
             for s in ddb
         )
+
+
+def test_fallback_agent_role_reads_code_archives_like_the_per_job_profiles(synth: Synth) -> None:
+    """A node launched by hand must fetch entrypoint.code from code/ of the home jobs bucket, read-only."""
+    from spotrelay.resources import RESOURCES
+
+    for region, name in synth.training.items():
+        statements = _role_statements(synth, name, f"-agent-{region}")
+        code = [s for s in statements if f"/{RESOURCES.code_prefix}*" in json.dumps(s["Resource"])]
+        assert code, f"{name}: the fallback role cannot read {RESOURCES.code_prefix}"
+        assert all(s["Action"] in ("s3:GetObject", ["s3:GetObject"]) for s in code), code
+        assert all("-jobs-" in json.dumps(s["Resource"]) for s in code), code
 
 
 def test_data_bucket_secure_and_checkpoints_replicated_home(synth: Synth) -> None:
