@@ -97,7 +97,7 @@ def compute(aws: dict[str, str], tmp_path: Path) -> Iterator[tuple[LocalCompute,
     c.close()
 
 
-def _probe(c: LocalCompute, ref: str, timeout: float = 15) -> dict:
+def _probe(c: LocalCompute, ref: str, timeout: float = 300) -> dict:  # the bound only catches a hang
     path = c.find(ref).work_dir / "probe.json"
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -107,7 +107,7 @@ def _probe(c: LocalCompute, ref: str, timeout: float = 15) -> dict:
     raise AssertionError(f"no probe output at {path}")
 
 
-def _wait(condition: Callable[[], bool], why: str, timeout: float = 60) -> None:
+def _wait(condition: Callable[[], bool], why: str, timeout: float = 300) -> None:  # only catches a hang
     deadline = time.time() + timeout
     while not condition():
         assert time.time() < deadline, why

@@ -163,7 +163,7 @@ def ec2_event(sample: str, instance_id: str, **detail: Any) -> dict[str, Any]:
     return event
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 45.0, what: str = "condition") -> Any:
+def wait_until(predicate: Callable[[], Any], timeout: float = 300.0, what: str = "condition") -> Any:  # catches a hang
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = predicate()

@@ -53,7 +53,7 @@ def _save(pipeline: Pipeline, local: LocalTier, step: int, numel: int = 3 * MiB)
         step=step, snapshot=Snapshot(write=write), trainer_state={"step": step}, manifest_fields={"engine": "fake"}
     )
     pipeline.submit(job)
-    assert job.done.wait(60)
+    assert job.done.wait(300)
     return job
 
 
@@ -132,8 +132,8 @@ def test_offloaded_helpers_commit_an_emergency_save_next_to_a_periodic_one(aws: 
         urgent.emergency = True
         pipeline.submit(periodic)
         pipeline.submit(urgent)
-        assert urgent.done.wait(60) and urgent.error is None, urgent.error
-        assert periodic.done.wait(60) and periodic.error is None, periodic.error
+        assert urgent.done.wait(300) and urgent.error is None, urgent.error
+        assert periodic.done.wait(300) and periodic.error is None, periodic.error
     finally:
         pipeline.close()
     assert s3.latest() == 4 and s3.steps() == [4, 2]
@@ -175,7 +175,7 @@ def test_a_helper_that_cannot_map_the_arena_falls_back_to_the_trainer(aws: dict[
         )
         job.emergency = True
         pipeline.submit(job)
-        assert job.done.wait(60) and job.error is None, job.error
+        assert job.done.wait(300) and job.error is None, job.error
     finally:
         pipeline.close()
         os.close(987)

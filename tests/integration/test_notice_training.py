@@ -77,7 +77,7 @@ def test_final_save_commits_before_the_reclaim_through_slow_s3_and_resumes_bit_i
             reclaimed = proc.poll() is None
             if reclaimed:  # the instance is taken: whatever is not committed now is lost
                 os.killpg(proc.pid, signal.SIGKILL)
-            stderr = proc.communicate(timeout=30)[1].decode(errors="replace")
+            stderr = proc.communicate(timeout=300)[1].decode(errors="replace")
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -30,7 +30,7 @@ def _save(pipeline: Pipeline, local: LocalTier, step: int) -> SaveJob:
         step=step, snapshot=Snapshot(write=write), trainer_state={"step": step}, manifest_fields={"engine": "fake"}
     )
     pipeline.submit(job)
-    assert job.done.wait(30)
+    assert job.done.wait(300), "the save did not finish in 300 s (a hang)"
     assert job.error is None, job.error
     return job
 
