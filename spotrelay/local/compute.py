@@ -193,7 +193,7 @@ class LocalCompute:
             "spotrelay:job-id": request.job_id,
             "spotrelay:attempt": str(request.attempt),
             "spotrelay:rank": str(rank),
-            "spotrelay:nodes": str(request.count),
+            "spotrelay:nodes": str(request.gang or request.count),
         }
         imds = FakeImds(
             instance_id=iid,
@@ -275,7 +275,7 @@ def agent_environment(li: LocalInstance, request: LaunchRequest, master_port: in
         "job_id": request.job_id,
         "attempt": str(request.attempt),
         "rank": str(i.rank),
-        "nodes": str(request.count),
+        "nodes": str(request.gang or request.count),
         "imds_endpoint": li.imds.url,
         "work_dir": str(li.work_dir),
         "checkpoint_dir": str(li.work_dir / "checkpoints"),

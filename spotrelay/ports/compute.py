@@ -16,6 +16,9 @@ class LaunchRequest(BaseModel):
     pool: Pool
     count: int
     ranks: list[int]  # one rank per instance, in launch order
+    # ranks in the whole gang (the training world): a replacement or a spare is launched alone but
+    # trains in a gang of this size; None: ``count``
+    gang: int | None = None
     user_data: str = ""
     config_uri: str = ""  # where the agent reads the job spec
 

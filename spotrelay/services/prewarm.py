@@ -56,7 +56,7 @@ def prewarm(ctl: Controller, job_id: str, ask: AttemptEnd, now: float) -> dict[s
     rank = next(r for r in range(spec.resources.nodes, spec.resources.nodes + len(taken) + 1) if r not in taken)
     pool = at_risk[0].pool
     request = LaunchRequest(job_id=job_id, attempt=job.attempt, pool=pool, count=1, ranks=[rank],
-                            config_uri=f"s3://{settings().bucket}/{job.submission_key}")
+                            gang=spec.resources.nodes, config_uri=f"s3://{settings().bucket}/{job.submission_key}")
     try:
         instances = ctl.need_compute().launch(request)
     except (InsufficientCapacityError, QuotaExceededError) as exc:

@@ -149,6 +149,7 @@ def provision(ctl: Controller, job_id: str, plan_result: LaunchPlan, now: float)
         pool = candidate.pool
         wanted = ranks + spare_ranks  # spares boot with the ranks; nothing waits for them
         request = LaunchRequest(job_id=job_id, attempt=attempt, pool=pool, count=len(wanted), ranks=wanted,
+                                gang=spec.resources.nodes,
                                 config_uri=f"s3://{settings().bucket}/{job.submission_key}")
         try:
             instances = compute.launch(request) if wanted else []
