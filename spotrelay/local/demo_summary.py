@@ -11,6 +11,7 @@ from rich.table import Table
 
 from spotrelay.contracts.control import read_events
 from spotrelay.local import demo_report as report
+from spotrelay.local.chaos import Places, places_of
 from spotrelay.local.downtime import FaultTimes
 from spotrelay.local.market import MarketModel
 from spotrelay.local.reference import read_progress, read_results
@@ -22,8 +23,9 @@ if TYPE_CHECKING:
 RESULT = "result"  # the training script's --out, relative to each node's disk
 
 
-def attempt_results(twin: Twin) -> dict[int, dict[int, dict[str, Any]]]:
-    """attempt -> rank -> the training script's result file on that node's disk."""
+def attempt_results(twin: Twin, places: Places | None = None) -> dict[int, dict[int, dict[str, Any]]]:
+    """attempt -> rank -> the training script's result file on that node's disk. ``places``: the
+    attempt each instance served last (a survivor's or a promoted spare's file is its last run's)."""
     assert twin.compute is not None
     out: dict[int, dict[int, dict[str, Any]]] = {}
     for li in twin.compute.instances():
@@ -32,7 +34,8 @@ def attempt_results(twin: Twin) -> dict[int, dict[int, dict[str, Any]]]:
         for rank, steps in read_progress(prefix).items():
             results.setdefault(rank, {"losses": steps, "killed": True})  # no result file: died mid-run
         for rank, result in results.items():
-            out.setdefault(li.instance.attempt or 0, {})[rank] = result
+            attempt = (places or {}).get(li.instance.instance_id, (li.instance.attempt or 0, rank))[0]
+            out.setdefault(attempt, {})[rank] = result
     return out
 
 
@@ -96,7 +99,7 @@ def summarize(
     status = job.status.value if job else "NOT-CREATED"
     if status != "SUCCEEDED":
         problems.append(f"job ended {status}" + (f": {'; '.join(job.reasons)}" if job and job.reasons else ""))
-    per_attempt = attempt_results(twin)
+    per_attempt = attempt_results(twin, places_of(rec.nodes))
     losses = {a: _losses(r) for a, r in per_attempt.items()}
     ref = read_results((opts.out / "reference" / RESULT).resolve())
     ref_losses = _losses(ref)
