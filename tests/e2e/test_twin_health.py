@@ -18,6 +18,7 @@ import yaml
 
 from spotrelay.contracts.control import read_events
 from spotrelay.domain.models import Job
+from spotrelay.local.code_delivery import deliver_script_dir
 from spotrelay.local.market import MarketModel
 from spotrelay.local.reference import read_results
 from spotrelay.local.twin import Twin, TwinOptions
@@ -42,8 +43,10 @@ def _spec() -> str:
 @pytest.fixture
 def twin(moto_server: object, tmp_path: Path) -> Iterator[Twin]:
     market = MarketModel(regions=["us-east-1", "us-west-2"], boot_time_s=100, time_scale=0.01, notice_window_s=40)
+    (tmp_path / "ami").mkdir()
     t = Twin(TwinOptions(root=tmp_path, market=market, moto=moto_server,  # type: ignore[arg-type]
-                         code_dir=ROOT, reconcile_every_s=5)).start()
+                         code_dir=tmp_path / "ami",  # empty: the code is delivered through S3 (entrypoint.code)
+                         reconcile_every_s=5)).start()
     yield t
     t.stop()
 
@@ -61,14 +64,16 @@ def _wait_terminal(twin: Twin, key: str, timeout: float) -> Job:
 
 def test_nan_rolls_back_and_the_straggler_is_replaced(twin: Twin, tmp_path: Path) -> None:
     assert twin.compute is not None and twin.dispatcher is not None
-    job = _wait_terminal(twin, twin.submit(_spec(), "sick.yaml"), timeout=300)
+    job = _wait_terminal(twin, twin.submit(deliver_script_dir(_spec(), ROOT), "sick.yaml"), timeout=300)
     errors = [(d.function, d.error) for d in twin.dispatcher.deliveries if d.error]
     assert job.status.value == "SUCCEEDED", (job.reasons, job.attempts, errors)
 
     found = [(a.attempt, a.kind, a.action, a.step) for a in job.anomalies]
     assert found[0] == (1, "non-finite", "rollback", NAN_AT + 1)  # at the very step it happened
-    assert [(a, k, x) for a, k, x, _ in found[1:]] == [(1, "straggler", "replace-node")]
-    assert job.anomalies[1].rank == 1 and job.attempt == 2
+    # the straggler may be reported again before its node is gone (how many checks fit in that time
+    # depends on the machine's load); it is replaced once: one recovery, attempt 2
+    assert {(a, k, x) for a, k, x, _ in found[1:]} == {(1, "straggler", "replace-node")}
+    assert all(a.rank == 1 for a in job.anomalies[1:]) and job.attempt == 2
 
     nodes = {(li.instance.attempt, li.instance.rank): li for li in twin.compute.instances()}
     slow = nodes[(1, 1)].instance.instance_id
