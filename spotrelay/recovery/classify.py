@@ -78,7 +78,8 @@ def classify_nodes(nodes: Iterable[Node], cancelled: bool = False) -> AttemptEnd
     """Classify from the gang's node records (state and exit code as the handlers stored them).
 
     A TERMINATED node that never reported an exit code was reclaimed after its notice (the state
-    change of a DOOMED node): it counts as doomed, so the end stays an interruption.
+    change of a DOOMED node): it counts as doomed, so the end stays an interruption. So does a node
+    with a reclaim time that exited after saving: its instance is going, whatever its state says.
     """
     codes: dict[int, int] = {}
     doomed: list[int] = []
@@ -91,7 +92,9 @@ def classify_nodes(nodes: Iterable[Node], cancelled: bool = False) -> AttemptEnd
         attempt = max(attempt, node.attempt)
         if node.exit_code is not None:
             codes[node.rank] = node.exit_code
-        if node.state is NodeState.DOOMED or (node.state is NodeState.TERMINATED and node.exit_code is None):
+        # reclaim_at stays after a doomed rank exits cleanly (75): it is leaving, never a survivor
+        leaving = node.state is NodeState.DOOMED or node.reclaim_at is not None
+        if leaving or (node.state is NodeState.TERMINATED and node.exit_code is None):
             doomed.append(node.rank)
         elif node.state is NodeState.LOST:
             lost.append(node.rank)

@@ -23,7 +23,9 @@ from spotrelay.services.interruptions import _direct
 from spotrelay.services.notify import announce
 
 log = logging.getLogger(__name__)
-REPLACE_SAVE_S = 300.0  # the checkpoint before a node is replaced: no spot deadline, a full-speed save
+# The node leaves at most this long after the doom: it marks the node as leaving (reclaim_at), so
+# the end of the attempt counts it doomed even after it exits cleanly, like a noticed spot node.
+REPLACE_SAVE_S = 300.0
 _LIVE = (NodeState.PENDING, NodeState.READY, NodeState.RUNNING)
 
 
@@ -63,10 +65,12 @@ def _replace(ctl: Controller, job: Job, node_rank: int, reason: str, now: float)
     if target is None or target.state not in _LIVE:
         log.info("replace-node: no live node of rank %d", node_rank, extra={"job_id": job.job_id})
         return
-    ctl.store.update_node(job.job_id, target.node_id, lambda n: n.model_copy(update={"state": NodeState.DOOMED})
-                          if n.state in _LIVE else None)  # fmt: skip
+    ctl.store.update_node(job.job_id, target.node_id, lambda n: n.model_copy(update={
+        "state": NodeState.DOOMED, "reclaim_at": now + REPLACE_SAVE_S}) if n.state in _LIVE else None)  # fmt: skip
+    # No deadline: the ranks save and stop at once. With one, they would train on through it as
+    # through a spot notice's window, at the straggler's pace, and the job could end before the swap.
     directive = Directive(directive_id=f"replace-{job.attempt}-{node_rank}", kind=DirectiveKind.CHECKPOINT_NOW,
-                          deadline=now + REPLACE_SAVE_S, issued_at=now, reason=f"replace node {node_rank}: {reason}")
+                          deadline=None, issued_at=now, reason=f"replace node {node_rank}: {reason}")
     _direct(ctl, job, directive)
     ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={
         "status": transition(j.status, JobStatus.CHECKPOINTING), "updated_at": now})

@@ -150,8 +150,11 @@ def test_straggler_replace_node_dooms_that_node_and_asks_every_rank_to_save(env:
     on_agent_event.handler(agent_event("Anomaly", gang[0], what="straggler", health=found), ctx())
     nodes = {n.rank: n for n in env.store.nodes_of(job.job_id)}
     assert nodes[1].state is NodeState.DOOMED and nodes[0].state is NodeState.READY
+    assert nodes[1].reclaim_at is not None and nodes[0].reclaim_at is None  # leaving, even once it exits
     assert {n.directive["kind"] for n in nodes.values() if n.directive} == {"CHECKPOINT_NOW"}
     assert all(n.directive for n in nodes.values())
+    # save and stop now: a deadline would let the ranks train on through it at the straggler's pace
+    assert all(n.directive["deadline"] is None for n in nodes.values() if n.directive)
     assert env.store.get_job(job.job_id).status is JobStatus.CHECKPOINTING
 
 

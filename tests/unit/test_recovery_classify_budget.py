@@ -53,6 +53,16 @@ def test_classify_from_node_records() -> None:
     assert classify_nodes([node(0, NodeState.RUNNING)], cancelled=True).outcome is Verdict.CANCELLED
 
 
+def test_a_doomed_node_that_exited_after_saving_is_still_leaving() -> None:
+    """The exit event turns DOOMED into EXITED; its reclaim time keeps it out of the survivors."""
+    def node(rank: int, reclaim_at: float | None) -> Node:
+        return Node(job_id="j", node_id=f"a1-r{rank}", attempt=1, rank=rank, instance_id=f"i-{rank}", pool=POOL,
+                    state=NodeState.EXITED, exit_code=75, reclaim_at=reclaim_at)
+
+    out = classify_nodes([node(0, None), node(1, 1000.0)])
+    assert out.outcome is Verdict.INTERRUPTED and out.lost_ranks == (1,)  # rank 1 is replaced, rank 0 stays
+
+
 def test_recoveries_are_charged_until_the_budget_is_spent() -> None:
     policy = Recovery(max_recoveries=2)
     outcome = classify_attempt({0: 75}, doomed_ranks=[0])
