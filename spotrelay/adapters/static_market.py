@@ -21,17 +21,8 @@ class StaticMarketData:
         self._scores = dict(placement_scores or {})
 
     def quotes(self, regions: list[str], instance_types: list[str], markets: list[str]) -> list[PoolQuote]:
-        out: list[PoolQuote] = []
-        for region in regions:
-            for itype in instance_types:
-                if not catalog.offered(region, itype):
-                    continue
-                for az in catalog.zones(region, itype):
-                    for market in markets:
-                        quote = self.quote(Pool(region=region, az=az, instance_type=itype, market=market))
-                        if quote is not None:
-                            out.append(quote)
-        return out
+        quotes = (self.quote(pool) for pool in catalog.pools(regions, instance_types, markets))
+        return [q for q in quotes if q is not None]
 
     def quote(self, pool: Pool) -> PoolQuote | None:
         if pool.market != "spot":

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from spotrelay.domain.models import Pool
+
 
 class InstanceInfo(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -134,3 +136,15 @@ def zones(region: str, instance_type: str) -> tuple[str, ...]:
 
 def offered(region: str, instance_type: str) -> bool:
     return (region, instance_type) in ON_DEMAND_USD and bool(zones(region, instance_type))
+
+
+def pools(regions: list[str], instance_types: list[str], markets: list[str]) -> list[Pool]:
+    """Every pool the catalog offers for these regions, types and markets (each AZ of each)."""
+    return [
+        Pool(region=region, az=az, instance_type=itype, market=market)
+        for region in regions
+        for itype in instance_types
+        if offered(region, itype)
+        for az in zones(region, itype)
+        for market in markets
+    ]

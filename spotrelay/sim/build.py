@@ -15,7 +15,7 @@ from typing import Literal
 from spotrelay.placement import catalog
 from spotrelay.placement.policy import DEFAULT_CONFIG, band_rate
 from spotrelay.sim.inputs import SimInputError, Slot, Trace, read_bamboo, read_pools_csv
-from spotrelay.sim.market import Market, SimPool, SlotCapacity, TraceCapacity, match_trace, pool_keys, slot_pools
+from spotrelay.sim.market import Market, SimPool, SlotCapacity, TraceCapacity, match_trace, slot_pools
 
 TraceFormat = Literal["bamboo", "pools-csv", "synthetic"]
 
@@ -62,7 +62,7 @@ def synthetic_tables(opts: MarketOptions, seed: int) -> dict[tuple[str, str, str
     """Spot Advisor bands as truth: each pool's reclaim rate is its band's rate times a seeded
     log-normal factor (sigma 0.5); capacity per slot is drawn around 8 x a seeded placement score."""
     out = {}
-    for pool in pool_keys(opts.regions, opts.instance_types, ["spot"]):
+    for pool in catalog.pools(opts.regions, opts.instance_types, ["spot"]):
         rng = random.Random(f"{seed}/synthetic/{pool.key}")
         band = catalog.advisor_band(pool.region, pool.instance_type)
         rate = band_rate(DEFAULT_CONFIG.unknown_band if band is None else band) * math.exp(rng.gauss(0.0, 0.5))
@@ -90,7 +90,7 @@ def build_market(opts: MarketOptions, seed: int) -> Market:
         slots = synthetic_tables(opts, seed)
     pools: list[SimPool] = []
     first = True
-    for pool in pool_keys(opts.regions, opts.instance_types, ["spot", "on-demand"]):
+    for pool in catalog.pools(opts.regions, opts.instance_types, ["spot", "on-demand"]):
         od, spot = _price(opts, pool.region, pool.instance_type)
         info = catalog.instance(pool.instance_type)
         band = catalog.advisor_band(pool.region, pool.instance_type)

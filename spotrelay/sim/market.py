@@ -214,16 +214,6 @@ def from_quotes(quotes: list[PoolQuote], on_demand: dict[tuple[str, str], float]
     return Market(pools=pools, unannounced_share=0.0, rebalance_share=0.0, boot_s=boot_s, boot_spread=0.0)
 
 
-def pool_keys(regions: list[str], instance_types: list[str], markets: list[str]) -> list[Pool]:
-    pools = []
-    for region in regions:
-        for itype in instance_types:
-            if not catalog.offered(region, itype):
-                continue
-            for az in catalog.zones(region, itype):
-                for market in markets:
-                    pools.append(Pool(region=region, az=az, instance_type=itype, market=market))
-    return pools
 
 
 def match_trace(key: str, mapping: list[tuple[str, Trace]], default: Trace | None) -> Trace | None:
