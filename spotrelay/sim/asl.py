@@ -1,15 +1,19 @@
-"""A small interpreter of the job-run ASL, so the simulator takes the workflow's paths as written.
+"""The one interpreter of the job-run ASL in this repository (``Machine``), so the simulator and the
+property tests take the workflow's paths as written.
 
-It reads ``functions/workflows/job_run.asl.json`` itself: Pass (Result/ResultPath), Task (Parameters
-with ``.$`` paths, ResultPath, Catch by error name, TimeoutSecondsPath), Choice (the comparison
-operators below, And/Or/Not, Default), Wait (Seconds/SecondsPath), Succeed and Fail. A Task's
-resource names its handler: the ``${fn_...}`` placeholder of ``Resource`` or, for
-``.waitForTaskToken`` tasks, of ``Parameters.FunctionName``. Retry is not interpreted (simulated
-tasks do not fail transiently). Anything else in the file raises ``AslError``, so a workflow change
-the simulator cannot follow fails its tests instead of being skipped.
+It reads ``functions/workflows/job_run.asl.json`` itself: Pass (Result/Parameters/ResultPath), Task
+(Parameters with ``.$`` and ``$$.`` paths, ResultPath, Retry and Catch by error name,
+TimeoutSeconds(Path)), Choice (the comparison operators below, And/Or/Not, Default), Wait
+(Seconds/SecondsPath), Succeed and Fail. A Task's resource names its handler: the ``${fn_...}``
+placeholder of ``Resource`` or, for ``.waitForTaskToken`` tasks, of ``Parameters.FunctionName``.
+Anything else in the file raises ``AslError``, so a workflow change the simulator cannot follow
+fails its tests instead of being skipped.
 
-The walker never sleeps: ``advance`` runs states until one has to wait, and returns what it waits
-for (``Sleep(seconds)`` or ``Await(wait, timeout_s)``); the event loop calls ``resume`` later.
+Two drivers: ``Walker`` (the simulator) never sleeps: ``advance`` runs states until one has to wait,
+and returns what it waits for (``Sleep(seconds)`` or ``Await(wait, timeout_s)``); the event loop
+calls ``resume`` later. Simulated tasks do not fail transiently, so it takes no Retry. The property
+tests' ``Execution`` (tests/integration/asl_runner.py) runs one state per step, with task tokens,
+Retry and duplicated invocations.
 """
 
 from __future__ import annotations
@@ -55,6 +59,14 @@ class Finished:
     failed: bool
 
 
+@dataclass(frozen=True, slots=True)
+class TaskCall:
+    handler: str  # the ``${fn_x}`` placeholder's name
+    payload: Any
+    waits: bool  # ``.waitForTaskToken``: the task ends when its token is completed
+    timeout_s: float | None
+
+
 Handler = Callable[[dict[str, Any]], Any]
 
 
@@ -62,8 +74,10 @@ def load_asl(path: Path = ASL_PATH) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def get_path(doc: Any, path: str) -> Any:
-    """JSONPath subset: ``$``, ``$.a.b``. Missing keys raise KeyError."""
+def get_path(doc: Any, path: str, context: dict[str, Any] | None = None) -> Any:
+    """JSONPath subset: ``$``, ``$.a.b``, and ``$$.a.b`` in ``context``. Missing keys raise KeyError."""
+    if path.startswith("$$."):
+        doc, path = context or {}, path[1:]
     if path == "$":
         return doc
     if not path.startswith("$."):
@@ -86,16 +100,24 @@ def set_path(doc: dict[str, Any], path: str | None, value: Any) -> dict[str, Any
     return doc
 
 
-def _params(template: Any, data: dict[str, Any], context: dict[str, Any]) -> Any:
+def resolve(template: Any, data: Any, context: dict[str, Any], copy_values: bool = False) -> Any:
+    """Parameters: ``key.$`` takes the value at a path of the data (``$$.`` of the context)."""
     if isinstance(template, dict):
         out = {}
         for key, value in template.items():
             if key.endswith(".$"):
-                out[key[:-2]] = get_path(context, "$" + value[2:]) if value.startswith("$$.") else get_path(data, value)
+                got = get_path(data, value, context)
+                out[key[:-2]] = copy.deepcopy(got) if copy_values else got
             else:
-                out[key] = _params(value, data, context)
+                out[key] = resolve(value, data, context, copy_values)
         return out
+    if isinstance(template, list):
+        return [resolve(v, data, context, copy_values) for v in template]
     return template
+
+
+def _caught(names: list[str], error: str) -> bool:
+    return error in names or ("States.ALL" in names and not error.startswith("States.Runtime"))
 
 
 _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
@@ -149,71 +171,152 @@ def resource_name(state: dict[str, Any]) -> str:
     return found.group(1)
 
 
-class Walker:
-    """One execution of the state machine over ``data`` (the execution's JSON document)."""
+class Machine:
+    """The ASL's semantics, one state at a time: what a state does to the execution's data and
+    which state comes next. The simulator's ``Walker`` and the property tests' step-by-step
+    execution (tests/integration/asl_runner.py) drive this one class; neither interprets ASL itself.
 
-    def __init__(self, definition: dict[str, Any], handlers: dict[str, Handler], data: dict[str, Any]) -> None:
+    ``copy_values``: deep-copy values read from and written into the data (the property tests hand
+    payloads to real services that may keep them; the simulator's handlers only read them).
+    """
+
+    def __init__(self, definition: dict[str, Any], data: dict[str, Any], copy_values: bool = False) -> None:
         self.states: dict[str, dict[str, Any]] = definition["States"]
-        self.handlers, self.data = handlers, data
         self.current: str = definition["StartAt"]
+        self.data = data
+        self.status = "RUNNING"  # | SUCCEEDED | FAILED | ABORTED
+        self.error: tuple[str, str] | None = None  # an error no Catch took (the execution failed with it)
         self.visited: list[str] = []
-        self._pending: dict[str, Any] | None = None  # the waiting Task state
+        self._copy = copy_values
 
-    def _goto(self, name: str) -> None:
+    def _value(self, value: Any) -> Any:
+        return copy.deepcopy(value) if self._copy else value
+
+    def enter(self) -> dict[str, Any]:
+        """The current state, recorded as visited."""
+        self.visited.append(self.current)
+        return self.states[self.current]
+
+    def goto(self, name: str) -> None:
         if name not in self.states:
             raise AslError(f"state {name!r} does not exist")
         self.current = name
 
-    def _catch(self, state: dict[str, Any], error: str, cause: str) -> None:
-        for catcher in state.get("Catch", []):
-            names = catcher["ErrorEquals"]
-            if error in names or ("States.ALL" in names and not error.startswith("States.Runtime")):
-                self.data = set_path(self.data, catcher.get("ResultPath", "$"), {"Error": error, "Cause": cause})
-                self._goto(catcher["Next"])
-                return
-        raise AslError(f"state {self.current}: error {error} is not caught")
+    def next(self, state: dict[str, Any]) -> None:
+        if state.get("End"):
+            self.status = "SUCCEEDED"
+        else:
+            self.goto(state["Next"])
 
-    def _after_task(self, state: dict[str, Any], result: Any) -> None:
-        self.data = set_path(self.data, state.get("ResultPath", "$"), result)
-        self._goto(state["Next"])
+    def fail(self, error: str, cause: str = "") -> None:
+        self.status, self.error = "FAILED", (error, cause)
+
+    def run_pass(self, state: dict[str, Any]) -> None:
+        if "Result" in state:
+            value = copy.deepcopy(state["Result"])
+        elif "Parameters" in state:
+            value = resolve(state["Parameters"], self.data, {}, self._copy)
+        else:
+            value = self.data
+        self.data = set_path(self.data, state.get("ResultPath", "$"), value)
+        self.next(state)
+
+    def run_choice(self, state: dict[str, Any]) -> None:
+        target = next((r["Next"] for r in state["Choices"] if choice_matches(r, self.data)), state.get("Default"))
+        if target is None:
+            self.fail("States.NoChoiceMatched", self.current)
+        else:
+            self.goto(target)
+
+    def wait_seconds(self, state: dict[str, Any]) -> float:
+        """A Wait state's seconds; the machine moves past it (the driver decides whether time passes)."""
+        seconds = state["Seconds"] if "Seconds" in state else get_path(self.data, state["SecondsPath"])
+        self.next(state)
+        return float(seconds)
+
+    def task_call(self, state: dict[str, Any], token: str) -> TaskCall:
+        """What a Task invokes: its handler, the payload (Parameters resolved, ``$$.Task.Token`` =
+        ``token``) and, for ``.waitForTaskToken``, the wait's timeout."""
+        waits = str(state.get("Resource", "")).endswith(".waitForTaskToken")
+        payload = resolve(state.get("Parameters", {}), self.data, {"Task": {"Token": token}}, self._copy)
+        timeout = None
+        if waits:
+            payload = payload.get("Payload", payload)
+            raw = (get_path(self.data, state["TimeoutSecondsPath"]) if "TimeoutSecondsPath" in state
+                   else state.get("TimeoutSeconds"))
+            timeout = None if raw is None else float(raw)
+        return TaskCall(resource_name(state), payload, waits, timeout)
+
+    def task_done(self, state: dict[str, Any], result: Any) -> None:
+        self.data = set_path(self.data, state.get("ResultPath", "$"), self._value(result))
+        self.next(state)
+
+    def task_failed(self, state: dict[str, Any], error: str, cause: str = "", tries: int = 0) -> bool:
+        """The task failed with ``error`` for the ``tries``-th time: True when a Retry runs it again
+        (``tries`` 0: retries are not modeled), else the matching Catch is taken or the execution fails."""
+        retrier = next((r for r in state.get("Retry", []) if _caught(r["ErrorEquals"], error)), None)
+        if tries and retrier is not None and tries <= int(retrier.get("MaxAttempts", 3)):
+            return True
+        for catcher in state.get("Catch", []):
+            if _caught(catcher["ErrorEquals"], error):
+                self.data = set_path(self.data, catcher.get("ResultPath", "$"), {"Error": error, "Cause": cause})
+                self.goto(catcher["Next"])
+                return False
+        self.fail(error, cause)
+        return False
+
+
+class Walker:
+    """The simulator's driver: one execution over ``data``, run until a state must wait."""
+
+    def __init__(self, definition: dict[str, Any], handlers: dict[str, Handler], data: dict[str, Any]) -> None:
+        self.machine = Machine(definition, data)
+        self.handlers = handlers
+        self._pending: dict[str, Any] | None = None  # the waiting Task state
+
+    @property
+    def visited(self) -> list[str]:
+        return self.machine.visited
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return self.machine.data
+
+    def _check(self) -> None:
+        if self.machine.error is not None and self.machine.error[0] != "States.NoChoiceMatched":
+            raise AslError(f"state {self.machine.current}: error {self.machine.error[0]} is not caught")
+        if self.machine.error is not None:
+            raise AslError(f"choice {self.machine.current}: no rule matched and no Default")
 
     def advance(self) -> Sleep | Await | Finished:
         """Run states until one must wait (or the execution ends)."""
+        m = self.machine
         while True:
-            name = self.current
-            state = self.states[name]
-            self.visited.append(name)
+            self._check()
+            if m.status == "SUCCEEDED":
+                return Finished(m.current, False)
+            name = m.current
+            state = m.enter()
             kind = state["Type"]
             if kind == "Pass":
-                self.data = set_path(self.data, state.get("ResultPath", "$"),
-                                     copy.deepcopy(state.get("Result", self.data)))
-                self._goto(state["Next"])
+                m.run_pass(state)
             elif kind == "Choice":
-                target = next((r["Next"] for r in state["Choices"] if choice_matches(r, self.data)), None)
-                if target is None and "Default" not in state:
-                    raise AslError(f"choice {name}: no rule matched and no Default")
-                self._goto(target or state["Default"])
+                m.run_choice(state)
             elif kind == "Wait":
-                seconds = state["Seconds"] if "Seconds" in state else get_path(self.data, state["SecondsPath"])
-                self._goto(state["Next"])
-                return Sleep(float(seconds))
+                return Sleep(m.wait_seconds(state))
             elif kind == "Task":
-                handler = resource_name(state)
-                payload = _params(state.get("Parameters", {}), self.data, {"Task": {"Token": name}})
-                if str(state.get("Resource", "")).endswith(".waitForTaskToken"):
-                    timeout = (get_path(self.data, state["TimeoutSecondsPath"]) if "TimeoutSecondsPath" in state
-                               else state.get("TimeoutSeconds"))
+                call = m.task_call(state, name)
+                if call.waits:
                     self._pending = state
-                    return Await(str(payload.get("Payload", {}).get("wait", handler)),
-                                 None if timeout is None else float(timeout))
-                if handler not in self.handlers:
-                    raise AslError(f"task {name}: no simulated handler for {handler}")
+                    return Await(str(call.payload.get("wait", call.handler)), call.timeout_s)
+                if call.handler not in self.handlers:
+                    raise AslError(f"task {name}: no simulated handler for {call.handler}")
                 try:
-                    result = self.handlers[handler](payload)
+                    result = self.handlers[call.handler](call.payload)
                 except TaskFailed as exc:
-                    self._catch(state, exc.error, exc.cause)
+                    m.task_failed(state, exc.error, exc.cause)
                     continue
-                self._after_task(state, result)
+                m.task_done(state, result)
             elif kind in ("Succeed", "Fail"):
                 return Finished(name, kind == "Fail")
             else:
@@ -224,7 +327,7 @@ class Walker:
         if self._pending is not None:
             state, self._pending = self._pending, None
             if error is not None:
-                self._catch(state, error, "")
+                self.machine.task_failed(state, error)
             else:
-                self._after_task(state, result)
+                self.machine.task_done(state, result)
         return self.advance()

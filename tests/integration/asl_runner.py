@@ -1,108 +1,54 @@
-"""A step-by-step interpreter of the job-run ASL file for the property tests: the real definition
-(functions/workflows/job_run.asl.json), its Parameters, ResultPath, Retry, Catch and Choice rules,
-with each Lambda task served by a callable and each ``.waitForTaskToken`` wait held open until the
-workflow port completes its token or the test times it out. Waits take no time.
+"""The property tests' driver of the job-run ASL (functions/workflows/job_run.asl.json): one state
+per ``step``, each Lambda task served by a callable, each ``.waitForTaskToken`` wait held open until
+the workflow port completes its token or the test times it out. Waits take no time.
 
-moto's Step Functions runs the same file in the integration and e2e tests; this one exists because
-a property test needs to decide, between any two states, what else happens (hundreds of runs in
-seconds). It covers the subset of ASL the file uses and refuses anything else loudly.
+The ASL's semantics (paths, Parameters, ResultPath, Retry, Catch, Choice) are the simulator's
+``spotrelay.sim.asl.Machine``: one interpreter for both. moto's Step Functions runs the same file in
+the integration and e2e tests; this driver exists because a property test needs to decide, between
+any two states, what else happens (hundreds of runs in seconds).
 """
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
+import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from spotrelay.errors import ConflictError
+from spotrelay.sim.asl import AslError, Machine, TaskFailed, load_asl
 
-ASL = Path(__file__).resolve().parents[2] / "functions" / "workflows" / "job_run.asl.json"
 _tokens = itertools.count(1)
 
 Invoke = Callable[[str, dict[str, Any]], Any]  # (function name, payload) -> result
-
-
-class TaskError(Exception):
-    """A task's failure as Step Functions sees it: an error name and a cause."""
-
-    def __init__(self, name: str, cause: str = "") -> None:
-        super().__init__(f"{name}: {cause}")
-        self.name, self.cause = name, cause
-
-
-def _get(data: Any, path: str, context: dict[str, Any]) -> Any:
-    root, rest = (context, path[2:]) if path.startswith("$$") else (data, path[1:])
-    for part in [p for p in rest.split(".") if p]:
-        root = root[part]
-    return copy.deepcopy(root)
-
-
-def _resolve(template: Any, data: Any, context: dict[str, Any]) -> Any:
-    if isinstance(template, dict):
-        out = {}
-        for key, value in template.items():
-            if key.endswith(".$"):
-                out[key[:-2]] = _get(data, value, context)
-            else:
-                out[key] = _resolve(value, data, context)
-        return out
-    if isinstance(template, list):
-        return [_resolve(v, data, context) for v in template]
-    return template
-
-
-def _put(data: dict[str, Any], path: str | None, value: Any) -> dict[str, Any]:
-    if path is None:
-        return data
-    if path == "$":
-        return copy.deepcopy(value)
-    parts = path[2:].split(".")
-    target = data
-    for part in parts[:-1]:
-        target = target.setdefault(part, {})
-    target[parts[-1]] = copy.deepcopy(value)
-    return data
-
-
-def _matches(rule: dict[str, Any], data: Any) -> bool:
-    if "And" in rule:
-        return all(_matches(r, data) for r in rule["And"])
-    if "Or" in rule:
-        return any(_matches(r, data) for r in rule["Or"])
-    if "Not" in rule:
-        return not _matches(rule["Not"], data)
-    try:
-        value = _get(data, rule["Variable"], {})
-    except (KeyError, TypeError):
-        return bool(rule.get("IsPresent") is False)
-    for op in ("StringEquals", "BooleanEquals", "NumericEquals"):
-        if op in rule:
-            return bool(value == rule[op])
-    if "IsPresent" in rule:
-        return bool(rule["IsPresent"])
-    raise NotImplementedError(f"choice rule {rule} is not supported by the test interpreter")
-
-
-def _function(resource: str) -> str:
-    """``${fn_sfn_plan}`` -> ``sfn_plan``."""
-    return resource.removeprefix("${fn_").removesuffix("}")
+TaskError = TaskFailed  # a task's failure as Step Functions sees it: an error name and a cause
 
 
 class Execution:
     """One job-run execution. ``step()`` runs the current state unless it waits for a token."""
 
     def __init__(self, data: dict[str, Any], invoke: Invoke, definition: dict[str, Any] | None = None) -> None:
-        self.definition = definition or json.loads(ASL.read_text())
-        self.states: dict[str, Any] = self.definition["States"]
-        self.current: str = self.definition["StartAt"]
-        self.data = data
+        self.machine = Machine(definition or load_asl(), data, copy_values=True)
         self.invoke = invoke
-        self.status = "RUNNING"  # | SUCCEEDED | FAILED | ABORTED
         self.token: str | None = None  # the open wait's token
-        self.history: list[str] = []
+
+    @property
+    def status(self) -> str:
+        return self.machine.status
+
+    @property
+    def current(self) -> str:
+        return self.machine.current
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return self.machine.data
+
+    @property
+    def history(self) -> list[str]:
+        error = self.machine.error
+        return self.machine.visited + ([f"failed: {error[0]} {error[1]}"] if error else [])
 
     @property
     def waiting(self) -> bool:
@@ -112,91 +58,52 @@ class Execution:
         """``ready`` / ``outcome`` while a wait is open."""
         if self.token is None:
             return None
-        return str(self.states[self.current]["Parameters"]["Payload"].get("wait"))
+        return str(self.machine.states[self.current]["Parameters"]["Payload"].get("wait"))
 
-    # --- driving --------------------------------------------------------------------------------
     def step(self, duplicate: bool = False) -> None:
         """Run one state. ``duplicate``: a Lambda task runs twice (its first result was lost and
         Step Functions' retry ran it again), as at-least-once delivery allows."""
-        if self.status != "RUNNING" or self.token is not None:
+        m = self.machine
+        if m.status != "RUNNING" or self.token is not None:
             return
-        state = self.states[self.current]
-        self.history.append(self.current)
+        state = m.enter()
         kind = state["Type"]
         if kind == "Pass":
-            value = state["Result"] if "Result" in state else _resolve(state.get("Parameters"), self.data, {})
-            self.data = _put(self.data, state.get("ResultPath", "$"), value if value is not None else self.data)
-            self._next(state)
+            m.run_pass(state)
         elif kind == "Wait":
-            self._next(state)
+            m.wait_seconds(state)
         elif kind == "Choice":
-            chosen = next((c["Next"] for c in state["Choices"] if _matches(c, self.data)), state.get("Default"))
-            if chosen is None:
-                self._fail("States.NoChoiceMatched", self.current)
-            else:
-                self.current = chosen
-        elif kind == "Succeed":
-            self.status = "SUCCEEDED"
-        elif kind == "Fail":
-            self.status = "FAILED"
+            m.run_choice(state)
+        elif kind in ("Succeed", "Fail"):
+            m.status = "SUCCEEDED" if kind == "Succeed" else "FAILED"
         elif kind == "Task":
             self._task(state, duplicate)
         else:
-            raise NotImplementedError(f"state type {kind} is not supported by the test interpreter")
+            raise AslError(f"state type {kind} is not supported")
 
     def _task(self, state: dict[str, Any], duplicate: bool) -> None:
-        resource = state["Resource"]
-        token: str | None = None
-        if resource.endswith(".waitForTaskToken"):
-            token = f"token-{next(_tokens)}"
-            params = _resolve(state["Parameters"], self.data, {"Task": {"Token": token}})
-            name, payload = _function(params["FunctionName"]), params["Payload"]
+        token = f"token-{next(_tokens)}"
+        call = self.machine.task_call(state, token)
+        if call.waits:
             self.token = token  # valid from the moment the task starts: the Lambda may complete it
-        else:
-            name, payload = _function(resource), _resolve(state.get("Parameters"), self.data, {})
+        name = call.handler.removeprefix("fn_")
         here, tries = self.current, 0
         while True:
             try:
-                result = self.invoke(name, payload)
+                result = self.invoke(name, call.payload)
                 if duplicate:
-                    result = self.invoke(name, payload)
+                    result = self.invoke(name, call.payload)
                 break
-            except TaskError as exc:
+            except TaskFailed as exc:
                 tries += 1
-                if token is not None and (self.token != token or self.current != here):
+                if call.waits and (self.token != token or self.current != here):
                     return  # the wait was completed before the Lambda failed: it has moved on
-                if not self._retries(state, exc.name, tries):
+                if not self.machine.task_failed(state, exc.error, exc.cause, tries):
                     self.token = None
-                    self._catch(state, exc.name, exc.cause)
                     return
-        if token is not None:
-            return  # the wait stays open until its token is completed (or it already was)
-        self.data = _put(self.data, state.get("ResultPath", "$"), result)
-        self._next(state)
-
-    def _retries(self, state: dict[str, Any], error: str, tries: int) -> bool:
-        for retrier in state.get("Retry", []):
-            if error in retrier["ErrorEquals"] or "States.ALL" in retrier["ErrorEquals"]:
-                return tries <= int(retrier.get("MaxAttempts", 3))
-        return False
-
-    def _catch(self, state: dict[str, Any], error: str, cause: str) -> None:
-        for catcher in state.get("Catch", []):
-            if error in catcher["ErrorEquals"] or "States.ALL" in catcher["ErrorEquals"]:
-                self.data = _put(self.data, catcher.get("ResultPath", "$"), {"Error": error, "Cause": cause})
-                self.current = catcher["Next"]
-                return
-        self._fail(error, cause)
-
-    def _fail(self, error: str, cause: str) -> None:
-        self.status = "FAILED"
-        self.history.append(f"failed: {error} {cause}")
-
-    def _next(self, state: dict[str, Any]) -> None:
-        if state.get("End"):
-            self.status = "SUCCEEDED"
-        else:
-            self.current = state["Next"]
+        if not call.waits:
+            self.machine.task_done(state, result)
+        # else the wait stays open until its token is completed (or it already was)
 
     # --- the token's other side (the Workflow port) ------------------------------------------
     def complete(self, token: str, output: dict[str, Any] | None = None, error: str | None = None,
@@ -205,20 +112,58 @@ class Execution:
         Functions refuses a closed or unknown token (TaskTimedOut / InvalidToken)."""
         if self.status != "RUNNING" or token != self.token:
             raise ConflictError(f"task token {token} is not open")
-        state = self.states[self.current]
+        state = self.machine.states[self.current]
         self.token = None
         if error is not None:
-            self._catch(state, error, cause)
-            return
-        self.data = _put(self.data, state.get("ResultPath", "$"), output)
-        self._next(state)
+            self.machine.task_failed(state, error, cause)
+        else:
+            self.machine.task_done(state, output)
 
     def time_out(self) -> None:
         """The open wait's TimeoutSeconds (or HeartbeatSeconds) passed."""
         if self.token is None:
             return
         self.token = None
-        self._catch(self.states[self.current], "States.Timeout", "the wait timed out")
+        self.machine.task_failed(self.machine.states[self.current], "States.Timeout", "the wait timed out")
 
     def abort(self) -> None:
-        self.status, self.token = "ABORTED", None
+        self.machine.status, self.token = "ABORTED", None
+
+
+class AslWorkflow:
+    """The Workflow port in front of the interpreted execution; counts every completion call."""
+
+    def __init__(self) -> None:
+        self.execution: Execution | None = None
+        self.sends: dict[str, set[str]] = {}  # token -> the distinct answers sent for it
+        self.senders: dict[str, list[str]] = {}  # token -> who completed it (the call sites), for a failure
+
+    def start(self, job_id: str, payload: dict[str, Any]) -> str:
+        return f"arn:aws:states:us-east-1:123456789012:execution:spotrelay-job-run:{job_id}"
+
+    def stop(self, execution_arn: str, cause: str) -> None:
+        assert self.execution is not None
+        self.execution.abort()
+
+    def _count(self, token: str, answer: Any) -> None:
+        self.sends.setdefault(token, set()).add(json.dumps(answer, sort_keys=True, default=str))
+        where = [f"{f.name}:{f.lineno}" for f in traceback.extract_stack()[-8:-2] if "spotrelay" in f.filename]
+        self.senders.setdefault(token, []).append(" < ".join(reversed(where)))
+
+    def send_success(self, task_token: str, output: dict[str, Any]) -> None:
+        self._count(task_token, output)
+        assert self.execution is not None
+        self.execution.complete(task_token, output=output)
+
+    def send_failure(self, task_token: str, error: str, cause: str) -> None:
+        self._count(task_token, [error, cause])
+        assert self.execution is not None
+        self.execution.complete(task_token, error=error, cause=cause)
+
+    def send_heartbeat(self, task_token: str) -> None:
+        if self.execution is None or self.execution.token != task_token:
+            raise ConflictError(f"task token {task_token} is not open")
+
+    def describe(self, execution_arn: str) -> dict[str, Any]:
+        assert self.execution is not None
+        return {"executionArn": execution_arn, "status": self.execution.status}

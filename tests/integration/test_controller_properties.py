@@ -1,7 +1,7 @@
 """Property tests of the controller (hypothesis, stateful): one job's real job-run ASL, interpreted
-step by step (asl_runner), against the real services over in-memory ports, while EC2 events, agent
-events, duplicated workflow tasks, timeouts, cancels and reconcile ticks arrive in any order, twice,
-late or never. Dropped events are the ones the strategy never draws.
+step by step (the simulator's interpreter, driven by asl_runner), against the real services over
+in-memory ports, while EC2 events, agent events, duplicated workflow tasks, timeouts, cancels and
+reconcile ticks arrive in any order, twice, late or never. Dropped events are the ones the strategy never draws.
 
 After every step:
 - the job moved only along the documented transition table (spotrelay.domain.status.TRANSITIONS);
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import traceback
 import uuid
 from collections import Counter
 from typing import Any
@@ -38,13 +37,13 @@ from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.contracts.workflow import WorkflowInput, WorkflowTimings
 from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.domain.status import JobStatus, can_transition
-from spotrelay.errors import ConflictError, SpotrelayError
+from spotrelay.errors import SpotrelayError
 from spotrelay.placement import InMemoryPoolStatsStore
 from spotrelay.services import interruptions, node_events, reconcile, recovery_flow, waits, workflow_tasks
 from spotrelay.services.cancel import request_cancel
 from spotrelay.services.controller import Controller
 from spotrelay.services.task_payloads import FinalizeTask, PlanTask, ProvisionTask, RecoverTask, RegisterWaitTask
-from tests.integration.asl_runner import Execution, TaskError
+from tests.integration.asl_runner import AslWorkflow, Execution, TaskError
 from tests.integration.controller_doubles import QuotedMarket, ScriptedCompute, new_job
 
 settings.register_profile(
@@ -74,45 +73,6 @@ class WatchedStore(MemoryJobStore):
         if job.status is not expected_status and not can_transition(expected_status, job.status):
             self.illegal.append(f"{expected_status} -> {job.status}")
         return saved
-
-
-class AslWorkflow:
-    """The Workflow port in front of the interpreted execution; counts every completion call."""
-
-    def __init__(self) -> None:
-        self.execution: Execution | None = None
-        self.sends: dict[str, set[str]] = {}  # token -> the distinct answers sent for it
-        self.senders: dict[str, list[str]] = {}  # token -> who completed it (the call sites), for a failure
-
-    def start(self, job_id: str, payload: dict[str, Any]) -> str:
-        return f"arn:aws:states:us-east-1:123456789012:execution:spotrelay-job-run:{job_id}"
-
-    def stop(self, execution_arn: str, cause: str) -> None:
-        assert self.execution is not None
-        self.execution.abort()
-
-    def _count(self, token: str, answer: Any) -> None:
-        self.sends.setdefault(token, set()).add(json.dumps(answer, sort_keys=True, default=str))
-        where = [f"{f.name}:{f.lineno}" for f in traceback.extract_stack()[-8:-2] if "spotrelay" in f.filename]
-        self.senders.setdefault(token, []).append(" < ".join(reversed(where)))
-
-    def send_success(self, task_token: str, output: dict[str, Any]) -> None:
-        self._count(task_token, output)
-        assert self.execution is not None
-        self.execution.complete(task_token, output=output)
-
-    def send_failure(self, task_token: str, error: str, cause: str) -> None:
-        self._count(task_token, [error, cause])
-        assert self.execution is not None
-        self.execution.complete(task_token, error=error, cause=cause)
-
-    def send_heartbeat(self, task_token: str) -> None:
-        if self.execution is None or self.execution.token != task_token:
-            raise ConflictError(f"task token {task_token} is not open")
-
-    def describe(self, execution_arn: str) -> dict[str, Any]:
-        assert self.execution is not None
-        return {"executionArn": execution_arn, "status": self.execution.status}
 
 
 def _capacity(fails: int) -> Any:
