@@ -94,6 +94,7 @@ class JobTracking:
         if job is not None:
             self._lifecycle(job)
         self.child_id = self._child(config, parent.info.experiment_id, job)
+        self._close_orphans(parent.info.experiment_id, job)
 
     def _lifecycle(self, job: Job) -> None:
         now = self.clock()
@@ -122,6 +123,28 @@ class JobTracking:
         for key, value in params.items():
             self._safe(self.client.log_param, child, key, value)
         return child
+
+    def _close_orphans(self, experiment_id: str, job: Job | None) -> None:
+        """End earlier attempts' runs still RUNNING: their rank 0 was lost before it could report, so
+        the next attempt's agent closes them (KILLED, with the reason the controller recorded)."""
+        try:
+            stale = self.client.search_runs(
+                [experiment_id],
+                filter_string=f"tags.`mlflow.parentRunId` = '{self.run_id}' and attributes.status = 'RUNNING'",
+            )
+        except Exception as exc:
+            warn("MLflow search failed", error=str(exc))
+            return
+        records = {a.number: a for a in (job.attempts if job else [])}
+        for run in stale:
+            number = int(run.data.tags.get("spotrelay.attempt", "0") or 0)
+            if run.info.run_id == self.child_id or not 0 < number < self.attempt:
+                continue
+            record = records.get(number)
+            why = (record.end_reason if record and record.end_reason else "node-lost") + " (closed by a later attempt)"
+            end_ms = int(record.ended_at * 1000) if record and record.ended_at else None
+            self._safe(self.client.set_tag, run.info.run_id, "spotrelay.end_reason", why)
+            self._safe(self.client.set_terminated, run.info.run_id, "KILLED", end_ms)
 
     # --- during the attempt ------------------------------------------------------------------------
     def resumed(self, step: int) -> None:

@@ -130,3 +130,26 @@ def test_unreachable_tracking_server_never_stops_training(monkeypatch: pytest.Mo
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
     spec = _spec("http://127.0.0.1:9/unreachable")
     assert JobTracking.for_job(_config(1), job, spec, JobOnly(job)) is None  # type: ignore[arg-type]
+
+
+def test_a_lost_rank_0s_attempt_run_is_closed_by_the_next_attempt(tmp_path: Path) -> None:
+    """Rank 0 of attempt 1 dies without reporting: its child run would stay RUNNING forever. The next
+    attempt's agent ends it with the reason the controller recorded and the attempt's end time."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    spec = _spec(uri)
+    one = Attempt(number=1, pool=POOL, started_at=100.0, nodes=2)
+    store = JobOnly(Job(job_id="j-1", name="tracked", status=JobStatus.RUNNING, attempts=[one]))
+    first = JobTracking.for_job(_config(1), store.job, spec, store)  # type: ignore[arg-type]
+    assert first is not None and first.child_id
+    ended = one.model_copy(update={"ended_at": 250.0, "end_reason": "node-lost"})
+    later = store.job.model_copy(update={"attempts": [ended, Attempt(number=2, pool=POOL, nodes=2)]})
+    second = JobTracking.for_job(_config(2), later, spec, JobOnly(later))  # type: ignore[arg-type]
+    assert second is not None
+
+    client = MlflowClient(tracking_uri=uri)
+    orphan, current = client.get_run(first.child_id), client.get_run(second.child_id or "")
+    assert orphan.info.status == "KILLED" and orphan.info.end_time == 250_000
+    assert orphan.data.tags["spotrelay.end_reason"] == "node-lost (closed by a later attempt)"
+    assert current.info.status == "RUNNING"  # its own run is left alone
