@@ -27,27 +27,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from tests.handler_samples import first_event  # noqa: E402
 
 BUDGET_S = 0.4
 RUNTIME_MODULES = ("boto3", "botocore", "s3transfer", "jmespath", "dateutil", "six", "urllib3")
-EVENTS = {
-    "on_submission": "s3_object_created_submission.json",
-    "on_agent_event": "agent_heartbeat.json",
-    "on_instance_state": "ec2_instance_state_terminated.json",
-    "on_interruption_notice": "ec2_spot_interruption_warning.json",
-    "on_rebalance": "ec2_rebalance_recommendation.json",
-    "reconcile": "scheduled_event.json",
-    "slack_notifier": "sns_notification.json",
-}
-_JOB = "coldstart-bench-job"
-TASKS: dict[str, dict[str, Any]] = {
-    "sfn_plan": {"job_id": _JOB},
-    "sfn_provision": {"job_id": _JOB, "plan": {"candidates": [], "launch_ranks": []}},
-    "sfn_register_wait": {"job_id": _JOB, "wait": "ready", "attempt": 1, "task_token": "token"},
-    "sfn_recover": {"job_id": _JOB, "outcome": {"outcome": "node-lost", "attempt": 1}},
-    "sfn_teardown": {"job_id": _JOB},
-    "sfn_finalize": {"job_id": _JOB, "result": "FAILED"},
-}
+JOB = "coldstart-bench-job"
 
 CHILD = r"""
 import importlib, json, sys, time
@@ -93,15 +77,8 @@ def _runtime_dir(tmp: Path) -> Path:
     return runtime
 
 
-def _event(handler: str) -> dict[str, Any]:
-    if handler in EVENTS:
-        data: dict[str, Any] = json.loads((ROOT / "tests" / "events" / EVENTS[handler]).read_text())
-        return data
-    return dict(TASKS.get(handler, {"job_id": _JOB}))
-
-
 def _one(handler: str, env: dict[str, str]) -> dict[str, Any]:
-    result = subprocess.run([sys.executable, "-S", "-c", CHILD, handler, json.dumps(_event(handler))],
+    result = subprocess.run([sys.executable, "-S", "-c", CHILD, handler, json.dumps(first_event(handler, JOB))],
                             env=env, capture_output=True, text=True, timeout=300)
     lines = [line for line in result.stdout.splitlines() if line.startswith('{"import_s"')]
     if result.returncode != 0 or not lines:

@@ -14,27 +14,10 @@ import pytest
 from botocore.client import BaseClient
 
 from cdk import staging
-from tests.conftest import load_event
+from tests.handler_samples import TASK_ORDER, first_event
 from tests.infrastructure import aws_calls
 
-SAMPLES = {
-    "on_submission": "s3_object_created_submission.json",
-    "on_agent_event": "agent_heartbeat.json",
-    "on_instance_state": "ec2_instance_state_terminated.json",
-    "on_interruption_notice": "ec2_spot_interruption_warning.json",
-    "on_rebalance": "ec2_rebalance_recommendation.json",
-    "reconcile": "scheduled_event.json",
-    "slack_notifier": "sns_notification.json",
-}
 JOB = "grants-runtime-job"
-TASKS: dict[str, dict[str, Any]] = {
-    "sfn_plan": {"job_id": JOB},
-    "sfn_provision": {"job_id": JOB, "plan": {"candidates": [], "launch_ranks": []}},
-    "sfn_register_wait": {"job_id": JOB, "wait": "ready", "attempt": 1, "task_token": "token"},
-    "sfn_recover": {"job_id": JOB, "outcome": {"outcome": "node-lost", "attempt": 1}},
-    "sfn_teardown": {"job_id": JOB},
-    "sfn_finalize": {"job_id": JOB, "result": "FAILED"},
-}
 
 
 @pytest.fixture
@@ -74,16 +57,14 @@ def test_every_call_a_handler_makes_is_one_the_analysis_found(recorded: list[str
     from spotrelay.settings import settings
 
     # submission first, the workflow's tasks in their order: they work on the job it recorded
-    order = ["on_submission", *TASKS]
+    order = ["on_submission", *TASK_ORDER]
     handlers = sorted(staging.discover_handlers(), key=lambda h: order.index(h) if h in order else len(order))
     static = aws_calls.handler_calls(handlers)
     unexplained, silent = [], []
     job_id = JOB
     for handler in handlers:
         recorded.clear()
-        event = load_event(SAMPLES[handler]) if handler in SAMPLES else dict(TASKS.get(handler, {"job_id": JOB}))
-        if "job_id" in event and handler not in SAMPLES:
-            event["job_id"] = job_id
+        event = first_event(handler, job_id)
         module = importlib.import_module(f"functions.{handler}")
         with contextlib.suppress(Exception):  # no state machine, an unreachable webhook: the calls were made
             module.handler(event, LambdaContext(f"spotrelay-{handler}"))
