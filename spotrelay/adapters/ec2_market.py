@@ -1,9 +1,12 @@
 """MarketData from EC2: live spot prices per AZ and spot placement scores; the rest from the catalog.
 
 - Spot price: ``DescribeSpotPriceHistory`` (Linux/UNIX) from now, the newest entry per AZ and type.
-- Placement score: ``GetSpotPlacementScores`` per instance type with ``SingleAvailabilityZone``;
-  it answers with zone IDs, mapped to this account's zone names via ``DescribeAvailabilityZones``.
-  The call needs its own IAM permission and is rate limited: when it fails, scores are None.
+- Placement score: ``GetSpotPlacementScores`` per instance type with ``SingleAvailabilityZone``,
+  sized for the launch (``TargetCapacity`` = the gang and its spares, so a pool that holds one node
+  but not the gang scores low); it answers with zone IDs, mapped to this account's zone names via
+  ``DescribeAvailabilityZones``. AWS caps the target capacity by the account's recent spot usage:
+  a refused size is asked again at ``target_capacity`` (1 by default). The call needs its own IAM
+  permission and is rate limited: when it fails, scores are None.
 - Spot Advisor band and on-demand price: the static catalog (there is no API for the band; the
   Pricing API lives in two regions only and is slow, and the table is good enough to rank pools).
 - When price history fails for a region (throttled, not enabled), that region's spot quotes come
@@ -38,11 +41,13 @@ class Ec2MarketData:
         self._fallback = fallback or StaticMarketData()
         self._client = client_factory
         self._clock = clock
-        self._target = target_capacity  # instances the placement score is asked about
+        self._target = target_capacity  # the smallest size a placement score is asked about
         self._use_scores = placement_scores
 
-    def quotes(self, regions: list[str], instance_types: list[str], markets: list[str]) -> list[PoolQuote]:
-        scores = self._placement_scores(regions, instance_types) if "spot" in markets and self._use_scores else {}
+    def quotes(self, regions: list[str], instance_types: list[str], markets: list[str],
+               capacity: int = 1) -> list[PoolQuote]:
+        use = "spot" in markets and self._use_scores
+        scores = self._placement_scores(regions, instance_types, max(self._target, capacity)) if use else {}
         out: list[PoolQuote] = []
         for region in regions:
             prices = self._spot_prices(region, instance_types)
@@ -85,19 +90,17 @@ class Ec2MarketData:
             return None
         return {key: price for key, (_, price) in newest.items()}
 
-    def _placement_scores(self, regions: list[str], instance_types: list[str]) -> dict[tuple[str, str, str], float]:
-        """(region, az name, type) -> score 1..10, for what the API would answer."""
+    def _placement_scores(self, regions: list[str], instance_types: list[str],
+                          target: int) -> dict[tuple[str, str, str], float]:
+        """(region, az name, type) -> score 1..10 for ``target`` instances, as the API answers."""
         out: dict[tuple[str, str, str], float] = {}
         names: dict[str, dict[str, str]] = {}
         home = self._client("ec2", regions[0]) if regions else None
         for itype in instance_types:
-            try:
-                answer = home.get_spot_placement_scores(  # type: ignore[union-attr]
-                    InstanceTypes=[itype], TargetCapacity=self._target, TargetCapacityUnitType="units",
-                    SingleAvailabilityZone=True, RegionNames=regions,
-                )
-            except _FAILURES as exc:
-                log.info("spot placement scores unavailable for %s: %s", itype, exc)
+            answer = self._scores_for(home, itype, regions, target)
+            if answer is None and target > self._target:  # above the account's score limit: ask smaller
+                answer = self._scores_for(home, itype, regions, self._target)
+            if answer is None:
                 continue
             for item in answer.get("SpotPlacementScores", []):
                 region, zone_id = item.get("Region"), item.get("AvailabilityZoneId")
@@ -109,6 +112,16 @@ class Ec2MarketData:
                 if az:
                     out[(region, az, itype)] = float(item["Score"])
         return out
+
+    def _scores_for(self, ec2: Any, itype: str, regions: list[str], target: int) -> dict[str, Any] | None:
+        try:
+            return ec2.get_spot_placement_scores(  # type: ignore[no-any-return]
+                InstanceTypes=[itype], TargetCapacity=target, TargetCapacityUnitType="units",
+                SingleAvailabilityZone=True, RegionNames=regions,
+            )
+        except _FAILURES as exc:
+            log.info("spot placement scores unavailable for %s x %d: %s", itype, target, exc)
+            return None
 
     def _zone_names(self, region: str) -> dict[str, str]:
         try:

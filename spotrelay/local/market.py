@@ -91,7 +91,8 @@ class MarketModel:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # --- MarketData port ---------------------------------------------------------------------
-    def quotes(self, regions: list[str], instance_types: list[str], markets: list[str]) -> list[PoolQuote]:
+    def quotes(self, regions: list[str], instance_types: list[str], markets: list[str],
+               capacity: int = 1) -> list[PoolQuote]:
         out: list[PoolQuote] = []
         for region in regions:
             for itype in instance_types:

@@ -18,5 +18,8 @@ class PoolQuote(BaseModel):
 
 
 class MarketData(Protocol):
-    def quotes(self, regions: list[str], instance_types: list[str], markets: list[str]) -> list[PoolQuote]:
+    def quotes(self, regions: list[str], instance_types: list[str], markets: list[str],
+               capacity: int = 1) -> list[PoolQuote]:
+        """Every pool's quote now. ``capacity``: instances one launch will ask for (the gang and its
+        spares); a placement score, where the source has one, is sized for it."""
         ...

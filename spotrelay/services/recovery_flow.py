@@ -117,7 +117,8 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
     try:
         assert ctl.market is not None
         res = spec.resources
-        quotes = ctl.market.quotes(res.regions, res.instance_types, [m.value for m in res.markets])
+        quotes = ctl.market.quotes(res.regions, res.instance_types, [m.value for m in res.markets],
+                                  capacity=res.nodes + res.spares)  # the placement score is sized for the launch
         stats = ctl.pool_stats.get_many([q.pool.key for q in quotes])
         plan = plan_recovery(RecoveryContext(spec=spec, outcome=outcome, nodes=nodes, quotes=quotes, stats=stats,
                                              now=now, excluded=frozenset(job.excluded_pools)))

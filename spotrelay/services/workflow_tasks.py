@@ -75,7 +75,8 @@ def plan(ctl: Controller, job_id: str, now: float, recovery: RecoveryPlan | None
         raise BudgetExceededError(f"job {job_id} spent ${job.cost_so_far:.2f} of its ${budget:.2f} budget")
     assert ctl.market is not None and ctl.pool_stats is not None
     res = spec.resources
-    quotes = ctl.market.quotes(res.regions, res.instance_types, [m.value for m in res.markets])
+    quotes = ctl.market.quotes(res.regions, res.instance_types, [m.value for m in res.markets],
+                                  capacity=res.nodes + res.spares)  # the placement score is sized for the launch
     stats = ctl.pool_stats.get_many([q.pool.key for q in quotes])
     launch = _keeping_plan(spec, recovery, job, quotes, stats) if recovery.keeps else None
     if launch is None:

@@ -34,6 +34,7 @@ class MarketOptions:
     trace_semantics: Literal["capacity", "nodes"] = "capacity"
     synthetic_slot_s: float = 6 * 3600.0
     synthetic_days: float = 30.0
+    gang_scores: bool = True  # placement scores sized for the gang where capacity is known (sim/market.py)
 
 
 def _load_traces(opts: MarketOptions) -> tuple[Trace | None, list[tuple[str, Trace]]]:
@@ -73,7 +74,8 @@ def synthetic_tables(opts: MarketOptions, seed: int) -> dict[tuple[str, str, str
             cap = int(rng.uniform(0.0, 16.0 * score))
             price = spot * (1.0 + rng.uniform(-0.1, 0.1))
             slots.append(Slot(i * opts.synthetic_slot_s, round(price, 4), round(score, 1), cap, rate))
-        out[(pool.region, pool.az, pool.instance_type)] = SlotCapacity(slots, len(slots) * opts.synthetic_slot_s)
+        out[(pool.region, pool.az, pool.instance_type)] = SlotCapacity(slots, len(slots) * opts.synthetic_slot_s,
+                                                                        derived_score=True)
     return out
 
 
@@ -115,7 +117,7 @@ def build_market(opts: MarketOptions, seed: int) -> Market:
     if not any(p.spot for p in pools):
         raise SimInputError("no spot pool of the given regions and instance types is driven by the input")
     return Market(pools=pools, unannounced_share=opts.unannounced_share, rebalance_share=opts.rebalance_share,
-                  boot_s=opts.boot_s)
+                  boot_s=opts.boot_s, seed=seed, gang_scores=opts.gang_scores)
 
 
 def trace_label(opts: MarketOptions) -> str:

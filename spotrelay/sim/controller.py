@@ -212,10 +212,15 @@ class SpotrelayRun(Run):
                    recoveries=self.recoveries, user_restarts=self.user_restarts,
                    excluded_pools=sorted(self.excluded), spec={"resources": {"nodes": self.job.nodes}})
 
+    def _quotes(self) -> list[Any]:
+        """The MarketData port's answer, placement scores sized for the launch as the services ask."""
+        res = self.spec.resources
+        return self.market.quotes(self.now, res.nodes + res.spares, {k: len(v) for k, v in self.held.items()})
+
     def task_plan(self, payload: dict[str, Any]) -> dict[str, Any]:
         """workflow_tasks.plan: execute a keeping RecoveryPlan, else rank the pools for a new gang."""
         recovery = RecoveryPlan.model_validate(payload.get("recovery") or {})
-        quotes = self.market.quotes(self.now)
+        quotes = self._quotes()
         stats = self.stats.get_many(p.key for p in self.market.pools)
         job = self._light_job()
         launch = _keeping_plan(self.spec, recovery, job, quotes, stats) if recovery.keeps else None
@@ -296,7 +301,7 @@ class SpotrelayRun(Run):
             self.stats.record(current.key, PoolEvent.OBSERVED, self.now, hours=hours)
         keep: list[str] = []
         action = RecoveryAction.NEW_CLUSTER
-        quotes = self.market.quotes(self.now)
+        quotes = self._quotes()
         stats = self.stats.get_many(p.key for p in self.market.pools)
         try:
             plan = plan_recovery(RecoveryContext(spec=self.spec, outcome=end, nodes=nodes, quotes=quotes,

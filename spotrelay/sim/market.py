@@ -15,6 +15,13 @@ capacity comes from one of two models:
 
 Every reclaim comes with the 120 s notice except an ``unannounced_share`` of them; a
 ``rebalance_share`` also get a rebalance recommendation 10-30 min ahead (when the node was up then).
+
+Placement scores sized for the launch (``quotes(t, capacity=n)``, as ``Ec2MarketData`` asks
+``GetSpotPlacementScores`` for the gang): where the pool's capacity now is known (traces, the
+synthetic slots, a pools CSV without a recorded score), ``gang_score`` derives a coarse 1-10 score
+from the free capacity over the gang, with noise (a normal of 1.5 points, drawn per pool and
+10-minute window): it tells placement roughly, not exactly, which pools can hold the gang now.
+A pools CSV's recorded ``placement_score`` is used as recorded.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import bisect
 import fnmatch
 import random
+import zlib
 from dataclasses import dataclass, field
 
 from spotrelay.domain.models import Pool
@@ -30,6 +38,16 @@ from spotrelay.ports.market import PoolQuote
 from spotrelay.sim.inputs import PoolTable, Slot, Trace
 
 NOTICE_S = 120.0  # EC2 spot interruption notice
+SCORE_NOISE = 1.5  # standard deviation of a derived placement score, in score points
+SCORE_WINDOW_S = 600.0  # a derived score's noise is redrawn every 10 minutes
+
+
+def gang_score(free: int, count: int, seed: int, key: str, t: float) -> float:
+    """A coarse spot placement score (1-10) for launching ``count`` nodes where ``free`` are free:
+    about 8 when the gang just fits, 10 with a quarter to spare, falling linearly to 1 at none."""
+    base = 1.0 + 9.0 * min(1.0, max(0, free) / (1.25 * max(1, count)))
+    u = random.Random(zlib.crc32(f"{seed}/{key}/{int(t // SCORE_WINDOW_S)}".encode())).gauss(0.0, SCORE_NOISE)
+    return float(min(10, max(1, round(base + u))))
 
 
 @dataclass(slots=True)
@@ -93,8 +111,9 @@ class TraceCapacity:
 
 
 class SlotCapacity:
-    def __init__(self, slots: list[Slot], period_s: float) -> None:
+    def __init__(self, slots: list[Slot], period_s: float, derived_score: bool = False) -> None:
         self.slots, self.period = slots, period_s
+        self.derived_score = derived_score  # the slots' score is the generator's, not a recorded one
         self.starts = [s.start_s for s in slots]
         self._serial = 0
 
@@ -163,9 +182,19 @@ class SimPool:
             return self.capacity.slot_at(t)[1].spot_price
         return self.on_demand_price if self.spot_price is None else self.spot_price
 
-    def placement_score(self, t: float) -> float | None:
+    def placement_score(self, t: float, count: int = 0, held: int = 0, seed: int = 0,
+                        derive: bool = True) -> float | None:
+        """The recorded score (a pools CSV's), else with ``derive`` one sized for ``count`` nodes
+        from the capacity now (``held`` of it already the job's), else the pool's fixed one."""
         if isinstance(self.capacity, SlotCapacity):
-            return self.capacity.slot_at(t)[1].placement_score
+            slot = self.capacity.slot_at(t)[1]
+            if slot.placement_score is not None and not (derive and self.capacity.derived_score):
+                return slot.placement_score
+            if derive and count and slot.capacity is not None:
+                return gang_score(slot.capacity - held, count, seed, self.key, t)
+            return slot.placement_score
+        if derive and count and isinstance(self.capacity, TraceCapacity):
+            return gang_score(self.capacity.capacity(t) - held, count, seed, self.key, t)
         return self.score
 
 
@@ -176,20 +205,26 @@ class Market:
     rebalance_share: float = 0.5
     boot_s: float = 300.0
     boot_spread: float = 0.15  # each node boots in boot_s x U(1 - spread, 1 + spread)
+    seed: int = 0  # draws the derived placement scores' noise
+    gang_scores: bool = True  # placement scores sized for the launch where capacity is known
     _static_quotes: list[PoolQuote] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.by_key = {p.key: p for p in self.pools}
         self._varies = any(isinstance(p.capacity, SlotCapacity) for p in self.pools)
 
-    def quotes(self, t: float) -> list[PoolQuote]:
-        """What the MarketData port would answer now (cached while no price moves)."""
-        if not self._varies and self._static_quotes is not None:
+    def quotes(self, t: float, capacity: int = 0, held: dict[str, int] | None = None) -> list[PoolQuote]:
+        """What the MarketData port would answer now for a launch of ``capacity`` nodes (0: scores
+        unsized); ``held``: nodes of the job per pool key. Cached while nothing in it can move."""
+        sized = self.gang_scores and capacity > 0
+        if not self._varies and not sized and self._static_quotes is not None:
             return self._static_quotes
-        out = [PoolQuote(pool=p.pool, price_per_hour=round(p.price(t), 4),
-                         advisor_band=p.band if p.spot else None, placement_score=p.placement_score(t))
-               for p in self.pools]
-        if not self._varies:
+        held = held or {}
+        out = [PoolQuote.model_construct(
+            pool=p.pool, price_per_hour=round(p.price(t), 4), advisor_band=p.band if p.spot else None,
+            placement_score=p.placement_score(t, capacity, held.get(p.key, 0), self.seed, sized) if p.spot else None)
+            for p in self.pools]
+        if not self._varies and not sized:
             self._static_quotes = out
         return out
 

@@ -108,7 +108,8 @@ class QuotedMarket:
     def __init__(self, prices: dict[str, float] | None = None) -> None:
         self.prices = dict(prices or DEFAULT_PRICES)
 
-    def quotes(self, regions: list[str], instance_types: list[str], markets: list[str]) -> list[PoolQuote]:
+    def quotes(self, regions: list[str], instance_types: list[str], markets: list[str],
+               capacity: int = 1) -> list[PoolQuote]:
         out = []
         for key, price in self.prices.items():
             region, az, itype, market = key.split("/")

@@ -76,3 +76,29 @@ def test_against_moto_prices_feed_placement(aws: dict[str, str]) -> None:
         "resources": {"nodes": 2, "regions": ["us-east-1", "us-west-2"], "instance_types": ["p5.48xlarge"]},
     })
     assert rank_pools(spec, quotes, {}, NOW.timestamp())[0].pool.market == "spot"  # moto's spot is ~free
+
+
+def test_placement_scores_are_sized_for_the_gang_and_fall_back_when_refused(
+        stubbed: tuple[Ec2MarketData, Stubber]) -> None:
+    market, stub = stubbed
+    ask = {"InstanceTypes": ["p5.48xlarge"], "TargetCapacityUnitType": "units", "SingleAvailabilityZone": True,
+           "RegionNames": ["us-east-1"]}
+    history = {"SpotPriceHistory": [price("us-east-1a", "p5.48xlarge", "24.5", 50)]}
+    stub.add_response("get_spot_placement_scores", {"SpotPlacementScores": [
+        {"Region": "us-east-1", "AvailabilityZoneId": "use1-az6", "Score": 3}]}, {**ask, "TargetCapacity": 17})
+    stub.add_response("describe_availability_zones", {"AvailabilityZones": [
+        {"ZoneId": "use1-az6", "ZoneName": "us-east-1a", "RegionName": "us-east-1"}]})
+    stub.add_response("describe_spot_price_history", history, {
+        "InstanceTypes": ["p5.48xlarge"], "ProductDescriptions": ["Linux/UNIX"], "StartTime": ANY})
+    quotes = market.quotes(["us-east-1"], ["p5.48xlarge"], ["spot"], capacity=17)
+    assert [q.placement_score for q in quotes] == [3.0]  # what the API said for 17 instances
+    # an account whose recent spot usage is below the gang: AWS refuses the size; ask for one instance
+    stub.add_client_error("get_spot_placement_scores", "InvalidParameterValue", "target capacity exceeds your limit",
+                          expected_params={**ask, "TargetCapacity": 64})
+    stub.add_response("get_spot_placement_scores", {"SpotPlacementScores": [
+        {"Region": "us-east-1", "AvailabilityZoneId": "use1-az6", "Score": 8}]}, {**ask, "TargetCapacity": 1})
+    stub.add_response("describe_availability_zones", {"AvailabilityZones": [
+        {"ZoneId": "use1-az6", "ZoneName": "us-east-1a", "RegionName": "us-east-1"}]})
+    stub.add_response("describe_spot_price_history", history, {
+        "InstanceTypes": ["p5.48xlarge"], "ProductDescriptions": ["Linux/UNIX"], "StartTime": ANY})
+    assert [q.placement_score for q in market.quotes(["us-east-1"], ["p5.48xlarge"], ["spot"], capacity=64)] == [8.0]
