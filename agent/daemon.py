@@ -294,17 +294,18 @@ class Agent:
             ]
             if later:
                 node = max(later, key=lambda n: n.attempt)
-                self.config = c.model_copy(update={"attempt": node.attempt, "rank": node.rank, "node_id": node.node_id})
+                restart = self._restart_directive(node)
+                self.config = joined_config(c, node, restart)
                 self.reporter.config = self.config
                 self.responder = Responder(self.control, self.reporter, self.clock)
-                restart = self._restart_directive(node)
                 if restart is not None:  # this adoption is the restart
                     self.notices.add(
                         Notice(NoticeKind.DIRECTIVE, "directive", restart.directive_id, restart.kind.value),
                         self.clock(),
                     )
                     self._clear_directive(restart.directive_id)
-                info("joining attempt", attempt=node.attempt, node_id=node.node_id, rank=node.rank)
+                info("joining attempt", attempt=node.attempt, node_id=node.node_id, rank=node.rank,
+                     nodes=self.config.nodes)
                 return True
             if while_waiting is not None and not while_waiting():
                 return False
@@ -435,3 +436,13 @@ class Agent:
                 )
             else:
                 proc.relay(signum)  # a second stop signal, or HUP/USR1/USR2: the launcher passes it on
+
+
+def joined_config(config: AgentConfig, node: Node, restart: Directive | None) -> AgentConfig:
+    """This agent's config in the later attempt ``node`` belongs to: its attempt, rank and node id,
+    and the gang's size when the RESTART names one (an elastic resize: the survivors restart the
+    launcher with the new ``--nnodes`` and resume resharded from the newest checkpoint)."""
+    update: dict[str, Any] = {"attempt": node.attempt, "rank": node.rank, "node_id": node.node_id}
+    if restart is not None and restart.nodes is not None:
+        update["nodes"] = restart.nodes
+    return config.model_copy(update=update)

@@ -95,12 +95,18 @@ class Directive(BaseModel):
     issued_at: float
     attempt: int | None = Field(None, ge=1, description="RESTART: the attempt this node joins")
     rank: int | None = Field(None, ge=0, description="RESTART: its rank in that attempt")
+    nodes: int | None = Field(None, ge=1, description="RESTART: nodes in that attempt's gang (an elastic "
+                              "resize changes it); None: the size this node trained at")
 
     @classmethod
-    def restart(cls, job_id: str, attempt: int, rank: int, now: float, reason: str) -> Directive:
-        """A survivor kept by replace-lost-nodes joins ``attempt`` as ``rank`` (its local tier stays)."""
+    def restart(cls, job_id: str, attempt: int, rank: int, now: float, reason: str,
+                nodes: int | None = None) -> Directive:
+        """A survivor kept by replace-lost-nodes joins ``attempt`` as ``rank`` (its local tier stays),
+        in a gang of ``nodes`` (elastic: fewer than the spec's while capacity is short, or back to full)."""
+        if nodes is not None and rank >= nodes:
+            raise ValueError(f"rank {rank} does not fit a gang of {nodes} nodes")
         return cls(directive_id=f"restart-{job_id}-a{attempt}", kind=DirectiveKind.RESTART, issued_at=now,
-                   reason=reason, attempt=attempt, rank=rank)
+                   reason=reason, attempt=attempt, rank=rank, nodes=nodes)
 
 
 def parse_directive(raw: object) -> Directive:

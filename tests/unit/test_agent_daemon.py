@@ -152,6 +152,7 @@ def run_agent(
     steps: int = 30,
     spec: JobSpec = SPEC,
     log_sink: Any = None,
+    launches: list[Rendezvous] | None = None,
     **over: Any,
 ) -> tuple[Agent, MemoryStore, Recorder, threading.Thread, list[int]]:
     (tmp_path / "trainer.py").write_text(TRAINER)
@@ -180,6 +181,8 @@ def run_agent(
 
     def plan(spec: JobSpec, rdzv: Rendezvous, env: dict[str, str], itype: str | None, python: str) -> LaunchPlan:
         # no torchrun: the per-rank wrapper straight on the stand-in trainer
+        if launches is not None:
+            launches.append(rdzv)
         return LaunchPlan(
             [sys.executable, "-m", "agent.launcher", str(tmp_path / "trainer.py"), mode, str(steps)],
             {**env, "RANK": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
@@ -311,6 +314,41 @@ def test_survivor_joins_the_next_gang(tmp_path: Path, imds: FakeImds) -> None:
     assert node.directive is None and node.state is NodeState.EXITED and node.exit_code == 0
     assert node.master_port == 29500
     assert (tmp_path / "control" / "starts").read_text() == "xx"  # restarted once, not twice
+
+
+def _stop_and_carry(store: MemoryStore, recorder: Recorder, old: str, attempt: int, rank: int, nodes: int) -> None:
+    """CHECKPOINT_NOW to the node of ``old``; once it exited, the controller carries the instance into
+    ``attempt`` as ``rank`` of a gang of ``nodes`` (the RESTART names the new size)."""
+    now = time.time()
+    exits = len(recorder.of("TrainingExited"))
+    stop = Directive(directive_id=f"d-ckpt-{old}", kind=DirectiveKind.CHECKPOINT_NOW, deadline=now + 60, issued_at=now)
+    store.update_node("j-1", old, lambda n: n.model_copy(update={"directive": stop.model_dump()}))
+    wait_for(lambda: len(recorder.of("TrainingExited")) > exits)
+    restart = Directive.restart("j-1", attempt, rank, time.time(), "resize", nodes=nodes)
+    store.put_node(store.get_node("j-1", old).model_copy(update={
+        "node_id": f"a{attempt}-r{rank}", "attempt": attempt, "rank": rank, "state": NodeState.PENDING,
+        "directive": restart.model_dump()}))
+
+
+def test_survivor_restarts_at_the_gang_size_the_restart_names(tmp_path: Path, imds: FakeImds) -> None:
+    """Elastic resize, node side: a 2-node gang shrinks to 1 node, then the next attempt grows back to
+    2; the launcher is rebuilt each time with the new node count and this node's new rank."""
+    launches: list[Rendezvous] = []
+    _, store, recorder, thread, result = run_agent(tmp_path, imds, steps=40, linger_s=60, launches=launches,
+                                                   nodes=2)
+    wait_for(lambda: bool(recorder.of("Heartbeat")))
+    _stop_and_carry(store, recorder, "a1-r0", attempt=2, rank=0, nodes=1)
+    wait_for(lambda: len(launches) == 2 and bool(store.get_node("j-1", "a2-r0").state is NodeState.RUNNING))
+    _stop_and_carry(store, recorder, "a2-r0", attempt=3, rank=0, nodes=2)
+    assert finish(thread, result) == ExitCode.DONE
+    assert [(r.nodes, r.node_rank) for r in launches] == [(2, 0), (1, 0), (2, 0)]
+    assert [e["attempt"] for e in recorder.of("NodeReady")] == [1, 2, 3]
+    assert store.get_node("j-1", "a3-r0").directive is None
+
+
+def test_restart_refuses_a_rank_outside_the_gang() -> None:
+    with pytest.raises(ValueError, match="rank 2 does not fit a gang of 2"):
+        Directive.restart("j-1", 3, 2, 0.0, "resize", nodes=2)
 
 
 def test_agent_never_undoes_the_controllers_verdict(tmp_path: Path, imds: FakeImds) -> None:
