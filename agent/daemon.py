@@ -440,9 +440,10 @@ class Agent:
 
 def joined_config(config: AgentConfig, node: Node, restart: Directive | None) -> AgentConfig:
     """This agent's config in the later attempt ``node`` belongs to: its attempt, rank and node id,
-    and the gang's size when the RESTART names one (an elastic resize: the survivors restart the
-    launcher with the new ``--nnodes`` and resume resharded from the newest checkpoint)."""
+    and the gang's size in nodes when the RESTART names one (``world_size``: node ranks
+    0..world_size-1 train; an elastic resize). The launcher then restarts with that ``--nnodes`` and
+    the training session resumes resharded from the newest checkpoint, keeping the global batch."""
     update: dict[str, Any] = {"attempt": node.attempt, "rank": node.rank, "node_id": node.node_id}
-    if restart is not None and restart.nodes is not None:
-        update["nodes"] = restart.nodes
+    if restart is not None and restart.world_size is not None:
+        update["nodes"] = restart.world_size
     return config.model_copy(update=update)

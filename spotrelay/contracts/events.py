@@ -95,18 +95,16 @@ class Directive(BaseModel):
     issued_at: float
     attempt: int | None = Field(None, ge=1, description="RESTART: the attempt this node joins")
     rank: int | None = Field(None, ge=0, description="RESTART: its rank in that attempt")
-    nodes: int | None = Field(None, ge=1, description="RESTART: nodes in that attempt's gang (an elastic "
-                              "resize changes it); None: the size this node trained at")
+    world_size: int | None = Field(
+        None, ge=1, description="RESTART: ranks 0..world_size-1 train in that attempt (None: unchanged)")
 
     @classmethod
     def restart(cls, job_id: str, attempt: int, rank: int, now: float, reason: str,
-                nodes: int | None = None) -> Directive:
-        """A survivor kept by replace-lost-nodes joins ``attempt`` as ``rank`` (its local tier stays),
-        in a gang of ``nodes`` (elastic: fewer than the spec's while capacity is short, or back to full)."""
-        if nodes is not None and rank >= nodes:
-            raise ValueError(f"rank {rank} does not fit a gang of {nodes} nodes")
+                world_size: int | None = None) -> Directive:
+        """A survivor kept by replace-lost-nodes joins ``attempt`` as ``rank`` of ``world_size`` ranks
+        (its local tier stays; an elastic gang may have grown or shrunk meanwhile)."""
         return cls(directive_id=f"restart-{job_id}-a{attempt}", kind=DirectiveKind.RESTART, issued_at=now,
-                   reason=reason, attempt=attempt, rank=rank, nodes=nodes)
+                   reason=reason, attempt=attempt, rank=rank, world_size=world_size)
 
 
 def parse_directive(raw: object) -> Directive:
