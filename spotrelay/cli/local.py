@@ -174,14 +174,20 @@ def demo(
     s3_mb_s: Annotated[float, typer.Option(help="the nodes' S3 bandwidth, MB/s (0: unthrottled)")] = 0.5,
     timeout_s: Annotated[float, typer.Option(help="seconds from the submission to a finished job")] = 900.0,
     spares: Annotated[int | None, typer.Option(min=0, max=4, help="hot spares booted with the gang")] = None,
+    scenario: Annotated[str, typer.Option(
+        help="interrupt: a spot notice, then a node lost without notice; elastic: the capacity for the full "
+             "gang disappears at the notice, the job trains on fewer nodes and grows back when it returns")
+    ] = "interrupt",
 ) -> None:
     """Run the whole system on this machine: submit a 2-node job, interrupt it with a spot notice,
     lose a node without notice, recover both, and check the result against an uninterrupted run."""
-    from spotrelay.local.demo import DemoOptions, run_demo
+    from spotrelay.local.demo import SCENARIOS, DemoOptions, run_demo
 
+    if scenario not in SCENARIOS:
+        raise typer.BadParameter(f"{scenario!r} is not one of {', '.join(SCENARIOS)}", param_hint="--scenario")
     opts = DemoOptions(
         out=out_dir, json_path=json_file, spec=spec, live=live, s3_mb_s=s3_mb_s or None, timeout_s=timeout_s,
-        spares=spares,
+        spares=spares, scenario=scenario,
     )
     summary = run_demo(opts)
     raise typer.Exit(0 if summary.ok else 1)

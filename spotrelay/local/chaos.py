@@ -100,6 +100,8 @@ class ChaosDriver:
         for li in gang:
             attempt, rank = self._place(li)
             if action.node in (li.instance.instance_id, f"a{attempt}-r{rank}", str(rank)):
+                if action.limit_nodes is not None:  # before the fault: the replacement finds no room
+                    self.market.limit_capacity(action.limit_nodes)
                 self._apply(action.kind, li, step, "script")
                 return
         log.warning(

@@ -91,7 +91,9 @@ class LocalCompute:
 
     # --- Compute port ------------------------------------------------------------------------
     def launch(self, request: LaunchRequest) -> list[Instance]:
-        self.market.check_capacity(request.pool)  # all or nothing: nothing was started yet
+        with self._lock:  # the pool's instances of every job (survivors included) count against its capacity
+            live = sum(1 for li in self._instances.values() if li.alive and li.instance.pool == request.pool)
+        self.market.check_capacity(request.pool, request.count, live)  # all or nothing: nothing started yet
         port = free_port()  # one rendezvous port per gang
         launched = []
         for rank in request.ranks[: request.count]:

@@ -3,6 +3,8 @@
 Submits the tiny 2-node job by dropping it into the twin's S3, announces a spot interruption on one
 node mid-run, later takes a node of the next attempt away without notice, lets the controller
 recover both, then checks the final model against an uninterrupted reference run and reports.
+``--scenario elastic`` instead takes the capacity for the full gang away at the notice, so the job
+trains on fewer nodes and grows back when capacity returns (spotrelay/local/demo_elastic.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from spotrelay.local import demo_report as report
 from spotrelay.local.chaos import ChaosDriver, Fired, node_step, places_of
 from spotrelay.local.code_delivery import deliver_script_dir
 from spotrelay.local.compute import LocalInstance
+from spotrelay.local.demo_elastic import ElasticScript, elastic_spec
 from spotrelay.local.demo_summary import RESULT, print_summary, summarize
 from spotrelay.local.demo_view import EventLog, render
 from spotrelay.local.dispatcher import Delivery
@@ -39,6 +42,9 @@ ENSURE_EXPERIMENT = (
     "import sys, pathlib; from spotrelay.local.demo_report import ensure_experiment as e; "
     "e(sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3]))"
 )
+
+
+SCENARIOS = ("interrupt", "elastic")
 
 
 @dataclass
@@ -58,12 +64,16 @@ class DemoOptions:
     s3_mb_s: float | None = 0.5  # the nodes' S3 through a bandwidth throttle (None: full speed)
     reference: bool = True
     spares: int | None = None  # resources.spares for the job (None: the example's own)
+    scenario: str = "interrupt"  # interrupt: a notice, then a node lost | elastic: shrink, then grow back
+    grow_after_steps: int = 25  # elastic: capacity returns this many steps after the smaller gang resumed
 
 
 def prepare_spec(path: Path, out: Path, step_sleep_s: float, steps: int | None = None,
-                 spares: int | None = None) -> tuple[str, str]:
+                 spares: int | None = None, elastic: bool = False) -> tuple[str, str]:
     """The example spec with the demo's pacing and length, per-node results and the local MLflow store."""
     data = yaml.safe_load(path.read_text())
+    if elastic:
+        data = elastic_spec(data)
     if spares is not None:
         data["resources"]["spares"] = spares
     args = [a for a in data["entrypoint"].get("args", [])]
@@ -157,7 +167,8 @@ def run_demo(opts: DemoOptions) -> report.Summary:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     console = Console(file=quiet_logs(out / "twin.log"))
-    spec_text, tracking_uri = prepare_spec(opts.spec, out, opts.step_sleep_s, opts.steps, opts.spares)
+    elastic = opts.scenario == "elastic"
+    spec_text, tracking_uri = prepare_spec(opts.spec, out, opts.step_sleep_s, opts.steps, opts.spares, elastic)
     spec = parse_spec(spec_text)
     experiment = spec.tracking.mlflow_experiment or "spotrelay"
     market = MarketModel(
@@ -167,9 +178,14 @@ def run_demo(opts: DemoOptions) -> report.Summary:
         notice_window_s=opts.notice_window_s,
         chaos=[ChaosAction("interrupt", "1", at_step=opts.notice_step, attempt=1)],
     )
+    script = ElasticScript(market, spec.resources.nodes, opts.notice_step, opts.grow_after_steps) if elastic else None
+    if script is not None:
+        market.chaos = script.chaos()
 
     def kill_later(attempt: int, step: int) -> None:  # the loss lands mid-run whatever step attempt 2 resumed at
-        if attempt == 2:
+        if script is not None:
+            script.on_resumed(attempt, step, len([n for n in rec.nodes if n.attempt == attempt and not n.spare]))
+        elif attempt == 2:
             market.add_chaos(ChaosAction("kill", "0", at_step=step + opts.kill_after_steps, attempt=2))
 
     t0 = time.time()
@@ -220,6 +236,10 @@ def run_demo(opts: DemoOptions) -> report.Summary:
                         console.print(f"{t - t0:7.1f}s  {text}", highlight=False, soft_wrap=True)
                 if rec.job is not None and rec.job.status.terminal:
                     break
+                grown = script.tick(max((s for s in rec.steps.values() if s is not None), default=None)) \
+                    if script is not None else None
+                if grown:
+                    log.add(grown, "bold yellow")
                 time.sleep(0.5)
         if ref_proc is not None:
             _mark(log, "waiting for the reference run")

@@ -50,6 +50,7 @@ class Summary:
     mlflow_run_id: str | None
     mlflow_tracking_uri: str | None
     problems: list[str] = field(default_factory=list)
+    elastic: dict[str, Any] = field(default_factory=dict)  # --scenario elastic: world sizes, loss agreement
     mlflow_lineage: dict[str, Any] = field(default_factory=dict)  # child runs per attempt, loss points
 
     def to_json(self) -> str:
@@ -169,7 +170,9 @@ def timeline_png(
     faults: list[Fault],
     lifetimes: list[dict[str, Any]],
     t0: float,
+    sizes: dict[int, int] | None = None,
 ) -> None:
+    """``sizes``: attempt -> nodes it trained on (an elastic run's legend says them)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -189,7 +192,8 @@ def timeline_png(
                 "o",
                 ms=3,
                 color=colors(n),
-                label=f"attempt {attempt} (spotrelay)",
+                label=f"attempt {attempt} (spotrelay" + (f", {sizes[attempt]} nodes)" if sizes and attempt in sizes
+                                                         else ")"),
             )
     for f in faults:
         if f.step is not None:

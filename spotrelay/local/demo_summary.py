@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from spotrelay.contracts.control import read_events
+from spotrelay.local import demo_elastic
 from spotrelay.local import demo_report as report
 from spotrelay.local.chaos import Places, places_of
 from spotrelay.local.downtime import FaultTimes
@@ -99,8 +100,11 @@ def summarize(
     status = job.status.value if job else "NOT-CREATED"
     if status != "SUCCEEDED":
         problems.append(f"job ended {status}" + (f": {'; '.join(job.reasons)}" if job and job.reasons else ""))
+    elastic = opts.scenario == "elastic"
     per_attempt = attempt_results(twin, places_of(rec.nodes))
     losses = {a: _losses(r) for a, r in per_attempt.items()}
+    if elastic:  # a survivor ran several attempts: its per-step file says which steps each one trained
+        losses = demo_elastic.losses_by_attempt(twin, rec.nodes)
     ref = read_results((opts.out / "reference" / RESULT).resolve())
     ref_losses = _losses(ref)
     final = per_attempt.get(max(per_attempt), {}) if per_attempt else {}
@@ -110,14 +114,20 @@ def summarize(
     bit_identical = (final_sha == ref_sha and len(final_sha) == nodes) if (ref and finished) else None
     if opts.reference and not ref:
         problems.append("the reference run wrote no results (see reference/train.log)")
-    if bit_identical is False:
+    if bit_identical is False and not elastic:  # another world size sums in another order: not bitwise
         problems.append("the final model differs from the uninterrupted reference")
     compared = [(s, v) for attempt in losses.values() for s, v in attempt.items() if s in ref_losses]
     losses_identical = all(ref_losses[s] == v for s, v in compared) if compared else None
-    if losses_identical is False:
+    if losses_identical is False and not elastic:
         problems.append("some per-step losses differ from the reference")
+    elastic_facts: dict[str, Any] = {}
+    if elastic:
+        sizes = demo_elastic.world_sizes(rec.nodes)
+        elastic_facts, found = demo_elastic.judge(demo_elastic.every_loss(twin), ref_losses, sizes, nodes)
+        problems += found
     faults = rec.faults
-    if not any(f.kind == "spot-notice" for f in faults) or not any(f.kind == "node-lost" for f in faults):
+    wanted = ("spot-notice",) if elastic else ("spot-notice", "node-lost")
+    if not all(any(f.kind == kind for f in faults) for kind in wanted):
         problems.append("not every planned fault fired (the run may have been too fast or too slow)")
     for f in faults:
         if f.resumed_at is None:
@@ -125,7 +135,8 @@ def summarize(
     lifetimes = twin.compute.history()
     png = opts.out / "timeline.png"
     try:
-        report.timeline_png(png, ref_losses, losses, faults, lifetimes, t0)
+        report.timeline_png(png, ref_losses, losses, faults, lifetimes, t0,
+                            demo_elastic.world_sizes(rec.nodes) if elastic else None)
     except Exception as exc:  # the summary still matters without a picture
         problems.append(f"timeline not drawn: {exc}")
     steps_lost = job.steps_lost if job else 0
@@ -153,7 +164,13 @@ def summarize(
         mlflow_run_id=None,
         mlflow_tracking_uri=tracking_uri,
         problems=problems,
+        elastic=elastic_facts,
     )
+    if elastic_facts:
+        worst = elastic_facts["loss_max_rel_diff"]
+        summary.targets["loss_vs_reference_rel"] = {"target": f"<= {demo_elastic.LOSS_RTOL:.0e}", "value": worst,
+                                                    "met": worst <= demo_elastic.LOSS_RTOL
+                                                    if elastic_facts["losses_compared"] else None}
     summary.cost["controller_cost_so_far_usd"] = round(job.cost_so_far, 4) if job else 0.0
     try:
         summary.mlflow_run_id = report.log_to_mlflow(
@@ -175,6 +192,10 @@ def print_summary(console: Console, s: report.Summary) -> None:
     table.add_row("job", f"{s.job_id} {s.status} after {s.attempts} attempt(s), {s.wall_s:.0f}s")
     table.add_row("faults", f"{s.interruptions} spot notice(s), {s.node_losses} unannounced node loss(es)")
     table.add_row("steps lost", str(s.steps_lost))
+    if s.elastic:
+        table.add_row("elastic", f"world sizes by attempt {s.elastic['world_sizes']} nodes; "
+                                 f"{s.elastic['losses_compared']} step losses within "
+                                 f"{s.elastic['loss_max_rel_diff']:.1e} (relative) of the reference")
     for r in s.recoveries:
         if r["downtime_s"] is None:
             table.add_row(f"downtime after {r['kind']}", "training did not resume (not measured)")

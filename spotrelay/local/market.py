@@ -48,6 +48,9 @@ class ChaosAction:
     at_step: int | None = None  # fire when the job reaches this step...
     at_s: float | None = None  # ...or this many seconds after the twin started
     attempt: int | None = None  # only in this attempt (None: the first attempt that reaches it)
+    # just before it fires, every pool shrinks to this many instances (CapacityLimit): the capacity
+    # that the node being taken held is gone for the whole gang (``demo --scenario elastic``)
+    limit_nodes: int | None = None
     fired: bool = False
 
     @classmethod
@@ -76,6 +79,16 @@ class CapacityRule:
 
 
 @dataclass
+class CapacityLimit:
+    """While it lasts, each pool matching ``pool`` (a glob over pool keys) holds at most ``nodes`` of
+    the twin's instances: the rest of the market took the others (``spotrelay demo --scenario elastic``
+    drops it to fewer nodes than the gang, then lifts it). A launch that would pass it fails whole."""
+
+    pool: str = "*"
+    nodes: int = 0
+
+
+@dataclass
 class MarketModel:
     regions: list[str] = field(default_factory=lambda: ["us-east-1"])
     azs_per_region: int = 2
@@ -86,6 +99,7 @@ class MarketModel:
     # scale, because the save the notice triggers is real work on this machine.
     notice_window_s: float = 30.0
     capacity: list[CapacityRule] = field(default_factory=list)
+    limits: list[CapacityLimit] = field(default_factory=list)
     chaos: list[ChaosAction] = field(default_factory=list)
     trace_removals_s: list[float] = field(default_factory=list)  # twin seconds, from a trace
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -122,8 +136,9 @@ class MarketModel:
         ).price_per_hour
 
     # --- what the compute adapter asks -------------------------------------------------------
-    def check_capacity(self, pool: Pool) -> None:
-        """Raise ``InsufficientCapacityError`` if a capacity rule matches this launch (and use it up)."""
+    def check_capacity(self, pool: Pool, count: int = 1, live: int = 0) -> None:
+        """Raise ``InsufficientCapacityError`` if a capacity rule matches this launch (and use it up),
+        or if ``count`` more instances next to the ``live`` ones there would pass a capacity limit."""
         with self._lock:
             for rule in self.capacity:
                 if rule.times > 0 and fnmatch.fnmatch(pool.key, rule.pool):
@@ -131,6 +146,25 @@ class MarketModel:
                     raise InsufficientCapacityError(
                         f"InsufficientInstanceCapacity: no {pool.instance_type} {pool.market} capacity in {pool.az}"
                     )
+            for limit in self.limits:
+                if fnmatch.fnmatch(pool.key, limit.pool) and live + count > limit.nodes:
+                    raise InsufficientCapacityError(
+                        f"InsufficientInstanceCapacity: {pool.az} has {max(limit.nodes - live, 0)} "
+                        f"{pool.instance_type} {pool.market} instances left, {count} asked"
+                    )
+
+    def limit_capacity(self, nodes: int, pool: str = "*") -> CapacityLimit:
+        """From now on pools matching ``pool`` hold at most ``nodes`` instances (until lifted)."""
+        limit = CapacityLimit(pool=pool, nodes=nodes)
+        with self._lock:
+            self.limits.append(limit)
+        return limit
+
+    def lift_limits(self) -> int:
+        """Capacity returns everywhere; how many limits there were."""
+        with self._lock:
+            n, self.limits = len(self.limits), []
+            return n
 
     def boot_delay_s(self) -> float:
         """Twin seconds between launch and the instance's agent starting."""

@@ -62,6 +62,20 @@ def test_capacity_rules_fail_matching_launches_then_run_out() -> None:
     market.check_capacity(POOL.model_copy(update={"instance_type": "p4d.24xlarge"}))
 
 
+def test_a_capacity_limit_counts_the_live_instances_until_lifted() -> None:
+    """The elastic scenario's market: the pool keeps the survivor, and has no room for its replacement."""
+    market = MarketModel()
+    limit = market.limit_capacity(1, pool="*/spot")
+    market.check_capacity(POOL, count=1, live=0)  # a gang of one still fits
+    with pytest.raises(InsufficientCapacityError, match=r"0 p5\.48xlarge spot instances left, 1 asked"):
+        market.check_capacity(POOL, count=1, live=1)
+    with pytest.raises(InsufficientCapacityError):
+        market.check_capacity(POOL, count=2, live=0)
+    market.check_capacity(POOL.model_copy(update={"market": "on-demand"}), count=2, live=0)  # not matched
+    assert market.lift_limits() == 1 and limit not in market.limits
+    market.check_capacity(POOL, count=2, live=1)
+
+
 def test_chaos_fires_once_at_its_step() -> None:
     market = MarketModel(chaos=[ChaosAction.parse("interrupt:1@step=10"), ChaosAction.parse("kill:a2-r0@t=5")])
     assert market.due_chaos(step=9, elapsed_s=1, attempt=1) == []

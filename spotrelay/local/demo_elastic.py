@@ -1,0 +1,133 @@
+"""``spotrelay demo --scenario elastic``: capacity for the full gang disappears, the job trains on
+fewer nodes, and grows back when capacity returns.
+
+The script: when attempt 1 reaches ``notice_step``, every pool of the twin's market shrinks to
+``nodes - 1`` instances (the survivors keep theirs) and one node gets a spot notice. Neither the
+replacement nor a new full gang can be placed anywhere, so the controller runs the job on the
+survivors (``resources.min_nodes``): they restart at the smaller world size and resume resharded from
+the notice's checkpoint, keeping the global batch by gradient accumulation. ``grow_after_steps``
+steps after that resume, capacity returns and the controller grows the gang back at a checkpoint
+boundary. Judged: some attempt trained on fewer nodes, the last one on all of them, and every step's
+loss is within ``LOSS_RTOL`` (relative) of the uninterrupted reference at the same global batch
+(not bit for bit: a different number of ranks sums the gradients in another order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from spotrelay.domain.models import Node
+from spotrelay.local.market import ChaosAction, MarketModel
+from spotrelay.local.reference import read_progress
+
+if TYPE_CHECKING:
+    from spotrelay.local.twin import Twin
+
+LOSS_RTOL = 1e-4
+
+
+def elastic_spec(data: dict[str, Any], min_nodes: int | None = None) -> dict[str, Any]:
+    """The example job made elastic: ``min_nodes`` (default one node fewer), no dropout (its masks
+    are drawn per rank, so they change with the world size), and its global batch pinned."""
+    nodes = int(data["resources"]["nodes"])
+    data["resources"]["min_nodes"] = min_nodes or max(nodes - 1, 1)
+    args = [str(a) for a in data["entrypoint"].get("args", [])]
+    batch = int(args[args.index("--batch") + 1]) if "--batch" in args else 4
+    if "--global-batch" not in args:
+        args += ["--global-batch", str(batch * nodes)]
+    if "--dropout" not in args:
+        args += ["--dropout", "0"]
+    data["entrypoint"]["args"] = args
+    return data
+
+
+@dataclass
+class ElasticScript:
+    """Shrinks the market at the notice and gives the capacity back ``grow_after_steps`` later."""
+
+    market: MarketModel
+    nodes: int
+    notice_step: int
+    grow_after_steps: int
+    lift_at_step: int | None = None
+    lifted: bool = False
+    log: list[str] = field(default_factory=list)
+
+    def chaos(self) -> list[ChaosAction]:
+        return [ChaosAction("interrupt", str(self.nodes - 1), at_step=self.notice_step, attempt=1,
+                            limit_nodes=self.nodes - 1)]
+
+    def on_resumed(self, attempt: int, step: int, world: int) -> None:
+        """Rank 0 of ``attempt`` resumed at ``step`` with ``world`` nodes: schedule the capacity's return."""
+        if world < self.nodes and self.lift_at_step is None:
+            self.lift_at_step = step + self.grow_after_steps
+
+    def tick(self, step: int | None) -> str | None:
+        """Called with the running gang's step; a line to log when capacity returns."""
+        if self.lifted or self.lift_at_step is None or step is None or step < self.lift_at_step:
+            return None
+        self.lifted = True
+        self.market.lift_limits()
+        return f"capacity returns: every pool has room for {self.nodes} nodes again (step {step})"
+
+
+def world_sizes(nodes: list[Node]) -> dict[int, int]:
+    """attempt -> nodes that trained in it, from the controller's node records (spares excluded)."""
+    sizes: dict[int, int] = {}
+    for node in nodes:
+        if not node.spare:
+            sizes[node.attempt] = sizes.get(node.attempt, 0) + 1
+    return sizes
+
+
+def losses_by_attempt(twin: Twin, nodes: list[Node]) -> dict[int, dict[int, float]]:
+    """attempt -> step -> loss, from rank 0's per-step file on each instance. A survivor appends every
+    run it trains to the same file: a step that does not follow the previous one starts its next run,
+    and its runs are its node records' attempts in order."""
+    from spotrelay.local.demo_summary import RESULT
+
+    assert twin.compute is not None
+    out: dict[int, dict[int, float]] = {}
+    for li in twin.compute.instances():
+        served = sorted(n.attempt for n in nodes if n.instance_id == li.instance.instance_id and n.rank == 0
+                        and not n.spare)  # fmt: skip
+        pairs = read_progress(li.work_dir / RESULT).get(0, [])
+        run, last = 0, None
+        for step, loss in pairs:
+            if last is not None and step <= last:
+                run += 1
+            last = step
+            if run < len(served):
+                out.setdefault(served[run], {})[int(step)] = float(loss)
+    return out
+
+
+def every_loss(twin: Twin) -> list[tuple[int, float]]:
+    """(step, loss) of every step any rank computed, in any attempt (each rank logs the global mean)."""
+    from spotrelay.local.demo_summary import RESULT
+
+    assert twin.compute is not None
+    return [(int(step), float(loss)) for li in twin.compute.instances()
+            for pairs in read_progress(li.work_dir / RESULT).values() for step, loss in pairs]  # fmt: skip
+
+
+def judge(
+    losses: list[tuple[int, float]], reference: dict[int, float], sizes: dict[int, int], nodes: int
+) -> tuple[dict[str, Any], list[str]]:
+    """Facts for the summary and the problems: the world sizes, the loss agreement with the reference."""
+    problems: list[str] = []
+    ran = [sizes[a] for a in sorted(sizes)]
+    if not any(n < nodes for n in ran):
+        problems.append(f"no attempt trained on fewer than {nodes} nodes (world sizes {ran})")
+    if not ran or ran[-1] != nodes:
+        problems.append(f"the job did not grow back to {nodes} nodes (world sizes {ran})")
+    compared = [(step, value) for step, value in losses if step in reference]
+    worst = max((abs(v - reference[s]) / max(abs(reference[s]), 1e-12) for s, v in compared), default=0.0)
+    if not compared:
+        problems.append("no step's loss could be compared with the reference")
+    elif worst > LOSS_RTOL:
+        problems.append(f"a step's loss is {worst:.2e} (relative) off the reference; the target is {LOSS_RTOL:.0e}")
+    facts = {"world_sizes": ran, "losses_compared": len(compared), "loss_max_rel_diff": worst,
+             "loss_rtol": LOSS_RTOL}  # fmt: skip
+    return facts, problems
