@@ -115,7 +115,7 @@ class Ec2MarketData:
 
     def _scores_for(self, ec2: Any, itype: str, regions: list[str], target: int) -> dict[str, Any] | None:
         try:
-            return ec2.get_spot_placement_scores(  # type: ignore[no-any-return]
+            return ec2.get_spot_placement_scores(
                 InstanceTypes=[itype], TargetCapacity=target, TargetCapacityUnitType="units",
                 SingleAvailabilityZone=True, RegionNames=regions,
             )

@@ -32,6 +32,9 @@ def simulate(
     checkpoint_minutes: Annotated[float, typer.Option("--checkpoint-minutes", min=0.1)] = 30.0,
     strategy: Annotated[str | None, typer.Option(
         "--strategy", help="spotrelay's recovery strategy (default: the spec's)")] = None,
+    switch: Annotated[list[str] | None, typer.Option(
+        "--switch", help="a spotrelay variant, NAME=VALUE: spares=1, min_nodes=12, launch_at_notice=false, "
+        "prewarm_on_rebalance=true, rebalance_checkpoint=false, keep_margin=0.2")] = None,
     boot_s: Annotated[float, typer.Option("--boot-s", min=0)] = 300.0,
     on_demand_price: Annotated[float | None, typer.Option("--on-demand-price", min=0)] = None,
     spot_price: Annotated[float | None, typer.Option("--spot-price", min=0)] = None,
@@ -43,7 +46,7 @@ def simulate(
     from spotrelay.sim.inputs import SimInputError
     from spotrelay.sim.job import JobModel
     from spotrelay.sim.report import print_report, write_json, write_plot
-    from spotrelay.sim.runner import POLICIES, SimOptions
+    from spotrelay.sim.runner import POLICIES, SimOptions, parse_switch
     from spotrelay.sim.runner import simulate as run_simulation
 
     chosen = POLICIES if policies == "all" else tuple(_split([policies]))
@@ -60,6 +63,7 @@ def simulate(
                                  boot_s=boot_s, on_demand_price=on_demand_price, spot_price=spot_price),
             job=JobModel(nodes=nodes, job_hours=job_hours, checkpoint_minutes=checkpoint_minutes, strategy=strategy),
             policies=chosen, seeds=seeds, jobs=jobs, timeline=plot is not None,
+            spotrelay_switches=dict(parse_switch(s) for s in switch or []),
         )
         report = run_simulation(opts)
     except (SimInputError, ValueError) as exc:

@@ -104,6 +104,12 @@ def capacity_risk(quote: PoolQuote, stats: PoolStats | None, config: PlacementCo
     return (fails + prior * w) / (fails + good + w)
 
 
+def spare_count(spec: JobSpec, pool: Pool) -> int:
+    """Hot spares a gang in ``pool`` boots: spot pools only (on-demand is not reclaimed; a spare there
+    would only bill, for the rare hardware failure the node failure rate covers)."""
+    return spec.resources.spares if pool.market == "spot" else 0
+
+
 def checkpoint_hours(spec: JobSpec, config: PlacementConfig) -> float:
     minutes = spec.checkpoint.every_minutes or config.assumed_checkpoint_minutes
     return minutes / 60.0
@@ -114,7 +120,8 @@ def score_pool(
     nodes: int | None = None,
 ) -> ScoredPool:
     """Score one pool for a gang of ``nodes`` (default: the spec's; no filtering)."""
-    pool, n, spares, full = quote.pool, nodes or spec.resources.nodes, spec.resources.spares, spec.resources.nodes
+    pool, n, full = quote.pool, nodes or spec.resources.nodes, spec.resources.nodes
+    spares = spare_count(spec, pool)
     info = catalog.instance(pool.instance_type)
     throughput = config.throughput.get(pool.instance_type) or (info.throughput if info else 1.0)
     restore_h = (info.restore_minutes if info else config.default_restore_minutes) / 60.0

@@ -21,6 +21,7 @@ from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import JobCancelledError, NoPlacementError
 from spotrelay.placement import PoolEvent
 from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery
+from spotrelay.recovery.spares import spare_takeovers
 from spotrelay.services.controller import (
     SPARE_LIVE,
     Controller,
@@ -174,15 +175,11 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
 def _promote_spares(ctl: Controller, job: Job, home: Pool | None, nodes: list[Node], keep: list[str]) -> list[Node]:
     """Hot spares in the survivors' pool take the lost ranks (``takes_rank``, the lowest first);
     returns the spares to release (all of them when a new gang goes elsewhere)."""
-    spares = spare_nodes(ctl.store, job)
-    if home is None:
-        return spares
-    alive = {n.rank for n in nodes if n.instance_id in keep}
-    lost = [r for r in range(spec_of(job).resources.nodes) if r not in alive]
-    here = [s for s in spares if s.pool == home]
-    for rank, spare in zip(lost, here, strict=False):
+    takeovers, released = spare_takeovers(spare_nodes(ctl.store, job), home, nodes, keep,
+                                          spec_of(job).resources.nodes)
+    for spare, rank in takeovers:
         ctl.store.update_node(job.job_id, spare.node_id, _taking(rank))
-    return [s for s in spares if s.pool != home]
+    return released
 
 
 def _taking(rank: int) -> Callable[[Node], Node | None]:

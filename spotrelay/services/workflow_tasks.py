@@ -21,10 +21,11 @@ from spotrelay.errors import (
     QuotaExceededError,
 )
 from spotrelay.placement import PoolEvent, best_pool, rank_pools
-from spotrelay.placement.policy import score_pool
+from spotrelay.placement.policy import score_pool, spare_count
 from spotrelay.placement.pool_stats import PoolStats
-from spotrelay.ports.compute import LaunchRequest
+from spotrelay.ports.compute import Compute, Instance, LaunchRequest
 from spotrelay.ports.market import PoolQuote
+from spotrelay.recovery.spares import spare_ranks_to_launch
 from spotrelay.services.controller import (
     SPARE_LIVE,
     Controller,
@@ -148,12 +149,13 @@ def provision(ctl: Controller, job_id: str, plan_result: LaunchPlan, now: float)
     compute = ctl.need_compute()
     for candidate in plan_result.candidates:
         pool = candidate.pool
-        wanted = ranks + spare_ranks  # spares boot with the ranks; nothing waits for them
+        # spares boot with the ranks (spot pools only); nothing waits for them
+        wanted = ranks + (spare_ranks if spare_count(spec, pool) else [])
         request = LaunchRequest(job_id=job_id, attempt=attempt, pool=pool, count=len(wanted), ranks=wanted,
                                 gang=spec.resources.nodes,
                                 config_uri=f"s3://{settings().bucket}/{job.submission_key}")
         try:
-            instances = compute.launch(request) if wanted else []
+            instances = _launch(compute, request, ranks)
         except (InsufficientCapacityError, QuotaExceededError) as exc:
             event = PoolEvent.QUOTA_EXCEEDED if isinstance(exc, QuotaExceededError) else PoolEvent.CAPACITY_FAILURE
             ctl.pool_stats.record(pool.key, event, now)
@@ -192,6 +194,22 @@ def provision(ctl: Controller, job_id: str, plan_result: LaunchPlan, now: float)
     raise kind(f"no capacity for {len(ranks)} nodes in {len(failed)} pools: {', '.join(failed)}")
 
 
+def _launch(compute: Compute, request: LaunchRequest, ranks: list[int]) -> list[Instance]:
+    """The ranks and the spares in one gang launch; when the pool cannot hold the spares too, the
+    ranks alone: spares are best effort (a lost rank a spare just took must not wait for a refill
+    in the pool that just lost capacity), the next provision launches them again."""
+    if not request.ranks:
+        return []
+    try:
+        return compute.launch(request)
+    except InsufficientCapacityError:
+        if request.ranks == ranks:
+            raise
+        log.info("no capacity for the spares too; launching the ranks alone",
+                 extra={"job_id": request.job_id, "pool": request.pool.key})
+        return compute.launch(request.model_copy(update={"count": len(ranks), "ranks": ranks})) if ranks else []
+
+
 def _carry_survivors(ctl: Controller, job: Job, keep: list[str], attempt: int, now: float) -> list[Node]:
     """Survivors kept by replace-lost-nodes join the new attempt: a new node record each, with a
     RESTART directive (a model the agent parses) so their agents restart training in the new gang,
@@ -209,12 +227,8 @@ def _carry_survivors(ctl: Controller, job: Job, keep: list[str], attempt: int, n
 def _spare_ranks(ctl: Controller, job: Job, spec: JobSpec, plan_result: LaunchPlan) -> list[int]:
     """Ranks (past the gang's) for the hot spares to launch now: ``resources.spares`` minus those
     standing by and not taking a rank in this plan."""
-    taking = {p.instance_id for p in plan_result.promoted}
-    standing = [n for n in spare_nodes(ctl.store, job) if n.instance_id not in taking]
-    used = {n.rank for n in standing}
-    free = (r for r in range(spec.resources.nodes, spec.resources.nodes + 2 * spec.resources.spares + 1)
-            if r not in used)
-    return [next(free) for _ in range(max(0, spec.resources.spares - len(standing)))]
+    return spare_ranks_to_launch(spare_nodes(ctl.store, job), [p.instance_id for p in plan_result.promoted],
+                                 spec.resources.nodes, spec.resources.spares)
 
 
 def promote_spares(ctl: Controller, job: Job, promoted: list[Promotion], attempt: int, now: float) -> list[Node]:

@@ -25,11 +25,12 @@ from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.domain.status import JobStatus
 from spotrelay.errors import NoPlacementError, RetryBudgetExhaustedError
 from spotrelay.placement import CooldownPolicy, InMemoryPoolStatsStore, PoolEvent
-from spotrelay.placement.policy import DEFAULT_CONFIG
+from spotrelay.placement.policy import DEFAULT_CONFIG, spare_count
 from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery
 from spotrelay.services.recovery_flow import _result as recovery_result
 from spotrelay.services.waits import outcome_verdict, ready_verdict
 from spotrelay.services.workflow_tasks import _keeping_plan, _new_gang_plan
+from spotrelay.sim import spares
 from spotrelay.sim.asl import Await, Finished, Sleep, TaskFailed, Walker, load_asl
 from spotrelay.sim.engine import Run, SimNode
 from spotrelay.sim.job import JobModel
@@ -44,14 +45,23 @@ class SpotrelayRun(Run):
     def __init__(self, market: Market, job: JobModel, seed: int, *, regions: list[str], instance_types: list[str],
                  timings: WorkflowTimings | None = None, cooldown: CooldownPolicy | None = None,
                  asl: dict[str, Any] | None = None, rebalance_checkpoint: bool = True,
-                 markets: tuple[str, ...] = ("spot", "on-demand"), spec: JobSpec | None = None, **kw: Any) -> None:
+                 markets: tuple[str, ...] = ("spot", "on-demand"), spec: JobSpec | None = None,
+                 spec_overrides: dict[str, dict[str, Any]] | None = None, keep_margin: float | None = None,
+                 **kw: Any) -> None:
         super().__init__(market, job, seed, **kw)
         self.spec = spec or job.spec(regions, instance_types, list(markets))
+        if spec_overrides:  # switches on the spec: resources.spares, recovery.launch_at_notice, ...
+            doc = self.spec.model_dump(mode="json")
+            for section, values in spec_overrides.items():
+                doc[section] = {**doc.get(section, {}), **values}
+            self.spec = JobSpec.model_validate(doc)
         self._spec_doc = self.spec.model_dump(mode="json")
         self.timings = timings or WorkflowTimings()
         self.stats = InMemoryPoolStatsStore(cooldown)  # None: the shipped CooldownPolicy()
         self.config = DEFAULT_CONFIG  # what the services use; sweeping it means changing the default
         self.rebalance_checkpoint = rebalance_checkpoint
+        # RecoveryContext's keep_margin (None: its default, what recover uses); a sweep, not a decision
+        self.context_extra: dict[str, Any] = {} if keep_margin is None else {"keep_margin": keep_margin}
         self.attempt = 0
         self.recoveries = self.user_restarts = 0
         self.excluded: set[str] = set()
@@ -145,6 +155,8 @@ class SpotrelayRun(Run):
 
     def on_notice(self, node: SimNode) -> None:
         """interruptions.interruption_notice: count it, doom the node, every rank saves late."""
+        if spares.off_bench(self, node):  # a spare only leaves the bench
+            return
         self.stats.record(node.pool.key, PoolEvent.INTERRUPTED, self.now)
         if node.rank not in self.gang or self.gang[node.rank] is not node or node.state in ("LOST", "TERMINATED"):
             return
@@ -191,7 +203,7 @@ class SpotrelayRun(Run):
                 node.pool.pool.instance_type))
 
     def on_removed(self, node: SimNode, announced: bool) -> None:
-        if self.gang.get(node.rank) is not node:
+        if spares.off_bench(self, node) or self.gang.get(node.rank) is not node:
             return
         if self.running:  # a rank of a running gang is gone (unannounced, or its save never came): it ends now
             node.state = "LOST"
@@ -230,6 +242,9 @@ class SpotrelayRun(Run):
                 for node in [n for n in self.gang.values() if n.instance_id in kept]:
                     self.end_node(node)
                     del self.gang[node.rank]
+                for take in recovery.promoted:
+                    if take.instance_id in self.bench:
+                        self.end_node(self.bench.pop(take.instance_id))
             try:
                 launch = _new_gang_plan(self.spec, job, quotes, stats, self.now)
             except NoPlacementError as exc:
@@ -240,11 +255,16 @@ class SpotrelayRun(Run):
         """workflow_tasks.provision: the first candidate with capacity; failures cool down."""
         plan = LaunchPlan.model_validate(payload["plan"])
         ranks, keep = list(plan.launch_ranks), set(plan.keep_instance_ids)
+        spare_ranks = spares.to_launch(self, plan.promoted)
         attempt = self.attempt + 1
         failed = []
         for candidate in plan.candidates:
             sp = self.market.by_key[candidate.pool.key]
-            nodes = self.launch(sp, ranks, attempt) if ranks else []
+            # spares boot with the ranks (one all-or-none launch; spot pools only), as provision asks
+            wanted = ranks + (spare_ranks if spare_count(self.spec, candidate.pool) else [])
+            nodes = self.launch(sp, wanted, attempt) if wanted else []
+            if nodes is None and wanted != ranks:  # workflow_tasks._launch: the spares are best effort
+                nodes = self.launch(sp, ranks, attempt) if ranks else []
             if nodes is None:
                 self.stats.record(sp.key, PoolEvent.CAPACITY_FAILURE, self.now)
                 failed.append(sp.key)
@@ -258,7 +278,7 @@ class SpotrelayRun(Run):
                 n.attempt = attempt
                 if n.end_t is None:  # one EC2 took meanwhile stays gone: the ready wait sees it
                     n.state, n.exit_code = "READY", None
-            self.gang = {**survivors, **{n.rank: n for n in nodes}}
+            self.gang = {**survivors, **spares.join(self, nodes, spare_ranks, plan.promoted, attempt)}
             self.attempt, self.excluded = attempt, set()
             self.attempt_pool, self.attempt_start = sp, self.now
             self.decisions.append({"attempt": attempt, "pool": sp.key, "resumed_from_step": self.ckpt_step})
@@ -301,17 +321,19 @@ class SpotrelayRun(Run):
             self.stats.record(current.key, PoolEvent.OBSERVED, self.now, hours=hours)
         keep: list[str] = []
         action = RecoveryAction.NEW_CLUSTER
+        home = None
         quotes = self._quotes()
         stats = self.stats.get_many(p.key for p in self.market.pools)
         try:
             plan = plan_recovery(RecoveryContext(spec=self.spec, outcome=end, nodes=nodes, quotes=quotes,
                                                  stats=stats, now=self.now, excluded=frozenset(self.excluded),
-                                                 config=self.config))
-            keep, action = list(plan.keep_instance_ids), RecoveryAction(plan.action)
+                                                 config=self.config, **self.context_extra))
+            keep, action, home = list(plan.keep_instance_ids), RecoveryAction(plan.action), plan.pool
         except NoPlacementError:
             pass
         if end.outcome is Verdict.USER_ERROR and action is not RecoveryAction.NEW_CLUSTER:
             keep, action = [], RecoveryAction.NEW_CLUSTER
+        spares.on_recover(self, home if action is not RecoveryAction.NEW_CLUSTER else None, nodes, keep)
         for node in list(self.gang.values()):
             if node.instance_id not in keep and not (end.deadline is not None and node.state == "DOOMED"):
                 self.end_node(node)  # (a doomed node drains: it saves until EC2 takes it)
@@ -322,7 +344,7 @@ class SpotrelayRun(Run):
         records = self._records()
         self.gang = {n.rank: n for n in self.gang.values() if n.end_t is None and n.instance_id in keep}
         self.note(current.key if current else "", f"recover: {end.outcome.value}, {action.value}")
-        result = recovery_result(self._light_job(), records, self.timings, end, end.reason, [])
+        result = recovery_result(self._light_job(), records, self.timings, end, end.reason, spares.records(self))
         return result.model_dump(mode="json")
 
     def task_teardown(self, payload: dict[str, Any]) -> dict[str, Any]:

@@ -40,6 +40,8 @@ class SimNode:
     state: str = "PENDING"  # a NodeState value
     exit_code: int | None = None
     end_t: float | None = None  # billing stopped
+    spare: bool = False  # a hot spare on the bench (booted, billed, out of training)
+    takes_rank: int | None = None  # a spare a recovery promoted to this rank
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,7 @@ class Run:
         self._seq = itertools.count()
         self.held: dict[str, set[object]] = {}
         self.gang: dict[int, SimNode] = {}  # rank -> node of the current attempt
+        self.bench: dict[str, SimNode] = {}  # instance id -> hot spare standing by (policies that have them)
         self.entries: list[CostEntry] = []
         self.paid_gpu_s = 0.0
         self.od_gpu_s = 0.0
@@ -193,7 +196,7 @@ class Run:
         self.at(max(self.now, following - self.job.notice_s), self._watch, (sp, following))
 
     def _live_in(self, sp: SimPool) -> list[SimNode]:
-        return [n for n in self.gang.values() if n.pool is sp and n.end_t is None]
+        return [n for n in (*self.gang.values(), *self.bench.values()) if n.pool is sp and n.end_t is None]
 
     def end_node(self, node: SimNode, state: str = "TERMINATED") -> None:
         """Stop billing ``node`` (terminated by us or reclaimed) and free its place in the pool."""
@@ -215,6 +218,9 @@ class Run:
                                       started_at=node.launch_t, ended_at=self.now))
 
     def release_all(self) -> None:
+        for node in list(self.bench.values()):
+            self.end_node(node)
+        self.bench.clear()
         for node in list(self.gang.values()):
             self.end_node(node, "TERMINATED" if node.state != "LOST" else "LOST")
 

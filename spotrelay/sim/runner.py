@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import statistics
@@ -15,6 +16,25 @@ from spotrelay.sim.build import MarketOptions, build_market, trace_label
 from spotrelay.sim.controller import SpotrelayRun
 from spotrelay.sim.engine import Run
 from spotrelay.sim.job import JobModel
+
+# spotrelay switches that are spec fields: switch name -> the spec section that holds it
+SPEC_SWITCHES = {"spares": "resources", "min_nodes": "resources", "launch_at_notice": "recovery",
+                 "prewarm_on_rebalance": "recovery", "prewarm_wait_s": "recovery"}
+# every spotrelay switch the CLI's --switch NAME=VALUE takes (SimOptions.spotrelay_switches)
+SWITCHES = ("strategy", *SPEC_SWITCHES, "rebalance_checkpoint", "keep_margin")
+
+
+def parse_switch(text: str) -> tuple[str, Any]:
+    """``NAME=VALUE`` (VALUE as JSON: 1, 0.2, true; else a string) -> (name, value); ValueError names it."""
+    name, sep, raw = text.partition("=")
+    name = name.strip().replace("-", "_")
+    if not sep or name not in SWITCHES:
+        raise ValueError(f"--switch {text!r}: expected NAME=VALUE with NAME one of {', '.join(SWITCHES)}")
+    try:
+        return name, json.loads(raw)
+    except json.JSONDecodeError:
+        return name, raw.strip()
+
 
 POLICIES = ("spotrelay", "on-demand", "skypilot-like", "sagemaker-like", "price-limit")
 METRICS = ("cost_usd", "useful_gpu_hours", "cost_per_useful_gpu_hour", "goodput", "wall_hours", "steps_lost",
@@ -61,6 +81,12 @@ def make_run(policy: str, opts: SimOptions, market: Any, seed: int, start_t: flo
     if policy == "spotrelay":
         switches = dict(opts.spotrelay_switches)
         job = replace(opts.job, strategy=switches.pop("strategy", opts.job.strategy))
+        overrides: dict[str, dict[str, Any]] = {}
+        for name, section in SPEC_SWITCHES.items():
+            if name in switches:
+                overrides.setdefault(section, {})[name] = switches.pop(name)
+        if overrides:
+            switches["spec_overrides"] = overrides
         run: Run = SpotrelayRun(market, job, seed, regions=regions, instance_types=types, **switches, **common)
     elif policy in BASELINES:
         run = BaselineRun(market, opts.job, seed, policy=policy, regions=regions, instance_types=types, **common)

@@ -10,6 +10,7 @@ evict survivors); attempt 3 follows the same rule after the loss: the survivor s
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from spotrelay.local.market import MarketModel
 from spotrelay.placement import catalog
@@ -22,7 +23,7 @@ from spotrelay.spec.load import load_spec
 TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml"
 
 
-def demo_run(faults: tuple[Fault, ...]) -> SpotrelayRun:
+def demo_run(faults: tuple[Fault, ...], **switches: Any) -> SpotrelayRun:
     spec = load_spec(TINY)
     res = spec.resources
     twin = MarketModel(regions=res.regions)
@@ -36,7 +37,7 @@ def demo_run(faults: tuple[Fault, ...]) -> SpotrelayRun:
                    checkpoint_bytes=50e6)  # the tiny model's checkpoint is tens of MB
     assert job.every_steps("p5.48xlarge") == spec.checkpoint.every_steps == 10
     run = SpotrelayRun(market, job, seed=0, regions=res.regions, instance_types=res.instance_types, spec=spec,
-                       faults=faults)
+                       faults=faults, **switches)
     run.start()
     run.loop()
     return run

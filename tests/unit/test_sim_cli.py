@@ -40,3 +40,17 @@ def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
     assert result.output.strip().count("\n") == 0 and f"{bad}:2" in result.output
     result = CliRunner().invoke(app, ["simulate", "--trace", str(TRACE), "--policies", "spotrelay,magic"])
     assert result.exit_code == 2 and "magic" in result.output
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(TRACE), "--switch", "sparez=1"])
+    assert result.exit_code == 2 and result.output.strip().count("\n") == 0 and "sparez" in result.output
+
+
+def test_simulate_switches_reach_spotrelays_spec(tmp_path: Path) -> None:
+    out = tmp_path / "sim.json"
+    args = ["simulate", "--trace", str(TRACE), "--nodes", "4", "--job-hours", "2", "--policies", "spotrelay",
+            "--regions", "us-east-1", "--json", str(out)]
+    plain = CliRunner().invoke(app, args)
+    assert plain.exit_code == 0, plain.output
+    cost = json.loads(out.read_text())["policies"]["spotrelay"]["cost_usd"]
+    spared = CliRunner().invoke(app, [*args, "--switch", "spares=2", "--switch", "launch_at_notice=false"])
+    assert spared.exit_code == 0, spared.output
+    assert json.loads(out.read_text())["policies"]["spotrelay"]["cost_usd"] > cost  # two more nodes billed

@@ -1,0 +1,86 @@
+"""Hot spares (``resources.spares``) in the simulator, through the shipped decisions.
+
+The spares a provision launches (``spare_ranks_to_launch``, in the same all-or-none launch as the
+ranks, as ``workflow_tasks.provision`` asks EC2) wait on the run's bench: booted, billed, holding
+pool capacity, out of training. At a recovery ``spare_takeovers`` (what ``recovery_flow.recover``
+runs) says which standing spare takes which lost rank; ``_result`` turns that into the plan's
+``promoted``, and the next provision moves those spares into the gang (like survivors: no launch,
+no boot). A notice or loss of a spare only takes it off the bench (``interruptions._spare``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from spotrelay.contracts.recovery import Promotion
+from spotrelay.domain.models import Node, NodeState, Pool
+from spotrelay.recovery.spares import spare_ranks_to_launch, spare_takeovers
+
+if TYPE_CHECKING:
+    from spotrelay.sim.controller import SpotrelayRun
+    from spotrelay.sim.engine import SimNode
+
+_LIVE = ("PENDING", "READY", "RUNNING")
+
+
+def records(run: SpotrelayRun) -> list[Node]:
+    """The job's spare records still on the bench (the store's ``spare_nodes`` view plus takers)."""
+    return [Node(job_id="sim", node_id=f"s{n.instance_id}", attempt=n.attempt, rank=n.rank,
+                 instance_id=n.instance_id, pool=n.pool.pool, state=NodeState(n.state), spare=True,
+                 takes_rank=n.takes_rank)
+            for n in sorted(run.bench.values(), key=lambda n: n.rank) if n.end_t is None]
+
+
+def standing(run: SpotrelayRun) -> list[Node]:
+    """``services.controller.spare_nodes``: live, not yet promoted."""
+    return [r for r in records(run) if r.state.value in _LIVE and r.takes_rank is None]
+
+
+def on_recover(run: SpotrelayRun, home: Pool | None, nodes: list[Node], keep: list[str]) -> None:
+    """``recovery_flow._promote_spares``: spares in the survivors' pool take the lost ranks; the others go."""
+    takeovers, released = spare_takeovers(standing(run), home, nodes, keep, run.spec.resources.nodes)
+    for spare, rank in takeovers:
+        run.bench[spare.instance_id].takes_rank = rank
+    for spare in released:
+        node = run.bench.pop(spare.instance_id)
+        run.end_node(node)
+
+
+def to_launch(run: SpotrelayRun, promoted: list[Promotion]) -> list[int]:
+    res = run.spec.resources
+    return spare_ranks_to_launch(standing(run), [p.instance_id for p in promoted], res.nodes, res.spares)
+
+
+def join(run: SpotrelayRun, launched: list[SimNode], spare_ranks: list[int], promoted: list[Promotion],
+         attempt: int) -> dict[int, SimNode]:
+    """After a launch: new spares go to the bench; promoted ones leave it and take their ranks
+    (``workflow_tasks.promote_spares``; one EC2 took meanwhile is skipped, the ready wait sees the gap).
+    Returns the launched gang ranks and the promoted spares by rank."""
+    gang: dict[int, SimNode] = {}
+    for node in launched:
+        if node.rank in spare_ranks:
+            node.spare = True
+            run.bench[node.instance_id] = node
+        else:
+            gang[node.rank] = node
+    for take in promoted:
+        spare = run.bench.get(take.instance_id)
+        if spare is None or spare.end_t is not None or spare.state not in _LIVE:
+            continue
+        node = run.bench.pop(take.instance_id)
+        node.spare, node.takes_rank, node.rank, node.attempt = False, None, take.rank, attempt
+        node.exit_code = None
+        gang[take.rank] = node
+        run.note(node.pool.key, f"spare takes rank {take.rank}")
+    return gang
+
+
+def off_bench(run: SpotrelayRun, node: SimNode) -> bool:
+    """A notice or loss of a spare: it leaves the bench (the next provision launches another)."""
+    if not node.spare or node.instance_id not in run.bench:
+        return False
+    if node.end_t is not None:
+        del run.bench[node.instance_id]
+    elif node.state in _LIVE:
+        node.state = "DOOMED"
+    return True

@@ -1,0 +1,44 @@
+"""Hot spares in the simulator go through the shipped decisions (spotrelay/recovery/spares.py): booted
+and billed with the gang, a spare takes the doomed rank without a launch, and the bench is refilled."""
+
+from __future__ import annotations
+
+from spotrelay.domain.models import Node, NodeState, Pool
+from spotrelay.recovery.spares import spare_ranks_to_launch, spare_takeovers
+from spotrelay.sim.engine import Fault
+from tests.unit.test_sim_calibration import demo_run
+
+POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
+OTHER = POOL.model_copy(update={"az": "us-east-1b"})
+
+
+def node(rank: int, iid: str, pool: Pool = POOL, spare: bool = False) -> Node:
+    return Node(job_id="j", node_id=f"n{rank}", attempt=1, rank=rank, instance_id=iid, pool=pool,
+                state=NodeState.READY, spare=spare)
+
+
+def test_spares_in_the_survivors_pool_take_the_lost_ranks_lowest_first() -> None:
+    gang = [node(0, "i-0"), node(1, "i-1"), node(2, "i-2")]
+    spares = [node(3, "i-s3", spare=True), node(4, "i-s4", OTHER, spare=True)]
+    takes, released = spare_takeovers(spares, POOL, gang, keep=["i-1"], size=3)
+    assert [(s.instance_id, r) for s, r in takes] == [("i-s3", 0)]  # ranks 0 and 2 lost, one spare here
+    assert [s.instance_id for s in released] == ["i-s4"]
+    assert spare_takeovers(spares, None, gang, ["i-1"], 3) == ([], spares)  # a new gang: all spares go
+    # the refill: one spare wanted, the standing one takes a rank -> launch one, past the gang's ranks
+    assert spare_ranks_to_launch(spares[:1], ["i-s3"], gang=3, wanted=1) == [3]
+    assert spare_ranks_to_launch(spares[:1], [], gang=3, wanted=1) == []
+
+
+def test_a_spare_takes_the_doomed_rank_without_a_launch() -> None:
+    notice = (Fault("notice", rank=1, step=20, attempt=1),)
+    plain = demo_run(notice)
+    spared = demo_run(notice, spec_overrides={"resources": {"spares": 1}}, timeline=True)
+    assert spared.metrics.finished and plain.metrics.finished
+    first = [n for n in spared.launched if n.launch_t == spared.start_t]
+    assert len(first) == 3  # 2 ranks + 1 spare, one gang launch
+    assert any("spare takes rank 1" in what for _, _, what in spared.metrics.timeline)
+    refill = [n for n in spared.launched if n.launch_t > spared.start_t]
+    assert len(refill) == 1 and refill[0].rank >= 2  # only a new spare was launched, past the gang's ranks
+    # the spare is up: training resumes after the save and the restart, not after a boot
+    assert spared.metrics.recovery_s[0] < plain.metrics.recovery_s[0]
+    assert spared.paid_gpu_s > plain.paid_gpu_s  # the spare is billed while it stands by
