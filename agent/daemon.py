@@ -198,11 +198,11 @@ class Agent:
                 job = self.store.get_job(c.job_id)
             except SpotrelayError as exc:
                 warn("job record unreadable; tracking with the old one", error=str(exc))
-        if track and c.rank == 0 and self.tracking is None:
-            # after NodeReady: MLflow's first open (store migrations) can take a while
+        # MLflow's first open (store migrations) can take a while: before the launch only when the job's
+        # run must be created for the trainer's environment, else after it (off a restart's path)
+        early = track and c.rank == 0 and self.tracking is None and not job.mlflow_run_id
+        if early:
             self.tracking = JobTracking.for_job(c, job, spec, self.store)
-        elif self.tracking is not None:
-            self.tracking.attempt_started(c, spec, job)
         env = contract_env(c, job, spec, self.tracking.run_id if self.tracking else job.mlflow_run_id)
         wait_for_drain(lambda: self.store.nodes_of(c.job_id), c.attempt, self.clock, self.sleep, self._stopping)
         master, port = self.wait_for_rank0()
@@ -223,6 +223,8 @@ class Agent:
             proc = TrainingProcess(plan, self.control, log)
             info("launching", argv=plan.argv, master=f"{master}:{port}")
             proc.start()
+            if not early:
+                self._track_attempt(track, job, spec)
             self.hang.reset()
             self._set_node(state=NodeState.RUNNING)
             code, offset = self._loop(proc, offset)
@@ -250,6 +252,13 @@ class Agent:
                                         last.uri if last else None, spec.tracking.register_model)
         info("training exited", exit_code=exit_code, reason=reason)
         return exit_code
+
+    def _track_attempt(self, track: bool, job: Job, spec: JobSpec) -> None:
+        c = self.config
+        if track and c.rank == 0 and self.tracking is None:
+            self.tracking = JobTracking.for_job(c, job, spec, self.store)
+        elif self.tracking is not None:
+            self.tracking.attempt_started(c, spec, job)
 
     def serve(self, job: Job, spec: JobSpec, track: bool = False) -> int:
         """Run this attempt; a surviving node then waits (``linger_s``) to be carried into the next
@@ -367,8 +376,10 @@ class Agent:
         for event in events:
             if self.tracking and event.kind == "checkpoint_committed":
                 self.tracking.checkpoint(event.step, event.duration_s, event.emergency, event.stall_s)
-            if self.tracking and event.kind == "resumed":
-                self.tracking.resumed(event.step)
+            if event.kind == "resumed" and self.config.rank == 0:  # what was restored, not what launch guessed
+                self.reporter.training_resumed(event.step)
+                if self.tracking:
+                    self.tracking.resumed(event.step)
             if event.kind == "anomaly" and event.anomaly is not None and self.config.rank == 0:
                 # every node's trainer agreed on it; node rank 0 speaks for the gang
                 self.reporter.anomaly(event.anomaly.kind.value, event.anomaly.detail, health=event.anomaly)

@@ -24,13 +24,14 @@ from spotrelay.contracts.events import (
     Heartbeat,
     NodeReady,
     TrainingExited,
+    TrainingResumed,
 )
 from spotrelay.contracts.health import HealthAnomaly
 from spotrelay.ports.events import EventPublisher
 
 log = logging.getLogger("spotrelay.agent")
 
-AgentModel = NodeReady | Heartbeat | CheckpointCommitted | TrainingExited | Anomaly
+AgentModel = NodeReady | Heartbeat | CheckpointCommitted | TrainingExited | TrainingResumed | Anomaly
 
 
 class JsonFormatter(logging.Formatter):
@@ -162,6 +163,9 @@ class Reporter:
                 output_tail=output_tail,
             )
         )
+
+    def training_resumed(self, step: int) -> bool:
+        return self.publish(TrainingResumed(**self._common(), step=step))
 
     def anomaly(self, what: str, detail: str = "", health: HealthAnomaly | None = None) -> bool:
         return self.publish(Anomaly(**self._common(), what=what, detail=detail, health=health))

@@ -34,7 +34,7 @@ from agent.notice_window import Margin, NoticeTraining, SaveLike
 from agent.session_data import SessionData
 from agent.session_health import SessionHealth
 from agent.stop import RequestPoller, agree, all_ok, any_rank, gather_ids
-from spotrelay.contracts.control import RequestKind, TrainerEvent, append_event, write_progress
+from spotrelay.contracts.control import ENV_ATTEMPT, RequestKind, TrainerEvent, append_event, write_progress
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.contracts.health import HealthAction, HealthAnomaly
 from spotrelay.errors import BatchPlanError
@@ -58,6 +58,8 @@ def _barrier() -> None:
 
 
 class Session(SessionData):
+    _attempt: int | None = None  # SPOTRELAY_ATTEMPT, stamped on every trainer event
+    _first_step_seen = False
     def __init__(
         self,
         engine: Engine,
@@ -86,6 +88,8 @@ class Session(SessionData):
             raise BatchPlanError(f"the batch plan is for {self.plan.world_size} ranks, not {self.topo.world_size}")
         self.accumulation = self.plan.accumulation if self.plan else 1
         self.resume_seconds: float | None = None
+        attempt = os.environ.get(ENV_ATTEMPT, "")
+        self._attempt = int(attempt) if attempt.isdigit() else None
         self.resumed_from: int | None = None
         self.exit_code = ExitCode.DONE
         self.last_loss: float | None = None
@@ -186,6 +190,9 @@ class Session(SessionData):
         cfg, now = self.config, time.time()
         if cfg.control_dir is not None and self.topo.local_rank == 0:
             write_progress(cfg.control_dir, self.step)
+        if not self._first_step_seen:  # training is back: downtime ends here (docs/local-twin.md)
+            self._first_step_seen = True
+            self._event(TrainerEvent(kind="first_step", step=self.step, time=now))
         self.notice.boundary(now)
         request = self.poller.poll()
         due = bool(cfg.every_minutes and time.monotonic() - self._last_save_time >= cfg.every_minutes * 60)
@@ -318,7 +325,8 @@ class Session(SessionData):
 
     def _event(self, event: TrainerEvent) -> None:
         if self.config.control_dir is not None and self.topo.local_rank == 0:
-            append_event(self.config.control_dir, event)
+            append_event(self.config.control_dir, event.model_copy(
+                update={"attempt": self._attempt, "world_size": self.topo.world_size}))
 
 
 def spotrelay_session(

@@ -69,7 +69,9 @@ class StopRequest(BaseModel):
 
 class TrainerEvent(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    kind: str  # "checkpoint_committed" | "notice_training" | "stopping" | "resumed" | "anomaly"
+    # "checkpoint_committed" | "notice_training" | "stopping" | "resumed" | "first_step" (the first
+    # step this run finished: training is back, at ``world_size`` ranks) | "anomaly"
+    kind: str
     step: int
     uri: str = ""
     duration_s: float = 0.0
@@ -79,6 +81,8 @@ class TrainerEvent(BaseModel):
     time: float = 0.0
     anomaly: HealthAnomaly | None = None  # kind "anomaly"
     stall_s: float | None = None  # checkpoint_committed: what the training loop waited for the snapshot
+    attempt: int | None = None  # the attempt the trainer runs in (SPOTRELAY_ATTEMPT), stamped on every event
+    world_size: int | None = None  # ranks in this run, stamped on every event
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -62,6 +62,14 @@ class TrainingExited(_Event):
     output_tail: str = Field("", max_length=MAX_OUTPUT_TAIL)
 
 
+class TrainingResumed(_Event):
+    """The trainers restored ``step`` (node rank 0 speaks for the gang: every rank loads the same
+    step): the attempt's true starting point, which launch can only guess."""
+
+    kind: Literal["TrainingResumed"] = "TrainingResumed"
+    step: int = Field(..., ge=0)
+
+
 class Anomaly(_Event):
     kind: Literal["Anomaly"] = "Anomaly"
     what: str  # deadline-missed | imds-unreachable | upload-failed | a health AnomalyKind ...
@@ -70,7 +78,8 @@ class Anomaly(_Event):
 
 
 AgentEvent = Annotated[
-    NodeReady | Heartbeat | CheckpointCommitted | TrainingExited | Anomaly, Field(discriminator="kind")
+    NodeReady | Heartbeat | CheckpointCommitted | TrainingExited | TrainingResumed | Anomaly,
+    Field(discriminator="kind"),
 ]
 _ADAPTER: TypeAdapter[AgentEvent] = TypeAdapter(AgentEvent)
 

@@ -113,12 +113,13 @@ class ChaosDriver:
 
     def _apply(self, kind: str, li: LocalInstance, step: int | None, source: str) -> None:
         iid = li.instance.instance_id
+        at = time.time()  # the fault itself: the kill waits for the process tree to go
         if kind == "interrupt":
             self.compute.interrupt(iid)
         else:
             self.compute.kill(iid)
         attempt, rank = self._place(li)
-        fired = Fired(time.time(), kind, iid, f"a{attempt}-r{rank}", step, source)
+        fired = Fired(at, kind, iid, f"a{attempt}-r{rank}", step, source)
         self.fired.append(fired)
         for listener in self.listeners:
             listener(fired)

@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from spotrelay.contracts.control import read_events
+from spotrelay.contracts.control import TrainerEvent, read_events
 from spotrelay.local import demo_elastic
 from spotrelay.local import demo_report as report
 from spotrelay.local.chaos import Places, places_of
 from spotrelay.local.downtime import FaultTimes
+from spotrelay.local.fault_timing import agent_start, resumed_after, stop_after_notice
 from spotrelay.local.market import MarketModel
 from spotrelay.local.reference import read_progress, read_results
 
@@ -40,41 +41,55 @@ def attempt_results(twin: Twin, places: Places | None = None) -> dict[int, dict[
     return out
 
 
-def fault_times(f: report.Fault, twin: Twin, market: MarketModel, nodes: int | None = None) -> FaultTimes:
-    """When training stopped, when the next attempt's newest node was launched and booted, and the
-    notice's final commit and deadline, from the nodes' control events and the instance lifetimes."""
+def node_events(twin: Twin) -> list[TrainerEvent]:
+    """Every trainer event every node wrote (each stamped with its attempt and world size)."""
+    assert twin.compute is not None
+    return [e for li in twin.compute.instances() for e in read_events(li.work_dir / "control")[0]]
+
+
+def settle_fault(f: report.Fault, twin: Twin, events: list[TrainerEvent], any_size: bool = False) -> None:
+    """Correct what the live view saw with the real records: the fault at the instance's notice or
+    end, training back when the next attempt finished its first step at full size (``any_size``: at
+    whatever size it resumed, the elastic scenario), from the step its trainers restored."""
+    assert twin.compute is not None
+    life = next((li for li in twin.compute.instances() if li.instance.instance_id == f.instance_id), None)
+    if life is not None:
+        at = life.notice_at if f.kind == "spot-notice" else life.ended_at
+        f.time = at if at is not None else f.time
+    stopped = f.time if f.kind == "node-lost" else (stop_after_notice(events, f.attempt)[0] or f.time)
+    back = resumed_after(events, f.attempt, stopped, any_size)
+    f.resumed_at = back.at if back else None
+    f.resumed_from_step = back.from_step if back else None
+
+
+def fault_times(f: report.Fault, twin: Twin, market: MarketModel, events: list[TrainerEvent],
+                nodes: int | None = None) -> FaultTimes:
+    """When training stopped, when the next attempt's newest node was launched, booted, ready and
+    started training, and the notice's final commit and deadline (spotrelay/local/fault_timing.py)."""
     assert twin.compute is not None
     stopped, commit_at, reclaim_at = f.time, None, None
     if f.kind == "spot-notice":
-        events = [
-            e
-            for li in twin.compute.instances()
-            if li.instance.attempt == f.attempt
-            for e in read_events(li.work_dir / "control")[0]
-        ]
-        commits = sorted((e for e in events if e.kind == "checkpoint_committed" and e.emergency), key=lambda e: e.time)
-        stops = [e.time for e in events if e.kind == "stopping"]
-        if commits:  # the last save started where training stopped
-            last = commits[-1]
-            stopped, commit_at, reclaim_at = last.time - last.duration_s, last.time, last.deadline
-        elif stops:
-            stopped = min(stops)
+        stop, commit_at, reclaim_at = stop_after_notice(events, f.attempt)
+        stopped = stop if stop is not None else f.time
         reclaim_at = reclaim_at or f.time + market.notice_window()
     # the replacements the next attempt waited for: not the hot spares launched in the background
-    new = [life for life in twin.compute.history() if life["attempt"] == f.attempt + 1
-           and (nodes is None or life["rank"] is None or life["rank"] < nodes)]
-    launched = max((life["launched_at"] for life in new), default=None)
-    booted = [life["booted_at"] for life in new]
+    new = [li for li in twin.compute.instances() if li.instance.attempt == f.attempt + 1
+           and (nodes is None or li.instance.rank is None or li.instance.rank < nodes)]
+    newest = max(new, key=lambda li: li.launched_at, default=None)
+    booted = [li.booted_at for li in new]
+    ready, started = agent_start(newest.work_dir) if newest is not None else (None, None)
     return FaultTimes(
         kind=f.kind,
         fault_at=f.time,
         stopped_at=stopped,
         resumed_at=f.resumed_at,
-        launched_at=launched,
-        booted_at=max(booted) if booted and None not in booted else None,
+        launched_at=newest.launched_at if newest is not None else None,
+        booted_at=max(b for b in booted if b is not None) if booted and None not in booted else None,
         window_s=market.notice_window() if f.kind == "spot-notice" else None,
         final_commit_at=commit_at,
         reclaim_at=reclaim_at,
+        ready_at=ready,
+        started_at=started,
     )
 
 
@@ -126,6 +141,9 @@ def summarize(
         elastic_facts, found = demo_elastic.judge(demo_elastic.every_loss(twin), ref_losses, sizes, nodes)
         problems += found
     faults = rec.faults
+    events = node_events(twin)
+    for f in faults:
+        settle_fault(f, twin, events, any_size=elastic)
     wanted = ("spot-notice",) if elastic else ("spot-notice", "node-lost")
     if not all(any(f.kind == kind for f in faults) for kind in wanted):
         problems.append("not every planned fault fired (the run may have been too fast or too slow)")
@@ -142,7 +160,7 @@ def summarize(
     steps_lost = job.steps_lost if job else 0
     if not steps_lost:  # the controller's count, else ours: steps run past the checkpoint resumed from
         steps_lost = sum(max(0, (f.step or 0) - (f.resumed_from_step or f.step or 0)) for f in faults)
-    rows = report.recoveries(faults, market, [fault_times(f, twin, market, nodes) for f in faults])
+    rows = report.recoveries(faults, market, [fault_times(f, twin, market, events, nodes) for f in faults])
     summary = report.Summary(
         ok=not problems,
         job_id=job.job_id if job else None,

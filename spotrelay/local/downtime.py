@@ -1,27 +1,35 @@
 """Downtime per fault, measured in the twin and modeled with EC2's real timings (docs/local-twin.md).
 
 Measured: ``downtime_s = resumed - stopped``: from the moment training stopped (the step boundary
-where the last save of the interrupted attempt started; the fault itself for an unannounced loss)
-to the first step the next attempt finished at full size.
+where the last save of the interrupted attempt started; the instance's end for an unannounced loss)
+to the first step the next attempt finished at full size (the trainers' ``first_step`` events).
 
 Modeled: the same fault with the modeled boot ``B`` (300 s) in place of the twin's scaled one and
 EC2's 120 s notice window ``W`` in place of the twin's shortened ``w``. With times relative to the
-fault (the notice), ``S`` = when training stopped, ``L`` = when the replacement was launched,
-``r`` / ``a`` / ``e`` = replacement booted / training stopped / training resumed (absolute), and
-``D = W - w`` for a notice (0 for an unannounced loss):
+fault (the notice), ``S`` = when training stopped, ``L`` = when the replacement was launched, and
+absolute times ``a`` (training stopped), ``r`` (the replacement booted: its agent started), ``q``
+(its agent ready to start the training command: registered, nothing of its own left to do), ``g``
+(it started the training command) and ``e`` (training resumed); ``D = W - w`` for a notice (0 for
+an unannounced loss):
 
     S' = S + D                   the longer window is training: the final save is timed from the
                                  deadline, so stop -> reclaim takes as long as it did here
     L' = L        if L < S       launched during the window (by the notice): does not move
        = L + D    otherwise      launched after training stopped: moves with the stop
-    P  = e - max(r, a)           rendezvous, restore and the first step, measured: what followed
-                                 once both the old gang had stopped and the replacement was up
-    downtime_modeled = max(L' + B - S', 0) + P
+    N  = L' + B + (q - r) - S'   the new node's own path to its training command: the modeled
+                                 boot, then its agent's start-up as measured
+    O  = g - a                   the old gang's path to the same point, measured: the final save,
+                                 the drain, the survivors' re-registration, the workflow
+    P  = e - g                   training command -> first step at full size (rendezvous, imports,
+                                 restore), measured
+    downtime_modeled = max(N, O) + P
 
-Only what happened here is carried over: a boot that did not overlap training here does not
-overlap it in the model (then the formula is ``measured - boot_here + B``), and ``P`` is taken
-whole even where the model's later boot would have hidden part of it. Without a new node (a spare
-or survivors only) there is no boot in the path and the modeled downtime is the measured one.
+Only what happened here is carried over. N and O overlap in the model because neither waits for
+the other (the old gang never waits for the new node; the new node's gate waits for the old gang,
+which is O): O is the measured path, N the boot in place of the twin's. A replacement launched
+after training stopped pays the whole boot (``measured - boot_here + B``), and ``P`` is taken whole.
+Without ``q``/``g`` (no agent log) ``P = e - max(r, a)`` and ``N`` has no start-up term. Without a
+new node (a spare or survivors only) there is no boot in the path: modeled = measured.
 """
 
 from __future__ import annotations
@@ -42,6 +50,8 @@ class FaultTimes:
     window_s: float | None = None  # the twin's notice window (notices only)
     final_commit_at: float | None = None  # the interrupted attempt's last emergency commit
     reclaim_at: float | None = None  # the deadline the notice gave
+    ready_at: float | None = None  # the replacement's agent ready to start training (q)
+    started_at: float | None = None  # the replacement started its training command (g)
 
 
 @dataclass(frozen=True)
@@ -80,8 +90,14 @@ def downtime(t: FaultTimes, boot_modeled_s: float, window_real_s: float = EC2_NO
         launch = t.launched_at - t.fault_at
         if t.launched_at >= t.stopped_at:
             launch += shift
-        after = t.resumed_at - max(t.booted_at, t.stopped_at)
-        modeled = max(launch + boot_modeled_s - stop, 0.0) + after
+        if t.ready_at is not None and t.started_at is not None:
+            own = max(t.ready_at - t.booted_at, 0.0)
+            new_node = launch + boot_modeled_s + own - stop
+            old_gang = t.started_at - t.stopped_at
+            modeled = max(new_node, old_gang, 0.0) + (t.resumed_at - t.started_at)
+        else:
+            after = t.resumed_at - max(t.booted_at, t.stopped_at)
+            modeled = max(launch + boot_modeled_s - stop, 0.0) + after
     return Downtime(
         downtime_s=measured,
         downtime_modeled_s=modeled,

@@ -1,5 +1,5 @@
 """Agent events (source ``spotrelay.agent``): NodeReady, Heartbeat, CheckpointCommitted,
-TrainingExited, Anomaly. Each updates its node and job with conditional writes, then settles the
+TrainingExited, TrainingResumed, Anomaly. Each updates its node and job with conditional writes, then settles the
 workflow's waits. Events of an unknown node or a finished job are no-ops, and so are those of an
 older attempt, except a draining rank's (recovery.launch_at_notice): its emergency commit counts
 and its exit releases its node.
@@ -17,6 +17,7 @@ from spotrelay.contracts.events import (
     Heartbeat,
     NodeReady,
     TrainingExited,
+    TrainingResumed,
 )
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.domain.models import CheckpointRef, Job, Node, NodeState
@@ -62,6 +63,8 @@ def handle_agent_event(ctl: Controller, event: AgentEvent, now: float) -> dict[s
         changed = _on_checkpoint(ctl, job, event, now)
     elif isinstance(event, TrainingExited):
         changed = _on_exit(ctl, job, node, event, now)
+    elif isinstance(event, TrainingResumed):
+        changed = _on_resumed(ctl, job, event, now)
     else:
         assert isinstance(event, Anomaly)
         log.warning("agent anomaly", extra={"job_id": job.job_id, "node_id": node.node_id,
@@ -132,6 +135,18 @@ def _on_checkpoint(ctl: Controller, job: Job, event: CheckpointCommitted, now: f
     if changed and (job.last_checkpoint is None or event.step > job.last_checkpoint.step):
         ctl.measure("CheckpointFlushSeconds", event.duration_s)
     return changed
+
+
+def _on_resumed(ctl: Controller, job: Job, event: TrainingResumed, now: float) -> bool:
+    """The attempt's starting step is what its trainers restored (the first resume of the attempt;
+    a rollback later in it does not move where it started)."""
+
+    def record(j: Job) -> Job | None:
+        attempts = [a.model_copy(update={"resumed_from_step": event.step})
+                    if a.number == event.attempt and a.resumed_from_step is None else a for a in j.attempts]
+        return None if attempts == j.attempts else j.model_copy(update={"attempts": attempts, "updated_at": now})
+
+    return ctl.store.update_job(job.job_id, record) is not None
 
 
 def _on_exit(ctl: Controller, job: Job, node: Node, event: TrainingExited, now: float) -> bool:

@@ -173,10 +173,10 @@ def provision(ctl: Controller, job_id: str, plan_result: LaunchPlan, now: float)
         for node in nodes:
             ctl.store.put_node(node)
         spares = len(spare_nodes(ctl.store, job))  # the new ones and those still standing by
+        # billing starts at launch, not at NodeReady; resumed_from_step stays unknown until the trainers
+        # report what they restored (TrainingResumed): a notice's final save commits after this launch
         record = Attempt(number=attempt, pool=pool, price_per_hour=candidate.price_per_hour,
-                         nodes=len([n for n in nodes if not n.spare]) + spares, spares=spares,
-                         started_at=now,  # billing starts at launch, not at NodeReady
-                         resumed_from_step=job.last_checkpoint.step if job.last_checkpoint else None)
+                         nodes=len([n for n in nodes if not n.spare]) + spares, spares=spares, started_at=now)
 
         def started(current: Job, record: Attempt = record) -> Job:
             return current.model_copy(update={

@@ -143,7 +143,8 @@ def agent_event(kind: str, node: Node, **fields: Any) -> dict[str, Any]:
     """A real-format EventBridge envelope for an agent event about ``node``."""
     sample = {"NodeReady": "agent_node_ready.json", "Heartbeat": "agent_heartbeat.json",
               "CheckpointCommitted": "agent_checkpoint_committed.json",
-              "TrainingExited": "agent_training_exited.json", "Anomaly": "agent_anomaly.json"}[kind]
+              "TrainingExited": "agent_training_exited.json", "Anomaly": "agent_anomaly.json",
+              "TrainingResumed": "agent_training_resumed.json"}[kind]
     event = copy.deepcopy(load_event(sample))
     event["id"] = str(uuid.uuid4())
     event["detail"].update({"event_id": f"evt-{uuid.uuid4().hex}", "job_id": node.job_id, "node_id": node.node_id,

@@ -49,4 +49,8 @@ def test_ddp_dcp_stop_then_resume_from_s3_on_a_fresh_node(aws: dict[str, str], t
     _check_bit_identical(tmp_path, tmp_path / "control")
     events, _ = control.read_events(tmp_path / "control")
     assert next(e for e in events if e.emergency).uri == f"{uri}/step-00000003"
+    # each run says when its first step finished, at which world size: training is back there
+    resumed = next(e for e in events if e.kind == "resumed")
+    back = [e for e in events if e.kind == "first_step" and e.time >= resumed.time]
+    assert back and back[0].step == STOP_AT + 1 and back[0].world_size == 2
     assert (tmp_path / "node-b" / "step-00000003" / "manifest.json").is_file()

@@ -100,6 +100,16 @@ def test_heartbeat_and_checkpoint_update_job_once(env: Env) -> None:
     assert env.store.get_job(job.job_id).version == version
 
 
+def test_the_attempt_starts_where_its_trainers_resumed(env: Env) -> None:
+    job, gang = running_job(env.store, env.compute)
+    assert env.store.get_job(job.job_id).attempts[0].resumed_from_step is None  # launch does not guess
+    assert on_agent_event.handler(agent_event("TrainingResumed", gang[0], step=110), ctx())["result"] == "applied"
+    assert env.store.get_job(job.job_id).attempts[0].resumed_from_step == 110
+    # a rollback later in the attempt restores an older step: where the attempt started stays
+    assert on_agent_event.handler(agent_event("TrainingResumed", gang[0], step=100), ctx())["result"] == "no-op"
+    assert env.store.get_job(job.job_id).attempts[0].resumed_from_step == 110
+
+
 def test_proactive_checkpoint_returns_job_to_running(env: Env) -> None:
     job, gang = running_job(env.store, env.compute, status=JobStatus.CHECKPOINTING)
     on_agent_event.handler(agent_event("CheckpointCommitted", gang[0], step=10, emergency=False), ctx())

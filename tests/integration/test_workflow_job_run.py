@@ -134,7 +134,9 @@ def test_one_interruption_then_success(wf: Harness) -> None:
     assert job2.recoveries == 1 and job2.attempts[0].end_reason == "interrupted"
     assert job2.attempts[1].pool != job2.attempts[0].pool  # re-planned without the pool that failed
     assert job2.last_checkpoint is not None and job2.last_checkpoint.step == 42
-    assert job2.attempts[1].resumed_from_step == 42
+    assert job2.attempts[1].resumed_from_step is None  # unknown until the trainers restore
+    on_agent_event.handler(agent_event("TrainingResumed", second[0], step=42), ctx())
+    assert wf.job().attempts[1].resumed_from_step == 42
     assert not set(wf.compute.running(job.job_id)) & {n.instance_id for n in first}
     wf.exit_all(second, 0)
     assert wf.finished(arn)["status"] == "SUCCEEDED"

@@ -47,3 +47,28 @@ def test_without_a_new_node_the_modeled_downtime_is_the_measured_one() -> None:
 
 def test_nothing_to_report_until_training_resumed() -> None:
     assert downtime(FaultTimes("node-lost", 1.0, 1.0, None), BOOT) is None
+
+
+def test_the_old_gangs_drain_overlaps_the_modeled_boot_only_as_measured() -> None:
+    # notice at 100; replacement launched at 102, booted at 105, its agent ready at 106 and gated
+    # until the old gang drained; training stopped at 125, the replacement started its training
+    # command at 130 (5 s of final save and drain, measured), first step at 140
+    t = FaultTimes("spot-notice", 100.0, 125.0, 140.0, launched_at=102.0, booted_at=105.0, window_s=30.0,
+                   ready_at=106.0, started_at=130.0)
+    d = downtime(t, BOOT)
+    assert d is not None and d.downtime_s == pytest.approx(15.0)
+    new_node = 2 + BOOT + 1 - (25 + 90)  # modeled boot, then its own 1 s of agent start-up
+    assert d.downtime_modeled_s == pytest.approx(max(new_node, 5.0) + 10.0)
+    # a drain longer than the new node's modeled path stays on it
+    slow = FaultTimes("spot-notice", 100.0, 125.0, 340.0, launched_at=102.0, booted_at=105.0, window_s=30.0,
+                      ready_at=106.0, started_at=330.0)
+    d = downtime(slow, BOOT)
+    assert d is not None and d.downtime_modeled_s == pytest.approx((330 - 125) + 10.0)
+
+
+def test_an_unannounced_loss_with_agent_times_pays_boot_start_up_and_the_rest() -> None:
+    t = FaultTimes("node-lost", 200.0, 200.0, 240.0, launched_at=215.0, booted_at=218.0,
+                   ready_at=220.0, started_at=220.0)
+    d = downtime(t, BOOT)
+    assert d is not None and d.downtime_s == pytest.approx(40.0)
+    assert d.downtime_modeled_s == pytest.approx(40.0 - 3.0 + BOOT)  # still measured - boot here + B
