@@ -140,6 +140,7 @@ def provision(ctl: Controller, job_id: str, plan_result: LaunchPlan, now: float)
         job = ctl.store.save_job(job.model_copy(update={
             "status": transition(job.status, JobStatus.PROVISIONING), "updated_at": now}), job.status, job.version)
     ranks = list(plan_result.launch_ranks)  # [] is meaningful: every rank survived (restart in place)
+    ranks += _left_spares(ctl, job, plan_result.promoted)  # a spare that left meanwhile: launch its rank
     keep = list(plan_result.keep_instance_ids)
     spec = spec_of(job)
     spare_ranks = _spare_ranks(ctl, job, spec, plan_result)
@@ -231,6 +232,13 @@ def _spare_ranks(ctl: Controller, job: Job, spec: JobSpec, plan_result: LaunchPl
                                  spec.resources.nodes, spec.resources.spares)
 
 
+def _left_spares(ctl: Controller, job: Job, promoted: list[Promotion]) -> list[int]:
+    """Ranks recover gave to spares that have left the bench since (reclaimed with the ranks they were
+    to replace): they are launched like any lost rank, so the gang is whole when it reports ready."""
+    live = {n.instance_id for n in ctl.store.nodes_of(job.job_id) if n.spare and n.state in SPARE_LIVE}
+    return [p.rank for p in promoted if p.instance_id not in live]
+
+
 def promote_spares(ctl: Controller, job: Job, promoted: list[Promotion], attempt: int, now: float) -> list[Node]:
     """Hot spares recover chose take their ranks in the new attempt: a gang record each with a
     RESTART directive (like a survivor); their spare record ends (EXITED)."""
@@ -239,7 +247,7 @@ def promote_spares(ctl: Controller, job: Job, promoted: list[Promotion], attempt
         spare = next((n for n in ctl.store.nodes_of(job.job_id) if n.spare and n.instance_id == take.instance_id),
                      None)
         if spare is None or spare.state not in SPARE_LIVE:
-            continue  # gone meanwhile: the workflow's ready wait times out and recovers that rank
+            continue  # gone meanwhile: provision launched its rank (_left_spares)
         why = f"hot spare takes rank {take.rank}; attempt {attempt}"
         records.append(spare.model_copy(update={
             "node_id": node_id_for(attempt, take.rank), "attempt": attempt, "rank": take.rank, "version": 0,

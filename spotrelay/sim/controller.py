@@ -198,9 +198,15 @@ class SpotrelayRun(Run):
         self._settle()
 
     def on_rebalance(self, node: SimNode) -> None:
-        if self.rebalance_checkpoint and self.running and self.gang.get(node.rank) is node:
+        if not self.running or self.gang.get(node.rank) is not node:
+            return
+        if self.rebalance_checkpoint:
             self.force_checkpoint(self.now, self.now + self.job.persist_s() + self.job.stall_s(
                 node.pool.pool.instance_type))
+        ask = spares.request_standby(self, node)
+        if ask is not None:  # the outcome wait ends with REBALANCE: the ASL's Prewarm boots a standby
+            self.waiting = None
+            self._handle(self.walker.resume(ask.model_dump(mode="json")))
 
     def on_removed(self, node: SimNode, announced: bool) -> None:
         if spares.off_bench(self, node) or self.gang.get(node.rank) is not node:
@@ -252,9 +258,13 @@ class SpotrelayRun(Run):
         return launch.model_dump(mode="json")
 
     def task_provision(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """workflow_tasks.provision: the first candidate with capacity; failures cool down."""
+        """workflow_tasks.provision: the first candidate with capacity; failures cool down.
+        From the Prewarm state (``standby``): prewarm.prewarm, one rebalance standby."""
+        if payload.get("standby") is not None:
+            return spares.prewarm(self, AttemptEnd.model_validate(payload["standby"]))
         plan = LaunchPlan.model_validate(payload["plan"])
         ranks, keep = list(plan.launch_ranks), set(plan.keep_instance_ids)
+        ranks += spares.left(self, plan.promoted)  # workflow_tasks._left_spares
         spare_ranks = spares.to_launch(self, plan.promoted)
         attempt = self.attempt + 1
         failed = []

@@ -42,17 +42,20 @@ class SimNode:
     end_t: float | None = None  # billing stopped
     spare: bool = False  # a hot spare on the bench (booted, billed, out of training)
     takes_rank: int | None = None  # a spare a recovery promoted to this rank
+    release_after: float | None = None  # a rebalance standby: released then unless a rank took it
 
 
 @dataclass(frozen=True, slots=True)
 class Fault:
     """A scripted reclaim (the twin's chaos): ``notice`` (announced) or ``kill`` (unannounced) of
-    ``rank`` when attempt ``attempt`` reaches ``step``."""
+    ``rank`` when attempt ``attempt`` reaches ``step``; ``rebalance``: a rebalance recommendation
+    then, and the notice ``lead_s`` later."""
 
     kind: str
     rank: int
     step: int
     attempt: int
+    lead_s: float = 600.0
 
 
 @dataclass
@@ -269,7 +272,10 @@ class Run:
             if fault.attempt == attempt and fault.step > self.seg_step0 and fault.rank in self.gang:
                 node = self.gang[fault.rank]
                 when = self.now + (fault.step - self.seg_step0) * self.step_eff
-                node.announced = fault.kind == "notice"
+                node.announced = fault.kind != "kill"
+                if fault.kind == "rebalance":
+                    self.at(when, self._rebalance, node)
+                    when += fault.lead_s
                 self.reclaim(node, when + (self.job.notice_s if node.announced else 0.0), rebalance=False)
 
     def step_at(self, t: float) -> float:

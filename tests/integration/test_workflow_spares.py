@@ -132,3 +132,28 @@ def test_an_unused_standby_is_released_and_billed(wf: Harness) -> None:
     assert wf.job().cost_so_far > before  # its time is in the ledger
     wf.exit_all(gang, 0)
     assert wf.finished(arn)["status"] == "SUCCEEDED"
+
+
+def test_a_promoted_spare_that_left_meanwhile_gets_its_rank_launched() -> None:
+    """The spare recover gave rank 1 was reclaimed before provision ran (one capacity drop takes the
+    doomed rank and the spare): provision launches rank 1 instead, so the gang is whole when ready."""
+    from spotrelay.adapters.memory_job_store import MemoryJobStore
+    from spotrelay.contracts.recovery import Candidate, LaunchPlan, Promotion
+    from spotrelay.placement import InMemoryPoolStatsStore
+    from spotrelay.services import workflow_tasks
+    from tests.integration.controller_doubles import QuotedMarket, ScriptedCompute, pool
+
+    store, compute = MemoryJobStore(), ScriptedCompute()
+    ctl = Controller(store=store, compute=compute, market=QuotedMarket(), pool_stats=InMemoryPoolStatsStore())
+    job = new_job(store, status=JobStatus.PLACING, strategy="replace-lost-nodes")
+    home = pool()
+    store.put_node(Node(job_id=job.job_id, node_id="old-r0", attempt=0, rank=0, instance_id="i-keep", pool=home,
+                        state=NodeState.READY))
+    store.put_node(Node(job_id=job.job_id, node_id="old-s2", attempt=0, rank=2, instance_id="i-spare", pool=home,
+                        state=NodeState.DOOMED, spare=True, takes_rank=1))
+    plan = LaunchPlan(candidates=[Candidate(pool=home, price_per_hour=1.0, score=1.0)], launch_ranks=[],
+                      keep_instance_ids=["i-keep"], promoted=[Promotion(rank=1, instance_id="i-spare")])
+    workflow_tasks.provision(ctl, job.job_id, plan, now=1000.0)
+    assert compute.launched[-1].ranks[0] == 1  # the rank the gone spare was to take (then a new spare)
+    gang = sorted(n.rank for n in store.nodes_of(job.job_id) if n.attempt == 1 and not n.spare)
+    assert gang == [0, 1]

@@ -42,3 +42,13 @@ def test_a_spare_takes_the_doomed_rank_without_a_launch() -> None:
     # the spare is up: training resumes after the save and the restart, not after a boot
     assert spared.metrics.recovery_s[0] < plain.metrics.recovery_s[0]
     assert spared.paid_gpu_s > plain.paid_gpu_s  # the spare is billed while it stands by
+
+
+def test_a_rebalance_standby_takes_the_rank_when_the_notice_follows() -> None:
+    fault = (Fault("rebalance", rank=1, step=10, attempt=1, lead_s=100.0),)
+    off = demo_run(fault, timeline=True)
+    on = demo_run(fault, spec_overrides={"recovery": {"prewarm_on_rebalance": True}}, timeline=True)
+    assert on.metrics.finished and off.metrics.finished
+    assert "Prewarm" in on.walker.visited and "Prewarm" not in off.walker.visited
+    assert any("spare takes rank 1" in what for _, _, what in on.metrics.timeline)
+    assert on.metrics.recovery_s[0] < off.metrics.recovery_s[0]  # the standby booted before the notice
