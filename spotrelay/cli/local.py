@@ -201,6 +201,8 @@ def chaos(
     max_faults: Annotated[int | None, typer.Option("--max-faults", help="stop injecting after this many")] = None,
     parallel: Annotated[int, typer.Option("--parallel", help="jobs training at once")] = 2,
     steps: Annotated[int, typer.Option("--steps", help="training steps per job")] = 40,
+    job_timeout: Annotated[float, typer.Option("--job-timeout", help="seconds after its submission a job not "
+                                               "ended counts as stuck")] = 600.0,
     out_dir: Annotated[Path, typer.Option("--out", help="the twin's and the reference's files")] = Path("chaos-out"),
     json_file: Annotated[Path | None, typer.Option("--json", help="write the result as JSON here")] = None,
 ) -> None:
@@ -216,7 +218,7 @@ def chaos(
     kinds = tuple(k.strip() for k in faults.split(",") if k.strip()) or KINDS
     try:
         options = CampaignOptions(jobs=jobs, seed=seed, faults=kinds, max_faults=max_faults, parallel=parallel,
-                                  steps=steps, out=out_dir)
+                                  steps=steps, job_timeout_s=job_timeout, out=out_dir)
     except ValueError as exc:
         raise UsageProblem(str(exc)) from exc
     term = Console(file=quiet_logs(out_dir / "twin.log"), width=150)  # the twin's own logs go to the file
@@ -233,7 +235,7 @@ def chaos(
     term.print(table)
     keys = ("jobs", "succeeded", "failed", "stuck", "faults", "checkpoints_lost", "duplicate_clusters",
             "instances_left", "bit_identical")
-    term.print("  ".join(f"{k}={result[k]}" for k in keys), highlight=False)
+    term.print("  ".join(f"{k}={result[k]}" for k in keys) + f"  wall={result['wall_s']}s", highlight=False)
     for kind, d in result["downtime_s_by_kind"].items():
         term.print(f"downtime {kind}: mean {d['mean']} s, max {d['max']} s over {d['n']}", highlight=False)
     ok = (result["stuck"] == 0 and result["checkpoints_lost"] == 0 and result["duplicate_clusters"] == 0

@@ -86,6 +86,7 @@ def job_spec(options: CampaignOptions) -> str:
 
 
 def run_campaign(options: CampaignOptions, on_line: Any = print) -> dict[str, Any]:
+    started = time.time()
     rng = random.Random(options.seed)
     out = options.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -107,8 +108,10 @@ def run_campaign(options: CampaignOptions, on_line: Any = print) -> dict[str, An
         twin.stop()
     if reference.wait(timeout=600) != 0:
         raise RuntimeError(f"the reference run failed; see {out / 'reference' / 'train.log'}")
-    return _verdict(twin, injector, records, hits, instances_left, read_results(out / "reference" / "result"),
-                    options)
+    result = _verdict(twin, injector, records, hits, instances_left, read_results(out / "reference" / "result"),
+                      options)
+    result["wall_s"] = round(time.time() - started, 1)
+    return result
 
 
 def _drive(twin: Twin, injector: Injector, records: list[JobRecord], hits: list[Hit], spec_text: str,
@@ -149,7 +152,9 @@ def _drive(twin: Twin, injector: Injector, records: list[JobRecord], hits: list[
                     if hit.job_id is not None and record.job_id == hit.job_id:  # not the global faults
                         record.faults.append(kind)
                 on_line(f"fault {len(hits)}/{limit}: {kind} {hit.job_id or ''} {hit.node or ''} {hit.detail}".rstrip())
-            next_fault = now + rng.uniform(*options.fault_every_s)
+                next_fault = now + rng.uniform(*options.fault_every_s)
+            else:  # nothing to act on right now (no node training yet): draw again soon
+                next_fault = now + 1.0
         injector.reap()
         time.sleep(0.5)
 
@@ -224,6 +229,8 @@ def _verdict(twin: Twin, injector: Injector, records: list[JobRecord], hits: lis
             by_kind.setdefault(f["kind"], []).append(f["downtime_s"])
     return {
         "seed": options.seed,
+        "shape": {"steps": options.steps, "parallel": options.parallel, "kinds": list(options.faults),
+                  "max_faults": options.max_faults, "job_timeout_s": options.job_timeout_s},
         "jobs": len(records),
         "succeeded": len(succeeded),
         "failed": sum(r.status in ("FAILED", "CANCELLED", "REJECTED") for r in records),

@@ -154,7 +154,8 @@ class Injector:
             return self._hit(kind)
         if kind == "s3-drop":
             assert self.twin.throttle is not None
-            return self._hit(kind, detail=f"{self.twin.throttle.drop_connections()} connections")
+            dropped = self.twin.throttle.drop_connections()
+            return self._hit(kind, detail=f"{dropped} connections") if dropped else None  # none open: no fault
         if kind == "capacity":
             launches = self.rng.randint(2, 6)
             self.twin.market.capacity.append(CapacityRule("*", times=launches))

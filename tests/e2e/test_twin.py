@@ -8,7 +8,6 @@ processes with their own fake IMDS, torch training under torchrun (gloo).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,12 +15,12 @@ import pytest
 import yaml
 
 from spotrelay.contracts.control import read_events
-from spotrelay.domain.models import Job
 from spotrelay.local.chaos import ChaosDriver
 from spotrelay.local.code_delivery import deliver_script_dir
 from spotrelay.local.market import ChaosAction, MarketModel
 from spotrelay.local.reference import read_results
 from spotrelay.local.twin import Twin, TwinOptions
+from tests.e2e.waits import wait_terminal
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, NOTICE_AT = 24, 8
@@ -65,23 +64,13 @@ def twin(moto_server: object, tmp_path: Path) -> Iterator[Twin]:
     t.stop()
 
 
-def _wait_terminal(twin: Twin, key: str, timeout: float) -> Job:
-    deadline = time.time() + timeout
-    job = None
-    while time.time() < deadline:
-        job = twin.job_for_key(key)
-        if job is not None and job.status.terminal:
-            return job
-        time.sleep(1)
-    raise AssertionError(f"job not finished in {timeout}s: {job and (job.status, job.attempt, job.reasons)}")
-
 
 def test_interrupted_job_recovers_and_finishes(twin: Twin) -> None:
     assert twin.compute is not None and twin.dispatcher is not None
     chaos = ChaosDriver(twin.market, twin.compute).start()
     try:
         key = twin.submit(deliver_script_dir(_spec(), ROOT), "tiny-e2e.yaml")
-        job = _wait_terminal(twin, key, timeout=900)  # only catches a hang
+        job = wait_terminal(twin, key)
     finally:
         chaos.stop()
 

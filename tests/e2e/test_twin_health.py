@@ -9,7 +9,6 @@ the one an uninterrupted run that skipped the same data window ends with, bit fo
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,11 +17,11 @@ import yaml
 
 from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
 from spotrelay.contracts.control import read_events
-from spotrelay.domain.models import Job
 from spotrelay.local.code_delivery import deliver_script_dir
 from spotrelay.local.market import MarketModel
 from spotrelay.local.reference import read_results
 from spotrelay.local.twin import Twin, TwinOptions
+from tests.e2e.waits import wait_terminal
 from tests.integration.torchrun import result, torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,20 +53,10 @@ def twin(moto_server: object, tmp_path: Path) -> Iterator[Twin]:
     t.stop()
 
 
-def _wait_terminal(twin: Twin, key: str, timeout: float) -> Job:
-    deadline = time.time() + timeout
-    job = None
-    while time.time() < deadline:
-        job = twin.job_for_key(key)
-        if job is not None and job.status.terminal:
-            return job
-        time.sleep(1)
-    raise AssertionError(f"job not finished in {timeout}s: {job and (job.status, job.attempt, job.reasons)}")
-
 
 def test_nan_rolls_back_and_the_straggler_is_replaced(twin: Twin, tmp_path: Path) -> None:
     assert twin.compute is not None and twin.dispatcher is not None
-    job = _wait_terminal(twin, twin.submit(deliver_script_dir(_spec(), ROOT), "sick.yaml"), timeout=900)
+    job = wait_terminal(twin, twin.submit(deliver_script_dir(_spec(), ROOT), "sick.yaml"))
     errors = [(d.function, d.error) for d in twin.dispatcher.deliveries if d.error]
     assert job.status.value == "SUCCEEDED", (job.reasons, job.attempts, errors)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from spotrelay.local.compute import LocalCompute
 from spotrelay.local.ec2_events import Ec2EventBus
 from spotrelay.local.market import CapacityRule, ChaosAction, MarketModel, load_removals, trace_interruption_rate
 from spotrelay.ports.compute import LaunchRequest
+from tests.e2e.waits import wait_for
 
 POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
 
@@ -111,21 +111,18 @@ def compute(aws: dict[str, str], tmp_path: Path) -> Iterator[tuple[LocalCompute,
     c.close()
 
 
-def _probe(c: LocalCompute, ref: str, timeout: float = 300) -> dict:  # the bound only catches a hang
+def _probe(c: LocalCompute, ref: str) -> dict:
     path = c.find(ref).work_dir / "probe.json"
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if path.exists():
-            return json.loads(path.read_text())
-        time.sleep(0.1)
-    raise AssertionError(f"no probe output at {path}")
+
+    def seen() -> dict | None:
+        return json.loads(path.read_text()) if path.exists() else None
+
+    found: dict = wait_for(seen, f"no probe output at {path}")
+    return found
 
 
-def _wait(condition: Callable[[], bool], why: str, timeout: float = 300) -> None:  # only catches a hang
-    deadline = time.time() + timeout
-    while not condition():
-        assert time.time() < deadline, why
-        time.sleep(0.1)
+def _wait(condition: Callable[[], bool], why: str) -> None:
+    wait_for(condition, why, every=0.1)
 
 
 def test_local_compute_launch_interrupt_kill(compute: tuple[LocalCompute, list[tuple[str, dict]]]) -> None:
