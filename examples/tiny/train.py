@@ -14,7 +14,9 @@ agent would, to exercise the coordinated stop. Each step's loss is the mean over
 (all ranks, all micro-batches); ``samples`` lists the dataset indices each step used on this rank.
 Health faults: ``--inject-nan-at K`` (step K's loss is NaN, once per process), ``--skip-data
 STEP:N`` (the reference for a rollback), ``--slow-rank R`` (rank R lags every step, in the job's
-first attempt only).
+first attempt only). ``--hold-rank R --hold-at K``: in the first attempt, rank R waits after step K
+until its agent asks it to stop, so a test's fault lands before the run can end however slow the
+machine is.
 """
 
 from __future__ import annotations
@@ -39,7 +41,14 @@ from torch.utils.data import DataLoader, TensorDataset
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from spotrelay.contracts.control import ENV_ATTEMPT, ENV_CONTROL_DIR, RequestKind, StopRequest, write_request  # noqa: E402
+from spotrelay.contracts.control import (  # noqa: E402
+    ENV_ATTEMPT,
+    ENV_CONTROL_DIR,
+    RequestKind,
+    StopRequest,
+    read_request,
+    write_request,
+)
 from spotrelay.errors import SpotrelayError  # noqa: E402
 from spotrelay.training import GlobalBatchSampler, Session, plan_batch, spotrelay_session  # noqa: E402
 
@@ -188,8 +197,19 @@ def run_steps(session: Session, stepper: Any, deepspeed: bool, args: argparse.Na
             control = Path(os.environ[ENV_CONTROL_DIR])
             write_request(control, StopRequest(request_id=f"stop-{step}", kind=RequestKind.CHECKPOINT_AND_STOP,
                                                deadline=time.time() + 120, reason="test"))  # fmt: skip
+        if first_attempt and rank == getattr(args, "hold_rank", None) and step == getattr(args, "hold_at", None):
+            hold_until_stopped(Path(os.environ[ENV_CONTROL_DIR]))
         time.sleep(getattr(args, "step_sleep", 0.0))
     return losses, samples
+
+
+def hold_until_stopped(control: Path) -> None:
+    """Wait until the agent asks this rank to stop; the next step boundary then agrees on it."""
+    while True:
+        request = read_request(control)
+        if request is not None and request.kind in (RequestKind.CHECKPOINT_AND_STOP, RequestKind.STOP):
+            return
+        time.sleep(0.1)
 
 
 def make_loader(args: argparse.Namespace) -> DataLoader[Any]:
@@ -223,6 +243,8 @@ def main() -> int:
                    metavar="STEP:N", help="before STEP, drop N batches (what a rollback to STEP does)")
     p.add_argument("--slow-rank", type=int, default=None, help="in attempt 1, this rank sleeps --slow-s every step")
     p.add_argument("--slow-s", type=float, default=0.05)
+    p.add_argument("--hold-rank", type=int, default=None, help="in attempt 1, this rank waits after --hold-at ...")
+    p.add_argument("--hold-at", type=int, default=None, help="... step K until its agent asks it to stop")
     add_common_args(p)
     args = p.parse_args()
 

@@ -23,7 +23,8 @@ from spotrelay.local.twin import Twin, TwinOptions
 from tests.e2e.waits import wait_terminal
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS, NOTICE_AT = 24, 8
+STEPS, NOTICE_AT, HOLD_AT = 24, 8, 12  # rank 1 holds after step 12 until told to stop: the notice
+# always lands before attempt 1 can finish, however slow the machine is
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +32,8 @@ pytestmark = pytest.mark.slow
 def _spec() -> str:
     data = yaml.safe_load((ROOT / "examples" / "tiny.yaml").read_text())
     # DDP + DCP starts faster than DeepSpeed (the demo runs the DeepSpeed engine)
-    data["entrypoint"]["args"] = ["--engine", "ddp", "--steps", str(STEPS), "--step-sleep", "0.3", "--out", "result"]
+    data["entrypoint"]["args"] = ["--engine", "ddp", "--steps", str(STEPS), "--step-sleep", "0.3", "--out", "result",
+                                  "--hold-rank", "1", "--hold-at", str(HOLD_AT)]
     data["checkpoint"]["every_steps"] = 5
     # 24 steps would all fit into the notice window: stop at the notice here (the demo trains on)
     data["entrypoint"].setdefault("env", {})["SPOTRELAY_NOTICE_TRAINING"] = "0"

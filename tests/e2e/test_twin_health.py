@@ -26,8 +26,10 @@ from tests.integration.torchrun import result, torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, EVERY, NAN_AT = 60, 3, 4  # NaN in step 4 -> found at boundary 5 -> back to step-3, 2 batches skipped
-# 60 steps with rank 1 lagging 0.5 s each: attempt 1 would train ~35 s longer after the straggler is
-# found (by step ~8), room for the controller to replace it however loaded the machine is
+# the straggler (rank 1, 0.5 s late every step of attempt 1) is found by step ~8; it then holds after
+# step HOLD_AT until the controller's stop reaches it, so attempt 1 cannot end before the replacement
+# however loaded the machine is (the test once failed that way: it depended on the machine's speed)
+HOLD_AT = 24
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +37,8 @@ pytestmark = pytest.mark.slow
 def _spec() -> str:
     data = yaml.safe_load((ROOT / "examples" / "tiny.yaml").read_text())
     data["entrypoint"]["args"] = ["--engine", "ddp", "--steps", str(STEPS), "--step-sleep", "0.1", "--out", "result",
-                                  "--inject-nan-at", str(NAN_AT), "--slow-rank", "1", "--slow-s", "0.5"]
+                                  "--inject-nan-at", str(NAN_AT), "--slow-rank", "1", "--slow-s", "0.5",
+                                  "--hold-rank", "1", "--hold-at", str(HOLD_AT)]
     data["checkpoint"]["every_steps"] = EVERY
     data["health"] = {"warmup_steps": 2, "straggler_every": 3, "straggler_checks": 2}
     data.pop("tracking", None)
