@@ -63,12 +63,14 @@ def test_nan_rolls_back_and_the_straggler_is_replaced(twin: Twin, tmp_path: Path
     errors = [(d.function, d.error) for d in twin.dispatcher.deliveries if d.error]
     assert job.status.value == "SUCCEEDED", (job.reasons, job.attempts, errors)
 
+    # the two reports travel as separate events: the order they are recorded in is not asserted
     found = [(a.attempt, a.kind, a.action, a.step) for a in job.anomalies]
-    assert found[0] == (1, "non-finite", "rollback", NAN_AT + 1)  # at the very step it happened
+    assert [f for f in found if f[1] == "non-finite"] == [(1, "non-finite", "rollback", NAN_AT + 1)]  # that step
     # the straggler may be reported again before its node is gone (how many checks fit in that time
     # depends on the machine's load); it is replaced once: one recovery, attempt 2
-    assert {(a, k, x) for a, k, x, _ in found[1:]} == {(1, "straggler", "replace-node")}
-    assert all(a.rank == 1 for a in job.anomalies[1:]) and job.attempt == 2
+    stragglers = [a for a in job.anomalies if a.kind != "non-finite"]
+    assert {(a.attempt, a.kind, a.action) for a in stragglers} == {(1, "straggler", "replace-node")}
+    assert all(a.rank == 1 for a in stragglers) and job.attempt == 2
 
     # which machine served which rank, from the node records: a survivor keeps its instance
     # (replace-lost-nodes), so its launch tags name the attempt it started in, not the one it ends in
