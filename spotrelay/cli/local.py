@@ -239,5 +239,6 @@ def chaos(
     for kind, d in result["downtime_s_by_kind"].items():
         term.print(f"downtime {kind}: mean {d['mean']} s, max {d['max']} s over {d['n']}", highlight=False)
     ok = (result["stuck"] == 0 and result["checkpoints_lost"] == 0 and result["duplicate_clusters"] == 0
-          and result["instances_left"] == 0 and result["bit_identical"] == result["succeeded"])
+          and result["instances_left"] == 0 and result["bit_identical"] == result["succeeded"]
+          and result["failed_without_reason"] == 0)
     raise typer.Exit(0 if ok else 1)

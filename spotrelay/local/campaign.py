@@ -235,6 +235,8 @@ def _verdict(twin: Twin, injector: Injector, records: list[JobRecord], hits: lis
         "succeeded": len(succeeded),
         "failed": sum(r.status in ("FAILED", "CANCELLED", "REJECTED") for r in records),
         "stuck": sum(r.status not in ("SUCCEEDED", "FAILED", "CANCELLED", "REJECTED") for r in records),
+        "failed_without_reason": sum(r.status in ("FAILED", "CANCELLED", "REJECTED") and not r.reason
+                                     for r in records),
         "faults": len(hits),
         "faults_by_kind": {k: sum(h.kind == k for h in hits) for k in sorted({h.kind for h in hits})},
         "checkpoints_lost": sum(r.checkpoints_lost for r in records),
