@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from spotrelay.local.campaign import CampaignOptions, run_campaign
+from tests.e2e.waits import HANG_S
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +20,9 @@ FAULTS = ("spot-notice", "kill", "ec2-duplicate", "s3-errors", "handler-crash", 
 def test_short_campaign_keeps_every_promise(tmp_path: Path) -> None:
     lines: list[str] = []
     result = run_campaign(
-        CampaignOptions(jobs=2, seed=5, faults=FAULTS, max_faults=4, parallel=2, steps=30, out=tmp_path),
+        # "stuck" is a job not ended within the bound that catches a hang, like every e2e wait
+        CampaignOptions(jobs=2, seed=5, faults=FAULTS, max_faults=4, parallel=2, steps=30, out=tmp_path,
+                        job_timeout_s=HANG_S),
         on_line=lines.append,
     )
     summary = {k: result[k] for k in ("jobs", "succeeded", "failed", "stuck", "faults", "checkpoints_lost",
