@@ -8,8 +8,8 @@ environment variable can make a production function import a module it names.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from aws_lambda_powertools import Logger
@@ -29,6 +29,8 @@ logger = Logger(service="spotrelay")
 Factory = Callable[[], Any]
 _overrides: dict[str, Factory] = {}
 _cache: dict[str, Any] = {}
+_per_thread = threading.local()
+_generation = [0]  # bumped by reset(): each thread's idempotency layer is rebuilt on its next use
 
 
 def set_factories(**factories: Factory | None) -> None:
@@ -45,7 +47,7 @@ def set_factories(**factories: Factory | None) -> None:
 def reset() -> None:
     """Forget built adapters (after the environment or the factories changed)."""
     _cache.clear()
-    _persistence.cache_clear()
+    _generation[0] += 1
 
 
 def _build(name: str, default: Factory) -> Any:
@@ -128,14 +130,21 @@ def objects() -> ObjectStore:
 
 
 # --- idempotency -------------------------------------------------------------------------------
-@lru_cache(maxsize=1)
 def _persistence() -> DynamoDBPersistenceLayer:
-    from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
+    """One layer per thread: Powertools keeps the running function's name on the layer (its key
+    prefix, set by every call), so two handlers sharing one at the same time (the twin serves its
+    queues from threads of one process) saved a record under one name and completed it under the
+    other; the first stayed IN_PROGRESS and every redelivery of that event failed until dropped."""
+    layer: DynamoDBPersistenceLayer | None = getattr(_per_thread, "layer", None)
+    if layer is None or getattr(_per_thread, "generation", None) != _generation[0]:
+        from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 
-    from spotrelay.adapters.aws import client
-    from spotrelay.settings import settings
+        from spotrelay.adapters.aws import client
+        from spotrelay.settings import settings
 
-    return DynamoDBPersistenceLayer(table_name=settings().idempotency_table, boto3_client=client("dynamodb"))
+        layer = DynamoDBPersistenceLayer(table_name=settings().idempotency_table, boto3_client=client("dynamodb"))
+        _per_thread.layer, _per_thread.generation = layer, _generation[0]
+    return layer
 
 
 def once(name: str, key: dict[str, Any], action: Callable[[], dict[str, Any]], context: Any = None,

@@ -27,7 +27,7 @@ import yaml
 from spotrelay.contracts.control import read_events
 from spotrelay.local.faults import KINDS, NODE_FAULTS, Hit, Injector
 from spotrelay.local.market import MarketModel
-from spotrelay.local.reference import read_results, start_reference
+from spotrelay.local.reference import read_progress, read_results, start_reference
 from spotrelay.local.twin import Twin, TwinOptions
 from spotrelay.spec.load import parse_spec
 
@@ -45,6 +45,7 @@ class CampaignOptions:
     step_sleep_s: float = 0.2
     fault_every_s: tuple[float, float] = (4.0, 10.0)  # seconds between faults, drawn uniformly
     job_timeout_s: float = 600.0  # a job not ended this long after its submission is stuck
+    cooldown_scale: float = 0.05  # pool cooldowns at this share of the shipped policy (see _scale_cooldowns)
     out: Path = Path("chaos-out")
     spec: Path = ROOT / "examples" / "tiny.yaml"
 
@@ -95,6 +96,7 @@ def run_campaign(options: CampaignOptions, on_line: Any = print) -> dict[str, An
     market = MarketModel(regions=["us-east-1", "us-west-2"], boot_time_s=100, time_scale=0.01, notice_window_s=15)
     twin = Twin(TwinOptions(root=out / "twin", market=market, code_dir=ROOT, reconcile_every_s=5,
                             s3_mb_s=200.0, extra_env={"SPOTRELAY_STALE_HEARTBEAT_S": "40"})).start()
+    _scale_cooldowns(options.cooldown_scale)
     injector = Injector(twin, rng)
     injector.install()
     records = [JobRecord(name=f"chaos-{options.seed}-{i}") for i in range(options.jobs)]
@@ -106,12 +108,31 @@ def run_campaign(options: CampaignOptions, on_line: Any = print) -> dict[str, An
     finally:
         injector.reap(everything=True)
         twin.stop()
+        _scale_cooldowns(None)
     if reference.wait(timeout=600) != 0:
         raise RuntimeError(f"the reference run failed; see {out / 'reference' / 'train.log'}")
     result = _verdict(twin, injector, records, hits, instances_left, read_results(out / "reference" / "result"),
                       options)
     result["wall_s"] = round(time.time() - started, 1)
     return result
+
+
+def _scale_cooldowns(scale: float | None) -> None:
+    """The campaign packs hours of faults into minutes (boot times run at 1/100); pool cooldowns of
+    real minutes (15 after a capacity error, 30 after a notice) would then cool every pool at once
+    and fail every job placed after a few faults. They run at ``scale`` of the shipped policy here."""
+    from functions import _runtime
+    from spotrelay.adapters.dynamodb_pool_stats import DynamoDBPoolStatsStore
+    from spotrelay.placement.cooldown import CooldownPolicy
+
+    if scale is None:
+        _runtime.set_factories(pool_stats=None)
+        return
+    shipped = CooldownPolicy()
+    policy = CooldownPolicy(capacity_s=shipped.capacity_s * scale, interruption_s=shipped.interruption_s * scale,
+                            quota_s=shipped.quota_s * scale, escalation=shipped.escalation,
+                            max_s=shipped.max_s * scale)
+    _runtime.set_factories(pool_stats=lambda: DynamoDBPoolStatsStore(policy=policy))
 
 
 def _drive(twin: Twin, injector: Injector, records: list[JobRecord], hits: list[Hit], spec_text: str,
@@ -180,6 +201,20 @@ def _node_events(twin: Twin, job_id: str) -> dict[int, list[Any]]:
     return by_attempt
 
 
+def _first_steps(twin: Twin, job_id: str) -> dict[int, int]:
+    """The first step each attempt trained (from the per-step loss files its ranks left); an attempt
+    that never trained (stopped or lost before its first step) is absent."""
+    assert twin.compute is not None
+    first: dict[int, int] = {}
+    for li in twin.compute.instances():
+        if li.instance.job_id == job_id:
+            for pairs in read_progress(li.work_dir / "result").values():
+                if pairs:
+                    attempt = li.instance.attempt or 0
+                    first[attempt] = min(first.get(attempt, int(pairs[0][0])), int(pairs[0][0]))
+    return first
+
+
 def _verdict(twin: Twin, injector: Injector, records: list[JobRecord], hits: list[Hit], instances_left: int,
              reference: dict[int, dict[str, Any]], options: CampaignOptions) -> dict[str, Any]:
     assert twin.compute is not None
@@ -192,11 +227,12 @@ def _verdict(twin: Twin, injector: Injector, records: list[JobRecord], hits: lis
         if record.job_id is None:
             continue
         events = _node_events(twin, record.job_id)
+        trained = _first_steps(twin, record.job_id)
         broken = injector.corrupted.get(record.job_id, set())
         committed: list[int] = []
         for attempt in sorted(events):
             resumes = [e for e in events[attempt] if e.kind == "resumed"]
-            if attempt > 1:
+            if attempt > 1 and (resumes or attempt in trained):  # an attempt that never trained resumed nothing
                 step = min((e.step for e in resumes), default=0)
                 record.resumed_from.append(step)
                 valid = [s for s in committed if s not in broken]
