@@ -53,6 +53,12 @@ def worker(args: argparse.Namespace) -> None:
         model, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
         session = spotrelay_session(model, checkpoint_dir=args.checkpoint_dir)
         stepper = None
+    if args.profile:  # where this rank's resume spends its time (``--profile``: the top entries per rank)
+        import cProfile
+
+        with cProfile.Profile() as prof:
+            session.resume()
+        prof.dump_stats(f"{args.out}.rank{dist.get_rank()}.prof")
     for _ in session.steps(1):
         loss = model(torch.randn(4, args.width)).pow(2).mean()
         if stepper is None:
@@ -68,19 +74,31 @@ def worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def _torchrun(nproc: int, engine: str, ckpt: Path, out: Path, width: int, layers: int) -> float | None:
+def _torchrun(nproc: int, engine: str, ckpt: Path, out: Path, width: int, layers: int,
+             profile: bool = False) -> float | None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), __file__,
            "--worker", "--engine", engine, "--checkpoint-dir", str(ckpt), "--out", str(out),
-           "--width", str(width), "--layers", str(layers)]  # fmt: skip
+           "--width", str(width), "--layers", str(layers)] + (["--profile"] if profile else [])  # fmt: skip
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{engine} on {nproc} ranks failed:\n{done.stderr[-3000:]}")
     times = [json.loads(Path(f"{out}.rank{r}.json").read_text())["resume_s"] for r in range(nproc)]
+    if profile:
+        _print_profile(f"{engine} on {nproc} ranks", [Path(f"{out}.rank{r}.prof") for r in range(nproc)])
     return None if None in times else max(times)
 
 
-def run_all(engines: list[str], state_mb: float, width: int = 1024) -> dict[str, dict[int, float]]:
+def _print_profile(title: str, files: list[Path], top: int = 12) -> None:
+    import pstats
+
+    slowest = max(files, key=lambda f: pstats.Stats(str(f)).total_tt)  # type: ignore[attr-defined]
+    print(f"--- profile: {title}, slowest rank ({slowest.name}) ---", flush=True)
+    pstats.Stats(str(slowest)).sort_stats("cumulative").print_stats(top)
+
+
+def run_all(engines: list[str], state_mb: float, width: int = 1024,
+            profile: bool = False) -> dict[str, dict[int, float]]:
     layers = max(1, round(state_mb * 1e6 / (12 * (width * width + width))))  # fp32 weights + 2 Adam moments
     results: dict[str, dict[int, float]] = {}
     with tempfile.TemporaryDirectory(prefix="spotrelay-resize-") as tmp:
@@ -91,7 +109,7 @@ def run_all(engines: list[str], state_mb: float, width: int = 1024) -> dict[str,
             for world in RESUME_WORLDS:
                 ckpt = base / f"resume-{world}"
                 shutil.copytree(base / "saved", ckpt)
-                took = _torchrun(world, engine, ckpt, base / f"out-{world}", width, layers)
+                took = _torchrun(world, engine, ckpt, base / f"out-{world}", width, layers, profile)
                 assert took is not None, f"{engine} on {world} ranks did not resume"
                 results[engine][world] = took
             same = results[engine][SAVE_WORLD]
@@ -116,11 +134,12 @@ def main() -> None:
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--state-mb", type=float, default=60)
+    p.add_argument("--profile", action="store_true", help="print where each resume spends its time (cProfile)")
     args = p.parse_args()
     if args.worker:
         worker(args)
     else:
-        run_all(args.engines.split(","), args.state_mb, args.width)
+        run_all(args.engines.split(","), args.state_mb, args.width, args.profile)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ plain ``torch.save`` file (no skeleton) loads as it is.
 
 from __future__ import annotations
 
+import mmap
+import os
 from pathlib import Path
 from typing import Any
 
@@ -59,19 +61,31 @@ def load_skeleton(path: Path | str) -> Any:
     return loaded["tree"] if isinstance(loaded, dict) and loaded.get("format") == FORMAT else loaded
 
 
-def load(path: Path | str, map_location: Any = None) -> Any:
-    """A file written as skeleton + tensors (or a plain torch file), tensors rebuilt on the CPU."""
+def _read_raw(path: Path, total: int, lazy: bool) -> bytearray | mmap.mmap:
+    if not total:  # a file whose tensors are all empty (ZeRO-3's module states on most ranks) has none
+        return bytearray()
+    with open(sidecar(path), "rb") as fh:
+        if lazy:  # private, copy-on-write pages: read from disk (or the page cache) only when touched
+            if os.fstat(fh.fileno()).st_size < total:
+                raise CorruptCheckpointError(f"{sidecar(path)}: shorter than the {total} bytes {path.name} lists")
+            return mmap.mmap(fh.fileno(), total, access=mmap.ACCESS_COPY)
+        raw = bytearray(total)
+        if fh.readinto(raw) != total:
+            raise CorruptCheckpointError(f"{sidecar(path)}: shorter than the {total} bytes {path.name} lists")
+        return raw
+
+
+def load(path: Path | str, map_location: Any = None, lazy: bool = False) -> Any:
+    """A file written as skeleton + tensors (or a plain torch file), tensors rebuilt on the CPU.
+    ``lazy``: the tensors are views of the memory-mapped file, read only where they are used (a
+    resharded resume reads just its slices of every saved partition)."""
     path = Path(path)
     loaded = safe_torch_load(path, map_location="cpu")
     if not (isinstance(loaded, dict) and loaded.get("format") == FORMAT):
         return loaded
     specs: list[dict[str, Any]] = loaded["tensors"]
     total = sum(int(s["nbytes"]) for s in specs)
-    raw = bytearray(total)
-    if total:  # a file whose tensors are all empty (ZeRO-3's module states on most ranks) has none
-        with open(sidecar(path), "rb") as fh:
-            if fh.readinto(raw) != total:
-                raise CorruptCheckpointError(f"{sidecar(path)}: shorter than the {total} bytes {path.name} lists")
+    raw = _read_raw(path, total, lazy)
     tensors = []
     for spec in specs:
         dtype = getattr(torch, str(spec["dtype"]), None)

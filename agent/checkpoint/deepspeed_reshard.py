@@ -3,16 +3,18 @@
 DeepSpeed's ``load_checkpoint`` only reads partitions for the world that wrote them. At another
 size we convert at restore time, in two steps, without DeepSpeed's pickle loader:
 
-1. **Merge**: every saved optimizer partition (each rank's file, read through our skeleton +
-   raw tensor format) is cut back into whole per-parameter tensors: the fp32 master weights and
-   each optimizer state of the same size (Adam's ``exp_avg``, ``exp_avg_sq``). ZeRO-1/2 files
-   say where each parameter's fragment lies (``param_slice_mappings``: start and length in that
-   rank's flat partition; a parameter's fragments in rank order make the whole). ZeRO-3 splits
-   every parameter in ``ceil(numel / world)`` pieces, in ``param_shapes`` order.
-2. **Scatter**: the live engine, built for the new world, gets its own slice of each tensor: the
-   fp32 partition, the optimizer states, the model weights (ZeRO-1/2: every rank holds them
-   whole; ZeRO-3: this rank's partition), the step count, the optimizer's hyper-parameters, the
-   LR scheduler and DeepSpeed's step/sample counters.
+1. **Merge**: every saved optimizer partition (each rank's file, memory-mapped through our
+   skeleton + raw tensor format, not read yet) is described as whole per-parameter tensors: the
+   fp32 master weights and each optimizer state of the same size (Adam's ``exp_avg``,
+   ``exp_avg_sq``), each a :class:`FlatView` of fragments. ZeRO-1/2 files say where each
+   parameter's fragment lies (``param_slice_mappings``: start and length in that rank's flat
+   partition; a parameter's fragments in rank order make the whole). ZeRO-3 splits every
+   parameter in ``ceil(numel / world)`` pieces, in ``param_shapes`` order.
+2. **Scatter**: the live engine, built for the new world, copies its own slice of each tensor
+   straight from the mapped files: the fp32 partition, the optimizer states, the model weights
+   (ZeRO-1/2: every rank holds them whole; ZeRO-3: this rank's partition), the step count, the
+   optimizer's hyper-parameters, the LR scheduler and DeepSpeed's step/sample counters. Nothing is
+   consolidated: a rank reads about its share of the checkpoint, as a same-size resume does.
 
 Frozen parameters and tensor/pipeline parallelism are refused (only the data-parallel size may change).
 """
@@ -27,6 +29,7 @@ from typing import Any
 import torch
 
 from agent.checkpoint import arena_files
+from agent.checkpoint.flat_view import FlatView, joined
 from spotrelay.errors import CorruptCheckpointError, IncompatibleCheckpointError
 
 FP32 = "__fp32__"
@@ -51,9 +54,10 @@ def saved_shapes(model_states: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 
 @dataclass
 class FullState:
-    """Whole per-parameter tensors: ``tensors[name][FP32]`` and ``tensors[name][state key]``."""
+    """Whole per-parameter tensors, as views: ``tensors[name][FP32]`` and ``tensors[name][state key]``."""
 
-    tensors: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    tensors: dict[str, dict[str, FlatView]] = field(default_factory=dict)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     scalars: dict[str, torch.Tensor] = field(default_factory=dict)  # the optimizer's 0-d state (step)
     param_groups: list[dict[str, Any]] = field(default_factory=list)
 
@@ -72,7 +76,7 @@ def merge(step_dir: Path, stage: int, world: int, model_states: dict[str, Any]) 
             f"{step_dir}: has frozen parameters, which resuming DeepSpeed at another world size does not "
             "support yet; resume it on the world size that wrote it"
         )
-    optims = [arena_files.load(optim_file(step_dir, r))["optimizer_state_dict"] for r in range(world)]
+    optims = [arena_files.load(optim_file(step_dir, r), lazy=True)["optimizer_state_dict"] for r in range(world)]
     groups: list[dict[str, Any]] = model_states["param_shapes"]
     return _merge_zero3(groups, optims, world) if stage == 3 else _merge_zero12(groups, optims)
 
@@ -94,13 +98,13 @@ def _merge_zero12(groups: list[dict[str, Any]], optims: list[dict[str, Any]]) ->
                     continue
                 for key, flat in flats.items():
                     pieces.setdefault(key, []).append(flat.narrow(0, frag.start, frag.numel))
-            full.tensors[name] = {key: _whole(name, torch.cat(p), shape) for key, p in pieces.items()}
+            _add(full, name, tuple(shape), {key: FlatView(p) for key, p in pieces.items()})
     return full
 
 
 def _merge_zero3(groups: list[dict[str, Any]], optims: list[dict[str, Any]], world: int) -> FullState:
     full = FullState(param_groups=optims[0]["optimizer_state_dict"]["param_groups"])
-    per_rank = []
+    per_rank: list[dict[str, FlatView]] = []
     for osd in optims:
         subgroups = list(osd["fp32_flat_groups"])
         flats: dict[str, list[torch.Tensor]] = {FP32: subgroups}
@@ -109,24 +113,23 @@ def _merge_zero3(groups: list[dict[str, Any]], optims: list[dict[str, Any]], wor
             full.scalars.update(scalars)
             for key, value in states.items():
                 flats.setdefault(key, []).append(value)
-        per_rank.append({key: torch.cat(parts) for key, parts in flats.items()})
+        per_rank.append({key: FlatView(parts) for key, parts in flats.items()})
     offset = 0
     for shapes in groups:
         for name, shape in shapes.items():
             numel = math.prod(shape)
             part = math.ceil(numel / world)
-            full.tensors[name] = {
-                key: _whole(name, torch.cat([r[key].narrow(0, offset, part) for r in per_rank])[:numel], shape)
-                for key in per_rank[0]
-            }
+            views = {key: joined([r[key].slice(offset, part) for r in per_rank]).slice(0, numel) for key in per_rank[0]}
+            _add(full, name, tuple(shape), views)
             offset += part
     return full
 
 
-def _whole(name: str, flat: torch.Tensor, shape: Any) -> torch.Tensor:
-    if flat.numel() != math.prod(shape):
-        raise CorruptCheckpointError(f"{name}: the partitions hold {flat.numel()} values, the shape {tuple(shape)}")
-    return flat.reshape(tuple(shape))
+def _add(full: FullState, name: str, shape: tuple[int, ...], views: dict[str, FlatView]) -> None:
+    for view in views.values():
+        if view.numel != math.prod(shape):
+            raise CorruptCheckpointError(f"{name}: the partitions hold {view.numel} values, the shape {shape}")
+    full.tensors[name], full.shapes[name] = views, shape
 
 
 # --- scatter into the live engine ----------------------------------------------------------------
@@ -160,38 +163,40 @@ def _scatter_zero12(opt: Any, names: dict[int, str], full: FullState, keys: set[
         flat_hp = opt.single_partition_of_fp32_groups[i]
         state = opt.optimizer.state[flat_hp]
         for lp in group:
-            saved = full.tensors[names[id(lp)]]
-            with torch.no_grad():
-                lp.data.copy_(saved[FP32].to(lp.dtype))  # every ZeRO-1/2 rank holds the whole weights
+            name = names[id(lp)]
+            saved = full.tensors[name]
+            with torch.no_grad():  # every ZeRO-1/2 rank holds the whole weights
+                lp.data.copy_(saved[FP32].whole(name, full.shapes[name]).to(lp.dtype))
             mapping = lp._hp_mapping
             if mapping is None:  # no fragment of this parameter in this rank's partition
                 continue
             src, dst = mapping.lp_fragment_address, mapping.hp_fragment_address
             for key in (FP32, *keys):
                 target = flat_hp if key == FP32 else state[key]
-                value = saved[key].flatten().narrow(0, src.start, src.numel)
-                target.data.narrow(0, dst.start, dst.numel).copy_(value)
+                saved[key].copy_into(src.start, target.data.narrow(0, dst.start, dst.numel))
 
 
 def _scatter_zero3(engine: Any, opt: Any, names: dict[int, str], full: FullState, keys: set[str]) -> None:
     import torch.distributed as dist
 
-    world = dist.get_world_size(group=opt.dp_process_group)
     rank = dist.get_rank(group=opt.dp_process_group)
     for param in engine.module.parameters():
-        saved = full.tensors[names[id(param)]]
+        name = names[id(param)]
+        saved = full.tensors[name]
         part = int(param.ds_tensor.ds_numel)
+        start = part * rank  # this rank's piece of the parameter, zero-padded past its end
         for key in (FP32, *keys):
-            padded = torch.zeros(part * world, dtype=saved[key].dtype)
-            padded[: saved[key].numel()] = saved[key].flatten()
-            mine = padded.narrow(0, part * rank, part)
+            mine = torch.zeros(part, dtype=saved[key].dtype)
+            have = max(0, min(part, saved[key].numel - start))
+            if have:
+                saved[key].copy_into(start, mine.narrow(0, 0, have))
             target, _ = opt._get_fp32_opt_state_partition(param, False, None if key == FP32 else key)
             target.data.copy_(mine[: target.numel()])
             if key == FP32:
                 with torch.no_grad():
                     param.ds_tensor.data.copy_(mine[: param.ds_tensor.numel()].to(param.ds_tensor.dtype))
-                    if param.numel() == saved[key].numel():  # a persistent parameter is also held whole
-                        param.data.copy_(saved[key].view_as(param).to(param.dtype))
+                    if param.numel() == saved[key].numel:  # a persistent parameter is also held whole
+                        param.data.copy_(saved[key].whole(name, full.shapes[name]).view_as(param).to(param.dtype))
 
 
 def restore_counters(engine: Any, model_states: dict[str, Any]) -> None:
