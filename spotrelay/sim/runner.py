@@ -113,7 +113,7 @@ def measure(policy: str, seed: int, run: Run) -> RunResult:
         # physics check: more useful than paid GPU-hours means the simulator trained a gang it did
         # not bill (a known, not yet found, accounting gap in some notice-window runs): flagged
         # and a gang that reported ready short of ranks (it would hang at its rendezvous)
-        "inconsistent": 1.0 if useful > paid * 1.000001 + 1e-9 or getattr(run, "short_starts", 0) else 0.0,
+        "inconsistent": 1.0 if useful > paid * 1.000001 + 1e-9 or int(getattr(run, "short_starts", 0)) else 0.0,
     }
     return RunResult(policy, seed, values, m.finished, m.events, m.timeline,
                      list(getattr(run, "decisions", [])))
