@@ -10,6 +10,10 @@ the price limit, its captured saving and its goodput (mean and min over seeds):
 - bamboo: Bamboo's published assumptions, 45 s to add a node, $3.06 on-demand and $0.91 spot per
   node-hour for every pool (``--boot-s 45 --on-demand-price 3.06 --spot-price 0.91``).
 
+At 16 and 32 nodes it also runs spotrelay with elastic gang sizes (``resources.min_nodes`` = half the
+gang, ``--switch min_nodes=N``) on the same markets and seeds, prints it as ``spotrelay-elastic`` and
+its cost per useful GPU-hour over the fixed gang's (issue 13: elastic must lower it).
+
 Then it checks the issue's targets and prints each as met or NOT met, and the simulator's speed.
 """
 
@@ -33,9 +37,29 @@ SETTINGS = {
 }
 
 
-def run(nodes: int, setting: str, seeds: int, job_hours: float, trace: Path) -> Report:
+ELASTIC_NODES = (16, 32)
+
+
+def run(nodes: int, setting: str, seeds: int, job_hours: float, trace: Path,
+        switches: dict[str, object] | None = None, policies: tuple[str, ...] = POLICIES) -> Report:
     market = MarketOptions(traces=[str(trace)], **SETTINGS[setting])  # type: ignore[arg-type]
-    return simulate(SimOptions(market=market, job=JobModel(nodes=nodes, job_hours=job_hours), seeds=seeds))
+    return simulate(SimOptions(market=market, job=JobModel(nodes=nodes, job_hours=job_hours), seeds=seeds,
+                               policies=policies, spotrelay_switches=dict(switches or {})))
+
+
+def elastic(report: Report, nodes: int, setting: str, args: argparse.Namespace) -> tuple[Report, float]:
+    """spotrelay with min_nodes = nodes // 2 on the same seeds; (its report, its cost per useful
+    GPU-hour over the fixed gang's, mean of the per-seed ratios)."""
+    other = run(nodes, setting, args.seeds, args.job_hours, args.trace, {"min_nodes": nodes // 2}, ("spotrelay",))
+    fixed = report.series("spotrelay", "cost_per_useful_gpu_hour")
+    flex = other.series("spotrelay", "cost_per_useful_gpu_hour")
+    ratios = [f / x for f, x in zip(flex, fixed, strict=True) if math.isfinite(f) and math.isfinite(x) and x > 0]
+    for r, base in zip(other.runs, [r for r in report.runs if r.policy == "spotrelay"], strict=True):
+        od = base.values["cost_per_useful_gpu_hour"] / base.values["vs_on_demand"]
+        pl = base.values["cost_per_useful_gpu_hour"] / base.values["vs_price_limit"]
+        cost = r.values["cost_per_useful_gpu_hour"]
+        r.values.update(vs_on_demand=cost / od, vs_price_limit=cost / pl, captured_saving=(od - cost) / (od - pl))
+    return other, (sum(ratios) / len(ratios) if ratios else math.nan)
 
 
 def lowest_but_limit(report: Report) -> bool:
@@ -62,7 +86,7 @@ def main() -> int:
     for setting in SETTINGS:
         print(f"\n== {setting}: {SETTINGS[setting]} | trace {args.trace.name}, {args.seeds} seeds, "
               f"{args.job_hours:g} h jobs ==")
-        print(f"{'nodes':>5} {'policy':15} {'vs on-demand':>13} {'vs limit':>9} {'captured':>9} {'goodput':>8} "
+        print(f"{'nodes':>5} {'policy':17} {'vs on-demand':>12} {'vs limit':>9} {'captured':>9} {'goodput':>8} "
               f"{'min goodput':>11} {'on-demand':>9}")
         for nodes in [int(n) for n in args.nodes.split(",")]:
             report = run(nodes, setting, args.seeds, args.job_hours, args.trace)
@@ -71,12 +95,20 @@ def main() -> int:
             bad = sum(1 for r in report.runs if r.values.get("inconsistent"))
             if bad:
                 print(f"      ({bad} run(s) with more useful than paid GPU-hours: a known accounting gap)")
-            for policy in POLICIES:
-                goodputs = report.series(policy, "goodput")
-                print(f"{nodes:>5} {policy:15} {report.mean(policy, 'vs_on_demand'):>13.3f} "
-                      f"{report.mean(policy, 'vs_price_limit'):>9.3f} {report.mean(policy, 'captured_saving'):>9.3f} "
-                      f"{report.mean(policy, 'goodput'):>8.3f} {min(goodputs):>11.3f} "
-                      f"{report.mean(policy, 'on_demand_share'):>9.0%}")
+            rows: list[tuple[str, Report, str]] = [(p, report, p) for p in POLICIES]
+            if nodes in ELASTIC_NODES:
+                flex, ratio = elastic(report, nodes, setting, args)
+                events += flex.events
+                out[f"{setting}/{nodes}/elastic"] = {**flex.to_json(), "cost_ratio_vs_fixed": ratio}
+                rows.insert(1, ("spotrelay", flex, "spotrelay-elastic"))
+                checks.append((f"{setting} {nodes} nodes: elastic (min_nodes {nodes // 2}) lowers spotrelay's cost per "
+                               "useful GPU-hour", ratio < 1.0, f"elastic / fixed = {ratio:.3f}"))
+            for policy, rep, label in rows:
+                goodputs = rep.series(policy, "goodput")
+                print(f"{nodes:>5} {label:17} {rep.mean(policy, 'vs_on_demand'):>12.3f} "
+                      f"{rep.mean(policy, 'vs_price_limit'):>9.3f} {rep.mean(policy, 'captured_saving'):>9.3f} "
+                      f"{rep.mean(policy, 'goodput'):>8.3f} {min(goodputs):>11.3f} "
+                      f"{rep.mean(policy, 'on_demand_share'):>9.0%}")
             checks.append((f"{setting} {nodes} nodes: spotrelay cheapest but price-limit on every seed",
                            lowest_but_limit(report), ""))
             if nodes == 16 and setting == "catalog":

@@ -42,12 +42,26 @@ SCORE_NOISE = 1.5  # standard deviation of a derived placement score, in score p
 SCORE_WINDOW_S = 600.0  # a derived score's noise is redrawn every 10 minutes
 
 
+_NOISE: dict[tuple[int, str, int], float] = {}  # (seed, pool, window) -> noise, the current window only
+
+
+def score_noise(seed: int, key: str, t: float) -> float:
+    """The derived score's noise for ``key`` in the 10-minute window holding ``t`` (seeded, stable)."""
+    window = int(t // SCORE_WINDOW_S)
+    found = _NOISE.get((seed, key, window))
+    if found is None:
+        if len(_NOISE) > 4096:
+            _NOISE.clear()
+        found = _NOISE[(seed, key, window)] = random.Random(zlib.crc32(f"{seed}/{key}/{window}".encode())).gauss(
+            0.0, SCORE_NOISE)
+    return found
+
+
 def gang_score(free: int, count: int, seed: int, key: str, t: float) -> float:
     """A coarse spot placement score (1-10) for launching ``count`` nodes where ``free`` are free:
     about 8 when the gang just fits, 10 with a quarter to spare, falling linearly to 1 at none."""
     base = 1.0 + 9.0 * min(1.0, max(0, free) / (1.25 * max(1, count)))
-    u = random.Random(zlib.crc32(f"{seed}/{key}/{int(t // SCORE_WINDOW_S)}".encode())).gauss(0.0, SCORE_NOISE)
-    return float(min(10, max(1, round(base + u))))
+    return float(min(10, max(1, round(base + score_noise(seed, key, t)))))
 
 
 @dataclass(slots=True)
@@ -211,6 +225,7 @@ class Market:
 
     def __post_init__(self) -> None:
         self.by_key = {p.key: p for p in self.pools}
+        self._last: dict[str, PoolQuote] = {}
         self._varies = any(isinstance(p.capacity, SlotCapacity) for p in self.pools)
 
     def quotes(self, t: float, capacity: int = 0, held: dict[str, int] | None = None) -> list[PoolQuote]:
@@ -220,10 +235,15 @@ class Market:
         if not self._varies and not sized and self._static_quotes is not None:
             return self._static_quotes
         held = held or {}
-        out = [PoolQuote.model_construct(
-            pool=p.pool, price_per_hour=round(p.price(t), 4), advisor_band=p.band if p.spot else None,
-            placement_score=p.placement_score(t, capacity, held.get(p.key, 0), self.seed, sized) if p.spot else None)
-            for p in self.pools]
+        out = []
+        for p in self.pools:  # a pool's quote object is reused while its price and score stay
+            price = round(p.price(t), 4)
+            score = p.placement_score(t, capacity, held.get(p.key, 0), self.seed, sized) if p.spot else None
+            last = self._last.get(p.key)
+            if last is None or last.price_per_hour != price or last.placement_score != score:
+                last = self._last[p.key] = PoolQuote.model_construct(
+                    pool=p.pool, price_per_hour=price, advisor_band=p.band if p.spot else None, placement_score=score)
+            out.append(last)
         if not self._varies and not sized:
             self._static_quotes = out
         return out
