@@ -26,7 +26,7 @@ from agent.log_shipper import LogShipper, LogSink
 from agent.monitors import DirectiveMonitor, Monitor, Notice, NoticeKind, RebalanceMonitor, SpotInterruptionMonitor
 from agent.notice_store import NoticeStore
 from agent.output_tail import failure_tail
-from agent.reporting import Reporter, info, warn
+from agent.reporting import Reporter, info, log_as, warn
 from agent.spare import SpareCache, StandBy, wait_for_drain
 from agent.tracking import JobTracking
 from spotrelay.contracts import control
@@ -306,6 +306,7 @@ class Agent:
                 restart = self._restart_directive(node)
                 self.config = joined_config(c, node, restart)
                 self.reporter.config = self.config
+                log_as(self.config.node)
                 self.responder = Responder(self.control, self.reporter, self.clock)
                 if restart is not None:  # this adoption is the restart
                     self.notices.add(

@@ -55,6 +55,13 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+def log_as(node_id: str) -> None:
+    """Later lines name the node item this agent serves now (a survivor joins a later attempt's)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler.formatter, JsonFormatter):
+            handler.formatter.static["node_id"] = node_id
+
+
 def setup_logging(job_id: str, node_id: str, level: int = logging.INFO) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter({"job_id": job_id, "node_id": node_id}))
