@@ -27,7 +27,7 @@ from agent.monitors import DirectiveMonitor, Monitor, Notice, NoticeKind, Rebala
 from agent.notice_store import NoticeStore
 from agent.output_tail import failure_tail
 from agent.reporting import Reporter, info, log_as, warn
-from agent.spare import SpareCache, StandBy, wait_for_drain
+from agent.spare import Prefetch, SpareCache, StandBy, wait_for_drain
 from agent.tracking import JobTracking
 from spotrelay.contracts import control
 from spotrelay.contracts.events import Directive, DirectiveKind, parse_directive
@@ -205,6 +205,8 @@ class Agent:
             self.tracking = JobTracking.for_job(c, job, spec, self.store)
         env = contract_env(c, job, spec, self.tracking.run_id if self.tracking else job.mlflow_run_id)
         wait_for_drain(lambda: self.store.nodes_of(c.job_id), c.attempt, self.clock, self.sleep, self._stopping)
+        # a later attempt's node mirrors the newest commit beside its start-up (no download at restore)
+        prefetch = Prefetch(lambda: self._mirror(env, spec), self.control).start() if c.attempt > 1 else None
         master, port = self.wait_for_rank0()
         per_node = c.nproc_per_node or max(spec.resources.gpus_per_node, 1)  # CPU jobs: one rank per node
         rdzv = Rendezvous(c.nodes or spec.resources.nodes, c.rank, per_node, master, port)
@@ -228,6 +230,8 @@ class Agent:
             self.hang.reset()
             self._set_node(state=NodeState.RUNNING)
             code, offset = self._loop(proc, offset)
+        if prefetch is not None:
+            prefetch.stop()
         self._follow(offset)
         if self.shipper:
             self.shipper.ship(final=True)
@@ -276,10 +280,13 @@ class Agent:
         promotes it (True) or the job ends or its instance is doomed (False)."""
         self.register()
         env = contract_env(self.config, job, spec, job.mlflow_run_id)
-        bench = StandBy(SpareCache(Path(env[control.ENV_CHECKPOINT_DIR]), env.get(control.ENV_CHECKPOINT_URI),
-                                   spec.checkpoint.keep_local), self._spare_alive)
+        bench = StandBy(self._mirror(env, spec), self._spare_alive)
         info("hot spare standing by", rank=self.config.rank)
         return self._adopt_next_attempt(linger_s=float("inf"), while_waiting=bench.tick)
+
+    def _mirror(self, env: dict[str, str], spec: JobSpec) -> SpareCache:
+        return SpareCache(Path(env[control.ENV_CHECKPOINT_DIR]), env.get(control.ENV_CHECKPOINT_URI),
+                          spec.checkpoint.keep_local)
 
     def _spare_alive(self) -> bool:
         if any(n.kind is NoticeKind.SPOT_INTERRUPTION for n in self._poll_imds()):

@@ -1,6 +1,7 @@
 """A hot spare (``resources.spares``): booted with the gang, out of training. It keeps the job's
 newest committed checkpoint in its local tier, so when recover promotes it to a lost rank (a node
-record for it in the next attempt with a RESTART directive) it restores without a download.
+record for it in the next attempt with a RESTART directive) it restores without a download. A
+replacement does the same beside its own start-up (:class:`Prefetch`).
 
 Detect (a newer manifest in S3, a record that adopts this instance) and act (copy the step into the
 local tier) are kept apart: :class:`SpareCache` only mirrors; the daemon's stand-by loop decides.
@@ -9,12 +10,15 @@ local tier) are kept apart: :class:`SpareCache` only mirrors; the daemon's stand
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from agent.checkpoint.local_tier import LocalTier
 from agent.checkpoint.restore import materialize
 from agent.checkpoint.s3_tier import S3Tier
+from spotrelay.contracts.control import read_events
 from spotrelay.domain.models import Node, NodeState
 from spotrelay.errors import CorruptCheckpointError
 
@@ -46,6 +50,44 @@ class SpareCache:
         self.local.prune(self.keep, protect={newest})
         log.info("spare holds step %s locally", newest)
         return newest
+
+
+class Prefetch:
+    """A replacement's local tier filled beside its start-up: from the agent's start until its
+    trainer has resumed (or ``limit_s``), mirror the newest committed step (the notice's final save
+    once it lands), so the restore reads it locally instead of downloading it after the imports."""
+
+    def __init__(self, cache: Callable[[], SpareCache], control_dir: Path, every_s: float = 1.0,
+                 limit_s: float = 900.0) -> None:
+        self.cache, self.control_dir, self.every_s, self.limit_s = cache, control_dir, every_s, limit_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="prefetch", daemon=True)
+
+    def start(self) -> Prefetch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        started = time.time()
+        _, offset = read_events(self.control_dir)  # earlier runs' events are old news
+        try:
+            cache = self.cache()
+        except Exception as exc:  # no S3 tier to mirror from: the trainer restores as it would anyway
+            log.warning("no prefetch: %s", exc)
+            return
+        while not self._stop.is_set() and time.time() - started < self.limit_s:
+            try:
+                cache.refresh()
+            except Exception as exc:  # S3 unreachable for a while: the trainer downloads what it needs
+                log.warning("prefetch could not mirror the newest checkpoint: %s", exc)
+            events, offset = read_events(self.control_dir, offset)
+            if any(e.kind == "resumed" for e in events):
+                return
+            self._stop.wait(self.every_s)
 
 
 class StandBy:

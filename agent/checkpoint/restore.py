@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 
 from agent.checkpoint.local_tier import LocalTier
 from agent.checkpoint.manifest import Manifest, step_name, verify
@@ -51,7 +52,9 @@ def _download(step: int, local: LocalTier, s3: S3Tier) -> Manifest:
         raise CorruptCheckpointError(f"{s3.step_uri(step)} has no manifest")
     if not manifest.complete:
         raise CorruptCheckpointError(f"{s3.step_uri(step)} lists ranks {manifest.ranks} only")
-    staging = local.root / f".download-{step_name(step)}"
+    # one staging folder per downloader: a node's prefetch (agent/spare.py) and its trainer may fetch
+    # the same step at once
+    staging = local.root / f".download-{step_name(step)}-{os.getpid()}-{threading.get_ident()}"
     shutil.rmtree(staging, ignore_errors=True)
     try:
         s3.download(step, manifest, staging)
@@ -64,6 +67,14 @@ def _download(step: int, local: LocalTier, s3: S3Tier) -> Manifest:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     target = local.step_dir(step)
+    if (target / "manifest.json").is_file():  # the other downloader finished first: keep its copy
+        try:
+            found = local.verified(step)
+        except CorruptCheckpointError:
+            pass
+        else:
+            shutil.rmtree(staging, ignore_errors=True)
+            return found
     shutil.rmtree(target, ignore_errors=True)
     os.replace(staging, target)
     log.info("downloaded %s from %s (%d bytes)", step_name(step), s3.step_uri(step), manifest.total_bytes)

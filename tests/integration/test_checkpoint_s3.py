@@ -197,3 +197,43 @@ def test_a_hot_spare_mirrors_the_newest_commit_into_its_local_tier(s3_setup: Any
     assert spare.local.steps() == [4]  # keeps only the newest: what a takeover restores
     assert (spare.local.step_dir(4) / "model.pt").read_bytes() == (local.step_dir(4) / "model.pt").read_bytes()
     assert choose(LocalTier(tmp_path / "spare"), None) is not None  # restorable without S3
+
+
+def test_a_replacement_prefetches_the_newest_commit_until_its_trainer_resumed(s3_setup: Any, tmp_path: Path) -> None:
+    import time as clock
+
+    from agent.checkpoint.restore import materialize
+    from agent.spare import Prefetch, SpareCache
+    from spotrelay.contracts.control import TrainerEvent, append_event
+
+    pipeline, local, s3, _ = s3_setup
+    assert _save(pipeline, local, 2, numel=1024).error is None
+    control = tmp_path / "control"
+    append_event(control, TrainerEvent(kind="resumed", step=0, time=1.0))  # an earlier run's: old news
+    prefetch = Prefetch(lambda: SpareCache(tmp_path / "new", s3.uri), control, every_s=0.05).start()
+    mirrored = LocalTier(tmp_path / "new")
+    deadline = clock.time() + 60
+    while 2 not in mirrored.steps() and clock.time() < deadline:  # bounded: catches a hang only
+        clock.sleep(0.05)
+    # the trainer's own restore of the same step keeps the verified copy it finds (no second download)
+    assert materialize(2, mirrored, s3).step == 2 and mirrored.steps() == [2]
+    append_event(control, TrainerEvent(kind="resumed", step=2, time=2.0))
+    prefetch._thread.join(timeout=60)
+    assert not prefetch._thread.is_alive()  # its trainer resumed: the prefetch is over
+    assert not [p for p in (tmp_path / "new").iterdir() if p.name.startswith(".download")]
+
+
+def test_two_downloaders_of_one_step_keep_one_verified_copy(s3_setup: Any, tmp_path: Path) -> None:
+    from agent.checkpoint.restore import materialize
+
+    pipeline, local, s3, _ = s3_setup
+    assert _save(pipeline, local, 4, numel=1024).error is None
+    tier = LocalTier(tmp_path / "node")
+    results: list[int] = []
+    threads = [threading.Thread(target=lambda: results.append(materialize(4, tier, s3).step)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert results == [4, 4] and tier.verified(4).step == 4
+    assert [p.name for p in (tmp_path / "node").iterdir()] == ["step-00000004"]
