@@ -50,8 +50,8 @@ def test_demo_scenario_takes_the_twins_decisions() -> None:
     assert [d["attempt"] for d in run.decisions] == [1, 2, 3]
     assert pools == ["us-east-1/us-east-1a/p5.48xlarge/spot"] * 3
     resumed = [d["resumed_from_step"] for d in run.decisions]
-    # attempt 2 is launched at the notice, so it records the checkpoint committed then (the notice's
-    # own saves land later; Attempt.resumed_from_step is set at launch in the twin too);
+    # attempt 2 is launched at the notice, so the simulator's decision records the checkpoint committed
+    # then (the notice's own saves land later; the twin's Attempt records what its trainers restored);
     # attempt 3 resumes from the last periodic checkpoint before the loss at 45
     assert resumed[0] == 0 and resumed[1] <= 22 and resumed[2] == 40
     assert run.metrics.interruptions == 2 and run.metrics.recoveries == 2
