@@ -75,6 +75,8 @@ def recoveries(faults: list[Fault], market: MarketModel, times: list[FaultTimes]
             "downtime_modeled_s": _r(d.downtime_modeled_s if d else None),
             "replacement_boot_s": _r(t.booted_at - t.launched_at if t.booted_at and t.launched_at else None),
             "replacement_launched_after_stop_s": _r(t.launched_at - t.stopped_at if t.launched_at else None),
+            # what the modeled downtime is made of: max(new_node, old_gang) + restart (docs/local-twin.md)
+            "downtime_modeled_parts_s": {k: _r(v) for k, v in d.parts.items()} if d and d.parts else None,
         }
         if f.kind == "spot-notice":
             row.update({

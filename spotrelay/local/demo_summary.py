@@ -200,6 +200,13 @@ def summarize(
     return summary
 
 
+def _parts(parts: dict[str, float] | None) -> str:
+    if not parts:
+        return ""
+    return (f" (max(new node {parts['new_node']}s, old gang {parts['old_gang']}s) + restart "
+            f"{parts['restart']}s)")
+
+
 def _pct(share: float | None) -> str:
     return "?" if share is None else f"{share:.0%}"
 
@@ -221,7 +228,8 @@ def print_summary(console: Console, s: report.Summary) -> None:
             table.add_row(
                 f"downtime after {r['kind']}",
                 f"{r['downtime_s']}s here (training stopped -> resumed at full size); {r['downtime_modeled_s']}s "
-                f"with the modeled 300 s boot and a 120 s window; resumed from step {r['resumed_from_step']}",
+                f"with the modeled 300 s boot and a 120 s window{_parts(r['downtime_modeled_parts_s'])}; "
+                f"resumed from step {r['resumed_from_step']}",
             )
         if r["kind"] == "spot-notice":
             trained = r["trained_through_notice_steps"]

@@ -60,6 +60,7 @@ class Downtime:
     downtime_modeled_s: float
     window_training_share: float | None  # of the twin's window, measured
     window_training_share_modeled: float | None  # of EC2's 120 s window, stop -> reclaim as measured
+    parts: dict[str, float] | None = None  # the modeled path: new_node (N), old_gang (O), restart (P)
 
 
 def window_share(t: FaultTimes, window_s: float | None) -> float | None:
@@ -83,6 +84,7 @@ def downtime(t: FaultTimes, boot_modeled_s: float, window_real_s: float = EC2_NO
     measured = t.resumed_at - t.stopped_at
     notice = t.kind == "spot-notice" and t.window_s is not None
     shift = (window_real_s - t.window_s) if notice and t.window_s is not None else 0.0
+    parts = None
     if t.launched_at is None or t.booted_at is None:
         modeled = measured
     else:
@@ -95,6 +97,7 @@ def downtime(t: FaultTimes, boot_modeled_s: float, window_real_s: float = EC2_NO
             new_node = launch + boot_modeled_s + own - stop
             old_gang = t.started_at - t.stopped_at
             modeled = max(new_node, old_gang, 0.0) + (t.resumed_at - t.started_at)
+            parts = {"new_node": new_node, "old_gang": old_gang, "restart": t.resumed_at - t.started_at}
         else:
             after = t.resumed_at - max(t.booted_at, t.stopped_at)
             modeled = max(launch + boot_modeled_s - stop, 0.0) + after
@@ -103,4 +106,5 @@ def downtime(t: FaultTimes, boot_modeled_s: float, window_real_s: float = EC2_NO
         downtime_modeled_s=modeled,
         window_training_share=window_share(t, t.window_s),
         window_training_share_modeled=window_share_modeled(t, window_real_s),
+        parts=parts,
     )

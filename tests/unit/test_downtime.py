@@ -72,3 +72,13 @@ def test_an_unannounced_loss_with_agent_times_pays_boot_start_up_and_the_rest() 
     d = downtime(t, BOOT)
     assert d is not None and d.downtime_s == pytest.approx(40.0)
     assert d.downtime_modeled_s == pytest.approx(40.0 - 3.0 + BOOT)  # still measured - boot here + B
+
+
+def test_the_modeled_parts_are_reported() -> None:
+    t = FaultTimes("spot-notice", 100.0, 125.0, 140.0, launched_at=102.0, booted_at=105.0, window_s=30.0,
+                   ready_at=106.0, started_at=130.0)
+    d = downtime(t, BOOT)
+    assert d is not None
+    assert d.parts == pytest.approx({"new_node": 2 + BOOT + 1 - 115, "old_gang": 5.0, "restart": 10.0})
+    spare = downtime(FaultTimes("spot-notice", 100.0, 125.0, 128.0, window_s=30.0), BOOT)
+    assert spare is not None and spare.parts is None
