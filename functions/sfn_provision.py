@@ -1,5 +1,6 @@
 """Workflow task: gang-launch in the first candidate pool with capacity (capacity errors propagate);
-or, from the Prewarm state, one rebalance standby (the one function that launches)."""
+or, from the Prewarm state, one rebalance standby; or, from the Migrate state, a review's move (the one
+function that launches)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,11 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         from spotrelay.services.prewarm import prewarm
 
         return prewarm(controller(), task.job_id, task.standby, time.time())
+    if task.move is not None:  # the Migrate state: a review's move, make-before-break
+        from spotrelay.services.migrate import migrate
+
+        return migrate(controller(), task.job_id, task.move, time.time(), task.timings).model_dump(mode="json")
     from spotrelay.services.workflow_tasks import provision
 
     assert task.plan is not None
-    return provision(controller(), task.job_id, task.plan, time.time()).model_dump(mode="json")
+    return provision(controller(), task.job_id, task.plan, time.time(), task.timings).model_dump(mode="json")

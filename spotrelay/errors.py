@@ -105,3 +105,8 @@ class AgentConfigError(PermanentError):
 # --- workflow signals ------------------------------------------------------------------------
 class JobCancelledError(PermanentError):
     """A user cancelled the job; task-token waits fail with this so the workflow tears down."""
+
+
+class MoveCancelledError(PermanentError):
+    """A review's move was overtaken: the attempt ended or changed before the new gang launched.
+    The workflow waits for the outcome again; nothing was launched."""

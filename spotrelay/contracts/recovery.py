@@ -8,6 +8,13 @@
 - :class:`RecoveryPlan` is what ``recover`` decided (``$.recovery``): which survivors stay, which
   ranks to launch and where. ``plan`` and ``provision`` execute it; they do not decide again.
 - :class:`LaunchPlan` is what ``plan`` hands ``provision`` (``$.plan``).
+
+Gang size (elastic gangs, ``resources.min_nodes``): every attempt trains ranks ``0..world_size-1``.
+A :class:`Candidate` carries the ``nodes`` (world size) it was scored for; ``LaunchPlan.ranks_for``
+says which ranks provision launches there and in which world; :class:`Launched` reports the
+``world_size`` that trains; the RESTART directive tells kept nodes the new ``world_size``.
+``Verdict.MIGRATE`` is a voluntary move decided at a review (``services/review.py``) with its
+``target``; ``services/migrate.py`` launches the new gang first, then the old ranks save and drain.
 """
 
 from __future__ import annotations
@@ -38,6 +45,10 @@ class Verdict(StrEnum):
     """The ready wait timed out (the ASL's ReadyTimedOut): some node never came up."""
     HEARTBEAT_TIMEOUT = "heartbeat-timeout"
     """The outcome wait missed its heartbeat (the ASL's OutcomeTimedOut): the gang went silent."""
+    MIGRATE = "migrate"
+    """A review (``services/review.py``) chose a clearly better placement (``target``): the workflow's
+    Migrate state launches it first, then the old ranks save by its expected ready time and drain.
+    Ends the attempt only once the new gang launched; no retry budget, no cooldown."""
     REBALANCE = "rebalance"
     """A rebalance recommendation with ``recovery.prewarm_on_rebalance``: boot a standby for
     ``lost_ranks`` until ``deadline`` (the ASL's Prewarm), then wait again. Ends no attempt."""
@@ -49,6 +60,16 @@ class Verdict(StrEnum):
     @property
     def retryable(self) -> bool:
         return self not in (Verdict.READY, Verdict.SUCCEEDED, Verdict.CANCELLED, Verdict.REBALANCE)
+
+
+class Candidate(BaseModel):
+    """A (pool, gang size) pair placement ranked; ``score`` is USD per useful hour of the full gang's work."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    pool: Pool
+    price_per_hour: float = Field(..., ge=0)
+    score: float
+    nodes: int | None = Field(None, ge=1, description="world size if launched here; None: the plan's")
 
 
 class AttemptEnd(BaseModel):
@@ -65,6 +86,7 @@ class AttemptEnd(BaseModel):
     # a spot notice ended the attempt while its ranks still save: they finish by this time (epoch s)
     # and the replacements boot meanwhile (recovery.launch_at_notice)
     deadline: float | None = None
+    target: Candidate | None = None  # MIGRATE: the (pool, gang size) the review moves to
 
     @property
     def retryable(self) -> bool:
@@ -110,18 +132,13 @@ class RecoveryPlan(BaseModel):
     keep_instance_ids: list[str] = Field(default_factory=list)
     launch_ranks: list[int] = Field(default_factory=list)  # ranks to launch in ``pool`` (keeping plans)
     promoted: list[Promotion] = Field(default_factory=list)  # lost ranks hot spares take (not launched)
+    # a notice's or a move's save deadline (plus grace): survivors plan must drop drain until then
+    deadline: float | None = None
 
     @property
     def keeps(self) -> bool:
         return self.action is not RecoveryAction.NEW_CLUSTER and bool(self.keep_instance_ids) \
             and self.pool is not None
-
-
-class Candidate(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    pool: Pool
-    price_per_hour: float = Field(..., ge=0)
-    score: float
 
 
 class LaunchPlan(BaseModel):
@@ -132,6 +149,23 @@ class LaunchPlan(BaseModel):
     launch_ranks: list[int]  # [] is meaningful: every rank survived (restart in place)
     keep_instance_ids: list[str] = Field(default_factory=list)
     promoted: list[Promotion] = Field(default_factory=list)
+    # the attempt's world size when a candidate does not say (None: kept + promoted + launched ranks)
+    world_size: int | None = Field(None, ge=1)
+
+    @property
+    def keeps(self) -> bool:
+        return bool(self.keep_instance_ids or self.promoted)
+
+    def ranks_for(self, candidate: Candidate) -> tuple[int, list[int]]:
+        """(world size, ranks to launch) if ``candidate`` is the pool that takes the launch.
+
+        A new gang (nothing kept) launches ranks ``0..n-1`` with ``n`` the candidate's size; a keeping
+        plan launches ``launch_ranks`` and its world is ``world_size`` (or every rank it names)."""
+        if not self.keeps and candidate.nodes is not None:
+            return candidate.nodes, list(range(candidate.nodes))
+        world = self.world_size or candidate.nodes or (
+            len(self.keep_instance_ids) + len(self.promoted) + len(self.launch_ranks))
+        return world, list(self.launch_ranks)
 
 
 class Launched(BaseModel):
@@ -141,4 +175,7 @@ class Launched(BaseModel):
     attempt: int = Field(..., ge=1)
     pool: Pool | None = None
     price_per_hour: float = 0.0
-    nodes: int = 0
+    nodes: int = 0  # instances billed (hot spares included)
+    world_size: int = Field(0, ge=0, description="ranks that train in this attempt (0: unknown)")
+    # the outcome wait's TimeoutSecondsPath: the next review of the placement (services/review.py)
+    review_s: int = Field(1800, ge=1)

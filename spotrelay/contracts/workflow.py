@@ -12,9 +12,11 @@ class WorkflowTimings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ready_timeout_s: int = Field(1200, ge=1, description="all nodes must report NodeReady within this")
     heartbeat_s: int = Field(600, ge=1, description="outcome wait fails if no heartbeat this long")
-    outcome_timeout_s: int = Field(7 * 24 * 3600, ge=1, description="whole attempt limit")
+    outcome_timeout_s: int = Field(
+        7 * 24 * 3600, ge=1, description="longest outcome wait before a placement review (which waits again)")
     backoff_s: int = Field(30, ge=0, description="first wait before re-placing after a failure")
     backoff_max_s: int = Field(600, ge=0)
+    healthy_s: int = Field(3600, ge=1, description="an attempt that ran this long resets the recovery backoff")
     provision_retry_s: int = Field(20, ge=0, description="wait before trying the next plan on capacity errors")
 
     @classmethod

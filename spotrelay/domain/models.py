@@ -49,6 +49,7 @@ class Attempt(Record):
     price_per_hour: float = 0.0  # USD per instance-hour at launch (the cost ledger's price)
     nodes: int = 0  # instances billed for this attempt (hot spares included)
     spares: int = 0  # of those, hot spares out of training (resources.spares)
+    world_size: int = 0  # ranks training (an elastic gang: resources.min_nodes..nodes; 0 in old records)
 
 
 class AnomalyRecord(Record):

@@ -33,11 +33,32 @@ from spotrelay.services.controller import (
 from spotrelay.services.notify import announce
 from spotrelay.services.prewarm import standby_cost
 from spotrelay.services.workflow_tasks import _close_attempt
+from spotrelay.spec.models import JobSpec
 
 log = logging.getLogger(__name__)
 _DEAD = (NodeState.DOOMED, NodeState.LOST, NodeState.TERMINATED)
 _SAVING = (NodeState.READY, NodeState.RUNNING, NodeState.DOOMED)  # may still commit an emergency save
 DRAIN_GRACE_S = 30.0  # after the reclaim time, a draining node is released whatever it says
+
+
+def failure_streak(job: Job, timings: WorkflowTimings) -> int:
+    """Recoveries since the last healthy stretch: the trailing attempts that ran shorter than
+    ``timings.healthy_s`` (the one just closed included). A long healthy run resets the backoff."""
+    streak = 0
+    for attempt in reversed(job.attempts):
+        if attempt.started_at is None or attempt.ended_at is None:
+            continue
+        if attempt.ended_at - attempt.started_at >= timings.healthy_s:
+            break
+        streak += 1
+    return max(1, streak)
+
+
+def _world_after(job: Job, fallback: int) -> int:
+    """Ranks of the next attempt: the current attempt's (a shrunk gang recovers at its size; a
+    review grows it back), else ``resources.nodes``."""
+    current = job.attempts[-1].world_size if job.attempts else 0
+    return current or int(job.spec.get("resources", {}).get("nodes", fallback))
 
 
 def backoff_seconds(timings: WorkflowTimings, retries: int) -> int:
@@ -112,21 +133,7 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
     if current is not None and current.pool is not None and current.started_at is not None:
         hours = max(0.0, now - current.started_at) / 3600.0 * max(1, current.nodes)
         ctl.pool_stats.record(current.pool.key, PoolEvent.OBSERVED, now, hours=hours)
-    keep: list[str] = []
-    action, reason = RecoveryAction.NEW_CLUSTER, outcome.reason
-    plan_pool = None
-    try:
-        assert ctl.market is not None
-        res = spec.resources
-        quotes = ctl.market.quotes(res.regions, res.instance_types, [m.value for m in res.markets],
-                                  capacity=res.nodes + res.spares)  # the placement score is sized for the launch
-        stats = ctl.pool_stats.get_many([q.pool.key for q in quotes])
-        plan = plan_recovery(RecoveryContext(spec=spec, outcome=outcome, nodes=nodes, quotes=quotes, stats=stats,
-                                             now=now, excluded=frozenset(job.excluded_pools)))
-        keep, action, reason = list(plan.keep_instance_ids), RecoveryAction(plan.action), plan.reason
-        plan_pool = plan.pool
-    except NoPlacementError as exc:  # every pool cools down right now; Plan decides after the backoff
-        log.info("no pool to recover into yet", extra={"job_id": job_id, "why": str(exc)})
+    keep, action, reason, plan_pool = _strategy(ctl, job, spec, outcome, nodes, now)
     if outcome.outcome is Verdict.USER_ERROR and action is not RecoveryAction.NEW_CLUSTER:
         keep = []  # a user restart relaunches in place only through a new gang (simple and clean)
         action = RecoveryAction.NEW_CLUSTER
@@ -172,6 +179,23 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
     return result
 
 
+def _strategy(ctl: Controller, job: Job, spec: JobSpec, outcome: AttemptEnd, nodes: list[Node],
+              now: float) -> tuple[list[str], RecoveryAction, str, Pool | None]:
+    """The spec's recovery strategy (plan_recovery): which nodes stay, the action, why, their pool."""
+    try:
+        assert ctl.market is not None
+        res = spec.resources
+        quotes = ctl.market.quotes(res.regions, res.instance_types, [m.value for m in res.markets],
+                                   capacity=res.nodes + res.spares)  # the placement score is sized for the launch
+        stats = ctl.pool_stats.get_many([q.pool.key for q in quotes])
+        plan = plan_recovery(RecoveryContext(spec=spec, outcome=outcome, nodes=nodes, quotes=quotes, stats=stats,
+                                             now=now, excluded=frozenset(job.excluded_pools)))
+        return list(plan.keep_instance_ids), RecoveryAction(plan.action), plan.reason, plan.pool
+    except NoPlacementError as exc:  # every pool cools down right now; Plan decides after the backoff
+        log.info("no pool to recover into yet", extra={"job_id": job.job_id, "why": str(exc)})
+        return [], RecoveryAction.NEW_CLUSTER, outcome.reason, None
+
+
 def _promote_spares(ctl: Controller, job: Job, home: Pool | None, nodes: list[Node], keep: list[str]) -> list[Node]:
     """Hot spares in the survivors' pool take the lost ranks (``takes_rank``, the lowest first);
     returns the spares to release (all of them when a new gang goes elsewhere)."""
@@ -203,7 +227,7 @@ def _result(job: Job, nodes: list[Node], timings: WorkflowTimings, end: AttemptE
     # exited ranks' instances still run; draining ones (release_after) are not kept
     keep = sorted((n for n in nodes if n.state not in _DEAD and n.release_after is None), key=lambda n: n.rank)
     ranks = {n.rank for n in keep}
-    size = int(job.spec.get("resources", {}).get("nodes", len(nodes)))
+    size = _world_after(job, len(nodes))
     promoted = [Promotion(rank=int(n.takes_rank), instance_id=n.instance_id) for n in job_spares
                 if n.spare and n.takes_rank is not None and n.takes_rank not in ranks and n.state in SPARE_LIVE]
     launch = [r for r in range(size) if r not in ranks and r not in {p.rank for p in promoted}]
@@ -215,8 +239,9 @@ def _result(job: Job, nodes: list[Node], timings: WorkflowTimings, end: AttemptE
         action = RecoveryAction.REPLACE_LOST if launch else RecoveryAction.RESTART_IN_PLACE
     return RecoveryPlan(
         action=action, outcome=end.outcome, reason=reason,
+        deadline=None if end.deadline is None else end.deadline + DRAIN_GRACE_S,
         # after a notice the replacements are wanted now: the window is the time they have to boot
-        backoff_s=0 if end.deadline is not None else backoff_seconds(timings, job.recoveries + job.user_restarts),
+        backoff_s=0 if end.deadline is not None else backoff_seconds(timings, failure_streak(job, timings)),
         recoveries=job.recoveries, user_restarts=job.user_restarts,
         pool=pool if action is not RecoveryAction.NEW_CLUSTER else None,
         keep_instance_ids=[n.instance_id for n in keep] if action is not RecoveryAction.NEW_CLUSTER else [],

@@ -21,13 +21,15 @@ class PlanTask(_Task):
 
 
 class ProvisionTask(_Task):
+    timings: WorkflowTimings = Field(default_factory=WorkflowTimings)
     plan: LaunchPlan | None = None
     standby: AttemptEnd | None = None  # the Prewarm state: a rebalance verdict
+    move: AttemptEnd | None = None  # the Migrate state: a review's migrate verdict
 
     @model_validator(mode="after")
     def _one(self) -> ProvisionTask:
-        if (self.plan is None) == (self.standby is None):
-            raise ValueError("give either 'plan' (Provision) or 'standby' (Prewarm)")
+        if sum(x is not None for x in (self.plan, self.standby, self.move)) != 1:
+            raise ValueError("give one of 'plan' (Provision), 'standby' (Prewarm) or 'move' (Migrate)")
         return self
 
 
@@ -40,6 +42,11 @@ class RegisterWaitTask(_Task):
 class RecoverTask(_Task):
     timings: WorkflowTimings = Field(default_factory=WorkflowTimings)
     outcome: AttemptEnd
+
+
+class ReviewTask(_Task):
+    attempt: int = Field(..., ge=1)
+    timings: WorkflowTimings = Field(default_factory=WorkflowTimings)
 
 
 class TeardownTask(_Task):

@@ -10,6 +10,7 @@ from typing import Any
 
 from spotrelay.contracts.events import Directive
 from spotrelay.contracts.recovery import Candidate, Launched, LaunchPlan, Promotion, RecoveryPlan
+from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.cost import attempt_cost
 from spotrelay.domain.models import Attempt, Job, Node, NodeState, node_id_for
 from spotrelay.domain.status import JobStatus, transition
@@ -21,7 +22,7 @@ from spotrelay.errors import (
     QuotaExceededError,
 )
 from spotrelay.placement import PoolEvent, best_pool, rank_pools
-from spotrelay.placement.policy import score_pool, spare_count
+from spotrelay.placement.policy import gang_key, score_pool, spare_count
 from spotrelay.placement.pool_stats import PoolStats
 from spotrelay.ports.compute import Compute, Instance, LaunchRequest
 from spotrelay.ports.market import PoolQuote
@@ -83,7 +84,8 @@ def plan(ctl: Controller, job_id: str, now: float, recovery: RecoveryPlan | None
     if launch is None:
         if recovery.keep_instance_ids:  # the survivors' pool refused the replacements: they go too
             kept = set(recovery.keep_instance_ids) | {p.instance_id for p in recovery.promoted}
-            release_nodes(ctl, job, [n for n in ctl.store.nodes_of(job_id) if n.instance_id in kept])
+            drop_survivors(ctl, job, [n for n in ctl.store.nodes_of(job_id) if n.instance_id in kept],
+                           recovery.deadline, now)
         launch = _new_gang_plan(spec, job, quotes, stats, now)
 
     def to_placing(current: Job) -> Job | None:
@@ -99,6 +101,19 @@ def plan(ctl: Controller, job_id: str, now: float, recovery: RecoveryPlan | None
     return launch
 
 
+def drop_survivors(ctl: Controller, job: Job, nodes: list[Node], deadline: float | None, now: float) -> None:
+    """Release survivors plan no longer keeps. Those that may still be writing the emergency
+    checkpoint (a notice's or a move's, until ``deadline``) drain like doomed ranks: the agent event
+    of their exit, or reconcile after the deadline, releases them; the rest go now."""
+    saving = (NodeState.READY, NodeState.RUNNING, NodeState.DOOMED)
+    if deadline is not None and deadline > now:
+        for node in [n for n in nodes if n.state in saving]:
+            ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(
+                update={"release_after": deadline}) if n.state in saving and n.release_after is None else None)
+        nodes = [n for n in nodes if n.state not in saving]
+    release_nodes(ctl, job, nodes)
+
+
 def _keeping_plan(spec: JobSpec, recovery: RecoveryPlan, job: Job, quotes: list[PoolQuote],
                   stats: dict[str, PoolStats]) -> LaunchPlan | None:
     home = recovery.pool
@@ -106,41 +121,57 @@ def _keeping_plan(spec: JobSpec, recovery: RecoveryPlan, job: Job, quotes: list[
     quote = next((q for q in quotes if q.pool == home), None)
     if home.key in job.excluded_pools or quote is None:
         return None
-    scored = score_pool(spec, quote, stats.get(home.key))
+    world = len(recovery.keep_instance_ids) + len(recovery.promoted) + len(recovery.launch_ranks)
+    scored = score_pool(spec, quote, stats.get(home.key), nodes=world)
     return LaunchPlan(candidates=[Candidate(pool=home, price_per_hour=quote.price_per_hour,
-                                            score=round(scored.score, 4))],
+                                            score=round(scored.score, 4), nodes=world)],
                       launch_ranks=list(recovery.launch_ranks), keep_instance_ids=list(recovery.keep_instance_ids),
-                      promoted=list(recovery.promoted))
+                      promoted=list(recovery.promoted), world_size=world)
 
 
 def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict[str, PoolStats],
                    now: float) -> LaunchPlan:
+    """Rank (pool, gang size) pairs for a new gang (down to ``resources.min_nodes``; a smaller gang
+    wins when it scores cheaper per useful hour, or when no pool is left for the full one). A pool
+    that refused a gang this run is excluded at that size and larger (``pool@n``); once every pair
+    is excluded, those whose cooldown passed are tried again."""
     excluded = frozenset(job.excluded_pools)
-    ranked = rank_pools(spec, quotes, stats, now, excluded)
+    ranked = rank_pools(spec, quotes, stats, now, excluded, gang_sizes=True)
     if not ranked and excluded:  # every pool failed this run: retry those whose cooldown has passed
         excluded = frozenset()
-        ranked = rank_pools(spec, quotes, stats, now, excluded)
+        ranked = rank_pools(spec, quotes, stats, now, excluded, gang_sizes=True)
     if not ranked:
         best_pool(spec, quotes, stats, now, excluded)  # raises NoPlacementError with the reasons
         raise NoPlacementError(f"no candidate pool for job {job.job_id}")
-    return LaunchPlan(
-        candidates=[Candidate(pool=c.pool, price_per_hour=c.quote.price_per_hour, score=round(c.score, 4))
-                    for c in ranked[:MAX_CANDIDATES]],
-        launch_ranks=list(range(spec.resources.nodes)))
+    candidates = [Candidate(pool=c.pool, price_per_hour=c.quote.price_per_hour, score=round(c.score, 4),
+                            nodes=c.nodes or spec.resources.nodes) for c in ranked]
+    return LaunchPlan(candidates=_one_size_per_pool(candidates)[:MAX_CANDIDATES],
+                      launch_ranks=list(range(spec.resources.nodes)))
+
+
+def _one_size_per_pool(candidates: list[Candidate]) -> list[Candidate]:
+    """Each pool once, at its best-ranked size, then each pool again at its next size: so the
+    candidates try several pools before a smaller gang in the same one."""
+    seen: dict[str, int] = {}
+    for c in candidates:
+        seen[c.pool.key] = seen.get(c.pool.key, 0) + 1
+    order = sorted(range(len(candidates)), key=lambda i: (
+        sum(1 for c in candidates[:i] if c.pool.key == candidates[i].pool.key), i))
+    return [candidates[i] for i in order]
 
 
 # --- provision ---------------------------------------------------------------------------------
-def provision(ctl: Controller, job_id: str, plan_result: LaunchPlan, now: float) -> Launched:
+def provision(ctl: Controller, job_id: str, plan_result: LaunchPlan, now: float,
+              timings: WorkflowTimings | None = None) -> Launched:
     """Gang-launch in the first candidate with capacity. Every failed pool is recorded (cooldown)
     and excluded for the next plan; when all fail, raise the capacity error for the workflow."""
     job = _live(ctl.store.get_job(job_id))
     if job.status is JobStatus.STARTING and job.attempts and job.attempts[-1].ended_at is None:
-        return _launch_result(job)  # a retried task: the launch already happened
+        return _launch_result(job, timings)  # a retried task: the launch already happened
     if job.status is not JobStatus.PROVISIONING:
         job = ctl.store.save_job(job.model_copy(update={
             "status": transition(job.status, JobStatus.PROVISIONING), "updated_at": now}), job.status, job.version)
-    ranks = list(plan_result.launch_ranks)  # [] is meaningful: every rank survived (restart in place)
-    ranks += _left_spares(ctl, job, plan_result.promoted)  # a spare that left meanwhile: launch its rank
+    extra = _left_spares(ctl, job, plan_result.promoted)  # a spare that left meanwhile: launch its rank
     keep = list(plan_result.keep_instance_ids)
     spec = spec_of(job)
     spare_ranks = _spare_ranks(ctl, job, spec, plan_result)
@@ -150,17 +181,23 @@ def provision(ctl: Controller, job_id: str, plan_result: LaunchPlan, now: float)
     compute = ctl.need_compute()
     for candidate in plan_result.candidates:
         pool = candidate.pool
+        # [] is meaningful: every rank survived (restart in place)
+        world, ranks = plan_result.ranks_for(candidate)
+        ranks = ranks + [r for r in extra if r not in ranks]
         # spares boot with the ranks (spot pools only); nothing waits for them
         wanted = ranks + (spare_ranks if spare_count(spec, pool) else [])
         request = LaunchRequest(job_id=job_id, attempt=attempt, pool=pool, count=len(wanted), ranks=wanted,
-                                gang=spec.resources.nodes,
+                                gang=world,
                                 config_uri=f"s3://{settings().bucket}/{job.submission_key}")
         try:
             instances = _launch(compute, request, ranks)
         except (InsufficientCapacityError, QuotaExceededError) as exc:
             event = PoolEvent.QUOTA_EXCEEDED if isinstance(exc, QuotaExceededError) else PoolEvent.CAPACITY_FAILURE
-            ctl.pool_stats.record(pool.key, event, now)
-            failed.append(pool.key)
+            if event is PoolEvent.CAPACITY_FAILURE and not plan_result.keeps and world > spec.resources.smallest_gang:
+                failed.append(gang_key(pool.key, world))  # a smaller gang may still fit there: no cooldown
+            else:
+                ctl.pool_stats.record(pool.key, event, now)
+                failed.append(pool.key)
             last_error = exc
             log.info("no capacity", extra={"job_id": job_id, "pool": pool.key, "error": str(exc)})
             continue
@@ -169,15 +206,16 @@ def provision(ctl: Controller, job_id: str, plan_result: LaunchPlan, now: float)
                       instance_id=i.instance_id, pool=pool, private_ip=i.private_ip, launched_at=now,
                       spare=i.rank in spare_ranks)
                  for i in instances]
-        nodes += _carry_survivors(ctl, job, keep, attempt, now)
-        nodes += promote_spares(ctl, job, plan_result.promoted, attempt, now)
+        nodes += _carry_survivors(ctl, job, keep, attempt, now, world)
+        nodes += promote_spares(ctl, job, plan_result.promoted, attempt, now, world)
         for node in nodes:
             ctl.store.put_node(node)
         spares = len(spare_nodes(ctl.store, job))  # the new ones and those still standing by
         # billing starts at launch, not at NodeReady; resumed_from_step stays unknown until the trainers
         # report what they restored (TrainingResumed): a notice's final save commits after this launch
         record = Attempt(number=attempt, pool=pool, price_per_hour=candidate.price_per_hour,
-                         nodes=len([n for n in nodes if not n.spare]) + spares, spares=spares, started_at=now)
+                         nodes=len([n for n in nodes if not n.spare]) + spares, spares=spares, world_size=world,
+                         started_at=now)
 
         def started(current: Job, record: Attempt = record) -> Job:
             return current.model_copy(update={
@@ -187,12 +225,12 @@ def provision(ctl: Controller, job_id: str, plan_result: LaunchPlan, now: float)
 
         launched = ctl.store.update_job(job_id, started)
         assert launched is not None
-        return _launch_result(launched)
+        return _launch_result(launched, timings)
 
     ctl.store.update_job(job_id, lambda cur: cur.model_copy(update={
         "excluded_pools": sorted(set(cur.excluded_pools) | set(failed)), "updated_at": now}))
     kind = type(last_error) if last_error is not None else InsufficientCapacityError
-    raise kind(f"no capacity for {len(ranks)} nodes in {len(failed)} pools: {', '.join(failed)}")
+    raise kind(f"no capacity for {len(plan_result.launch_ranks)} nodes in {len(failed)} pools: {', '.join(failed)}")
 
 
 def _launch(compute: Compute, request: LaunchRequest, ranks: list[int]) -> list[Instance]:
@@ -211,7 +249,8 @@ def _launch(compute: Compute, request: LaunchRequest, ranks: list[int]) -> list[
         return compute.launch(request.model_copy(update={"count": len(ranks), "ranks": ranks})) if ranks else []
 
 
-def _carry_survivors(ctl: Controller, job: Job, keep: list[str], attempt: int, now: float) -> list[Node]:
+def _carry_survivors(ctl: Controller, job: Job, keep: list[str], attempt: int, now: float,
+                     world: int) -> list[Node]:
     """Survivors kept by replace-lost-nodes join the new attempt: a new node record each, with a
     RESTART directive (a model the agent parses) so their agents restart training in the new gang,
     from their own local tier, and report NodeReady again."""
@@ -221,7 +260,7 @@ def _carry_survivors(ctl: Controller, job: Job, keep: list[str], attempt: int, n
     why = f"replacement nodes joined; attempt {attempt}"
     return [n.model_copy(update={
         "node_id": node_id_for(attempt, n.rank), "attempt": attempt, "version": 0, "state": NodeState.PENDING,
-        "directive": Directive.restart(job.job_id, attempt, n.rank, now, why).model_dump(mode="json"),
+        "directive": Directive.restart(job.job_id, attempt, n.rank, now, why, world).model_dump(mode="json"),
         "exit_code": None}) for n in old]
 
 
@@ -239,7 +278,8 @@ def _left_spares(ctl: Controller, job: Job, promoted: list[Promotion]) -> list[i
     return [p.rank for p in promoted if p.instance_id not in live]
 
 
-def promote_spares(ctl: Controller, job: Job, promoted: list[Promotion], attempt: int, now: float) -> list[Node]:
+def promote_spares(ctl: Controller, job: Job, promoted: list[Promotion], attempt: int, now: float,
+                   world: int | None = None) -> list[Node]:
     """Hot spares recover chose take their ranks in the new attempt: a gang record each with a
     RESTART directive (like a survivor); their spare record ends (EXITED)."""
     records: list[Node] = []
@@ -252,15 +292,25 @@ def promote_spares(ctl: Controller, job: Job, promoted: list[Promotion], attempt
         records.append(spare.model_copy(update={
             "node_id": node_id_for(attempt, take.rank), "attempt": attempt, "rank": take.rank, "version": 0,
             "state": NodeState.PENDING, "spare": False, "takes_rank": None, "exit_code": None, "release_after": None,
-            "directive": Directive.restart(job.job_id, attempt, take.rank, now, why).model_dump(mode="json")}))
+            "directive": Directive.restart(job.job_id, attempt, take.rank, now, why, world).model_dump(mode="json")}))
         ctl.store.update_node(job.job_id, spare.node_id, lambda n: n.model_copy(update={"state": NodeState.EXITED})
                               if n.state in SPARE_LIVE else None)
     return records
 
 
-def _launch_result(job: Job) -> Launched:
+def review_seconds(spec: JobSpec, timings: WorkflowTimings | None) -> int:
+    """The outcome wait's timeout: the next placement review (``recovery.review_minutes``; 0 = none),
+    never longer than ``timings.outcome_timeout_s``. At that timeout the workflow reviews and, when it
+    stays, waits again: a healthy attempt is never ended for training long."""
+    cap = (timings or WorkflowTimings()).outcome_timeout_s
+    minutes = spec.recovery.review_minutes
+    return max(1, min(cap, int(minutes * 60))) if minutes > 0 else cap
+
+
+def _launch_result(job: Job, timings: WorkflowTimings | None = None) -> Launched:
     last = job.attempts[-1]
-    return Launched(attempt=job.attempt, pool=last.pool, price_per_hour=last.price_per_hour, nodes=last.nodes)
+    return Launched(attempt=job.attempt, pool=last.pool, price_per_hour=last.price_per_hour, nodes=last.nodes,
+                    world_size=last.world_size, review_s=review_seconds(spec_of(job), timings))
 
 
 # --- teardown ----------------------------------------------------------------------------------

@@ -19,17 +19,26 @@ from __future__ import annotations
 from typing import Any
 
 from spotrelay.contracts.exit_codes import ExitCode
-from spotrelay.contracts.recovery import AttemptEnd, Launched, LaunchPlan, RecoveryAction, RecoveryPlan, Verdict
+from spotrelay.contracts.recovery import (
+    AttemptEnd,
+    Candidate,
+    Launched,
+    LaunchPlan,
+    RecoveryAction,
+    RecoveryPlan,
+    Verdict,
+)
 from spotrelay.contracts.workflow import WorkflowTimings
-from spotrelay.domain.models import Job, Node, NodeState
+from spotrelay.domain.models import Attempt, Job, Node, NodeState
 from spotrelay.domain.status import JobStatus
 from spotrelay.errors import NoPlacementError, RetryBudgetExhaustedError
 from spotrelay.placement import CooldownPolicy, InMemoryPoolStatsStore, PoolEvent
-from spotrelay.placement.policy import DEFAULT_CONFIG, spare_count
+from spotrelay.placement.policy import DEFAULT_CONFIG, gang_key, spare_count
+from spotrelay.placement.review import DEFAULT_REVIEW, better_placement
 from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery
 from spotrelay.services.recovery_flow import _result as recovery_result
 from spotrelay.services.waits import outcome_verdict, ready_verdict
-from spotrelay.services.workflow_tasks import _keeping_plan, _new_gang_plan
+from spotrelay.services.workflow_tasks import _keeping_plan, _new_gang_plan, review_seconds
 from spotrelay.sim import spares
 from spotrelay.sim.asl import Await, Finished, Sleep, TaskFailed, Walker, load_asl
 from spotrelay.sim.engine import Run, SimNode
@@ -67,6 +76,9 @@ class SpotrelayRun(Run):
         self.excluded: set[str] = set()
         self.attempt_pool: Any = None
         self.attempt_start = 0.0
+        self.attempts: list[Attempt] = []  # what the job record's attempts say (backoff streak, world size)
+        self.voluntary: dict[str, float] = {}  # instance id -> a review's save deadline (its reclaim_at)
+        self.draining: list[SimNode] = []  # released by the workflow, still saving: end at their exit
         self.waiting: str | None = None
         self.wait_epoch = 0
         self.ready_pending = 0
@@ -78,6 +90,7 @@ class SpotrelayRun(Run):
         self.walker = Walker(asl, {
             "fn_sfn_plan": self.task_plan, "fn_sfn_provision": self.task_provision,
             "fn_sfn_recover": self.task_recover, "fn_sfn_teardown": self.task_teardown,
+            "fn_sfn_review": self.task_review,
             "fn_sfn_finalize": self.task_finalize,
         }, {"job_id": "sim", "timings": self.timings.model_dump()})
 
@@ -116,7 +129,8 @@ class SpotrelayRun(Run):
         make = self._node_template.model_copy
         return [make(update={"node_id": f"a{n.attempt}-r{n.rank}", "attempt": self.attempt, "rank": n.rank,
                              "instance_id": n.instance_id, "pool": n.pool.pool, "state": NodeState(n.state),
-                             "exit_code": n.exit_code, "reclaim_at": n.removal_t if n.state == "DOOMED" else None})
+                             "exit_code": n.exit_code, "reclaim_at": self.voluntary.get(n.instance_id, n.removal_t)
+                             if n.state == "DOOMED" else None})
                 for n in sorted(self.gang.values(), key=lambda n: n.rank)]
 
     def _job(self) -> Job:
@@ -148,13 +162,14 @@ class SpotrelayRun(Run):
             return
         if any(n.state != "READY" or n.end_t is not None for n in self.gang.values()):
             return
-        if len(self.gang) != self.job.nodes:  # never expected: a gang trains whole
+        world = self.attempts[-1].world_size if self.attempts else self.job.nodes
+        if len(self.gang) != world:  # never expected: a gang trains whole
             self.short_starts += 1
             return
         for n in self.gang.values():
             n.state = "RUNNING"
         info = next(iter(self.gang.values())).pool
-        self.start_training(info.pool.instance_type, info.gpus * len(self.gang))
+        self.start_training(info.pool.instance_type, info.gpus * len(self.gang), world=world)
         self.note(info.key, f"training from step {self.ckpt_step}")
 
     def on_booted(self, node: SimNode) -> None:
@@ -190,6 +205,7 @@ class SpotrelayRun(Run):
         keep their instances, and the new gang trains from this save once it is ready."""
         epoch, step, attempt = arg
         if epoch != self.epoch:
+            self._release_drained(attempt)
             return
         if self.running:
             self.stop_training(step if step is not None else self.committed(self.now))
@@ -199,10 +215,19 @@ class SpotrelayRun(Run):
         for n in self.gang.values():
             if n.attempt == attempt and n.state not in ("LOST", "TERMINATED"):
                 n.state, n.exit_code = "EXITED", int(code)
+        self._release_drained(attempt)
         if attempt != self.attempt and self.gang and all(
                 n.state == "READY" for n in self.gang.values()):
             self.at(self.now + self.job.restore_s(), self._train, self.epoch)  # the new gang was ready first
         self._settle()
+
+    def _release_drained(self, attempt: int) -> None:
+        """Ranks the workflow let drain (a move's, or survivors dropped mid-save) exit: released."""
+        for n in [n for n in self.draining if n.attempt == attempt]:
+            self.draining.remove(n)
+            if n.end_t is None:
+                n.state, n.exit_code = "EXITED", int(ExitCode.PREEMPTED_SAVED)
+                self.end_node(n, "EXITED")
 
     def on_rebalance(self, node: SimNode) -> None:
         if not self.running or self.gang.get(node.rank) is not node:
@@ -234,7 +259,7 @@ class SpotrelayRun(Run):
     def _light_job(self) -> Job:
         """The job record fields the services' pure helpers read."""
         return Job(job_id="sim", name="sim", status=JobStatus.RECOVERING, attempt=self.attempt,
-                   recoveries=self.recoveries, user_restarts=self.user_restarts,
+                   recoveries=self.recoveries, user_restarts=self.user_restarts, attempts=self.attempts[-50:],
                    excluded_pools=sorted(self.excluded), spec={"resources": {"nodes": self.job.nodes}})
 
     def _quotes(self) -> list[Any]:
@@ -251,10 +276,13 @@ class SpotrelayRun(Run):
         launch = _keeping_plan(self.spec, recovery, job, quotes, stats) if recovery.keeps else None
         if launch is None:
             if recovery.keep_instance_ids:  # the survivors' pool refused the replacements: they go too
-                kept = set(recovery.keep_instance_ids)
+                kept = set(recovery.keep_instance_ids)  # (workflow_tasks.drop_survivors: saving ones drain)
                 for node in [n for n in self.gang.values() if n.instance_id in kept]:
-                    self.end_node(node)
                     del self.gang[node.rank]
+                    if recovery.deadline is not None and recovery.deadline > self.now and self.running:
+                        self.draining.append(node)
+                    else:
+                        self.end_node(node)
                 for take in recovery.promoted:
                     if take.instance_id in self.bench:
                         self.end_node(self.bench.pop(take.instance_id))
@@ -266,25 +294,33 @@ class SpotrelayRun(Run):
 
     def task_provision(self, payload: dict[str, Any]) -> dict[str, Any]:
         """workflow_tasks.provision: the first candidate with capacity; failures cool down.
-        From the Prewarm state (``standby``): prewarm.prewarm, one rebalance standby."""
+        From the Prewarm state (``standby``): prewarm.prewarm, one rebalance standby; from the Migrate
+        state (``move``): migrate.migrate."""
         if payload.get("standby") is not None:
             return spares.prewarm(self, AttemptEnd.model_validate(payload["standby"]))
+        if payload.get("move") is not None:
+            return self.task_migrate(AttemptEnd.model_validate(payload["move"]))
         plan = LaunchPlan.model_validate(payload["plan"])
-        ranks, keep = list(plan.launch_ranks), set(plan.keep_instance_ids)
-        ranks += spares.left(self, plan.promoted)  # workflow_tasks._left_spares
+        keep = set(plan.keep_instance_ids)
+        extra = spares.left(self, plan.promoted)  # workflow_tasks._left_spares
         spare_ranks = spares.to_launch(self, plan.promoted)
         attempt = self.attempt + 1
-        failed = []
+        failed: list[str] = []
         for candidate in plan.candidates:
             sp = self.market.by_key[candidate.pool.key]
+            world, ranks = plan.ranks_for(candidate)
+            ranks = ranks + [r for r in extra if r not in ranks]
             # spares boot with the ranks (one all-or-none launch; spot pools only), as provision asks
             wanted = ranks + (spare_ranks if spare_count(self.spec, candidate.pool) else [])
             nodes = self.launch(sp, wanted, attempt) if wanted else []
             if nodes is None and wanted != ranks:  # workflow_tasks._launch: the spares are best effort
                 nodes = self.launch(sp, ranks, attempt) if ranks else []
-            if nodes is None:
-                self.stats.record(sp.key, PoolEvent.CAPACITY_FAILURE, self.now)
-                failed.append(sp.key)
+            if nodes is None:  # workflow_tasks.provision: a smaller gang may still fit (no cooldown)
+                if not plan.keeps and world > self.spec.resources.smallest_gang:
+                    failed.append(gang_key(sp.key, world))
+                else:
+                    self.stats.record(sp.key, PoolEvent.CAPACITY_FAILURE, self.now)
+                    failed.append(sp.key)
                 continue
             self.stats.record(sp.key, PoolEvent.LAUNCHED, self.now)
             survivors = {r: n for r, n in self.gang.items() if n.instance_id in keep}
@@ -298,9 +334,11 @@ class SpotrelayRun(Run):
             self.gang = {**survivors, **spares.join(self, nodes, spare_ranks, plan.promoted, attempt)}
             self.attempt, self.excluded = attempt, set()
             self.attempt_pool, self.attempt_start = sp, self.now
+            self.attempts.append(Attempt(number=attempt, pool=sp.pool, started_at=self.now, world_size=world))
             self.decisions.append({"attempt": attempt, "pool": sp.key, "resumed_from_step": self.ckpt_step})
             return Launched(attempt=attempt, pool=sp.pool, price_per_hour=candidate.price_per_hour,
-                            nodes=len(self.gang)).model_dump(mode="json")
+                            nodes=len(self.gang), world_size=world,
+                            review_s=review_seconds(self.spec, self.timings)).model_dump(mode="json")
         self.excluded |= set(failed)
         raise TaskFailed("InsufficientCapacityError", f"no capacity in {len(failed)} pools")
 
@@ -339,6 +377,8 @@ class SpotrelayRun(Run):
         keep: list[str] = []
         action = RecoveryAction.NEW_CLUSTER
         home = None
+        if self.attempts and self.attempts[-1].ended_at is None:
+            self.attempts[-1] = self.attempts[-1].model_copy(update={"ended_at": self.now})
         quotes = self._quotes()
         stats = self.stats.get_many(p.key for p in self.market.pools)
         try:
@@ -363,6 +403,73 @@ class SpotrelayRun(Run):
         self.note(current.key if current else "", f"recover: {end.outcome.value}, {action.value}")
         result = recovery_result(self._light_job(), records, self.timings, end, end.reason, spares.records(self))
         return result.model_dump(mode="json")
+
+    def task_review(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """review.review: stay (READY) or MIGRATE with the target (agents always heartbeat here)."""
+        stay = AttemptEnd(outcome=Verdict.READY, attempt=self.attempt, reason="no better placement")
+        current, gang = self.attempt_pool, list(self.gang.values())
+        if (int(payload.get("attempt", 0)) != self.attempt or not self.running or current is None
+                or self.spec.recovery.review_minutes <= 0 or any(n.state != "RUNNING" for n in gang)):
+            return stay.model_dump(mode="json")
+        quotes = self._quotes()
+        here = next((q for q in quotes if q.pool == current.pool), None)
+        stats = self.stats.get_many(p.key for p in self.market.pools)
+        move = None if here is None else better_placement(self.spec, here, len(gang), quotes, stats, self.now,
+                                                          frozenset(self.excluded), config=self.config)
+        if move is None:
+            return stay.model_dump(mode="json")
+        t = move.target
+        leaving = [] if move.in_place else gang
+        return AttemptEnd(outcome=Verdict.MIGRATE, attempt=self.attempt, reason=move.reason,
+                          lost_ranks=tuple(sorted(n.rank for n in leaving)),
+                          target=Candidate(pool=t.pool, price_per_hour=t.quote.price_per_hour, score=round(t.score, 4),
+                                           nodes=t.nodes)).model_dump(mode="json")
+
+    def task_migrate(self, move: AttemptEnd) -> dict[str, Any]:
+        """migrate.migrate: launch the target first; then the old ranks save by its ready time and the
+        leaving ones drain (a self-imposed notice). No capacity: stay (the workflow waits again)."""
+        target, gang = move.target, list(self.gang.values())
+        if (target is None or move.attempt != self.attempt or not self.running
+                or any(n.state != "RUNNING" for n in gang)):
+            raise TaskFailed("MoveCancelledError", "the attempt changed")
+        sp = self.market.by_key[target.pool.key]
+        world = target.nodes or self.job.nodes
+        leaving = [n for n in gang if n.rank in set(move.lost_ranks)]
+        staying = [n for n in gang if n not in leaving]
+        ranks = sorted(set(range(world)) - {n.rank for n in staying})
+        attempt = self.attempt + 1
+        nodes = self.launch(sp, ranks, attempt) if ranks else []
+        if nodes is None:
+            self.stats.record(sp.key, PoolEvent.CAPACITY_FAILURE, self.now)
+            raise TaskFailed("InsufficientCapacityError", f"no capacity in {sp.key} for the move")
+        self.stats.record(sp.key, PoolEvent.LAUNCHED, self.now)
+        deadline = self.now + DEFAULT_REVIEW.boot_minutes * 60
+        for node in leaving:
+            node.state = "DOOMED"
+            self.voluntary[node.instance_id] = deadline
+            self.draining.append(node)
+        flush = self.job.flush_s()  # every rank saves as late as its flush allows (as after a notice)
+        save_t = max(self.now, deadline - flush - SAVE_MARGIN_S)
+        step = int(self.step_at(save_t) + 1e-6)
+        self.at(save_t + flush, self._exit_all, (self.epoch, step, self.attempt))
+        current = self.attempt_pool
+        if current is not None:
+            hours = max(0.0, self.now - self.attempt_start) / 3600.0 * max(1, len(gang))
+            self.stats.record(current.key, PoolEvent.OBSERVED, self.now, hours=hours)
+        if self.attempts and self.attempts[-1].ended_at is None:
+            self.attempts[-1] = self.attempts[-1].model_copy(update={"ended_at": self.now})
+        for n in staying:  # the RESTART directive at the new world size
+            n.attempt = attempt
+            n.state = "READY"
+        self.gang = {**{n.rank: n for n in staying}, **{n.rank: n for n in nodes}}
+        self.attempt, self.excluded = attempt, set()
+        self.attempt_pool, self.attempt_start = sp, self.now
+        self.attempts.append(Attempt(number=attempt, pool=sp.pool, started_at=self.now, world_size=world))
+        self.decisions.append({"attempt": attempt, "pool": sp.key, "resumed_from_step": self.ckpt_step})
+        self.metrics.moves += 1
+        self.note(sp.key, f"move x{world} ({move.reason[:60]})")
+        return Launched(attempt=attempt, pool=sp.pool, price_per_hour=target.price_per_hour, nodes=len(self.gang),
+                        world_size=world, review_s=review_seconds(self.spec, self.timings)).model_dump(mode="json")
 
     def task_teardown(self, payload: dict[str, Any]) -> dict[str, Any]:
         self.release_all()

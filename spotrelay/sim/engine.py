@@ -61,6 +61,7 @@ class Fault:
 @dataclass
 class Metrics:
     interruptions: int = 0  # attempts ended by a reclaim or a loss
+    moves: int = 0  # voluntary moves a placement review made (spotrelay)
     recoveries: int = 0  # restarts of training after one
     steps_lost: int = 0
     recovery_s: list[float] = field(default_factory=list)
@@ -253,13 +254,16 @@ class Run:
             self.on_removed(node, announced)
 
     # --- training -------------------------------------------------------------------------------
-    def start_training(self, instance_type: str, gpus: int) -> None:
+    def start_training(self, instance_type: str, gpus: int, world: int | None = None) -> None:
+        """``world`` ranks (an elastic gang, default the job's nodes) keep the global batch: a step
+        takes nodes / world times longer and is worth the same useful GPU-hours."""
         self.running = True
         self.epoch += 1
         self.seg_t0, self.seg_step0 = self.now, float(self.ckpt_step)
         self.step_pure = self.job.step_s(REF_TYPE)  # useful hours in reference (H100) GPU-hours
-        self.every = self.job.every_steps(instance_type)
-        self.step_eff = self.job.step_s(instance_type) + self.job.stall_s(instance_type) / self.every
+        scale = self.job.nodes / world if world else 1.0
+        self.every = max(1, round(self.job.every_steps(instance_type) / scale))
+        self.step_eff = (self.job.step_s(instance_type) + self.job.stall_s(instance_type) / self.every) * scale
         self.seg_gpus = self.job.nodes * self.job.ref_gpus()
         self.seg_nodes = list(self.gang.values())
         if self.stopped_at is not None:

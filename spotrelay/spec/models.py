@@ -170,6 +170,10 @@ class Recovery(Strict):
     strategy: Literal["replace-cluster", "replace-lost-nodes"] = "replace-lost-nodes"
     launch_at_notice: bool = Field(True, description="boot the doomed ranks' replacements during the notice")
     prewarm_on_rebalance: bool = Field(False, description="boot a standby on a rebalance recommendation")
+    review_minutes: float = Field(
+        30.0, ge=0, le=7 * 24 * 60,
+        description="while training, ask placement this often whether a clearly better placement exists "
+        "(leave on-demand for spot, a much cheaper pool, grow back to nodes); 0: never move voluntarily")
     prewarm_wait_s: float = Field(600.0, gt=0, le=3600, description="release the standby if no notice by then")
     max_recoveries: int = Field(10, ge=0, le=1000)
     max_user_restarts: int = Field(0, ge=0, le=100)

@@ -73,7 +73,8 @@ def test_waits_and_timeouts_come_from_the_input() -> None:
         for key in ("SecondsPath", "TimeoutSecondsPath", "HeartbeatSecondsPath"):
             if key in state:
                 path = state[key]
-                assert path.startswith(("$.timings.", "$.recovery.")), path
+                # $.launch.review_s: provision's bound of the outcome wait (timings.outcome_timeout_s at most)
+                assert path.startswith(("$.timings.", "$.recovery.")) or path == "$.launch.review_s", path
                 if path.startswith("$.timings."):
                     assert path.removeprefix("$.timings.") in fields
         assert "TimeoutSeconds" not in state and "Seconds" not in state and "HeartbeatSeconds" not in state

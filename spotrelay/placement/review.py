@@ -1,0 +1,101 @@
+"""The placement review: while a gang trains, is there a clearly better placement now? Pure.
+
+The workflow asks every ``recovery.review_minutes`` (services/review.py). With the current
+(pool, gang size) scored like any candidate (``score_pool``, USD per useful hour of the full gang's
+work) and the best candidate now (``evaluate_pools`` with gang sizes down to ``min_nodes``)::
+
+    work_rate = useful * throughput * locality * n / N / delay      full-gang work-hours per hour there
+    gain      = (score_now - score_best) * work_rate                 USD saved per hour after the move
+    horizon   = min(horizon_hours, 1 / gang_interruptions_per_hour(best))
+    move_cost = new_gang_price * (boot_h + restore_h)                the new gang boots while the old
+              + old_gang_price * save_h                              trains (make-before-break), then
+                                                                      restores; the old one's last save
+    move when gain * horizon > move_cost * (1 + margin)
+
+So a move pays for its boot, its restore and the double billing of the overlap within the time it
+is expected to last (its first interruption, at most ``horizon_hours``), with a margin on top. The
+three cases it covers: leave on-demand for spot, leave an expensive spot pool for a much cheaper
+one, and grow a shrunk gang back to ``resources.nodes`` (in the same pool: only the new ranks boot).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from spotrelay.placement import catalog
+from spotrelay.placement.policy import DEFAULT_CONFIG, PlacementConfig, ScoredPool, evaluate_pools, score_pool
+from spotrelay.placement.pool_stats import PoolStats
+from spotrelay.ports.market import PoolQuote
+from spotrelay.spec.models import JobSpec
+
+
+class ReviewConfig(BaseModel):
+    """Assumptions of the move decision (docs/placement.md, "Review")."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    boot_minutes: float = Field(5.0, ge=0, description="launch -> NodeReady; the old gang saves by then")
+    save_minutes: float = Field(2.0, ge=0, description="the old gang's last save (inside a notice window)")
+    horizon_hours: float = Field(24.0, gt=0, description="longest a move is counted on to pay back")
+    margin: float = Field(0.5, ge=0, description="the gain must beat the move's cost by this share")
+
+
+DEFAULT_REVIEW = ReviewConfig()
+
+
+class Move(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    target: ScoredPool
+    current: ScoredPool
+    gain_per_hour: float  # USD per hour after the move
+    move_cost: float  # USD
+    horizon_hours: float
+    ready_s: float  # the new gang is expected ready this long after the launch: the old one saves by then
+
+    @property
+    def in_place(self) -> bool:
+        """The same pool, a larger gang: the current nodes stay and only the new ranks boot."""
+        return self.target.pool == self.current.pool
+
+    @property
+    def reason(self) -> str:
+        t, c = self.target, self.current
+        return (f"review: {t.pool.key} x{t.nodes} at {t.score:.2f} USD per useful hour beats {c.pool.key} x{c.nodes}"
+                f" at {c.score:.2f}; saves {self.gain_per_hour:.2f}/h over {self.horizon_hours:.1f} h for a"
+                f" move of {self.move_cost:.2f}")
+
+
+def work_rate(scored: ScoredPool) -> float:
+    """Full-gang work-hours done per wall hour in this placement (the score's denominator)."""
+    b = scored.breakdown
+    return b["useful_fraction"] * b["throughput"] * b["locality"] * b["gang_share"] / b["delay_factor"]
+
+
+def better_placement(
+    spec: JobSpec, current: PoolQuote, world: int, quotes: list[PoolQuote], stats: Mapping[str, PoolStats],
+    now: float, excluded: frozenset[str] = frozenset(), *, config: PlacementConfig = DEFAULT_CONFIG,
+    review: ReviewConfig = DEFAULT_REVIEW,
+) -> Move | None:
+    """The move worth making now, or None (stay). ``current``: the quote of the pool the gang of
+    ``world`` ranks runs in."""
+    now_scored = score_pool(spec, current, stats.get(current.pool.key), config, nodes=world)
+    ranked = evaluate_pools(spec, quotes, stats, now, excluded, config=config, gang_sizes=True).ranked
+    best = next((s for s in ranked if not (s.pool == current.pool and s.nodes <= world)), None)
+    if best is None or best.score >= now_scored.score:
+        return None
+    info = catalog.instance(best.pool.instance_type)
+    restore_min = max(0.0, (info.restore_minutes if info else config.default_restore_minutes) - review.boot_minutes)
+    same = best.pool == current.pool
+    new_nodes = best.nodes - world if same else best.nodes
+    price = best.quote.price_per_hour
+    boot_h, restore_h, save_h = review.boot_minutes / 60, restore_min / 60, review.save_minutes / 60
+    move_cost = (new_nodes * price * boot_h + best.nodes * price * restore_h
+                 + world * current.price_per_hour * save_h)
+    gain = (now_scored.score - best.score) * work_rate(best)
+    gang_rate = best.breakdown["gang_interruptions_per_hour"]
+    horizon = min(review.horizon_hours, 1.0 / gang_rate) if gang_rate > 0 else review.horizon_hours
+    if gain * horizon <= move_cost * (1.0 + review.margin):
+        return None
+    return Move(target=best, current=now_scored, gain_per_hour=gain, move_cost=move_cost, horizon_hours=horizon,
+                ready_s=review.boot_minutes * 60)

@@ -1,0 +1,80 @@
+"""The workflow's Review task: the outcome wait timed out at ``$.launch.review_s`` while the attempt
+trains. Ask placement whether a clearly better placement exists now (``placement/review.py``).
+
+- Silent (no heartbeat from the gang within ``timings.heartbeat_s``): ``AttemptEnd(HEARTBEAT_TIMEOUT)``,
+  recovered like the wait's own heartbeat timeout.
+- Stay (the usual answer): ``AttemptEnd(READY)``; the workflow waits for the outcome again (a new
+  token; ``register_wait`` settles at once if the attempt ended meanwhile). So a healthy attempt
+  that trains longer than ``timings.outcome_timeout_s`` is never ended for it.
+- Move: ``AttemptEnd(MIGRATE)`` with the target (pool, gang size); nothing is touched yet. The
+  workflow's Migrate state (``services/migrate.py``) launches the new gang first and only then tells
+  the old ranks to save (make-before-break); no capacity there: it waits for the outcome again.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from spotrelay.contracts.recovery import AttemptEnd, Candidate, Verdict
+from spotrelay.contracts.workflow import WorkflowTimings
+from spotrelay.domain.models import Job, Node, NodeState
+from spotrelay.domain.status import JobStatus
+from spotrelay.placement.review import Move, better_placement
+from spotrelay.services.controller import Controller, attempt_nodes, spec_of
+
+log = logging.getLogger(__name__)
+_TRAINING = (NodeState.READY, NodeState.RUNNING)
+
+
+def _stay(job: Job, why: str) -> AttemptEnd:
+    return AttemptEnd(outcome=Verdict.READY, attempt=job.attempt, reason=why)
+
+
+def decide(ctl: Controller, job: Job, now: float) -> Move | None:
+    """The move placement recommends for this job's running attempt (None: stay)."""
+    spec = spec_of(job)
+    current = job.attempts[-1] if job.attempts else None
+    if spec.recovery.review_minutes <= 0 or current is None or current.pool is None:
+        return None
+    nodes = attempt_nodes(ctl.store, job)
+    if job.status is not JobStatus.RUNNING or not nodes or any(n.state not in _TRAINING for n in nodes):
+        return None  # something is already happening to the attempt: the outcome wait decides
+    assert ctl.market is not None
+    res = spec.resources
+    quotes = ctl.market.quotes(res.regions, res.instance_types, [m.value for m in res.markets],
+                               capacity=res.nodes + res.spares)
+    here = next((q for q in quotes if q.pool == current.pool), None)
+    if here is None:
+        return None
+    stats = ctl.pool_stats.get_many([q.pool.key for q in quotes])
+    world = current.world_size or len([n for n in nodes if not n.spare])
+    return better_placement(spec, here, world, quotes, stats, now, frozenset(job.excluded_pools))
+
+
+def silent(nodes: list[Node], heartbeat_s: float, now: float) -> bool:
+    """No live node of the gang spoke within ``heartbeat_s`` (an engine may report the outcome
+    wait's missed heartbeat as a plain timeout: the review then ends the attempt as that)."""
+    live = [n for n in nodes if n.state in (*_TRAINING, NodeState.PENDING)]
+    return bool(live) and max((n.last_heartbeat or n.launched_at) for n in live) < now - heartbeat_s
+
+
+def review(ctl: Controller, job_id: str, attempt: int, now: float,
+           timings: WorkflowTimings | None = None) -> AttemptEnd:
+    job = ctl.store.get_job(job_id)
+    if job.attempt != attempt or job.status.terminal:
+        return _stay(job, f"attempt {attempt} is no longer current")
+    timings = timings or WorkflowTimings()
+    if silent(attempt_nodes(ctl.store, job), timings.heartbeat_s, now):
+        return AttemptEnd(outcome=Verdict.HEARTBEAT_TIMEOUT, attempt=attempt, reason="the gang went silent")
+    move = decide(ctl, job, now)
+    if move is None:
+        return _stay(job, "no better placement")
+    target = move.target
+    log.info("placement review: move", extra={"job_id": job_id, "target": target.pool.key, "nodes": target.nodes,
+                                              "gain_per_hour": round(move.gain_per_hour, 2),
+                                              "move_cost": round(move.move_cost, 2)})
+    leaving = [] if move.in_place else attempt_nodes(ctl.store, job)
+    return AttemptEnd(outcome=Verdict.MIGRATE, attempt=attempt, reason=move.reason,
+                      lost_ranks=tuple(sorted(n.rank for n in leaving)),
+                      target=Candidate(pool=target.pool, price_per_hour=target.quote.price_per_hour,
+                                       score=round(target.score, 4), nodes=target.nodes))

@@ -1,0 +1,96 @@
+"""The placement review (pure): move only when a clearly better placement pays for its move, and the
+contract pieces the move and elastic gangs travel in."""
+
+from __future__ import annotations
+
+from spotrelay.contracts.events import Directive
+from spotrelay.contracts.recovery import Candidate, LaunchPlan
+from spotrelay.contracts.workflow import WorkflowTimings
+from spotrelay.domain.models import Attempt, Job
+from spotrelay.domain.status import JobStatus
+from spotrelay.placement import PoolEvent, apply_event, empty_stats, rank_pools
+from spotrelay.placement.pool_stats import PoolStats
+from spotrelay.placement.review import ReviewConfig, better_placement, work_rate
+from spotrelay.ports.market import PoolQuote
+from spotrelay.services.recovery_flow import backoff_seconds, failure_streak
+from tests.unit.test_placement_policy import NOW, make_spec, quotes_for
+
+
+def _pick(quotes: list[PoolQuote], market: str, instance_type: str = "p5.48xlarge") -> PoolQuote:
+    return next(q for q in quotes if q.pool.market == market and q.pool.instance_type == instance_type)
+
+
+def test_a_gang_on_on_demand_moves_to_spot_when_the_saving_pays_for_the_move() -> None:
+    spec = make_spec()
+    quotes = quotes_for(spec)
+    move = better_placement(spec, _pick(quotes, "on-demand"), 4, quotes, {}, NOW)
+    assert move is not None and move.target.pool.market == "spot" and move.target.nodes == 4
+    assert move.gain_per_hour * move.horizon_hours > move.move_cost * 1.5 and not move.in_place
+    assert "beats" in move.reason
+
+
+def test_the_best_placement_stays_and_a_huge_margin_stays_too() -> None:
+    spec = make_spec()
+    quotes = quotes_for(spec)
+    top = rank_pools(spec, quotes, {}, NOW)[0].quote
+    assert better_placement(spec, top, 4, quotes, {}, NOW) is None
+    od = _pick(quotes, "on-demand")
+    assert better_placement(spec, od, 4, quotes, {}, NOW, review=ReviewConfig(margin=1e6)) is None
+
+
+def test_a_move_does_not_pay_when_the_target_is_interrupted_all_the_time() -> None:
+    spec = make_spec(markets=["spot", "on-demand"])
+    quotes = quotes_for(spec)
+    stats: dict[str, PoolStats] = {}
+    for q in quotes:  # every spot pool: 400 interruptions in 100 instance-hours (cooldowns long over)
+        if q.pool.market == "spot":
+            s = empty_stats(q.pool.key)
+            for _ in range(400):
+                s = apply_event(s, PoolEvent.INTERRUPTED, NOW - 86400)
+            stats[q.pool.key] = apply_event(s, PoolEvent.OBSERVED, NOW - 86400, hours=100.0)
+    assert better_placement(spec, _pick(quotes, "on-demand"), 4, quotes, stats, NOW) is None
+
+
+def test_a_shrunk_gang_grows_back_in_its_own_pool() -> None:
+    spec = make_spec(min_nodes=2, markets=["spot"], instance_types=["p5.48xlarge"])
+    quotes = quotes_for(spec)
+    home = rank_pools(spec, quotes, {}, NOW)[0].quote
+    move = better_placement(spec, home, 2, quotes, {}, NOW)
+    assert move is not None and move.target.nodes == 4
+    # only the two new ranks boot in place; elsewhere all four would
+    assert move.in_place == (move.target.pool == home.pool)
+    assert work_rate(move.target) > 0
+
+
+def test_ranks_for_a_new_gang_follows_the_candidate_size_and_a_keeping_plan_its_world() -> None:
+    pool = quotes_for(make_spec())[0].pool
+    small = Candidate(pool=pool, price_per_hour=1.0, score=1.0, nodes=3)
+    new = LaunchPlan(candidates=[small], launch_ranks=[0, 1, 2, 3])
+    assert new.ranks_for(small) == (3, [0, 1, 2])
+    keeping = LaunchPlan(candidates=[small], launch_ranks=[1], keep_instance_ids=["i-0", "i-2"], world_size=3)
+    assert keeping.ranks_for(small) == (3, [1])
+    legacy = LaunchPlan(candidates=[Candidate(pool=pool, price_per_hour=1.0, score=1.0)], launch_ranks=[0, 1])
+    assert legacy.ranks_for(legacy.candidates[0]) == (2, [0, 1])
+
+
+def test_restart_directive_carries_the_world_size() -> None:
+    directive = Directive.restart("job", 3, 1, NOW, "grown back", world_size=4)
+    assert Directive.model_validate(directive.model_dump(mode="json")).world_size == 4
+    assert Directive.restart("job", 3, 1, NOW, "same size").world_size is None
+
+
+def test_backoff_resets_after_a_healthy_stretch() -> None:
+    timings = WorkflowTimings(backoff_s=30, backoff_max_s=600, healthy_s=3600)
+
+    def job(*lengths: float) -> Job:
+        attempts, t = [], NOW
+        for i, length in enumerate(lengths, start=1):
+            attempts.append(Attempt(number=i, started_at=t, ended_at=t + length))
+            t += length + 60
+        return Job(job_id="j", name="j", status=JobStatus.RECOVERING, attempts=attempts, recoveries=len(lengths))
+
+    assert failure_streak(job(60, 60, 60), timings) == 3
+    assert backoff_seconds(timings, failure_streak(job(60, 60, 60), timings)) == 120
+    # a week of healthy training, then one short attempt: the backoff starts over
+    assert failure_streak(job(60, 60, 7 * 86400, 60), timings) == 1
+    assert backoff_seconds(timings, failure_streak(job(60, 60, 7 * 86400, 60), timings)) == 30
