@@ -69,7 +69,7 @@ ACTIONS: dict[str, frozenset[str]] = {
     "sfn_provision": _READ | _WRITE | {"dynamodb:UpdateItem"} | LAUNCH,  # the only task that launches
     "sfn_register_wait": _READ | _WRITE | NOTIFY | {"states:SendTaskSuccess", "states:SendTaskFailure"},
     "sfn_recover": _READ | _WRITE | {"dynamodb:UpdateItem"} | MARKET | TERMINATE | NOTIFY,
-    "sfn_review": _READ | _WRITE | MARKET,  # dooms the leaving ranks and tells them to save (a move)
+    "sfn_review": _READ | MARKET,  # decides only: Migrate (sfn_provision) launches and writes
     "sfn_teardown": _READ | _WRITE | TEARDOWN,
     "sfn_finalize": frozenset({"dynamodb:GetItem"}) | _WRITE | NOTIFY,
     "slack_notifier": frozenset({"secretsmanager:GetSecretValue"}),

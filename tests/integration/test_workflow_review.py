@@ -1,0 +1,77 @@
+"""The placement review through moto's execution of the job-run ASL: the outcome wait times out at
+``$.launch.review_s``, Review asks placement, Migrate launches the better gang first and only then
+tells the old ranks to save and drain (make-before-break); no capacity there: the attempt goes on."""
+
+from __future__ import annotations
+
+from functions import on_agent_event
+from spotrelay.contracts.workflow import WorkflowTimings
+from spotrelay.domain.models import NodeState
+from spotrelay.domain.status import JobStatus
+from tests.integration.controller_doubles import CAPACITY, agent_event, ctx, new_job, pool, wait_until
+from tests.integration.test_workflow_job_run import Harness, wf  # noqa: F401  (the fixture)
+
+# spot costs more than on-demand at first: the job starts on on-demand
+DEAR_SPOT = {pool("p5.48xlarge", "spot").key: 150.0, pool("p4d.24xlarge", "spot").key: 60.0,
+             pool("p5.48xlarge", "on-demand").key: 98.0, pool("p4d.24xlarge", "on-demand").key: 32.0}
+CHEAP_SPOT = {pool("p5.48xlarge", "spot").key: 20.0, pool("p4d.24xlarge", "spot").key: 8.0}
+TIMINGS = WorkflowTimings(ready_timeout_s=60, heartbeat_s=120, outcome_timeout_s=600, backoff_s=0, backoff_max_s=1,
+                          provision_retry_s=0)
+REVIEW = {"review_minutes": 0.05, "launch_at_notice": True}  # a review every 3 s
+
+
+def test_a_gang_on_on_demand_moves_to_spot_make_before_break(wf: Harness) -> None:
+    wf.market.prices = dict(DEAR_SPOT)
+    job = new_job(wf.store, **REVIEW)
+    arn = wf.start(job, TIMINGS)
+    first = wf.agents_ready(1)
+    assert wf.job().attempts[0].pool.market == "on-demand"
+    assert wf.job().attempts[0].world_size == 2
+    wf.market.prices.update(CHEAP_SPOT)  # spot got cheap: the next review moves the gang
+
+    second = wf.gang(2)  # launched while the old gang still trains
+    moved = wf.job()
+    assert moved.attempts[1].pool.market == "spot" and moved.attempts[1].world_size == 2
+    assert moved.attempts[0].end_reason == "migrate" and moved.recoveries == 0 and moved.excluded_pools == []
+    old = [wf.store.get_node(job.job_id, n.node_id) for n in first]
+    assert all(n.state is NodeState.DOOMED and n.release_after is not None for n in old)
+    assert all(n.directive and n.directive["kind"] == "CHECKPOINT_NOW" and n.directive["deadline"] for n in old)
+    assert {n.instance_id for n in first} <= set(wf.compute.running(job.job_id))  # not released before the save
+    launch = wf.compute.launched[-1]
+    assert launch.gang == 2 and launch.ranks == [0, 1]
+
+    # the old ranks commit the final save and exit: their exit releases them
+    on_agent_event.handler(agent_event("CheckpointCommitted", first[0], step=30, uri="s3://b/ckpt/step-30/",
+                                       emergency=True), ctx())
+    wf.exit_all(first, 75, last_step=30, last_committed_step=30)
+    wait_until(lambda: not {n.instance_id for n in first} & set(wf.compute.running(job.job_id)),
+               what="drained ranks released")
+    for node in second:
+        on_agent_event.handler(agent_event("NodeReady", node), ctx())
+    wait_until(lambda: wf.job().status is JobStatus.RUNNING, what="the moved gang runs")
+    wf.market.prices = {k: v for k, v in wf.market.prices.items() if "spot" in k}  # nothing better: stay
+    wf.exit_all(second, 0)
+    assert wf.finished(arn)["status"] == "SUCCEEDED"
+    states = wf.states_entered(arn)
+    assert "Migrate" in states and "Recover" not in states and wf.job().last_checkpoint.step == 30
+
+
+def test_no_capacity_for_the_move_keeps_the_gang_training(wf: Harness) -> None:
+    wf.market.prices = dict(DEAR_SPOT)
+    wf.compute._fail = lambda p, n: CAPACITY if p.market == "spot" else None
+    job = new_job(wf.store, **REVIEW)
+    arn = wf.start(job, TIMINGS)
+    first = wf.agents_ready(1)
+    wf.market.prices.update(CHEAP_SPOT)
+    # every spot pool refuses the move, one review after another; each then cools down
+    wait_until(lambda: {k for k in CHEAP_SPOT} <= set(wf.compute.tried), what="both spot pools tried")
+    wait_until(lambda: all(wf.stats.get_many([k])[k].cooldown_until > 0 for k in CHEAP_SPOT), what="cooldowns")
+    current = wf.job()
+    assert current.attempt == 1 and current.status is JobStatus.RUNNING and current.recoveries == 0
+    assert all(wf.store.get_node(job.job_id, n.node_id).state is NodeState.READY for n in first)
+    assert all(not (wf.store.get_node(job.job_id, n.node_id).directive or {}) for n in first)
+    on_agent_event.handler(agent_event("Heartbeat", first[0], step=5), ctx())
+    wf.exit_all(first, 0)
+    assert wf.finished(arn)["status"] == "SUCCEEDED"
+    states = wf.states_entered(arn)
+    assert states.count("WaitOutcome") >= 2 and "Migrate" in states and "Recover" not in states
