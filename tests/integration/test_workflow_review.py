@@ -9,7 +9,9 @@ from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.models import NodeState
 from spotrelay.domain.status import JobStatus
 from tests.integration.controller_doubles import CAPACITY, agent_event, ctx, new_job, pool, wait_until
-from tests.integration.test_workflow_job_run import Harness, wf  # noqa: F401  (the fixture)
+from tests.integration.test_workflow_job_run import Harness, wf
+
+__all__ = ["wf"]
 
 # spot costs more than on-demand at first: the job starts on on-demand
 DEAR_SPOT = {pool("p5.48xlarge", "spot").key: 150.0, pool("p4d.24xlarge", "spot").key: 60.0,
