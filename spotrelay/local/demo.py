@@ -209,6 +209,8 @@ def run_demo(opts: DemoOptions) -> report.Summary:
     twin.bus.listeners.append(rec.on_ec2)
     chaos = ChaosDriver(market, twin.compute, where=lambda: places_of(rec.nodes))
     chaos.listeners.append(rec.on_fault)
+    if script is not None:
+        chaos.listeners.append(lambda f: script.on_notice(f.time))
     chaos.start()
     spec_text = deliver_script_dir(spec_text, Path.cwd())
     key = twin.submit(spec_text, f"{spec.name}.yaml")
@@ -236,8 +238,8 @@ def run_demo(opts: DemoOptions) -> report.Summary:
                         console.print(f"{t - t0:7.1f}s  {text}", highlight=False, soft_wrap=True)
                 if rec.job is not None and rec.job.status.terminal:
                     break
-                grown = script.tick(max((s for s in rec.steps.values() if s is not None), default=None)) \
-                    if script is not None else None
+                grown = script.tick(max((s for s in rec.steps.values() if s is not None), default=None),
+                                    time.time()) if script is not None else None
                 if grown:
                     log.add(grown, "bold yellow")
                 time.sleep(0.5)

@@ -14,7 +14,7 @@ loss is within ``LOSS_RTOL`` (relative) of the uninterrupted reference at the sa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from spotrelay.domain.models import Node
@@ -50,9 +50,12 @@ class ElasticScript:
     nodes: int
     notice_step: int
     grow_after_steps: int
+    # no smaller gang resumed this long after the notice: give the capacity back anyway, so the job
+    # finishes (and the summary says it never shrank) instead of waiting for the demo's timeout
+    give_up_s: float = 300.0
     lift_at_step: int | None = None
+    notice_at: float | None = None
     lifted: bool = False
-    log: list[str] = field(default_factory=list)
 
     def chaos(self) -> list[ChaosAction]:
         return [ChaosAction("interrupt", str(self.nodes - 1), at_step=self.notice_step, attempt=1,
@@ -63,13 +66,24 @@ class ElasticScript:
         if world < self.nodes and self.lift_at_step is None:
             self.lift_at_step = step + self.grow_after_steps
 
-    def tick(self, step: int | None) -> str | None:
+    def on_notice(self, at: float) -> None:
+        self.notice_at = self.notice_at or at
+
+    def tick(self, step: int | None, now: float) -> str | None:
         """Called with the running gang's step; a line to log when capacity returns."""
-        if self.lifted or self.lift_at_step is None or step is None or step < self.lift_at_step:
+        if self.lifted:
             return None
+        if self.lift_at_step is None:
+            if self.notice_at is None or now - self.notice_at < self.give_up_s:
+                return None
+            why = f"no smaller gang resumed within {self.give_up_s:.0f} s of the notice"
+        elif step is None or step < self.lift_at_step:
+            return None
+        else:
+            why = f"step {step}"
         self.lifted = True
         self.market.lift_limits()
-        return f"capacity returns: every pool has room for {self.nodes} nodes again (step {step})"
+        return f"capacity returns: every pool has room for {self.nodes} nodes again ({why})"
 
 
 def world_sizes(nodes: list[Node]) -> dict[int, int]:

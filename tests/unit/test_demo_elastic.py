@@ -37,13 +37,24 @@ def test_capacity_shrinks_at_the_notice_and_returns_after_the_smaller_gang_train
     market.limit_capacity(action.limit_nodes or 0)  # what the chaos driver does before the notice
     with pytest.raises(InsufficientCapacityError):
         market.check_capacity(POOL, count=1, live=1)  # no room for the replacement next to the survivor
+    script.on_notice(1000.0)
     script.on_resumed(2, 20, world=2)  # a full-size resume schedules nothing
-    assert script.tick(100) is None
+    assert script.tick(100, 1001.0) is None
     script.on_resumed(2, 20, world=1)
-    assert script.tick(29) is None and market.limits
-    assert "capacity returns" in (script.tick(30) or "") and not market.limits
+    assert script.tick(29, 1002.0) is None and market.limits
+    assert "(step 30)" in (script.tick(30, 1003.0) or "") and not market.limits
     market.check_capacity(POOL, count=1, live=1)
-    assert script.tick(40) is None  # once
+    assert script.tick(40, 1004.0) is None  # once
+
+
+def test_capacity_returns_anyway_when_no_smaller_gang_resumed() -> None:
+    market = MarketModel()
+    script = ElasticScript(market, nodes=3, notice_step=20, grow_after_steps=10, give_up_s=60)
+    market.limit_capacity(2)
+    assert script.tick(25, 50.0) is None  # no notice yet
+    script.on_notice(100.0)
+    assert script.tick(25, 159.0) is None
+    assert "no smaller gang resumed within 60 s" in (script.tick(25, 160.0) or "") and not market.limits
 
 
 def test_judge_wants_a_smaller_attempt_a_full_last_one_and_losses_within_1e4() -> None:
