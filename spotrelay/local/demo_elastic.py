@@ -25,11 +25,13 @@ if TYPE_CHECKING:
     from spotrelay.local.twin import Twin
 
 LOSS_RTOL = 1e-4
+REVIEW_MINUTES = 0.5
 
 
 def elastic_spec(data: dict[str, Any], min_nodes: int | None = None) -> dict[str, Any]:
     """The example job made elastic: ``min_nodes`` (default one node fewer), no dropout (its masks
-    are drawn per rank, so they change with the world size), and its global batch pinned."""
+    are drawn per rank, so they change with the world size), its global batch pinned, and a
+    placement review every ``REVIEW_MINUTES`` (the controller grows the gang back at a review)."""
     nodes = int(data["resources"]["nodes"])
     data["resources"]["min_nodes"] = min_nodes or max(nodes - 1, 1)
     args = [str(a) for a in data["entrypoint"].get("args", [])]
@@ -39,6 +41,8 @@ def elastic_spec(data: dict[str, Any], min_nodes: int | None = None) -> dict[str
     if "--dropout" not in args:
         args += ["--dropout", "0"]
     data["entrypoint"]["args"] = args
+    # the twin's waits are real seconds: review the placement every 30 s, so the grow-back comes soon
+    data.setdefault("recovery", {}).setdefault("review_minutes", REVIEW_MINUTES)
     return data
 
 

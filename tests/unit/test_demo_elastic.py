@@ -27,6 +27,7 @@ def test_the_spec_becomes_elastic_with_its_global_batch_pinned_and_no_dropout() 
     out = elastic_spec(data)
     assert out["resources"]["min_nodes"] == 2
     assert out["entrypoint"]["args"] == ["--batch", "2", "--global-batch", "6", "--dropout", "0"]
+    assert out["recovery"]["review_minutes"] == 0.5
 
 
 def test_capacity_shrinks_at_the_notice_and_returns_after_the_smaller_gang_trained() -> None:
