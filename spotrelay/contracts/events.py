@@ -1,8 +1,11 @@
 """Agent events (EventBridge source ``spotrelay.agent``) and controller directives.
 
 The agent publishes events with ``detail-type`` equal to the model's ``kind``; the controller parses
-``detail`` with :func:`parse_agent_event`. Directives travel the other way in the node's DynamoDB
-item (``directive`` attribute) which the agent polls; see docs/agent.md.
+``detail`` with :func:`parse_agent_event`. They are the agent's only writes (its port,
+:mod:`spotrelay.contracts.agent`): the controller's handlers turn them into node and job changes.
+Directives travel the other way in the node's DynamoDB item (``directive`` attribute) which the
+agent polls; it reports each one it took (``DirectiveSeen``) and the controller clears it. See
+docs/agent.md.
 """
 
 from __future__ import annotations
@@ -34,6 +37,36 @@ class NodeReady(_Event):
     private_ip: str
     region: str
     az: str
+    master_port: int | None = Field(None, ge=1, le=65535, description="rank 0: the rendezvous port it serves")
+
+
+class TrainingStarted(_Event):
+    """The training command was launched on this node (the node item goes READY -> RUNNING)."""
+
+    kind: Literal["TrainingStarted"] = "TrainingStarted"
+
+
+class NoticeSeen(_Event):
+    """The agent saw a spot interruption notice on IMDS (the EC2 event may be late or lost)."""
+
+    kind: Literal["NoticeSeen"] = "NoticeSeen"
+    action: str = "terminate"  # IMDS instance-action: terminate | stop | hibernate
+    action_time: float | None = None  # epoch seconds when EC2 acts (the reclaim time)
+
+
+class DirectiveSeen(_Event):
+    """The agent took the directive: the controller clears it from the node item."""
+
+    kind: Literal["DirectiveSeen"] = "DirectiveSeen"
+    directive_id: str
+    directive_kind: str = ""
+
+
+class TrackingStarted(_Event):
+    """Node rank 0 opened (or found) the job's MLflow run: the controller records its id."""
+
+    kind: Literal["TrackingStarted"] = "TrackingStarted"
+    mlflow_run_id: str = Field(..., min_length=1)
 
 
 class Heartbeat(_Event):
@@ -77,10 +110,9 @@ class Anomaly(_Event):
     health: HealthAnomaly | None = None  # set for training-health findings (what == health.kind)
 
 
-AgentEvent = Annotated[
-    NodeReady | Heartbeat | CheckpointCommitted | TrainingExited | TrainingResumed | Anomaly,
-    Field(discriminator="kind"),
-]
+AgentEventModel = (NodeReady | Heartbeat | TrainingStarted | NoticeSeen | DirectiveSeen | TrackingStarted
+                   | CheckpointCommitted | TrainingExited | TrainingResumed | Anomaly)
+AgentEvent = Annotated[AgentEventModel, Field(discriminator="kind")]
 _ADAPTER: TypeAdapter[AgentEvent] = TypeAdapter(AgentEvent)
 
 

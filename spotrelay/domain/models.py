@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from spotrelay.contracts.agent import node_id_for as node_id_for  # one spelling, shared with the agent
 from spotrelay.domain.status import JobStatus
 
 
@@ -136,6 +137,3 @@ def job_id_for(key: str, etag: str) -> str:
     safe = "".join(c if c.isalnum() or c == "-" else "-" for c in stem)[:40].strip("-") or "job"
     return f"{safe}-{digest}"
 
-
-def node_id_for(attempt: int, rank: int) -> str:
-    return f"a{attempt}-r{rank}"

@@ -88,8 +88,28 @@ def interruption_notice(ctl: Controller, instance_id: str, notice_time: float, n
         return found
     job, node = found
     # Every distinct notice counts against the pool (exact duplicates are deduplicated upstream),
-    # even when the agent saw it first on IMDS and already marked its node DOOMED.
+    # even when the agent saw it first on IMDS and reported it (NoticeSeen does not count).
     ctl.pool_stats.record(node.pool.key, PoolEvent.INTERRUPTED, now)
+    if node.state not in _GONE:
+        ctl.measure("SpotNotices", 1)
+    return _doom(ctl, job, node, notice_time, now)
+
+
+def notice_seen(ctl: Controller, job: Job, node: Node, action_time: float | None, now: float) -> dict[str, Any]:
+    """The agent saw the notice on IMDS (``NoticeSeen``): the same as the EC2 event, so either path
+    alone is enough (same deadline, same directive id when both say the same time); the pool's
+    interruption (and the SpotNotices metric) is counted by the EC2 event only."""
+    if node.spare:
+        return _spare(ctl, node.instance_id, NodeState.DOOMED) or _ignored("spare gone", node.instance_id, job.job_id)
+    if node.attempt != job.attempt:
+        return _ignored(f"node of attempt {node.attempt}; the job is on attempt {job.attempt}", node.instance_id,
+                        job.job_id)
+    reclaim = action_time if action_time is not None else now + NOTICE_LEAD_S
+    return _doom(ctl, job, node, reclaim - NOTICE_LEAD_S, now)
+
+
+def _doom(ctl: Controller, job: Job, node: Node, notice_time: float, now: float) -> dict[str, Any]:
+    instance_id = node.instance_id
     if node.state in _GONE:
         return _ignored(f"node already {node.state.value}; the attempt ended", instance_id, job.job_id)
     deadline = notice_time + NOTICE_LEAD_S
@@ -100,7 +120,6 @@ def interruption_notice(ctl: Controller, instance_id: str, notice_time: float, n
                           kind=DirectiveKind.CHECKPOINT_NOW, deadline=deadline, issued_at=now,
                           reason=f"spot interruption of {instance_id} (rank {node.rank})")
     sent = _direct(ctl, job, directive)
-    ctl.measure("SpotNotices", 1)
     ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={
         "status": transition(j.status, JobStatus.CHECKPOINTING), "updated_at": now})
         if j.status is JobStatus.RUNNING else None)

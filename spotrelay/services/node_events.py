@@ -1,8 +1,13 @@
-"""Agent events (source ``spotrelay.agent``): NodeReady, Heartbeat, CheckpointCommitted,
-TrainingExited, TrainingResumed, Anomaly. Each updates its node and job with conditional writes, then settles the
+"""Agent events (source ``spotrelay.agent``): the only way node state reaches the records. The agent
+writes no item (its port, spotrelay/contracts/agent.py); these handlers are the one writer.
+
+NodeReady, TrainingStarted, Heartbeat, NoticeSeen, DirectiveSeen, TrackingStarted,
+CheckpointCommitted, TrainingExited, TrainingResumed, Anomaly: each updates its node and job with conditional writes
+that only move forward (a duplicate, late or out-of-order event changes nothing), then settles the
 workflow's waits. Events of an unknown node or a finished job are no-ops, and so are those of an
 older attempt, except a draining rank's (recovery.launch_at_notice): its emergency commit counts
-and its exit releases its node.
+and its exit releases its node. A NodeReady of the attempt being launched (its node records exist
+before the job moves to it) and a DirectiveSeen of any attempt apply to their node.
 """
 
 from __future__ import annotations
@@ -14,10 +19,14 @@ from spotrelay.contracts.events import (
     AgentEvent,
     Anomaly,
     CheckpointCommitted,
+    DirectiveSeen,
     Heartbeat,
     NodeReady,
+    NoticeSeen,
+    TrackingStarted,
     TrainingExited,
     TrainingResumed,
+    TrainingStarted,
 )
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.domain.models import CheckpointRef, Job, Node, NodeState
@@ -25,6 +34,7 @@ from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import NotFoundError
 from spotrelay.services.controller import Controller, attempt_nodes, release_nodes
 from spotrelay.services.health import on_health_anomaly
+from spotrelay.services.interruptions import notice_seen
 from spotrelay.services.waits import heartbeat, settle
 
 log = logging.getLogger(__name__)
@@ -42,21 +52,23 @@ def handle_agent_event(ctl: Controller, event: AgentEvent, now: float) -> dict[s
         return _ignored("unknown job", event)
     if job.status.terminal:
         return _ignored(f"job already {job.status.value}", event)
+    if isinstance(event, TrackingStarted):
+        return _on_tracking(ctl, job, event, now)
+    if isinstance(event, (DirectiveSeen, NoticeSeen)) or (isinstance(event, NodeReady) and event.attempt > job.attempt):
+        return _on_own_node(ctl, job, event, now)
     if event.attempt < job.attempt and isinstance(event, (CheckpointCommitted, TrainingExited)):
         return _from_earlier_attempt(ctl, job, event, now)
     if event.attempt != job.attempt:
         return _ignored(f"late: attempt {event.attempt}, the job is on attempt {job.attempt}", event)
-    try:
-        node = ctl.store.get_node(event.job_id, event.node_id)
-    except NotFoundError:
-        return _ignored("unknown node", event)
-    if node.instance_id != event.instance_id:
-        return _ignored("instance does not match the node", event)
+    node = _node_of(ctl, event)
+    if isinstance(node, dict):
+        return node
 
     if isinstance(event, NodeReady):
-        changed = _update_node(ctl, node, lambda n: n.model_copy(update={
-            "state": NodeState.READY, "private_ip": event.private_ip, "last_heartbeat": event.time})
-            if n.state is NodeState.PENDING else None)
+        changed = _update_node(ctl, node, lambda n: _ready(n, event))
+    elif isinstance(event, TrainingStarted):
+        changed = _update_node(ctl, node, lambda n: n.model_copy(update={"state": NodeState.RUNNING})
+                               if n.state in (NodeState.PENDING, NodeState.READY) else None)
     elif isinstance(event, Heartbeat):
         changed = _on_heartbeat(ctl, job, node, event, now)
     elif isinstance(event, CheckpointCommitted):
@@ -70,12 +82,66 @@ def handle_agent_event(ctl: Controller, event: AgentEvent, now: float) -> dict[s
         log.warning("agent anomaly", extra={"job_id": job.job_id, "node_id": node.node_id,
                                             "what": event.what, "detail": event.detail[:500]})
         changed = on_health_anomaly(ctl, job, node, event, now)
-    # The agent also writes its own node item (READY, EXITED), so the record may already say what
-    # this event says: settle on every NodeReady / TrainingExited, changed or not (it is idempotent).
-    decides = isinstance(event, (NodeReady, TrainingExited))
+    # Settle on every NodeReady / TrainingExited, changed or not: a duplicate may follow a lost
+    # settle (a crash after the write), and settle is idempotent.
+    decides = isinstance(event, (NodeReady, TrainingStarted, TrainingExited))
     verdict = settle(ctl, job.job_id, now) if decides else None
     return {"result": "applied" if changed else "no-op", "kind": event.kind,
             "settled": verdict.outcome.value if verdict else None}
+
+
+def _node_of(ctl: Controller, event: AgentEvent) -> Node | dict[str, Any]:
+    try:
+        node = ctl.store.get_node(event.job_id, event.node_id)
+    except NotFoundError:
+        return _ignored("unknown node", event)
+    if node.instance_id != event.instance_id or node.attempt != event.attempt:
+        return _ignored("instance does not match the node", event)
+    return node
+
+
+def _ready(node: Node, event: NodeReady) -> Node | None:
+    """Registered: PENDING -> READY, with the address (and rank 0's port) the others rendezvous on.
+    A later state stays (TrainingStarted may come first); a final one is never undone."""
+    update: dict[str, Any] = {}
+    if node.state is NodeState.PENDING:
+        update.update(state=NodeState.READY, last_heartbeat=max(node.last_heartbeat or 0, event.time))
+    if node.state not in _FINAL:
+        if event.private_ip and node.private_ip != event.private_ip:
+            update["private_ip"] = event.private_ip
+        if event.master_port is not None and node.master_port != event.master_port:
+            update["master_port"] = event.master_port
+    return node.model_copy(update=update) if update else None
+
+
+def _on_own_node(ctl: Controller, job: Job, event: NodeReady | DirectiveSeen | NoticeSeen,
+                 now: float) -> dict[str, Any]:
+    """Events about the node itself, whichever attempt the job is on: the registration of a node of
+    the attempt being launched, a directive taken (a survivor's RESTART is taken before the job
+    moves to that attempt), a notice seen on IMDS (a spare's, or one of the current gang)."""
+    node = _node_of(ctl, event)
+    if isinstance(node, dict):
+        return node
+    if isinstance(event, NoticeSeen):
+        return {**notice_seen(ctl, job, node, event.action_time, now), "kind": event.kind}
+    if isinstance(event, NodeReady):
+        if event.attempt != job.attempt + 1:
+            return _ignored(f"early: attempt {event.attempt}, the job is on attempt {job.attempt}", event)
+        changed = _update_node(ctl, node, lambda n: _ready(n, event))  # the ready wait settles once it exists
+    else:
+        directive_id = event.directive_id
+        changed = _update_node(ctl, node, lambda n: n.model_copy(update={"directive": None})
+                               if (n.directive or {}).get("directive_id") == directive_id else None)
+    return {"result": "applied" if changed else "no-op", "kind": event.kind, "settled": None}
+
+
+def _on_tracking(ctl: Controller, job: Job, event: TrackingStarted, now: float) -> dict[str, Any]:
+    """The job's MLflow run: the first id recorded stays (rank 0's agent finds it again by tag)."""
+    run_id = event.mlflow_run_id
+    changed = ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={"mlflow_run_id": run_id,
+                                                                              "updated_at": now})
+                                   if j.mlflow_run_id is None and not j.status.terminal else None)
+    return {"result": "applied" if changed else "no-op", "kind": event.kind, "settled": None}
 
 
 def _from_earlier_attempt(ctl: Controller, job: Job, event: CheckpointCommitted | TrainingExited,

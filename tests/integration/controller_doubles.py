@@ -144,7 +144,9 @@ def agent_event(kind: str, node: Node, **fields: Any) -> dict[str, Any]:
     sample = {"NodeReady": "agent_node_ready.json", "Heartbeat": "agent_heartbeat.json",
               "CheckpointCommitted": "agent_checkpoint_committed.json",
               "TrainingExited": "agent_training_exited.json", "Anomaly": "agent_anomaly.json",
-              "TrainingResumed": "agent_training_resumed.json"}[kind]
+              "TrainingResumed": "agent_training_resumed.json",
+              "TrainingStarted": "agent_training_started.json", "NoticeSeen": "agent_notice_seen.json",
+              "DirectiveSeen": "agent_directive_seen.json", "TrackingStarted": "agent_tracking_started.json"}[kind]
     event = copy.deepcopy(load_event(sample))
     event["id"] = str(uuid.uuid4())
     event["detail"].update({"event_id": f"evt-{uuid.uuid4().hex}", "job_id": node.job_id, "node_id": node.node_id,

@@ -95,17 +95,6 @@ def test_unannounced_loss_settles_outcome_once_and_late_notice_is_ignored(env: E
     assert env.store.get_node(job.job_id, "a1-r1").state is NodeState.LOST
 
 
-def test_notice_after_the_agent_saw_it_on_imds(env: Env) -> None:
-    """The agent polls IMDS and marks its node DOOMED itself; the EventBridge notice still directs
-    the other ranks, moves the job to CHECKPOINTING and cools the pool."""
-    job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
-    env.store.update_node(job.job_id, "a1-r0", lambda n: n.model_copy(update={"state": NodeState.DOOMED}))
-    result = on_interruption_notice.handler(_notice(gang[0].instance_id), ctx())
-    assert result["result"] == "applied" and result["directives"] == 2
-    assert env.store.get_job(job.job_id).status is JobStatus.CHECKPOINTING
-    assert env.stats.all()[gang[0].pool.key].interruptions == 1
-
-
 def test_announced_loss_is_terminated_not_lost(env: Env) -> None:
     _job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
     on_interruption_notice.handler(_notice(gang[0].instance_id), ctx())
