@@ -23,9 +23,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from spotrelay.domain.models import Job, node_id_for
+from spotrelay.contracts.agent import AgentPort, JobView, node_id_for
 from spotrelay.errors import AgentConfigError
-from spotrelay.ports.job_store import JobStore
 from spotrelay.spec.load import load_spec, parse_spec
 from spotrelay.spec.models import JobSpec
 
@@ -53,7 +52,7 @@ class AgentConfig(BaseModel):
     az: str | None = None
     private_ip: str | None = None
     instance_type: str | None = None
-    # AWS names (default: spotrelay.settings, i.e. the controller's names)
+    # AWS names for the port's adapter (default: the deployment's, from its environment)
     jobs_table: str | None = None
     nodes_table: str | None = None
     event_bus: str | None = None
@@ -63,7 +62,8 @@ class AgentConfig(BaseModel):
     work_dir: Path = Path("/opt/spotrelay/run")
     control_dir: Path | None = Field(None, description="default <work_dir>/control")
     checkpoint_dir: Path | None = Field(None, description="fast tier; default: the spec's local_dir/<job>")
-    checkpoint_uri: str | None = Field(None, description="durable tier; default s3://<bucket>/checkpoints/<job>")
+    checkpoint_uri: str | None = Field(None, description="durable tier; default: the spec's, else <durable_root><job>")
+    durable_root: str | None = Field(None, description="s3://<bucket>/checkpoints/; default: the port's")
     python: str | None = Field(None, description="interpreter for the launcher; default: the agent's")
     # rendezvous and timing
     master_port: int = Field(29500, ge=1, le=65535)
@@ -153,9 +153,12 @@ def with_instance_facts(config: AgentConfig, facts: Mapping[str, str | None]) ->
     return config.model_copy(update=missing) if missing else config
 
 
-def load_job_and_spec(config: AgentConfig, store: JobStore) -> tuple[Job, JobSpec]:
-    """The job record and its spec: from ``config_uri`` (s3:// or a path) or the job record."""
-    job = store.get_job(config.job_id)
+def load_job_and_spec(config: AgentConfig, port: AgentPort) -> tuple[JobView, JobSpec]:
+    """The job record (as the port shows it) and its spec: from ``config_uri`` (s3:// or a path) or
+    the job record."""
+    job = port.job()
+    if job is None:
+        raise AgentConfigError(f"job {config.job_id} not found")
     uri = config.config_uri
     if uri is None:
         if not job.spec:

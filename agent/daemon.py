@@ -1,8 +1,10 @@
 """The agent's daemon: one node's registration, launch, loop and exit.
 
-register (node item READY, NodeReady) -> wait for rank 0's address and port -> launch ->
-loop (detect, decide, act, follow the trainer, heartbeat) -> TrainingExited, node item EXITED ->
-the node's exit code; a surviving node may then be carried into the next gang. See docs/agent.md.
+register (NodeReady) -> wait for rank 0's address and port -> launch (TrainingStarted) ->
+loop (detect, decide, act, follow the trainer, heartbeat) -> TrainingExited -> the node's exit
+code; a surviving node may then be carried into the next gang. The agent talks to the controller
+only through its port (spotrelay/contracts/agent.py): it reports events and reads what the
+controller wrote; it writes no record. See docs/agent.md.
 """
 
 from __future__ import annotations
@@ -30,32 +32,22 @@ from agent.reporting import Reporter, info, log_as, warn
 from agent.spare import Prefetch, SpareCache, StandBy, wait_for_drain
 from agent.tracking import JobTracking
 from spotrelay.contracts import control
+from spotrelay.contracts.agent import PENDING, AgentPort, JobView, NodeView, next_assignment, rank0_address
 from spotrelay.contracts.events import Directive, DirectiveKind, parse_directive
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.contracts.health import AnomalyKind, HealthAction, HealthAnomaly
-from spotrelay.domain.models import Job, Node, NodeState, Pool
-from spotrelay.errors import AgentConfigError, ImdsUnavailableError, NotFoundError, SpotrelayError
-from spotrelay.ports.job_store import JobStore
+from spotrelay.errors import AgentConfigError, ImdsUnavailableError, SpotrelayError
 from spotrelay.spec.models import JobSpec
 
 TICK_S = 0.25
-# a write never moves a node back: RUNNING does not undo DOOMED, EXITED does not undo TERMINATED
-STATE_RANK = {
-    NodeState.PENDING: 0,
-    NodeState.READY: 1,
-    NodeState.RUNNING: 1,
-    NodeState.DOOMED: 2,
-    NodeState.EXITED: 3,
-    NodeState.LOST: 4,
-    NodeState.TERMINATED: 4,
-}
+REREGISTER_S = 10.0  # NodeReady again while the own record still says PENDING (a lost or early event)
 
 
 class Agent:
     def __init__(
         self,
         config: AgentConfig,
-        store: JobStore,
+        port: AgentPort,
         reporter: Reporter,
         imds: ImdsClient,
         clock: Callable[[], float] = time.time,
@@ -63,7 +55,10 @@ class Agent:
         plan_builder: Callable[[JobSpec, Rendezvous, dict[str, str], str | None, str], LaunchPlan] = build_plan,
         log_sink: LogSink | None = None,
     ) -> None:
-        self.config, self.store, self.reporter, self.imds = config, store, reporter, imds
+        if config.durable_root is None:
+            config = config.model_copy(update={"durable_root": port.durable_root()})
+        reporter.config = config
+        self.config, self.port, self.reporter, self.imds = config, port, reporter, imds
         self.plan_builder = plan_builder
         self.clock, self.sleep = clock, sleep
         self.control = config.control
@@ -82,50 +77,33 @@ class Agent:
         self._metrics_at = 0  # bytes of metrics.jsonl already sent to MLflow
         self.log_sink = log_sink
         self.shipper: LogShipper | None = None
+        self._registered_at = 0.0  # when NodeReady was last sent
+        self._beat_at = 0.0  # a spare's last heartbeat
 
     def _bad_directive(self, why: str) -> None:
         self.reporter.anomaly("bad-directive", why)
 
     # --- registration -----------------------------------------------------------------------------
-    def _own_node(self) -> Node:
-        return self.store.get_node(self.config.job_id, self.config.node)
+    def _own_node(self) -> NodeView | None:
+        """This node's record (the directive read path); sends NodeReady again while the record
+        still says PENDING some time after the last one (lost, or the job was not on this attempt yet)."""
+        node = self.port.node(self.config.node)
+        if node is not None and node.state == PENDING and self.clock() - self._registered_at >= REREGISTER_S:
+            info("node record still PENDING; registering again")
+            self.register()
+        return node
 
     def register(self) -> None:
-        c = self.config
-
-        def ready(node: Node) -> Node:
-            return node.model_copy(
-                update={
-                    "private_ip": c.private_ip,
-                    "state": NodeState.READY,
-                    "last_heartbeat": self.clock(),
-                    "instance_id": c.instance_id or node.instance_id,
-                    "exit_code": None,
-                    "master_port": c.master_port if c.rank == 0 else node.master_port,
-                }
-            )
-
-        try:
-            self.store.update_node(c.job_id, c.node, ready)
-        except NotFoundError:  # started without the controller (a manual run): create our own item
-            pool = Pool(region=c.region or "", az=c.az or "", instance_type=c.instance_type or "", market="spot")
-            node = Node(
-                job_id=c.job_id,
-                node_id=c.node,
-                attempt=c.attempt,
-                rank=c.rank,
-                instance_id=c.instance_id or "unknown",
-                pool=pool,
-                launched_at=self.clock(),
-            )
-            self.store.put_node(ready(node))
+        """NodeReady (rank 0's carries its rendezvous port); the controller marks the node READY."""
+        self._registered_at = self.clock()
         self.reporter.node_ready()
 
     def _stopping(self) -> bool:
         return any(sig in (signal.SIGTERM, signal.SIGINT) for sig in self.signals)
 
     def wait_for_rank0(self) -> tuple[str, int]:
-        """Rank 0's address and rendezvous port (it may be a survivor of an earlier gang)."""
+        """Rank 0's address and rendezvous port (it may be a survivor of an earlier gang), once the
+        controller recorded its NodeReady."""
         c = self.config
         if c.rank == 0:
             return c.private_ip or "127.0.0.1", c.master_port
@@ -133,28 +111,11 @@ class Agent:
         while self.clock() < give_up:
             if self._stopping():
                 raise SpotrelayError("stopped by a signal while waiting for rank 0")
-            for node in self.store.nodes_of(c.job_id):
-                if (
-                    node.attempt == c.attempt
-                    and node.rank == 0
-                    and node.private_ip
-                    and node.state in (NodeState.READY, NodeState.RUNNING)
-                ):
-                    return node.private_ip, node.master_port or c.master_port
+            found = rank0_address(self.port.nodes(), c.attempt)
+            if found is not None:
+                return found[0], found[1] or c.master_port
             self.sleep(1.0)
         raise AgentConfigError(f"rank 0 of {c.job_id} attempt {c.attempt} did not register in {c.rank0_wait_s}s")
-
-    def _set_node(self, **fields: Any) -> None:
-        def change(node: Node) -> Node:
-            state = fields.get("state")
-            if state is not None and STATE_RANK[state] < STATE_RANK.get(node.state, 0):
-                return node.model_copy(update={k: v for k, v in fields.items() if k != "state"})
-            return node.model_copy(update=fields)
-
-        try:
-            self.store.update_node(self.config.job_id, self.config.node, change)
-        except SpotrelayError as exc:
-            warn("node update failed", fields=fields, error=str(exc))
 
     # --- detect ---------------------------------------------------------------------------------
     def _poll_imds(self) -> list[Notice]:
@@ -177,34 +138,28 @@ class Agent:
             warn("directive poll failed", error=str(exc))
             return []
 
-    def _clear_directive(self, directive_id: str) -> None:
-        def clear(node: Node) -> Node | None:
-            if not node.directive or node.directive.get("directive_id") != directive_id:
-                return None
-            return node.model_copy(update={"directive": None})
-
-        try:
-            self.store.update_node(self.config.job_id, self.config.node, clear)
-        except SpotrelayError as exc:
-            warn("could not clear directive", directive_id=directive_id, error=str(exc))
+    def _took_directive(self, directive_id: str, kind: str) -> None:
+        """Report the directive taken; the controller clears it (the notice store keeps it from
+        being taken twice until then)."""
+        self.reporter.directive_seen(directive_id, kind)
 
     # --- run ------------------------------------------------------------------------------------
-    def run(self, job: Job, spec: JobSpec, track: bool = False) -> int:
+    def run(self, job: JobView, spec: JobSpec, track: bool = False) -> int:
         c = self.config
         self.killed = False
         self.register()
         if track and c.rank == 0:
             try:  # the record as it is now: this attempt's pool, steps lost, cost so far
-                job = self.store.get_job(c.job_id)
-            except SpotrelayError as exc:
+                job = self.port.job() or job
+            except Exception as exc:
                 warn("job record unreadable; tracking with the old one", error=str(exc))
         # MLflow's first open (store migrations) can take a while: before the launch only when the job's
         # run must be created for the trainer's environment, else after it (off a restart's path)
         early = track and c.rank == 0 and self.tracking is None and not job.mlflow_run_id
         if early:
-            self.tracking = JobTracking.for_job(c, job, spec, self.store)
+            self.tracking = JobTracking.for_job(c, job, spec, self.reporter.tracking_started)
         env = contract_env(c, job, spec, self.tracking.run_id if self.tracking else job.mlflow_run_id)
-        wait_for_drain(lambda: self.store.nodes_of(c.job_id), c.attempt, self.clock, self.sleep, self._stopping)
+        wait_for_drain(self.port.nodes, c.attempt, self.clock, self.sleep, self._stopping)
         # a later attempt's node mirrors the newest commit beside its start-up (no download at restore)
         prefetch = Prefetch(lambda: self._mirror(env, spec), self.control).start() if c.attempt > 1 else None
         master, port = self.wait_for_rank0()
@@ -228,7 +183,7 @@ class Agent:
             if not early:
                 self._track_attempt(track, job, spec)
             self.hang.reset()
-            self._set_node(state=NodeState.RUNNING)
+            self.reporter.training_started()
             code, offset = self._loop(proc, offset)
         if prefetch is not None:
             prefetch.stop()
@@ -248,7 +203,6 @@ class Agent:
             last.step if last else None,
             failure_tail(exit_code, self.control / EXIT_DIR, log_path),
         )
-        self._set_node(state=NodeState.EXITED, exit_code=exit_code)
         if self.tracking:
             ckpt_dir = Path(env[control.ENV_CHECKPOINT_DIR])
             manifest = ckpt_dir / f"step-{last.step:08d}" / "manifest.json" if last else None
@@ -257,14 +211,14 @@ class Agent:
         info("training exited", exit_code=exit_code, reason=reason)
         return exit_code
 
-    def _track_attempt(self, track: bool, job: Job, spec: JobSpec) -> None:
+    def _track_attempt(self, track: bool, job: JobView, spec: JobSpec) -> None:
         c = self.config
         if track and c.rank == 0 and self.tracking is None:
-            self.tracking = JobTracking.for_job(c, job, spec, self.store)
+            self.tracking = JobTracking.for_job(c, job, spec, self.reporter.tracking_started)
         elif self.tracking is not None:
             self.tracking.attempt_started(c, spec, job)
 
-    def serve(self, job: Job, spec: JobSpec, track: bool = False) -> int:
+    def serve(self, job: JobView, spec: JobSpec, track: bool = False) -> int:
         """Run this attempt; a surviving node then waits (``linger_s``) to be carried into the next
         gang (the controller's replace-lost-nodes: a new node item for this instance, RESTART).
         ``track``: keep the job's MLflow run (node rank 0 only, when the spec has a tracking URI)."""
@@ -275,7 +229,7 @@ class Agent:
             if code in (ExitCode.DONE, ExitCode.CANCELLED) or self.doomed or not self._adopt_next_attempt():
                 return code
 
-    def _stand_by(self, job: Job, spec: JobSpec) -> bool:
+    def _stand_by(self, job: JobView, spec: JobSpec) -> bool:
         """A hot spare: registered, out of training, mirroring the newest checkpoint, until recover
         promotes it (True) or the job ends or its instance is doomed (False)."""
         self.register()
@@ -292,10 +246,12 @@ class Agent:
         if any(n.kind is NoticeKind.SPOT_INTERRUPTION for n in self._poll_imds()):
             self.doomed = True
             return False
-        job = self.store.find_job(self.config.job_id)
-        if job is None or job.status.terminal:
+        job = self.port.job()
+        if job is None or job.terminal:
             return False
-        self._set_node(last_heartbeat=self.clock())
+        if self.clock() - self._beat_at >= self.config.heartbeat_s:
+            self._beat_at = self.clock()
+            self.reporter.heartbeat(None)
         return True
 
     def _adopt_next_attempt(self, linger_s: float | None = None,
@@ -304,12 +260,8 @@ class Agent:
         give_up = self.clock() + (c.linger_s if linger_s is None else linger_s)
         info("waiting to join a later attempt", linger_s=linger_s or c.linger_s)
         while self.clock() < give_up and not self.signals:
-            later = [
-                n for n in self.store.nodes_of(c.job_id)
-                if n.instance_id == c.instance_id and n.attempt > c.attempt and not n.spare
-            ]
-            if later:
-                node = max(later, key=lambda n: n.attempt)
+            node = next_assignment(self.port.nodes(), c.instance_id, c.attempt)
+            if node is not None:
                 restart = self._restart_directive(node)
                 self.config = joined_config(c, node, restart)
                 self.reporter.config = self.config
@@ -320,7 +272,7 @@ class Agent:
                         Notice(NoticeKind.DIRECTIVE, "directive", restart.directive_id, restart.kind.value),
                         self.clock(),
                     )
-                    self._clear_directive(restart.directive_id)
+                    self._took_directive(restart.directive_id, restart.kind.value)
                 info("joining attempt", attempt=node.attempt, node_id=node.node_id, rank=node.rank,
                      nodes=self.config.nodes)
                 return True
@@ -329,7 +281,7 @@ class Agent:
             self.sleep(c.directive_poll_s)
         return False
 
-    def _restart_directive(self, node: Node) -> Directive | None:
+    def _restart_directive(self, node: NodeView) -> Directive | None:
         """The RESTART that carries this survivor into ``node``'s attempt (a model, parsed)."""
         if not node.directive:
             return None
@@ -424,19 +376,17 @@ class Agent:
         decision = self.responder.apply(new)
         if new.kind is NoticeKind.SPOT_INTERRUPTION:
             self.doomed = True
-            self._set_node(state=NodeState.DOOMED)
+            self.reporter.notice_seen(new.action, new.time)
         if decision.restart:
             info("restarting the training command")
             proc.kill_tree(self.config.stop_grace_s)
             self.responder.reset()
             proc.start()
         if new.kind is NoticeKind.DIRECTIVE and new.notice_id:
-            self._clear_directive(new.notice_id)
+            self._took_directive(new.notice_id, new.action)
 
     def _heartbeat(self) -> None:
-        step = control.read_progress(self.control)
-        self._set_node(last_heartbeat=self.clock())
-        self.reporter.heartbeat(step)
+        self.reporter.heartbeat(control.read_progress(self.control))
 
     # --- signals --------------------------------------------------------------------------------
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -457,7 +407,7 @@ class Agent:
                 proc.relay(signum)  # a second stop signal, or HUP/USR1/USR2: the launcher passes it on
 
 
-def joined_config(config: AgentConfig, node: Node, restart: Directive | None) -> AgentConfig:
+def joined_config(config: AgentConfig, node: NodeView, restart: Directive | None) -> AgentConfig:
     """This agent's config in the later attempt ``node`` belongs to: its attempt, rank and node id,
     and the gang's size in nodes when the RESTART names one (``world_size``: node ranks
     0..world_size-1 train; an elastic resize). The launcher then restarts with that ``--nnodes`` and

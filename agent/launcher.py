@@ -22,9 +22,10 @@ from typing import IO
 
 from agent.config import AgentConfig
 from spotrelay.contracts import control
+from spotrelay.contracts.agent import JobView
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.contracts.health import ENV_HEALTH
-from spotrelay.domain.models import Job
+from spotrelay.errors import AgentConfigError
 from spotrelay.spec.models import JobSpec
 
 EXIT_DIR = "exit"
@@ -129,13 +130,12 @@ def checkpoint_uri(config: AgentConfig, spec: JobSpec) -> str:
         return config.checkpoint_uri
     if spec.checkpoint.s3_prefix:
         return spec.checkpoint.s3_prefix.rstrip("/")
-    from spotrelay.resources import RESOURCES
-    from spotrelay.settings import settings
+    if config.durable_root:  # the deployment's, from the agent's port
+        return f"{config.durable_root.rstrip('/')}/{config.job_id}"
+    raise AgentConfigError("no durable tier: set checkpoint_uri, the spec's checkpoint.s3_prefix or durable_root")
 
-    return f"s3://{settings().bucket}/{RESOURCES.checkpoints_prefix}{config.job_id}"
 
-
-def contract_env(config: AgentConfig, job: Job, spec: JobSpec, mlflow_run_id: str | None) -> dict[str, str]:
+def contract_env(config: AgentConfig, job: JobView, spec: JobSpec, mlflow_run_id: str | None) -> dict[str, str]:
     """What the training API reads (spotrelay.contracts.control): control dir, tiers, cadence."""
     ckpt = spec.checkpoint
     env = {

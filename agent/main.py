@@ -20,17 +20,18 @@ from agent.daemon import Agent
 from agent.imds import DEFAULT_ENDPOINT, ImdsClient
 from agent.log_shipper import LogSink
 from agent.reporting import Reporter, warn
+from spotrelay.contracts.agent import AgentPort
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.errors import AgentConfigError, ImdsUnavailableError
-from spotrelay.ports.events import EventPublisher
-from spotrelay.ports.job_store import JobStore
 from spotrelay.ports.logs import LOG_GROUP_ENV
 
 
-def publisher(config: AgentConfig) -> EventPublisher:
-    from spotrelay.adapters.eventbridge_publisher import EventBridgePublisher
+def agent_port(config: AgentConfig) -> AgentPort:
+    """The agent's only channel to the controller: events on the home bus, reads of its job's items
+    (in AWS_REGION, the home region)."""
+    from spotrelay.adapters.aws_agent_port import AwsAgentPort
 
-    return EventBridgePublisher(config.event_bus)  # the home bus, in AWS_REGION (the home region)
+    return AwsAgentPort(config.job_id, config.jobs_table, config.nodes_table, config.event_bus)
 
 
 def log_sink(config: AgentConfig) -> LogSink | None:
@@ -41,12 +42,6 @@ def log_sink(config: AgentConfig) -> LogSink | None:
     from spotrelay.adapters.cloudwatch_logs import CloudWatchTrainingLogs
 
     return CloudWatchTrainingLogs(group)  # in AWS_REGION, the home region, like the bus and tables
-
-
-def node_store(config: AgentConfig) -> JobStore:
-    from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
-
-    return DynamoDBJobStore(config.jobs_table, config.nodes_table)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -93,13 +88,13 @@ def run_agent(config_file: Path | None = None) -> int:
         print(json.dumps({"level": "ERROR", "msg": "agent not configured", "error": str(exc)}), file=sys.stderr)
         return ExitCode.INFRA_ERROR
     reporting.setup_logging(config.job_id, config.node)
-    store = node_store(config)
-    reporter = Reporter(config, publisher(config))
-    agent = Agent(config, store, reporter, imds, log_sink=log_sink(config))
+    port = agent_port(config)
+    reporter = Reporter(config, port)
+    agent = Agent(config, port, reporter, imds, log_sink=log_sink(config))
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, agent.on_signal)
     try:
-        job, spec = load_job_and_spec(config, store)
+        job, spec = load_job_and_spec(config, port)
         refused = prepare_code(agent, spec, config.work_dir, reporter)  # entrypoint.code, before any rank
         if refused is not None:
             return refused

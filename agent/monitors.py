@@ -2,7 +2,7 @@
 
 They do not deduplicate (the notice store does) and do not act (actions do). IMDS answers the
 same interruption on every poll until the instance is gone; the controller's directive stays on
-the node item until the agent clears it.
+the node item until the controller clears it (after the agent's ``DirectiveSeen``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agent.imds import ImdsClient
+from spotrelay.contracts.agent import NodeView
 from spotrelay.contracts.events import Directive
-from spotrelay.domain.models import Node
 
 
 class NoticeKind(StrEnum):
@@ -107,16 +107,18 @@ class RebalanceMonitor:
 
 
 class DirectiveMonitor:
-    """Reads the ``directive`` attribute of this node's item (see docs/agent.md)."""
+    """Reads the ``directive`` of this node's record through the agent's port (see docs/agent.md)."""
 
     name = "directive"
 
-    def __init__(self, read_node: Callable[[], Node], on_invalid: Callable[[str], None] | None = None) -> None:
+    def __init__(self, read_node: Callable[[], NodeView | None],
+                 on_invalid: Callable[[str], None] | None = None) -> None:
         self.read_node = read_node
         self.on_invalid = on_invalid
 
     def poll(self) -> list[Notice]:
-        raw = self.read_node().directive
+        node = self.read_node()
+        raw = node.directive if node is not None else None
         if not raw:
             return []
         try:

@@ -1,9 +1,11 @@
-"""Reporting: agent events on EventBridge, structured JSON logs (MLflow: agent/tracking.py).
+"""Reporting: agent events through the agent's port, structured JSON logs (MLflow: agent/tracking.py).
 
-Events use source ``spotrelay.agent``, ``detail-type`` = the event's ``kind`` and the pydantic model
-from :mod:`spotrelay.contracts.events` as ``detail``, so the controller parses them with
-``parse_agent_event``. A failed publish is logged and retried a little, never fatal: the agent's
-first duty is the checkpoint, and the controller also learns the outcome from the node item.
+Events are the pydantic models of :mod:`spotrelay.contracts.events`; the port
+(:mod:`spotrelay.contracts.agent`) publishes them (source ``spotrelay.agent``, ``detail-type`` = the
+event's ``kind``) and the controller parses them with ``parse_agent_event``. They are the agent's only
+writes: the controller's handlers update the node and job items. A failed publish is logged and
+retried a little, never fatal: the agent's first duty is the checkpoint; the controller also learns
+of a node that went silent from reconcile (stale heartbeats) and from EC2.
 """
 
 from __future__ import annotations
@@ -17,21 +19,23 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.config import AgentConfig
+from spotrelay.contracts.agent import AgentPort
 from spotrelay.contracts.events import (
-    AGENT_SOURCE,
+    AgentEventModel,
     Anomaly,
     CheckpointCommitted,
+    DirectiveSeen,
     Heartbeat,
     NodeReady,
+    NoticeSeen,
+    TrackingStarted,
     TrainingExited,
     TrainingResumed,
+    TrainingStarted,
 )
 from spotrelay.contracts.health import HealthAnomaly
-from spotrelay.ports.events import EventPublisher
 
 log = logging.getLogger("spotrelay.agent")
-
-AgentModel = NodeReady | Heartbeat | CheckpointCommitted | TrainingExited | TrainingResumed | Anomaly
 
 
 class JsonFormatter(logging.Formatter):
@@ -81,20 +85,20 @@ def warn(msg: str, **fields: Any) -> None:
 
 
 class Reporter:
-    """Builds agent events for this node and publishes them."""
+    """Builds agent events for this node and reports them through the port."""
 
     def __init__(
         self,
         config: AgentConfig,
-        publisher: EventPublisher,
+        port: AgentPort,
         clock: Callable[[], float] = time.time,
         attempts: int = 3,
     ) -> None:
         self.config = config
-        self.publisher = publisher
+        self.port = port
         self.clock = clock
         self.attempts = attempts
-        self.published: list[AgentModel] = []
+        self.published: list[AgentEventModel] = []
 
     def _common(self) -> dict[str, Any]:
         c = self.config
@@ -108,11 +112,11 @@ class Reporter:
             "time": self.clock(),
         }
 
-    def publish(self, event: AgentModel) -> bool:
+    def publish(self, event: AgentEventModel) -> bool:
         detail = event.model_dump(mode="json")
         for attempt in range(self.attempts):
             try:
-                self.publisher.publish(AGENT_SOURCE, event.kind, detail)
+                self.port.report(event)
             except Exception as exc:  # the network or EventBridge; keep the agent going
                 warn("publish failed", kind=event.kind, attempt=attempt + 1, error=str(exc))
                 time.sleep(0.2 * (attempt + 1))
@@ -123,13 +127,26 @@ class Reporter:
         return False
 
     def node_ready(self) -> bool:
+        """Register: node rank 0 also publishes the rendezvous port it serves."""
         c = self.config
-        return self.publish(
-            NodeReady(**self._common(), private_ip=c.private_ip or "", region=c.region or "", az=c.az or "")
-        )
+        port = c.master_port if c.rank == 0 else None
+        return self.publish(NodeReady(**self._common(), private_ip=c.private_ip or "", region=c.region or "",
+                                      az=c.az or "", master_port=port))
 
     def heartbeat(self, step: int | None) -> bool:
         return self.publish(Heartbeat(**self._common(), step=step))
+
+    def training_started(self) -> bool:
+        return self.publish(TrainingStarted(**self._common()))
+
+    def notice_seen(self, action: str, action_time: float | None) -> bool:
+        return self.publish(NoticeSeen(**self._common(), action=action or "terminate", action_time=action_time))
+
+    def directive_seen(self, directive_id: str, kind: str) -> bool:
+        return self.publish(DirectiveSeen(**self._common(), directive_id=directive_id, directive_kind=kind))
+
+    def tracking_started(self, mlflow_run_id: str) -> bool:
+        return self.publish(TrackingStarted(**self._common(), mlflow_run_id=mlflow_run_id))
 
     def checkpoint_committed(
         self,

@@ -18,11 +18,12 @@ from pathlib import Path
 from agent.checkpoint.local_tier import LocalTier
 from agent.checkpoint.restore import materialize
 from agent.checkpoint.s3_tier import S3Tier
+from spotrelay.contracts.agent import NodeView, draining_ranks
 from spotrelay.contracts.control import read_events
-from spotrelay.domain.models import Node, NodeState
 from spotrelay.errors import CorruptCheckpointError
 
 log = logging.getLogger("spotrelay.agent")
+__all__ = ["SpareCache", "StandBy", "draining_ranks", "wait_for_drain"]
 
 
 class SpareCache:
@@ -106,15 +107,7 @@ class StandBy:
         return True
 
 
-def draining_ranks(nodes: list[Node], attempt: int, now: float) -> list[int]:
-    """Ranks of earlier attempts left to finish their emergency save after a notice
-    (``release_after`` set by recover) that have not exited yet: replacements wait for them."""
-    return sorted(n.rank for n in nodes
-                  if n.attempt < attempt and not n.spare and n.release_after is not None and now < n.release_after
-                  and n.state in (NodeState.READY, NodeState.RUNNING, NodeState.DOOMED))
-
-
-def wait_for_drain(read_nodes: Callable[[], list[Node]], attempt: int, clock: Callable[[], float],
+def wait_for_drain(read_nodes: Callable[[], list[NodeView]], attempt: int, clock: Callable[[], float],
                    sleep: Callable[[float], None], stopping: Callable[[], bool]) -> None:
     """Replacements launched during a notice wait here, before the rendezvous, until the ranks they
     replace committed their emergency save and exited: training then restores the newest step."""

@@ -1,7 +1,8 @@
 """MLflow lineage of a job: one parent run per job, one nested child run per attempt.
 
-Only node rank 0's agent writes. The parent run id lives on the job record (``mlflow_run_id``;
-a run tagged ``spotrelay.job_id`` is found again if that write was lost); a child is found again by
+Only node rank 0's agent writes. The parent run id lives on the job record (``mlflow_run_id``, which
+the controller records from the agent's ``TrackingStarted`` event; a run tagged ``spotrelay.job_id``
+is found again if that event was lost); a child is found again by
 its ``spotrelay.attempt`` tag, so a restarted agent does not make a second one.
 
 - parent: the job's params (once), lifecycle metrics with the attempt as their step (steps lost,
@@ -24,9 +25,8 @@ from typing import Any
 
 from agent.config import AgentConfig
 from agent.reporting import warn
+from spotrelay.contracts.agent import JobView
 from spotrelay.contracts.exit_codes import ExitCode
-from spotrelay.domain.models import Job
-from spotrelay.ports.job_store import JobStore
 from spotrelay.spec.models import JobSpec
 
 FLUSH_S = 5.0
@@ -42,7 +42,10 @@ class JobTracking:
 
     # --- the runs ----------------------------------------------------------------------------------
     @classmethod
-    def for_job(cls, config: AgentConfig, job: Job, spec: JobSpec, store: JobStore) -> JobTracking | None:
+    def for_job(cls, config: AgentConfig, job: JobView, spec: JobSpec,
+                record_run: Callable[[str], object]) -> JobTracking | None:
+        """The job's tracking (None without a tracking URI); ``record_run`` reports a new run id
+        (Reporter.tracking_started: the controller writes it on the job record)."""
         uri = spec.tracking.tracking_uri
         if not uri:
             return None
@@ -52,10 +55,7 @@ class JobTracking:
             client = MlflowClient(tracking_uri=uri)
             run_id = job.mlflow_run_id or cls._find_or_create(client, config, spec)
             if job.mlflow_run_id != run_id:
-                store.update_job(
-                    job.job_id,
-                    lambda j: None if j.mlflow_run_id == run_id else j.model_copy(update={"mlflow_run_id": run_id}),
-                )
+                record_run(run_id)
             tracking = cls(client, run_id, config.attempt)
             tracking.attempt_started(config, spec, job)
             return tracking
@@ -79,7 +79,7 @@ class JobTracking:
                 "mlflow.runName": spec.name}  # fmt: skip
         return str(client.create_run(experiment_id, tags=tags).info.run_id)
 
-    def attempt_started(self, config: AgentConfig, spec: JobSpec, job: Job | None = None) -> None:
+    def attempt_started(self, config: AgentConfig, spec: JobSpec, job: JobView | None = None) -> None:
         """Parent params (once) and lifecycle metrics; this attempt's child run."""
         self.attempt = config.attempt
         parent = self.client.get_run(self.run_id)
@@ -96,7 +96,7 @@ class JobTracking:
         self.child_id = self._child(config, parent.info.experiment_id, job)
         self._close_orphans(parent.info.experiment_id, job)
 
-    def _lifecycle(self, job: Job) -> None:
+    def _lifecycle(self, job: JobView) -> None:
         now = self.clock()
         previous = [a for a in job.attempts if a.number < self.attempt and a.ended_at]
         values = {"steps_lost": job.steps_lost, "cost_so_far": job.cost_so_far, "recoveries": job.recoveries}
@@ -105,7 +105,7 @@ class JobTracking:
         for key, value in values.items():
             self._safe(self.client.log_metric, self.run_id, key, float(value), step=self.attempt)
 
-    def _child(self, config: AgentConfig, experiment_id: str, job: Job | None) -> str:
+    def _child(self, config: AgentConfig, experiment_id: str, job: JobView | None) -> str:
         mine = f"tags.`mlflow.parentRunId` = '{self.run_id}' and tags.`spotrelay.attempt` = '{self.attempt}'"
         found = self.client.search_runs([experiment_id], filter_string=mine, max_results=1)
         if found:
@@ -124,7 +124,7 @@ class JobTracking:
             self._safe(self.client.log_param, child, key, value)
         return child
 
-    def _close_orphans(self, experiment_id: str, job: Job | None) -> None:
+    def _close_orphans(self, experiment_id: str, job: JobView | None) -> None:
         """End earlier attempts' runs still RUNNING: their rank 0 was lost before it could report, so
         the next attempt's agent closes them (KILLED, with the reason the controller recorded)."""
         try:

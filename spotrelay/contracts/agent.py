@@ -68,6 +68,7 @@ class AttemptView(BaseModel):
     number: int
     pool: PoolView | None = None
     ended_at: float | None = None
+    end_reason: str | None = None
     nodes: int = 0
 
 

@@ -3,7 +3,9 @@
 Attempt 1 is interrupted by a notice on one node's fake IMDS only, attempt 2 by a controller
 directive on the other node's item only. Each time both ranks save the same step, CheckpointCommitted
 carries the deadline and both nodes exit PREEMPTED_SAVED. Each new pair starts with empty
-local disks and resumes from S3; attempt 3 finishes bit-identical to one uninterrupted run.
+local disks and resumes from S3; attempt 3 finishes bit-identical to one uninterrupted run. The
+agents write no record: their events reach the controller's real handler (a thread serving the
+rule's queue), which is the one writer of the node items checked here.
 (One chained test instead of one per notice path: three pairs of nodes instead of four.)
 """
 
@@ -13,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +33,8 @@ from spotrelay.domain.models import Job, Node, NodeState, Pool, node_id_for
 from spotrelay.domain.status import JobStatus
 from spotrelay.local.fake_imds import FakeImds
 from spotrelay.local.motoserver import free_port
+from spotrelay.services.controller import Controller
+from spotrelay.services.node_events import handle_agent_event
 
 pytestmark = pytest.mark.slow
 
@@ -93,9 +98,13 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 
 
 class AgentEvents:
-    """EventBridge rule on source spotrelay.agent -> an SQS queue we read."""
+    """EventBridge rule on source spotrelay.agent -> an SQS queue that a thread serves with the
+    controller's handler (as on_agent_event does), keeping what it saw."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: DynamoDBJobStore) -> None:
+        self.ctl = Controller(store=store)
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
         sqs = client("sqs")
         self.url = sqs.create_queue(QueueName="agent-events")["QueueUrl"]
         arn = sqs.get_queue_attributes(QueueUrl=self.url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
@@ -103,17 +112,30 @@ class AgentEvents:
         events.put_rule(Name="agent-events", EventPattern=json.dumps({"source": [AGENT_SOURCE]}))
         events.put_targets(Rule="agent-events", Targets=[{"Id": "q", "Arn": arn}])
         self.seen: list[tuple[str, Any]] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stopped.wait(0.2):
+            self.drain()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(10)
 
     def drain(self) -> list[tuple[str, Any]]:
         sqs = client("sqs")
-        while True:
-            got = sqs.receive_message(QueueUrl=self.url, MaxNumberOfMessages=10).get("Messages", [])
-            if not got:
-                return self.seen
-            for message in got:
-                body = json.loads(message["Body"])
-                self.seen.append((body["detail-type"], parse_agent_event(body["detail"])))
-                sqs.delete_message(QueueUrl=self.url, ReceiptHandle=message["ReceiptHandle"])
+        with self.lock:
+            while True:
+                got = sqs.receive_message(QueueUrl=self.url, MaxNumberOfMessages=10).get("Messages", [])
+                if not got:
+                    return list(self.seen)
+                for message in got:
+                    body = json.loads(message["Body"])
+                    event = parse_agent_event(body["detail"])
+                    handle_agent_event(self.ctl, event, time.time())
+                    self.seen.append((body["detail-type"], event))
+                    sqs.delete_message(QueueUrl=self.url, ReceiptHandle=message["ReceiptHandle"])
 
     def of(self, kind: str, attempt: int) -> list[Any]:
         return [e for k, e in self.drain() if k == kind and e.attempt == attempt]
@@ -170,13 +192,16 @@ def job(aws: dict[str, str], tmp_path: Path) -> Iterator[tuple[DynamoDBJobStore,
         )
     )
     pairs: list[Pair] = []
-    yield store, AgentEvents(), pairs
+    events = AgentEvents(store)
+    yield store, events, pairs
+    events.stop()
     for pair in pairs:
         pair.stop()
 
 
 def start_pair(store: DynamoDBJobStore, pairs: list[Pair], attempt: int, root: Path) -> Pair:
-    """Act as the controller (node items, spec) and the instances (IMDS, agent processes)."""
+    """Act as the controller's workflow (node items, then the job on this attempt) and the
+    instances (IMDS, agent processes)."""
     pair = Pair(attempt, root)
     pairs.append(pair)
     spec_file = root / "spec.json"
@@ -196,6 +221,8 @@ def start_pair(store: DynamoDBJobStore, pairs: list[Pair], attempt: int, root: P
                 launched_at=time.time(),
             )
         )
+        if rank == 1:
+            store.update_job(JOB, lambda j: j.model_copy(update={"attempt": attempt, "status": JobStatus.RUNNING}))
         imds = FakeImds(instance_id=iid, az=POOL.az).start()
         pair.imds.append(imds)
         node = root / f"node{rank}"
@@ -236,6 +263,13 @@ def wait_for_step(pair: Pair, rank: int, step: int) -> None:
         time.sleep(0.2)
 
 
+def wait_until(predicate: Any, what: str) -> None:
+    give_up = time.time() + TIMEOUT_S
+    while not predicate():
+        assert time.time() < give_up, f"not reached (a hang): {what}"
+        time.sleep(0.2)
+
+
 def check_preempted(store: DynamoDBJobStore, events: AgentEvents, pair: Pair, deadline: float) -> int:
     """Both nodes exit 75 after committing the same step; returns that step."""
     attempt = pair.attempt
@@ -254,8 +288,8 @@ def check_preempted(store: DynamoDBJobStore, events: AgentEvents, pair: Pair, de
     ]
     assert {e.rank for e in events.of("NodeReady", attempt)} == {0, 1}
     assert {e.rank for e in events.of("Heartbeat", attempt)} == {0, 1}
-    nodes = [n for n in store.nodes_of(JOB) if n.attempt == attempt]
-    assert [(n.state, n.exit_code) for n in nodes] == [(NodeState.EXITED, 75)] * 2
+    wait_until(lambda: [(n.state, n.exit_code) for n in store.nodes_of(JOB) if n.attempt == attempt]
+               == [(NodeState.EXITED, 75)] * 2, "the controller records both exits")
     assert all(r["exit"] == 75 for r in _results(pair.root / "out"))
     return stop_step
 
@@ -285,7 +319,8 @@ def test_interrupted_by_imds_then_by_directive_resumes_bit_identical(
     store.update_node(JOB, node_id_for(2, 0), lambda n: n.model_copy(update={"directive": directive.model_dump()}))
     step2 = check_preempted(store, events, second, deadline)
     assert step2 > step1
-    assert store.get_node(JOB, node_id_for(2, 0)).directive is None  # acted on, cleared
+    # acted on, reported (DirectiveSeen), cleared by the controller
+    wait_until(lambda: store.get_node(JOB, node_id_for(2, 0)).directive is None, "the directive cleared")
 
     # attempt 3 runs to the end: the same losses and final state as one uninterrupted run
     third = start_pair(store, pairs, 3, tmp_path / "a3")

@@ -12,22 +12,25 @@ from agent.notice_store import NoticeStore, deadline_for
 from agent.reporting import Reporter
 from spotrelay.contracts import control
 from spotrelay.contracts.control import RequestKind, StopRequest, TrainerEvent
-from spotrelay.contracts.events import CheckpointCommitted, parse_agent_event
+from spotrelay.contracts.events import AGENT_SOURCE, AgentEventModel, CheckpointCommitted, parse_agent_event
 from spotrelay.contracts.exit_codes import ExitCode
 
 
 class Recorder:
+    """The agent's port, reporting only (what this file checks is what the agent says)."""
+
     def __init__(self) -> None:
         self.sent: list[tuple[str, str, dict[str, Any]]] = []
 
-    def publish(self, source: str, detail_type: str, detail: dict[str, Any]) -> None:
-        self.sent.append((source, detail_type, detail))
+    def report(self, event: AgentEventModel) -> None:
+        self.sent.append((AGENT_SOURCE, event.kind, event.model_dump(mode="json")))
 
 
 def _responder(tmp_path: Path, now: list[float]) -> tuple[Responder, Recorder]:
     config = AgentConfig(job_id="j-1", attempt=1, rank=1, nodes=2, instance_id="i-1")
     recorder = Recorder()
-    return Responder(tmp_path, Reporter(config, recorder, clock=lambda: now[0]), clock=lambda: now[0]), recorder
+    return Responder(tmp_path, Reporter(config, recorder, clock=lambda: now[0]),  # type: ignore[arg-type]
+                     clock=lambda: now[0]), recorder
 
 
 def _itn(when: float) -> Notice:

@@ -1,5 +1,7 @@
-"""The agent's loop end to end on one node, fast: a fake IMDS, a temporary directory, an in-memory job
-store, and a stand-in trainer (no torch) that honours the control contract like agent/training.py.
+"""The agent's loop end to end on one node, fast: a fake IMDS, a temporary directory, the agent's port
+in process (its events go through the controller's real handler into an in-memory job store: the
+node records checked here were written by the controller, never by the agent), and a stand-in
+trainer (no torch) that honours the control contract like agent/training.py.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from agent.daemon import Agent
 from agent.imds import ImdsClient
 from agent.launcher import LaunchPlan, Rendezvous
 from agent.reporting import Reporter
+from spotrelay.adapters.memory_job_store import MemoryJobStore
 from spotrelay.contracts.events import Directive, DirectiveKind
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.domain.models import Job, Node, NodeState, Pool
 from spotrelay.domain.status import JobStatus
-from spotrelay.errors import NotFoundError
 from spotrelay.local.fake_imds import FakeImds
 from spotrelay.spec.models import JobSpec
+from tests.agent_port import InProcessAgentPort
 
 # The stand-in trainer: one step every 0.1 s; acts on request.json like the training API does.
 TRAINER = r"""
@@ -70,58 +73,6 @@ for step in range(1, steps + 1):
 """
 
 
-class MemoryStore:
-    """The JobStore calls the agent makes, in memory."""
-
-    def __init__(self, job: Job) -> None:
-        self.job = job
-        self.nodes: dict[str, Node] = {}
-        self.lock = threading.Lock()
-
-    def get_job(self, job_id: str) -> Job:
-        return self.job
-
-    def update_job(self, job_id: str, change: Callable[[Job], Job | None], attempts: int = 3) -> Job | None:
-        updated = change(self.job)
-        if updated is not None:
-            self.job = updated
-        return updated
-
-    def get_node(self, job_id: str, node_id: str) -> Node:
-        with self.lock:
-            if node_id not in self.nodes:
-                raise NotFoundError(node_id)
-            return self.nodes[node_id]
-
-    def nodes_of(self, job_id: str) -> list[Node]:
-        return list(self.nodes.values())
-
-    def put_node(self, node: Node, expected_version: int | None = None) -> Node:
-        with self.lock:
-            self.nodes[node.node_id] = node.model_copy(update={"version": node.version + 1})
-            return self.nodes[node.node_id]
-
-    def update_node(
-        self, job_id: str, node_id: str, change: Callable[[Node], Node | None], attempts: int = 3
-    ) -> Node | None:
-        updated = change(self.get_node(job_id, node_id))
-        return None if updated is None else self.put_node(updated)
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, dict[str, Any]]] = []
-
-    def publish(self, source: str, detail_type: str, detail: dict[str, Any]) -> None:
-        self.sent.append((detail_type, detail))
-
-    def kinds(self) -> list[str]:
-        return [k for k, _ in self.sent]
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [d for k, d in self.sent if k == kind]
-
-
 SPEC = JobSpec.model_validate(
     {
         "version": 1,
@@ -154,7 +105,7 @@ def run_agent(
     log_sink: Any = None,
     launches: list[Rendezvous] | None = None,
     **over: Any,
-) -> tuple[Agent, MemoryStore, Recorder, threading.Thread, list[int]]:
+) -> tuple[Agent, MemoryJobStore, InProcessAgentPort, threading.Thread, list[int]]:
     (tmp_path / "trainer.py").write_text(TRAINER)
     config = AgentConfig.model_validate(
         {
@@ -174,10 +125,10 @@ def run_agent(
             **over,
         }
     )
-    job = Job(job_id="j-1", name="t", status=JobStatus.RUNNING)
-    store = MemoryStore(job)
+    job = Job(job_id="j-1", name="t", status=JobStatus.RUNNING, attempt=1, spec=spec.model_dump(mode="json"))
+    port = InProcessAgentPort(job)
+    store = port.store
     store.put_node(_rank0_node(instance_id="i-0node"))
-    recorder = Recorder()
 
     def plan(spec: JobSpec, rdzv: Rendezvous, env: dict[str, str], itype: str | None, python: str) -> LaunchPlan:
         # no torchrun: the per-rank wrapper straight on the stand-in trainer
@@ -189,12 +140,13 @@ def run_agent(
         )
 
     client = ImdsClient(imds.url, timeout_s=2.0, retries=1)  # generous: CI machines are loaded
-    agent = Agent(config, store, Reporter(config, recorder), client, plan_builder=plan,  # type: ignore[arg-type]
-                  log_sink=log_sink)
+    agent = Agent(config, port, Reporter(config, port), client, plan_builder=plan, log_sink=log_sink)
+    view = port.job()
+    assert view is not None
     result: list[int] = []
-    thread = threading.Thread(target=lambda: result.append(agent.serve(job, spec, track=True)), daemon=True)
+    thread = threading.Thread(target=lambda: result.append(agent.serve(view, spec, track=True)), daemon=True)
     thread.start()
-    return agent, store, recorder, thread, result
+    return agent, store, port, thread, result
 
 
 HANG_S = 300.0  # only catches a hang: a loaded CI machine may be slow, never this slow
@@ -305,18 +257,22 @@ def test_survivor_joins_the_next_gang(tmp_path: Path, imds: FakeImds) -> None:
     # the controller (replace-lost-nodes) carries this instance into attempt 2 as rank 0
     restart = Directive(directive_id="restart-j-1-a2", kind=DirectiveKind.RESTART, issued_at=time.time())
     carried = store.get_node("j-1", "a1-r0").model_copy(
-        update={"node_id": "a2-r0", "attempt": 2, "state": NodeState.PENDING, "directive": restart.model_dump()}
+        update={"node_id": "a2-r0", "attempt": 2, "state": NodeState.PENDING, "directive": restart.model_dump(),
+                "version": 0, "exit_code": None}
     )
-    store.put_node(carried)
+    store.put_node(carried)  # the record first, then the job moves to the attempt (as provision does)
+    store.update_job("j-1", lambda j: j.model_copy(update={"attempt": 2}))
     assert finish(thread, result) == ExitCode.DONE
     assert [(e["attempt"], e["node_id"]) for e in recorder.of("NodeReady")] == [(1, "a1-r0"), (2, "a2-r0")]
-    node = store.get_node("j-1", "a2-r0")
+    assert recorder.of("DirectiveSeen")[-1]["directive_id"] == "restart-j-1-a2"
+    node = store.get_node("j-1", "a2-r0")  # the controller cleared the RESTART and recorded the exit
     assert node.directive is None and node.state is NodeState.EXITED and node.exit_code == 0
     assert node.master_port == 29500
     assert (tmp_path / "control" / "starts").read_text() == "xx"  # restarted once, not twice
 
 
-def _stop_and_carry(store: MemoryStore, recorder: Recorder, old: str, attempt: int, rank: int, nodes: int) -> None:
+def _stop_and_carry(store: MemoryJobStore, recorder: InProcessAgentPort, old: str, attempt: int, rank: int,
+                    nodes: int) -> None:
     """CHECKPOINT_NOW to the node of ``old``; once it exited, the controller carries the instance into
     ``attempt`` as ``rank`` of a gang of ``nodes`` (the RESTART names the new size)."""
     now = time.time()
@@ -327,7 +283,8 @@ def _stop_and_carry(store: MemoryStore, recorder: Recorder, old: str, attempt: i
     restart = Directive.restart("j-1", attempt, rank, time.time(), "resize", world_size=nodes)
     store.put_node(store.get_node("j-1", old).model_copy(update={
         "node_id": f"a{attempt}-r{rank}", "attempt": attempt, "rank": rank, "state": NodeState.PENDING,
-        "directive": restart.model_dump()}))
+        "directive": restart.model_dump(), "version": 0, "exit_code": None}))
+    store.update_job("j-1", lambda j: j.model_copy(update={"attempt": attempt}))
 
 
 def test_survivor_restarts_at_the_gang_size_the_restart_names(tmp_path: Path, imds: FakeImds) -> None:
@@ -361,8 +318,8 @@ def test_agent_never_undoes_the_controllers_verdict(tmp_path: Path, imds: FakeIm
         ),
     )
     assert finish(thread, result) == ExitCode.CANCELLED
-    node = store.get_node("j-1", "a1-r0")
-    assert node.state is NodeState.TERMINATED and node.exit_code == ExitCode.CANCELLED
+    assert recorder.of("TrainingExited")[0]["exit_code"] == ExitCode.CANCELLED
+    assert store.get_node("j-1", "a1-r0").state is NodeState.TERMINATED  # the exit changes a final state not
 
 
 def test_rank1_waits_for_rank0_address_and_port_and_stops_on_sigterm(tmp_path: Path, imds: FakeImds) -> None:
@@ -371,17 +328,12 @@ def test_rank1_waits_for_rank0_address_and_port_and_stops_on_sigterm(tmp_path: P
     from spotrelay.errors import SpotrelayError
 
     config = AgentConfig(job_id="j-1", attempt=1, rank=1, nodes=2, rank0_wait_s=30)
-    store = MemoryStore(Job(job_id="j-1", name="t", status=JobStatus.RUNNING))
-    store.put_node(_rank0_node(instance_id="i-0", state=NodeState.READY, private_ip="10.0.0.7", master_port=29611))
-    agent = Agent(
-        config,
-        store,  # type: ignore[arg-type]
-        Reporter(config, Recorder()),
-        ImdsClient(imds.url),
-        sleep=lambda s: None,
-    )
+    port = InProcessAgentPort(Job(job_id="j-1", name="t", status=JobStatus.RUNNING, attempt=1))
+    port.store.put_node(_rank0_node(instance_id="i-0", state=NodeState.READY, private_ip="10.0.0.7",
+                                    master_port=29611))
+    agent = Agent(config, port, Reporter(config, port), ImdsClient(imds.url), sleep=lambda s: None)
     assert agent.wait_for_rank0() == ("10.0.0.7", 29611)  # rank 0's published port, not ours (29500)
-    store.nodes.clear()
+    port.store.update_node("j-1", "a1-r0", lambda n: n.model_copy(update={"state": NodeState.LOST}))
     agent.on_signal(signal.SIGTERM, None)
     with pytest.raises(SpotrelayError, match="signal"):
         agent.wait_for_rank0()
@@ -394,7 +346,8 @@ def test_mlflow_run_created_after_ready_and_handed_to_the_trainer(tmp_path: Path
     spec = SPEC.model_copy(update={"tracking": SPEC.tracking.model_copy(update={"tracking_uri": uri})})
     _, store, recorder, thread, result = run_agent(tmp_path, imds, steps=8, spec=spec)
     assert finish(thread, result) == ExitCode.DONE
-    run_id = store.job.mlflow_run_id
+    run_id = store.get_job("j-1").mlflow_run_id  # recorded by the controller from TrackingStarted
+    assert [e["mlflow_run_id"] for e in recorder.of("TrackingStarted")] == [run_id]
     assert run_id and (tmp_path / "control" / "run_id").read_text() == run_id
     assert recorder.kinds()[0] == "NodeReady"
     history = MlflowClient(tracking_uri=uri).get_metric_history(run_id, "exit_code")

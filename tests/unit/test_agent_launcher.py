@@ -16,8 +16,8 @@ import pytest
 from agent.config import AgentConfig
 from agent.launcher import LaunchPlan, Rendezvous, TrainingProcess, build_plan, contract_env, read_exit_records
 from spotrelay.contracts import control
-from spotrelay.domain.models import Job
-from spotrelay.domain.status import JobStatus
+from spotrelay.contracts.agent import JobView
+from spotrelay.errors import AgentConfigError
 from spotrelay.spec.models import JobSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def test_efa_only_on_gpu_p5_p4d() -> None:
 
 def test_contract_environment(tmp_path: Path) -> None:
     config = AgentConfig(job_id="j-1", attempt=3, rank=0, nodes=2, work_dir=tmp_path, checkpoint_uri="s3://b/c/j-1")
-    job = Job(job_id="j-1", name="t", status=JobStatus.RUNNING, spec_hash="abc")
+    job = JobView(job_id="j-1", status="RUNNING", spec_hash="abc")
     env = contract_env(config, job, _spec(), "run-9")
     assert env[control.ENV_CONTROL_DIR] == str(tmp_path / "control")
     assert env[control.ENV_ATTEMPT] == "3" and env[control.ENV_SPEC_HASH] == "abc"
@@ -93,6 +93,17 @@ def test_contract_environment(tmp_path: Path) -> None:
     spec = _spec(entrypoint={"script": "t.py", "env": {control.ENV_CONTROL_DIR: "/elsewhere"}})
     plan = build_plan(spec, RDZV, env, None, "/py")
     assert plan.env[control.ENV_CONTROL_DIR] == str(tmp_path / "control")
+
+
+def test_durable_tier_default_comes_from_the_port_not_the_controllers_settings(tmp_path: Path) -> None:
+    job = JobView(job_id="j-1")
+    bare = AgentConfig(job_id="j-1", attempt=1, rank=0, work_dir=tmp_path)
+    with pytest.raises(AgentConfigError, match="durable tier"):
+        contract_env(bare, job, _spec(), None)
+    rooted = bare.model_copy(update={"durable_root": "s3://bkt/checkpoints/"})
+    assert contract_env(rooted, job, _spec(), None)[control.ENV_CHECKPOINT_URI] == "s3://bkt/checkpoints/j-1"
+    prefixed = _spec(checkpoint={"every_steps": 10, "s3_prefix": "s3://mine/ckpt/"})
+    assert contract_env(rooted, job, prefixed, None)[control.ENV_CHECKPOINT_URI] == "s3://mine/ckpt"
 
 
 @pytest.mark.parametrize(

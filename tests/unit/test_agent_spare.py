@@ -6,14 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.spare import SpareCache, StandBy, draining_ranks, wait_for_drain
-from spotrelay.domain.models import Node, NodeState, Pool
+from spotrelay.contracts.agent import NodeView
+from spotrelay.domain.models import NodeState
 
-POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
 
-
-def node(attempt: int, rank: int, state: NodeState, release_after: float | None = None, spare: bool = False) -> Node:
-    return Node(job_id="j", node_id=f"a{attempt}-r{rank}", attempt=attempt, rank=rank, instance_id=f"i-{attempt}{rank}",
-                pool=POOL, state=state, release_after=release_after, spare=spare)
+def node(attempt: int, rank: int, state: NodeState, release_after: float | None = None,
+         spare: bool = False) -> NodeView:
+    """A node record as the agent's port shows it."""
+    return NodeView(job_id="j", node_id=f"a{attempt}-r{rank}", attempt=attempt, rank=rank,
+                    instance_id=f"i-{attempt}{rank}", state=state.value, release_after=release_after, spare=spare)
 
 
 def test_replacements_wait_only_for_ranks_still_draining() -> None:

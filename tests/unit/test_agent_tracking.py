@@ -4,13 +4,13 @@ per-step metrics on both, checkpoint times, the final manifest as an artifact, t
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from agent.config import AgentConfig
 from agent.tracking import JobTracking
+from spotrelay.contracts.agent import JobView
 from spotrelay.domain.models import Attempt, Job, Pool
 from spotrelay.domain.status import JobStatus
 from spotrelay.spec.models import JobSpec
@@ -19,14 +19,18 @@ POOL = Pool(region="us-east-1", az="us-east-1b", instance_type="p4d.24xlarge", m
 
 
 class JobOnly:
+    """The job record as the agent's port shows it; ``record`` is what the controller does with the
+    agent's TrackingStarted."""
+
     def __init__(self, job: Job) -> None:
         self.job = job
 
-    def update_job(self, job_id: str, change: Callable[[Job], Job | None], attempts: int = 3) -> Job | None:
-        updated = change(self.job)
-        if updated is not None:
-            self.job = updated
-        return updated
+    @property
+    def view(self) -> JobView:
+        return JobView.model_validate(self.job.model_dump(mode="json"))
+
+    def record(self, run_id: str) -> None:
+        self.job = self.job.model_copy(update={"mlflow_run_id": run_id})
 
 
 def _spec(uri: str) -> JobSpec:
@@ -55,7 +59,7 @@ def test_parent_run_with_a_child_per_attempt_metrics_and_the_final_model(tmp_pat
     MlflowClient(tracking_uri=uri).create_experiment("exp", artifact_location=(tmp_path / "artifacts").as_uri())
     attempts = [Attempt(number=1, pool=POOL, started_at=100.0, ended_at=200.0, nodes=2)]
     store = JobOnly(Job(job_id="j-1", name="tracked", status=JobStatus.RUNNING, attempts=attempts))
-    first = JobTracking.for_job(_config(1), store.job, spec, store)  # type: ignore[arg-type]
+    first = JobTracking.for_job(_config(1), store.view, spec, store.record)
     assert first is not None and store.job.mlflow_run_id == first.run_id and first.child_id
     first.add_metrics([{"step": 1, "loss": 3.0, "lr": 0.1, "step_s": 0.5}, {"step": 2, "loss": 2.5}])
     first.checkpoint(step=2, duration_s=1.5, emergency=True, stall_s=0.02)
@@ -63,7 +67,7 @@ def test_parent_run_with_a_child_per_attempt_metrics_and_the_final_model(tmp_pat
 
     later = store.job.model_copy(update={"attempts": [*attempts, Attempt(number=2, pool=POOL, nodes=2)],
                                          "steps_lost": 3, "cost_so_far": 12.5, "recoveries": 1})
-    second = JobTracking.for_job(_config(2), later, spec, JobOnly(later))  # type: ignore[arg-type]
+    second = JobTracking.for_job(_config(2), JobOnly(later).view, spec, JobOnly(later).record)
     assert second is not None and second.run_id == first.run_id and second.child_id != first.child_id
     second.resumed(2)
     second.add_metrics([{"step": 3, "loss": 2.0}])
@@ -106,7 +110,7 @@ def test_parent_run_with_a_child_per_attempt_metrics_and_the_final_model(tmp_pat
 
     # an agent that restarts mid-attempt finds the same runs (the job lost its run id: found by tag)
     lost = later.model_copy(update={"mlflow_run_id": None})
-    again = JobTracking.for_job(_config(2), lost, spec, JobOnly(lost))  # type: ignore[arg-type]
+    again = JobTracking.for_job(_config(2), JobOnly(lost).view, spec, JobOnly(lost).record)
     assert again is not None and (again.run_id, again.child_id) == (first.run_id, second.child_id)
 
 
@@ -121,7 +125,7 @@ def test_no_tracking_uri_no_mlflow() -> None:
         }
     )
     job = Job(job_id="j-1", name="n", status=JobStatus.RUNNING)
-    assert JobTracking.for_job(_config(1), job, spec, JobOnly(job)) is None  # type: ignore[arg-type]
+    assert JobTracking.for_job(_config(1), JobOnly(job).view, spec, JobOnly(job).record) is None
 
 
 def test_unreachable_tracking_server_never_stops_training(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -129,7 +133,7 @@ def test_unreachable_tracking_server_never_stops_training(monkeypatch: pytest.Mo
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
     spec = _spec("http://127.0.0.1:9/unreachable")
-    assert JobTracking.for_job(_config(1), job, spec, JobOnly(job)) is None  # type: ignore[arg-type]
+    assert JobTracking.for_job(_config(1), JobOnly(job).view, spec, JobOnly(job).record) is None
 
 
 def test_a_lost_rank_0s_attempt_run_is_closed_by_the_next_attempt(tmp_path: Path) -> None:
@@ -141,11 +145,11 @@ def test_a_lost_rank_0s_attempt_run_is_closed_by_the_next_attempt(tmp_path: Path
     spec = _spec(uri)
     one = Attempt(number=1, pool=POOL, started_at=100.0, nodes=2)
     store = JobOnly(Job(job_id="j-1", name="tracked", status=JobStatus.RUNNING, attempts=[one]))
-    first = JobTracking.for_job(_config(1), store.job, spec, store)  # type: ignore[arg-type]
+    first = JobTracking.for_job(_config(1), store.view, spec, store.record)
     assert first is not None and first.child_id
     ended = one.model_copy(update={"ended_at": 250.0, "end_reason": "node-lost"})
     later = store.job.model_copy(update={"attempts": [ended, Attempt(number=2, pool=POOL, nodes=2)]})
-    second = JobTracking.for_job(_config(2), later, spec, JobOnly(later))  # type: ignore[arg-type]
+    second = JobTracking.for_job(_config(2), JobOnly(later).view, spec, JobOnly(later).record)
     assert second is not None
 
     client = MlflowClient(tracking_uri=uri)
