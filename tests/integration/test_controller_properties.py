@@ -10,6 +10,9 @@ After every step:
 - every task token got at most one answer (a retried task repeating the same answer is refused by
   Step Functions and harmless; two different answers are a race);
 - the recorded last checkpoint never moved backwards;
+- a node record's state only moved forward (PENDING -> READY/RUNNING -> DOOMED -> EXITED ->
+  LOST/TERMINATED): the controller's handlers are its one writer and no late event undoes it;
+- the job's MLflow run id, once recorded, never changed;
 - every node of a finished job is terminated: no live instance, no node record in a live state.
 At the end a well-behaved agent and EC2 drive the run to its end: the job must finish (no hang),
 with every node terminated and no instance left.
@@ -32,7 +35,16 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from pydantic import BaseModel
 
 from spotrelay.adapters.memory_job_store import MemoryJobStore
-from spotrelay.contracts.events import CheckpointCommitted, Heartbeat, NodeReady, TrainingExited
+from spotrelay.contracts.events import (
+    CheckpointCommitted,
+    DirectiveSeen,
+    Heartbeat,
+    NodeReady,
+    NoticeSeen,
+    TrackingStarted,
+    TrainingExited,
+    TrainingStarted,
+)
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.contracts.workflow import WorkflowInput, WorkflowTimings
 from spotrelay.domain.models import Job, Node, NodeState
@@ -60,6 +72,9 @@ JOB = "job-under-test"
 EXIT_CODES = [ExitCode.DONE, ExitCode.PREEMPTED_SAVED, ExitCode.PREEMPTED_UNSAVED, ExitCode.USER_ERROR,
               ExitCode.INFRA_ERROR, ExitCode.CANCELLED]
 _FINAL = (NodeState.TERMINATED, NodeState.LOST, NodeState.EXITED)
+# the order a node record's state may move in (equal ranks may follow each other)
+_RANK = {NodeState.PENDING: 0, NodeState.READY: 1, NodeState.RUNNING: 1, NodeState.DOOMED: 2, NodeState.EXITED: 3,
+         NodeState.LOST: 4, NodeState.TERMINATED: 4}
 
 
 class WatchedStore(MemoryJobStore):
@@ -94,6 +109,8 @@ class ControllerRun(RuleBasedStateMachine):
         self.now = 1_000_000.0
         self.delivered: list[Any] = []  # every event delivered so far (for duplicates and late replays)
         self.best_checkpoint = -1
+        self.node_ranks: dict[str, int] = {}  # node id -> the furthest state rank seen
+        self.run_id: str | None = None
         self.timings = WorkflowTimings(ready_timeout_s=600, heartbeat_s=600, backoff_s=5, backoff_max_s=60,
                                        provision_retry_s=5)
 
@@ -215,6 +232,26 @@ class ControllerRun(RuleBasedStateMachine):
                                 last_step=step, last_committed_step=None)
         self._deliver(event)
 
+    @rule(index=st.integers(0, 8), kind=st.sampled_from(["TrainingStarted", "NoticeSeen", "DirectiveSeen",
+                                                          "TrackingStarted"]),
+          stale=st.booleans(), own=st.booleans(), run=st.integers(0, 2))
+    def agent_report(self, index: int, kind: str, stale: bool, own: bool, run: int) -> None:
+        """What the agent reports instead of writing its node item (its port's events)."""
+        node = self._node(index)
+        if node is None:
+            return
+        attempt = max(1, node.attempt - 1) if stale else node.attempt
+        if kind == "TrainingStarted":
+            event = self._agent(TrainingStarted, node, attempt)
+        elif kind == "NoticeSeen":
+            event = self._agent(NoticeSeen, node, attempt, action_time=self.now + 120.0)
+        elif kind == "DirectiveSeen":
+            directive_id = (node.directive or {}).get("directive_id", "none") if own else "another"
+            event = self._agent(DirectiveSeen, node, attempt, directive_id=directive_id)
+        else:
+            event = self._agent(TrackingStarted, node, attempt, mlflow_run_id=f"run-{run}")
+        self._deliver(event)
+
     @rule(index=st.integers(0, 8), kind=st.sampled_from(["notice", "rebalance", "shutting-down", "terminated"]),
           dies=st.booleans())
     def ec2_event(self, index: int, kind: str, dies: bool) -> None:
@@ -287,6 +324,21 @@ class ControllerRun(RuleBasedStateMachine):
         step = job.last_checkpoint.step if job and job.last_checkpoint else -1
         assert step >= self.best_checkpoint, f"last checkpoint went back from {self.best_checkpoint} to {step}"
         self.best_checkpoint = step
+
+    @invariant()
+    def node_state_only_moves_forward(self) -> None:
+        for node in self.store.nodes_of(JOB):
+            rank = _RANK[node.state]
+            before = self.node_ranks.get(node.node_id, 0)
+            assert rank >= before, f"node {node.node_id} moved back to {node.state} (rank {before} before)"
+            self.node_ranks[node.node_id] = rank
+
+    @invariant()
+    def run_id_recorded_once(self) -> None:
+        job = self.store.find_job(JOB)
+        run_id = job.mlflow_run_id if job else None
+        assert self.run_id is None or run_id == self.run_id, f"MLflow run id changed {self.run_id} -> {run_id}"
+        self.run_id = run_id
 
     # --- the end: everything behaves, the run must finish cleanly --------------------------------
     def teardown(self) -> None:
