@@ -6,7 +6,8 @@ inline policy names only that job's checkpoint prefix, spec object and table ite
 create such roles only with this boundary attached (``iam:PermissionsBoundary`` condition in
 ``cdk/permissions.py``), so even a wrong inline policy cannot grant a node more than the agent needs in
 general: the checkpoints of the jobs and data buckets, ``data/`` and the agent wheel, the job specs
-under ``submissions/``, job and node items, and PutEvents with source ``spotrelay.agent``.
+under ``submissions/``, reads of job and node items (the agent writes none: it reports events), and
+PutEvents with source ``spotrelay.agent``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from constructs import Construct
 
 from cdk.config import AppConfig
 from cdk.storage import jobs_bucket_name, table_name
+from spotrelay.contracts.agent import AGENT_TABLE_ACTIONS
 from spotrelay.contracts.events import AGENT_SOURCE
 from spotrelay.ports.logs import LOG_GROUP_DEFAULT
 from spotrelay.resources import JOBS, NODES, RESOURCES
@@ -98,7 +100,7 @@ class AgentBoundary(Construct):
                     + [f"{b}/{p}*" for b in data for p in ("data/", "artifacts/agent/")],
                 ),
                 iam.PolicyStatement(
-                    actions=["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"],
+                    actions=list(AGENT_TABLE_ACTIONS),  # read only: the agent reports events, it writes no item
                     resources=[table + table_name(config, NODES), table + table_name(config, JOBS)],
                 ),
                 iam.PolicyStatement(

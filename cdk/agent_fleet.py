@@ -3,17 +3,18 @@ regional fallback role.
 
 Per job: the controller launches every node with its job's own instance profile, created at launch
 (``spotrelay/adapters/iam_job_profile.py``; path ``/spotrelay/``, bounded by ``cdk/agent_boundary.py``):
-only ``checkpoints/<job>/`` of the jobs and data buckets, that job's spec object, DynamoDB items whose
-partition key is the job id, and PutEvents with source ``spotrelay.agent``. Teardown deletes it.
+only ``checkpoints/<job>/`` of the jobs and data buckets, that job's spec object, reads of the DynamoDB
+items whose partition key is the job id, and PutEvents with source ``spotrelay.agent``. Teardown deletes it.
 
 The regional role below is only the fallback for nodes started by hand from this launch template
 (the controller cannot pass it: its PassRole covers only ``/spotrelay/<prefix>-agent-job-*``).
 It reaches only the agent's own calls: ``checkpoints/`` of the home jobs bucket (the default
 durable tier, so a job resumes in any region) and of this region's data bucket (replicated home),
 ``code/`` of the home jobs bucket read-only (entrypoint.code archives, as the per-job profiles),
-``data/`` and ``artifacts/agent/`` of the data bucket read-only, job and node items in the home
-tables, and PutEvents with source ``spotrelay.agent`` on the home bus. Job and rank come from instance
-tags read through IMDS (InstanceMetadataTags), so the role needs no ec2:Describe*.
+``data/`` and ``artifacts/agent/`` of the data bucket read-only, reads of job and node items in the
+home tables (the agent writes none), and PutEvents with source ``spotrelay.agent`` on the home bus.
+Job and rank come from instance tags read through IMDS (InstanceMetadataTags), so the role needs no
+ec2:Describe*.
 
 Not per job: it serves every manually launched node in the region (an instance profile cannot see the
 instance's tags), so such a node could read another job's checkpoints. See docs/deploy.md, "Security notes".
@@ -30,6 +31,7 @@ from constructs import Construct
 from agent.userdata import UserDataParams, render_user_data
 from cdk.config import AppConfig
 from cdk.storage import jobs_bucket_name, table_name
+from spotrelay.contracts.agent import AGENT_TABLE_ACTIONS
 from spotrelay.contracts.events import AGENT_SOURCE
 from spotrelay.ports.logs import LOG_GROUP_DEFAULT, LOG_GROUP_ENV
 from spotrelay.resources import JOBS, NODES, RESOURCES
@@ -91,16 +93,11 @@ class AgentFleet(Construct):
             iam.PolicyStatement(actions=["s3:GetObject"], resources=[f"{home_bucket}/{RESOURCES.code_prefix}*"])
         )
         table_arn = f"arn:{part}:dynamodb:{home}:{acct}:table/"
-        # the agent registers and updates its node (conditional puts) and records its MLflow run id
+        # the agent's port reads its job's records; it writes none (it reports events instead)
         self.role.add_to_policy(
             iam.PolicyStatement(
-                actions=["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"],
-                resources=[table_arn + table_name(config, NODES)],
-            )
-        )
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["dynamodb:GetItem", "dynamodb:PutItem"], resources=[table_arn + table_name(config, JOBS)]
+                actions=list(AGENT_TABLE_ACTIONS),
+                resources=[table_arn + table_name(config, NODES), table_arn + table_name(config, JOBS)],
             )
         )
         self.role.add_to_policy(

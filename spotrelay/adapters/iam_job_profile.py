@@ -8,8 +8,10 @@ the stack's permissions boundary, with one inline policy naming this job's id ev
 - S3 ``checkpoints/<job>/`` read/write/delete (and list with that prefix) on the home jobs bucket and
   on each training region's data bucket; ``data/`` and ``artifacts/agent/`` (the agent wheel) read;
 - GetObject on the job's spec object (``config_uri``);
-- DynamoDB Get/Put/Update/Query on the jobs and nodes tables with ``dynamodb:LeadingKeys`` = job id;
-- ``events:PutEvents`` on the home bus with ``events:source`` = ``spotrelay.agent``;
+- DynamoDB GetItem/Query (read only) on the jobs and nodes tables with ``dynamodb:LeadingKeys`` = job
+  id: the agent's port reads its records; it never writes one (the controller's handlers do);
+- ``events:PutEvents`` on the home bus with ``events:source`` = ``spotrelay.agent``: the agent's
+  only way to change anything the controller keeps;
 - CreateLogStream/PutLogEvents on the job's own streams (``<job>/...``) of the training log group.
 
 Creation is idempotent (EntityAlreadyExists is fine); ``delete`` removes profile and role at teardown;
@@ -31,6 +33,7 @@ from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field
 
 from spotrelay.adapters.aws import error_code
+from spotrelay.contracts.agent import AGENT_TABLE_ACTIONS
 from spotrelay.contracts.events import AGENT_SOURCE
 from spotrelay.ports.logs import LOG_GROUP_DEFAULT
 from spotrelay.resources import RESOURCES
@@ -97,9 +100,9 @@ def job_policy(config: JobProfileConfig, job_id: str, config_uri: str = "") -> d
     if reads:
         statements.append({"Sid": "Read", "Effect": "Allow", "Action": "s3:GetObject", "Resource": reads})
     table = f"arn:{part}:dynamodb:{home}:{acct}:table/"
-    statements.append({
+    statements.append({  # read only: one writer per record, the controller (spotrelay/contracts/agent.py)
         "Sid": "JobItems", "Effect": "Allow",
-        "Action": ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"],
+        "Action": list(AGENT_TABLE_ACTIONS),
         "Resource": [table + (config.jobs_table or s.jobs_table), table + (config.nodes_table or s.nodes_table)],
         "Condition": {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [job_id]}},
     })

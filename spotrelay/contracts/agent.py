@@ -29,6 +29,11 @@ UP = (READY, RUNNING)  # registered and (about to be) training
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "REJECTED"})
 
 
+# What the port's reads need on the jobs and nodes tables (IAM actions; the per-job policy, the
+# agents' permissions boundary and the fallback role grant exactly these: no write).
+AGENT_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:Query")
+
+
 def node_id_for(attempt: int, rank: int) -> str:
     """A node's id within its job: one record per (attempt, rank)."""
     return f"a{attempt}-r{rank}"

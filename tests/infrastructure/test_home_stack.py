@@ -288,6 +288,8 @@ def test_per_job_agent_profiles_only_with_the_boundary(synth: Synth) -> None:
     assert props["ManagedPolicyName"] == "spotrelay-agent-boundary" and props["Path"] == "/spotrelay/"
     boundary_text = flatten(props["PolicyDocument"])
     assert "iam:" not in boundary_text and "ec2:" not in boundary_text and "spotrelay.agent" in boundary_text
+    assert "dynamodb:GetItem" in boundary_text and not any(  # the agents never write a record
+        w in boundary_text for w in ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"))
     boundary_arn = "arn:<AWS::Partition>:iam::<AWS::AccountId>:policy/spotrelay/spotrelay-agent-boundary"
 
     functions = _functions(synth)

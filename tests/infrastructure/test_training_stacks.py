@@ -120,6 +120,8 @@ def test_agent_role_limited_to_its_paths_and_agent_calls(synth: Synth) -> None:
             "table/spotrelay-nodes" in json.dumps(s["Resource"]) or "table/spotrelay-jobs" in json.dumps(s["Resource"])
             for s in ddb
         )
+        # read only: the agent reports events; the controller's handlers write the records
+        assert {a for a in actions if a.startswith("dynamodb:")} == {"dynamodb:GetItem", "dynamodb:Query"}
 
 
 def test_fallback_agent_role_reads_code_archives_like_the_per_job_profiles(synth: Synth) -> None:

@@ -78,3 +78,31 @@ def test_every_call_a_handler_makes_is_one_the_analysis_found(recorded: list[str
             silent.append(handler)
     assert not unexplained, "\n".join(unexplained)
     assert not silent, f"these handlers made no AWS call on their sample, so nothing was checked: {silent}"
+
+
+def test_every_call_the_agent_port_makes_is_in_the_per_job_policy_and_nothing_more(recorded: list[str]) -> None:
+    """The agent's side: what its port (the AWS adapter) really calls on moto is what the per-job
+    policy grants on the tables and the bus, read-only on DynamoDB; the policy grants no table action
+    the port does not make."""
+    from spotrelay.adapters.aws_agent_port import AwsAgentPort
+    from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+    from spotrelay.adapters.iam_job_profile import JobProfileConfig, job_policy
+    from spotrelay.contracts.events import NodeReady
+    from spotrelay.domain.models import Job, Node, Pool
+    from spotrelay.domain.status import JobStatus
+
+    store = DynamoDBJobStore()
+    store.create_job(Job(job_id=JOB, name="agent", status=JobStatus.RUNNING, attempt=1))
+    store.put_node(Node(job_id=JOB, node_id="a1-r0", attempt=1, rank=0, instance_id="i-0agent",
+                        pool=Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")))
+    recorded.clear()
+    port = AwsAgentPort(JOB)
+    assert port.node("a1-r0") is not None and port.nodes() and port.job() is not None
+    port.report(NodeReady(event_id="evt-grants-1", job_id=JOB, node_id="a1-r0", instance_id="i-0agent", attempt=1,
+                          rank=0, time=1.0, private_ip="10.0.0.1", region="us-east-1", az="us-east-1a"))
+    made = set(recorded)
+    granted = {a for s in job_policy(JobProfileConfig(), JOB)["Statement"]
+               for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]])}
+    assert made <= granted, f"the agent's port calls {sorted(made - granted)}, which its policy does not grant"
+    assert {a for a in granted if a.startswith(("dynamodb:", "events:"))} == made
+    assert not any(a.startswith("dynamodb:") and not a.endswith(("GetItem", "Query")) for a in granted)

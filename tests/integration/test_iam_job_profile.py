@@ -66,6 +66,9 @@ def test_each_job_gets_its_own_profile_reused_across_launches_and_deleted_at_tea
     statements = policy_of(iam, "job-a")["Statement"]
     (items,) = [s for s in statements if s["Sid"] == "JobItems"]
     assert items["Condition"]["ForAllValues:StringEquals"]["dynamodb:LeadingKeys"] == ["job-a"]
+    assert items["Action"] == ["dynamodb:GetItem", "dynamodb:Query"]  # read only: the agent writes no item
+    assert not any(str(a).startswith("dynamodb:") for s in statements if s is not items
+                   for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]]))
     assert "checkpoints/*" not in text and "job-b" not in text
 
     launch(compute, "job-a", attempt=2)  # a second launch reuses the same profile
