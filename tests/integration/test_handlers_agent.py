@@ -52,8 +52,9 @@ def test_register_wait_for_a_cancelling_job_fails_the_token(env: Env) -> None:
     assert env.workflow.completed[0][0] == "failure" and env.workflow.completed[0][2]["error"] == "JobCancelledError"
 
 
-def test_agent_wrote_its_own_node_item_first(env: Env) -> None:
-    """The agent marks its node READY / EXITED itself before its event arrives: still settled."""
+def test_node_item_already_says_what_the_event_says(env: Env) -> None:
+    """The records already say READY / EXITED when the event arrives (a redelivery after a handler
+    crashed between its write and the settle): the wait is still settled."""
     job, gang = running_job(env.store, env.compute, status=JobStatus.STARTING, tokens={"ready": "tok-ready"})
     for node in gang:
         env.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update={"state": NodeState.READY}))
