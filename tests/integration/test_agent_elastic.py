@@ -1,7 +1,8 @@
 """The node side of an elastic resize, with real agents, real torchrun and real training (gloo).
 
-The test plays the controller (node items and RESTART directives in moto's DynamoDB) and the
-instances (fake IMDS, agent processes). Attempt 1 trains on 2 nodes; a CHECKPOINT_NOW stops it at a
+The test plays the controller's workflow (node items and RESTART directives in moto's DynamoDB; the
+agents' events go to the controller's real handler, the one writer of node state) and the instances
+(fake IMDS, agent processes). Attempt 1 trains on 2 nodes; a CHECKPOINT_NOW stops it at a
 commit. Node 0's agent survives and is carried into attempt 2 alone (RESTART ``world_size=1``): it
 restarts torchrun with ``--nnodes=1`` and resumes resharded, the global batch kept by accumulating 2
 micro-batches. Stopped again, it is carried into attempt 3 with ``world_size=2`` next to a new node
@@ -31,6 +32,7 @@ from spotrelay.domain.status import JobStatus
 from spotrelay.local.fake_imds import FakeImds
 from spotrelay.local.motoserver import free_port
 from spotrelay.local.reference import read_progress
+from tests.integration.agent_events import AgentEvents
 
 pytestmark = pytest.mark.slow
 
@@ -122,7 +124,9 @@ def nodes(aws: dict[str, str], tmp_path: Path) -> Iterator[Nodes]:
     store.create_job(Job(job_id=JOB, name="tiny-elastic", status=JobStatus.RUNNING, spec=_spec(tmp_path / "unused"),
                          spec_hash="h1", attempt=1))  # fmt: skip
     found = Nodes(store, tmp_path)
+    events = AgentEvents(store)
     yield found
+    events.stop()
     found.stop()
 
 
@@ -157,6 +161,7 @@ def _carry(nodes: Nodes, iid: str, attempt: int, rank: int, world: int) -> None:
     nodes.store.put_node(old.model_copy(update={"node_id": node_id_for(attempt, rank), "attempt": attempt,
                                                 "rank": rank, "version": 0, "state": NodeState.PENDING,
                                                 "exit_code": None, "directive": restart.model_dump(mode="json")}))
+    nodes.store.update_job(JOB, lambda j: j.model_copy(update={"attempt": attempt}))  # then the job, as provision
 
 
 def test_a_survivor_trains_alone_then_grows_back_with_the_same_losses(nodes: Nodes,

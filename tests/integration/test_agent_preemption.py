@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,17 +23,15 @@ from typing import Any
 
 import pytest
 
-from spotrelay.adapters.aws import client
 from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
 from spotrelay.contracts import control
-from spotrelay.contracts.events import AGENT_SOURCE, Directive, DirectiveKind, parse_agent_event
+from spotrelay.contracts.events import Directive, DirectiveKind
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.domain.models import Job, Node, NodeState, Pool, node_id_for
 from spotrelay.domain.status import JobStatus
 from spotrelay.local.fake_imds import FakeImds
 from spotrelay.local.motoserver import free_port
-from spotrelay.services.controller import Controller
-from spotrelay.services.node_events import handle_agent_event
+from tests.integration.agent_events import AgentEvents
 
 pytestmark = pytest.mark.slow
 
@@ -95,50 +92,6 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
         capture_output=True,
     )
     return _results(tmp / "ref")
-
-
-class AgentEvents:
-    """EventBridge rule on source spotrelay.agent -> an SQS queue that a thread serves with the
-    controller's handler (as on_agent_event does), keeping what it saw."""
-
-    def __init__(self, store: DynamoDBJobStore) -> None:
-        self.ctl = Controller(store=store)
-        self.lock = threading.Lock()
-        self.stopped = threading.Event()
-        sqs = client("sqs")
-        self.url = sqs.create_queue(QueueName="agent-events")["QueueUrl"]
-        arn = sqs.get_queue_attributes(QueueUrl=self.url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-        events = client("events")
-        events.put_rule(Name="agent-events", EventPattern=json.dumps({"source": [AGENT_SOURCE]}))
-        events.put_targets(Rule="agent-events", Targets=[{"Id": "q", "Arn": arn}])
-        self.seen: list[tuple[str, Any]] = []
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while not self.stopped.wait(0.2):
-            self.drain()
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.thread.join(10)
-
-    def drain(self) -> list[tuple[str, Any]]:
-        sqs = client("sqs")
-        with self.lock:
-            while True:
-                got = sqs.receive_message(QueueUrl=self.url, MaxNumberOfMessages=10).get("Messages", [])
-                if not got:
-                    return list(self.seen)
-                for message in got:
-                    body = json.loads(message["Body"])
-                    event = parse_agent_event(body["detail"])
-                    handle_agent_event(self.ctl, event, time.time())
-                    self.seen.append((body["detail-type"], event))
-                    sqs.delete_message(QueueUrl=self.url, ReceiptHandle=message["ReceiptHandle"])
-
-    def of(self, kind: str, attempt: int) -> list[Any]:
-        return [e for k, e in self.drain() if k == kind and e.attempt == attempt]
 
 
 @dataclass
