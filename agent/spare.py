@@ -23,7 +23,7 @@ from spotrelay.contracts.control import read_events
 from spotrelay.errors import CorruptCheckpointError
 
 log = logging.getLogger("spotrelay.agent")
-__all__ = ["SpareCache", "StandBy", "draining_ranks", "wait_for_drain"]
+__all__ = ["Prefetch", "SpareCache", "StandBy", "draining_ranks", "wait_for_drain"]
 
 
 class SpareCache:
