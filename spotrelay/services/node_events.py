@@ -52,8 +52,9 @@ def handle_agent_event(ctl: Controller, event: AgentEvent, now: float) -> dict[s
         return _ignored("unknown job", event)
     if job.status.terminal:
         return _ignored(f"job already {job.status.value}", event)
-    if isinstance(event, TrackingStarted):
-        return _on_tracking(ctl, job, event, now)
+    if isinstance(event, TrackingStarted):  # any attempt's rank 0, but only from a node we know
+        known = _node_of(ctl, event)
+        return known if isinstance(known, dict) else _on_tracking(ctl, job, event, now)
     if isinstance(event, (DirectiveSeen, NoticeSeen)) or (isinstance(event, NodeReady) and event.attempt > job.attempt):
         return _on_own_node(ctl, job, event, now)
     if event.attempt < job.attempt and isinstance(event, (CheckpointCommitted, TrainingExited)):

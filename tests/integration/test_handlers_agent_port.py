@@ -117,6 +117,8 @@ def test_tracking_started_records_the_first_run_id(env: Env) -> None:
     assert on_agent_event.handler(agent_event("TrackingStarted", gang[0], mlflow_run_id="run-2"), ctx())[
         "result"] == "no-op"
     assert env.store.get_job(job.job_id).mlflow_run_id == "run-1"
+    stranger = agent_event("TrackingStarted", gang[0], mlflow_run_id="run-3", instance_id="i-0stranger")
+    assert on_agent_event.handler(stranger, ctx())["result"] == "ignored"
 
 
 def test_aws_adapter_reads_the_records_and_publishes_on_the_bus(env: Env) -> None:
