@@ -27,7 +27,7 @@ from agent.checkpoint.config import SessionConfig
 from agent.checkpoint.engines import Engine
 from agent.checkpoint.local_tier import LocalTier
 from agent.checkpoint.pipeline import Pipeline, SaveJob, Topology
-from agent.checkpoint.restore import choose, materialize
+from agent.checkpoint.restore import agree_on_step
 from agent.checkpoint.s3_tier import S3Tier
 from agent.checkpoint.state import load_trainer_state, trainer_file
 from agent.notice_window import Margin, NoticeTraining, SaveLike
@@ -111,17 +111,9 @@ class Session(SessionData):
         """Load the newest valid checkpoint (every rank the same step, older than ``before`` when
         given); return its step or None."""
         started = time.monotonic()
-        chosen: list[int | None] = [None]
-        if self.topo.rank == 0:
-            manifest = choose(self.local, self.s3, before=before)
-            chosen = [manifest.step if manifest else None]
-        if dist.is_initialized():
-            dist.broadcast_object_list(chosen, src=0)
-        step = chosen[0]
+        step = self._agree_on_checkpoint(before)
         if step is None:
             return None
-        if self.topo.local_rank == 0 and self.topo.rank != 0:
-            materialize(step, self.local, self.s3)  # another node: fetch from S3 if not local
         _barrier()
         manifest = self.local.manifest(step)
         step_dir = self.local.step_dir(step)
@@ -139,6 +131,17 @@ class Session(SessionData):
                  self.topo.world_size)  # fmt: skip
         self._event(TrainerEvent(kind="resumed", step=step, uri=str(step_dir), time=time.time()))
         return step
+
+    def _agree_on_checkpoint(self, before: int | None) -> int | None:
+        def share(step: int | None) -> int | None:
+            chosen = [step]
+            if dist.is_initialized():
+                dist.broadcast_object_list(chosen, src=0)
+            return chosen[0]
+
+        fetch_here = self.topo.local_rank == 0 and self.topo.rank != 0  # another node: fetch from S3
+        return agree_on_step(self.topo.rank == 0, fetch_here, self.local, self.s3, before, share,
+                             lambda ok: all_ok(ok, self._device))
 
     # --- the loop ----------------------------------------------------------------------------------
     def steps(self, max_steps: int) -> Iterator[tuple[int, Any]]:

@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import threading
+from collections.abc import Callable
 
 from agent.checkpoint.local_tier import LocalTier
 from agent.checkpoint.manifest import Manifest, step_name, verify
@@ -89,3 +90,27 @@ def choose(local: LocalTier, s3: S3Tier | None, before: int | None = None) -> Ma
         except CorruptCheckpointError as exc:
             log.warning("skipping checkpoint, falling back to the previous one: %s", exc)
     return None
+
+
+def agree_on_step(proposer: bool, fetch_here: bool, local: LocalTier, s3: S3Tier | None, before: int | None,
+                  share: Callable[[int | None], int | None], every: Callable[[bool], bool]) -> int | None:
+    """The newest checkpoint every node can use. The proposer (rank 0) picks its newest valid one,
+    ``share`` hands it to every rank, each node that must fetch it (``fetch_here``) does and verifies
+    it, and ``every`` (all ranks' flags) passes over a step any node could not use for the one
+    before it. The proposer verifies only its own copy: a shard that another node then finds
+    corrupt or cannot download used to fail that rank alone (exit 1, a user error)."""
+    while True:
+        proposal = choose(local, s3, before=before) if proposer else None
+        step = share(proposal.step if proposal else None)
+        if step is None:
+            return None
+        usable = True
+        if fetch_here:
+            try:
+                materialize(step, local, s3)
+            except CorruptCheckpointError as exc:
+                log.warning("skipping checkpoint, falling back to the previous one: %s", exc)
+                usable = False
+        if every(usable):
+            return step
+        before = step

@@ -14,7 +14,7 @@ import torch
 from agent.checkpoint.engines import Snapshot
 from agent.checkpoint.local_tier import LocalTier
 from agent.checkpoint.pipeline import Pipeline, SaveJob, Topology
-from agent.checkpoint.restore import choose
+from agent.checkpoint.restore import agree_on_step, choose
 from agent.checkpoint.s3_tier import MiB, S3Tier
 from spotrelay.adapters import aws as aws_clients
 from spotrelay.contracts.control import read_events
@@ -43,7 +43,7 @@ class FaultyClient:
 def _save(pipeline: Pipeline, local: LocalTier, step: int, numel: int = 3 * MiB) -> SaveJob:
     step_dir = local.step_dir(step)
 
-    def write() -> list[Path]:
+    def write() -> list[Any]:
         step_dir.mkdir(parents=True, exist_ok=True)
         path = step_dir / "model.pt"
         torch.save({"w": torch.full((numel,), float(step))}, path)  # 12 MiB: a 3-part multipart upload
@@ -107,6 +107,53 @@ def test_corrupt_object_in_s3_falls_back(s3_setup: Any, tmp_path: Path, caplog: 
         manifest = choose(LocalTier(tmp_path / "node-b"), s3)
     assert manifest is not None and manifest.step == 2
     assert "step-00000004" in caplog.text
+
+
+class TwoRanks:
+    """The two collectives resume uses (a broadcast from rank 0, an all-ranks AND), for two ranks
+    played by two threads of this process."""
+
+    def __init__(self) -> None:
+        self.barrier = threading.Barrier(2, timeout=300)  # only catches a hang
+        self.shared: list[int | None] = [None]
+        self.flags: dict[int, bool] = {}
+
+    def share(self, rank: int, step: int | None) -> int | None:
+        if rank == 0:
+            self.shared[0] = step
+        self.barrier.wait()
+        value = self.shared[0]
+        self.barrier.wait()
+        return value
+
+    def every(self, rank: int, ok: bool) -> bool:
+        self.flags[rank] = ok
+        self.barrier.wait()
+        result = all(self.flags.values())
+        self.barrier.wait()
+        return result
+
+
+def test_a_step_another_node_cannot_use_moves_every_rank_back(s3_setup: Any, tmp_path: Path) -> None:
+    """Found by the chaos campaign: rank 0 verified step 4 in its own tier and chose it; the other
+    node's download of it was corrupt, and that rank exited 1 (a user error: the job FAILED) instead
+    of every rank falling back to step 2."""
+    pipeline, local, s3, _ = s3_setup
+    for step in (2, 4):
+        assert _save(pipeline, local, step).error is None
+    s3.client.put_object(Bucket=s3.bucket, Key=s3.key("step-00000004/model.pt"), Body=b"torn")
+    group, chosen = TwoRanks(), {}
+
+    def rank(r: int, node: LocalTier) -> None:
+        chosen[r] = agree_on_step(r == 0, r != 0, node, s3, None, lambda step: group.share(r, step),
+                                  lambda ok: group.every(r, ok))
+
+    other = threading.Thread(target=rank, args=(1, LocalTier(tmp_path / "node-b")))
+    other.start()
+    rank(0, local)
+    other.join(300)
+    assert chosen == {0: 2, 1: 2}
+    assert (tmp_path / "node-b" / "step-00000002" / "manifest.json").is_file()
 
 
 def test_s3_retention_prunes_beyond_keep(s3_setup: Any) -> None:
