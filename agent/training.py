@@ -90,6 +90,7 @@ class Session(SessionData):
         self.resume_seconds: float | None = None
         attempt = os.environ.get(ENV_ATTEMPT, "")
         self._attempt = int(attempt) if attempt.isdigit() else None
+        self.pipeline.attempt = self._attempt
         self.resumed_from: int | None = None
         self.exit_code = ExitCode.DONE
         self.last_loss: float | None = None

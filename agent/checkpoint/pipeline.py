@@ -91,6 +91,7 @@ class Pipeline:
         background: tuple[int, float | None] = (2, None),
     ) -> None:
         self.local, self.s3, self.topo = local, s3, topology
+        self.attempt: int | None = None  # stamped on its commit events (the session sets it)
         self.control_dir = control_dir
         self.keep_local, self.keep_s3, self.timeout_s = keep_local, keep_s3, timeout_s
         self._writes: queue.Queue[SaveJob | threading.Event] = queue.Queue()
@@ -265,6 +266,6 @@ class Pipeline:
             event = TrainerEvent(
                 kind="checkpoint_committed", step=job.step, uri=job.uri, duration_s=duration,
                 emergency=job.emergency, deadline=job.deadline, request_id=job.request_id, time=time.time(),
-                stall_s=job.timings.get("snapshot_s"),
+                stall_s=job.timings.get("snapshot_s"), attempt=self.attempt, world_size=self.topo.world_size,
             )  # fmt: skip
             append_event(self.control_dir, event)
