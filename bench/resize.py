@@ -4,8 +4,8 @@
 
 A run on 2 gloo ranks trains one step of an MLP (Linear(width, width) layers, AdamW) and saves it.
 Copies of that checkpoint are then resumed on 2 (same size), 1 and 3 ranks, each in fresh torchrun
-processes; each rank times ``Session.resume()`` (pick + verify sha256 + load + trainer state), and
-the slowest rank counts. Printed: each time and the ratio to the same-size resume (target <= 1.5x).
+processes; after a barrier (every rank's engine is set up), each rank times ``Session.resume()``
+(pick + verify sha256 + load + trainer state), and the slowest rank counts. Printed: each time and the ratio to the same-size resume (target <= 1.5x).
 """
 
 from __future__ import annotations
@@ -53,12 +53,17 @@ def worker(args: argparse.Namespace) -> None:
         model, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
         session = spotrelay_session(model, checkpoint_dir=args.checkpoint_dir)
         stepper = None
+    # every rank starts its clock together: rank 0's broadcast of the chosen step would otherwise wait
+    # for the slowest rank's engine set-up, which is not resume time (and grows with the ranks per core)
+    dist.barrier()
     if args.profile:  # where this rank's resume spends its time (``--profile``: the top entries per rank)
         import cProfile
 
         with cProfile.Profile() as prof:
             session.resume()
         prof.dump_stats(f"{args.out}.rank{dist.get_rank()}.prof")
+    else:
+        session.resume()
     for _ in session.steps(1):
         loss = model(torch.randn(4, args.width)).pow(2).mean()
         if stepper is None:
