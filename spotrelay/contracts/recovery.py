@@ -151,6 +151,8 @@ class LaunchPlan(BaseModel):
     promoted: list[Promotion] = Field(default_factory=list)
     # the attempt's world size when a candidate does not say (None: kept + promoted + launched ranks)
     world_size: int | None = Field(None, ge=1)
+    # > 0: no candidate now, every allowed pool cools down; the workflow waits this long and plans again
+    wait_s: int = Field(0, ge=0)
 
     @property
     def keeps(self) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 from spotrelay.contracts.events import Directive
@@ -141,12 +142,28 @@ def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict
         excluded = frozenset()
         ranked = rank_pools(spec, quotes, stats, now, excluded, gang_sizes=True)
     if not ranked:
+        wait = _first_cooldown_end(spec, quotes, stats, now)
+        if wait is not None:  # every allowed pool cools down: wait for the first to come back
+            return LaunchPlan(candidates=[], launch_ranks=list(range(spec.resources.nodes)), wait_s=wait)
         best_pool(spec, quotes, stats, now, excluded)  # raises NoPlacementError with the reasons
         raise NoPlacementError(f"no candidate pool for job {job.job_id}")
     candidates = [Candidate(pool=c.pool, price_per_hour=c.quote.price_per_hour, score=round(c.score, 4),
                             nodes=c.nodes or spec.resources.nodes) for c in ranked]
     return LaunchPlan(candidates=_one_size_per_pool(candidates)[:MAX_CANDIDATES],
                       launch_ranks=list(range(spec.resources.nodes)))
+
+
+def _first_cooldown_end(spec: JobSpec, quotes: list[PoolQuote], stats: dict[str, PoolStats],
+                        now: float) -> int | None:
+    """Seconds until the first pool the spec allows stops cooling down; None when no pool would be a
+    candidate even then (the spec or its price cap rules them all out)."""
+    ends = [s.cooldown_until for s in stats.values() if s.cooldown_until > now]
+    if not ends:
+        return None
+    later = rank_pools(spec, quotes, stats, max(ends) + 1.0, gang_sizes=True)
+    firsts = [stats[c.pool.key].cooldown_until for c in later if c.pool.key in stats
+              and stats[c.pool.key].cooldown_until > now]
+    return max(1, math.ceil(min(firsts) - now)) if firsts else None
 
 
 def _one_size_per_pool(candidates: list[Candidate]) -> list[Candidate]:

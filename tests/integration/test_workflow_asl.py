@@ -73,8 +73,10 @@ def test_waits_and_timeouts_come_from_the_input() -> None:
         for key in ("SecondsPath", "TimeoutSecondsPath", "HeartbeatSecondsPath"):
             if key in state:
                 path = state[key]
-                # $.launch.review_s: provision's bound of the outcome wait (timings.outcome_timeout_s at most)
-                assert path.startswith(("$.timings.", "$.recovery.")) or path == "$.launch.review_s", path
+                # $.launch.review_s: provision's bound of the outcome wait (timings.outcome_timeout_s at most);
+                # $.plan.wait_s: the first pool cooldown's end, when every allowed pool cools down
+                assert path.startswith(("$.timings.", "$.recovery.")) or path in ("$.launch.review_s",
+                                                                                  "$.plan.wait_s"), path
                 if path.startswith("$.timings."):
                     assert path.removeprefix("$.timings.") in fields
         assert "TimeoutSeconds" not in state and "Seconds" not in state and "HeartbeatSeconds" not in state

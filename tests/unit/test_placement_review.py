@@ -3,6 +3,8 @@ contract pieces the move and elastic gangs travel in."""
 
 from __future__ import annotations
 
+import pytest
+
 from spotrelay.contracts.events import Directive
 from spotrelay.contracts.recovery import Candidate, LaunchPlan
 from spotrelay.contracts.workflow import WorkflowTimings
@@ -94,3 +96,22 @@ def test_backoff_resets_after_a_healthy_stretch() -> None:
     # a week of healthy training, then one short attempt: the backoff starts over
     assert failure_streak(job(60, 60, 7 * 86400, 60), timings) == 1
     assert backoff_seconds(timings, failure_streak(job(60, 60, 7 * 86400, 60), timings)) == 30
+
+
+def test_a_spot_only_job_whose_pools_all_cool_waits_for_the_first_to_come_back() -> None:
+    from spotrelay.errors import NoPlacementError
+    from spotrelay.services.workflow_tasks import _new_gang_plan
+
+    spec = make_spec(markets=["spot"])
+    quotes = quotes_for(spec)
+    stats: dict[str, PoolStats] = {}
+    for i, q in enumerate(quotes):  # interrupted one after another: the first cooldown ends soonest
+        stats[q.pool.key] = apply_event(empty_stats(q.pool.key), PoolEvent.INTERRUPTED, NOW + 60 * i)
+    job = Job(job_id="j", name="j", status=JobStatus.RECOVERING)
+    first_end = min(s.cooldown_until for s in stats.values())
+    plan = _new_gang_plan(spec, job, quotes, stats, NOW + 600)
+    assert plan.candidates == [] and plan.wait_s == round(first_end - (NOW + 600))
+    assert _new_gang_plan(spec, job, quotes, stats, first_end + 1).candidates  # then it places
+    capped = make_spec(markets=["spot"], max_hourly_price=0.01)  # nothing would ever be allowed: fail
+    with pytest.raises(NoPlacementError, match="max_hourly_price"):
+        _new_gang_plan(capped, job, quotes_for(capped), stats, NOW + 600)

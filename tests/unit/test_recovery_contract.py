@@ -28,6 +28,8 @@ def _verdicts_named_by_the_asl() -> set[str]:
     named: set[str] = set()
     for state in _states().values():
         for rule in state.get("Choices", []):
+            if rule["Variable"] == "$.plan.wait_s":  # Placed: routes on the LaunchPlan, not on a verdict
+                continue
             assert rule["Variable"] == "$.outcome.outcome", rule
             named.add(rule["StringEquals"])
         if state["Type"] == "Pass" and state.get("ResultPath") == "$.outcome":
