@@ -6,7 +6,8 @@ work) and the best candidate now (``evaluate_pools`` with gang sizes down to ``m
 
     work_rate = useful * throughput * locality * n / N / delay      full-gang work-hours per hour there
     gain      = (score_now - score_best) * work_rate                 USD saved per hour after the move
-    horizon   = min(horizon_hours, 1 / gang_interruptions_per_hour(best))
+    horizon   = min(horizon_hours, 1 / gang_interruptions_per_hour(best),
+                    the job's own recent spot attempts' mean length, for a spot target)
     move_cost = new_gang_price * (boot_h + restore_h)                the new gang boots while the old
               + old_gang_price * save_h                              trains (make-before-break), then
                                                                       restores; the old one's last save
@@ -24,6 +25,7 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from spotrelay.domain.models import Attempt
 from spotrelay.placement import catalog
 from spotrelay.placement.policy import DEFAULT_CONFIG, PlacementConfig, ScoredPool, evaluate_pools, score_pool
 from spotrelay.placement.pool_stats import PoolStats
@@ -66,6 +68,14 @@ class Move(BaseModel):
                 f" move of {self.move_cost:.2f}")
 
 
+def spot_attempt_hours(attempts: list[Attempt], last: int = 6) -> float | None:
+    """Mean length in hours of the job's last ``last`` closed attempts on spot (None with fewer than 2)."""
+    spans = [(a.ended_at - a.started_at) / 3600.0 for a in attempts
+             if a.pool is not None and a.pool.market == "spot" and a.started_at is not None and a.ended_at is not None]
+    spans = spans[-last:]
+    return sum(spans) / len(spans) if len(spans) >= 2 else None
+
+
 def work_rate(scored: ScoredPool) -> float:
     """Full-gang work-hours done per wall hour in this placement (the score's denominator)."""
     b = scored.breakdown
@@ -75,10 +85,12 @@ def work_rate(scored: ScoredPool) -> float:
 def better_placement(
     spec: JobSpec, current: PoolQuote, world: int, quotes: list[PoolQuote], stats: Mapping[str, PoolStats],
     now: float, excluded: frozenset[str] = frozenset(), *, config: PlacementConfig = DEFAULT_CONFIG,
-    review: ReviewConfig = DEFAULT_REVIEW,
+    review: ReviewConfig = DEFAULT_REVIEW, spot_hours: float | None = None,
 ) -> Move | None:
     """The move worth making now, or None (stay). ``current``: the quote of the pool the gang of
-    ``world`` ranks runs in."""
+    ``world`` ranks runs in. ``spot_hours``: how long this job's recent spot attempts lasted (mean;
+    ``spot_attempt_hours``): a spot move is not counted on to last longer than the job's own spot
+    attempts did, whatever the pool's prior says."""
     now_scored = score_pool(spec, current, stats.get(current.pool.key), config, nodes=world)
     ranked = evaluate_pools(spec, quotes, stats, now, excluded, config=config, gang_sizes=True).ranked
     best = next((s for s in ranked if not (s.pool == current.pool and s.nodes <= world)), None)
@@ -95,6 +107,8 @@ def better_placement(
     gain = (now_scored.score - best.score) * work_rate(best)
     gang_rate = best.breakdown["gang_interruptions_per_hour"]
     horizon = min(review.horizon_hours, 1.0 / gang_rate) if gang_rate > 0 else review.horizon_hours
+    if spot_hours is not None and best.pool.market == "spot":
+        horizon = min(horizon, spot_hours)
     if gain * horizon <= move_cost * (1.0 + review.margin):
         return None
     return Move(target=best, current=now_scored, gain_per_hour=gain, move_cost=move_cost, horizon_hours=horizon,

@@ -34,7 +34,7 @@ from spotrelay.domain.status import JobStatus
 from spotrelay.errors import NoPlacementError, RetryBudgetExhaustedError
 from spotrelay.placement import CooldownPolicy, InMemoryPoolStatsStore, PoolEvent
 from spotrelay.placement.policy import DEFAULT_CONFIG, gang_key, spare_count
-from spotrelay.placement.review import DEFAULT_REVIEW, better_placement
+from spotrelay.placement.review import DEFAULT_REVIEW, better_placement, spot_attempt_hours
 from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery
 from spotrelay.services.recovery_flow import _result as recovery_result
 from spotrelay.services.waits import outcome_verdict, ready_verdict
@@ -415,7 +415,8 @@ class SpotrelayRun(Run):
         here = next((q for q in quotes if q.pool == current.pool), None)
         stats = self.stats.get_many(p.key for p in self.market.pools)
         move = None if here is None else better_placement(self.spec, here, len(gang), quotes, stats, self.now,
-                                                          frozenset(self.excluded), config=self.config)
+                                                          frozenset(self.excluded), config=self.config,
+                                                          spot_hours=spot_attempt_hours(self.attempts))
         if move is None:
             return stay.model_dump(mode="json")
         t = move.target

@@ -115,3 +115,18 @@ def test_a_spot_only_job_whose_pools_all_cool_waits_for_the_first_to_come_back()
     capped = make_spec(markets=["spot"], max_hourly_price=0.01)  # nothing would ever be allowed: fail
     with pytest.raises(NoPlacementError, match="max_hourly_price"):
         _new_gang_plan(capped, job, quotes_for(capped), stats, NOW + 600)
+
+
+def test_the_jobs_own_short_spot_attempts_keep_it_from_moving_back_to_spot() -> None:
+    from spotrelay.placement.review import spot_attempt_hours
+
+    spec = make_spec()
+    quotes = quotes_for(spec)
+    spot = _pick(quotes, "spot").pool
+    short = [Attempt(number=i, pool=spot, started_at=NOW + 600 * i, ended_at=NOW + 600 * i + 300) for i in range(4)]
+    hours = spot_attempt_hours(short)
+    assert hours is not None and abs(hours - 300 / 3600) < 1e-9
+    assert spot_attempt_hours(short[:1]) is None  # one attempt says little
+    od = _pick(quotes, "on-demand")
+    assert better_placement(spec, od, 4, quotes, {}, NOW, spot_hours=hours) is None
+    assert better_placement(spec, od, 4, quotes, {}, NOW, spot_hours=12.0) is not None
