@@ -97,7 +97,7 @@ def plot(rows: list[tuple[str, int, str, float]], names: list[str], args: argpar
     import matplotlib.pyplot as plt
 
     groups = list(dict.fromkeys((m, n) for m, n, _, _ in rows))
-    fig, ax = plt.subplots(figsize=(max(8.0, 1.2 * len(groups) * len(names) / 3), 4.5))
+    fig, ax = plt.subplots(figsize=(min(16.0, max(8.0, 1.2 * len(groups) * len(names) / 3)), 4.5))
     width = 0.8 / len(names)
     for i, name in enumerate(names):
         values = [next(v for m, n, v_name, v in rows if (m, n) == g and v_name == name) for g in groups]
