@@ -55,3 +55,23 @@ def test_finalize_of_a_cancelling_job_is_cancelled(env: Env) -> None:
     env.store.update_job(job.job_id, lambda j: j.model_copy(update={"status": JobStatus.CANCELLING}))
     assert sfn_finalize.handler({"job_id": job.job_id, "result": "FAILED", "error": None}, ctx())["status"] == (
         "CANCELLED")
+
+
+def test_survivors_a_failed_keeping_plan_drops_drain_while_they_may_still_save(env: Env) -> None:
+    import time
+
+    job, gang = running_job(env.store, env.compute, status=JobStatus.RECOVERING)
+    home = gang[0].pool
+    # the replacement for rank 0 did not fit in the survivors' pool (provision excluded it)
+    env.store.update_job(job.job_id, lambda j: j.model_copy(update={"excluded_pools": [home.key]}))
+    recovery = {"action": "replace-lost", "outcome": "interrupted", "pool": home.model_dump(),
+                "keep_instance_ids": [gang[1].instance_id], "launch_ranks": [0], "deadline": time.time() + 300}
+    sfn_plan.handler({"job_id": job.job_id, "timings": TIMINGS, "recovery": recovery}, ctx())
+    survivor = env.store.get_node(job.job_id, gang[1].node_id)
+    assert survivor.release_after == recovery["deadline"] and survivor.state is NodeState.READY
+    assert gang[1].instance_id in env.compute.running(job.job_id)  # not terminated mid-save
+    # without a save to wait for (no deadline), dropped survivors go at once
+    recovery["deadline"] = None
+    env.store.update_node(job.job_id, gang[1].node_id, lambda n: n.model_copy(update={"release_after": None}))
+    sfn_plan.handler({"job_id": job.job_id, "timings": TIMINGS, "recovery": recovery}, ctx())  # a re-plan
+    assert gang[1].instance_id not in env.compute.running(job.job_id)
