@@ -5,7 +5,8 @@
 A run on 2 gloo ranks trains one step of an MLP (Linear(width, width) layers, AdamW) and saves it.
 Copies of that checkpoint are then resumed on 2 (same size), 1 and 3 ranks, each in fresh torchrun
 processes; after a barrier (every rank's engine is set up), each rank times ``Session.resume()``
-(pick + verify sha256 + load + trainer state), and the slowest rank counts. Printed: each time and the ratio to the same-size resume (target <= 1.5x).
+(pick + verify sha256 + load + trainer state), and the slowest rank counts. Printed: each time and the
+ratio to the same-size resume (target <= 1.5x).
 """
 
 from __future__ import annotations
