@@ -75,3 +75,25 @@ def test_survivors_a_failed_keeping_plan_drops_drain_while_they_may_still_save(e
     env.store.update_node(job.job_id, gang[1].node_id, lambda n: n.model_copy(update={"release_after": None}))
     sfn_plan.handler({"job_id": job.job_id, "timings": TIMINGS, "recovery": recovery}, ctx())  # a re-plan
     assert gang[1].instance_id not in env.compute.running(job.job_id)
+
+
+def test_a_shrunk_gang_grows_back_in_place_and_the_kept_rank_restarts_at_the_new_world_size(env: Env) -> None:
+    job, gang = running_job(env.store, env.compute, nodes=1)  # a gang of 1 of a 2-node job (min_nodes 1)
+    env.store.update_job(job.job_id, lambda j: j.model_copy(update={
+        "spec": {**j.spec, "resources": {**j.spec["resources"], "min_nodes": 1}},
+        "attempts": [j.attempts[0].model_copy(update={"world_size": 1})]}))
+    home = gang[0].pool
+    move = {"outcome": "migrate", "attempt": 1, "reason": "grow back", "lost_ranks": [],
+            "target": {"pool": home.model_dump(), "price_per_hour": 30.0, "score": 1.0, "nodes": 2}}
+    first = sfn_provision.handler({"job_id": job.job_id, "move": move}, ctx())
+    assert first == sfn_provision.handler({"job_id": job.job_id, "move": move}, ctx())  # a retry: one launch
+    assert first["attempt"] == 2 and first["world_size"] == 2
+    assert [(r.ranks, r.gang) for r in env.compute.launched[1:]] == [([1], 2)]  # only the new rank boots, once
+    old = env.store.get_node(job.job_id, "a1-r0")
+    kept = env.store.get_node(job.job_id, "a2-r0")
+    assert old.directive and old.directive["kind"] == "CHECKPOINT_NOW" and old.state is NodeState.READY
+    assert kept.instance_id == gang[0].instance_id and kept.directive
+    assert kept.directive["kind"] == "RESTART" and kept.directive["world_size"] == 2
+    moved = env.store.get_job(job.job_id)
+    assert moved.status is JobStatus.STARTING and moved.recoveries == 0
+    assert moved.attempts[0].end_reason == "migrate" and moved.attempts[1].world_size == 2
