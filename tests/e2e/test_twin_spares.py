@@ -6,8 +6,7 @@ Waits for conditions only (the job's terminal status); nothing here depends on t
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,12 +14,12 @@ import yaml
 
 from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
 from spotrelay.contracts.control import read_events
-from spotrelay.domain.models import Job
 from spotrelay.local.code_delivery import deliver_script_dir
 from spotrelay.local.compute import LocalInstance
 from spotrelay.local.market import MarketModel
 from spotrelay.local.reference import read_results
 from spotrelay.local.twin import Twin, TwinOptions
+from tests.e2e.waits import wait_for, wait_terminal
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, EVERY = 60, 5
@@ -48,16 +47,6 @@ def twin(moto_server: object, tmp_path: Path) -> Iterator[Twin]:
     t.stop()
 
 
-def _wait(what: str, found: Callable[[], object], timeout: float = 900) -> object:
-    deadline = time.time() + timeout  # only catches a hang
-    while time.time() < deadline:
-        value = found()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not seen in {timeout}s")
-
-
 def _held(li: LocalInstance) -> int | None:
     try:
         steps = HOLDS.findall((li.work_dir / "agent.log").read_text())
@@ -71,12 +60,11 @@ def test_a_hot_spare_takes_a_lost_rank_from_its_local_tier(twin: Twin) -> None:
     compute = twin.compute
     key = twin.submit(deliver_script_dir(_spec(), ROOT), "spare.yaml")
     # the spare (launch rank 2, beyond the gang) holds a committed step: now rank 1 vanishes
-    spare = _wait("a spare", lambda: next((li for li in compute.instances() if li.instance.rank == 2), None))
-    assert isinstance(spare, LocalInstance)
-    held = _wait("the spare holding a checkpoint", lambda: _held(spare))
+    spare = wait_for(lambda: next((li for li in compute.instances() if li.instance.rank == 2), None), "no spare",
+                     every=0.5)
+    held = wait_for(lambda: _held(spare), "the spare never held a checkpoint", every=0.5)
     compute.kill(next(li for li in compute.instances() if li.instance.rank == 1).instance.instance_id)
-    job = _wait("the job's end", lambda: (j := twin.job_for_key(key)) is not None and j.status.terminal and j)
-    assert isinstance(job, Job) and isinstance(held, int)
+    job = wait_terminal(twin, key)
     errors = [(d.function, d.error) for d in twin.dispatcher.deliveries if d.error]
     assert job.status.value == "SUCCEEDED", (job.reasons, job.attempts, errors)
     assert job.attempt == 2 and job.recoveries == 1
