@@ -42,7 +42,8 @@ def cooldown_seconds(stats: PoolStats, event: PoolEvent, policy: CooldownPolicy)
     """How long ``event`` cools the pool, given the stats AFTER counting it."""
     if event is PoolEvent.CAPACITY_FAILURE:
         streak = max(stats.failure_streak, 1)
-        return min(policy.capacity_s * policy.escalation ** (streak - 1), policy.max_s)
+        # a long streak (a review retrying a full pool for months) must not overflow: the cap holds long before
+        return min(policy.capacity_s * policy.escalation ** min(streak - 1, 64), policy.max_s)
     if event is PoolEvent.INTERRUPTED:
         return min(policy.interruption_s, policy.max_s)
     if event is PoolEvent.QUOTA_EXCEEDED:

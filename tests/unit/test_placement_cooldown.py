@@ -26,6 +26,14 @@ def test_capacity_failures_back_off_exponentially_and_a_launch_resets_the_streak
     assert s.cooldown_until == T0 + 6600
 
 
+def test_a_months_long_failure_streak_stays_at_the_cap() -> None:
+    """Seen in the simulator: a review retrying a pool that cannot hold the gang every few hours for
+    ten months ran the streak past 1,024 and 2.0 ** streak overflowed (the job crashed)."""
+    s = empty_stats(KEY).model_copy(update={"failure_streak": 5000})
+    s = apply_event(s, PoolEvent.CAPACITY_FAILURE, T0, policy=CooldownPolicy())
+    assert s.cooldown_until == T0 + CooldownPolicy().max_s
+
+
 def test_interruption_and_quota_cool_down_and_cooldowns_never_shrink() -> None:
     policy = CooldownPolicy(interruption_s=1800, quota_s=3600, capacity_s=60)
     s = apply_event(empty_stats(KEY), PoolEvent.QUOTA_EXCEEDED, T0, policy=policy)
