@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from spotrelay.contracts.control import read_events
 from spotrelay.domain.models import Node
 from spotrelay.local.market import ChaosAction, MarketModel
 from spotrelay.local.reference import read_progress
@@ -101,8 +102,9 @@ def world_sizes(nodes: list[Node]) -> dict[int, int]:
 
 def losses_by_attempt(twin: Twin, nodes: list[Node]) -> dict[int, dict[int, float]]:
     """attempt -> step -> loss, from rank 0's per-step file on each instance. A survivor appends every
-    run it trains to the same file: a step that does not follow the previous one starts its next run,
-    and its runs are its node records' attempts in order."""
+    run it trains to the same file; its runs are its node records' attempts in order. A run starts
+    where the step goes back (a rollback) or at a step a later run resumed from (its trainer's
+    ``resumed`` events) when that step does not come again (a grow-back resumes right after the save)."""
     from spotrelay.local.demo_summary import RESULT
 
     assert twin.compute is not None
@@ -111,13 +113,24 @@ def losses_by_attempt(twin: Twin, nodes: list[Node]) -> dict[int, dict[int, floa
         served = sorted(n.attempt for n in nodes if n.instance_id == li.instance.instance_id and n.rank == 0
                         and not n.spare)  # fmt: skip
         pairs = read_progress(li.work_dir / RESULT).get(0, [])
-        run, last = 0, None
-        for step, loss in pairs:
-            if last is not None and step <= last:
-                run += 1
-            last = step
-            if run < len(served):
-                out.setdefault(served[run], {})[int(step)] = float(loss)
+        resumed = [e.step for e in read_events(li.work_dir / "control")[0] if e.kind == "resumed"]
+        for (step, loss), run in zip(pairs, split_runs([int(s) for s, _ in pairs], resumed, len(served)),
+                                     strict=True):
+            out.setdefault(served[run], {})[int(step)] = float(loss)
+    return out
+
+
+def split_runs(steps: list[int], resumed: list[int], runs: int) -> list[int]:
+    """The run (0-based, at most ``runs - 1``) each step in ``steps`` belongs to."""
+    starts: list[int | None] = [None] * max(runs - len(resumed), 0) + list(resumed[-runs:] if runs else [])
+    out: list[int] = []
+    run, last = 0, None
+    for i, step in enumerate(steps):
+        nxt = starts[run + 1] if run + 1 < len(starts) else None
+        if run + 1 < runs and last is not None and (step <= last or (step == nxt and step not in steps[i + 1:])):
+            run += 1
+        out.append(run)
+        last = step
     return out
 
 

@@ -11,7 +11,14 @@ import pytest
 
 from spotrelay.domain.models import Node, Pool
 from spotrelay.errors import InsufficientCapacityError
-from spotrelay.local.demo_elastic import ElasticScript, elastic_spec, judge, losses_by_attempt, world_sizes
+from spotrelay.local.demo_elastic import (
+    ElasticScript,
+    elastic_spec,
+    judge,
+    losses_by_attempt,
+    split_runs,
+    world_sizes,
+)
 from spotrelay.local.market import MarketModel
 
 POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
@@ -78,3 +85,12 @@ def test_a_survivors_runs_are_split_into_the_attempts_it_served(tmp_path: Path) 
     assert world_sizes(nodes) == {1: 2, 2: 1, 3: 2}
     assert losses_by_attempt(twin, nodes) == {1: {1: 3.0, 2: 2.9, 3: 2.8}, 2: {3: 2.8, 4: 2.7, 5: 2.6},  # type: ignore[arg-type]
                                                3: {5: 2.6, 6: 2.5}}
+
+
+def test_runs_split_at_a_rollback_or_where_a_later_run_resumed() -> None:
+    # a grow-back resumes right after the last save: no step goes back, the resumed event tells
+    assert split_runs([0, 1, 2, 3, 4, 5], resumed=[3], runs=2) == [0, 0, 0, 1, 1, 1]
+    # a rollback repeats steps: the second 3 starts the next run, the first belongs to the old one
+    assert split_runs([0, 1, 2, 3, 4, 3, 4], resumed=[3], runs=2) == [0, 0, 0, 0, 0, 1, 1]
+    assert split_runs([5, 6, 7, 8], resumed=[5, 7], runs=2) == [0, 0, 1, 1]  # both runs resumed
+    assert split_runs([0, 1, 2], resumed=[], runs=1) == [0, 0, 0]
