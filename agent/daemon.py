@@ -15,9 +15,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
-
-from pydantic import ValidationError
 
 from agent.actions import Responder, classify_exit
 from agent.config import AgentConfig
@@ -28,12 +25,12 @@ from agent.log_shipper import LogShipper, LogSink
 from agent.monitors import DirectiveMonitor, Monitor, Notice, NoticeKind, RebalanceMonitor, SpotInterruptionMonitor
 from agent.notice_store import NoticeStore
 from agent.output_tail import failure_tail
-from agent.reporting import Reporter, info, log_as, warn
-from agent.spare import Prefetch, SpareCache, StandBy, wait_for_drain
+from agent.reporting import Reporter, info, warn
+from agent.spare import Prefetch, wait_for_drain
+from agent.succession import Succession, joined_config  # noqa: F401  (joined_config: re-exported)
 from agent.tracking import JobTracking
 from spotrelay.contracts import control
-from spotrelay.contracts.agent import PENDING, AgentPort, JobView, NodeView, next_assignment, rank0_address
-from spotrelay.contracts.events import Directive, DirectiveKind, parse_directive
+from spotrelay.contracts.agent import PENDING, AgentPort, JobView, NodeView, rank0_address
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.contracts.health import AnomalyKind, HealthAction, HealthAnomaly
 from spotrelay.errors import AgentConfigError, ImdsUnavailableError, SpotrelayError
@@ -43,7 +40,7 @@ TICK_S = 0.25
 REREGISTER_S = 10.0  # NodeReady again while the own record still says PENDING (a lost or early event)
 
 
-class Agent:
+class Agent(Succession):
     def __init__(
         self,
         config: AgentConfig,
@@ -229,69 +226,6 @@ class Agent:
             if code in (ExitCode.DONE, ExitCode.CANCELLED) or self.doomed or not self._adopt_next_attempt():
                 return code
 
-    def _stand_by(self, job: JobView, spec: JobSpec) -> bool:
-        """A hot spare: registered, out of training, mirroring the newest checkpoint, until recover
-        promotes it (True) or the job ends or its instance is doomed (False)."""
-        self.register()
-        env = contract_env(self.config, job, spec, job.mlflow_run_id)
-        bench = StandBy(self._mirror(env, spec), self._spare_alive)
-        info("hot spare standing by", rank=self.config.rank)
-        return self._adopt_next_attempt(linger_s=float("inf"), while_waiting=bench.tick)
-
-    def _mirror(self, env: dict[str, str], spec: JobSpec) -> SpareCache:
-        return SpareCache(Path(env[control.ENV_CHECKPOINT_DIR]), env.get(control.ENV_CHECKPOINT_URI),
-                          spec.checkpoint.keep_local)
-
-    def _spare_alive(self) -> bool:
-        if any(n.kind is NoticeKind.SPOT_INTERRUPTION for n in self._poll_imds()):
-            self.doomed = True
-            return False
-        job = self.port.job()
-        if job is None or job.terminal:
-            return False
-        if self.clock() - self._beat_at >= self.config.heartbeat_s:
-            self._beat_at = self.clock()
-            self.reporter.heartbeat(None)
-        return True
-
-    def _adopt_next_attempt(self, linger_s: float | None = None,
-                            while_waiting: Callable[[], bool] | None = None) -> bool:
-        c = self.config
-        give_up = self.clock() + (c.linger_s if linger_s is None else linger_s)
-        info("waiting to join a later attempt", linger_s=linger_s or c.linger_s)
-        while self.clock() < give_up and not self.signals:
-            node = next_assignment(self.port.nodes(), c.instance_id, c.attempt)
-            if node is not None:
-                restart = self._restart_directive(node)
-                self.config = joined_config(c, node, restart)
-                self.reporter.config = self.config
-                log_as(self.config.node)
-                self.responder = Responder(self.control, self.reporter, self.clock)
-                if restart is not None:  # this adoption is the restart
-                    self.notices.add(
-                        Notice(NoticeKind.DIRECTIVE, "directive", restart.directive_id, restart.kind.value),
-                        self.clock(),
-                    )
-                    self._took_directive(restart.directive_id, restart.kind.value)
-                info("joining attempt", attempt=node.attempt, node_id=node.node_id, rank=node.rank,
-                     nodes=self.config.nodes)
-                return True
-            if while_waiting is not None and not while_waiting():
-                return False
-            self.sleep(c.directive_poll_s)
-        return False
-
-    def _restart_directive(self, node: NodeView) -> Directive | None:
-        """The RESTART that carries this survivor into ``node``'s attempt (a model, parsed)."""
-        if not node.directive:
-            return None
-        try:
-            directive = parse_directive(node.directive)
-        except ValidationError as exc:
-            self._bad_directive(f"unreadable directive {node.directive!r}: {exc.errors()[0]['msg']}")
-            return None
-        return directive if directive.kind is DirectiveKind.RESTART else None
-
     def _loop(self, proc: TrainingProcess, offset: int) -> tuple[int, int]:
         c = self.config
         next_imds = next_directive = 0.0
@@ -405,14 +339,3 @@ class Agent:
                 )
             else:
                 proc.relay(signum)  # a second stop signal, or HUP/USR1/USR2: the launcher passes it on
-
-
-def joined_config(config: AgentConfig, node: NodeView, restart: Directive | None) -> AgentConfig:
-    """This agent's config in the later attempt ``node`` belongs to: its attempt, rank and node id,
-    and the gang's size in nodes when the RESTART names one (``world_size``: node ranks
-    0..world_size-1 train; an elastic resize). The launcher then restarts with that ``--nnodes`` and
-    the training session resumes resharded from the newest checkpoint, keeping the global batch."""
-    update: dict[str, Any] = {"attempt": node.attempt, "rank": node.rank, "node_id": node.node_id}
-    if restart is not None and restart.world_size is not None:
-        update["nodes"] = restart.world_size
-    return config.model_copy(update=update)
