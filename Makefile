@@ -43,7 +43,7 @@ synth: $(STAMP)
 	$(BIN)/python app.py
 
 bench: $(STAMP)
-	$(BIN)/spotrelay local chaos --jobs 20 --seed 7 --max-faults 200 --parallel 2 --steps 150 --job-timeout 1800 --out bench-out/chaos --json bench-out/chaos.json
+	$(BIN)/spotrelay local chaos --jobs 28 --seed 7 --max-faults 200 --parallel 2 --steps 150 --job-timeout 1800 --out bench-out/chaos --json bench-out/chaos.json
 	$(BIN)/python bench/checkpoint.py
 	$(BIN)/python bench/checkpoint.py --engine deepspeed
 	$(BIN)/python bench/coldstart.py

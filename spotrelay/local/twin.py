@@ -108,6 +108,9 @@ class Twin:
             self.moto.reset()
         else:
             self.moto = motoserver.start(apply_env=True)
+            # moto's backends are per process, not per server: a twin started after another moto
+            # server in this process (a test session) would find that server's tables and bucket
+            self.moto.reset()
         created = provision.create_storage()
         os.environ[RESOURCES.topic_env] = created["topic_arn"]
         reset()
