@@ -21,7 +21,6 @@ from typing import Any
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.contracts.recovery import (
     AttemptEnd,
-    Candidate,
     Launched,
     LaunchPlan,
     RecoveryAction,
@@ -34,19 +33,18 @@ from spotrelay.domain.status import JobStatus
 from spotrelay.errors import NoPlacementError, RetryBudgetExhaustedError
 from spotrelay.placement import CooldownPolicy, InMemoryPoolStatsStore, PoolEvent
 from spotrelay.placement.policy import DEFAULT_CONFIG, gang_key, spare_count
-from spotrelay.placement.review import DEFAULT_REVIEW, better_placement, spot_attempt_hours
 from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery
 from spotrelay.services.recovery_flow import _result as recovery_result
 from spotrelay.services.waits import outcome_verdict, ready_verdict
 from spotrelay.services.workflow_tasks import _keeping_plan, _new_gang_plan, review_seconds
-from spotrelay.sim import spares
+from spotrelay.sim import moves, spares
 from spotrelay.sim.asl import Await, Finished, Sleep, TaskFailed, Walker, load_asl
 from spotrelay.sim.engine import Run, SimNode
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.market import Market
+from spotrelay.sim.moves import SAVE_MARGIN_S
 from spotrelay.spec.models import JobSpec
 
-SAVE_MARGIN_S = 10.0  # the final save is timed to commit this long before the reclaim
 _ASL_CACHE: dict[str, Any] = {}
 
 
@@ -405,72 +403,10 @@ class SpotrelayRun(Run):
         return result.model_dump(mode="json")
 
     def task_review(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """review.review: stay (READY) or MIGRATE with the target (agents always heartbeat here)."""
-        stay = AttemptEnd(outcome=Verdict.READY, attempt=self.attempt, reason="no better placement")
-        current, gang = self.attempt_pool, list(self.gang.values())
-        if (int(payload.get("attempt", 0)) != self.attempt or not self.running or current is None
-                or self.spec.recovery.review_minutes <= 0 or any(n.state != "RUNNING" for n in gang)):
-            return stay.model_dump(mode="json")
-        quotes = self._quotes()
-        here = next((q for q in quotes if q.pool == current.pool), None)
-        stats = self.stats.get_many(p.key for p in self.market.pools)
-        move = None if here is None else better_placement(self.spec, here, len(gang), quotes, stats, self.now,
-                                                          frozenset(self.excluded), config=self.config,
-                                                          spot_hours=spot_attempt_hours(self.attempts))
-        if move is None:
-            return stay.model_dump(mode="json")
-        t = move.target
-        leaving = [] if move.in_place else gang
-        return AttemptEnd(outcome=Verdict.MIGRATE, attempt=self.attempt, reason=move.reason,
-                          lost_ranks=tuple(sorted(n.rank for n in leaving)),
-                          target=Candidate(pool=t.pool, price_per_hour=t.quote.price_per_hour, score=round(t.score, 4),
-                                           nodes=t.nodes)).model_dump(mode="json")
+        return moves.review(self, payload)
 
     def task_migrate(self, move: AttemptEnd) -> dict[str, Any]:
-        """migrate.migrate: launch the target first; then the old ranks save by its ready time and the
-        leaving ones drain (a self-imposed notice). No capacity: stay (the workflow waits again)."""
-        target, gang = move.target, list(self.gang.values())
-        if (target is None or move.attempt != self.attempt or not self.running
-                or any(n.state != "RUNNING" for n in gang)):
-            raise TaskFailed("MoveCancelledError", "the attempt changed")
-        sp = self.market.by_key[target.pool.key]
-        world = target.nodes or self.job.nodes
-        leaving = [n for n in gang if n.rank in set(move.lost_ranks)]
-        staying = [n for n in gang if n not in leaving]
-        ranks = sorted(set(range(world)) - {n.rank for n in staying})
-        attempt = self.attempt + 1
-        nodes = self.launch(sp, ranks, attempt) if ranks else []
-        if nodes is None:
-            self.stats.record(sp.key, PoolEvent.CAPACITY_FAILURE, self.now)
-            raise TaskFailed("InsufficientCapacityError", f"no capacity in {sp.key} for the move")
-        self.stats.record(sp.key, PoolEvent.LAUNCHED, self.now)
-        deadline = self.now + DEFAULT_REVIEW.boot_minutes * 60
-        for node in leaving:
-            node.state = "DOOMED"
-            self.voluntary[node.instance_id] = deadline
-            self.draining.append(node)
-        flush = self.job.flush_s()  # every rank saves as late as its flush allows (as after a notice)
-        save_t = max(self.now, deadline - flush - SAVE_MARGIN_S)
-        step = int(self.step_at(save_t) + 1e-6)
-        self.at(save_t + flush, self._exit_all, (self.epoch, step, self.attempt))
-        current = self.attempt_pool
-        if current is not None:
-            hours = max(0.0, self.now - self.attempt_start) / 3600.0 * max(1, len(gang))
-            self.stats.record(current.key, PoolEvent.OBSERVED, self.now, hours=hours)
-        if self.attempts and self.attempts[-1].ended_at is None:
-            self.attempts[-1] = self.attempts[-1].model_copy(update={"ended_at": self.now})
-        for n in staying:  # the RESTART directive at the new world size
-            n.attempt = attempt
-            n.state = "READY"
-        self.gang = {**{n.rank: n for n in staying}, **{n.rank: n for n in nodes}}
-        self.attempt, self.excluded = attempt, set()
-        self.attempt_pool, self.attempt_start = sp, self.now
-        self.attempts.append(Attempt(number=attempt, pool=sp.pool, started_at=self.now, world_size=world))
-        self.decisions.append({"attempt": attempt, "pool": sp.key, "resumed_from_step": self.ckpt_step})
-        self.metrics.moves += 1
-        self.note(sp.key, f"move x{world} ({move.reason[:60]})")
-        return Launched(attempt=attempt, pool=sp.pool, price_per_hour=target.price_per_hour, nodes=len(self.gang),
-                        world_size=world, review_s=review_seconds(self.spec, self.timings)).model_dump(mode="json")
+        return moves.migrate(self, move)
 
     def task_teardown(self, payload: dict[str, Any]) -> dict[str, Any]:
         self.release_all()
