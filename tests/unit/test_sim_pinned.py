@@ -1,0 +1,82 @@
+"""The simulator's results pinned for a few short runs, so a speed-up cannot change a decision.
+
+Each case runs spotrelay (and once every policy) on the g4dn trace and the synthetic market and
+compares, per run, the event count, the cost and a digest of every result number (exact ``repr``),
+the decisions (attempt, pool, resumed-from step) and the timeline (every launch, notice, recovery
+and review move, with its reason). The values were taken before the speed work of issue 11
+(memoized reviews, cached scores, fewer validations); a DECISION change (placement, recovery,
+review) changes them legitimately: re-pin with ``python -m tests.unit.test_sim_pinned`` and say so
+in the commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spotrelay.sim.build import MarketOptions
+from spotrelay.sim.job import JobModel
+from spotrelay.sim.runner import POLICIES, SimOptions, simulate
+
+TRACE = str(Path(__file__).resolve().parents[2] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv")
+G4DN = MarketOptions(traces=[TRACE])
+SYNTHETIC = MarketOptions(trace_format="synthetic", synthetic_days=20)
+
+CASES: dict[str, SimOptions] = {
+    # 32 nodes never fit a g4dn pool: on-demand, reviewed every 30 min (each review tries a spot pool)
+    "g4dn-32": SimOptions(market=G4DN, job=JobModel(nodes=32, job_hours=120.0), policies=("spotrelay",), jobs=2,
+                          timeline=True),
+    "synthetic-32": SimOptions(market=SYNTHETIC, job=JobModel(nodes=32, job_hours=72.0), policies=("spotrelay",),
+                               timeline=True),
+    "g4dn-16-all": SimOptions(market=G4DN, job=JobModel(nodes=16, job_hours=72.0), policies=POLICIES, timeline=True),
+    # elastic gangs, a spare, launch at notice and rebalance prewarm: moves, promotions, standbys
+    "synthetic-16-switches": SimOptions(
+        market=SYNTHETIC, job=JobModel(nodes=16, job_hours=120.0), policies=("spotrelay",), jobs=2, timeline=True,
+        spotrelay_switches={"min_nodes": 12, "spares": 1, "launch_at_notice": True, "prewarm_on_rebalance": True}),
+}
+
+PINNED: dict[str, dict[str, list[Any]]] = {  # python -m tests.unit.test_sim_pinned prints these
+    "g4dn-32": {
+        "spotrelay/0": [556, 423257.801649, "203f1b39dedc9a98"],
+    },
+    "synthetic-32": {
+        "spotrelay/0": [956, 50189.350478, "1ae6630b80cbd6c9"],
+    },
+    "g4dn-16-all": {
+        "spotrelay/0": [722, 63698.306613, "8e001679b6bd9e5d"],
+        "on-demand/0": [19, 63550.06621, "a870882ca864a16c"],
+        "skypilot-like/0": [22973, 82964.068281, "32688a2a6d6c450b"],
+        "sagemaker-like/0": [19182, 65157.836341, "bdbe8d532be63176"],
+        "price-limit/0": [19, 25420.166539, "dc58a0e9c36912f2"],
+    },
+    "synthetic-16-switches": {
+        "spotrelay/0": [1393, 83737.619267, "d4c95690aae90ca5"],
+    },
+}
+
+
+def digest(opts: SimOptions) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for r in simulate(opts).runs:
+        blob = json.dumps([sorted((k, repr(v)) for k, v in r.values.items()), r.finished, r.events,
+                           r.decisions, r.timeline], default=repr)
+        out[f"{r.policy}/{r.seed}"] = [r.events, round(r.values["cost_usd"], 6),
+                                       hashlib.sha256(blob.encode()).hexdigest()[:16]]
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_results_are_pinned(case: str) -> None:
+    assert digest(CASES[case]) == PINNED[case]
+
+
+def main() -> None:
+    print(json.dumps({name: digest(opts) for name, opts in CASES.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
