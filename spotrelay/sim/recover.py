@@ -1,0 +1,165 @@
+"""The simulated Plan, Provision and Recover tasks of the job-run ASL: the glue between the run's
+in-memory state and the shipped decisions, following spotrelay/services/workflow_tasks.py (plan,
+provision) and spotrelay/services/recovery_flow.py (recover) line by line. Split from
+sim/controller.py, whose run they act on (its ``task_plan``/``task_provision``/``task_recover``
+delegate here)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from spotrelay.contracts.recovery import AttemptEnd, Launched, LaunchPlan, RecoveryAction, RecoveryPlan, Verdict
+from spotrelay.domain.models import Attempt
+from spotrelay.errors import NoPlacementError, RetryBudgetExhaustedError
+from spotrelay.placement import PoolEvent
+from spotrelay.placement.policy import gang_key, spare_count
+from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery
+from spotrelay.services.recovery_flow import _result as recovery_result
+from spotrelay.services.workflow_tasks import _keeping_plan, _new_gang_plan, review_seconds
+from spotrelay.sim import spares
+from spotrelay.sim.asl import TaskFailed
+
+if TYPE_CHECKING:
+    from spotrelay.sim.controller import SpotrelayRun
+
+
+def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
+    """workflow_tasks.plan: execute a keeping RecoveryPlan, else rank the pools for a new gang."""
+    recovery = RecoveryPlan.model_validate(payload.get("recovery") or {})
+    quotes = self._quotes()
+    stats = self.stats.get_many(p.key for p in self.market.pools)
+    job = self._light_job()
+    launch = _keeping_plan(self.spec, recovery, job, quotes, stats) if recovery.keeps else None
+    if launch is None:
+        if recovery.keep_instance_ids:  # the survivors' pool refused the replacements: they go too
+            kept = set(recovery.keep_instance_ids)  # (workflow_tasks.drop_survivors: saving ones drain)
+            for node in [n for n in self.gang.values() if n.instance_id in kept]:
+                del self.gang[node.rank]
+                if recovery.deadline is not None and recovery.deadline > self.now and self.running:
+                    self.draining.append(node)
+                else:
+                    self.end_node(node)
+            for take in recovery.promoted:
+                if take.instance_id in self.bench:
+                    self.end_node(self.bench.pop(take.instance_id))
+        try:
+            launch = _new_gang_plan(self.spec, job, quotes, stats, self.now)
+        except NoPlacementError as exc:
+            raise TaskFailed("NoPlacementError", str(exc)) from None
+    return launch.model_dump(mode="json")
+
+
+
+def provision(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
+    """workflow_tasks.provision: the first candidate with capacity; failures cool down.
+    From the Prewarm state (``standby``): prewarm.prewarm, one rebalance standby; from the Migrate
+    state (``move``): migrate.migrate."""
+    if payload.get("standby") is not None:
+        return spares.prewarm(self, AttemptEnd.model_validate(payload["standby"]))
+    if payload.get("move") is not None:
+        return self.task_migrate(AttemptEnd.model_validate(payload["move"]))
+    plan = LaunchPlan.model_validate(payload["plan"])
+    keep = set(plan.keep_instance_ids)
+    extra = spares.left(self, plan.promoted)  # workflow_tasks._left_spares
+    spare_ranks = spares.to_launch(self, plan.promoted)
+    attempt = self.attempt + 1
+    failed: list[str] = []
+    for candidate in plan.candidates:
+        sp = self.market.by_key[candidate.pool.key]
+        world, ranks = plan.ranks_for(candidate)
+        ranks = ranks + [r for r in extra if r not in ranks]
+        # spares boot with the ranks (one all-or-none launch; spot pools only), as provision asks
+        wanted = ranks + (spare_ranks if spare_count(self.spec, candidate.pool) else [])
+        nodes = self.launch(sp, wanted, attempt) if wanted else []
+        if nodes is None and wanted != ranks:  # workflow_tasks._launch: the spares are best effort
+            nodes = self.launch(sp, ranks, attempt) if ranks else []
+        if nodes is None:  # workflow_tasks.provision: a smaller gang may still fit (no cooldown)
+            if not plan.keeps and world > self.spec.resources.smallest_gang:
+                failed.append(gang_key(sp.key, world))
+            else:
+                self.stats.record(sp.key, PoolEvent.CAPACITY_FAILURE, self.now)
+                failed.append(sp.key)
+            continue
+        self.stats.record(sp.key, PoolEvent.LAUNCHED, self.now)
+        survivors = {r: n for r, n in self.gang.items() if n.instance_id in keep}
+        for n in self.gang.values():
+            if n.instance_id not in keep:
+                self.end_node(n)
+        for n in survivors.values():  # the RESTART directive: they rejoin and report ready
+            n.attempt = attempt
+            if n.end_t is None:  # one EC2 took meanwhile stays gone: the ready wait sees it
+                n.state, n.exit_code = "READY", None
+        self.gang = {**survivors, **spares.join(self, nodes, spare_ranks, plan.promoted, attempt)}
+        self.attempt, self.excluded = attempt, set()
+        self.attempt_pool, self.attempt_start = sp, self.now
+        self.attempts.append(Attempt(number=attempt, pool=sp.pool, started_at=self.now, world_size=world))
+        self.decisions.append({"attempt": attempt, "pool": sp.key, "resumed_from_step": self.ckpt_step})
+        return Launched(attempt=attempt, pool=sp.pool, price_per_hour=candidate.price_per_hour,
+                        nodes=len(self.gang), world_size=world,
+                        review_s=review_seconds(self.spec, self.timings)).model_dump(mode="json")
+    self.excluded |= set(failed)
+    raise TaskFailed("InsufficientCapacityError", f"no capacity in {len(failed)} pools")
+
+
+
+def recover(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
+    """recovery_flow.recover: take the settled AttemptEnd, charge the budget, plan the strategy."""
+    end = AttemptEnd.model_validate(payload.get("outcome") or {})
+    if end.deadline is None:
+        if self.running:  # a verdict that ends a running attempt without a save
+            self.stop_training(self.committed(self.now))
+        self.epoch += 1
+    # else: launch_at_notice, the ranks keep training and save by the deadline (_exit_all)
+    nodes = self._records()
+    if end.outcome.timed_out:  # _settled_end: the silent nodes are lost, classified once here
+        # recovery_flow._mark_unresponsive: ready -> the nodes still PENDING; heartbeat -> every live
+        # node (agents heartbeat while alive here, so none is staler than another)
+        gone = ("DOOMED", "LOST", "TERMINATED", "EXITED")
+        for n in self.gang.values():
+            if n.state == "PENDING" or (end.outcome is Verdict.HEARTBEAT_TIMEOUT and n.state not in gone):
+                n.state = "LOST"
+        nodes = self._records()
+        try:
+            end = classify_nodes(nodes)
+        except ValueError:
+            end = AttemptEnd(outcome=Verdict.NODE_LOST, attempt=self.attempt, reason=str(end.outcome),
+                             lost_ranks=tuple(n.rank for n in nodes))
+    self.metrics.interruptions += 1
+    try:
+        decision = check_retry_budget(self.spec.recovery, end, self.recoveries, self.user_restarts)
+    except RetryBudgetExhaustedError as exc:
+        self.metrics.failed_reason = str(exc)
+        raise TaskFailed("RetryBudgetExhaustedError", str(exc)) from None
+    current = self.attempt_pool
+    if current is not None:
+        hours = max(0.0, self.now - self.attempt_start) / 3600.0 * max(1, len(self.gang))
+        self.stats.record(current.key, PoolEvent.OBSERVED, self.now, hours=hours)
+    keep: list[str] = []
+    action = RecoveryAction.NEW_CLUSTER
+    home = None
+    if self.attempts and self.attempts[-1].ended_at is None:
+        self.attempts[-1] = self.attempts[-1].model_copy(update={"ended_at": self.now})
+    quotes = self._quotes()
+    stats = self.stats.get_many(p.key for p in self.market.pools)
+    try:
+        plan = plan_recovery(RecoveryContext(spec=self.spec, outcome=end, nodes=nodes, quotes=quotes,
+                                             stats=stats, now=self.now, excluded=frozenset(self.excluded),
+                                             config=self.config, **self.context_extra))
+        keep, action, home = list(plan.keep_instance_ids), RecoveryAction(plan.action), plan.pool
+    except NoPlacementError:
+        pass
+    if end.outcome is Verdict.USER_ERROR and action is not RecoveryAction.NEW_CLUSTER:
+        keep, action = [], RecoveryAction.NEW_CLUSTER
+    spares.on_recover(self, home if action is not RecoveryAction.NEW_CLUSTER else None, nodes, keep)
+    for node in list(self.gang.values()):
+        if node.instance_id not in keep and not (end.deadline is not None and node.state == "DOOMED"):
+            self.end_node(node)  # (a doomed node drains: it saves until EC2 takes it)
+    if action is RecoveryAction.NEW_CLUSTER and current is not None and end.outcome in (
+            Verdict.INTERRUPTED, Verdict.NODE_LOST, Verdict.INFRA_ERROR):
+        self.excluded.add(current.key)
+    self.recoveries, self.user_restarts = decision.recoveries, decision.user_restarts
+    records = self._records()
+    self.gang = {n.rank: n for n in self.gang.values() if n.end_t is None and n.instance_id in keep}
+    self.note(current.key if current else "", f"recover: {end.outcome.value}, {action.value}")
+    result = recovery_result(self._light_job(), records, self.timings, end, end.reason, spares.records(self))
+    return result.model_dump(mode="json")
