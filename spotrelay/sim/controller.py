@@ -76,6 +76,7 @@ class SpotrelayRun(Run):
         self.short_starts = 0  # trainings started with fewer ranks than the gang (should stay 0)
         self.decisions: list[dict[str, Any]] = []  # attempt, pool, resumed_from (calibration)
         self._node_template: Node | None = None
+        self.review_bounds: dict[str, Any] = {}  # sim/shortlist.py's per-pool score bounds
         if asl is None:
             asl = _ASL_CACHE.get("job_run") or _ASL_CACHE.setdefault("job_run", load_asl())
         self.walker = Walker(asl, {

@@ -90,6 +90,10 @@ class TraceCapacity:
             live += d
             peak = max(peak, live)
         self.peak = peak  # the most the pool ever offers
+        # capacity(t) by two bisections: every node removed by tau was added by then (traces run forward)
+        self._sorted_removes = sorted(self.removes)
+        self._forward = all(r >= a for a, r in zip(self.adds, self.removes, strict=True)) and self.adds == sorted(
+            self.adds)
 
     def next_drop(self, t: float) -> float:
         """The next time after ``t`` when the trace removes nodes (absolute seconds)."""
@@ -109,7 +113,11 @@ class TraceCapacity:
         return cycle, tau, [i for i in range(upto) if self.removes[i] > tau]
 
     def capacity(self, t: float) -> int:
-        return len(self._alive(t)[2])
+        if not self._forward:
+            return len(self._alive(t)[2])
+        x = t + self.offset
+        tau = x - int(x // self.period) * self.period
+        return bisect.bisect_right(self.adds, tau) - bisect.bisect_right(self._sorted_removes, tau)
 
     def grant(self, t: float, count: int, held: set[object], rng: random.Random) -> list[Grant] | None:
         cycle, tau, alive = self._alive(t)
@@ -235,18 +243,22 @@ class Market:
         if not self._varies and not sized and self._static_quotes is not None:
             return self._static_quotes
         held = held or {}
-        out = []
-        for p in self.pools:  # a pool's quote object is reused while its price and score stay
-            price = round(p.price(t), 4)
-            score = p.placement_score(t, capacity, held.get(p.key, 0), self.seed, sized) if p.spot else None
-            last = self._last.get(p.key)
-            if last is None or last.price_per_hour != price or last.placement_score != score:
-                last = self._last[p.key] = PoolQuote.model_construct(
-                    pool=p.pool, price_per_hour=price, advisor_band=p.band if p.spot else None, placement_score=score)
-            out.append(last)
+        out = [self.quote(p, t, capacity, held.get(p.key, 0)) for p in self.pools]
         if not self._varies and not sized:
             self._static_quotes = out
         return out
+
+    def quote(self, p: SimPool, t: float, capacity: int = 0, held: int = 0) -> PoolQuote:
+        """One pool's quote in ``quotes(t, capacity, ...)`` (``held``: the job's nodes there). A pool's
+        quote object is reused while its price and score stay."""
+        price = round(p.price(t), 4)
+        score = (p.placement_score(t, capacity, held, self.seed, self.gang_scores and capacity > 0)
+                 if p.spot else None)
+        last = self._last.get(p.key)
+        if last is None or last.price_per_hour != price or last.placement_score != score:
+            last = self._last[p.key] = PoolQuote(  # (validating is faster than model_construct here)
+                pool=p.pool, price_per_hour=price, advisor_band=p.band if p.spot else None, placement_score=score)
+        return last
 
     def grant(self, sp: SimPool, t: float, count: int, held: set[object], rng: random.Random) -> list[Grant] | None:
         """The nodes a gang launch gets, or None for InsufficientInstanceCapacity."""

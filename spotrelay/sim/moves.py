@@ -12,10 +12,12 @@ from spotrelay.placement import PoolEvent
 from spotrelay.placement.review import DEFAULT_REVIEW, better_placement, spot_attempt_hours
 from spotrelay.services.workflow_tasks import review_seconds
 from spotrelay.sim.asl import TaskFailed
+from spotrelay.sim.shortlist import review_quotes
 
 if TYPE_CHECKING:
     from spotrelay.sim.controller import SpotrelayRun
 
+VERIFY_SHORTLIST = False  # tests set it: every review also runs over every quote and must agree
 SAVE_MARGIN_S = 10.0  # the final save is timed to commit this long before the reclaim (or a move's deadline)
 
 
@@ -26,12 +28,18 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     if (int(payload.get("attempt", 0)) != self.attempt or not self.running or current is None
             or self.spec.recovery.review_minutes <= 0 or any(n.state != "RUNNING" for n in gang)):
         return stay.model_dump(mode="json")
-    quotes = self._quotes()
-    here = next((q for q in quotes if q.pool == current.pool), None)
+    res = self.spec.resources
+    here = self.market.quote(current, self.now, res.nodes + res.spares, len(self.held.get(current.key, ())))
     stats = self.stats.get_many(p.key for p in self.market.pools)
-    move = None if here is None else better_placement(self.spec, here, len(gang), quotes, stats, self.now,
-                                                      frozenset(self.excluded), config=self.config,
-                                                      spot_hours=spot_attempt_hours(self.attempts))
+    excluded = frozenset(self.excluded)
+    # the shortlist holds the pool better_placement would pick from every quote (sim/shortlist.py)
+    quotes = review_quotes(self, here, len(gang), stats, excluded)
+    move = better_placement(self.spec, here, len(gang), quotes, stats, self.now, excluded, config=self.config,
+                            spot_hours=spot_attempt_hours(self.attempts))
+    if VERIFY_SHORTLIST:  # tests: the same decision as from every quote
+        every = better_placement(self.spec, here, len(gang), self._quotes(), stats, self.now, excluded,
+                                 config=self.config, spot_hours=spot_attempt_hours(self.attempts))
+        assert every == move, (every, move)
     if move is None:
         return stay.model_dump(mode="json")
     t = move.target
@@ -51,7 +59,8 @@ def migrate(self: SpotrelayRun, move: AttemptEnd) -> dict[str, Any]:
         raise TaskFailed("MoveCancelledError", "the attempt changed")
     sp = self.market.by_key[target.pool.key]
     world = target.nodes or self.job.nodes
-    leaving = [n for n in gang if n.rank in set(move.lost_ranks)]
+    lost = set(move.lost_ranks)
+    leaving = [n for n in gang if n.rank in lost]
     staying = [n for n in gang if n not in leaving]
     ranks = sorted(set(range(world)) - {n.rank for n in staying})
     attempt = self.attempt + 1

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from spotrelay.sim import moves
 from spotrelay.sim.build import MarketOptions
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.runner import POLICIES, SimOptions, simulate
@@ -71,6 +72,14 @@ def digest(opts: SimOptions) -> dict[str, list[Any]]:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_results_are_pinned(case: str) -> None:
+    assert digest(CASES[case]) == PINNED[case]
+
+
+@pytest.mark.parametrize("case", ["g4dn-32", "synthetic-16-switches"])
+def test_review_shortlist_decides_as_every_quote(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every review also runs ``better_placement`` over every pool's quote (sim/shortlist.py's claim):
+    the simulated review must take the same decision, and the run the same results."""
+    monkeypatch.setattr(moves, "VERIFY_SHORTLIST", True)
     assert digest(CASES[case]) == PINNED[case]
 
 

@@ -1,0 +1,76 @@
+"""The quotes a simulated placement review has to see: a shortlist that provably holds the pool the
+shipped review (``placement.review.better_placement``) would pick from every quote, so it decides the
+same for a fraction of the CPU.
+
+Why: a review every 30 minutes of every job-month, each ranking ~36 pools and drawing a derived
+placement score (a seeded noise draw) for every spot pool, was most of the simulator's CPU.
+
+How: a pool's score can only fall as its placement score rises (the capacity risk falls with it; the
+other terms are fixed by the price and the pool's stats record), so its score with a placement score
+of 10 bounds its exact score from below, for every gang size. Pools are walked by that bound,
+lowest first; a pool with a gang size that ``placement.policy._why_not`` lets through (and that is
+not the current pool at or under the running size: better_placement never picks those) gets its
+exact quote, and its exact scores lower the best seen. The walk stops at the first pool whose bound
+is above the best exact score seen: it, and every pool after it, ranks behind that candidate (a
+bound equal to the best is still visited: it could win a tie on size or key). better_placement
+then runs, unchanged, on the shortlist plus the current pool's quote; the ranking's order does not
+depend on the order of the quotes. Bounds are kept per pool while its price and stats record stay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from spotrelay.placement.policy import _why_not, score_pool
+from spotrelay.placement.pool_stats import PoolStats
+from spotrelay.ports.market import PoolQuote
+
+if TYPE_CHECKING:
+    from spotrelay.sim.controller import SpotrelayRun
+
+BEST_SCORE = 10.0  # the highest spot placement score: the lowest capacity risk
+
+# per pool key: (price, stats record, the quote at BEST_SCORE, [(gang size, lower bound)], min bound)
+Bound = tuple[float, "PoolStats | None", PoolQuote, list[tuple[int, float]], float]
+
+
+def review_quotes(run: SpotrelayRun, here: PoolQuote, world: int, stats: Mapping[str, PoolStats],
+                  excluded: frozenset[str]) -> list[PoolQuote]:
+    """``here`` (the current pool's quote, gang of ``world``) and every quote that may hold the best
+    candidate of ``better_placement`` over all of ``run.market``'s quotes."""
+    spec, config, now, market = run.spec, run.config, run.now, run.market
+    res = spec.resources
+    sizes = range(res.nodes, res.smallest_gang - 1, -1)
+    count = res.nodes + res.spares
+    bounds: dict[str, Bound] = run.review_bounds
+    walk: list[tuple[float, str, Bound]] = []
+    for sp in market.pools:
+        price, st = round(sp.price(now), 4), stats.get(sp.key)
+        b = bounds.get(sp.key)
+        if b is None or b[0] != price or b[1] is not st:
+            q = PoolQuote(pool=sp.pool, price_per_hour=price, advisor_band=sp.band if sp.spot else None,
+                                          placement_score=BEST_SCORE if sp.spot else None)
+            lows = [(n, score_pool(spec, q, st, config, nodes=n).score) for n in sizes]
+            b = bounds[sp.key] = (price, st, q, lows, min(s for _, s in lows))
+        walk.append((b[4], sp.key, b))
+    walk.sort()  # by bound, then key (keys are unique)
+    best = float("inf")
+    out = [here]
+    here_key = here.pool.key
+    for low, key, (_, st, q, lows, _) in walk:
+        if low > best:
+            break
+        if st is not None and st.cooling(now):
+            continue  # _why_not drops a cooling pool (no survivors run in a review's candidates)
+        current = key == here_key
+        sizes_ok = [n for n, _ in lows if not (current and n <= world)
+                    and _why_not(spec, q, st, now, excluded, None, frozenset(), n) is None]
+        if not sizes_ok:
+            continue  # better_placement would drop it or pass it over: no exact quote needed
+        exact = here if current else market.quote(market.by_key[key], now, count, len(run.held.get(key, ())))
+        if not current:
+            out.append(exact)
+        for n in sizes_ok:
+            best = min(best, score_pool(spec, exact, st, config, nodes=n).score)
+    return out
