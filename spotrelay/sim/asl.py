@@ -74,15 +74,35 @@ def load_asl(path: Path = ASL_PATH) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+# parsed paths and templates: a simulation walks the same few states millions of times
+_PATHS: dict[str, tuple[bool, tuple[str, ...] | None]] = {}
+_RESULT_PATHS: dict[str, tuple[str, ...]] = {}
+_TEMPLATES: dict[int, tuple[dict[str, Any], list[tuple[str, Any, bool]]]] = {}  # id -> (template, its keys)
+
+
+def _parsed(path: str) -> tuple[bool, tuple[str, ...] | None]:
+    """(in the context, the keys; None: the whole document) of a supported path."""
+    found = _PATHS.get(path)
+    if found is None:
+        context, rest = (True, path[1:]) if path.startswith("$$.") else (False, path)
+        if rest == "$":
+            found = (context, None)
+        elif rest.startswith("$."):
+            found = (context, tuple(rest[2:].split(".")))
+        else:
+            raise AslError(f"unsupported path {path!r}")
+        _PATHS[path] = found
+    return found
+
+
 def get_path(doc: Any, path: str, context: dict[str, Any] | None = None) -> Any:
     """JSONPath subset: ``$``, ``$.a.b``, and ``$$.a.b`` in ``context``. Missing keys raise KeyError."""
-    if path.startswith("$$."):
-        doc, path = context or {}, path[1:]
-    if path == "$":
+    in_context, parts = _parsed(path)
+    if in_context:
+        doc = context or {}
+    if parts is None:
         return doc
-    if not path.startswith("$."):
-        raise AslError(f"unsupported path {path!r}")
-    for part in path[2:].split("."):
+    for part in parts:
         doc = doc[part]
     return doc
 
@@ -92,7 +112,9 @@ def set_path(doc: dict[str, Any], path: str | None, value: Any) -> dict[str, Any
         return doc
     if path == "$":
         return value if isinstance(value, dict) else {"value": value}
-    parts = path[2:].split(".")
+    parts = _RESULT_PATHS.get(path)
+    if parts is None:
+        parts = _RESULT_PATHS[path] = tuple(path[2:].split("."))
     target = doc
     for part in parts[:-1]:
         target = target.setdefault(part, {})
@@ -100,14 +122,23 @@ def set_path(doc: dict[str, Any], path: str | None, value: Any) -> dict[str, Any
     return doc
 
 
+def _keys(template: dict[str, Any]) -> list[tuple[str, Any, bool]]:
+    """(output key, value, whether the value is a path) per key; kept per template object."""
+    found = _TEMPLATES.get(id(template))
+    if found is None or found[0] is not template:  # (the entry holds the template: its id stays its own)
+        keys = [(k[:-2], v, True) if k.endswith(".$") else (k, v, False) for k, v in template.items()]
+        found = _TEMPLATES[id(template)] = (template, keys)
+    return found[1]
+
+
 def resolve(template: Any, data: Any, context: dict[str, Any], copy_values: bool = False) -> Any:
     """Parameters: ``key.$`` takes the value at a path of the data (``$$.`` of the context)."""
     if isinstance(template, dict):
         out = {}
-        for key, value in template.items():
-            if key.endswith(".$"):
+        for key, value, is_path in _keys(template):
+            if is_path:
                 got = get_path(data, value, context)
-                out[key[:-2]] = copy.deepcopy(got) if copy_values else got
+                out[key] = copy.deepcopy(got) if copy_values else got
             else:
                 out[key] = resolve(value, data, context, copy_values)
         return out
@@ -160,14 +191,21 @@ def choice_matches(rule: dict[str, Any], data: dict[str, Any]) -> bool:
     return present and _COMPARE[op](value, other)
 
 
+_RESOURCES: dict[int, tuple[dict[str, Any], str]] = {}  # id(state) -> (state, its handler name)
+
+
 def resource_name(state: dict[str, Any]) -> str:
     """The handler a Task calls: its ``${fn_x}`` placeholder name."""
+    cached = _RESOURCES.get(id(state))
+    if cached is not None and cached[0] is state:
+        return cached[1]
     resource = str(state.get("Resource", ""))
     if resource.endswith(".waitForTaskToken"):
         resource = str(state.get("Parameters", {}).get("FunctionName", ""))
     found = _PLACEHOLDER.fullmatch(resource)
     if not found:
         raise AslError(f"task resource {resource!r} names no ${{fn_...}} handler")
+    _RESOURCES[id(state)] = (state, found.group(1))
     return found.group(1)
 
 

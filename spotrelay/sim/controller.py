@@ -35,6 +35,7 @@ from spotrelay.sim.asl import Await, Finished, Sleep, Walker, load_asl
 from spotrelay.sim.engine import Run, SimNode
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.market import Market
+from spotrelay.sim.shortlist import Shortlist
 from spotrelay.sim.moves import SAVE_MARGIN_S
 from spotrelay.spec.models import JobSpec
 
@@ -76,7 +77,9 @@ class SpotrelayRun(Run):
         self.short_starts = 0  # trainings started with fewer ranks than the gang (should stay 0)
         self.decisions: list[dict[str, Any]] = []  # attempt, pool, resumed_from (calibration)
         self._node_template: Node | None = None
-        self.review_bounds: dict[str, Any] = {}  # sim/shortlist.py's per-pool score bounds
+        self.shortlist = Shortlist()  # sim/shortlist.py's per-pool score bounds for reviews
+        self.stay_answer: tuple[int, dict[str, Any]] = (-1, {})  # moves._stay's, per attempt
+        self.spot_hours: tuple[int, Any, float | None] = (-1, None, None)  # moves._spot_hours' memo
         if asl is None:
             asl = _ASL_CACHE.get("job_run") or _ASL_CACHE.setdefault("job_run", load_asl())
         self.walker = Walker(asl, {

@@ -147,6 +147,13 @@ class SlotCapacity:
     def capacity(self, t: float) -> int | None:
         return self.slot_at(t)[1].capacity
 
+    def next_start(self, t: float) -> float:
+        """When the slot holding ``t`` ends (absolute seconds)."""
+        cycle = int(t // self.period)
+        base = cycle * self.period
+        i = bisect.bisect_right(self.starts, t - base)
+        return base + self.starts[i] if i < len(self.starts) else base + self.period + self.starts[0]
+
     @property
     def peak(self) -> float:
         caps = [s.capacity for s in self.slots]
@@ -203,6 +210,10 @@ class SimPool:
         if isinstance(self.capacity, SlotCapacity):
             return self.capacity.slot_at(t)[1].spot_price
         return self.on_demand_price if self.spot_price is None else self.spot_price
+
+    def price_until(self, t: float) -> float:
+        """``price(t)`` holds at least until then (a slot's end; never changes otherwise)."""
+        return self.capacity.next_start(t) if isinstance(self.capacity, SlotCapacity) else float("inf")
 
     def placement_score(self, t: float, count: int = 0, held: int = 0, seed: int = 0,
                         derive: bool = True) -> float | None:

@@ -21,27 +21,44 @@ VERIFY_SHORTLIST = False  # tests set it: every review also runs over every quot
 SAVE_MARGIN_S = 10.0  # the final save is timed to commit this long before the reclaim (or a move's deadline)
 
 
+def _stay(run: SpotrelayRun) -> dict[str, Any]:
+    """The stay answer for the current attempt (built once per attempt; the workflow only reads it)."""
+    if run.stay_answer[0] != run.attempt:
+        run.stay_answer = (run.attempt, AttemptEnd(outcome=Verdict.READY, attempt=run.attempt,
+                                                   reason="no better placement").model_dump(mode="json"))
+    return dict(run.stay_answer[1])
+
+
+def _spot_hours(run: SpotrelayRun) -> float | None:
+    """spot_attempt_hours(run.attempts), again only when an attempt was added or its last one closed."""
+    attempts, (size, last, hours) = run.attempts, run.spot_hours
+    if size != len(attempts) or (attempts and attempts[-1] is not last):
+        hours = spot_attempt_hours(attempts)
+        run.spot_hours = (len(attempts), attempts[-1] if attempts else None, hours)
+    return hours
+
+
 def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     """review.review: stay (READY) or MIGRATE with the target (agents always heartbeat here)."""
-    stay = AttemptEnd(outcome=Verdict.READY, attempt=self.attempt, reason="no better placement")
     current, gang = self.attempt_pool, list(self.gang.values())
     if (int(payload.get("attempt", 0)) != self.attempt or not self.running or current is None
             or self.spec.recovery.review_minutes <= 0 or any(n.state != "RUNNING" for n in gang)):
-        return stay.model_dump(mode="json")
+        return _stay(self)
     res = self.spec.resources
     here = self.market.quote(current, self.now, res.nodes + res.spares, len(self.held.get(current.key, ())))
     stats = self.stats.get_many(p.key for p in self.market.pools)
     excluded = frozenset(self.excluded)
     # the shortlist holds the pool better_placement would pick from every quote (sim/shortlist.py)
     quotes = review_quotes(self, here, len(gang), stats, excluded)
+    spot_hours = _spot_hours(self)
     move = better_placement(self.spec, here, len(gang), quotes, stats, self.now, excluded, config=self.config,
-                            spot_hours=spot_attempt_hours(self.attempts))
+                            spot_hours=spot_hours)
     if VERIFY_SHORTLIST:  # tests: the same decision as from every quote
         every = better_placement(self.spec, here, len(gang), self._quotes(), stats, self.now, excluded,
                                  config=self.config, spot_hours=spot_attempt_hours(self.attempts))
-        assert every == move, (every, move)
+        assert every == move and spot_hours == spot_attempt_hours(self.attempts), (every, move)
     if move is None:
-        return stay.model_dump(mode="json")
+        return _stay(self)
     t = move.target
     leaving = [] if move.in_place else gang
     return AttemptEnd(outcome=Verdict.MIGRATE, attempt=self.attempt, reason=move.reason,

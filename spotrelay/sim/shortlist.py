@@ -14,12 +14,14 @@ exact quote, and its exact scores lower the best seen. The walk stops at the fir
 is above the best exact score seen: it, and every pool after it, ranks behind that candidate (a
 bound equal to the best is still visited: it could win a tie on size or key). better_placement
 then runs, unchanged, on the shortlist plus the current pool's quote; the ranking's order does not
-depend on the order of the quotes. Bounds are kept per pool while its price and stats record stay.
+depend on the order of the quotes. Bounds and their order are kept while each pool's price (until its
+slot ends) and stats record (the same object: records are replaced, never changed) stay.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from spotrelay.placement.policy import _why_not, score_pool
@@ -30,9 +32,49 @@ if TYPE_CHECKING:
     from spotrelay.sim.controller import SpotrelayRun
 
 BEST_SCORE = 10.0  # the highest spot placement score: the lowest capacity risk
+_MARGIN_S = 1e-3  # a price is looked at again this long before its slot ends (float rounding)
 
-# per pool key: (price, stats record, the quote at BEST_SCORE, [(gang size, lower bound)], min bound)
-Bound = tuple[float, "PoolStats | None", PoolQuote, list[tuple[int, float]], float]
+
+@dataclass(slots=True)
+class Bound:
+    price: float
+    stats: PoolStats | None
+    quote: PoolQuote  # the pool's quote at BEST_SCORE
+    lows: list[tuple[int, float]]  # (gang size, lower bound of its score)
+    low: float  # the lowest of them
+    until: float  # the price holds until then
+
+
+@dataclass
+class Shortlist:
+    """One run's bounds, by pool key, and the walk order (bound, key) they give."""
+
+    bounds: dict[str, Bound] = field(default_factory=dict)
+    order: list[tuple[float, str]] = field(default_factory=list)
+
+
+def _refresh(run: SpotrelayRun, stats: Mapping[str, PoolStats]) -> Shortlist:
+    spec, config, now, memo = run.spec, run.config, run.now, run.shortlist
+    res = spec.resources
+    changed = False
+    for sp in run.market.pools:
+        b, st = memo.bounds.get(sp.key), stats.get(sp.key)
+        if b is not None and b.stats is st and now < b.until:
+            continue
+        price = round(sp.price(now), 4)
+        until = sp.price_until(now) - _MARGIN_S
+        if b is not None and b.stats is st and b.price == price:
+            b.until = until
+            continue
+        q = PoolQuote(pool=sp.pool, price_per_hour=price, advisor_band=sp.band if sp.spot else None,
+                      placement_score=BEST_SCORE if sp.spot else None)
+        lows = [(n, score_pool(spec, q, st, config, nodes=n).score)
+                for n in range(res.nodes, res.smallest_gang - 1, -1)]
+        memo.bounds[sp.key] = Bound(price, st, q, lows, min(s for _, s in lows), until)
+        changed = True
+    if changed:
+        memo.order = sorted((b.low, key) for key, b in memo.bounds.items())
+    return memo
 
 
 def review_quotes(run: SpotrelayRun, here: PoolQuote, world: int, stats: Mapping[str, PoolStats],
@@ -41,31 +83,21 @@ def review_quotes(run: SpotrelayRun, here: PoolQuote, world: int, stats: Mapping
     candidate of ``better_placement`` over all of ``run.market``'s quotes."""
     spec, config, now, market = run.spec, run.config, run.now, run.market
     res = spec.resources
-    sizes = range(res.nodes, res.smallest_gang - 1, -1)
     count = res.nodes + res.spares
-    bounds: dict[str, Bound] = run.review_bounds
-    walk: list[tuple[float, str, Bound]] = []
-    for sp in market.pools:
-        price, st = round(sp.price(now), 4), stats.get(sp.key)
-        b = bounds.get(sp.key)
-        if b is None or b[0] != price or b[1] is not st:
-            q = PoolQuote(pool=sp.pool, price_per_hour=price, advisor_band=sp.band if sp.spot else None,
-                                          placement_score=BEST_SCORE if sp.spot else None)
-            lows = [(n, score_pool(spec, q, st, config, nodes=n).score) for n in sizes]
-            b = bounds[sp.key] = (price, st, q, lows, min(s for _, s in lows))
-        walk.append((b[4], sp.key, b))
-    walk.sort()  # by bound, then key (keys are unique)
+    memo = _refresh(run, stats)
     best = float("inf")
     out = [here]
     here_key = here.pool.key
-    for low, key, (_, st, q, lows, _) in walk:
+    for low, key in memo.order:
         if low > best:
             break
+        b = memo.bounds[key]
+        st = b.stats
         if st is not None and st.cooling(now):
             continue  # _why_not drops a cooling pool (no survivors run in a review's candidates)
         current = key == here_key
-        sizes_ok = [n for n, _ in lows if not (current and n <= world)
-                    and _why_not(spec, q, st, now, excluded, None, frozenset(), n) is None]
+        sizes_ok = [n for n, _ in b.lows if not (current and n <= world)
+                    and _why_not(spec, b.quote, st, now, excluded, None, frozenset(), n) is None]
         if not sizes_ok:
             continue  # better_placement would drop it or pass it over: no exact quote needed
         exact = here if current else market.quote(market.by_key[key], now, count, len(run.held.get(key, ())))
