@@ -35,8 +35,8 @@ from spotrelay.sim.asl import Await, Finished, Sleep, Walker, load_asl
 from spotrelay.sim.engine import Run, SimNode
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.market import Market
-from spotrelay.sim.shortlist import Shortlist
 from spotrelay.sim.moves import SAVE_MARGIN_S
+from spotrelay.sim.shortlist import Shortlist
 from spotrelay.spec.models import JobSpec
 
 _ASL_CACHE: dict[str, Any] = {}
