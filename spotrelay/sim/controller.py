@@ -27,7 +27,7 @@ from spotrelay.contracts.recovery import (
 from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.models import Attempt, Job, Node, NodeState
 from spotrelay.domain.status import JobStatus
-from spotrelay.placement import CooldownPolicy, InMemoryPoolStatsStore, PoolEvent
+from spotrelay.placement import CooldownPolicy, PoolEvent
 from spotrelay.placement.policy import DEFAULT_CONFIG
 from spotrelay.services.waits import outcome_verdict, ready_verdict
 from spotrelay.sim import moves, recover, spares
@@ -36,7 +36,7 @@ from spotrelay.sim.engine import Run, SimNode
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.market import Market
 from spotrelay.sim.moves import SAVE_MARGIN_S
-from spotrelay.sim.shortlist import Shortlist
+from spotrelay.sim.shortlist import Shortlist, SimPoolStats
 from spotrelay.spec.models import JobSpec
 
 _ASL_CACHE: dict[str, Any] = {}
@@ -58,7 +58,7 @@ class SpotrelayRun(Run):
             self.spec = JobSpec.model_validate(doc)
         self._spec_doc = self.spec.model_dump(mode="json")
         self.timings = timings or WorkflowTimings()
-        self.stats = InMemoryPoolStatsStore(cooldown)  # None: the shipped CooldownPolicy()
+        self.stats = SimPoolStats(cooldown)  # InMemoryPoolStatsStore (None: the shipped CooldownPolicy())
         self.config = DEFAULT_CONFIG  # what the services use; sweeping it means changing the default
         self.rebalance_checkpoint = rebalance_checkpoint
         # RecoveryContext's keep_margin (None: its default, what recover uses); a sweep, not a decision

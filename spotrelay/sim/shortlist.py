@@ -20,12 +20,14 @@ slot ends) and stats record (the same object: records are replaced, never change
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from spotrelay.placement.cooldown import CooldownPolicy, PoolEvent
 from spotrelay.placement.policy import _why_not, score_pool
-from spotrelay.placement.pool_stats import PoolStats
+from spotrelay.placement.pool_stats import InMemoryPoolStatsStore, PoolStats
 from spotrelay.ports.market import PoolQuote
 
 if TYPE_CHECKING:
@@ -45,35 +47,60 @@ class Bound:
     until: float  # the price holds until then
 
 
+class SimPoolStats(InMemoryPoolStatsStore):
+    """The run's pool stats store; it also notes which pools' records changed (for the bounds)."""
+
+    def __init__(self, policy: CooldownPolicy | None = None) -> None:
+        super().__init__(policy)
+        self.changed: set[str] = set()
+
+    def record(self, pool_key: str, event: PoolEvent, now: float, hours: float = 0.0) -> PoolStats:
+        self.changed.add(pool_key)
+        return super().record(pool_key, event, now, hours)
+
+
 @dataclass
 class Shortlist:
     """One run's bounds, by pool key, and the walk order (bound, key) they give."""
 
     bounds: dict[str, Bound] = field(default_factory=dict)
     order: list[tuple[float, str]] = field(default_factory=list)
+    until: float = -1.0  # every price holds until then
+
+
+def _bound(run: SpotrelayRun, key: str, stats: PoolStats | None) -> None:
+    """(Re)compute one pool's bound if its price or record changed, and keep the order sorted."""
+    memo, now, spec = run.shortlist, run.now, run.spec
+    sp = run.market.by_key[key]
+    price = round(sp.price(now), 4)
+    until = sp.price_until(now) - _MARGIN_S
+    memo.until = min(memo.until, until)
+    old = memo.bounds.get(key)
+    if old is not None and old.stats is stats and old.price == price:
+        old.until = until
+        return
+    q = PoolQuote(pool=sp.pool, price_per_hour=price, advisor_band=sp.band if sp.spot else None,
+                  placement_score=BEST_SCORE if sp.spot else None)
+    res = spec.resources
+    lows = [(n, score_pool(spec, q, stats, run.config, nodes=n).score)
+            for n in range(res.nodes, res.smallest_gang - 1, -1)]
+    new = memo.bounds[key] = Bound(price, stats, q, lows, min(s for _, s in lows), until)
+    if old is not None:
+        del memo.order[bisect.bisect_left(memo.order, (old.low, key))]
+    bisect.insort(memo.order, (new.low, key))
 
 
 def _refresh(run: SpotrelayRun, stats: Mapping[str, PoolStats]) -> Shortlist:
-    spec, config, now, memo = run.spec, run.config, run.now, run.shortlist
-    res = spec.resources
-    changed = False
-    for sp in run.market.pools:
-        b, st = memo.bounds.get(sp.key), stats.get(sp.key)
-        if b is not None and b.stats is st and now < b.until:
-            continue
-        price = round(sp.price(now), 4)
-        until = sp.price_until(now) - _MARGIN_S
-        if b is not None and b.stats is st and b.price == price:
-            b.until = until
-            continue
-        q = PoolQuote(pool=sp.pool, price_per_hour=price, advisor_band=sp.band if sp.spot else None,
-                      placement_score=BEST_SCORE if sp.spot else None)
-        lows = [(n, score_pool(spec, q, st, config, nodes=n).score)
-                for n in range(res.nodes, res.smallest_gang - 1, -1)]
-        memo.bounds[sp.key] = Bound(price, st, q, lows, min(s for _, s in lows), until)
-        changed = True
-    if changed:
-        memo.order = sorted((b.low, key) for key, b in memo.bounds.items())
+    """Bounds for the pools whose record changed since the last review; every pool's once a price may have."""
+    memo, store = run.shortlist, run.stats
+    if run.now >= memo.until:
+        keys: set[str] | list[str] = [sp.key for sp in run.market.pools]
+        memo.until = float("inf")
+    else:
+        keys = store.changed
+    for key in keys:
+        _bound(run, key, stats.get(key))
+    store.changed = set()
     return memo
 
 
