@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(BIN)/spotrelay local chaos --jobs 28 --seed 7 --max-faults 200 --parallel 2 --steps 150 --job-timeout 1800 --out bench-out/chaos --json bench-out/chaos.json
 	$(BIN)/python bench/checkpoint.py
 	$(BIN)/python bench/checkpoint.py --engine deepspeed
+	$(BIN)/python bench/notice_window.py
 	$(BIN)/python bench/coldstart.py
 	$(BIN)/python bench/health.py
 
