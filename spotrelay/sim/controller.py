@@ -80,6 +80,7 @@ class SpotrelayRun(Run):
         self.shortlist = Shortlist()  # sim/shortlist.py's per-pool score bounds for reviews
         self.stay_answer: tuple[int, dict[str, Any]] = (-1, {})  # moves._stay's, per attempt
         self.spot_hours: tuple[int, Any, float | None] = (-1, None, None)  # moves._spot_hours' memo
+        self.last_review: tuple[Any, ...] | None = None  # shortlist.same_review's inputs and answer
         if asl is None:
             asl = _ASL_CACHE.get("job_run") or _ASL_CACHE.setdefault("job_run", load_asl())
         self.walker = Walker(asl, {
@@ -122,11 +123,18 @@ class SpotrelayRun(Run):
             self._node_template = Node(job_id="sim", node_id="a0-r0", attempt=0, rank=0, instance_id="i-0",
                                        pool=self.market.pools[0].pool, state=NodeState.PENDING)
         make = self._node_template.model_copy
-        return [make(update={"node_id": f"a{n.attempt}-r{n.rank}", "attempt": self.attempt, "rank": n.rank,
-                             "instance_id": n.instance_id, "pool": n.pool.pool, "state": NodeState(n.state),
-                             "exit_code": n.exit_code, "reclaim_at": self.voluntary.get(n.instance_id, n.removal_t)
-                             if n.state == "DOOMED" else None})
-                for n in sorted(self.gang.values(), key=lambda n: n.rank)]
+        out = []
+        for n in sorted(self.gang.values(), key=lambda n: n.rank):
+            # a node's record is built again only when a field of it changed (the services only read records)
+            reclaim_at = self.voluntary.get(n.instance_id, n.removal_t) if n.state == "DOOMED" else None
+            built_from = (n.attempt, self.attempt, n.rank, n.state, n.exit_code, reclaim_at)
+            if n.record is None or n.record[0] != built_from:
+                n.record = (built_from, make(update={
+                    "node_id": f"a{n.attempt}-r{n.rank}", "attempt": self.attempt, "rank": n.rank,
+                    "instance_id": n.instance_id, "pool": n.pool.pool, "state": NodeState(n.state),
+                    "exit_code": n.exit_code, "reclaim_at": reclaim_at}))
+            out.append(n.record[1])
+        return out
 
     def _job(self) -> Job:
         return Job(job_id="sim", name="sim", status=JobStatus.RUNNING, attempt=self.attempt, spec=self._spec_doc)

@@ -43,6 +43,7 @@ class SimNode:
     spare: bool = False  # a hot spare on the bench (booted, billed, out of training)
     takes_rank: int | None = None  # a spare a recovery promoted to this rank
     release_after: float | None = None  # a rebalance standby: released then unless a rank took it
+    record: tuple[tuple[object, ...], Any] | None = None  # (what it was built from, its Node record): controller
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ SCORE_WINDOW_S = 600.0  # a derived score's noise is redrawn every 10 minutes
 
 
 _NOISE: dict[tuple[int, str, int], float] = {}  # (seed, pool, window) -> noise, the current window only
+_DRAW = random.Random()  # seeded again for every draw (seed() also clears gauss()'s cached second value)
 
 
 def score_noise(seed: int, key: str, t: float) -> float:
@@ -52,8 +53,8 @@ def score_noise(seed: int, key: str, t: float) -> float:
     if found is None:
         if len(_NOISE) > 4096:
             _NOISE.clear()
-        found = _NOISE[(seed, key, window)] = random.Random(zlib.crc32(f"{seed}/{key}/{window}".encode())).gauss(
-            0.0, SCORE_NOISE)
+        _DRAW.seed(zlib.crc32(f"{seed}/{key}/{window}".encode()))  # as random.Random(that seed), reused
+        found = _NOISE[(seed, key, window)] = _DRAW.gauss(0.0, SCORE_NOISE)
     return found
 
 
@@ -120,11 +121,11 @@ class TraceCapacity:
         return bisect.bisect_right(self.adds, tau) - bisect.bisect_right(self._sorted_removes, tau)
 
     def grant(self, t: float, count: int, held: set[object], rng: random.Random) -> list[Grant] | None:
-        cycle, tau, alive = self._alive(t)
         if self.semantics == "capacity":
-            if len(alive) - len(held) < count:
+            if self.capacity(t) - len(held) < count:
                 return None
             return [Grant(("cap", rng.random()), float("inf")) for _ in range(count)]
+        cycle, tau, alive = self._alive(t)
         free = [i for i in alive if (cycle, i) not in held]
         if len(free) < count:
             return None

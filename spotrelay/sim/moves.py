@@ -12,7 +12,7 @@ from spotrelay.placement import PoolEvent
 from spotrelay.placement.review import DEFAULT_REVIEW, better_placement, spot_attempt_hours
 from spotrelay.services.workflow_tasks import review_seconds
 from spotrelay.sim.asl import TaskFailed
-from spotrelay.sim.shortlist import review_quotes
+from spotrelay.sim.shortlist import review_quotes, same_review
 
 if TYPE_CHECKING:
     from spotrelay.sim.controller import SpotrelayRun
@@ -46,13 +46,12 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
         return _stay(self)
     res = self.spec.resources
     here = self.market.quote(current, self.now, res.nodes + res.spares, len(self.held.get(current.key, ())))
-    stats = self.stats.get_many(p.key for p in self.market.pools)
+    stats = self.stats.view()  # (the pools' records; nothing records during a review)
     excluded = frozenset(self.excluded)
     # the shortlist holds the pool better_placement would pick from every quote (sim/shortlist.py)
     quotes = review_quotes(self, here, len(gang), stats, excluded)
     spot_hours = _spot_hours(self)
-    move = better_placement(self.spec, here, len(gang), quotes, stats, self.now, excluded, config=self.config,
-                            spot_hours=spot_hours)
+    move = same_review(self, here, len(gang), quotes, stats, excluded, spot_hours)  # better_placement, memoized
     if VERIFY_SHORTLIST:  # tests: the same decision as from every quote
         every = better_placement(self.spec, here, len(gang), self._quotes(), stats, self.now, excluded,
                                  config=self.config, spot_hours=spot_attempt_hours(self.attempts))
@@ -78,7 +77,7 @@ def migrate(self: SpotrelayRun, move: AttemptEnd) -> dict[str, Any]:
     world = target.nodes or self.job.nodes
     lost = set(move.lost_ranks)
     leaving = [n for n in gang if n.rank in lost]
-    staying = [n for n in gang if n not in leaving]
+    staying = [n for n in gang if n.rank not in lost]  # (ranks are unique in a gang)
     ranks = sorted(set(range(world)) - {n.rank for n in staying})
     attempt = self.attempt + 1
     nodes = self.launch(sp, ranks, attempt) if ranks else []

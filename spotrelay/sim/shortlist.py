@@ -23,11 +23,13 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from spotrelay.placement.cooldown import CooldownPolicy, PoolEvent
 from spotrelay.placement.policy import _why_not, score_pool
 from spotrelay.placement.pool_stats import InMemoryPoolStatsStore, PoolStats
+from spotrelay.placement.review import Move, better_placement
 from spotrelay.ports.market import PoolQuote
 
 if TYPE_CHECKING:
@@ -57,6 +59,10 @@ class SimPoolStats(InMemoryPoolStatsStore):
     def record(self, pool_key: str, event: PoolEvent, now: float, hours: float = 0.0) -> PoolStats:
         self.changed.add(pool_key)
         return super().record(pool_key, event, now, hours)
+
+    def view(self) -> Mapping[str, PoolStats]:
+        """Every record, read-only and live (``get_many`` of every pool without the copy)."""
+        return MappingProxyType(self._items)
 
 
 @dataclass
@@ -133,3 +139,21 @@ def review_quotes(run: SpotrelayRun, here: PoolQuote, world: int, stats: Mapping
         for n in sizes_ok:
             best = min(best, score_pool(spec, exact, st, config, nodes=n).score)
     return out
+
+
+def same_review(run: SpotrelayRun, here: PoolQuote, world: int, quotes: list[PoolQuote],
+                stats: Mapping[str, PoolStats], excluded: frozenset[str], spot_hours: float | None) -> Move | None:
+    """``better_placement`` over ``quotes``, or its last answer when none of what it reads changed:
+    the same quote and stats objects (both are replaced, never changed), the same cooling verdicts
+    now, gang size, exclusions and spot hours (``now`` reaches it only through the cooldowns)."""
+    records = [stats.get(q.pool.key) for q in quotes]
+    cooling = [st is not None and st.cooling(run.now) for st in records]
+    last = run.last_review
+    if (last is not None and last[0] is here and last[1] == world and last[4] == excluded and last[5] == spot_hours
+            and len(last[2]) == len(quotes) and all(a is b for a, b in zip(last[2], quotes, strict=False))
+            and all(a is b for a, b in zip(last[3], records, strict=False)) and last[6] == cooling):
+        return last[7]
+    move = better_placement(run.spec, here, world, quotes, stats, run.now, excluded, config=run.config,
+                            spot_hours=spot_hours)
+    run.last_review = (here, world, quotes, records, excluded, spot_hours, cooling, move)
+    return move
