@@ -39,6 +39,7 @@ from spotrelay.domain.models import Pool
 from spotrelay.errors import InsufficientCapacityError, QuotaExceededError, RetryableError
 from spotrelay.placement import catalog
 from spotrelay.ports.compute import Instance, LaunchRequest
+from spotrelay.recovery.boot import ec2_boot_seconds
 
 __all__ = ["Ec2Compute", "Ec2ComputeConfig", "efa_interfaces", "placement_group_name"]
 
@@ -243,6 +244,9 @@ class Ec2Compute:
             ]) if i.rank in request.ranks
         ]
         return sorted(found, key=lambda i: request.ranks.index(i.rank)) if len(found) == request.count else []
+
+    def expected_boot_s(self, pool: Pool) -> float:
+        return ec2_boot_seconds(pool.instance_type)
 
     # --- termination and listing ---------------------------------------------------------------
     def terminate(self, instance_ids: list[str], region: str) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spotrelay.domain.models import Pool
 from spotrelay.local.ec2_events import Ec2EventBus
 from spotrelay.local.fake_imds import FakeImds
 from spotrelay.local.market import MarketModel
@@ -99,6 +100,9 @@ class LocalCompute:
         for rank in request.ranks[: request.count]:
             launched.append(self._start_instance(request, rank, port))
         return [li.instance for li in launched]
+
+    def expected_boot_s(self, pool: Pool) -> float:
+        return self.market.boot_delay_s()  # the modeled boot, scaled as the launches' timers are
 
     def terminate(self, instance_ids: list[str], region: str) -> None:
         for iid in instance_ids:

@@ -41,6 +41,9 @@ class Compute(Protocol):
 
     def terminate(self, instance_ids: list[str], region: str) -> None: ...
 
+    def expected_boot_s(self, pool: Pool) -> float:
+        """Seconds from a launch in ``pool`` to the agent's NodeReady (a move's old gang saves by then)."""
+
     def terminate_job(self, job_id: str, regions: list[str]) -> list[str]:
         """Terminate every instance tagged with the job; return their ids."""
 

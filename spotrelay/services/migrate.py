@@ -6,12 +6,12 @@ target); move the gang make-before-break.
    No capacity (or a quota): the pool cools down like any failed launch and
    ``InsufficientCapacityError`` sends the workflow back to the outcome wait; nothing else changed.
 2. Then a self-imposed notice to the old attempt: every rank is told CHECKPOINT_NOW with the
-   deadline = the new gang's expected ready time (``placement.review.ReviewConfig.boot_minutes``), so
-   the ranks keep training and take the final save as late as their flush allows, as after a spot
-   notice. Leaving ranks are DOOMED with that ``reclaim_at`` and drain (``release_after``): their
-   exit releases them, and the new ranks wait for them (agent ``wait_for_drain``) before they restore
-   from that save. Ranks that stay (growing in place) join the new attempt with a RESTART at the new
-   ``world_size``.
+   deadline = the new gang's expected ready time (``Compute.expected_boot_s`` of the target pool: by
+   instance type on EC2, ``recovery/boot.py``; the modeled boot in the twin), so the ranks keep
+   training and take the final save as late as their flush allows, as after a spot notice. Leaving
+   ranks are DOOMED with that ``reclaim_at`` and drain (``release_after``): their exit releases them,
+   and the new ranks wait for them (agent ``wait_for_drain``) before they restore from that save.
+   Ranks that stay (growing in place) join the new attempt with a RESTART at the new ``world_size``.
 3. The job record: the old attempt closes (its cost), the pool's observed hours are recorded, and the
    status walks RUNNING -> RECOVERING -> PLACING -> PROVISIONING -> STARTING one write at a time; no
    retry budget is spent and no pool cools down. The workflow then waits for the new gang (WaitReady).
@@ -29,7 +29,6 @@ from spotrelay.domain.models import Attempt, Job, Node, NodeState, node_id_for
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import InsufficientCapacityError, MoveCancelledError, QuotaExceededError
 from spotrelay.placement import PoolEvent
-from spotrelay.placement.review import DEFAULT_REVIEW
 from spotrelay.ports.compute import LaunchRequest
 from spotrelay.services.controller import Controller, attempt_nodes, spec_of
 from spotrelay.services.interruptions import _direct
@@ -87,7 +86,7 @@ def migrate(ctl: Controller, job_id: str, move: AttemptEnd, now: float,
         log.info("move: no capacity, staying", extra={"job_id": job_id, "pool": target.pool.key})
         raise
     ctl.pool_stats.record(target.pool.key, PoolEvent.LAUNCHED, now)
-    deadline = now + DEFAULT_REVIEW.boot_minutes * 60
+    deadline = now + ctl.need_compute().expected_boot_s(target.pool)  # the new gang's expected NodeReady
     _notice_self(ctl, job, leaving, deadline, move.reason, now)
     current = job.attempts[-1] if job.attempts else None
     if current is not None and current.pool is not None and current.started_at is not None:

@@ -1,20 +1,31 @@
-"""The controller's side of real agents in integration tests: an EventBridge rule on source
-``spotrelay.agent`` -> an SQS queue that a thread serves with the controller's real handler
-(``handle_agent_event``, as on_agent_event does). The agents write no record: this is the one writer
-of the node and job items the tests check."""
+"""Real agents in integration tests, both sides of them.
+
+- :class:`AgentEvents`, the controller's side: an EventBridge rule on source ``spotrelay.agent`` ->
+  an SQS queue that a thread serves with the controller's real handler (``handle_agent_event``, as
+  on_agent_event does). The agents write no record: this is the one writer of the node and job
+  items the tests check.
+- :class:`Instances`, the instances' side: a fake IMDS and a real agent process (``agent.main``)
+  per instance; ``stop`` ends whatever a test left running.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from spotrelay.adapters.aws import client
 from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
 from spotrelay.contracts.events import AGENT_SOURCE, parse_agent_event
+from spotrelay.local.fake_imds import FakeImds
 from spotrelay.services.controller import Controller
 from spotrelay.services.node_events import handle_agent_event
+from tests.conftest import ROOT
 
 
 class AgentEvents:
@@ -58,3 +69,34 @@ class AgentEvents:
 
     def of(self, kind: str, attempt: int) -> list[Any]:
         return [e for k, e in self.drain() if k == kind and e.attempt == attempt]
+
+
+class Instances:
+    """Test instances: a fake IMDS and an agent process each, in launch order, by instance id."""
+
+    def __init__(self) -> None:
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.imds: dict[str, FakeImds] = {}
+
+    def start(self, iid: str, az: str, work_dir: Path, settings: dict[str, Any]) -> subprocess.Popen[bytes]:
+        """An instance ``iid`` whose agent gets ``settings`` (as SPOTRELAY_AGENT_*), its own IMDS and
+        ``work_dir`` (the agent's log goes to ``work_dir/agent.log``)."""
+        imds = FakeImds(instance_id=iid, az=az).start()
+        self.imds[iid] = imds
+        agent = {"imds_endpoint": imds.url, "work_dir": work_dir, **settings}
+        env = {**os.environ, **{f"SPOTRELAY_AGENT_{k.upper()}": str(v) for k, v in agent.items()}}
+        work_dir.mkdir(parents=True, exist_ok=True)
+        with open(work_dir / "agent.log", "wb") as log:  # the child keeps its own descriptor
+            proc = subprocess.Popen([sys.executable, "-m", "agent.main"], cwd=ROOT, env=env, stdout=log,
+                                    stderr=subprocess.STDOUT)  # fmt: skip
+        self.procs[iid] = proc
+        return proc
+
+    def stop(self) -> None:
+        """Kill every agent still running and stop every IMDS (a test's teardown)."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for imds in self.imds.values():
+            imds.stop()

@@ -45,6 +45,7 @@ class ScriptedCompute:
         self.terminated: list[str] = []
         self.tried: list[str] = []  # pool keys, in launch order
         self.launched: list[LaunchRequest] = []
+        self.boot_s: dict[str, float] = {}  # instance type -> expected boot (a move's save deadline)
 
     def _error(self, p: Pool) -> type[Exception] | None:
         if callable(self._fail):
@@ -66,6 +67,9 @@ class ScriptedCompute:
             out.append(inst)
         self.profiles.add(request.job_id)
         return out
+
+    def expected_boot_s(self, pool: Pool) -> float:
+        return self.boot_s.get(pool.instance_type, 300.0)
 
     def terminate(self, instance_ids: list[str], region: str) -> None:
         for iid in instance_ids:

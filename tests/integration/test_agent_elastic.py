@@ -29,10 +29,9 @@ from spotrelay.contracts.events import Directive, DirectiveKind
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.domain.models import Job, Node, NodeState, Pool, node_id_for
 from spotrelay.domain.status import JobStatus
-from spotrelay.local.fake_imds import FakeImds
 from spotrelay.local.motoserver import free_port
 from spotrelay.local.reference import read_progress
-from tests.integration.agent_events import AgentEvents
+from tests.integration.agent_events import AgentEvents, Instances
 
 pytestmark = pytest.mark.slow
 
@@ -69,13 +68,12 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
     return {int(s): float(v) for s, v in json.loads(Path(f"{tmp / 'ref'}.rank0.json").read_text())["losses"]}
 
 
-class Nodes:
+class Nodes(Instances):
     """The instances: a fake IMDS and an agent process each (the survivor's lives through attempts)."""
 
     def __init__(self, store: DynamoDBJobStore, root: Path) -> None:
+        super().__init__()
         self.store, self.root = store, root
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.imds: list[FakeImds] = []
         self.spec_file = root / "spec.json"
         root.mkdir(parents=True, exist_ok=True)
         self.spec_file.write_text(json.dumps(_spec(root / "out")))
@@ -83,20 +81,12 @@ class Nodes:
     def launch(self, iid: str, attempt: int, rank: int, nodes: int, port: int, linger_s: float) -> None:
         self.store.put_node(Node(job_id=JOB, node_id=node_id_for(attempt, rank), attempt=attempt, rank=rank,
                                  instance_id=iid, pool=POOL, launched_at=time.time()))  # fmt: skip
-        imds = FakeImds(instance_id=iid, az=POOL.az).start()
-        self.imds.append(imds)
         disk = self.root / iid
-        agent = {
+        self.start(iid, POOL.az, disk, {
             "job_id": JOB, "attempt": attempt, "rank": rank, "nodes": nodes, "nproc_per_node": 1,
-            "config_uri": str(self.spec_file), "imds_endpoint": imds.url, "work_dir": disk,
-            "checkpoint_dir": disk / "ckpt", "master_port": port, "imds_poll_s": 0.5, "directive_poll_s": 0.5,
-            "heartbeat_s": 2, "stop_grace_s": 20, "linger_s": linger_s,
-        }  # fmt: skip
-        env = {**os.environ, **{f"SPOTRELAY_AGENT_{k.upper()}": str(v) for k, v in agent.items()}}
-        disk.mkdir()
-        with open(disk / "agent.log", "wb") as log:
-            self.procs[iid] = subprocess.Popen([sys.executable, "-m", "agent.main"], cwd=ROOT, env=env, stdout=log,
-                                               stderr=subprocess.STDOUT)  # fmt: skip
+            "config_uri": str(self.spec_file), "checkpoint_dir": disk / "ckpt", "master_port": port,
+            "imds_poll_s": 0.5, "directive_poll_s": 0.5, "heartbeat_s": 2, "stop_grace_s": 20, "linger_s": linger_s,
+        })  # fmt: skip
 
     def log(self, iid: str) -> str:
         return "".join(p.read_text()[-3000:] for p in sorted((self.root / iid).glob("*.log")))
@@ -108,14 +98,6 @@ class Nodes:
         """(step, global mean loss) of every step any rank computed, in any attempt (every run appends
         to the same ``--out`` prefix: the nodes share this test's directory)."""
         return [(int(s), float(v)) for pairs in read_progress(self.root / "out").values() for s, v in pairs]
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        for imds in self.imds:
-            imds.stop()
 
 
 @pytest.fixture

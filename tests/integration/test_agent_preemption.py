@@ -31,7 +31,7 @@ from spotrelay.domain.models import Job, Node, NodeState, Pool, node_id_for
 from spotrelay.domain.status import JobStatus
 from spotrelay.local.fake_imds import FakeImds
 from spotrelay.local.motoserver import free_port
-from tests.integration.agent_events import AgentEvents
+from tests.integration.agent_events import AgentEvents, Instances
 
 pytestmark = pytest.mark.slow
 
@@ -100,8 +100,15 @@ class Pair:
 
     attempt: int
     root: Path
-    imds: list[FakeImds] = field(default_factory=list)
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    nodes: Instances = field(default_factory=Instances)
+
+    @property
+    def procs(self) -> list[subprocess.Popen[bytes]]:
+        return list(self.nodes.procs.values())  # in rank order: launched so
+
+    @property
+    def imds(self) -> list[FakeImds]:
+        return list(self.nodes.imds.values())
 
     def control(self, rank: int) -> Path:
         return self.root / f"node{rank}" / "control"
@@ -123,12 +130,7 @@ class Pair:
         return "".join(p.read_text()[-3000:] for p in sorted(node.glob("*.log")))
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        for imds in self.imds:
-            imds.stop()
+        self.nodes.stop()
 
 
 @pytest.fixture
@@ -176,35 +178,12 @@ def start_pair(store: DynamoDBJobStore, pairs: list[Pair], attempt: int, root: P
         )
         if rank == 1:
             store.update_job(JOB, lambda j: j.model_copy(update={"attempt": attempt, "status": JobStatus.RUNNING}))
-        imds = FakeImds(instance_id=iid, az=POOL.az).start()
-        pair.imds.append(imds)
         node = root / f"node{rank}"
-        agent = {
-            "job_id": JOB,
-            "attempt": attempt,
-            "rank": rank,
-            "nodes": 2,
-            "nproc_per_node": 1,
-            "config_uri": str(spec_file),
-            "imds_endpoint": imds.url,
-            "work_dir": node,
-            "checkpoint_dir": node / "ckpt",
-            "master_port": port,
-            "imds_poll_s": 0.5,
-            "directive_poll_s": 0.5,
-            "heartbeat_s": 2,
-            "stop_grace_s": 20,
-            "linger_s": 0,
-        }
-        env = {**os.environ, **{f"SPOTRELAY_AGENT_{k.upper()}": str(v) for k, v in agent.items()}}
-        node.mkdir()
-        log = open(node / "agent.log", "wb")  # noqa: SIM115 - the child writes it
-        pair.procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "agent.main"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
-            )
-        )
-        log.close()
+        pair.nodes.start(iid, POOL.az, node, {
+            "job_id": JOB, "attempt": attempt, "rank": rank, "nodes": 2, "nproc_per_node": 1,
+            "config_uri": str(spec_file), "checkpoint_dir": node / "ckpt", "master_port": port, "imds_poll_s": 0.5,
+            "directive_poll_s": 0.5, "heartbeat_s": 2, "stop_grace_s": 20, "linger_s": 0,
+        })  # fmt: skip
     return pair
 
 

@@ -24,6 +24,7 @@ REVIEW = {"review_minutes": 0.05, "launch_at_notice": True}  # a review every 3 
 
 def test_a_gang_on_on_demand_moves_to_spot_make_before_break(wf: Harness) -> None:
     wf.market.prices = dict(DEAR_SPOT)
+    wf.compute.boot_s = {"p5.48xlarge": 1234.0, "p4d.24xlarge": 777.0}  # what the adapter expects per type
     job = new_job(wf.store, **REVIEW)
     arn = wf.start(job, TIMINGS)
     first = wf.agents_ready(1)
@@ -41,6 +42,10 @@ def test_a_gang_on_on_demand_moves_to_spot_make_before_break(wf: Harness) -> Non
     assert {n.instance_id for n in first} <= set(wf.compute.running(job.job_id))  # not released before the save
     launch = wf.compute.launched[-1]
     assert launch.gang == 2 and launch.ranks == [0, 1]
+    # the old ranks save by the new gang's expected NodeReady: the target instance type's boot
+    boot = wf.compute.boot_s[launch.pool.instance_type]
+    assert all(n.directive and n.directive["deadline"] - n.directive["issued_at"] == boot for n in old)
+    assert all(n.reclaim_at == n.directive["deadline"] for n in old if n.directive)
 
     # the old ranks commit the final save and exit: their exit releases them
     on_agent_event.handler(agent_event("CheckpointCommitted", first[0], step=30, uri="s3://b/ckpt/step-30/",
