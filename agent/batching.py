@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from agent.refusal import refusals
 from spotrelay.errors import BatchPlanError, CorruptCheckpointError
 
 log = logging.getLogger("spotrelay.training")
@@ -42,10 +43,12 @@ class BatchPlan:
         if self.micro_batch < 1 or self.global_batch < 1:
             raise BatchPlanError(f"global batch {self.global_batch} and micro-batch {self.micro_batch} must be >= 1")
         if self.global_batch % per_step:
+            todo = (f"run on a world size that divides {self.global_batch // self.micro_batch} or change the "
+                    "micro-batch" if self.global_batch % self.micro_batch == 0
+                    else f"use a micro-batch that divides {self.global_batch}")
             raise BatchPlanError(
                 f"global batch {self.global_batch} cannot be split over {self.world_size} ranks of micro-batch "
-                f"{self.micro_batch} (it needs a multiple of {per_step}); run on a world size that divides "
-                f"{self.global_batch // self.micro_batch} or change the micro-batch"
+                f"{self.micro_batch} (it needs a multiple of {per_step}); {todo}"
             )
 
     @property
@@ -63,8 +66,13 @@ def _world() -> tuple[int, int]:
 def recorded_global_batch(**config: Any) -> int | None:
     """The global batch the newest readable checkpoint was trained with (None: no checkpoint, or
     one written before the batch was recorded). Rank 0 reads it; every rank gets the same answer."""
+    return _recorded(**config)[0]
+
+
+def _recorded(**config: Any) -> tuple[int | None, str]:
+    """(recorded global batch, the checkpoint that recorded it), the same on every rank."""
     rank, _ = _world()
-    found: list[int | None] = [None]
+    found: list[tuple[int | None, str]] = [(None, "")]
     if rank == 0:
         found = [_newest_global_batch(**config)]
     if dist.is_available() and dist.is_initialized():
@@ -72,7 +80,7 @@ def recorded_global_batch(**config: Any) -> int | None:
     return found[0]
 
 
-def _newest_global_batch(**config: Any) -> int | None:
+def _newest_global_batch(**config: Any) -> tuple[int | None, str]:
     from agent.checkpoint.config import SessionConfig
     from agent.checkpoint.local_tier import LocalTier
     from agent.checkpoint.restore import candidates
@@ -83,18 +91,18 @@ def _newest_global_batch(**config: Any) -> int | None:
     s3 = S3Tier(cfg.checkpoint_uri) if cfg.checkpoint_uri else None
     try:
         for step in candidates(local, s3):
-            manifest = None
+            manifest, where = None, str(local.step_dir(step))
             try:
                 if (local.step_dir(step) / "manifest.json").is_file():
                     manifest = local.manifest(step)
                 elif s3 is not None:
-                    manifest = s3.manifest(step)
+                    manifest, where = s3.manifest(step), s3.step_uri(step)
             except CorruptCheckpointError:
                 continue  # resume skips it too
             if manifest is not None:
                 value = manifest.data_state.get("global_batch")
-                return int(value) if value else None
-        return None
+                return (int(value) if value else None), where
+        return None, ""
     finally:
         if s3 is not None:
             s3.close()
@@ -105,15 +113,24 @@ def plan_batch(micro_batch: int, global_batch: int | None = None, **config: Any)
 
     ``global_batch`` None: the one recorded in the newest checkpoint, so a resume on another
     world size keeps it; without a checkpoint, ``micro_batch * world`` (no accumulation). A world
-    that cannot divide it raises BatchPlanError before any training. ``config``: the
+    that cannot divide it raises BatchPlanError before any training (naming the checkpoint when the
+    batch came from one) and tells the agent (exit REFUSED, agent.refusal). ``config``: the
     SessionConfig defaults that locate the checkpoints (checkpoint_dir, ...).
     """
+    from agent.checkpoint.config import SessionConfig
+
     rank, world = _world()
-    recorded = recorded_global_batch(**config)
+    recorded, where = _recorded(**config)
     chosen = global_batch or recorded or micro_batch * world
     if global_batch and recorded and global_batch != recorded:
         log.warning("global batch %d given; the checkpoint was trained with %d", global_batch, recorded)
-    return BatchPlan(global_batch=chosen, micro_batch=micro_batch, world_size=world, rank=rank)
+    with refusals(SessionConfig.from_env(**config).control_dir, world_size=world):
+        try:
+            return BatchPlan(global_batch=chosen, micro_batch=micro_batch, world_size=world, rank=rank)
+        except BatchPlanError as exc:
+            if global_batch or not recorded:
+                raise
+            raise BatchPlanError(f"{where}: trained with global batch {recorded}, which a resume keeps: {exc}") from exc
 
 
 class GlobalBatchSampler:

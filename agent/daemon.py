@@ -24,7 +24,7 @@ from agent.launcher import EXIT_DIR, LaunchPlan, Rendezvous, TrainingProcess, bu
 from agent.log_shipper import LogShipper, LogSink
 from agent.monitors import DirectiveMonitor, Monitor, Notice, NoticeKind, RebalanceMonitor, SpotInterruptionMonitor
 from agent.notice_store import NoticeStore
-from agent.output_tail import failure_tail
+from agent.output_tail import bound, failure_tail
 from agent.reporting import Reporter, info, warn
 from agent.spare import Prefetch, wait_for_drain
 from agent.succession import Succession, joined_config  # noqa: F401  (joined_config: re-exported)
@@ -71,6 +71,7 @@ class Agent(Succession):
         self.hang = HangWatch(self.control, None, clock)
         self.hang_action: HealthAction | None = None
         self.unhealthy: str | None = None  # why the health policy stopped training on this node
+        self.refused: str | None = None  # why the trainer refused to start (a "refused" event, agent.refusal)
         self._metrics_at = 0  # bytes of metrics.jsonl already sent to MLflow
         self.log_sink = log_sink
         self.shipper: LogShipper | None = None
@@ -171,6 +172,7 @@ class Agent(Succession):
         c.work_dir.mkdir(parents=True, exist_ok=True)
         self.hang = HangWatch(self.control, spec.health.hang_after_s if spec.health.enabled else None, self.clock)
         self.hang_action, self.unhealthy = spec.health.action(AnomalyKind.HANG), None
+        self.refused = None
         log_path = c.work_dir / f"train-a{c.attempt}.log"
         self.shipper = LogShipper(self.log_sink, c.job_id, c.attempt, c.rank, log_path) if self.log_sink else None
         with open(log_path, "ab") as log:
@@ -192,13 +194,16 @@ class Agent(Succession):
         )
         if self.unhealthy:
             exit_code, reason = ExitCode.UNHEALTHY, self.unhealthy
+        tail = failure_tail(exit_code, self.control / EXIT_DIR, log_path)
+        if self.refused is not None and exit_code != ExitCode.DONE:  # whatever code the script chose
+            exit_code, reason, tail = ExitCode.REFUSED, f"refused: {self.refused}", bound(self.refused)
         last = self.responder.last_committed
         self.reporter.training_exited(
             exit_code,
             reason,
             control.read_progress(self.control),
             last.step if last else None,
-            failure_tail(exit_code, self.control / EXIT_DIR, log_path),
+            tail,
         )
         if self.tracking:
             ckpt_dir = Path(env[control.ENV_CHECKPOINT_DIR])
@@ -270,6 +275,9 @@ class Agent(Succession):
         for event in events:
             if self.tracking and event.kind == "checkpoint_committed":
                 self.tracking.checkpoint(event.step, event.duration_s, event.emergency, event.stall_s)
+            if event.kind == "refused" and self.refused is None:
+                self.refused = event.detail
+                warn("the trainer refused to start", detail=event.detail)
             if event.kind == "resumed" and self.config.rank == 0:  # what was restored, not what launch guessed
                 self.reporter.training_resumed(event.step)
                 if self.tracking:

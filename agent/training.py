@@ -31,6 +31,7 @@ from agent.checkpoint.restore import agree_on_step
 from agent.checkpoint.s3_tier import S3Tier
 from agent.checkpoint.state import load_trainer_state, trainer_file
 from agent.notice_window import Margin, NoticeTraining, SaveLike
+from agent.refusal import refusals
 from agent.session_data import SessionData
 from agent.session_health import SessionHealth
 from agent.stop import RequestPoller, agree, all_ok, any_rank, gather_ids
@@ -119,11 +120,12 @@ class Session(SessionData):
         manifest = self.local.manifest(step)
         step_dir = self.local.step_dir(step)
         cfg = self.config
-        check_manifest(manifest, step_dir, self.engine.kind, cfg.spec_hash, cfg.code_hash, cfg.allow_spec_change)
         saved_world = manifest.world_size
-        if saved_world != self.topo.world_size:
-            self._check_resizable(step_dir, saved_world)
-        self.engine.load(self.local.root, step_dir, manifest)
+        with refusals(cfg.control_dir, self.topo.world_size):  # checked before anything loads
+            check_manifest(manifest, step_dir, self.engine.kind, cfg.spec_hash, cfg.code_hash, cfg.allow_spec_change)
+            if saved_world != self.topo.world_size:
+                self._check_resizable(step_dir, saved_world)
+            self.engine.load(self.local.root, step_dir, manifest)
         own = self.topo.rank < saved_world  # a rank the saved world did not have takes rank 0's counters
         self._load_trainer_state(load_trainer_state(trainer_file(step_dir, self.topo.rank if own else 0)), own)
         self.resumed_from = self._last_saved = step

@@ -70,7 +70,8 @@ class StopRequest(BaseModel):
 class TrainerEvent(BaseModel):
     model_config = ConfigDict(extra="forbid")
     # "checkpoint_committed" | "notice_training" | "stopping" | "resumed" | "first_step" (the first
-    # step this run finished: training is back, at ``world_size`` ranks) | "anomaly"
+    # step this run finished: training is back, at ``world_size`` ranks) | "anomaly" | "refused"
+    # (the run refused to start: ``detail`` says why; the agent reports exit REFUSED)
     kind: str
     step: int
     uri: str = ""
@@ -83,6 +84,7 @@ class TrainerEvent(BaseModel):
     stall_s: float | None = None  # checkpoint_committed: what the training loop waited for the snapshot
     attempt: int | None = None  # the attempt the trainer runs in (SPOTRELAY_ATTEMPT), stamped on every event
     world_size: int | None = None  # ranks in this run, stamped on every event
+    detail: str = ""  # kind "refused": the error (the checkpoint, what differs, what to do)
 
 
 def write_atomic(path: Path, text: str) -> None:

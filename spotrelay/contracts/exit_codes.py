@@ -20,6 +20,10 @@ class ExitCode(IntEnum):
     """Stopped by a STOP directive without a save (job cancelled)."""
     UNHEALTHY = 79
     """Stopped by the health policy (``stop``, or rollbacks spent); counts as a user error."""
+    REFUSED = 80
+    """The trainer refused to start: a checkpoint this run cannot use (another engine, model, spec or
+    layout) or a global batch its world cannot split. The agent reports it whatever code the script
+    exited with (the trainer's ``refused`` event says so); never retried: the job fails with the reason."""
 
     @classmethod
     def describe(cls, code: int) -> str:

@@ -3,6 +3,8 @@
 - interrupted, node-lost and infra-error ends spend a recovery (``max_recoveries``);
 - user-error ends spend a user restart (``max_user_restarts``), and only for codes in
   ``retry_exit_codes`` when that list is not empty (empty means: any user exit code);
+- a refusal (exit REFUSED: a checkpoint the trainer cannot use, a global batch its world cannot
+  split) is never retried, whatever the lists say: the next attempt would refuse the same checkpoint;
 - succeeded and cancelled ends are never retried.
 
 When the budget is spent, ``RetryBudgetExhaustedError`` says which limit and why the attempt ended;
@@ -15,6 +17,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
+from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.contracts.recovery import AttemptEnd, Verdict
 from spotrelay.errors import RetryBudgetExhaustedError
 from spotrelay.spec.models import Recovery
@@ -41,6 +44,8 @@ def check_retry_budget(
         raise ValueError(f"an attempt that ended {outcome.outcome} is not retried")
     if outcome.outcome is Verdict.USER_ERROR:
         code = outcome.exit_code
+        if code == ExitCode.REFUSED:
+            raise RetryBudgetExhaustedError(f"{outcome.reason}; not retried: every attempt would refuse it alike")
         if policy.retry_exit_codes and code not in policy.retry_exit_codes:
             raise RetryBudgetExhaustedError(
                 f"{outcome.reason}; exit code {code} is not in retry_exit_codes {policy.retry_exit_codes}"

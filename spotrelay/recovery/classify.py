@@ -7,8 +7,10 @@ Precedence, highest first (the first that applies names the verdict):
 2. a spot notice for any node, or a rank exited PREEMPTED_SAVED/UNSAVED -> INTERRUPTED
 3. a node gone without notice (state change, stale heartbeat) -> NODE_LOST
 4. every rank exited DONE -> SUCCEEDED
-5. a rank exited with a user code (1, or any code without a meaning of its own) -> USER_ERROR;
-   other ranks usually die of the broken collective then, so this outranks infra errors
+5. a rank refused to start (REFUSED: a checkpoint it cannot use, a batch its world cannot split),
+   or exited with a user code (1, or any code without a meaning of its own) -> USER_ERROR;
+   other ranks usually die of the broken collective then, so this outranks infra errors. A refusal
+   is named first and keeps its code, so the retry budget can fail it at once
 6. a rank exited INFRA_ERROR or was killed by a signal -> INFRA_ERROR (its node is suspect)
 
 ``lost_ranks`` are the ranks whose nodes must be replaced: doomed and lost nodes, and for an
@@ -61,6 +63,10 @@ def classify_attempt(
                           reason=f"nodes of ranks {lost} lost without notice", lost_ranks=gone)
     if exit_codes and all(c == 0 for c in exit_codes.values()):
         return AttemptEnd(outcome=Verdict.SUCCEEDED, attempt=attempt, reason="every rank exited 0", exit_code=0)
+    hit = _first(exit_codes, {int(ExitCode.REFUSED)})
+    if hit:
+        return AttemptEnd(outcome=Verdict.USER_ERROR, attempt=attempt, reason=f"the trainer refused to start on "
+                          f"rank {hit[0]} (exit {hit[1]})", exit_code=hit[1], rank=hit[0])  # fmt: skip
     hit = _first(exit_codes, user=True)
     if hit:
         return AttemptEnd(outcome=Verdict.USER_ERROR, attempt=attempt,

@@ -104,6 +104,24 @@ def test_user_error_follows_the_restart_policy(wf: Harness) -> None:
     assert wf.compute.running(job.job_id) == []
 
 
+def test_a_refused_checkpoint_fails_the_job_once_with_the_message(wf: Harness) -> None:
+    """Exit 80 (the agent saw the trainer's ``refused`` event): FAILED after one attempt, whatever the
+    restart policy, the message in the reason, nothing left running."""
+    job = new_job(wf.store, max_user_restarts=3)
+    arn = wf.start(job)
+    nodes = wf.agents_ready(1)
+    why = "/c/step-00000004: saved under job spec aaa, this run's spec is bbb; resume with the spec that wrote it"
+    on_agent_event.handler(agent_event("TrainingExited", nodes[0], exit_code=80, reason=f"refused: {why}",
+                                       output_tail=why), ctx())  # fmt: skip
+    wf.exit_all(nodes[1:], 1)  # the other rank dies of the broken collective
+    assert wf.finished(arn)["status"] == "FAILED"
+    final = wf.job()
+    assert final.status is JobStatus.FAILED and final.attempt == 1 and final.user_restarts == 0
+    assert "refused to start on rank 0 (exit 80)" in final.reasons[-1] and why in final.reasons[-1]
+    assert "not retried" in final.reasons[-1]
+    assert wf.compute.running(job.job_id) == []
+
+
 def test_cancel_while_waiting_for_capacity(wf: Harness) -> None:
     wf.compute._fail = lambda pool, n: CAPACITY
     job = new_job(wf.store)

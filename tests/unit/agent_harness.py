@@ -41,6 +41,12 @@ if mode.startswith("stall"):
     from agent.hang import register_stack_dump
     register_stack_dump(ctl, 0)
 first_start = (ctl / "starts").read_text() == "x"
+if mode == "refuse":  # the training API refusing a checkpoint, then the script's own traceback (exit 1)
+    from agent.refusal import refusals
+    from spotrelay.errors import IncompatibleCheckpointError
+    with refusals():
+        raise IncompatibleCheckpointError("/ckpt/step-00000004: written by a DeepSpeed session, this run is a "
+                                          "torch DDP/FSDP session; resume it with the engine that wrote it")
 def commit(step, emergency=False, deadline=None, request_id=None):
     control.append_event(ctl, control.TrainerEvent(kind="checkpoint_committed", step=step, uri=f"s3://b/step-{step}",
         duration_s=0.05, emergency=emergency, deadline=deadline, request_id=request_id, time=time.time()))

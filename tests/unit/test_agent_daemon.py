@@ -259,3 +259,16 @@ def test_training_output_is_shipped_off_the_node(tmp_path: Path, imds: FakeImds)
     assert finish(thread, result) == ExitCode.DONE
     assert [text for *_, text in shipped if text.startswith("step")] == ["step 1", "step 2", "step 3", "step 4"]
     assert {(j, a, r) for j, a, r, _ in shipped} == {("j-1", 1, 0)}
+
+
+def test_a_refused_checkpoint_is_reported_as_refused_with_the_message(tmp_path: Path, imds: FakeImds) -> None:
+    """The script dies of the refusal (traceback, exit 1); its ``refused`` event makes it exit 80 with the
+    message as the output tail, so the controller fails the job once instead of retrying a user error."""
+    _, store, recorder, thread, result = run_agent(tmp_path, imds, mode="refuse")
+    assert finish(thread, result) == ExitCode.REFUSED
+    [exited] = recorder.of("TrainingExited")
+    assert exited["exit_code"] == ExitCode.REFUSED and exited["reason"].startswith("refused: /ckpt/step-00000004")
+    node = store.get_node("j-1", "a1-r0")
+    assert node.exit_code == ExitCode.REFUSED and node.output_tail is not None
+    assert node.output_tail.startswith("/ckpt/step-00000004: written by a DeepSpeed session")
+    assert (tmp_path / "control" / "starts").read_text() == "x"  # not relaunched on the node either

@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from agent.batching import plan_batch
 from agent.checkpoint.compat import check_manifest, check_parameters
 from agent.checkpoint.manifest import Manifest
 from agent.training import spotrelay_session
-from spotrelay.errors import IncompatibleCheckpointError
+from spotrelay.contracts.control import read_events
+from spotrelay.errors import BatchPlanError, IncompatibleCheckpointError
 
 
 def _manifest(**fields: object) -> Manifest:
@@ -77,3 +79,40 @@ def test_a_different_model_is_refused_and_the_checkpoint_is_left_as_it_was(tmp_p
     assert "0.weight saved (4, 4), now (8, 4)" in str(err.value)
     resumed.close()
     assert _digest(tmp_path) == before
+
+
+def test_a_refusal_is_recorded_for_the_agent_and_changes_nothing(tmp_path: Path) -> None:
+    """The session appends a ``refused`` event with the message (the agent reports exit 80 from it)."""
+    torch.manual_seed(0)
+    ckpt, control_dir = tmp_path / "ckpt", tmp_path / "control"
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    session = spotrelay_session(model, optimizer, checkpoint_dir=ckpt, spec_hash="aaa", control_dir=control_dir)
+    for _ in session.steps(1):
+        optimizer.step()
+    assert session.close() == 0
+    before = _digest(ckpt)
+
+    other = spotrelay_session(model, optimizer, checkpoint_dir=ckpt, spec_hash="bbb", control_dir=control_dir)
+    with pytest.raises(IncompatibleCheckpointError) as err:
+        list(other.steps(2))  # the loop resumes first
+    other.close()
+    events, _ = read_events(control_dir)
+    [refused] = [e for e in events if e.kind == "refused"]
+    assert refused.detail == str(err.value) and "saved under job spec aaa" in refused.detail
+    assert [e.kind for e in events if e.kind in ("resumed", "first_step")] == ["first_step"]  # the first run's only
+    assert _digest(ckpt) == before
+
+
+def test_a_world_that_cannot_split_the_recorded_global_batch_names_the_checkpoint(tmp_path: Path) -> None:
+    ckpt, control_dir = tmp_path / "ckpt", tmp_path / "control"
+    step_dir = ckpt / "step-00000003"
+    step_dir.mkdir(parents=True)
+    (step_dir / "manifest.json").write_text(_manifest(step=3, data_state={"global_batch": 12}).model_dump_json())
+    with pytest.raises(BatchPlanError) as err:  # one rank (no process group) of micro-batch 5
+        plan_batch(5, checkpoint_dir=ckpt, control_dir=control_dir)
+    text = str(err.value)
+    assert text.startswith(f"{step_dir}: trained with global batch 12, which a resume keeps")
+    assert "cannot be split over 1 ranks of micro-batch 5" in text
+    events, _ = read_events(control_dir)
+    assert [(e.kind, e.detail) for e in events] == [("refused", text)]

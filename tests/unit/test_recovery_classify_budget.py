@@ -84,6 +84,16 @@ def test_user_errors_follow_the_restart_policy() -> None:
     assert check_retry_budget(only_oom, classify_attempt({1: 137}), 0, 2).user_restarts == 3
 
 
+def test_a_refusal_is_named_first_and_never_retried() -> None:
+    """Exit 80 (REFUSED): the trainer refused its checkpoint; every attempt would refuse it alike."""
+    refused = classify_attempt({0: 77, 1: 1, 2: 80})  # peers die of the broken collective around it
+    assert (refused.outcome, refused.rank, refused.exit_code) == (Verdict.USER_ERROR, 2, 80)
+    assert "refused to start on rank 2" in refused.reason
+    for policy in (Recovery(max_user_restarts=5), Recovery(max_user_restarts=5, retry_exit_codes=[80])):
+        with pytest.raises(RetryBudgetExhaustedError, match="not retried: every attempt would refuse it alike"):
+            check_retry_budget(policy, refused, 0, 0)
+
+
 def test_finished_attempts_are_not_retried() -> None:
     with pytest.raises(ValueError):
         check_retry_budget(Recovery(), classify_attempt({0: 0}), 0, 0)
