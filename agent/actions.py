@@ -63,7 +63,7 @@ def classify_exit(
         return ExitCode.INFRA_ERROR, f"launcher failed ({launcher_code}) after every rank finished"
     if nonzero:
         known = {int(c) for c in ExitCode}
-        user = [c for c in nonzero if c not in known or c == ExitCode.USER_ERROR]
+        user = [c for c in nonzero if c not in known or c in (ExitCode.USER_ERROR, ExitCode.REFUSED)]
         if user:
             return user[0], f"user-error: a rank exited {user[0]}"
         for code in (ExitCode.INFRA_ERROR, ExitCode.PREEMPTED_UNSAVED, ExitCode.CANCELLED, ExitCode.PREEMPTED_SAVED):

@@ -146,6 +146,7 @@ def test_classify_exit() -> None:
     assert classify_exit(1, {0: 76}, stop, False, False)[0] == ExitCode.PREEMPTED_UNSAVED
     assert classify_exit(1, {0: 75, 1: 3}, stop, True, False) == (3, "user-error: a rank exited 3")
     assert classify_exit(1, {0: 78}, cancel, False, False)[0] == ExitCode.CANCELLED
+    assert classify_exit(1, {0: 80, 1: 77}, None, False, False)[0] == ExitCode.REFUSED  # a rank's own 80 stays
     # no rank recorded a code (killed under us)
     assert classify_exit(-9, {}, stop, True, True)[0] == ExitCode.PREEMPTED_SAVED
     assert classify_exit(-9, {}, stop, False, True)[0] == ExitCode.PREEMPTED_UNSAVED
