@@ -28,7 +28,7 @@ from spotrelay.local import demo_report as report
 from spotrelay.local.chaos import ChaosDriver, Fired, node_step, places_of
 from spotrelay.local.code_delivery import deliver_script_dir
 from spotrelay.local.compute import LocalInstance
-from spotrelay.local.demo_elastic import ElasticScript, elastic_spec
+from spotrelay.local.demo_elastic import SMALL_REFERENCE, ElasticScript, elastic_spec
 from spotrelay.local.demo_summary import RESULT, print_summary, summarize
 from spotrelay.local.demo_view import EventLog, render
 from spotrelay.local.dispatcher import Delivery
@@ -192,6 +192,11 @@ def run_demo(opts: DemoOptions) -> report.Summary:
     log = EventLog(t0)
     # The three slow starts overlap: the reference run, MLflow's store migrations, the twin.
     ref_proc = start_reference(spec, (out / "reference").resolve(), Path.cwd()) if opts.reference else None
+    # elastic: the same run straight through on the smallest gang, for where the two world sizes' own
+    # numerics part (demo_elastic.judge)
+    small = spec.resources.smallest_gang
+    small_proc = start_reference(spec, (out / SMALL_REFERENCE).resolve(), Path.cwd(), small) \
+        if opts.reference and elastic and small < spec.resources.nodes else None
     # a process, not a thread: MLflow's first open (SQLite migrations) is slow and would hold our GIL
     mlflow_ready = subprocess.Popen(
         [sys.executable, "-c", ENSURE_EXPERIMENT, tracking_uri, experiment, str(out / "mlartifacts")],
@@ -246,13 +251,16 @@ def run_demo(opts: DemoOptions) -> report.Summary:
         if ref_proc is not None:
             _mark(log, "waiting for the reference run")
             _wait(ref_proc, 120)
+        if small_proc is not None:
+            _wait(small_proc, 120)
         _mark(log, "summarizing")
         summary = summarize(opts, twin, rec, market, spec.resources.nodes, tracking_uri, experiment, t0)
     finally:
         chaos.stop()
         twin.stop()
-        if ref_proc is not None and ref_proc.poll() is None:
-            ref_proc.kill()
+        for proc in (ref_proc, small_proc):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
     (out / "events.json").write_text(json.dumps(log.all(), indent=1))
     if opts.json_path:
         opts.json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,12 @@ steps after that resume, capacity returns and the controller grows the gang back
 boundary. Judged: some attempt trained on fewer nodes, the last one on all of them, and every step's
 loss is within ``LOSS_RTOL`` (relative) of the uninterrupted reference at the same global batch
 (not bit for bit: a different number of ranks sums the gradients in another order).
+
+How long that can hold is the model's numerics, not the resume's: an uninterrupted run on the
+smallest gang (``SMALL_REFERENCE``, run beside the reference) drifts from the full-size one by
+rounding, which training amplifies (examples/tiny with DeepSpeed ZeRO-2: bit-identical at 1 and 2
+ranks until step 143, then 4e-8, growing to 8e-4 by step 199). Steps from the first one where the two
+uninterrupted runs themselves differ by more than ``LOSS_RTOL`` are reported, not judged.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ if TYPE_CHECKING:
     from spotrelay.local.twin import Twin
 
 LOSS_RTOL = 1e-4
+SMALL_REFERENCE = "reference-min"  # the demo's folder for the uninterrupted run on the smallest gang
 REVIEW_MINUTES = 0.5
 
 
@@ -143,22 +150,34 @@ def every_loss(twin: Twin) -> list[tuple[int, float]]:
             for pairs in read_progress(li.work_dir / RESULT).values() for step, loss in pairs]  # fmt: skip
 
 
+def _rel(value: float, ref: float) -> float:
+    return abs(value - ref) / max(abs(ref), 1e-12)
+
+
 def judge(
-    losses: list[tuple[int, float]], reference: dict[int, float], sizes: dict[int, int], nodes: int
+    losses: list[tuple[int, float]], reference: dict[int, float], sizes: dict[int, int], nodes: int,
+    small_reference: dict[int, float] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
-    """Facts for the summary and the problems: the world sizes, the loss agreement with the reference."""
+    """Facts for the summary and the problems: the world sizes, the loss agreement with the reference
+    (up to the step where the uninterrupted runs on the full and the smallest gang part, if they do)."""
     problems: list[str] = []
     ran = [sizes[a] for a in sorted(sizes)]
     if not any(n < nodes for n in ran):
         problems.append(f"no attempt trained on fewer than {nodes} nodes (world sizes {ran})")
     if not ran or ran[-1] != nodes:
         problems.append(f"the job did not grow back to {nodes} nodes (world sizes {ran})")
-    compared = [(step, value) for step, value in losses if step in reference]
-    worst = max((abs(v - reference[s]) / max(abs(reference[s]), 1e-12) for s, v in compared), default=0.0)
+    shared = sorted(s for s in (small_reference or {}) if s in reference)
+    apart = next((s for s in shared if _rel((small_reference or {})[s], reference[s]) > LOSS_RTOL), None)
+    within = [(step, value) for step, value in losses if step in reference]
+    compared = [(step, value) for step, value in within if apart is None or step < apart]
+    worst = max((_rel(v, reference[s]) for s, v in compared), default=0.0)
     if not compared:
         problems.append("no step's loss could be compared with the reference")
     elif worst > LOSS_RTOL:
         problems.append(f"a step's loss is {worst:.2e} (relative) off the reference; the target is {LOSS_RTOL:.0e}")
     facts = {"world_sizes": ran, "losses_compared": len(compared), "loss_max_rel_diff": worst,
-             "loss_rtol": LOSS_RTOL}  # fmt: skip
+             "loss_rtol": LOSS_RTOL, "numerics_apart_at_step": apart,
+             "loss_max_rel_diff_all_steps": max((_rel(v, reference[s]) for s, v in within), default=0.0),
+             "straight_runs_max_rel_diff": max((_rel((small_reference or {})[s], reference[s]) for s in shared),
+                                               default=None)}  # fmt: skip
     return facts, problems

@@ -138,7 +138,9 @@ def summarize(
     elastic_facts: dict[str, Any] = {}
     if elastic:
         sizes = demo_elastic.world_sizes(rec.nodes)
-        elastic_facts, found = demo_elastic.judge(demo_elastic.every_loss(twin), ref_losses, sizes, nodes)
+        small = _losses(read_results((opts.out / demo_elastic.SMALL_REFERENCE / RESULT).resolve()))
+        elastic_facts, found = demo_elastic.judge(demo_elastic.every_loss(twin), ref_losses, sizes, nodes,
+                                                  small or None)
         problems += found
     faults = rec.faults
     events = node_events(twin)
@@ -208,6 +210,15 @@ def _parts(parts: dict[str, float] | None) -> str:
             f"{parts['restart']}s)")
 
 
+def _apart(facts: dict[str, Any]) -> str:
+    step = facts.get("numerics_apart_at_step")
+    if step is None:
+        return ""
+    return (f"; from step {step} uninterrupted runs on the full and the smallest gang differ by up to "
+            f"{facts['straight_runs_max_rel_diff']:.1e} themselves (rounding): not judged there, this run "
+            f"{facts['loss_max_rel_diff_all_steps']:.1e}")
+
+
 def _pct(share: float | None) -> str:
     return "?" if share is None else f"{share:.0%}"
 
@@ -221,7 +232,8 @@ def print_summary(console: Console, s: report.Summary) -> None:
     if s.elastic:
         table.add_row("elastic", f"world sizes by attempt {s.elastic['world_sizes']} nodes; "
                                  f"{s.elastic['losses_compared']} step losses within "
-                                 f"{s.elastic['loss_max_rel_diff']:.1e} (relative) of the reference")
+                                 f"{s.elastic['loss_max_rel_diff']:.1e} (relative) of the reference"
+                                 + _apart(s.elastic))
     for r in s.recoveries:
         if r["downtime_s"] is None:
             table.add_row(f"downtime after {r['kind']}", "training did not resume (not measured)")

@@ -13,12 +13,13 @@ from typing import Any
 from spotrelay.spec.models import JobSpec
 
 
-def reference_command(spec: JobSpec, out_prefix: Path, checkpoint_dir: Path) -> list[str]:
-    """torchrun with every node's processes on one host; the script's own args plus our outputs."""
+def reference_command(spec: JobSpec, out_prefix: Path, checkpoint_dir: Path, nodes: int | None = None) -> list[str]:
+    """torchrun with every node's processes on one host (``nodes``: default the spec's); the script's
+    own args plus our outputs."""
     entry = spec.entrypoint
     if entry.script is None:
         raise ValueError("the reference run needs a spec with entrypoint.script")
-    nproc = spec.resources.nodes * max(spec.resources.gpus_per_node, 1)
+    nproc = (nodes or spec.resources.nodes) * max(spec.resources.gpus_per_node, 1)
     return [
         sys.executable,
         "-m",
@@ -47,11 +48,11 @@ def strip_out(args: list[str]) -> list[str]:
     return out
 
 
-def start_reference(spec: JobSpec, work: Path, code_dir: Path) -> subprocess.Popen[bytes]:
+def start_reference(spec: JobSpec, work: Path, code_dir: Path, nodes: int | None = None) -> subprocess.Popen[bytes]:
     work.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPOTRELAY_", "AWS_"))}
     env.update(spec.entrypoint.env)
-    cmd = reference_command(spec, work / "result", work / "checkpoints")
+    cmd = reference_command(spec, work / "result", work / "checkpoints", nodes)
     (work / "started").touch()
     log = open(work / "train.log", "wb")  # noqa: SIM115 - the child owns it
     try:
