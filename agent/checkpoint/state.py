@@ -48,8 +48,9 @@ def restore_rng(state: dict[str, Any]) -> None:
     keys = npst["keys"].numpy().astype(np.uint32)
     np.random.set_state(("MT19937", keys, npst["pos"], npst["has_gauss"], npst["cached"]))
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if state["cuda"] and torch.cuda.is_available():  # a node with fewer devices restores the ones it has
+        for device, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, device)
 
 
 class Buffers(Protocol):
