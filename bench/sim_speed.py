@@ -2,10 +2,11 @@
 
     .venv/bin/python bench/sim_speed.py [--jobs 100] [--months 10] [--nodes 32] [--market g4dn|synthetic]
 
-Prints, per market, the simulated events, the wall and CPU seconds and the events per second, for
-spotrelay alone (the policy that walks the ASL and calls the shipped decisions) and for every policy
-together, and the wall time against the 60 s target. Wall time on a shared machine moves with its
-load; the CPU seconds are the steadier figure.
+Prints, per market, the simulated events, the wall and CPU seconds and the events per CPU-second, for
+spotrelay alone (the policy that walks the ASL and calls the shipped decisions) and with
+``--all-policies`` for every policy together, and both scaled to 1,000 job-months against the 60 s
+target. Wall time on a shared machine moves with its load; the target is judged on CPU seconds,
+the steadier figure (``--jobs 10`` measures a tenth of the default and scales it).
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ def main() -> int:
             report = simulate(opts)
             wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
             what = "spotrelay" if len(policies) == 1 else f"all {len(policies)} policies"
+            per_k = 1000.0 / (job_months * len(policies))  # seconds per 1,000 job-months (per policy)
             print(f"{name:9} {what:16} {job_months:,.0f} job-months x {len(policies)}: {report.events:>10,} events, "
                   f"{wall:6.1f} s wall, {cpu:6.1f} s CPU, {report.events / cpu:>9,.0f} events/CPU-s; "
-                  f"{job_months * len(policies) / wall:,.0f} job-months/s wall "
-                  f"({'met' if wall <= 60 * len(policies) else 'NOT met'}: <= 60 s per 1,000 job-months)")
+                  f"per 1,000 job-months {wall * per_k:,.0f} s wall, {cpu * per_k:,.0f} s CPU "
+                  f"({'met' if cpu * per_k <= 60 else 'NOT met'} on CPU: <= 60 s)")
     return 0
 
 

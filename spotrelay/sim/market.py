@@ -30,6 +30,7 @@ import bisect
 import fnmatch
 import random
 import zlib
+from array import array
 from dataclasses import dataclass, field
 
 from spotrelay.domain.models import Pool
@@ -42,19 +43,29 @@ SCORE_NOISE = 1.5  # standard deviation of a derived placement score, in score p
 SCORE_WINDOW_S = 600.0  # a derived score's noise is redrawn every 10 minutes
 
 
-_NOISE: dict[tuple[int, str, int], float] = {}  # (seed, pool, window) -> noise, the current window only
+# (seed, pool key) -> noise per window (NaN: not drawn yet): every job of a seed shares the market, so
+# the draws are kept for all of it (about 90k windows x 8 bytes per pool for a 10-month job), one seed at a time
+_NOISE: dict[tuple[int, str], array[float]] = {}
 _DRAW = random.Random()  # seeded again for every draw (seed() also clears gauss()'s cached second value)
+_UNDRAWN = float("nan")
 
 
 def score_noise(seed: int, key: str, t: float) -> float:
     """The derived score's noise for ``key`` in the 10-minute window holding ``t`` (seeded, stable)."""
     window = int(t // SCORE_WINDOW_S)
-    found = _NOISE.get((seed, key, window))
-    if found is None:
-        if len(_NOISE) > 4096:
+    drawn = _NOISE.get((seed, key))
+    if drawn is None:
+        if any(s != seed for s, _ in _NOISE):
             _NOISE.clear()
+        drawn = _NOISE[(seed, key)] = array("d")
+    if window >= len(drawn):
+        drawn.extend([_UNDRAWN] * (window + 1024 - len(drawn)))
+    found = drawn[window] if window >= 0 else _UNDRAWN
+    if found != found:  # NaN: draw it
         _DRAW.seed(zlib.crc32(f"{seed}/{key}/{window}".encode()))  # as random.Random(that seed), reused
-        found = _NOISE[(seed, key, window)] = _DRAW.gauss(0.0, SCORE_NOISE)
+        found = _DRAW.gauss(0.0, SCORE_NOISE)
+        if window >= 0:
+            drawn[window] = found
     return found
 
 

@@ -7,15 +7,16 @@ placement score (a seeded noise draw) for every spot pool, was most of the simul
 
 How: a pool's score can only fall as its placement score rises (the capacity risk falls with it; the
 other terms are fixed by the price and the pool's stats record), so its score with a placement score
-of 10 bounds its exact score from below, for every gang size. Pools are walked by that bound,
-lowest first; a pool with a gang size that ``placement.policy._why_not`` lets through (and that is
-not the current pool at or under the running size: better_placement never picks those) gets its
-exact quote, and its exact scores lower the best seen. The walk stops at the first pool whose bound
-is above the best exact score seen: it, and every pool after it, ranks behind that candidate (a
-bound equal to the best is still visited: it could win a tie on size or key). better_placement
-then runs, unchanged, on the shortlist plus the current pool's quote; the ranking's order does not
-depend on the order of the quotes. Bounds and their order are kept while each pool's price (until its
-slot ends) and stats record (the same object: records are replaced, never changed) stay.
+of 10 bounds its exact score from below, for every gang size. Pools are walked by that bound, lowest
+first. A pool that is not cooling down gets its exact quote, and its exact scores at the gang sizes
+``placement.policy._why_not`` lets through (but the current pool's at or under the running size:
+better_placement never picks those) lower the best seen. The walk
+stops at the first pool whose bound is above the best exact score seen: it, and every pool after it,
+ranks behind that candidate (a bound equal to the best is still visited: it could win a tie on size
+or key). better_placement then runs, unchanged, on the shortlist plus the current pool's quote; the
+ranking's order does not depend on the order of the quotes. Bounds and their order are kept while
+each pool's price (until its slot ends) and stats record (the same object: records are replaced,
+never changed) stay.
 """
 
 from __future__ import annotations
@@ -129,15 +130,12 @@ def review_quotes(run: SpotrelayRun, here: PoolQuote, world: int, stats: Mapping
         if st is not None and st.cooling(now):
             continue  # _why_not drops a cooling pool (no survivors run in a review's candidates)
         current = key == here_key
-        sizes_ok = [n for n, _ in b.lows if not (current and n <= world)
-                    and _why_not(spec, b.quote, st, now, excluded, None, frozenset(), n) is None]
-        if not sizes_ok:
-            continue  # better_placement would drop it or pass it over: no exact quote needed
         exact = here if current else market.quote(market.by_key[key], now, count, len(run.held.get(key, ())))
         if not current:
             out.append(exact)
-        for n in sizes_ok:
-            best = min(best, score_pool(spec, exact, st, config, nodes=n).score)
+        for n, _ in b.lows:
+            if not (current and n <= world) and _why_not(spec, exact, st, now, excluded, None, frozenset(), n) is None:
+                best = min(best, score_pool(spec, exact, st, config, nodes=n).score)
     return out
 
 
