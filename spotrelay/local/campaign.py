@@ -53,8 +53,13 @@ class CampaignOptions:
         unknown = [k for k in self.faults if k not in KINDS]
         if unknown:
             raise ValueError(f"unknown fault kind(s) {', '.join(unknown)}; known: {', '.join(KINDS)}")
-        if self.jobs < 1 or self.parallel < 1:
-            raise ValueError("--jobs and --parallel must be at least 1")
+        for option, value in (("--jobs", self.jobs), ("--parallel", self.parallel), ("--steps", self.steps)):
+            if value < 1:
+                raise ValueError(f"{option} must be at least 1, not {value}")
+        if self.max_faults is not None and self.max_faults < 0:
+            raise ValueError("--max-faults must not be negative")
+        if not self.job_timeout_s > 0:
+            raise ValueError("--job-timeout must be more than 0 seconds")
 
 
 @dataclass
