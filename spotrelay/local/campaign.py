@@ -196,13 +196,16 @@ def _settle(twin: Twin, injector: Injector) -> int:
 
 
 def _node_events(twin: Twin, job_id: str) -> dict[int, list[Any]]:
-    """Trainer events per attempt, from every node's control file."""
+    """Trainer events per attempt, from every node's control file. Each event names the attempt its
+    trainer ran in; a node that served a later attempt than its launch tag says (a survivor, a
+    promoted spare) files its events there."""
     assert twin.compute is not None
     by_attempt: dict[int, list[Any]] = {}
     for li in twin.compute.instances():
         if li.instance.job_id == job_id:
             events, _ = read_events(li.work_dir / "control")
-            by_attempt.setdefault(li.instance.attempt or 0, []).extend(events)
+            for e in events:
+                by_attempt.setdefault(e.attempt or li.instance.attempt or 0, []).append(e)
     return by_attempt
 
 
