@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,9 +27,16 @@ class Pool(Record):
     instance_type: str
     market: str  # "spot" | "on-demand"
 
-    @property
+    @cached_property
     def key(self) -> str:
+        # kept once built (placement reads it hundreds of times a review); a frozen record never changes,
+        # and pydantic leaves a cached property out of equality, hashing and dumps
         return f"{self.region}/{self.az}/{self.instance_type}/{self.market}"
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Pool:
+        copied = super().model_copy(update=update, deep=deep)
+        copied.__dict__.pop("key", None)  # a copy with other fields must not keep this key
+        return copied
 
 
 class CheckpointRef(Record):
