@@ -35,6 +35,7 @@ from spotrelay.ports.market import PoolQuote
 from spotrelay.spec.models import JobSpec
 
 HOURS_PER_MONTH = 730.0
+GANG_FIT_REASON = "placement score"  # how a pool too full for the gang is dropped (evaluate_pools' reasons)
 
 
 class PlacementConfig(BaseModel):
@@ -55,6 +56,9 @@ class PlacementConfig(BaseModel):
     throughput: dict[str, float] = Field(default_factory=dict, description="overrides of catalog throughput")
     shrink_delay_weight: float = Field(
         0.5, ge=0, description="a smaller gang is charged (nodes / n) ** w for the time it runs longer"
+    )
+    min_gang_score: float = Field(
+        8.0, ge=0, le=10, description="a spot pool whose placement score for the whole gang is lower cannot hold it now"
     )
 
 
@@ -178,6 +182,7 @@ def _excluded(pool_key: str, nodes: int, excluded: frozenset[str]) -> bool:
 def _why_not(
     spec: JobSpec, quote: PoolQuote, stats: PoolStats | None, now: float, excluded: frozenset[str],
     quotas: Mapping[str, float] | None, running: frozenset[str] = frozenset(), nodes: int | None = None,
+    config: PlacementConfig = DEFAULT_CONFIG,
 ) -> str | None:
     res, pool = spec.resources, quote.pool
     nodes = nodes or res.nodes
@@ -191,6 +196,11 @@ def _why_not(
         return "region not allowed by the spec"
     if res.max_hourly_price is not None and quote.price_per_hour > res.max_hourly_price:
         return f"price {quote.price_per_hour:.2f} above max_hourly_price {res.max_hourly_price:.2f}"
+    if (nodes == res.nodes and pool.market == "spot" and quote.placement_score is not None
+            and quote.placement_score < config.min_gang_score and pool.key not in running):
+        # the score is asked for the whole gang (MarketData.quotes' capacity): a low one says a launch of
+        # it fails now, or lands where the next capacity dip reclaims it (docs/placement.md, "Gang fit")
+        return f"{GANG_FIT_REASON} {quote.placement_score:g} for the gang is below {config.min_gang_score:g}"
     if stats is not None and stats.cooling(now) and pool.key not in running:
         return f"cooling down until {stats.cooldown_until:.0f} after {stats.last_event}"
     info = catalog.instance(pool.instance_type)
@@ -215,7 +225,7 @@ def evaluate_pools(
     for quote in quotes:
         key, pool_stats, first_reason = quote.pool.key, stats.get(quote.pool.key), None
         for n in range(spec.resources.nodes, smallest - 1, -1):
-            reason = _why_not(spec, quote, pool_stats, now, excluded, quotas, running, n)
+            reason = _why_not(spec, quote, pool_stats, now, excluded, quotas, running, n, config)
             if reason is None:
                 ranked.append(score_pool(spec, quote, pool_stats, config, nodes=n))
             first_reason = first_reason or reason

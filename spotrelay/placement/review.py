@@ -21,6 +21,7 @@ one, and grow a shrunk gang back to ``resources.nodes`` (in the same pool: only 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -68,12 +69,29 @@ class Move(BaseModel):
                 f" move of {self.move_cost:.2f}")
 
 
-def spot_attempt_hours(attempts: list[Attempt], last: int = 6) -> float | None:
-    """Mean length in hours of the job's last ``last`` closed attempts on spot (None with fewer than 2)."""
-    spans = [(a.ended_at - a.started_at) / 3600.0 for a in attempts
-             if a.pool is not None and a.pool.market == "spot" and a.started_at is not None and a.ended_at is not None]
-    spans = spans[-last:]
+def spot_attempt_hours(attempts: list[Attempt], last: int = 6, now: float | None = None,
+                       within_hours: float = 6.0) -> float | None:
+    """Mean length in hours of the job's last ``last`` closed attempts on spot (None with fewer than 2).
+    With ``now``, only attempts that ended in the last ``within_hours``: older evidence is stale (a
+    market moves), and a gang parked on on-demand would otherwise never look at spot again."""
+    since = -math.inf if now is None else now - within_hours * 3600.0
+    spans: list[float] = []
+    for a in reversed(attempts):  # newest first; stop at the ``last``-th or at stale ones
+        if a.pool is None or a.pool.market != "spot" or a.started_at is None or a.ended_at is None:
+            continue
+        if a.ended_at < since or len(spans) == last:
+            break
+        spans.append((a.ended_at - a.started_at) / 3600.0)
     return sum(spans) / len(spans) if len(spans) >= 2 else None
+
+
+def _observed(scored: ScoredPool, gang_rate: float) -> ScoredPool:
+    """``scored`` with the gang interrupted ``gang_rate`` times an hour (the job's own spot attempts,
+    when they lasted shorter than the pool's learned rate says): useful fraction and score follow."""
+    b = scored.breakdown
+    useful = 1.0 / (1.0 + gang_rate * b["loss_hours_per_interruption"])
+    breakdown = {**b, "gang_interruptions_per_hour": gang_rate, "useful_fraction": useful}
+    return scored.model_copy(update={"score": scored.score * b["useful_fraction"] / useful, "breakdown": breakdown})
 
 
 def work_rate(scored: ScoredPool) -> float:
@@ -94,7 +112,13 @@ def better_placement(
     now_scored = score_pool(spec, current, stats.get(current.pool.key), config, nodes=world)
     ranked = evaluate_pools(spec, quotes, stats, now, excluded, config=config, gang_sizes=True).ranked
     best = next((s for s in ranked if not (s.pool == current.pool and s.nodes <= world)), None)
-    if best is None or best.score >= now_scored.score:
+    if best is None:
+        return None
+    gang_rate = best.breakdown["gang_interruptions_per_hour"]
+    if spot_hours is not None and best.pool.market == "spot" and spot_hours > 0:
+        best = _observed(best, max(gang_rate, 1.0 / spot_hours))  # the job's own spot gangs lasted this long
+        gang_rate = best.breakdown["gang_interruptions_per_hour"]
+    if best.score >= now_scored.score:
         return None
     info = catalog.instance(best.pool.instance_type)
     restore_min = max(0.0, (info.restore_minutes if info else config.default_restore_minutes) - review.boot_minutes)
@@ -105,10 +129,11 @@ def better_placement(
     move_cost = (new_nodes * price * boot_h + best.nodes * price * restore_h
                  + world * current.price_per_hour * save_h)
     gain = (now_scored.score - best.score) * work_rate(best)
-    gang_rate = best.breakdown["gang_interruptions_per_hour"]
     horizon = min(review.horizon_hours, 1.0 / gang_rate) if gang_rate > 0 else review.horizon_hours
-    if spot_hours is not None and best.pool.market == "spot":
-        horizon = min(horizon, spot_hours)
+    if current.pool.market != "spot" and best.pool.market == "spot":
+        # leaving on-demand: the gang's interruptions are priced in its useful fraction, and a recovery
+        # places the next spot gang, so the saving lasts beyond the first one
+        horizon = review.horizon_hours
     if gain * horizon <= move_cost * (1.0 + review.margin):
         return None
     return Move(target=best, current=now_scored, gain_per_hour=gain, move_cost=move_cost, horizon_hours=horizon,

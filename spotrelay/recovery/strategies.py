@@ -7,7 +7,7 @@ Placement scoring is the same ``rank_pools`` the first launch uses.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,6 +34,9 @@ class RecoveryContext(BaseModel):
     quotas: dict[str, float] | None = None
     config: PlacementConfig = DEFAULT_CONFIG
     keep_margin: float = Field(0.05, ge=0, description="keep survivors unless another pool is this much cheaper")
+    # the MarketData port's quotes with placement scores sized for k nodes (None: not asked): can the
+    # survivors' pool take the lost ranks now?
+    quotes_for: Callable[[int], Sequence[PoolQuote]] | None = None
 
     def survivors(self) -> list[Node]:
         lost = set(self.outcome.lost_ranks)
@@ -147,12 +150,27 @@ class ReplaceLostNodes(ReplaceCluster):
                 f"{home.key}: new gang",
             )
         lost = ctx.lost_ranks()
+        short = self._no_room(ctx, home, len(lost))
+        if short is not None:
+            return self._fallback(ctx, short)
         return RecoveryPlan(
             strategy=self.name, action="replace-lost" if lost else "restart-in-place", pool=home, scored=same,
             launch_ranks=lost, keep_instance_ids=[n.instance_id for n in survivors],
             terminate_instance_ids=ctx.release(survivors),
             reason=f"{ctx.outcome.outcome}: keep {len(survivors)} survivors in {home.key}, launch ranks {lost}",
         )
+
+    @staticmethod
+    def _no_room(ctx: RecoveryContext, home: Pool, count: int) -> str | None:
+        """Why the survivors' spot pool cannot take ``count`` more nodes now (its placement score for
+        them is below ``min_gang_score``), else None. A notice means the pool just shrank below what
+        the gang holds: the replacements would fail there, or be the next to go."""
+        if not count or home.market != "spot" or ctx.quotes_for is None:
+            return None
+        fit = next((q for q in ctx.quotes_for(count) if q.pool == home), None)
+        if fit is None or fit.placement_score is None or fit.placement_score >= ctx.config.min_gang_score:
+            return None
+        return f"pool {home.key} scores {fit.placement_score:g} for {count} more nodes"
 
     def _fallback(self, ctx: RecoveryContext, why: str) -> RecoveryPlan:
         best = best_pool(ctx.spec, ctx.quotes, ctx.stats, ctx.now, ctx.excluded, quotas=ctx.quotas,

@@ -188,8 +188,11 @@ def _strategy(ctl: Controller, job: Job, spec: JobSpec, outcome: AttemptEnd, nod
         quotes = ctl.market.quotes(res.regions, res.instance_types, [m.value for m in res.markets],
                                    capacity=res.nodes + res.spares)  # the placement score is sized for the launch
         stats = ctl.pool_stats.get_many([q.pool.key for q in quotes])
+        market, markets = ctl.market, [m.value for m in res.markets]
         plan = plan_recovery(RecoveryContext(spec=spec, outcome=outcome, nodes=nodes, quotes=quotes, stats=stats,
-                                             now=now, excluded=frozenset(job.excluded_pools)))
+                                             now=now, excluded=frozenset(job.excluded_pools),
+                                             quotes_for=lambda k: market.quotes(res.regions, res.instance_types,
+                                                                                markets, capacity=k)))
         return list(plan.keep_instance_ids), RecoveryAction(plan.action), plan.reason, plan.pool
     except NoPlacementError as exc:  # every pool cools down right now; Plan decides after the backoff
         log.info("no pool to recover into yet", extra={"job_id": job.job_id, "why": str(exc)})

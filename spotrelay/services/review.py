@@ -49,7 +49,7 @@ def decide(ctl: Controller, job: Job, now: float) -> Move | None:
     stats = ctl.pool_stats.get_many([q.pool.key for q in quotes])
     world = current.world_size or len([n for n in nodes if not n.spare])
     return better_placement(spec, here, world, quotes, stats, now, frozenset(job.excluded_pools),
-                            spot_hours=spot_attempt_hours(job.attempts))
+                            spot_hours=spot_attempt_hours(job.attempts, now=now))
 
 
 def silent(nodes: list[Node], heartbeat_s: float, now: float) -> bool:

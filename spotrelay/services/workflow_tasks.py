@@ -23,7 +23,7 @@ from spotrelay.errors import (
     QuotaExceededError,
 )
 from spotrelay.placement import PoolEvent, best_pool, rank_pools
-from spotrelay.placement.policy import gang_key, score_pool, spare_count
+from spotrelay.placement.policy import GANG_FIT_REASON, evaluate_pools, gang_key, score_pool, spare_count
 from spotrelay.placement.pool_stats import PoolStats
 from spotrelay.ports.compute import Compute, Instance, LaunchRequest
 from spotrelay.ports.market import PoolQuote
@@ -42,6 +42,7 @@ from spotrelay.spec.models import JobSpec
 
 log = logging.getLogger(__name__)
 MAX_CANDIDATES = 8  # pools provision may try before backing off and re-planning
+GANG_FIT_RECHECK_S = 300  # no pool holds the gang now: plan again this much later (new placement scores)
 
 
 def _live(job: Job) -> Job:
@@ -143,6 +144,8 @@ def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict
         ranked = rank_pools(spec, quotes, stats, now, excluded, gang_sizes=True)
     if not ranked:
         wait = _first_cooldown_end(spec, quotes, stats, now)
+        if _gang_does_not_fit(spec, quotes, stats, now, excluded):  # spot pools too full for the gang now
+            wait = min(wait or GANG_FIT_RECHECK_S, GANG_FIT_RECHECK_S)
         if wait is not None:  # every allowed pool cools down: wait for the first to come back
             return LaunchPlan(candidates=[], launch_ranks=list(range(spec.resources.nodes)), wait_s=wait)
         best_pool(spec, quotes, stats, now, excluded)  # raises NoPlacementError with the reasons
@@ -151,6 +154,14 @@ def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict
                             nodes=c.nodes or spec.resources.nodes) for c in ranked]
     return LaunchPlan(candidates=_one_size_per_pool(candidates)[:MAX_CANDIDATES],
                       launch_ranks=list(range(spec.resources.nodes)))
+
+
+def _gang_does_not_fit(spec: JobSpec, quotes: list[PoolQuote], stats: dict[str, PoolStats], now: float,
+                       excluded: frozenset[str]) -> bool:
+    """Some allowed spot pool is left out only because its placement score says it cannot hold the
+    gang now (``PlacementConfig.min_gang_score``): capacity comes and goes, so ask again later."""
+    dropped = evaluate_pools(spec, quotes, stats, now, excluded, gang_sizes=True).dropped
+    return any(why.startswith(GANG_FIT_REASON) for why in dropped.values())
 
 
 def _first_cooldown_end(spec: JobSpec, quotes: list[PoolQuote], stats: dict[str, PoolStats],

@@ -69,6 +69,7 @@ class SpotrelayRun(Run):
         self.attempt_pool: Any = None
         self.attempt_start = 0.0
         self.attempts: list[Attempt] = []  # what the job record's attempts say (backoff streak, world size)
+        self.noticed: set[str] = set()  # instances that got a notice (interruption_notice sets reclaim_at)
         self.voluntary: dict[str, float] = {}  # instance id -> a review's save deadline (its reclaim_at)
         self.draining: list[SimNode] = []  # released by the workflow, still saving: end at their exit
         self.waiting: str | None = None
@@ -79,7 +80,6 @@ class SpotrelayRun(Run):
         self._node_template: Node | None = None
         self.shortlist = Shortlist()  # sim/shortlist.py's per-pool score bounds for reviews
         self.stay_answer: tuple[int, dict[str, Any]] = (-1, {})  # moves._stay's, per attempt
-        self.spot_hours: tuple[int, Any, float | None] = (-1, None, None)  # moves._spot_hours' memo
         self.last_review: tuple[Any, ...] | None = None  # shortlist.same_review's inputs and answer
         if asl is None:
             asl = _ASL_CACHE.get("job_run") or _ASL_CACHE.setdefault("job_run", load_asl())
@@ -126,7 +126,8 @@ class SpotrelayRun(Run):
         out = []
         for n in sorted(self.gang.values(), key=lambda n: n.rank):
             # a node's record is built again only when a field of it changed (the services only read records)
-            reclaim_at = self.voluntary.get(n.instance_id, n.removal_t) if n.state == "DOOMED" else None
+            noticed = n.state == "DOOMED" or n.instance_id in self.noticed  # reclaim_at stays after the exit
+            reclaim_at = self.voluntary.get(n.instance_id, n.removal_t) if noticed else None
             built_from = (n.attempt, self.attempt, n.rank, n.state, n.exit_code, reclaim_at)
             if n.record is None or n.record[0] != built_from:
                 n.record = (built_from, make(update={
@@ -185,6 +186,7 @@ class SpotrelayRun(Run):
         self.stats.record(node.pool.key, PoolEvent.INTERRUPTED, self.now)
         if node.rank not in self.gang or self.gang[node.rank] is not node or node.state in ("LOST", "TERMINATED"):
             return
+        self.noticed.add(node.instance_id)
         if node.state not in ("DOOMED", "EXITED"):
             node.state = "DOOMED"
         self.note(node.pool.key, f"notice rank {node.rank}")
@@ -269,6 +271,10 @@ class SpotrelayRun(Run):
         """The MarketData port's answer, placement scores sized for the launch as the services ask."""
         res = self.spec.resources
         return self.market.quotes(self.now, res.nodes + res.spares, {k: len(v) for k, v in self.held.items()})
+
+    def _quotes_for(self, count: int) -> list[Any]:
+        """The MarketData port's quotes with scores sized for ``count`` nodes (recover asks for the lost ranks)."""
+        return self.market.quotes(self.now, count, {k: len(v) for k, v in self.held.items()})
 
     def task_plan(self, payload: dict[str, Any]) -> dict[str, Any]:
         return recover.plan(self, payload)

@@ -131,9 +131,18 @@ class TraceCapacity:
         tau = x - int(x // self.period) * self.period
         return bisect.bisect_right(self.adds, tau) - bisect.bisect_right(self._sorted_removes, tau)
 
+    def offered(self, t: float) -> int:
+        """What a launch can get now: the live count, less what EC2 reclaims within the notice window
+        (it sends notices because it needs that capacity back; it does not hand it out meanwhile)."""
+        cap, d = self.capacity(t), self.next_drop(t)
+        while d <= t + NOTICE_S:
+            cap = min(cap, self.capacity(d))
+            d = self.next_drop(d + 5e-4)
+        return cap
+
     def grant(self, t: float, count: int, held: set[object], rng: random.Random) -> list[Grant] | None:
         if self.semantics == "capacity":
-            if self.capacity(t) - len(held) < count:
+            if self.offered(t) - len(held) < count:
                 return None
             return [Grant(("cap", rng.random()), float("inf")) for _ in range(count)]
         cycle, tau, alive = self._alive(t)
@@ -239,7 +248,9 @@ class SimPool:
                 return gang_score(slot.capacity - held, count, seed, self.key, t)
             return slot.placement_score
         if derive and count and isinstance(self.capacity, TraceCapacity):
-            return gang_score(self.capacity.capacity(t) - held, count, seed, self.key, t)
+            cap = self.capacity
+            return gang_score((cap.offered(t) if cap.semantics == "capacity" else cap.capacity(t)) - held, count,
+                              seed, self.key, t)
         return self.score
 
 

@@ -30,12 +30,8 @@ def _stay(run: SpotrelayRun) -> dict[str, Any]:
 
 
 def _spot_hours(run: SpotrelayRun) -> float | None:
-    """spot_attempt_hours(run.attempts), again only when an attempt was added or its last one closed."""
-    attempts, (size, last, hours) = run.attempts, run.spot_hours
-    if size != len(attempts) or (attempts and attempts[-1] is not last):
-        hours = spot_attempt_hours(attempts)
-        run.spot_hours = (len(attempts), attempts[-1] if attempts else None, hours)
-    return hours
+    """spot_attempt_hours(run.attempts, now) (it looks at the last few attempts only)."""
+    return spot_attempt_hours(run.attempts, now=run.now)
 
 
 def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
@@ -54,8 +50,8 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     move = same_review(self, here, len(gang), quotes, stats, excluded, spot_hours)  # better_placement, memoized
     if VERIFY_SHORTLIST:  # tests: the same decision as from every quote
         every = better_placement(self.spec, here, len(gang), self._quotes(), stats, self.now, excluded,
-                                 config=self.config, spot_hours=spot_attempt_hours(self.attempts))
-        assert every == move and spot_hours == spot_attempt_hours(self.attempts), (every, move)
+                                 config=self.config, spot_hours=spot_attempt_hours(self.attempts, now=self.now))
+        assert every == move and spot_hours == spot_attempt_hours(self.attempts, now=self.now), (every, move)
     if move is None:
         return _stay(self)
     t = move.target

@@ -144,7 +144,8 @@ def recover(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     try:
         plan = plan_recovery(RecoveryContext(spec=self.spec, outcome=end, nodes=nodes, quotes=quotes,
                                              stats=stats, now=self.now, excluded=frozenset(self.excluded),
-                                             config=self.config, **self.context_extra))
+                                             config=self.config, quotes_for=self._quotes_for,
+                                             **self.context_extra))
         keep, action, home = list(plan.keep_instance_ids), RecoveryAction(plan.action), plan.pool
     except NoPlacementError:
         pass
@@ -152,7 +153,11 @@ def recover(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
         keep, action = [], RecoveryAction.NEW_CLUSTER
     spares.on_recover(self, home if action is not RecoveryAction.NEW_CLUSTER else None, nodes, keep)
     for node in list(self.gang.values()):
-        if node.instance_id not in keep and not (end.deadline is not None and node.state == "DOOMED"):
+        if node.instance_id in keep:
+            continue
+        if end.deadline is not None and node.state in ("READY", "RUNNING", "DOOMED") and self.running:
+            self.draining.append(node)  # recovery_flow._drain: a rank still saving finishes its save
+        elif not (end.deadline is not None and node.state == "DOOMED"):
             self.end_node(node)  # (a doomed node drains: it saves until EC2 takes it)
     if action is RecoveryAction.NEW_CLUSTER and current is not None and end.outcome in (
             Verdict.INTERRUPTED, Verdict.NODE_LOST, Verdict.INFRA_ERROR):
