@@ -133,7 +133,8 @@ def review_quotes(run: SpotrelayRun, here: PoolQuote, world: int, stats: Mapping
         exact = here if current else market.quote(market.by_key[key], now, count, len(run.held.get(key, ())))
         candidate = False
         for n, _ in b.lows:
-            if not (current and n <= world) and _why_not(spec, exact, st, now, excluded, None, frozenset(), n, config) is None:
+            fits = _why_not(spec, exact, st, now, excluded, None, frozenset(), n, config) is None
+            if not (current and n <= world) and fits:
                 best = min(best, score_pool(spec, exact, st, config, nodes=n).score)
                 candidate = True
         if candidate and not current:  # (a quote dropped at every size adds nothing to the ranking)

@@ -42,20 +42,20 @@ CASES: dict[str, SimOptions] = {
 
 PINNED: dict[str, dict[str, list[Any]]] = {  # python -m tests.unit.test_sim_pinned prints these
     "g4dn-32": {
-        "spotrelay/0": [556, 423257.801649, "203f1b39dedc9a98"],
+        "spotrelay/0": [552, 423257.801649, "7ada615d8700a74c"],
     },
     "synthetic-32": {
-        "spotrelay/0": [956, 50189.350478, "1ae6630b80cbd6c9"],
+        "spotrelay/0": [1576, 50026.93118, "3bcd28b1da35ba5b"],
     },
     "g4dn-16-all": {
-        "spotrelay/0": [722, 63698.306613, "8e001679b6bd9e5d"],
+        "spotrelay/0": [4036, 53758.016648, "09e575cd1d19b1c8"],
         "on-demand/0": [19, 63550.06621, "a870882ca864a16c"],
-        "skypilot-like/0": [22973, 82964.068281, "32688a2a6d6c450b"],
-        "sagemaker-like/0": [19182, 65157.836341, "bdbe8d532be63176"],
+        "skypilot-like/0": [21785, 81959.344006, "603bee401bbb5a9c"],
+        "sagemaker-like/0": [17596, 64654.086173, "b334a4f0a90177af"],
         "price-limit/0": [19, 25420.166539, "dc58a0e9c36912f2"],
     },
     "synthetic-16-switches": {
-        "spotrelay/0": [1393, 83737.619267, "d4c95690aae90ca5"],
+        "spotrelay/0": [1642, 83935.074942, "fbfd187383c380b9"],
     },
 }
 

@@ -1,0 +1,102 @@
+"""Gang fit: a spot pool whose placement score for the whole gang is low is not a candidate, a plan
+with no pool left waits and asks again, replace-lost keeps survivors only where their pool can take
+the lost ranks, and the review prices a spot move with the job's own recent spot attempts."""
+
+from __future__ import annotations
+
+from spotrelay.domain.models import Attempt, Job, NodeState
+from spotrelay.domain.status import JobStatus
+from spotrelay.placement import evaluate_pools, rank_pools
+from spotrelay.placement.policy import GANG_FIT_REASON, PlacementConfig
+from spotrelay.placement.review import better_placement, spot_attempt_hours
+from spotrelay.ports.market import PoolQuote
+from spotrelay.recovery import plan_recovery
+from spotrelay.services.workflow_tasks import GANG_FIT_RECHECK_S, _new_gang_plan
+from tests.unit.test_placement_policy import NOW, make_spec, quotes_for
+from tests.unit.test_recovery_strategies import HOME, ctx, gang, spec
+
+
+def _scored(quotes: list[PoolQuote], score: float, market: str = "spot") -> list[PoolQuote]:
+    return [q.model_copy(update={"placement_score": score}) if q.pool.market == market else q for q in quotes]
+
+
+def test_a_spot_pool_too_full_for_the_gang_is_dropped_with_the_reason() -> None:
+    s = make_spec()
+    quotes = _scored(quotes_for(s), 5.0)
+    ranking = evaluate_pools(s, quotes, {}, NOW)
+    assert all(r.pool.market == "on-demand" for r in ranking.ranked)
+    spot = [k for k in ranking.dropped if k.endswith("/spot")]
+    assert spot and all(ranking.dropped[k].startswith(GANG_FIT_REASON) for k in spot)
+    # a pool where the survivors run stays; no score (unknown) or a high one filters nothing
+    home = next(q.pool.key for q in quotes if q.pool.market == "spot")
+    assert any(r.pool.key == home for r in evaluate_pools(s, quotes, {}, NOW, running=frozenset({home})).ranked)
+    for ok in (quotes_for(s), _scored(quotes_for(s), 9.0)):
+        assert rank_pools(s, ok, {}, NOW)[0].pool.market == "spot"
+    assert rank_pools(s, quotes, {}, NOW, config=PlacementConfig(min_gang_score=0))[0].pool.market == "spot"
+
+
+def test_only_the_full_gang_is_judged_by_its_score() -> None:
+    s = make_spec(min_nodes=2)  # the score was asked for 4 nodes; it says nothing about 3 or 2
+    ranked = rank_pools(s, _scored(quotes_for(s), 3.0), {}, NOW, gang_sizes=True)
+    spot = [r for r in ranked if r.pool.market == "spot"]
+    assert spot and all(r.nodes < 4 for r in spot)
+
+
+def test_a_spot_only_job_with_no_pool_that_fits_waits_and_asks_again() -> None:
+    s = make_spec(markets=["spot"])
+    job = Job(job_id="j", name="j", status=JobStatus.RECOVERING)
+    plan = _new_gang_plan(s, job, _scored(quotes_for(s), 4.0), {}, NOW)
+    assert plan.candidates == [] and plan.wait_s == GANG_FIT_RECHECK_S
+    assert _new_gang_plan(s, job, _scored(quotes_for(s), 9.0), {}, NOW).candidates
+
+
+def test_replace_lost_keeps_survivors_only_where_the_pool_takes_the_lost_ranks() -> None:
+    nodes = gang({2: NodeState.DOOMED})
+    asked: list[int] = []
+
+    def sized(score: float):  # the MarketData port, scores sized for k nodes
+        def quotes(k: int) -> list[PoolQuote]:
+            asked.append(k)
+            return [q.model_copy(update={"placement_score": score}) for q in base.quotes]
+        return quotes
+
+    base = ctx(spec(), nodes)
+    full = base.model_copy(update={"quotes_for": sized(2.0)})
+    plan = plan_recovery(full)
+    assert plan.action == "new-cluster" and plan.keep_instance_ids == [] and asked == [1]
+    assert plan.pool != HOME  # the pool that just shrank is not where the new gang goes
+    roomy = plan_recovery(base.model_copy(update={"quotes_for": sized(9.0)}))
+    assert roomy.action == "replace-lost" and roomy.pool == HOME and roomy.launch_ranks == [2]
+    assert plan_recovery(base).action == "replace-lost"  # not asked (None): as before
+
+
+def test_the_review_prices_a_spot_move_with_the_jobs_recent_spot_attempts() -> None:
+    s = make_spec()
+    quotes = quotes_for(s)
+    od = next(q for q in quotes if q.pool.market == "on-demand" and q.pool.instance_type == "p5.48xlarge")
+    spot = next(q.pool for q in quotes if q.pool.market == "spot")
+    # spot gangs of this job lasted 40 min: the move back from on-demand still pays (its interruptions
+    # are priced in the useful fraction and the saving outlasts the first one)
+    lasting = [Attempt(number=i, pool=spot, started_at=NOW - 9000 + 2400 * i, ended_at=NOW - 6600 + 2400 * i)
+               for i in range(3)]
+    hours = spot_attempt_hours(lasting, now=NOW)
+    assert hours is not None and abs(hours - 2 / 3) < 1e-9
+    move = better_placement(s, od, 4, quotes, {}, NOW, spot_hours=hours)
+    assert move is not None and move.target.pool.market == "spot" and move.horizon_hours == 24.0
+    assert move.target.breakdown["gang_interruptions_per_hour"] == 1.5
+    # minutes-long spot gangs: spot is dearer per useful hour than on-demand, stay
+    assert better_placement(s, od, 4, quotes, {}, NOW, spot_hours=0.05) is None
+    # evidence older than the window is stale: a job parked on on-demand looks at spot again
+    assert spot_attempt_hours(lasting, now=NOW + 7 * 3600) is None
+    assert spot_attempt_hours(lasting, now=NOW + 4 * 3600, within_hours=6.0) is not None
+
+
+def test_a_trace_pool_offers_no_capacity_it_reclaims_within_the_notice_window(tmp_path) -> None:
+    from spotrelay.sim.inputs import read_bamboo
+    from spotrelay.sim.market import TraceCapacity
+
+    trace = tmp_path / "t.csv"  # 3 nodes up; one goes at 1000 s, one comes back at 2000 s
+    trace.write_text("0,add,a\n0,add,b\n0,add,c\n1000000,remove,a\n2000000,add,d\n3000000,remove,b\n")
+    cap = TraceCapacity(read_bamboo(trace), 0.0)
+    assert cap.capacity(900.0) == 3 and cap.offered(900.0) == 2  # the drop at 1000 s is inside the notice
+    assert cap.offered(800.0) == 3 and cap.offered(1500.0) == 2 and cap.offered(2500.0) == 3
