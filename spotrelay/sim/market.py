@@ -267,7 +267,7 @@ class Market:
 
     def __post_init__(self) -> None:
         self.by_key = {p.key: p for p in self.pools}
-        self._last: dict[str, PoolQuote] = {}
+        self._seen: dict[tuple[str, float, float | None], PoolQuote] = {}  # (key, price, score) -> quote
         self._varies = any(isinstance(p.capacity, SlotCapacity) for p in self.pools)
 
     def quotes(self, t: float, capacity: int = 0, held: dict[str, int] | None = None) -> list[PoolQuote]:
@@ -284,15 +284,17 @@ class Market:
 
     def quote(self, p: SimPool, t: float, capacity: int = 0, held: int = 0) -> PoolQuote:
         """One pool's quote in ``quotes(t, capacity, ...)`` (``held``: the job's nodes there). A pool's
-        quote object is reused while its price and score stay."""
+        quote object is reused whenever its price and score are the same again (scores are whole numbers)."""
         price = round(p.price(t), 4)
         score = (p.placement_score(t, capacity, held, self.seed, self.gang_scores and capacity > 0)
                  if p.spot else None)
-        last = self._last.get(p.key)
-        if last is None or last.price_per_hour != price or last.placement_score != score:
-            last = self._last[p.key] = PoolQuote(  # (validating is faster than model_construct here)
+        found = self._seen.get((p.key, price, score))
+        if found is None:
+            if len(self._seen) > 100_000:
+                self._seen.clear()
+            found = self._seen[(p.key, price, score)] = PoolQuote(  # (validating is faster than model_construct)
                 pool=p.pool, price_per_hour=price, advisor_band=p.band if p.spot else None, placement_score=score)
-        return last
+        return found
 
     def grant(self, sp: SimPool, t: float, count: int, held: set[object], rng: random.Random) -> list[Grant] | None:
         """The nodes a gang launch gets, or None for InsufficientInstanceCapacity."""
