@@ -215,7 +215,10 @@ def chaos(
     from spotrelay.local.faults import KINDS
     from spotrelay.local.twinlog import quiet_logs
 
-    kinds = tuple(k.strip() for k in faults.split(",") if k.strip()) or KINDS
+    kinds = tuple(k.strip() for k in faults.split(",") if k.strip())
+    if faults.strip() and not kinds:
+        raise UsageProblem(f"--faults {faults!r} names no fault kind; known: {', '.join(KINDS)}")
+    kinds = kinds or KINDS
     try:
         options = CampaignOptions(jobs=jobs, seed=seed, faults=kinds, max_faults=max_faults, parallel=parallel,
                                   steps=steps, job_timeout_s=job_timeout, out=out_dir)

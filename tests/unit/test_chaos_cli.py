@@ -24,6 +24,7 @@ def _refused(args: list[str]) -> str:
     [
         (["--faults", "kill,explode"], "explode"),
         (["--faults", "kill,,spot-notice,S3-DELETE"], "S3-DELETE"),
+        (["--faults", " , "], "names no fault kind"),
         (["--jobs", "0"], "--jobs"),
         (["--jobs", "-3"], "--jobs must be at least 1, not -3"),
         (["--parallel", "0"], "--parallel"),
