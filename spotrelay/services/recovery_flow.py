@@ -215,12 +215,18 @@ def _taking(rank: int) -> Callable[[Node], Node | None]:
 
 def _drain(ctl: Controller, job: Job, dropped: list[Node], until: float) -> list[Node]:
     """Dropped nodes still saving after a notice are left to finish (``release_after``): the agent
-    event of their exit, or reconcile after ``until``, releases them. Returns the rest (release now)."""
-    saving = [n for n in dropped if n.state in _SAVING]
-    for node in saving:
-        ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update={"release_after": until})
-                              if n.state in _SAVING and n.release_after is None else None)
-    return [n for n in dropped if n.state not in _SAVING]
+    event of their exit, or reconcile after ``until``, releases them. Returns the rest (release now),
+    including a node whose exit was recorded after it was read here: its exit event found no mark
+    and released nothing, so unless released now it would stay in the gang (``_result`` keeps it)."""
+    release = [n for n in dropped if n.state not in _SAVING]
+    for node in (n for n in dropped if n.state in _SAVING):
+        marked = ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(
+            update={"release_after": until}) if n.state in _SAVING and n.release_after is None else None)
+        if marked is None:
+            fresh = ctl.store.get_node(job.job_id, node.node_id)
+            if fresh.state not in _SAVING and fresh.release_after is None:
+                release.append(fresh)
+    return release
 
 
 def _result(job: Job, nodes: list[Node], timings: WorkflowTimings, end: AttemptEnd, reason: str,
