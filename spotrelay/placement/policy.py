@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from spotrelay.domain.models import Pool
 from spotrelay.errors import NoPlacementError
 from spotrelay.placement import catalog
+from spotrelay.placement.gang_fit import SizedScores, fits
 from spotrelay.placement.pool_stats import PoolStats
 from spotrelay.ports.market import PoolQuote
 from spotrelay.spec.models import JobSpec
@@ -182,7 +183,7 @@ def _excluded(pool_key: str, nodes: int, excluded: frozenset[str]) -> bool:
 def _why_not(
     spec: JobSpec, quote: PoolQuote, stats: PoolStats | None, now: float, excluded: frozenset[str],
     quotas: Mapping[str, float] | None, running: frozenset[str] = frozenset(), nodes: int | None = None,
-    config: PlacementConfig = DEFAULT_CONFIG,
+    config: PlacementConfig = DEFAULT_CONFIG, sized: SizedScores | None = None,
 ) -> str | None:
     res, pool = spec.resources, quote.pool
     nodes = nodes or res.nodes
@@ -196,11 +197,13 @@ def _why_not(
         return "region not allowed by the spec"
     if res.max_hourly_price is not None and quote.price_per_hour > res.max_hourly_price:
         return f"price {quote.price_per_hour:.2f} above max_hourly_price {res.max_hourly_price:.2f}"
-    if (nodes == res.nodes and pool.market == "spot" and quote.placement_score is not None
-            and quote.placement_score < config.min_gang_score and pool.key not in running):
-        # the score is asked for the whole gang (MarketData.quotes' capacity): a low one says a launch of
-        # it fails now, or lands where the next capacity dip reclaims it (docs/placement.md, "Gang fit")
-        return f"{GANG_FIT_REASON} {quote.placement_score:g} for the gang is below {config.min_gang_score:g}"
+    if pool.market == "spot" and pool.key not in running:
+        # the quotes' scores are asked for the whole gang (MarketData.quotes' capacity), ``sized`` for
+        # smaller elastic sizes: a low one says a launch fails now, or lands where the next capacity dip
+        # reclaims it (placement/gang_fit.py)
+        scores = {res.nodes: {pool.key: quote.placement_score}, **(sized or {})}
+        if fits(scores, pool.key, nodes, config.min_gang_score) is False:
+            return f"{GANG_FIT_REASON} for {nodes} nodes is below {config.min_gang_score:g}"
     if stats is not None and stats.cooling(now) and pool.key not in running:
         return f"cooling down until {stats.cooldown_until:.0f} after {stats.last_event}"
     info = catalog.instance(pool.instance_type)
@@ -214,6 +217,7 @@ def evaluate_pools(
     spec: JobSpec, quotes: list[PoolQuote], stats: Mapping[str, PoolStats], now: float,
     excluded: frozenset[str] = frozenset(), *, quotas: Mapping[str, float] | None = None,
     config: PlacementConfig = DEFAULT_CONFIG, running: frozenset[str] = frozenset(), gang_sizes: bool = False,
+    sized: SizedScores | None = None,
 ) -> Ranking:
     """Candidates best first, and why each other quoted pool was dropped. ``running``: pools where
     the job's survivors run; a cooldown governs new gangs and does not drop them (their interruption
@@ -225,7 +229,7 @@ def evaluate_pools(
     for quote in quotes:
         key, pool_stats, first_reason = quote.pool.key, stats.get(quote.pool.key), None
         for n in range(spec.resources.nodes, smallest - 1, -1):
-            reason = _why_not(spec, quote, pool_stats, now, excluded, quotas, running, n, config)
+            reason = _why_not(spec, quote, pool_stats, now, excluded, quotas, running, n, config, sized)
             if reason is None:
                 ranked.append(score_pool(spec, quote, pool_stats, config, nodes=n))
             first_reason = first_reason or reason
@@ -238,13 +242,13 @@ def evaluate_pools(
 def rank_pools(
     spec: JobSpec, quotes: list[PoolQuote], stats: dict[str, PoolStats], now: float,
     excluded: frozenset[str] = frozenset(), *, quotas: Mapping[str, float] | None = None,
-    config: PlacementConfig = DEFAULT_CONFIG, gang_sizes: bool = False,
+    config: PlacementConfig = DEFAULT_CONFIG, gang_sizes: bool = False, sized: SizedScores | None = None,
 ) -> list[ScoredPool]:
     """Candidate pools best first (lowest expected USD per useful hour). ``quotas`` maps
     ``"<region>/<market>"`` to the vCPUs the account can still start there; ``gang_sizes`` ranks
     (pool, gang size) pairs down to ``resources.min_nodes``."""
     return evaluate_pools(spec, quotes, stats, now, excluded, quotas=quotas, config=config,
-                          gang_sizes=gang_sizes).ranked  # fmt: skip
+                          gang_sizes=gang_sizes, sized=sized).ranked  # fmt: skip
 
 
 def best_pool(

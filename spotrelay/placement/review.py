@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from spotrelay.domain.models import Attempt
 from spotrelay.placement import catalog
+from spotrelay.placement.gang_fit import SizedScores
 from spotrelay.placement.policy import DEFAULT_CONFIG, PlacementConfig, ScoredPool, evaluate_pools, score_pool
 from spotrelay.placement.pool_stats import PoolStats
 from spotrelay.ports.market import PoolQuote
@@ -103,14 +104,14 @@ def work_rate(scored: ScoredPool) -> float:
 def better_placement(
     spec: JobSpec, current: PoolQuote, world: int, quotes: list[PoolQuote], stats: Mapping[str, PoolStats],
     now: float, excluded: frozenset[str] = frozenset(), *, config: PlacementConfig = DEFAULT_CONFIG,
-    review: ReviewConfig = DEFAULT_REVIEW, spot_hours: float | None = None,
+    review: ReviewConfig = DEFAULT_REVIEW, spot_hours: float | None = None, sized: SizedScores | None = None,
 ) -> Move | None:
     """The move worth making now, or None (stay). ``current``: the quote of the pool the gang of
     ``world`` ranks runs in. ``spot_hours``: how long this job's recent spot attempts lasted (mean;
     ``spot_attempt_hours``): a spot move is not counted on to last longer than the job's own spot
     attempts did, whatever the pool's prior says."""
     now_scored = score_pool(spec, current, stats.get(current.pool.key), config, nodes=world)
-    ranked = evaluate_pools(spec, quotes, stats, now, excluded, config=config, gang_sizes=True).ranked
+    ranked = evaluate_pools(spec, quotes, stats, now, excluded, config=config, gang_sizes=True, sized=sized).ranked
     best = next((s for s in ranked if not (s.pool == current.pool and s.nodes <= world)), None)
     if best is None:
         return None

@@ -19,6 +19,7 @@ from spotrelay.contracts.recovery import AttemptEnd, Candidate, Verdict
 from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.domain.status import JobStatus
+from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.review import Move, better_placement, spot_attempt_hours
 from spotrelay.services.controller import Controller, attempt_nodes, spec_of
 
@@ -48,8 +49,10 @@ def decide(ctl: Controller, job: Job, now: float) -> Move | None:
         return None
     stats = ctl.pool_stats.get_many([q.pool.key for q in quotes])
     world = current.world_size or len([n for n in nodes if not n.spare])
+    sized = {m: scores_of(ctl.market.quotes(res.regions, res.instance_types, [mk.value for mk in res.markets],
+                                             capacity=m)) for m in probe_sizes(spec)}  # elastic sizes
     return better_placement(spec, here, world, quotes, stats, now, frozenset(job.excluded_pools),
-                            spot_hours=spot_attempt_hours(job.attempts, now=now))
+                            spot_hours=spot_attempt_hours(job.attempts, now=now), sized=sized)
 
 
 def silent(nodes: list[Node], heartbeat_s: float, now: float) -> bool:

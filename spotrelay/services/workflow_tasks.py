@@ -23,6 +23,7 @@ from spotrelay.errors import (
     QuotaExceededError,
 )
 from spotrelay.placement import PoolEvent, best_pool, rank_pools
+from spotrelay.placement.gang_fit import SizedScores, probe_sizes, scores_of
 from spotrelay.placement.policy import GANG_FIT_REASON, evaluate_pools, gang_key, score_pool, spare_count
 from spotrelay.placement.pool_stats import PoolStats
 from spotrelay.ports.compute import Compute, Instance, LaunchRequest
@@ -88,7 +89,9 @@ def plan(ctl: Controller, job_id: str, now: float, recovery: RecoveryPlan | None
             kept = set(recovery.keep_instance_ids) | {p.instance_id for p in recovery.promoted}
             drop_survivors(ctl, job, [n for n in ctl.store.nodes_of(job_id) if n.instance_id in kept],
                            recovery.deadline, now)
-        launch = _new_gang_plan(spec, job, quotes, stats, now)
+        sized = {m: scores_of(ctl.market.quotes(res.regions, res.instance_types, [mk.value for mk in res.markets],
+                                                 capacity=m)) for m in probe_sizes(spec)}  # elastic sizes
+        launch = _new_gang_plan(spec, job, quotes, stats, now, sized)
 
     def to_placing(current: Job) -> Job | None:
         _live(current)
@@ -132,19 +135,19 @@ def _keeping_plan(spec: JobSpec, recovery: RecoveryPlan, job: Job, quotes: list[
 
 
 def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict[str, PoolStats],
-                   now: float) -> LaunchPlan:
+                   now: float, sized: SizedScores | None = None) -> LaunchPlan:
     """Rank (pool, gang size) pairs for a new gang (down to ``resources.min_nodes``; a smaller gang
     wins when it scores cheaper per useful hour, or when no pool is left for the full one). A pool
     that refused a gang this run is excluded at that size and larger (``pool@n``); once every pair
     is excluded, those whose cooldown passed are tried again."""
     excluded = frozenset(job.excluded_pools)
-    ranked = rank_pools(spec, quotes, stats, now, excluded, gang_sizes=True)
+    ranked = rank_pools(spec, quotes, stats, now, excluded, gang_sizes=True, sized=sized)
     if not ranked and excluded:  # every pool failed this run: retry those whose cooldown has passed
         excluded = frozenset()
-        ranked = rank_pools(spec, quotes, stats, now, excluded, gang_sizes=True)
+        ranked = rank_pools(spec, quotes, stats, now, excluded, gang_sizes=True, sized=sized)
     if not ranked:
         wait = _first_cooldown_end(spec, quotes, stats, now)
-        if _gang_does_not_fit(spec, quotes, stats, now, excluded):  # spot pools too full for the gang now
+        if _gang_does_not_fit(spec, quotes, stats, now, excluded, sized):  # spot pools too full for the gang now
             wait = min(wait or GANG_FIT_RECHECK_S, GANG_FIT_RECHECK_S)
         if wait is not None:  # every allowed pool cools down: wait for the first to come back
             return LaunchPlan(candidates=[], launch_ranks=list(range(spec.resources.nodes)), wait_s=wait)
@@ -157,10 +160,10 @@ def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict
 
 
 def _gang_does_not_fit(spec: JobSpec, quotes: list[PoolQuote], stats: dict[str, PoolStats], now: float,
-                       excluded: frozenset[str]) -> bool:
+                       excluded: frozenset[str], sized: SizedScores | None = None) -> bool:
     """Some allowed spot pool is left out only because its placement score says it cannot hold the
     gang now (``PlacementConfig.min_gang_score``): capacity comes and goes, so ask again later."""
-    dropped = evaluate_pools(spec, quotes, stats, now, excluded, gang_sizes=True).dropped
+    dropped = evaluate_pools(spec, quotes, stats, now, excluded, gang_sizes=True, sized=sized).dropped
     return any(why.startswith(GANG_FIT_REASON) for why in dropped.values())
 
 

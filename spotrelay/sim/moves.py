@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from spotrelay.contracts.recovery import AttemptEnd, Candidate, Launched, Verdict
 from spotrelay.domain.models import Attempt
 from spotrelay.placement import PoolEvent
+from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.review import DEFAULT_REVIEW, better_placement, spot_attempt_hours
 from spotrelay.services.workflow_tasks import review_seconds
 from spotrelay.sim.asl import TaskFailed
@@ -45,12 +46,15 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     stats = self.stats.view()  # (the pools' records; nothing records during a review)
     excluded = frozenset(self.excluded)
     # the shortlist holds the pool better_placement would pick from every quote (sim/shortlist.py)
-    quotes = review_quotes(self, here, len(gang), stats, excluded)
+    held = {k: len(v) for k, v in self.held.items()}  # review.review: scores for the elastic sizes too
+    sized = {m: scores_of(self.market.quotes(self.now, m, held)) for m in probe_sizes(self.spec)}
+    quotes = review_quotes(self, here, len(gang), stats, excluded, sized)
     spot_hours = _spot_hours(self)
-    move = same_review(self, here, len(gang), quotes, stats, excluded, spot_hours)  # better_placement, memoized
+    move = same_review(self, here, len(gang), quotes, stats, excluded, spot_hours, sized)  # memoized
     if VERIFY_SHORTLIST:  # tests: the same decision as from every quote
         every = better_placement(self.spec, here, len(gang), self._quotes(), stats, self.now, excluded,
-                                 config=self.config, spot_hours=spot_attempt_hours(self.attempts, now=self.now))
+                                 config=self.config, spot_hours=spot_attempt_hours(self.attempts, now=self.now),
+                                 sized=sized)
         assert every == move and spot_hours == spot_attempt_hours(self.attempts, now=self.now), (every, move)
     if move is None:
         return _stay(self)

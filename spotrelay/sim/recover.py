@@ -12,6 +12,7 @@ from spotrelay.contracts.recovery import AttemptEnd, Launched, LaunchPlan, Recov
 from spotrelay.domain.models import Attempt
 from spotrelay.errors import NoPlacementError, RetryBudgetExhaustedError
 from spotrelay.placement import PoolEvent
+from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.policy import gang_key, spare_count
 from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery
 from spotrelay.services.recovery_flow import _result as recovery_result
@@ -43,7 +44,9 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
                 if take.instance_id in self.bench:
                     self.end_node(self.bench.pop(take.instance_id))
         try:
-            launch = _new_gang_plan(self.spec, job, quotes, stats, self.now)
+            held = {k: len(v) for k, v in self.held.items()}  # workflow_tasks.plan: scores for elastic sizes
+            sized = {m: scores_of(self.market.quotes(self.now, m, held)) for m in probe_sizes(self.spec)}
+            launch = _new_gang_plan(self.spec, job, quotes, stats, self.now, sized)
         except NoPlacementError as exc:
             raise TaskFailed("NoPlacementError", str(exc)) from None
     return launch.model_dump(mode="json")

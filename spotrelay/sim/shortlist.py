@@ -28,6 +28,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from spotrelay.placement.cooldown import CooldownPolicy, PoolEvent
+from spotrelay.placement.gang_fit import SizedScores
 from spotrelay.placement.policy import _why_not, score_pool
 from spotrelay.placement.pool_stats import InMemoryPoolStatsStore, PoolStats
 from spotrelay.placement.review import Move, better_placement
@@ -115,7 +116,7 @@ def _refresh(run: SpotrelayRun, stats: Mapping[str, PoolStats]) -> Shortlist:
 
 
 def review_quotes(run: SpotrelayRun, here: PoolQuote, world: int, stats: Mapping[str, PoolStats],
-                  excluded: frozenset[str]) -> list[PoolQuote]:
+                  excluded: frozenset[str], sized: SizedScores | None = None) -> list[PoolQuote]:
     """``here`` (the current pool's quote, gang of ``world``) and every quote that may hold the best
     candidate of ``better_placement`` over all of ``run.market``'s quotes."""
     spec, config, now, market = run.spec, run.config, run.now, run.market
@@ -136,13 +137,13 @@ def review_quotes(run: SpotrelayRun, here: PoolQuote, world: int, stats: Mapping
         exact = here if current else market.quote(market.by_key[key], now, count, len(run.held.get(key, ())))
         seen = memo.scored.get(key)
         if seen is None or seen[0] is not exact or seen[1] is not st or seen[2] != excluded or seen[3] != (
-                current, world):
+                current, world, sized):
             # the scores of the sizes _why_not lets through; kept for the same quote, record and
             # exclusions (_why_not reads the clock only for the cooldown, and cooling pools were skipped)
             scores = [score_pool(spec, exact, st, config, nodes=n).score for n, _ in b.lows
                       if not (current and n <= world)
-                      and _why_not(spec, exact, st, now, excluded, None, frozenset(), n, config) is None]
-            seen = memo.scored[key] = (exact, st, excluded, (current, world), scores)
+                      and _why_not(spec, exact, st, now, excluded, None, frozenset(), n, config, sized) is None]
+            seen = memo.scored[key] = (exact, st, excluded, (current, world, sized), scores)
         if seen[4]:
             best = min(best, *seen[4])
             if not current:  # (a quote dropped at every size adds nothing to the ranking)
@@ -151,7 +152,8 @@ def review_quotes(run: SpotrelayRun, here: PoolQuote, world: int, stats: Mapping
 
 
 def same_review(run: SpotrelayRun, here: PoolQuote, world: int, quotes: list[PoolQuote],
-                stats: Mapping[str, PoolStats], excluded: frozenset[str], spot_hours: float | None) -> Move | None:
+                stats: Mapping[str, PoolStats], excluded: frozenset[str], spot_hours: float | None,
+                sized: SizedScores | None = None) -> Move | None:
     """``better_placement`` over ``quotes``, or its last answer when none of what it reads changed:
     the same quote and stats objects (both are replaced, never changed), the same cooling verdicts
     now, gang size, exclusions and spot hours (``now`` reaches it only through the cooldowns)."""
@@ -159,10 +161,11 @@ def same_review(run: SpotrelayRun, here: PoolQuote, world: int, quotes: list[Poo
     cooling = [st is not None and st.cooling(run.now) for st in records]
     last = run.last_review
     if (last is not None and last[0] is here and last[1] == world and last[4] == excluded and last[5] == spot_hours
+            and last[8] == sized
             and len(last[2]) == len(quotes) and all(a is b for a, b in zip(last[2], quotes, strict=False))
             and all(a is b for a, b in zip(last[3], records, strict=False)) and last[6] == cooling):
         return last[7]
     move = better_placement(run.spec, here, world, quotes, stats, run.now, excluded, config=run.config,
-                            spot_hours=spot_hours)
-    run.last_review = (here, world, quotes, records, excluded, spot_hours, cooling, move)
+                            spot_hours=spot_hours, sized=sized)
+    run.last_review = (here, world, quotes, records, excluded, spot_hours, cooling, move, sized)
     return move

@@ -35,11 +35,13 @@ def test_a_spot_pool_too_full_for_the_gang_is_dropped_with_the_reason() -> None:
     assert rank_pools(s, quotes, {}, NOW, config=PlacementConfig(min_gang_score=0))[0].pool.market == "spot"
 
 
-def test_only_the_full_gang_is_judged_by_its_score() -> None:
-    s = make_spec(min_nodes=2)  # the score was asked for 4 nodes; it says nothing about 3 or 2
-    ranked = rank_pools(s, _scored(quotes_for(s), 3.0), {}, NOW, gang_sizes=True)
-    spot = [r for r in ranked if r.pool.market == "spot"]
-    assert spot and all(r.nodes < 4 for r in spot)
+def test_a_smaller_gang_needs_a_score_asked_for_its_size_or_larger() -> None:
+    s = make_spec(min_nodes=2)  # the quotes' scores were asked for 4 nodes: a low one rules 4 out
+    quotes = _scored(quotes_for(s), 3.0)
+    assert not [r for r in rank_pools(s, quotes, {}, NOW, gang_sizes=True) if r.pool.market == "spot"]
+    sized = {3: {q.pool.key: 9.0 for q in quotes}}  # Plan's probe for 3 nodes says they fit
+    spot = [r for r in rank_pools(s, quotes, {}, NOW, gang_sizes=True, sized=sized) if r.pool.market == "spot"]
+    assert spot and {r.nodes for r in spot} == {2, 3}
 
 
 def test_a_spot_only_job_with_no_pool_that_fits_waits_and_asks_again() -> None:
@@ -100,3 +102,17 @@ def test_a_trace_pool_offers_no_capacity_it_reclaims_within_the_notice_window(tm
     cap = TraceCapacity(read_bamboo(trace), 0.0)
     assert cap.capacity(900.0) == 3 and cap.offered(900.0) == 2  # the drop at 1000 s is inside the notice
     assert cap.offered(800.0) == 3 and cap.offered(1500.0) == 2 and cap.offered(2500.0) == 3
+
+
+def test_elastic_sizes_are_judged_by_scores_asked_for_them() -> None:
+    from spotrelay.placement.gang_fit import fits, probe_sizes
+
+    s = make_spec(nodes=32, min_nodes=16)
+    assert probe_sizes(s) == [28, 24, 20, 16] and probe_sizes(make_spec()) == []
+    quotes = _scored(quotes_for(s), 3.0)  # asked for 32: no pool holds the full gang
+    spot = [q.pool.key for q in quotes if q.pool.market == "spot"]
+    sized = {m: {k: (9.0 if m <= 20 else 4.0) for k in spot} for m in probe_sizes(s)}
+    assert fits(sized, spot[0], 20, 8.0) and fits(sized, spot[0], 17, 8.0)  # scored for 20: room for 17
+    assert fits(sized, spot[0], 21, 8.0) is False and fits({}, spot[0], 21, 8.0) is None
+    ranked = rank_pools(s, quotes, {}, NOW, gang_sizes=True, sized=sized)
+    assert {r.nodes for r in ranked if r.pool.market == "spot"} == set(range(16, 21))

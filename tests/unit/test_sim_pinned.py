@@ -55,7 +55,7 @@ PINNED: dict[str, dict[str, list[Any]]] = {  # python -m tests.unit.test_sim_pin
         "price-limit/0": [19, 25420.166539, "dc58a0e9c36912f2"],
     },
     "synthetic-16-switches": {
-        "spotrelay/0": [1642, 83935.074942, "fbfd187383c380b9"],
+        "spotrelay/0": [1662, 83957.099188, "9d39953210aae8e0"],
     },
 }
 
