@@ -74,9 +74,10 @@ class Shortlist:
     bounds: dict[str, Bound] = field(default_factory=dict)
     order: list[tuple[float, str]] = field(default_factory=list)
     until: float = -1.0  # every price holds until then
-    # pool key -> (exact quote, record, exclusions, (current, world), the candidate sizes' exact scores)
-    scored: dict[str, tuple[PoolQuote, PoolStats | None, frozenset[str], tuple[bool, int], list[float]]] = field(
-        default_factory=dict)
+    # pool key -> (exact quote, record, exclusions, (current, world, sized scores), the candidate sizes'
+    # exact scores)
+    scored: dict[str, tuple[PoolQuote, PoolStats | None, frozenset[str], tuple[bool, int, SizedScores | None],
+                            list[float]]] = field(default_factory=dict)
 
 
 def _bound(run: SpotrelayRun, key: str, stats: PoolStats | None) -> None:
