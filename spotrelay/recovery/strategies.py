@@ -12,6 +12,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.contracts.recovery import AttemptEnd
 from spotrelay.domain.models import Node, NodeState, Pool
 from spotrelay.placement.policy import DEFAULT_CONFIG, PlacementConfig, ScoredPool, best_pool, evaluate_pools
@@ -20,6 +21,9 @@ from spotrelay.ports.market import PoolQuote
 from spotrelay.spec.models import JobSpec
 
 _GONE = (NodeState.DOOMED, NodeState.LOST, NodeState.TERMINATED)
+# A rank that exited DONE or CANCELLED: its agent has left (agent/daemon.py ``serve``), so its node
+# would never join another attempt; keeping it makes the next gang wait for a rank that never comes.
+_AGENT_LEFT = (int(ExitCode.DONE), int(ExitCode.CANCELLED))
 
 
 class RecoveryContext(BaseModel):
@@ -40,7 +44,8 @@ class RecoveryContext(BaseModel):
 
     def survivors(self) -> list[Node]:
         lost = set(self.outcome.lost_ranks)
-        return sorted((n for n in self.nodes if n.rank not in lost and n.state not in _GONE), key=lambda n: n.rank)
+        return sorted((n for n in self.nodes if n.rank not in lost and n.state not in _GONE
+                       and not (n.state is NodeState.EXITED and n.exit_code in _AGENT_LEFT)), key=lambda n: n.rank)
 
     def release(self, keep: list[Node]) -> list[str]:
         """Instances of the gang not kept and not known gone (suspect nodes are released too)."""

@@ -135,3 +135,15 @@ def test_registry() -> None:
             register("test-noop")(Noop)
     finally:
         _REGISTRY.pop("test-noop", None)
+
+
+def test_a_rank_that_finished_is_not_kept_its_agent_has_left() -> None:
+    """A notice raced the job's end: rank 1 was doomed, the others finished (exit 0) and their agents
+    left. Keeping them made the next gang wait for a rank 0 that never registered, each attempt
+    until the recoveries were spent (the e2e health test failed so under load)."""
+    nodes = gang({1: NodeState.DOOMED})
+    done = [n.model_copy(update={"state": NodeState.EXITED, "exit_code": 0}) if n.rank in (0, 2) else n for n in nodes]
+    plan = plan_recovery(ctx(spec(), done))
+    assert plan.action == "replace-lost" and plan.keep_instance_ids == ["i-3"] and plan.launch_ranks == [0, 1, 2]
+    saved = [n.model_copy(update={"state": NodeState.EXITED, "exit_code": 75}) if n.rank != 1 else n for n in nodes]
+    assert plan_recovery(ctx(spec(), saved)).keep_instance_ids == ["i-0", "i-2", "i-3"]  # 75: it waits to join
