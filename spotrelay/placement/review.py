@@ -95,6 +95,17 @@ def _observed(scored: ScoredPool, gang_rate: float) -> ScoredPool:
     return scored.model_copy(update={"score": scored.score * b["useful_fraction"] / useful, "breakdown": breakdown})
 
 
+EVIDENCE_HOURS = 12.0  # a gang parked on on-demand weighs only the spot attempts of this many last hours
+
+
+def review_spot_hours(attempts: list[Attempt], current_market: str, now: float) -> float | None:
+    """The spot evidence a review weighs: the job's last spot attempts; from on-demand, only those of
+    the last ``EVIDENCE_HOURS`` (else a gang parked there after a bad spell never looks at spot again;
+    on spot the evidence stays fresh by itself)."""
+    on_spot = current_market == "spot"
+    return spot_attempt_hours(attempts, now=None if on_spot else now, within_hours=EVIDENCE_HOURS)
+
+
 def work_rate(scored: ScoredPool) -> float:
     """Full-gang work-hours done per wall hour in this placement (the score's denominator)."""
     b = scored.breakdown

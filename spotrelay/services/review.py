@@ -20,7 +20,7 @@ from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.domain.status import JobStatus
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
-from spotrelay.placement.review import Move, better_placement, spot_attempt_hours
+from spotrelay.placement.review import Move, better_placement, review_spot_hours
 from spotrelay.services.controller import Controller, attempt_nodes, spec_of
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def decide(ctl: Controller, job: Job, now: float) -> Move | None:
     sized = {m: scores_of(ctl.market.quotes(res.regions, res.instance_types, [mk.value for mk in res.markets],
                                              capacity=m)) for m in probe_sizes(spec)}  # elastic sizes
     return better_placement(spec, here, world, quotes, stats, now, frozenset(job.excluded_pools),
-                            spot_hours=spot_attempt_hours(job.attempts, now=now), sized=sized)
+                            spot_hours=review_spot_hours(job.attempts, current.pool.market, now), sized=sized)
 
 
 def silent(nodes: list[Node], heartbeat_s: float, now: float) -> bool:

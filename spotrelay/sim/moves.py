@@ -10,7 +10,7 @@ from spotrelay.contracts.recovery import AttemptEnd, Candidate, Launched, Verdic
 from spotrelay.domain.models import Attempt
 from spotrelay.placement import PoolEvent
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
-from spotrelay.placement.review import DEFAULT_REVIEW, better_placement, spot_attempt_hours
+from spotrelay.placement.review import DEFAULT_REVIEW, better_placement, review_spot_hours
 from spotrelay.services.workflow_tasks import review_seconds
 from spotrelay.sim.asl import TaskFailed
 from spotrelay.sim.shortlist import review_quotes, same_review
@@ -31,8 +31,9 @@ def _stay(run: SpotrelayRun) -> dict[str, Any]:
 
 
 def _spot_hours(run: SpotrelayRun) -> float | None:
-    """spot_attempt_hours(run.attempts, now) (it looks at the last few attempts only)."""
-    return spot_attempt_hours(run.attempts, now=run.now)
+    """review_spot_hours over the run's attempts (it looks at the last few only)."""
+    current = run.attempt_pool
+    return review_spot_hours(run.attempts, current.pool.market if current else "spot", run.now)
 
 
 def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
@@ -53,9 +54,9 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     move = same_review(self, here, len(gang), quotes, stats, excluded, spot_hours, sized)  # memoized
     if VERIFY_SHORTLIST:  # tests: the same decision as from every quote
         every = better_placement(self.spec, here, len(gang), self._quotes(), stats, self.now, excluded,
-                                 config=self.config, spot_hours=spot_attempt_hours(self.attempts, now=self.now),
+                                 config=self.config, spot_hours=_spot_hours(self),
                                  sized=sized)
-        assert every == move and spot_hours == spot_attempt_hours(self.attempts, now=self.now), (every, move)
+        assert every == move and spot_hours == _spot_hours(self), (every, move)
     if move is None:
         return _stay(self)
     t = move.target

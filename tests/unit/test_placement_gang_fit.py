@@ -116,3 +116,14 @@ def test_elastic_sizes_are_judged_by_scores_asked_for_them() -> None:
     assert fits(sized, spot[0], 21, 8.0) is False and fits({}, spot[0], 21, 8.0) is None
     ranked = rank_pools(s, quotes, {}, NOW, gang_sizes=True, sized=sized)
     assert {r.nodes for r in ranked if r.pool.market == "spot"} == set(range(16, 21))
+
+
+def test_only_a_gang_parked_on_on_demand_forgets_old_spot_evidence() -> None:
+    from spotrelay.placement.review import EVIDENCE_HOURS, review_spot_hours
+
+    spot = quotes_for(make_spec())[0].pool
+    old = [Attempt(number=i, pool=spot, started_at=NOW + 600 * i, ended_at=NOW + 600 * i + 300) for i in range(3)]
+    later = NOW + (EVIDENCE_HOURS + 1) * 3600
+    assert review_spot_hours(old, "on-demand", later) is None  # stale: look at spot again
+    assert review_spot_hours(old, "spot", later) is not None  # on spot it is the latest there is
+    assert review_spot_hours(old, "on-demand", NOW + 3600) is not None

@@ -45,17 +45,17 @@ PINNED: dict[str, dict[str, list[Any]]] = {  # python -m tests.unit.test_sim_pin
         "spotrelay/0": [552, 423257.801649, "7ada615d8700a74c"],
     },
     "synthetic-32": {
-        "spotrelay/0": [1576, 50026.93118, "3bcd28b1da35ba5b"],
+        "spotrelay/0": [925, 50043.167713, "1816c62b6b6c8345"],
     },
     "g4dn-16-all": {
-        "spotrelay/0": [4036, 53758.016648, "09e575cd1d19b1c8"],
+        "spotrelay/0": [2586, 56521.264426, "fe961e3af8db5404"],
         "on-demand/0": [19, 63550.06621, "a870882ca864a16c"],
         "skypilot-like/0": [21785, 81959.344006, "603bee401bbb5a9c"],
         "sagemaker-like/0": [17596, 64654.086173, "b334a4f0a90177af"],
         "price-limit/0": [19, 25420.166539, "dc58a0e9c36912f2"],
     },
     "synthetic-16-switches": {
-        "spotrelay/0": [1662, 83957.099188, "9d39953210aae8e0"],
+        "spotrelay/0": [1388, 83841.416167, "73a61c128b2117db"],
     },
 }
 
