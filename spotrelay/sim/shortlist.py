@@ -74,10 +74,11 @@ class Shortlist:
     bounds: dict[str, Bound] = field(default_factory=dict)
     order: list[tuple[float, str]] = field(default_factory=list)
     until: float = -1.0  # every price holds until then
-    # pool key -> (exact quote, record, exclusions, (current, world, sized scores), the candidate sizes'
-    # exact scores)
-    scored: dict[str, tuple[PoolQuote, PoolStats | None, frozenset[str], tuple[bool, int, SizedScores | None],
-                            list[float]]] = field(default_factory=dict)
+    # (pool key, id of a quote) -> (that quote: its id stays its own, record, exclusions, (current,
+    # world, sized scores), the candidate sizes' exact scores)
+    scored: dict[tuple[str, int], tuple[PoolQuote, PoolStats | None, frozenset[str],
+                                        tuple[bool, int, SizedScores | None], list[float]]] = field(
+        default_factory=dict)
 
 
 def _bound(run: SpotrelayRun, key: str, stats: PoolStats | None) -> None:
@@ -136,15 +137,18 @@ def review_quotes(run: SpotrelayRun, here: PoolQuote, world: int, stats: Mapping
             continue  # _why_not drops a cooling pool (no survivors run in a review's candidates)
         current = key == here_key
         exact = here if current else market.quote(market.by_key[key], now, count, len(run.held.get(key, ())))
-        seen = memo.scored.get(key)
+        seen = memo.scored.get((key, id(exact)))
         if seen is None or seen[0] is not exact or seen[1] is not st or seen[2] != excluded or seen[3] != (
                 current, world, sized):
-            # the scores of the sizes _why_not lets through; kept for the same quote, record and
-            # exclusions (_why_not reads the clock only for the cooldown, and cooling pools were skipped)
+            # the scores of the sizes _why_not lets through; kept per quote object (a pool's quotes
+            # repeat: whole-number scores) while the record and exclusions stay (_why_not reads the
+            # clock only for the cooldown, and cooling pools were skipped)
             scores = [score_pool(spec, exact, st, config, nodes=n).score for n, _ in b.lows
                       if not (current and n <= world)
                       and _why_not(spec, exact, st, now, excluded, None, frozenset(), n, config, sized) is None]
-            seen = memo.scored[key] = (exact, st, excluded, (current, world, sized), scores)
+            if len(memo.scored) > 50_000:
+                memo.scored.clear()
+            seen = memo.scored[(key, id(exact))] = (exact, st, excluded, (current, world, sized), scores)
         if seen[4]:
             best = min(best, *seen[4])
             if not current:  # (a quote dropped at every size adds nothing to the ranking)
