@@ -259,13 +259,13 @@ def test_a_replacement_prefetches_the_newest_commit_until_its_trainer_resumed(s3
     append_event(control, TrainerEvent(kind="resumed", step=0, time=1.0))  # an earlier run's: old news
     prefetch = Prefetch(lambda: SpareCache(tmp_path / "new", s3.uri), control, every_s=0.05).start()
     mirrored = LocalTier(tmp_path / "new")
-    deadline = clock.time() + 60
+    deadline = clock.time() + 300
     while 2 not in mirrored.steps() and clock.time() < deadline:  # bounded: catches a hang only
         clock.sleep(0.05)
     # the trainer's own restore of the same step keeps the verified copy it finds (no second download)
     assert materialize(2, mirrored, s3).step == 2 and mirrored.steps() == [2]
     append_event(control, TrainerEvent(kind="resumed", step=2, time=2.0))
-    prefetch._thread.join(timeout=60)
+    prefetch._thread.join(timeout=300)
     assert not prefetch._thread.is_alive()  # its trainer resumed: the prefetch is over
     assert not [p for p in (tmp_path / "new").iterdir() if p.name.startswith(".download")]
 
@@ -281,6 +281,6 @@ def test_two_downloaders_of_one_step_keep_one_verified_copy(s3_setup: Any, tmp_p
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=60)
+        t.join(timeout=300)
     assert results == [4, 4] and tier.verified(4).step == 4
     assert [p.name for p in (tmp_path / "node").iterdir()] == ["step-00000004"]

@@ -22,6 +22,7 @@ from spotrelay.spec.models import JobSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 RDZV = Rendezvous(nodes=2, node_rank=1, nproc_per_node=8, master_addr="10.0.0.5", master_port=29500)
+HANG_S = 120.0  # only catches a hang: every wait here is for a condition
 
 
 def _spec(**over: Any) -> JobSpec:
@@ -154,17 +155,18 @@ def test_process_kill_tree_and_stale_records(tmp_path: Path) -> None:
     proc = TrainingProcess(LaunchPlan([sys.executable, "-c", launcher, str(pid_file)]), ctl)
     proc.start()
     assert proc.worker_codes() == {}  # the previous run's records are gone
-    for _ in range(100):
-        if pid_file.exists() and pid_file.read_text():
-            break
+    give_up = time.time() + HANG_S  # two interpreters start first: slow on a loaded machine, not a failure
+    while not (pid_file.exists() and pid_file.read_text()):
+        assert time.time() < give_up, "the launcher's child never started (a hang)"
         time.sleep(0.05)
     assert proc.kill_tree(grace_s=2) == -15
     child_pid = int(pid_file.read_text())
-    for _ in range(40):
+    give_up = time.time() + HANG_S
+    while True:
         try:
             os.kill(child_pid, 0)
         except ProcessLookupError:
             break
+        if time.time() > give_up:
+            pytest.fail("the launcher's child survived")
         time.sleep(0.05)
-    else:
-        pytest.fail("the launcher's child survived")
