@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from agent.checkpoint.manifest import Manifest
 from spotrelay.errors import IncompatibleCheckpointError
@@ -62,6 +63,28 @@ def check_parameters(step_dir: Path, saved: dict[str, tuple[int, ...]], live: di
         f"{step_dir}: another model: " + "; ".join(parts)
         + "; resume it with the model that wrote it, or give this run an empty checkpoint location"
     )  # fmt: skip
+
+
+def check_optimizer(step_dir: Path, saved: set[str], live: dict[str, Any]) -> None:
+    """The same kind of optimizer: the same per-parameter state names (Adam's ``exp_avg``, SGD's
+    ``momentum_buffer``) and the hyper-parameters this one needs. ``saved``: the checkpoint's
+    flattened ``optim.*`` keys (DCP); ``live``: this optimizer's state dict (``get_state_dict``)."""
+    saved_state = {key.rsplit(".", 1)[1] for key in saved if key.startswith("optim.state.")}
+    live_state = {name for per_param in live.get("state", {}).values() for name in per_param}
+    saved_groups = {key.split(".")[3] for key in saved if key.startswith("optim.param_groups.")}
+    live_groups = {name for group in live.get("param_groups", []) for name in group}
+    parts = []
+    if live_state - saved_state:
+        parts.append(f"the checkpoint has no optimizer state {_few(sorted(live_state - saved_state))}")
+    if saved_state - live_state:
+        parts.append(f"this optimizer keeps no {_few(sorted(saved_state - live_state))} (saved)")
+    if live_groups - saved_groups:
+        parts.append(f"the saved param groups have no {_few(sorted(live_groups - saved_groups))}")
+    if parts:
+        raise IncompatibleCheckpointError(
+            f"{step_dir}: another optimizer: " + "; ".join(parts)
+            + "; resume it with the optimizer that wrote it, or give this run an empty checkpoint location"
+        )  # fmt: skip
 
 
 def _few(names: list[str]) -> str:

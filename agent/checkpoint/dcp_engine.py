@@ -18,8 +18,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from agent.checkpoint.arena import ArenaPool, arena_size
-from agent.checkpoint.compat import check_parameters
-from agent.checkpoint.dcp_storage import ArenaStorageWriter, load, saved_model_shapes
+from agent.checkpoint.compat import check_optimizer, check_parameters
+from agent.checkpoint.dcp_storage import ArenaStorageWriter, load, saved_layout
 from agent.checkpoint.engines import Output, Snapshot
 from agent.checkpoint.manifest import Manifest
 from agent.checkpoint.state import snapshot_tree
@@ -57,7 +57,9 @@ class DcpEngine:
         """DCP reshards by itself: each rank reads the saved chunks that overlap its own tensors."""
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         live = {k: tuple(v.shape) for k, v in model_sd.items() if isinstance(v, torch.Tensor)}
-        check_parameters(step_dir, saved_model_shapes(step_dir / MODEL_DIR), live)
+        shapes, optim_keys = saved_layout(step_dir / MODEL_DIR)
+        check_parameters(step_dir, shapes, live)
+        check_optimizer(step_dir, optim_keys, optim_sd)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         load(state, step_dir / MODEL_DIR, process_group=self.group, no_dist=not self.distributed)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

@@ -143,14 +143,16 @@ def load(state: dict[str, Any], path: Path, process_group: Any = None, no_dist: 
         raise CorruptCheckpointError(f"{path}: {exc}") from None
 
 
-def saved_model_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """Global shapes of the saved ``model.*`` tensors, from the (scanned) metadata."""
+def saved_layout(path: Path) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+    """(global shapes of the saved ``model.*`` tensors, every saved ``optim.*`` key), from the
+    (scanned) metadata."""
     metadata = RawStorageReader(path).read_metadata()
-    return {
+    shapes = {
         key.removeprefix("model."): tuple(meta.size)
         for key, meta in metadata.state_dict_metadata.items()
         if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
     }
+    return shapes, {key for key in metadata.state_dict_metadata if key.startswith("optim.")}
 
 
 class RawStorageReader(StorageReader):

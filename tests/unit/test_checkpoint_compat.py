@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from agent.batching import plan_batch
-from agent.checkpoint.compat import check_manifest, check_parameters
+from agent.checkpoint.compat import check_manifest, check_optimizer, check_parameters
 from agent.checkpoint.manifest import Manifest
 from agent.training import spotrelay_session
 from spotrelay.contracts.control import read_events
@@ -116,3 +116,37 @@ def test_a_world_that_cannot_split_the_recorded_global_batch_names_the_checkpoin
     assert "cannot be split over 1 ranks of micro-batch 5" in text
     events, _ = read_events(control_dir)
     assert [(e.kind, e.detail) for e in events] == [("refused", text)]
+
+
+def test_another_optimizer_is_refused_naming_its_state() -> None:
+    saved = {"optim.state.0.weight.momentum_buffer", "optim.param_groups.0.lr", "optim.param_groups.0.momentum"}
+    live = {"state": {"0.weight": {"exp_avg": 0, "exp_avg_sq": 0, "step": 0}},
+            "param_groups": [{"lr": 0.1, "betas": (0.9, 0.99), "params": ["0.weight"]}]}  # fmt: skip
+    with pytest.raises(IncompatibleCheckpointError) as err:
+        check_optimizer(Path("/c/step-00000004"), saved, live)
+    text = str(err.value)
+    assert text.startswith("/c/step-00000004: another optimizer: the checkpoint has no optimizer state exp_avg")
+    assert "this optimizer keeps no momentum_buffer (saved)" in text and "param groups have no betas, params" in text
+    same = {"state": {"0.weight": {"momentum_buffer": 0}}, "param_groups": [{"lr": 0.1, "momentum": 0.9}]}
+    check_optimizer(Path("/c"), saved, same)
+
+
+def test_a_session_with_another_optimizer_is_refused_before_loading(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    session = spotrelay_session(model, optimizer, checkpoint_dir=tmp_path)
+    for _ in session.steps(2):
+        optimizer.zero_grad()
+        model(torch.ones(1, 4)).sum().backward()
+        optimizer.step()
+    assert session.close() == 0
+    before = _digest(tmp_path)
+    other = torch.optim.AdamW(model.parameters(), lr=0.1)
+    resumed = spotrelay_session(model, other, checkpoint_dir=tmp_path)
+    # it used to fail inside DCP (a CorruptCheckpointError naming no cause)
+    with pytest.raises(IncompatibleCheckpointError, match=r"another optimizer: this optimizer keeps no "
+                                                          r"momentum_buffer .*have no amsgrad, betas"):
+        resumed.resume()
+    resumed.close()
+    assert _digest(tmp_path) == before
