@@ -70,13 +70,23 @@ def check_optimizer(step_dir: Path, saved: set[str], live: dict[str, Any]) -> No
     ``momentum_buffer``) and the hyper-parameters this one needs. ``saved``: the checkpoint's
     flattened ``optim.*`` keys (DCP); ``live``: this optimizer's state dict (``get_state_dict``)."""
     saved_state = {key.rsplit(".", 1)[1] for key in saved if key.startswith("optim.state.")}
-    live_state = {name for per_param in live.get("state", {}).values() for name in per_param}
     saved_groups = {key.split(".")[3] for key in saved if key.startswith("optim.param_groups.")}
-    live_groups = {name for group in live.get("param_groups", []) for name in group}
+    check_optimizer_names(step_dir, (saved_state, saved_groups), optimizer_names(live))
+
+
+def optimizer_names(state_dict: dict[str, Any]) -> tuple[set[str], set[str]]:
+    """(per-parameter state names, param-group keys) of an optimizer state dict."""
+    state = {name for per_param in state_dict.get("state", {}).values() for name in per_param}
+    return state, {name for group in state_dict.get("param_groups", []) for name in group}
+
+
+def check_optimizer_names(step_dir: Path, saved: tuple[set[str], set[str]], live: tuple[set[str], set[str]]) -> None:
+    """Refuse another optimizer: other state names, or hyper-parameters the saved groups lack."""
+    (saved_state, saved_groups), (live_state, live_groups) = saved, live
     parts = []
     if live_state - saved_state:
         parts.append(f"the checkpoint has no optimizer state {_few(sorted(live_state - saved_state))}")
-    if saved_state - live_state:
+    if live_state and saved_state - live_state:  # an optimizer with no state yet cannot tell
         parts.append(f"this optimizer keeps no {_few(sorted(saved_state - live_state))} (saved)")
     if live_groups - saved_groups:
         parts.append(f"the saved param groups have no {_few(sorted(live_groups - saved_groups))}")

@@ -19,7 +19,7 @@ import torch
 from agent.checkpoint import arena_files
 from agent.checkpoint import deepspeed_reshard as reshard
 from agent.checkpoint.arena import Arena, ArenaPool, arena_size
-from agent.checkpoint.compat import check_parameters
+from agent.checkpoint.compat import check_optimizer_names, check_parameters, optimizer_names
 from agent.checkpoint.engines import ArenaFile, Output, Snapshot
 from agent.checkpoint.manifest import Manifest
 from agent.checkpoint.state import snapshot_tree
@@ -100,6 +100,7 @@ class DeepSpeedEngine:
         # the skeleton (no tensor bytes) holds the parameter shapes, the scheduler and the counters
         model_states = arena_files.load_skeleton(reshard.model_states_file(step_dir, stage))
         check_parameters(step_dir, reshard.saved_shapes(model_states), self.live_shapes())
+        self._check_optimizer(step_dir, stage)
         saved_dp = int(manifest.layout.get("dp", manifest.world_size))
         if saved_dp != int(self.engine.dp_world_size) or stage != self.engine.zero_optimization_stage():
             # another world (or ZeRO stage): whole tensors from every saved partition, then our slices
@@ -112,6 +113,15 @@ class DeepSpeedEngine:
         )
         if path is None:
             raise FileNotFoundError(f"DeepSpeed found no checkpoint in {step_dir}")
+
+    def _check_optimizer(self, step_dir: Path, stage: int) -> None:
+        """Another optimizer (DeepSpeed would load its state into this one without a word) is refused."""
+        saved_file = arena_files.load_skeleton(reshard.optim_file(step_dir, 0))
+        saved = reshard.base_optimizer_state(saved_file.get("optimizer_state_dict", {}), stage)
+        base = getattr(self.engine.optimizer, "optimizer", None)
+        if saved is None or not isinstance(base, torch.optim.Optimizer):
+            return  # bf16 or another wrapper: its own load checks what it can
+        check_optimizer_names(step_dir, optimizer_names(saved), optimizer_names(base.state_dict()))
 
     def describe(self) -> dict[str, Any]:
         e = self.engine

@@ -48,6 +48,12 @@ def optim_file(step_dir: Path, rank: int) -> Path:
     raise CorruptCheckpointError(f"{step_dir}: no optimizer partition of rank {rank}")
 
 
+def base_optimizer_state(optimizer_state: dict[str, Any], stage: int) -> dict[str, Any] | None:
+    """The torch optimizer's own state dict inside a ZeRO optimizer's (None: a layout we do not know)."""
+    found = optimizer_state.get("optimizer_state_dict" if stage == 3 else "base_optimizer_state")
+    return found if isinstance(found, dict) and "param_groups" in found else None
+
+
 def saved_shapes(model_states: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return {name: tuple(shape) for group in model_states["param_shapes"] for name, shape in group.items()}
 

@@ -145,8 +145,8 @@ def test_a_session_with_another_optimizer_is_refused_before_loading(tmp_path: Pa
     other = torch.optim.AdamW(model.parameters(), lr=0.1)
     resumed = spotrelay_session(model, other, checkpoint_dir=tmp_path)
     # it used to fail inside DCP (a CorruptCheckpointError naming no cause)
-    with pytest.raises(IncompatibleCheckpointError, match=r"another optimizer: this optimizer keeps no "
-                                                          r"momentum_buffer .*have no amsgrad, betas"):
+    with pytest.raises(IncompatibleCheckpointError, match="another optimizer: the saved param groups have no "
+                                                          "amsgrad, betas"):
         resumed.resume()
     resumed.close()
     assert _digest(tmp_path) == before
