@@ -116,11 +116,13 @@ class DeepSpeedEngine:
 
     def _check_optimizer(self, step_dir: Path, stage: int) -> None:
         """Another optimizer (DeepSpeed would load its state into this one without a word) is refused."""
+        base = getattr(self.engine.optimizer, "optimizer", None)
+        if not isinstance(base, torch.optim.Optimizer):
+            return  # no ZeRO optimizer (bf16 or another wrapper): its own load checks what it can
         saved_file = arena_files.load_skeleton(reshard.optim_file(step_dir, 0))
         saved = reshard.base_optimizer_state(saved_file.get("optimizer_state_dict", {}), stage)
-        base = getattr(self.engine.optimizer, "optimizer", None)
-        if saved is None or not isinstance(base, torch.optim.Optimizer):
-            return  # bf16 or another wrapper: its own load checks what it can
+        if saved is None:
+            return
         check_optimizer_names(step_dir, optimizer_names(saved), optimizer_names(base.state_dict()))
 
     def describe(self) -> dict[str, Any]:
