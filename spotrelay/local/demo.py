@@ -28,7 +28,7 @@ from spotrelay.local import demo_report as report
 from spotrelay.local.chaos import ChaosDriver, Fired, node_step, places_of
 from spotrelay.local.code_delivery import deliver_script_dir
 from spotrelay.local.compute import LocalInstance
-from spotrelay.local.demo_elastic import SMALL_REFERENCE, ElasticScript, elastic_spec
+from spotrelay.local.demo_elastic import ELASTIC_STEPS, SMALL_REFERENCE, ElasticScript, elastic_spec
 from spotrelay.local.demo_summary import RESULT, print_summary, summarize
 from spotrelay.local.demo_view import EventLog, render
 from spotrelay.local.dispatcher import Delivery
@@ -53,7 +53,9 @@ class DemoOptions:
     json_path: Path | None = None
     spec: Path = Path("examples/tiny.yaml")
     live: bool = True
-    steps: int = 200  # enough that attempt 1 trains through the whole notice window and attempt 2 runs on
+    # enough that attempt 1 trains through the whole notice window and attempt 2 runs on (None: 200; the
+    # elastic scenario's default is demo_elastic.ELASTIC_STEPS)
+    steps: int | None = None
     notice_step: int = 20  # spot notice on rank 1 when attempt 1 reaches this step
     kill_after_steps: int = 25  # rank 0 of attempt 2 vanishes this many steps after attempt 2 resumed
     step_sleep_s: float = 0.25  # pace training so the faults land mid-run and a human can follow
@@ -168,7 +170,8 @@ def run_demo(opts: DemoOptions) -> report.Summary:
     out.mkdir(parents=True)
     console = Console(file=quiet_logs(out / "twin.log"))
     elastic = opts.scenario == "elastic"
-    spec_text, tracking_uri = prepare_spec(opts.spec, out, opts.step_sleep_s, opts.steps, opts.spares, elastic)
+    steps = opts.steps or (ELASTIC_STEPS if elastic else 200)
+    spec_text, tracking_uri = prepare_spec(opts.spec, out, opts.step_sleep_s, steps, opts.spares, elastic)
     spec = parse_spec(spec_text)
     experiment = spec.tracking.mlflow_experiment or "spotrelay"
     market = MarketModel(

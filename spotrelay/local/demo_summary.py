@@ -139,8 +139,9 @@ def summarize(
     if elastic:
         sizes = demo_elastic.world_sizes(rec.nodes)
         small = _losses(read_results((opts.out / demo_elastic.SMALL_REFERENCE / RESULT).resolve()))
+        last = len(losses.get(max(sizes), {})) if sizes else None
         elastic_facts, found = demo_elastic.judge(demo_elastic.every_loss(twin), ref_losses, sizes, nodes,
-                                                  small or None)
+                                                  small or None, last)
         problems += found
     faults = rec.faults
     events = node_events(twin)

@@ -1,5 +1,6 @@
 """The elastic demo's judgement of the losses: within 1e-4 of the reference up to the step where
-uninterrupted runs on the full and the smallest gang part by rounding; reported, not judged, after."""
+uninterrupted runs on the full and the smallest gang part by rounding (1e-6); reported, not judged,
+after. A gang that grows back only after the last step is a problem."""
 
 from __future__ import annotations
 
@@ -33,3 +34,9 @@ def test_without_the_small_reference_every_step_is_judged() -> None:
     facts, problems = judge(sorted(_drift(REF, 12, 8e-4).items()), REF, {1: 2, 2: 2}, 2)
     assert facts["numerics_apart_at_step"] is None and facts["losses_compared"] == 20
     assert len(problems) == 2 and problems[0].startswith("no attempt trained on fewer than 2 nodes")
+
+
+def test_a_grown_gang_that_trained_no_step_is_a_problem() -> None:
+    _, problems = judge(sorted(REF.items()), REF, SIZES, 2, last_trained=0)
+    assert problems == ["the gang grew back to 2 nodes only after the last step (it trained no step)"]
+    assert judge(sorted(REF.items()), REF, SIZES, 2, last_trained=5)[1] == []
