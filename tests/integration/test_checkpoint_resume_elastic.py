@@ -75,3 +75,27 @@ def test_resume_on_2_then_1_then_3_ranks_keeps_losses_and_data_order(tmp_path: P
     for step, world in ((6, 1), (10, 3)):
         manifest = json.loads((ckpt / f"step-{step:08d}" / "manifest.json").read_text())
         assert manifest["world_size"] == world and manifest["data_state"]["global_batch"] == GLOBAL
+
+
+def test_zero1_on_2_ranks_resumes_as_zero3_on_3(tmp_path: Path) -> None:
+    """The ZeRO stage and the world size change at once: a ZeRO-1 checkpoint of 2 ranks, resumed by a
+    ZeRO-3 engine on 3 (merge by the saved stage, scatter by the live one); the losses and samples of
+    the straight ZeRO-1 run's steps 3-5."""
+    env = {"SPOTRELAY_KEEP_LOCAL": "10"}
+    straight = ["--engine", "deepspeed", "--zero-stage", "1", *COMMON, "--global-batch", str(GLOBAL), "--steps", "6",
+                "--every", "3"]  # fmt: skip
+    torchrun(TRAIN, tmp_path, "straight", tmp_path / "straight", straight, env=env, timeout=600)
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tmp_path / "straight" / "step-00000003", ckpt / "step-00000003")
+    torchrun(SHARDED, tmp_path, "zero3", ckpt, ["--engine", "zero3", *COMMON, "--steps", "6"], nproc=3, env=env,
+             timeout=600)  # fmt: skip
+    ref = dict(result(tmp_path, "straight", 0)["losses"])
+    got = result(tmp_path, "zero3", 0)
+    assert got["resumed_from"] == 3 and [s for s, _ in got["losses"]] == [3, 4, 5]
+    assert all(abs(loss - ref[step]) <= 1e-4 * abs(ref[step]) for step, loss in got["losses"]), (got["losses"], ref)
+    for step in (3, 4, 5):
+        ref_used = sorted(i for r in (0, 1) for s, idx in result(tmp_path, "straight", r)["samples"] if s == step
+                          for i in idx)  # fmt: skip
+        used = sorted(i for r in (0, 1, 2) for s, idx in result(tmp_path, "zero3", r)["samples"] if s == step
+                      for i in idx)  # fmt: skip
+        assert used == ref_used and len(used) == GLOBAL, step
