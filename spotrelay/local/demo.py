@@ -25,6 +25,7 @@ from rich.live import Live
 from spotrelay.contracts.control import PROGRESS_FILE, read_events
 from spotrelay.domain.models import Job, Node
 from spotrelay.local import demo_report as report
+from spotrelay.local.campaign import _scale_cooldowns as scale_cooldowns
 from spotrelay.local.chaos import ChaosDriver, Fired, node_step, places_of
 from spotrelay.local.code_delivery import deliver_script_dir
 from spotrelay.local.compute import LocalInstance
@@ -224,6 +225,8 @@ def run_demo(opts: DemoOptions) -> report.Summary:
     key = twin.submit(spec_text, f"{spec.name}.yaml")
     log.add(f"submitted s3://{twin.env.get('SPOTRELAY_BUCKET', 'spotrelay-jobs')}/{key}")
     live = opts.live and console.is_terminal
+    if elastic:  # the outage and its end take a minute here: cooldowns of real minutes would outlast the run
+        scale_cooldowns(opts.time_scale)
     try:
         with Live(console=console, refresh_per_second=4, transient=False) if live else _NoLive() as view:
             submitted = time.time()
@@ -259,6 +262,8 @@ def run_demo(opts: DemoOptions) -> report.Summary:
         _mark(log, "summarizing")
         summary = summarize(opts, twin, rec, market, spec.resources.nodes, tracking_uri, experiment, t0)
     finally:
+        if elastic:
+            scale_cooldowns(None)
         chaos.stop()
         twin.stop()
         for proc in (ref_proc, small_proc):
