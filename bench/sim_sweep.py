@@ -8,7 +8,8 @@ Markets: ``g4dn`` (the shipped trace, capacity semantics, catalog prices, 300 s 
 (the same trace read pessimistically: the job's nodes are trace nodes), ``bamboo`` (the trace under
 Bamboo's published prices and 45 s boot), ``synthetic`` (Spot Advisor bands and a seed). For every
 (market, nodes) it prints each variant's captured saving (mean and worst seed), goodput, on-demand
-share, recoveries and its cost per useful GPU-hour over the default's (mean of per-seed ratios).
+share, recoveries, its cost per useful GPU-hour over the default's (mean of per-seed ratios) and over
+on-demand's, and its wall hours (``spot wait N``: ``recovery.spot_wait_minutes``, waiting costs wall time).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "keep margin 0.5": ({"keep_margin": 0.5}, {}),
     "unsized scores": ({}, {"gang_scores": False}),
     "elastic n/2": ({"min_nodes": "half"}, {}),
+    "spot wait 15": ({"spot_wait_minutes": 15}, {}),
+    "spot wait 30": ({"spot_wait_minutes": 30}, {}),
+    "spot wait 60": ({"spot_wait_minutes": 60}, {}),
 }
 
 
@@ -69,7 +73,7 @@ def main() -> int:
         return 2
     rows: list[tuple[str, int, str, float]] = []
     print(f"{'market':10} {'nodes':>5} {'variant':20} {'captured':>8} {'worst':>6} {'goodput':>7} {'on-dem':>6} "
-          f"{'recov':>6} {'cost/default':>12}")
+          f"{'recov':>6} {'cost/default':>12} {'vs od':>6} {'wall h':>6}")
     for market in args.markets.split(","):
         for nodes in [int(n) for n in args.nodes.split(",")]:
             base: list[float] = []
@@ -84,7 +88,10 @@ def main() -> int:
                 print(f"{market:10} {nodes:>5} {name:20} {report.mean('spotrelay', 'captured_saving'):>8.3f} "
                       f"{min(captured):>6.2f} {report.mean('spotrelay', 'goodput'):>7.3f} "
                       f"{report.mean('spotrelay', 'on_demand_share'):>6.0%} "
-                      f"{report.mean('spotrelay', 'recoveries'):>6.0f} {ratio:>12.3f}", flush=True)
+                      f"{report.mean('spotrelay', 'recoveries'):>6.0f} {ratio:>12.3f} "
+                      f"{report.mean('spotrelay', 'vs_on_demand'):>6.3f} "
+                      f"{report.mean('spotrelay', 'wall_hours'):>6.1f}",
+                      flush=True)
     if args.plot:
         plot(rows, names, args)
     return 0

@@ -26,6 +26,7 @@ from spotrelay.placement import PoolEvent, best_pool, rank_pools
 from spotrelay.placement.gang_fit import SizedScores, probe_sizes, scores_of
 from spotrelay.placement.policy import GANG_FIT_REASON, evaluate_pools, gang_key, score_pool, spare_count
 from spotrelay.placement.pool_stats import PoolStats
+from spotrelay.placement.spot_wait import saves, spot_wait_s, wait_left_s
 from spotrelay.ports.compute import Compute, Instance, LaunchRequest
 from spotrelay.ports.market import PoolQuote
 from spotrelay.recovery.spares import spare_ranks_to_launch
@@ -153,6 +154,12 @@ def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict
             return LaunchPlan(candidates=[], launch_ranks=list(range(spec.resources.nodes)), wait_s=wait)
         best_pool(spec, quotes, stats, now, excluded)  # raises NoPlacementError with the reasons
         raise NoPlacementError(f"no candidate pool for job {job.job_id}")
+    if wait_left_s(spec, job, quotes, now) > 0:  # recovery.spot_wait_minutes: only spot's saving, for a while
+        saving = [c for c in ranked if saves(c.quote, quotes)]  # (no on-demand fallback for provision either)
+        wait = spot_wait_s(spec, job, (saving or ranked)[0].quote, quotes, now, GANG_FIT_RECHECK_S)
+        if wait:
+            return LaunchPlan(candidates=[], launch_ranks=list(range(spec.resources.nodes)), wait_s=wait)
+        ranked = saving
     candidates = [Candidate(pool=c.pool, price_per_hour=c.quote.price_per_hour, score=round(c.score, 4),
                             nodes=c.nodes or spec.resources.nodes) for c in ranked]
     return LaunchPlan(candidates=_one_size_per_pool(candidates)[:MAX_CANDIDATES],

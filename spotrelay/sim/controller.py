@@ -68,6 +68,7 @@ class SpotrelayRun(Run):
         self.excluded: set[str] = set()
         self.attempt_pool: Any = None
         self.attempt_start = 0.0
+        self.created_at = 0.0  # the job record's created_at (start)
         self.attempts: list[Attempt] = []  # what the job record's attempts say (backoff streak, world size)
         self.noticed: set[str] = set()  # instances that got a notice (interruption_notice sets reclaim_at)
         self.voluntary: dict[str, float] = {}  # instance id -> a review's save deadline (its reclaim_at)
@@ -92,6 +93,7 @@ class SpotrelayRun(Run):
 
     # --- driving the walker ---------------------------------------------------------------------
     def start(self) -> None:
+        self.created_at = self.now
         self.at(self.now, self._step, None)
 
     def _step(self, result: Any) -> None:
@@ -264,7 +266,8 @@ class SpotrelayRun(Run):
     def _light_job(self) -> Job:
         """The job record fields the services' pure helpers read."""
         return Job(job_id="sim", name="sim", status=JobStatus.RECOVERING, attempt=self.attempt,
-                   recoveries=self.recoveries, user_restarts=self.user_restarts, attempts=self.attempts[-50:],
+                   created_at=self.created_at, recoveries=self.recoveries, user_restarts=self.user_restarts,
+                   attempts=self.attempts[-50:],
                    excluded_pools=sorted(self.excluded), spec={"resources": {"nodes": self.job.nodes}})
 
     def _quotes(self) -> list[Any]:

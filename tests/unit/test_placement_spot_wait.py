@@ -1,0 +1,93 @@
+"""recovery.spot_wait_minutes: with no training gang, Plan waits (bounded) for a spot pool instead
+of launching on on-demand or on a spot pool that does far less work per dollar; then falls back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from spotrelay.domain.models import Attempt, Job
+from spotrelay.domain.status import JobStatus
+from spotrelay.placement.spot_wait import SPOT_WAIT_FACTOR, spot_wait_s, stopped_at, work_price
+from spotrelay.ports.market import PoolQuote
+from spotrelay.services.workflow_tasks import GANG_FIT_RECHECK_S, _new_gang_plan
+from spotrelay.spec.models import JobSpec
+from tests.unit.test_placement_gang_fit import _scored
+from tests.unit.test_placement_policy import NOW, make_spec, quotes_for
+
+
+def _waiting(minutes: float, **resources: Any) -> JobSpec:
+    doc = make_spec(**resources).model_dump(mode="json")
+    doc["recovery"]["spot_wait_minutes"] = minutes
+    return JobSpec.model_validate(doc)
+
+
+def _stopped(ago_s: float) -> Job:
+    ended = Attempt(number=1, started_at=NOW - ago_s - 3600, ended_at=NOW - ago_s, end_reason="interrupted")
+    return Job(job_id="j", name="j", status=JobStatus.RECOVERING, attempts=[ended], attempt=1)
+
+
+def _of(quotes: list[PoolQuote], market: str, itype: str) -> PoolQuote:
+    return next(q for q in quotes if q.pool.market == market and q.pool.instance_type == itype)
+
+
+def test_on_demand_best_waits_until_the_limit_then_falls_back() -> None:
+    s = _waiting(30)
+    quotes = _scored(quotes_for(s), 4.0)  # no spot pool holds the gang now: on-demand ranks first
+    assert _new_gang_plan(make_spec(), _stopped(60), quotes, {}, NOW).candidates[0].pool.market == "on-demand"
+    plan = _new_gang_plan(s, _stopped(60), quotes, {}, NOW)
+    assert plan.candidates == [] and plan.wait_s == GANG_FIT_RECHECK_S
+    near = _new_gang_plan(s, _stopped(30 * 60 - 100), quotes, {}, NOW)
+    assert near.candidates == [] and near.wait_s == 100  # never past the limit
+    late = _new_gang_plan(s, _stopped(30 * 60), quotes, {}, NOW)
+    assert late.wait_s == 0 and late.candidates[0].pool.market == "on-demand"
+
+
+def test_a_spot_pool_that_fits_launches_at_once_without_an_on_demand_fallback() -> None:
+    s = _waiting(60)
+    quotes = _scored(quotes_for(s), 9.0)
+    today = _new_gang_plan(make_spec(), _stopped(0), quotes, {}, NOW)
+    assert any(c.pool.market == "on-demand" for c in today.candidates)
+    plan = _new_gang_plan(s, _stopped(0), quotes, {}, NOW)
+    # while it may still wait, provision gets no on-demand candidate to fall back to on a capacity error
+    assert plan.wait_s == 0 and plan.candidates and {c.pool.market for c in plan.candidates} == {"spot"}
+    late = _new_gang_plan(s, _stopped(3600), quotes, {}, NOW)
+    assert any(c.pool.market == "on-demand" for c in late.candidates)
+
+
+def test_a_spot_pool_doing_far_less_work_per_dollar_waits() -> None:
+    s = _waiting(60)
+    # flat prices (Bamboo's): p4d does 1/2.8 of p5's work for the same price per node-hour
+    quotes = [q.model_copy(update={"price_per_hour": 0.91 if q.pool.market == "spot" else 3.06})
+              for q in quotes_for(s)]
+    p4d, p5 = _of(quotes, "spot", "p4d.24xlarge"), _of(quotes, "spot", "p5.48xlarge")
+    assert work_price(p4d) > SPOT_WAIT_FACTOR * work_price(p5)
+    assert spot_wait_s(s, _stopped(60), p4d, quotes, NOW, GANG_FIT_RECHECK_S) == GANG_FIT_RECHECK_S
+    assert spot_wait_s(s, _stopped(60), p5, quotes, NOW, GANG_FIT_RECHECK_S) == 0
+
+
+def test_no_wait_when_off_training_gang_open_or_no_spot_allowed() -> None:
+    quotes = _scored(quotes_for(make_spec()), 4.0)
+    od = _of(quotes, "on-demand", "p5.48xlarge")
+    # 0 (the default): today's behaviour
+    assert spot_wait_s(make_spec(), _stopped(60), od, quotes, NOW, GANG_FIT_RECHECK_S) == 0
+    s = _waiting(30)
+    running = Job(job_id="j", name="j", status=JobStatus.RUNNING, attempt=1,
+                  attempts=[Attempt(number=1, started_at=NOW - 60)])
+    assert stopped_at(running) is None and spot_wait_s(s, running, od, quotes, NOW, GANG_FIT_RECHECK_S) == 0
+    on_demand_only = [q for q in quotes if q.pool.market == "on-demand"]
+    assert spot_wait_s(s, _stopped(60), od, on_demand_only, NOW, GANG_FIT_RECHECK_S) == 0
+    # before the first attempt the wait counts from the job's creation
+    fresh = Job(job_id="j", name="j", status=JobStatus.PLACING, created_at=NOW - 10)
+    assert spot_wait_s(s, fresh, od, quotes, NOW, GANG_FIT_RECHECK_S) == GANG_FIT_RECHECK_S
+    assert spot_wait_s(s, fresh, od, quotes, NOW + 30 * 60, GANG_FIT_RECHECK_S) == 0
+
+
+@pytest.mark.parametrize("bad", [-1, 7 * 24 * 60 + 1, "soon"])
+def test_spot_wait_minutes_is_validated(bad: object) -> None:
+    doc = make_spec().model_dump(mode="json")
+    doc["recovery"]["spot_wait_minutes"] = bad
+    with pytest.raises(ValidationError, match="spot_wait_minutes"):
+        JobSpec.model_validate(doc)
