@@ -56,6 +56,9 @@ class HealthMonitor:
         self._step_start = time.perf_counter()
         self._forward_end = 0.0
         self.spent_s = 0.0  # time the checks themselves took (the bench reports it)
+        # steps this process observed: its history starts empty at every (re)start, so the warm-up counts
+        # from there too (a resume judged 5 fresh losses against each other: false spikes, skipped data)
+        self._observed = 0
 
     # --- observing ---------------------------------------------------------------------------------
     def attach(self, module: Any) -> None:
@@ -77,7 +80,8 @@ class HealthMonitor:
         self._own_s, self._own_n = self._own_s + own, self._own_n + 1
         loss, norm = self.loss, self.grad_norm
         bad = any(v is not None and not math.isfinite(v) for v in (loss, norm))
-        warm = step > p.warmup_steps
+        self._observed += 1
+        warm = step > p.warmup_steps and self._observed > p.warmup_steps
         z = ratio = 0.0
         if warm and not bad and loss is not None and p.loss_spike_z is not None:
             z = robust_z(loss, [v for _, v in self.losses])

@@ -42,6 +42,23 @@ def test_loss_spike_and_grad_explosion_after_warmup_and_history_keeps_only_healt
     assert max(s for s, _ in monitor.losses) == 10
 
 
+def test_a_resumed_process_warms_up_on_its_own_history_before_judging_a_spike() -> None:
+    """After a resume at step 128 the history starts empty: 5 fresh losses must not judge a spike (a
+    false one rolled back and skipped data after a resize, so the sample order left the reference's)."""
+    monitor = HealthMonitor(HealthPolicy(warmup_steps=10), rank=0, world_size=1)
+    for i, step in enumerate(range(129, 134)):
+        monitor.record(2.0 + 0.01 * (i % 3), 1.0)
+        assert monitor.judge(step, tuple(monitor.extra(step))) is None
+    monitor.record(2.2, 1.0)  # a z-score of ~13 over 5 losses: judged, it would be a (false) spike
+    assert monitor.judge(134, tuple(monitor.extra(134))) is None
+    for i, step in enumerate(range(135, 140)):
+        monitor.record(2.0 + 0.01 * (i % 3), 1.0)
+        assert monitor.judge(step, tuple(monitor.extra(step))) is None
+    monitor.record(50.0, 1.0)  # warm now, with its own history: a real spike is found
+    spike = monitor.judge(140, tuple(monitor.extra(140)))
+    assert spike is not None and spike.kind is AnomalyKind.LOSS_SPIKE
+
+
 def test_any_rank_flag_is_everyones_finding() -> None:
     """What rank 1 flagged arrives at rank 0 through the MAX: rank 0 reaches the same verdict."""
     rank0 = HealthMonitor(HealthPolicy(), rank=0, world_size=2)
