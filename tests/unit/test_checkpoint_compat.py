@@ -59,16 +59,22 @@ def _digest(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def test_a_different_model_is_refused_and_the_checkpoint_is_left_as_it_was(tmp_path: Path) -> None:
+def _saved_two_steps(checkpoint_dir: Path, momentum: float = 0.0) -> torch.nn.Module:
+    """A 4x4 model trained 2 steps with SGD (``momentum``) and checkpointed in ``checkpoint_dir``."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    session = spotrelay_session(model, optimizer, checkpoint_dir=tmp_path)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+    session = spotrelay_session(model, optimizer, checkpoint_dir=checkpoint_dir)
     for _ in session.steps(2):
         optimizer.zero_grad()
         model(torch.ones(1, 4)).sum().backward()
         optimizer.step()
     assert session.close() == 0
+    return model
+
+
+def test_a_different_model_is_refused_and_the_checkpoint_is_left_as_it_was(tmp_path: Path) -> None:
+    _saved_two_steps(tmp_path)
     before = _digest(tmp_path)
 
     other = torch.nn.Sequential(torch.nn.Linear(4, 8))
@@ -132,15 +138,7 @@ def test_another_optimizer_is_refused_naming_its_state() -> None:
 
 
 def test_a_session_with_another_optimizer_is_refused_before_loading(tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    session = spotrelay_session(model, optimizer, checkpoint_dir=tmp_path)
-    for _ in session.steps(2):
-        optimizer.zero_grad()
-        model(torch.ones(1, 4)).sum().backward()
-        optimizer.step()
-    assert session.close() == 0
+    model = _saved_two_steps(tmp_path, momentum=0.9)
     before = _digest(tmp_path)
     other = torch.optim.AdamW(model.parameters(), lr=0.1)
     resumed = spotrelay_session(model, other, checkpoint_dir=tmp_path)
