@@ -15,6 +15,6 @@ from spotrelay.services.task_payloads import PlanTask
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     task = PlanTask.model_validate(event)
     logger.append_keys(job_id=task.job_id)
-    from spotrelay.services.workflow_tasks import plan
+    from spotrelay.services.plan import plan
 
     return plan(controller(), task.job_id, time.time(), recovery=task.recovery).model_dump(mode="json")

@@ -1,6 +1,6 @@
 """The simulated Plan, Provision and Recover tasks of the job-run ASL: the glue between the run's
-in-memory state and the shipped decisions, following spotrelay/services/workflow_tasks.py (plan,
-provision) and spotrelay/services/recovery_flow.py (recover) line by line. Split from
+in-memory state and the shipped decisions, following spotrelay/services/plan.py (plan),
+workflow_tasks.py (provision) and spotrelay/services/recovery_flow.py (recover) line by line. Split from
 sim/controller.py, whose run they act on (its ``task_plan``/``task_provision``/``task_recover``
 delegate here)."""
 
@@ -15,8 +15,9 @@ from spotrelay.placement import PoolEvent
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.policy import gang_key, spare_count
 from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery
+from spotrelay.services.plan import _keeping_plan, _new_gang_plan
 from spotrelay.services.recovery_flow import _result as recovery_result
-from spotrelay.services.workflow_tasks import _keeping_plan, _new_gang_plan, review_seconds
+from spotrelay.services.workflow_tasks import review_seconds
 from spotrelay.sim import spares
 from spotrelay.sim.asl import TaskFailed
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 
 def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
-    """workflow_tasks.plan: execute a keeping RecoveryPlan, else rank the pools for a new gang."""
+    """plan.plan: execute a keeping RecoveryPlan, else rank the pools for a new gang."""
     recovery = RecoveryPlan.model_validate(payload.get("recovery") or {})
     quotes = self._quotes()
     stats = self.stats.get_many(p.key for p in self.market.pools)
@@ -33,7 +34,7 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     launch = _keeping_plan(self.spec, recovery, job, quotes, stats) if recovery.keeps else None
     if launch is None:
         if recovery.keep_instance_ids:  # the survivors' pool refused the replacements: they go too
-            kept = set(recovery.keep_instance_ids)  # (workflow_tasks.drop_survivors: saving ones drain)
+            kept = set(recovery.keep_instance_ids)  # (plan.drop_survivors: saving ones drain)
             for node in [n for n in self.gang.values() if n.instance_id in kept]:
                 del self.gang[node.rank]
                 if recovery.deadline is not None and recovery.deadline > self.now and self.running:
@@ -44,7 +45,7 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
                 if take.instance_id in self.bench:
                     self.end_node(self.bench.pop(take.instance_id))
         try:
-            held = {k: len(v) for k, v in self.held.items()}  # workflow_tasks.plan: scores for elastic sizes
+            held = {k: len(v) for k, v in self.held.items()}  # plan.plan: scores for elastic sizes
             sized = {m: scores_of(self.market.quotes(self.now, m, held)) for m in probe_sizes(self.spec)}
             launch = _new_gang_plan(self.spec, job, quotes, stats, self.now, sized)
         except NoPlacementError as exc:

@@ -51,7 +51,7 @@ from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.domain.status import JobStatus, can_transition
 from spotrelay.errors import SpotrelayError
 from spotrelay.placement import InMemoryPoolStatsStore
-from spotrelay.services import interruptions, node_events, reconcile, recovery_flow, waits, workflow_tasks
+from spotrelay.services import interruptions, node_events, plan, reconcile, recovery_flow, waits, workflow_tasks
 from spotrelay.services.cancel import request_cancel
 from spotrelay.services.controller import Controller
 from spotrelay.services.prewarm import prewarm
@@ -139,7 +139,7 @@ class ControllerRun(RuleBasedStateMachine):
         ctl, now = self.ctl, self.now
         if name == "sfn_plan":
             plan_task = PlanTask.model_validate(payload)
-            return workflow_tasks.plan(ctl, plan_task.job_id, now, recovery=plan_task.recovery)
+            return plan.plan(ctl, plan_task.job_id, now, recovery=plan_task.recovery)
         if name == "sfn_provision":
             provision_task = ProvisionTask.model_validate(payload)
             if provision_task.standby is not None:  # the Prewarm state, as the handler routes it

@@ -11,7 +11,7 @@ from spotrelay.placement.policy import GANG_FIT_REASON, PlacementConfig
 from spotrelay.placement.review import better_placement, spot_attempt_hours
 from spotrelay.ports.market import PoolQuote
 from spotrelay.recovery import plan_recovery
-from spotrelay.services.workflow_tasks import GANG_FIT_RECHECK_S, _new_gang_plan
+from spotrelay.services.plan import GANG_FIT_RECHECK_S, _new_gang_plan
 from tests.unit.test_placement_policy import NOW, make_spec, quotes_for
 from tests.unit.test_recovery_strategies import HOME, ctx, gang, spec
 

@@ -100,7 +100,7 @@ def test_backoff_resets_after_a_healthy_stretch() -> None:
 
 def test_a_spot_only_job_whose_pools_all_cool_waits_for_the_first_to_come_back() -> None:
     from spotrelay.errors import NoPlacementError
-    from spotrelay.services.workflow_tasks import _new_gang_plan
+    from spotrelay.services.plan import _new_gang_plan
 
     spec = make_spec(markets=["spot"])
     quotes = quotes_for(spec)

@@ -12,7 +12,7 @@ from spotrelay.domain.models import Attempt, Job
 from spotrelay.domain.status import JobStatus
 from spotrelay.placement.spot_wait import SPOT_WAIT_FACTOR, spot_wait_s, stopped_at, work_price
 from spotrelay.ports.market import PoolQuote
-from spotrelay.services.workflow_tasks import GANG_FIT_RECHECK_S, _new_gang_plan
+from spotrelay.services.plan import GANG_FIT_RECHECK_S, _new_gang_plan
 from spotrelay.spec.models import JobSpec
 from tests.unit.test_placement_gang_fit import _scored
 from tests.unit.test_placement_policy import NOW, make_spec, quotes_for

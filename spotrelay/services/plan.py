@@ -1,0 +1,165 @@
+"""The job-run workflow's Plan task: where provision launches which ranks (a keeping recovery as
+decided by recover, or a new gang ranked over (pool, size) pairs). Safe to run twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from spotrelay.contracts.recovery import Candidate, LaunchPlan, RecoveryPlan
+from spotrelay.domain.models import Job, Node, NodeState
+from spotrelay.domain.status import JobStatus, transition
+from spotrelay.errors import BudgetExceededError, JobCancelledError, NoPlacementError
+from spotrelay.placement import best_pool, rank_pools
+from spotrelay.placement.gang_fit import SizedScores, probe_sizes, scores_of
+from spotrelay.placement.policy import GANG_FIT_REASON, evaluate_pools, score_pool
+from spotrelay.placement.pool_stats import PoolStats
+from spotrelay.placement.spot_wait import saves, spot_wait_s, wait_left_s
+from spotrelay.ports.market import PoolQuote
+from spotrelay.services.controller import Controller, release_nodes, spec_of
+from spotrelay.spec.models import JobSpec
+
+log = logging.getLogger(__name__)
+MAX_CANDIDATES = 8  # pools provision may try before backing off and re-planning
+GANG_FIT_RECHECK_S = 300  # no pool holds the gang now: plan again this much later (new placement scores)
+
+
+def live(job: Job) -> Job:
+    """The job, unless it is being cancelled (every workflow task stops there)."""
+    if job.status is JobStatus.CANCELLING:
+        raise JobCancelledError(f"job {job.job_id} is being cancelled")
+    return job
+
+
+def plan(ctl: Controller, job_id: str, now: float, recovery: RecoveryPlan | None = None) -> LaunchPlan:
+    """Move the job to PLACING and say where provision launches which ranks.
+
+    A keeping ``recovery`` (replace-lost / restart-in-place, decided by recover) is executed as is:
+    its survivors' pool is the only candidate, priced but not re-ranked (a pool's cooldown governs
+    new gangs; it does not evict survivors running there). Only a launch that failed in that pool
+    since (provision excluded it) releases the survivors for a whole new gang.
+    """
+    recovery = recovery or RecoveryPlan()
+    job = live(ctl.store.get_job(job_id))
+    spec = spec_of(job)
+    budget = spec.budget.max_total_cost
+    if budget is not None and job.cost_so_far >= budget:
+        raise BudgetExceededError(f"job {job_id} spent ${job.cost_so_far:.2f} of its ${budget:.2f} budget")
+    assert ctl.market is not None and ctl.pool_stats is not None
+    res = spec.resources
+    quotes = ctl.market.quotes(res.regions, res.instance_types, [m.value for m in res.markets],
+                                  capacity=res.nodes + res.spares)  # the placement score is sized for the launch
+    stats = ctl.pool_stats.get_many([q.pool.key for q in quotes])
+    launch = _keeping_plan(spec, recovery, job, quotes, stats) if recovery.keeps else None
+    if launch is None:
+        if recovery.keep_instance_ids:  # the survivors' pool refused the replacements: they go too
+            kept = set(recovery.keep_instance_ids) | {p.instance_id for p in recovery.promoted}
+            drop_survivors(ctl, job, [n for n in ctl.store.nodes_of(job_id) if n.instance_id in kept],
+                           recovery.deadline, now)
+        sized = {m: scores_of(ctl.market.quotes(res.regions, res.instance_types, [mk.value for mk in res.markets],
+                                                 capacity=m)) for m in probe_sizes(spec)}  # elastic sizes
+        launch = _new_gang_plan(spec, job, quotes, stats, now, sized)
+
+    def to_placing(current: Job) -> Job | None:
+        live(current)
+        if current.status is JobStatus.PLACING:
+            return None
+        return current.model_copy(update={"status": transition(current.status, JobStatus.PLACING),
+                                          "updated_at": now})
+
+    ctl.store.update_job(job_id, to_placing)
+    log.info("placement", extra={"job_id": job_id, "candidates": [c.pool.key for c in launch.candidates],
+                                 "launch_ranks": launch.launch_ranks, "keep": launch.keep_instance_ids})
+    return launch
+
+
+def drop_survivors(ctl: Controller, job: Job, nodes: list[Node], deadline: float | None, now: float) -> None:
+    """Release survivors plan no longer keeps. Those that may still be writing the emergency
+    checkpoint (a notice's or a move's, until ``deadline``) drain like doomed ranks: the agent event
+    of their exit, or reconcile after the deadline, releases them; the rest go now."""
+    saving = (NodeState.READY, NodeState.RUNNING, NodeState.DOOMED)
+    if deadline is not None and deadline > now:
+        for node in [n for n in nodes if n.state in saving]:
+            ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(
+                update={"release_after": deadline}) if n.state in saving and n.release_after is None else None)
+        nodes = [n for n in nodes if n.state not in saving]
+    release_nodes(ctl, job, nodes)
+
+
+def _keeping_plan(spec: JobSpec, recovery: RecoveryPlan, job: Job, quotes: list[PoolQuote],
+                  stats: dict[str, PoolStats]) -> LaunchPlan | None:
+    home = recovery.pool
+    assert home is not None
+    quote = next((q for q in quotes if q.pool == home), None)
+    if home.key in job.excluded_pools or quote is None:
+        return None
+    world = len(recovery.keep_instance_ids) + len(recovery.promoted) + len(recovery.launch_ranks)
+    scored = score_pool(spec, quote, stats.get(home.key), nodes=world)
+    return LaunchPlan(candidates=[Candidate(pool=home, price_per_hour=quote.price_per_hour,
+                                            score=round(scored.score, 4), nodes=world)],
+                      launch_ranks=list(recovery.launch_ranks), keep_instance_ids=list(recovery.keep_instance_ids),
+                      promoted=list(recovery.promoted), world_size=world)
+
+
+def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict[str, PoolStats],
+                   now: float, sized: SizedScores | None = None) -> LaunchPlan:
+    """Rank (pool, gang size) pairs for a new gang (down to ``resources.min_nodes``; a smaller gang
+    wins when it scores cheaper per useful hour, or when no pool is left for the full one). A pool
+    that refused a gang this run is excluded at that size and larger (``pool@n``); once every pair
+    is excluded, those whose cooldown passed are tried again."""
+    excluded = frozenset(job.excluded_pools)
+    ranked = rank_pools(spec, quotes, stats, now, excluded, gang_sizes=True, sized=sized)
+    if not ranked and excluded:  # every pool failed this run: retry those whose cooldown has passed
+        excluded = frozenset()
+        ranked = rank_pools(spec, quotes, stats, now, excluded, gang_sizes=True, sized=sized)
+    if not ranked:
+        wait = _first_cooldown_end(spec, quotes, stats, now)
+        if _gang_does_not_fit(spec, quotes, stats, now, excluded, sized):  # spot pools too full for the gang now
+            wait = min(wait or GANG_FIT_RECHECK_S, GANG_FIT_RECHECK_S)
+        if wait is not None:  # every allowed pool cools down: wait for the first to come back
+            return LaunchPlan(candidates=[], launch_ranks=list(range(spec.resources.nodes)), wait_s=wait)
+        best_pool(spec, quotes, stats, now, excluded)  # raises NoPlacementError with the reasons
+        raise NoPlacementError(f"no candidate pool for job {job.job_id}")
+    if wait_left_s(spec, job, quotes, now) > 0:  # recovery.spot_wait_minutes: only spot's saving, for a while
+        saving = [c for c in ranked if saves(c.quote, quotes)]  # (no on-demand fallback for provision either)
+        wait = spot_wait_s(spec, job, (saving or ranked)[0].quote, quotes, now, GANG_FIT_RECHECK_S)
+        if wait:
+            return LaunchPlan(candidates=[], launch_ranks=list(range(spec.resources.nodes)), wait_s=wait)
+        ranked = saving
+    candidates = [Candidate(pool=c.pool, price_per_hour=c.quote.price_per_hour, score=round(c.score, 4),
+                            nodes=c.nodes or spec.resources.nodes) for c in ranked]
+    return LaunchPlan(candidates=_one_size_per_pool(candidates)[:MAX_CANDIDATES],
+                      launch_ranks=list(range(spec.resources.nodes)))
+
+
+def _gang_does_not_fit(spec: JobSpec, quotes: list[PoolQuote], stats: dict[str, PoolStats], now: float,
+                       excluded: frozenset[str], sized: SizedScores | None = None) -> bool:
+    """Some allowed spot pool is left out only because its placement score says it cannot hold the
+    gang now (``PlacementConfig.min_gang_score``): capacity comes and goes, so ask again later."""
+    dropped = evaluate_pools(spec, quotes, stats, now, excluded, gang_sizes=True, sized=sized).dropped
+    return any(why.startswith(GANG_FIT_REASON) for why in dropped.values())
+
+
+def _first_cooldown_end(spec: JobSpec, quotes: list[PoolQuote], stats: dict[str, PoolStats],
+                        now: float) -> int | None:
+    """Seconds until the first pool the spec allows stops cooling down; None when no pool would be a
+    candidate even then (the spec or its price cap rules them all out)."""
+    ends = [s.cooldown_until for s in stats.values() if s.cooldown_until > now]
+    if not ends:
+        return None
+    later = rank_pools(spec, quotes, stats, max(ends) + 1.0, gang_sizes=True)
+    firsts = [stats[c.pool.key].cooldown_until for c in later if c.pool.key in stats
+              and stats[c.pool.key].cooldown_until > now]
+    return max(1, math.ceil(min(firsts) - now)) if firsts else None
+
+
+def _one_size_per_pool(candidates: list[Candidate]) -> list[Candidate]:
+    """Each pool once, at its best-ranked size, then each pool again at its next size: so the
+    candidates try several pools before a smaller gang in the same one."""
+    seen: dict[str, int] = {}
+    for c in candidates:
+        seen[c.pool.key] = seen.get(c.pool.key, 0) + 1
+    order = sorted(range(len(candidates)), key=lambda i: (
+        sum(1 for c in candidates[:i] if c.pool.key == candidates[i].pool.key), i))
+    return [candidates[i] for i in order]
