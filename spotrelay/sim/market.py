@@ -270,6 +270,11 @@ class Market:
         self._seen: dict[tuple[str, float, float | None], PoolQuote] = {}  # (key, price, score) -> quote
         self._varies = any(isinstance(p.capacity, SlotCapacity) for p in self.pools)
 
+    def expected_boot_s(self, pool: Pool) -> float:
+        """``Compute.expected_boot_s`` of the simulated compute: the boot model's mean (each node boots
+        in ``boot_s`` x U(1 - spread, 1 + spread)); a move's old gang saves by then (services/migrate.py)."""
+        return self.boot_s
+
     def quotes(self, t: float, capacity: int = 0, held: dict[str, int] | None = None) -> list[PoolQuote]:
         """What the MarketData port would answer now for a launch of ``capacity`` nodes (0: scores
         unsized); ``held``: nodes of the job per pool key. Cached while nothing in it can move."""

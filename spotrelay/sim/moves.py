@@ -10,7 +10,7 @@ from spotrelay.contracts.recovery import AttemptEnd, Candidate, Launched, Verdic
 from spotrelay.domain.models import Attempt
 from spotrelay.placement import PoolEvent
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
-from spotrelay.placement.review import DEFAULT_REVIEW, better_placement, review_spot_hours
+from spotrelay.placement.review import better_placement, review_spot_hours
 from spotrelay.services.workflow_tasks import review_seconds
 from spotrelay.sim.asl import TaskFailed
 from spotrelay.sim.shortlist import review_quotes, same_review
@@ -86,7 +86,7 @@ def migrate(self: SpotrelayRun, move: AttemptEnd) -> dict[str, Any]:
         self.stats.record(sp.key, PoolEvent.CAPACITY_FAILURE, self.now)
         raise TaskFailed("InsufficientCapacityError", f"no capacity in {sp.key} for the move")
     self.stats.record(sp.key, PoolEvent.LAUNCHED, self.now)
-    deadline = self.now + DEFAULT_REVIEW.boot_minutes * 60
+    deadline = self.now + self.market.expected_boot_s(sp.pool)  # as services/migrate.py: the target's boot
     for node in leaving:
         node.state = "DOOMED"
         self.voluntary[node.instance_id] = deadline
