@@ -4,9 +4,11 @@ classifier (``services/waits.settle`` calls it when a wait ends; the result is a
 Precedence, highest first (the first that applies names the verdict):
 
 1. cancelled (asked for, or any rank exited CANCELLED) -> CANCELLED
-2. a spot notice for any node, or a rank exited PREEMPTED_SAVED/UNSAVED -> INTERRUPTED
-3. a node gone without notice (state change, stale heartbeat) -> NODE_LOST
-4. every rank exited DONE -> SUCCEEDED
+2. every rank of the gang exited DONE -> SUCCEEDED, even when a node was doomed or lost after
+   its rank finished: training is over and there is nothing to resume (before, a notice near the
+   end made it an interruption and cost a relaunch that resumed the final checkpoint and ended at once)
+3. a spot notice for any node, or a rank exited PREEMPTED_SAVED/UNSAVED -> INTERRUPTED
+4. a node gone without notice (state change, stale heartbeat) -> NODE_LOST
 5. a rank refused to start (REFUSED: a checkpoint it cannot use, a batch its world cannot split),
    or exited with a user code (1, or any code without a meaning of its own) -> USER_ERROR;
    other ranks usually die of the broken collective then, so this outranks infra errors. A refusal
@@ -41,15 +43,23 @@ def _first(codes: Mapping[int, int], wanted: set[int] | None = None, user: bool 
 
 def classify_attempt(
     exit_codes: Mapping[int, int], doomed_ranks: Iterable[int] = (), lost_ranks: Iterable[int] = (),
-    cancelled: bool = False, attempt: int = 0,
+    cancelled: bool = False, attempt: int = 0, ranks: Iterable[int] | None = None,
 ) -> AttemptEnd:
-    """Classify from per-rank exit codes (rank -> code; negative = killed by that signal)."""
+    """Classify from per-rank exit codes (rank -> code; negative = killed by that signal).
+
+    ``ranks``: every rank of the gang (default: those with a code, doomed or lost); SUCCEEDED needs
+    an exit 0 from each of them, so a doomed rank that has not reported keeps the end an interruption.
+    """
     doomed, lost = sorted(set(doomed_ranks)), sorted(set(lost_ranks))
     gone = tuple(sorted(set(doomed) | set(lost)))
     hit = _first(exit_codes, {int(ExitCode.CANCELLED)})
     if cancelled or hit:
         return AttemptEnd(outcome=Verdict.CANCELLED, attempt=attempt, reason="cancelled",
                           exit_code=hit[1] if hit else None, rank=hit[0] if hit else None, lost_ranks=gone)
+    gang = set(exit_codes) | set(gone) if ranks is None else set(ranks)
+    if exit_codes and all(exit_codes.get(r) == 0 for r in gang):
+        note = f" (nodes of ranks {list(gone)} were leaving after)" if gone else ""
+        return AttemptEnd(outcome=Verdict.SUCCEEDED, attempt=attempt, reason=f"every rank exited 0{note}", exit_code=0)
     hit = _first(exit_codes, _PREEMPTED)
     if doomed or hit:
         unsaved = any(c == int(ExitCode.PREEMPTED_UNSAVED) for c in exit_codes.values())
@@ -61,8 +71,6 @@ def classify_attempt(
     if lost:
         return AttemptEnd(outcome=Verdict.NODE_LOST, attempt=attempt,
                           reason=f"nodes of ranks {lost} lost without notice", lost_ranks=gone)
-    if exit_codes and all(c == 0 for c in exit_codes.values()):
-        return AttemptEnd(outcome=Verdict.SUCCEEDED, attempt=attempt, reason="every rank exited 0", exit_code=0)
     hit = _first(exit_codes, {int(ExitCode.REFUSED)})
     if hit:
         return AttemptEnd(outcome=Verdict.USER_ERROR, attempt=attempt, reason=f"the trainer refused to start on "
@@ -88,6 +96,7 @@ def classify_nodes(nodes: Iterable[Node], cancelled: bool = False) -> AttemptEnd
     with a reclaim time that exited after saving: its instance is going, whatever its state says.
     """
     codes: dict[int, int] = {}
+    ranks: list[int] = []
     doomed: list[int] = []
     lost: list[int] = []
     tails: dict[int, str] = {}
@@ -96,6 +105,7 @@ def classify_nodes(nodes: Iterable[Node], cancelled: bool = False) -> AttemptEnd
         if node.output_tail:
             tails[node.rank] = node.output_tail
         attempt = max(attempt, node.attempt)
+        ranks.append(node.rank)
         if node.exit_code is not None:
             codes[node.rank] = node.exit_code
         # reclaim_at stays after a doomed rank exits cleanly (75): it is leaving, never a survivor
@@ -104,7 +114,7 @@ def classify_nodes(nodes: Iterable[Node], cancelled: bool = False) -> AttemptEnd
             doomed.append(node.rank)
         elif node.state is NodeState.LOST:
             lost.append(node.rank)
-    end = classify_attempt(codes, doomed, lost, cancelled, attempt)
+    end = classify_attempt(codes, doomed, lost, cancelled, attempt, ranks)
     tail = tails.get(end.rank) if end.rank is not None else None
     if tail and end.outcome in (Verdict.USER_ERROR, Verdict.INFRA_ERROR):
         # quoted into the reason, so the job's reasons and its notifications say why

@@ -4,8 +4,9 @@ replayed as the exact sequence of steps hypothesis found, so a fix stays fixed."
 from __future__ import annotations
 
 from spotrelay.contracts.exit_codes import ExitCode
+from spotrelay.domain.models import NodeState
 from spotrelay.domain.status import JobStatus
-from tests.integration.test_controller_properties import ControllerRun
+from tests.integration.test_controller_properties import JOB, ControllerRun
 
 
 def _started(nodes: int = 1) -> ControllerRun:
@@ -50,3 +51,30 @@ def test_regression_rank_exits_cancelled_moves_through_cancelling() -> None:
     run.agent_event(index=0, kind="TrainingExited", stale=False, step=0, code=ExitCode.CANCELLED, emergency=False)
     run.teardown()
     assert run._job().status is JobStatus.CANCELLED and run.store.illegal == []
+
+
+def test_a_finished_gang_finishes_the_job_though_a_node_was_doomed() -> None:
+    """A spot notice reached a node near the end and every rank still exited 0 (training finished
+    before the stop was agreed). The doomed node used to make the end an interruption: recover
+    relaunched a gang that resumed the final checkpoint and ended at once. Now the job SUCCEEDS
+    in its first attempt, with one launch, and every node is terminated."""
+    run = _started(nodes=2)
+    for index in (0, 1):
+        run.agent_event(index=index, kind="NodeReady", stale=False, step=0, code=ExitCode.DONE, emergency=False)
+    for _ in range(8):
+        if run.execution.wait_kind() == "outcome":
+            break
+        run.workflow_step(duplicate=False)
+    assert run.execution.wait_kind() == "outcome"
+    run.ec2_event(index=1, kind="notice", dies=False)
+    doomed = run.store.nodes_of(JOB)[1]
+    assert doomed.state is NodeState.DOOMED and run._job().status is JobStatus.CHECKPOINTING
+    for index in (0, 1):
+        run.agent_event(index=index, kind="TrainingExited", stale=False, step=40, code=ExitCode.DONE,
+                        emergency=False)
+    run.teardown()
+    job = run._job()
+    assert job.status is JobStatus.SUCCEEDED, job.reasons
+    assert "Recover" not in run.execution.history
+    assert [a.number for a in job.attempts] == [1] and len(run.compute.launched) == 1
+    assert run.compute.running(JOB) == [] and run.store.illegal == []

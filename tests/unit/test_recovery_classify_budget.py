@@ -16,6 +16,8 @@ POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", ma
     ("codes", "doomed", "lost", "kind", "gone"),
     [
         ({0: 0, 1: 0}, [], [], Verdict.SUCCEEDED, ()),
+        ({0: 0, 1: 0}, [1], [], Verdict.SUCCEEDED, ()),  # doomed after its rank finished: nothing to resume
+        ({0: 0}, [1], [], Verdict.INTERRUPTED, (1,)),  # the doomed rank has not said it finished
         ({0: 75, 1: 75}, [1], [], Verdict.INTERRUPTED, (1,)),
         ({0: 75}, [], [], Verdict.INTERRUPTED, ()),  # the IMDS path alone
         ({0: 77}, [], [1], Verdict.NODE_LOST, (1,)),  # survivors see a broken collective
