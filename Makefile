@@ -33,7 +33,7 @@ $(CHECKOV): tests/infrastructure/checkov_env.py | $(STAMP)
 
 test: $(STAMP) $(CHECKOV)
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q --durations=40 tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
