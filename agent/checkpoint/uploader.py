@@ -12,6 +12,7 @@ priority. It speaks JSON lines:
           "files": [{"path": "rel", "arena": "/proc/<pid>/fd/<n>" | null, "segments": [[off, len], ...]}]}
     out: {"ok": true, "shards": [{"path", "size", "sha256", "rank"}, ...], "timings": {"upload_s": ...}}
          | {"ok": false, "error": "..."}
+    in:  {"exit": true}  (the last line: ends the helper even when stdin never reaches EOF)
 
 Run as ``python -m agent.checkpoint.uploader [--emergency] [--workers N] [--max-mb-s X] [s3://bucket/prefix]``.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -35,6 +37,7 @@ from agent.checkpoint.s3_tier import S3Tier, set_thread_nice
 from agent.checkpoint.sources import ArenaSource, FileSource, Source, SourceStream, sha256_source
 
 BACKGROUND_NICE = 15
+log = logging.getLogger("spotrelay.checkpoint")
 
 
 def _rel(step_dir: Path, path: Path) -> str:
@@ -146,6 +149,8 @@ def serve(
         lane.s3.warm()  # import boto3, build the client, make a first request: not while a save waits
     for line in stdin:
         task = json.loads(line)
+        if task.get("exit"):  # not EOF: a process forked from the trainer may hold our stdin open
+            return
         try:
             where, files, rank, step = Path(task["step_dir"]), task["files"], task["rank"], task["step"]
             timings: dict[str, float] = {}
@@ -207,14 +212,27 @@ class UploaderProcess:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         return self._proc
 
-    def close(self) -> None:
-        if self._proc is not None and self._proc.stdin is not None:
-            self._proc.stdin.close()
-            try:
-                self._proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-        self._proc = None
+    def close(self, timeout: float = 30.0) -> None:
+        """Ask the helper to exit and wait for it. Closing stdin alone is not enough: a process
+        forked from the trainer after the helper started (a DataLoader worker) inherits the pipe's
+        write end, so the helper would see no EOF until every such process exited."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.stdin is None:
+            return
+        try:  # no lock: a transfer stuck past the flush timeout must not block the close
+            proc.stdin.write(json.dumps({"exit": True}) + "\n")
+            proc.stdin.flush()
+            proc.stdin.close()
+        except OSError:  # the helper is already gone
+            pass
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("the uploader helper (pid %d) did not exit in %.0f s; killing it", proc.pid, timeout)
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def main() -> None:
