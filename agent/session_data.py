@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.batching import BatchPlan
+from agent.checkpoint.manifest import legacy_global_samples
 from agent.checkpoint.pipeline import Topology
 from agent.checkpoint.state import capture_rng, restore_rng, snapshot_tree
 from agent.stop import RequestPoller
@@ -27,7 +28,8 @@ class SessionData:
     topo: Topology
     plan: BatchPlan | None
     step: int
-    samples: int
+    samples: int  # trained on by all ranks together (the manifest's ``samples``)
+    _step_samples: int = 0  # this rank's count for the current step (step_done)
     epoch: int
     cursor: int
     _global_data: bool
@@ -44,7 +46,8 @@ class SessionData:
     def _trainer_state(self, request_id: str | None) -> dict[str, Any]:
         handled = sorted(self.poller.handled | ({request_id} if request_id else set()))
         return snapshot_tree({
-            "step": self.step, "samples": self.samples, "epoch": self.epoch, "rng": capture_rng(),
+            "step": self.step, "samples": self.samples, "samples_global": True, "epoch": self.epoch,
+            "rng": capture_rng(),
             "cursor": self.cursor, "global_batch": self.plan.global_batch if self.plan else None,
             "data": self.dataloader.state_dict() if hasattr(self.dataloader, "state_dict") and not self._global_data
             else None,
@@ -53,8 +56,16 @@ class SessionData:
             "handled_requests": handled,
         })  # fmt: skip
 
-    def _load_trainer_state(self, state: dict[str, Any], own_rng: bool = True) -> None:
+    def _count_samples(self) -> None:
+        """After a step: add what all ranks trained on (the global batch; without a batch plan,
+        this rank's reported count times the world, as a DistributedSampler gives every rank alike)."""
+        self.samples += self.plan.global_batch if self.plan else self._step_samples * self.topo.world_size
+        self._step_samples = 0
+
+    def _load_trainer_state(self, state: dict[str, Any], own_rng: bool = True, saved_world: int = 1) -> None:
         self.step, self.samples, self.epoch = int(state["step"]), int(state["samples"]), int(state["epoch"])
+        if not state.get("samples_global"):  # saved before the count was global: rank 0's own count
+            self.samples = legacy_global_samples(self.samples, self.step, saved_world, state.get("global_batch"))
         self.cursor = int(state.get("cursor", 0))
         if self.plan is not None and state.get("global_batch") not in (None, self.plan.global_batch):
             log.warning("global batch %d now, %s when saved", self.plan.global_batch, state["global_batch"])

@@ -127,7 +127,8 @@ class Session(SessionData):
                 self._check_resizable(step_dir, saved_world)
             self.engine.load(self.local.root, step_dir, manifest)
         own = self.topo.rank < saved_world  # a rank the saved world did not have takes rank 0's counters
-        self._load_trainer_state(load_trainer_state(trainer_file(step_dir, self.topo.rank if own else 0)), own)
+        state = load_trainer_state(trainer_file(step_dir, self.topo.rank if own else 0))
+        self._load_trainer_state(state, own, saved_world)
         self.resumed_from = self._last_saved = step
         self.resume_seconds = time.monotonic() - started
         log.info("resumed from step %d (%s), saved by %d ranks, now %d", step, step_dir, saved_world,
@@ -169,6 +170,7 @@ class Session(SessionData):
                 yield self.step, micro, batch
             self.step += 1
             self.cursor += self.plan.global_batch if self.plan else 0
+            self._count_samples()
             if self._boundary(max_steps):
                 return
         if self.config.save_final and self._last_saved != self.step and self.step > 0:
@@ -179,12 +181,12 @@ class Session(SessionData):
                 self.save(emergency=True, deadline=w.deadline, request_id=w.request_id)
 
     def step_done(self, loss: Any = None, samples: int | None = None, grad_norm: Any = None) -> None:
-        """Record the step's loss, sample count and gradient norm (for progress, the manifest, the
-        health checks and the metrics; DeepSpeed's grad norm is read from the engine when not given)."""
+        """Record the step's loss, this rank's sample count and the gradient norm (for the manifest's
+        global count, the health checks and the metrics; DeepSpeed's grad norm is read from the
+        engine when not given)."""
         if loss is not None:
             self.last_loss = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
-        if samples is not None:
-            self.samples += samples
+        self._step_samples = samples or 0
         self.health.step_done(self.last_loss if loss is not None else None, grad_norm, samples)
 
     def skip_batches(self, count: int) -> None:

@@ -4,6 +4,10 @@ A step folder ``step-<N>/`` counts only once its ``manifest.json`` exists and ev
 lists has the recorded size and sha256. Each rank first writes ``parts/rank-<R>.json`` (its own
 shards, after they are durable); a committer writes the manifest from all parts, then moves
 the ``latest`` pointer.
+
+Format 2 (this one): ``samples`` is what the whole run trained on, all ranks together, so it means
+the same at every world size. Format 1 recorded rank 0's own count, which a resize made meaningless;
+reading one converts it (``legacy_global_samples``), so old checkpoints still load.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agent.checkpoint.sources import FileSource, sha256_source
 from spotrelay.errors import CorruptCheckpointError
@@ -22,7 +26,7 @@ from spotrelay.errors import CorruptCheckpointError
 MANIFEST = "manifest.json"
 LATEST = "latest"
 PARTS_DIR = "parts"
-FORMAT = 1
+FORMAT = 2
 _STEP_RE = re.compile(r"^step-(\d{8,})$")
 
 
@@ -56,12 +60,18 @@ class RankPart(BaseModel):
     shards: list[Shard]
 
 
+def legacy_global_samples(samples: int, step: int, world_size: int, global_batch: int | None) -> int:
+    """The global sample count a format-1 record stands for: with a batch plan every step trained
+    ``global_batch`` samples; without one, ``samples`` was one rank's count (ranks alike)."""
+    return step * int(global_batch) if global_batch else samples * world_size
+
+
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     format: int = FORMAT
     job_id: str = ""
     step: int
-    samples: int = 0
+    samples: int = 0  # trained on by all ranks together, since step 0 (format 2)
     engine: str  # "deepspeed" | "dcp"
     world_size: int
     ranks: list[int]  # ranks whose shards are listed (all of them in a complete checkpoint)
@@ -73,6 +83,18 @@ class Manifest(BaseModel):
     request_id: str | None = None
     created: float = 0.0
     shards: list[Shard]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _global_samples(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or int(data.get("format", FORMAT)) >= 2 or "samples" not in data:
+            return data
+        state = data.get("data_state") or {}
+        total = legacy_global_samples(int(data["samples"]), int(data.get("step", 0)), int(data.get("world_size", 1)),
+                                      state.get("global_batch"))  # fmt: skip
+        if "samples" in state:
+            state = {**state, "samples": total}
+        return {**data, "samples": total, "data_state": state}
 
     @property
     def complete(self) -> bool:

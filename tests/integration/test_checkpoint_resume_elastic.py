@@ -75,6 +75,7 @@ def test_resume_on_2_then_1_then_3_ranks_keeps_losses_and_data_order(tmp_path: P
     for step, world in ((6, 1), (10, 3)):
         manifest = json.loads((ckpt / f"step-{step:08d}" / "manifest.json").read_text())
         assert manifest["world_size"] == world and manifest["data_state"]["global_batch"] == GLOBAL
+        assert manifest["samples"] == step * GLOBAL  # all ranks together, whatever the worlds were
 
 
 def test_zero1_on_2_ranks_resumes_as_zero3_on_3(tmp_path: Path) -> None:
