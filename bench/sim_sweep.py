@@ -9,7 +9,8 @@ Markets: ``g4dn`` (the shipped trace, capacity semantics, catalog prices, 300 s 
 Bamboo's published prices and 45 s boot), ``synthetic`` (Spot Advisor bands and a seed). For every
 (market, nodes) it prints each variant's captured saving (mean and worst seed), goodput, on-demand
 share, recoveries, its cost per useful GPU-hour over the default's (mean of per-seed ratios) and over
-on-demand's, and its wall hours (``spot wait N``: ``recovery.spot_wait_minutes``, waiting costs wall time).
+on-demand's, and its wall hours (``spot wait N``: ``recovery.spot_wait_minutes``, waiting costs wall time;
+``elastic n/2 wX``: ``resources.min_nodes`` = half the gang with ``resources.wall_time_weight`` X).
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "keep margin 0.5": ({"keep_margin": 0.5}, {}),
     "unsized scores": ({}, {"gang_scores": False}),
     "elastic n/2": ({"min_nodes": "half"}, {}),
+    # resources.wall_time_weight: how much wall time counts against a smaller gang (placement's default
+    # shrink_delay_weight when unstated)
+    "elastic n/2 w0": ({"min_nodes": "half", "wall_time_weight": 0.0}, {}),
+    "elastic n/2 w0.1": ({"min_nodes": "half", "wall_time_weight": 0.1}, {}),
+    "elastic n/2 w0.25": ({"min_nodes": "half", "wall_time_weight": 0.25}, {}),
+    "elastic n/2 w0.5": ({"min_nodes": "half", "wall_time_weight": 0.5}, {}),
     "spot wait 15": ({"spot_wait_minutes": 15}, {}),
     "spot wait 30": ({"spot_wait_minutes": 30}, {}),
     "spot wait 60": ({"spot_wait_minutes": 60}, {}),

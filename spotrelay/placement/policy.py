@@ -115,6 +115,13 @@ def spare_count(spec: JobSpec, pool: Pool) -> int:
     return spec.resources.spares if pool.market == "spot" else 0
 
 
+def delay_weight(spec: JobSpec, config: PlacementConfig) -> float:
+    """The exponent of a smaller gang's delay charge: what the spec states (``resources.wall_time_weight``),
+    else the placement default."""
+    stated = spec.resources.wall_time_weight
+    return config.shrink_delay_weight if stated is None else stated
+
+
 def checkpoint_hours(spec: JobSpec, config: PlacementConfig) -> float:
     minutes = spec.checkpoint.every_minutes or config.assumed_checkpoint_minutes
     return minutes / 60.0
@@ -146,7 +153,7 @@ def score_pool(
     risk = capacity_risk(quote, stats, config)
     gang_price = (n + spares) * quote.price_per_hour  # spares are billed like the ranks
     share = n / full  # of the full gang's work per hour
-    delay = (full / n) ** config.shrink_delay_weight
+    delay = (full / n) ** delay_weight(spec, config)
     score = (gang_price + transfer) * (1.0 + config.capacity_risk_weight * risk) / (
         useful * throughput * locality * share
     ) * delay

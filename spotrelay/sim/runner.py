@@ -18,8 +18,8 @@ from spotrelay.sim.engine import Run
 from spotrelay.sim.job import JobModel
 
 # spotrelay switches that are spec fields: switch name -> the spec section that holds it
-SPEC_SWITCHES = {"spares": "resources", "min_nodes": "resources", "launch_at_notice": "recovery",
-                 "prewarm_on_rebalance": "recovery", "prewarm_wait_s": "recovery",
+SPEC_SWITCHES = {"spares": "resources", "min_nodes": "resources", "wall_time_weight": "resources",
+                 "launch_at_notice": "recovery", "prewarm_on_rebalance": "recovery", "prewarm_wait_s": "recovery",
                  "review_minutes": "recovery", "spot_wait_minutes": "recovery"}
 # every spotrelay switch the CLI's --switch NAME=VALUE takes (SimOptions.spotrelay_switches)
 SWITCHES = ("strategy", *SPEC_SWITCHES, "rebalance_checkpoint", "keep_margin")

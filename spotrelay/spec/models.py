@@ -80,6 +80,12 @@ class Resources(Strict):
         description="smallest gang the job may run on while the full one cannot be placed or costs more "
         "per useful hour (default: nodes); the global batch is kept by gradient accumulation",
     )  # fmt: skip
+    wall_time_weight: float | None = Field(
+        None, ge=0, le=1,
+        description="with min_nodes: how much the wall time a smaller gang adds counts against its saving; "
+        "a gang of n nodes is charged (nodes / n) ** w per useful hour (0: cost only; 1: as if the full gang "
+        "waited; default: placement's shrink_delay_weight)",
+    )  # fmt: skip
     gpus_per_node: int = Field(8, ge=0, le=16, description="0 runs on CPU (the local twin)")
     instance_types: list[str] = Field(
         default_factory=lambda: ["p5.48xlarge", "p4d.24xlarge"], min_length=1,

@@ -42,6 +42,24 @@ def test_a_smaller_gang_wins_when_it_is_cheaper_per_useful_hour() -> None:
     assert ranked[0].nodes == 2
 
 
+def test_the_spec_states_how_much_wall_time_counts_against_a_smaller_gang() -> None:
+    # resources.wall_time_weight overrides placement's default delay charge for this job only
+    cost_only = make_spec(min_nodes=2, wall_time_weight=0.0)
+    assert rank_pools(cost_only, quotes_for(cost_only), {}, NOW, gang_sizes=True)[0].nodes == 2
+    as_if_waiting = make_spec(min_nodes=2, wall_time_weight=1.0)
+    ranked = rank_pools(as_if_waiting, quotes_for(as_if_waiting), {}, NOW, gang_sizes=True)
+    assert ranked[0].nodes == 4
+    half = next(s for s in ranked if s.nodes == 2)
+    assert half.breakdown["delay_factor"] == pytest.approx(2.0)  # (4 / 2) ** 1
+    unstated = make_spec(min_nodes=2)  # the placement default, which a config can change
+    for w in (0.0, 0.7):
+        ranked = rank_pools(unstated, quotes_for(unstated), {}, NOW, gang_sizes=True,
+                            config=PlacementConfig(shrink_delay_weight=w))  # fmt: skip
+        assert next(s for s in ranked if s.nodes == 2).breakdown["delay_factor"] == pytest.approx(2.0**w)
+    with pytest.raises(ValidationError, match="wall_time_weight"):
+        make_spec(min_nodes=2, wall_time_weight=-0.1)
+
+
 def test_a_gang_that_did_not_fit_excludes_that_size_and_larger_in_its_pool_only() -> None:
     spec = make_spec(min_nodes=2)
     quotes = quotes_for(spec)
