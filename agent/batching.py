@@ -43,13 +43,20 @@ class BatchPlan:
         if self.micro_batch < 1 or self.global_batch < 1:
             raise BatchPlanError(f"global batch {self.global_batch} and micro-batch {self.micro_batch} must be >= 1")
         if self.global_batch % per_step:
-            todo = (f"run on a world size that divides {self.global_batch // self.micro_batch} or change the "
-                    "micro-batch" if self.global_batch % self.micro_batch == 0
-                    else f"use a micro-batch that divides {self.global_batch}")
             raise BatchPlanError(
                 f"global batch {self.global_batch} cannot be split over {self.world_size} ranks of micro-batch "
-                f"{self.micro_batch} (it needs a multiple of {per_step}); {todo}"
+                f"{self.micro_batch} (it needs a multiple of {per_step}); {self._what_to_do()}"
             )
+
+    def _what_to_do(self) -> str:
+        """Only advice that works: a micro-batch change cannot help a world that does not divide G."""
+        g, m, w = self.global_batch, self.micro_batch, self.world_size
+        worlds = f"run on a world size that divides {g // m}" if g % m == 0 else ""
+        if g % w:
+            return f"no micro-batch lets {w} ranks split it: " + (
+                worlds or f"run on a world size and a micro-batch whose product divides {g}"
+            )
+        return f"use a micro-batch that divides {g // w}" + (f" or {worlds}" if worlds else "")
 
     @property
     def accumulation(self) -> int:

@@ -68,10 +68,19 @@ class FullState:
     param_groups: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _flat_states(state: Any, index: int, numel: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """(states as large as the flat partition, 0-d states) of one flat parameter's optimizer entry."""
+def _flat_states(
+    state: Any, index: int, numel: int, padding: int = 0
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(states as large as the flat partition, 0-d states) of one flat parameter's optimizer entry.
+
+    ZeRO-1/2 saves the last rank's fp32 partition without its alignment padding but the optimizer
+    states with it (``numel + padding`` values): the padding, at the end, is cut off."""
     entry = state[index]
-    flat = {k: v for k, v in entry.items() if isinstance(v, torch.Tensor) and v.numel() == numel and v.dim() == 1}
+    flat = {
+        k: v.narrow(0, 0, numel)
+        for k, v in entry.items()
+        if isinstance(v, torch.Tensor) and v.dim() == 1 and v.numel() in (numel, numel + padding)
+    }
     scalars = {k: v for k, v in entry.items() if isinstance(v, torch.Tensor) and v.dim() == 0}
     return flat, scalars
 
@@ -84,7 +93,10 @@ def merge(step_dir: Path, stage: int, world: int, model_states: dict[str, Any]) 
         )
     optims = [arena_files.load(optim_file(step_dir, r), lazy=True)["optimizer_state_dict"] for r in range(world)]
     groups: list[dict[str, Any]] = model_states["param_shapes"]
-    return _merge_zero3(groups, optims, world) if stage == 3 else _merge_zero12(groups, optims)
+    try:
+        return _merge_zero3(groups, optims, world) if stage == 3 else _merge_zero12(groups, optims)
+    except CorruptCheckpointError as exc:  # name the checkpoint, not only the parameter
+        raise CorruptCheckpointError(f"{step_dir}: {exc}") from exc
 
 
 def _merge_zero12(groups: list[dict[str, Any]], optims: list[dict[str, Any]]) -> FullState:
@@ -93,7 +105,8 @@ def _merge_zero12(groups: list[dict[str, Any]], optims: list[dict[str, Any]]) ->
         per_rank = []
         for osd in optims:
             flat = osd["single_partition_of_fp32_groups"][g]
-            states, scalars = _flat_states(osd["base_optimizer_state"]["state"], g, flat.numel())
+            padding = int((osd.get("group_paddings") or [0] * len(groups))[g])
+            states, scalars = _flat_states(osd["base_optimizer_state"]["state"], g, flat.numel(), padding)
             full.scalars.update(scalars)
             per_rank.append(({FP32: flat, **states}, osd["param_slice_mappings"][g]))
         for name, shape in shapes.items():

@@ -34,6 +34,20 @@ def test_a_world_that_cannot_divide_the_global_batch_is_refused_naming_the_numbe
         BatchPlan(12, 2, 4)
 
 
+def test_the_advice_only_offers_what_can_work() -> None:
+    with pytest.raises(
+        BatchPlanError, match=r"; use a micro-batch that divides 3 or run on a world size that divides 6$"
+    ):
+        BatchPlan(12, 2, 4)  # 4 ranks of micro-batch 1 or 3 would do
+    # 3 ranks cannot share 8 samples whatever the micro-batch (the tiny example's 2-rank run on 3)
+    with pytest.raises(
+        BatchPlanError, match=r"; no micro-batch lets 3 ranks split it: run on a world size that divides 2$"
+    ):
+        BatchPlan(8, 4, 3)
+    with pytest.raises(BatchPlanError, match=r"; use a micro-batch that divides 6$"):
+        BatchPlan(12, 5, 2)
+
+
 def test_every_world_size_walks_the_same_global_order_from_any_cursor() -> None:
     reference = _step_sets(48, 1, 2, 12, epoch=1, cursor=0)
     assert len(reference) == 4 and set().union(*reference) == set(range(48))  # each sample once per epoch
