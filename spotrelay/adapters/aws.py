@@ -7,7 +7,9 @@ from functools import lru_cache
 from typing import Any
 
 import boto3
+import botocore.session
 from botocore.config import Config
+from botocore.loaders import Loader, create_loader
 
 
 def _config() -> Config:
@@ -16,12 +18,26 @@ def _config() -> Config:
     return Config(retries={"mode": "standard", "max_attempts": attempts}, connect_timeout=5, read_timeout=30)
 
 
+@lru_cache(maxsize=1)
+def _loader() -> Loader:
+    """One botocore data loader for every session we open: each new session would otherwise parse
+    the endpoint rules and the service models (megabytes of JSON, ~0.3 s a client) again. What it
+    loads is only read, so sessions on other threads may share it."""
+    return create_loader()
+
+
+def _session() -> boto3.session.Session:
+    core = botocore.session.get_session()
+    core.register_component("data_loader", _loader())
+    return boto3.session.Session(botocore_session=core)
+
+
 @lru_cache(maxsize=64)
 def client(service: str, region: str | None = None) -> Any:
     from spotrelay.settings import settings
 
     s = settings()
-    return boto3.session.Session().client(  # type: ignore[call-overload]
+    return _session().client(  # type: ignore[call-overload]
         service, region_name=region or s.region, endpoint_url=s.endpoint_for(service), config=_config()
     )
 
@@ -31,7 +47,7 @@ def resource(service: str, region: str | None = None) -> Any:
     from spotrelay.settings import settings
 
     s = settings()
-    return boto3.session.Session().resource(  # type: ignore[call-overload]
+    return _session().resource(  # type: ignore[call-overload]
         service, region_name=region or s.region, endpoint_url=s.endpoint_for(service), config=_config()
     )
 
