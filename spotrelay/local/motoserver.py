@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 import requests
 
@@ -19,10 +21,37 @@ FAKE_ENV = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
+def free_port(rng: random.Random | None = None) -> int:
+    """A port free now, for a server that binds it later (a gang's rendezvous, moto's server).
+
+    Picked below the kernel's ephemeral range: a port from bind(0) is released until its server
+    binds it, and meanwhile any outgoing connection of this busy machine may take it as its source
+    port (torchrun then fails with EADDRINUSE). Ports below the range are never handed out that way.
+    """
+    low = _ephemeral_low()
+    draw = rng or random.SystemRandom()
+    tries = 64 if low > _FIXED_FLOOR + 1000 else 0
+    for _ in range(tries):
+        port = draw.randrange(_FIXED_FLOOR, low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # someone listens there already
+            return port
+    with socket.socket() as sock:  # no room below the range (an unusual kernel setting)
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+_FIXED_FLOOR = 20000  # above the well-known service ports people run locally (8080, 9000, ...)
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 @dataclass
