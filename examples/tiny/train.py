@@ -14,9 +14,9 @@ agent would, to exercise the coordinated stop. Each step's loss is the mean over
 (all ranks, all micro-batches); ``samples`` lists the dataset indices each step used on this rank.
 Health faults: ``--inject-nan-at K`` (step K's loss is NaN, once per process), ``--skip-data
 STEP:N`` (the reference for a rollback), ``--slow-rank R`` (rank R lags every step, in the job's
-first attempt only). ``--hold-rank R --hold-at K``: in the first attempt, rank R waits after step K
-until its agent asks it to stop, so a test's fault lands before the run can end however slow the
-machine is.
+first attempt only). ``--hold-rank R --hold-at K[@N]`` (repeatable): in attempt N (default 1), rank
+R waits after step K until its agent asks it to stop, so a test's fault lands before the run can end
+however slow the machine is.
 """
 
 from __future__ import annotations
@@ -154,6 +154,8 @@ def run_steps(session: Session, stepper: Any, deepspeed: bool, args: argparse.Na
     # a slow node in the first attempt only: its replacement is a healthy machine
     first_attempt = os.environ.get(ENV_ATTEMPT, "1") == "1"
     slow = getattr(args, "slow_s", 0.0) if rank == getattr(args, "slow_rank", None) and first_attempt else 0.0
+    attempt, mine = int(os.environ.get(ENV_ATTEMPT) or 1), rank == getattr(args, "hold_rank", None)
+    holds = {k for k, n in getattr(args, "hold_at", None) or () if mine and n == attempt}
     if skip_at == 0:
         session.skip_batches(skip_n)
     for step, micro, (tokens, index) in session.micro_steps(args.steps):
@@ -197,10 +199,15 @@ def run_steps(session: Session, stepper: Any, deepspeed: bool, args: argparse.Na
             control = Path(os.environ[ENV_CONTROL_DIR])
             write_request(control, StopRequest(request_id=f"stop-{step}", kind=RequestKind.CHECKPOINT_AND_STOP,
                                                deadline=time.time() + 120, reason="test"))  # fmt: skip
-        if first_attempt and rank == getattr(args, "hold_rank", None) and step == getattr(args, "hold_at", None):
+        if step in holds:
             hold_until_stopped(Path(os.environ[ENV_CONTROL_DIR]))
         time.sleep(getattr(args, "step_sleep", 0.0))
     return losses, samples
+
+
+def _hold(value: str) -> tuple[int, int]:
+    step, _, attempt = value.partition("@")
+    return int(step), int(attempt or 1)
 
 
 def hold_until_stopped(control: Path) -> None:
@@ -243,8 +250,9 @@ def main() -> int:
                    metavar="STEP:N", help="before STEP, drop N batches (what a rollback to STEP does)")
     p.add_argument("--slow-rank", type=int, default=None, help="in attempt 1, this rank sleeps --slow-s every step")
     p.add_argument("--slow-s", type=float, default=0.05)
-    p.add_argument("--hold-rank", type=int, default=None, help="in attempt 1, this rank waits after --hold-at ...")
-    p.add_argument("--hold-at", type=int, default=None, help="... step K until its agent asks it to stop")
+    p.add_argument("--hold-rank", type=int, default=None, help="this rank waits after each --hold-at ...")
+    p.add_argument("--hold-at", type=_hold, action="append", metavar="K[@N]",
+                   help="... step K of attempt N (default 1) until its agent asks it to stop")
     add_common_args(p)
     args = p.parse_args()
 

@@ -185,12 +185,18 @@ def _drive(twin: Twin, injector: Injector, records: list[JobRecord], hits: list[
         time.sleep(0.5)
 
 
-def _settle(twin: Twin, injector: Injector) -> int:
-    """Let reconcile run after the last job ended; count the instances still alive."""
-    assert twin.compute is not None
+def _settle(twin: Twin, injector: Injector, ticks: int = 3, hang_s: float = 900.0) -> int:
+    """Let reconcile run ``ticks`` times after the last job ended (counted, not timed: a loaded
+    machine runs the schedule late); count the instances still alive."""
+    assert twin.compute is not None and twin.dispatcher is not None
     injector._reconcile_paused_until = 0.0
-    deadline = time.time() + 3 * twin.options.reconcile_every_s + 5
-    while time.time() < deadline and twin.compute.list_tagged([]):
+    since = time.time()
+    dispatcher = twin.dispatcher
+
+    def reconciled() -> int:
+        return sum(1 for d in list(dispatcher.deliveries) if "reconcile" in d.function and d.time >= since)
+
+    while twin.compute.list_tagged([]) and reconciled() < ticks and time.time() < since + hang_s:
         time.sleep(1)
     return len(twin.compute.list_tagged([]))
 

@@ -22,7 +22,9 @@ from spotrelay.local.twin import Twin, TwinOptions
 from tests.e2e.waits import wait_for, wait_terminal
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS, EVERY = 60, 5
+STEPS, EVERY = 40, 5
+HOLD_AT = 20  # rank 1 waits after this step of attempt 1 (until it is killed): the kill always lands
+# before attempt 1 can finish, however long the spare takes to hold a step on a loaded machine
 HOLDS = re.compile(r"spare holds step (\d+) locally")
 
 pytestmark = pytest.mark.slow
@@ -30,7 +32,8 @@ pytestmark = pytest.mark.slow
 
 def _spec() -> str:
     data = yaml.safe_load((ROOT / "examples" / "tiny.yaml").read_text())
-    data["entrypoint"]["args"] = ["--engine", "ddp", "--steps", str(STEPS), "--step-sleep", "0.3", "--out", "result"]
+    data["entrypoint"]["args"] = ["--engine", "ddp", "--steps", str(STEPS), "--step-sleep", "0.3", "--out", "result",
+                                  "--hold-rank", "1", "--hold-at", str(HOLD_AT)]
     data["checkpoint"]["every_steps"] = EVERY
     data["resources"]["spares"] = 1
     data.pop("tracking", None)

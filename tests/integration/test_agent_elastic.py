@@ -42,13 +42,16 @@ POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", ma
 TRAIN_ARGS = ["--engine", "ddp", "--steps", str(STEPS), "--batch", "2", "--global-batch", "4", "--dropout", "0",
               "--samples", "48"]  # fmt: skip
 TIMEOUT_S = 300  # a hang, not a speed check
+# the survivor (rank 0) waits after step 3 of attempt 1 and step 6 of attempt 2 (it resumes at 4 and
+# trains 2 steps alone) until its stop directive arrives: each stop lands before the attempt could end
+HOLDS = ["--hold-rank", "0", "--hold-at", "3", "--hold-at", "6@2"]
 
 
 def _spec(out: Path) -> dict[str, Any]:
     return {
         "version": 1, "name": "tiny-elastic",
-        "entrypoint": {"script": "examples/tiny/train.py", "args": [*TRAIN_ARGS, "--step-sleep", "0.3", "--out",
-                                                                     str(out)],
+        "entrypoint": {"script": "examples/tiny/train.py", "args": [*TRAIN_ARGS, "--step-sleep", "0.3", *HOLDS,
+                                                                     "--out", str(out)],
                        "env": {"OMP_NUM_THREADS": "1", "SPOTRELAY_NOTICE_TRAINING": "0"}},
         "resources": {"nodes": 2, "min_nodes": 1, "gpus_per_node": 0},
         "checkpoint": {"every_steps": 4, "keep_local": 2, "keep_s3": 3},

@@ -43,13 +43,16 @@ TRAIN_ARGS = ["--engine", "ddp", "--steps", str(STEPS), "--step-sleep", "0.4"]
 TIMEOUT_S = 240
 
 
-def _spec(out: Path) -> dict[str, Any]:
+def _spec(out: Path, hold: tuple[int, int, int] | None = None) -> dict[str, Any]:
+    """``hold``: (rank, step, attempt): that rank waits after that step until its agent asks it to
+    stop, so the notice always lands before the attempt can end, however slow the machine is."""
+    held = [] if hold is None else ["--hold-rank", str(hold[0]), "--hold-at", f"{hold[1]}@{hold[2]}"]
     return {
         "version": 1,
         "name": "tiny-agent",
         "entrypoint": {
             "script": "examples/tiny/train.py",
-            "args": [*TRAIN_ARGS, "--out", str(out)],
+            "args": [*TRAIN_ARGS, *held, "--out", str(out)],
             # stop at the notice: these checks are about both notice paths reaching the same step
             # (training on through a notice: tests/integration/test_notice_training.py)
             "env": {"OMP_NUM_THREADS": "1", "SPOTRELAY_NOTICE_TRAINING": "0"},
@@ -154,14 +157,15 @@ def job(aws: dict[str, str], tmp_path: Path) -> Iterator[tuple[DynamoDBJobStore,
         pair.stop()
 
 
-def start_pair(store: DynamoDBJobStore, pairs: list[Pair], attempt: int, root: Path) -> Pair:
+def start_pair(store: DynamoDBJobStore, pairs: list[Pair], attempt: int, root: Path,
+               hold: tuple[int, int] | None = None) -> Pair:
     """Act as the controller's workflow (node items, then the job on this attempt) and the
     instances (IMDS, agent processes)."""
     pair = Pair(attempt, root)
     pairs.append(pair)
     spec_file = root / "spec.json"
     root.mkdir(parents=True)
-    spec_file.write_text(json.dumps(_spec(root / "out")))
+    spec_file.write_text(json.dumps(_spec(root / "out", None if hold is None else (*hold, attempt))))
     port = free_port()
     for rank in (0, 1):
         iid = f"i-0a{attempt}r{rank}"
@@ -231,14 +235,14 @@ def test_interrupted_by_imds_then_by_directive_resumes_bit_identical(
 ) -> None:
     store, events, pairs = job
     # attempt 1: the notice reaches only node 1, and only through its IMDS
-    first = start_pair(store, pairs, 1, tmp_path / "a1")
+    first = start_pair(store, pairs, 1, tmp_path / "a1", hold=(1, 3))
     wait_for_step(first, 1, 3)
     deadline = float(int(time.time()) + 90)
     first.imds[1].set_interruption("terminate", deadline)
     step1 = check_preempted(store, events, first, deadline)
 
     # attempt 2 (fresh disks: resumes from S3): the notice is only a controller directive to node 0
-    second = start_pair(store, pairs, 2, tmp_path / "a2")
+    second = start_pair(store, pairs, 2, tmp_path / "a2", hold=(0, step1 + 2))
     wait_for_step(second, 0, step1 + 2)
     deadline = time.time() + 90
     directive = Directive(
