@@ -17,4 +17,5 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     logger.append_keys(job_id=task.job_id)
     from spotrelay.services.review import review
 
-    return review(controller(), task.job_id, task.attempt, time.time(), task.timings).model_dump(mode="json")
+    return review(controller(), task.job_id, task.attempt, time.time(), task.timings,
+                  task.review_s).model_dump(mode="json")

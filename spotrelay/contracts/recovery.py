@@ -87,6 +87,9 @@ class AttemptEnd(BaseModel):
     # and the replacements boot meanwhile (recovery.launch_at_notice)
     deadline: float | None = None
     target: Candidate | None = None  # MIGRATE: the (pool, gang size) the review moves to
+    # READY from a review: the next review's interval (placement/cadence.py), which the ASL's
+    # NextReview state copies to $.launch.review_s
+    review_s: int | None = Field(None, ge=1)
 
     @property
     def retryable(self) -> bool:

@@ -70,19 +70,29 @@ class Move(BaseModel):
                 f" move of {self.move_cost:.2f}")
 
 
-def spot_attempt_hours(attempts: list[Attempt], last: int = 6, now: float | None = None,
+EVIDENCE_ATTEMPTS = 6  # the review weighs the job's last this many spot attempts
+
+
+def _recent_spot(attempts: list[Attempt], last: int, since: float) -> list[tuple[float, float]]:
+    """(started_at, ended_at) of the job's last ``last`` closed spot attempts, newest first, stopping
+    at the first that ended before ``since``."""
+    out: list[tuple[float, float]] = []
+    for a in reversed(attempts):
+        if a.pool is None or a.pool.market != "spot" or a.started_at is None or a.ended_at is None:
+            continue
+        if a.ended_at < since or len(out) == last:
+            break
+        out.append((a.started_at, a.ended_at))
+    return out
+
+
+def spot_attempt_hours(attempts: list[Attempt], last: int = EVIDENCE_ATTEMPTS, now: float | None = None,
                        within_hours: float = 6.0) -> float | None:
     """Mean length in hours of the job's last ``last`` closed attempts on spot (None with fewer than 2).
     With ``now``, only attempts that ended in the last ``within_hours``: older evidence is stale (a
     market moves), and a gang parked on on-demand would otherwise never look at spot again."""
     since = -math.inf if now is None else now - within_hours * 3600.0
-    spans: list[float] = []
-    for a in reversed(attempts):  # newest first; stop at the ``last``-th or at stale ones
-        if a.pool is None or a.pool.market != "spot" or a.started_at is None or a.ended_at is None:
-            continue
-        if a.ended_at < since or len(spans) == last:
-            break
-        spans.append((a.ended_at - a.started_at) / 3600.0)
+    spans = [(end - start) / 3600.0 for start, end in _recent_spot(attempts, last, since)]
     return sum(spans) / len(spans) if len(spans) >= 2 else None
 
 
@@ -104,6 +114,17 @@ def review_spot_hours(attempts: list[Attempt], current_market: str, now: float) 
     on spot the evidence stays fresh by itself)."""
     on_spot = current_market == "spot"
     return spot_attempt_hours(attempts, now=None if on_spot else now, within_hours=EVIDENCE_HOURS)
+
+
+def evidence_expires_at(attempts: list[Attempt], current_market: str, now: float) -> float | None:
+    """When ``review_spot_hours`` next changes with the clock alone: from on-demand, the time the oldest
+    spot attempt it counts leaves the ``EVIDENCE_HOURS`` window (None on spot, or with nothing
+    counted). The review's backoff never waits past it (placement/cadence.py)."""
+    if current_market == "spot":
+        return None
+    window = EVIDENCE_HOURS * 3600.0
+    recent = _recent_spot(attempts, EVIDENCE_ATTEMPTS, now - window)
+    return min(end for _, end in recent) + window if len(recent) >= 2 else None
 
 
 def work_rate(scored: ScoredPool) -> float:

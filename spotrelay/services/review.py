@@ -3,9 +3,12 @@ trains. Ask placement whether a clearly better placement exists now (``placement
 
 - Silent (no heartbeat from the gang within ``timings.heartbeat_s``): ``AttemptEnd(HEARTBEAT_TIMEOUT)``,
   recovered like the wait's own heartbeat timeout.
-- Stay (the usual answer): ``AttemptEnd(READY)``; the workflow waits for the outcome again (a new
-  token; ``register_wait`` settles at once if the attempt ended meanwhile). So a healthy attempt
-  that trains longer than ``timings.outcome_timeout_s`` is never ended for it.
+- Stay (the usual answer): ``AttemptEnd(READY)`` with ``review_s``, the next review's interval
+  (``next_review_seconds``: twice the one that just ended, up to 16x ``review_minutes``, never past
+  the moment its spot evidence expires; the ASL's NextReview state writes it to
+  ``$.launch.review_s``); the workflow waits for the outcome again (a new token; ``register_wait``
+  settles at once if the attempt ended meanwhile). So a healthy attempt that trains longer than
+  ``timings.outcome_timeout_s`` is never ended for it.
 - Move: ``AttemptEnd(MIGRATE)`` with the target (pool, gang size); nothing is touched yet. The
   workflow's Migrate state (``services/migrate.py``) launches the new gang first and only then tells
   the old ranks to save (make-before-break); no capacity there: it waits for the outcome again.
@@ -17,18 +20,34 @@ import logging
 
 from spotrelay.contracts.recovery import AttemptEnd, Candidate, Verdict
 from spotrelay.contracts.workflow import WorkflowTimings
-from spotrelay.domain.models import Job, Node, NodeState
+from spotrelay.domain.models import Attempt, Job, Node, NodeState
 from spotrelay.domain.status import JobStatus
+from spotrelay.placement.cadence import next_review_s
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
-from spotrelay.placement.review import Move, better_placement, review_spot_hours
+from spotrelay.placement.review import Move, better_placement, evidence_expires_at, review_spot_hours
 from spotrelay.services.controller import Controller, attempt_nodes, spec_of
+from spotrelay.services.workflow_tasks import review_seconds
+from spotrelay.spec.models import JobSpec
 
 log = logging.getLogger(__name__)
 _TRAINING = (NodeState.READY, NodeState.RUNNING)
 
 
-def _stay(job: Job, why: str) -> AttemptEnd:
-    return AttemptEnd(outcome=Verdict.READY, attempt=job.attempt, reason=why)
+def next_review_seconds(spec: JobSpec, timings: WorkflowTimings | None, current_s: int | None,
+                        attempts: list[Attempt], now: float) -> int:
+    """The interval to the next review after one that stayed (placement/cadence.py's backoff from the
+    spec's ``review_minutes``, bounded by ``timings.outcome_timeout_s`` and by the moment the review's
+    spot evidence expires). The simulator calls this too."""
+    ceiling = (timings or WorkflowTimings()).outcome_timeout_s
+    last = attempts[-1] if attempts else None
+    expires = evidence_expires_at(attempts, last.pool.market if last and last.pool else "spot", now)
+    return next_review_s(current_s, review_seconds(spec, timings), ceiling,
+                         None if expires is None else expires - now)
+
+
+def _stay(job: Job, why: str, timings: WorkflowTimings | None, current_s: int | None, now: float) -> AttemptEnd:
+    return AttemptEnd(outcome=Verdict.READY, attempt=job.attempt, reason=why,
+                      review_s=next_review_seconds(spec_of(job), timings, current_s, job.attempts, now))
 
 
 def decide(ctl: Controller, job: Job, now: float) -> Move | None:
@@ -63,16 +82,17 @@ def silent(nodes: list[Node], heartbeat_s: float, now: float) -> bool:
 
 
 def review(ctl: Controller, job_id: str, attempt: int, now: float,
-           timings: WorkflowTimings | None = None) -> AttemptEnd:
+           timings: WorkflowTimings | None = None, review_s: int | None = None) -> AttemptEnd:
+    """``review_s``: the interval that just ended (``$.launch.review_s``); a stay doubles it."""
     job = ctl.store.get_job(job_id)
     if job.attempt != attempt or job.status.terminal:
-        return _stay(job, f"attempt {attempt} is no longer current")
+        return _stay(job, f"attempt {attempt} is no longer current", timings, review_s, now)
     timings = timings or WorkflowTimings()
     if silent(attempt_nodes(ctl.store, job), timings.heartbeat_s, now):
         return AttemptEnd(outcome=Verdict.HEARTBEAT_TIMEOUT, attempt=attempt, reason="the gang went silent")
     move = decide(ctl, job, now)
     if move is None:
-        return _stay(job, "no better placement")
+        return _stay(job, "no better placement", timings, review_s, now)
     target = move.target
     log.info("placement review: move", extra={"job_id": job_id, "target": target.pool.key, "nodes": target.nodes,
                                               "gain_per_hour": round(move.gain_per_hour, 2),

@@ -47,6 +47,7 @@ class RecoverTask(_Task):
 class ReviewTask(_Task):
     attempt: int = Field(..., ge=1)
     timings: WorkflowTimings = Field(default_factory=WorkflowTimings)
+    review_s: int | None = Field(None, ge=1)  # $.launch.review_s: the interval that just ended
 
 
 class TeardownTask(_Task):

@@ -1,7 +1,7 @@
 """The one interpreter of the job-run ASL in this repository (``Machine``), so the simulator and the
 property tests take the workflow's paths as written.
 
-It reads ``functions/workflows/job_run.asl.json`` itself: Pass (Result/Parameters/ResultPath), Task
+It reads ``functions/workflows/job_run.asl.json`` itself: Pass (InputPath/Result/Parameters/ResultPath), Task
 (Parameters with ``.$`` and ``$$.`` paths, ResultPath, Retry and Catch by error name,
 TimeoutSeconds(Path)), Choice (the comparison operators below, And/Or/Not, Default), Wait
 (Seconds/SecondsPath), Succeed and Fail. A Task's resource names its handler: the ``${fn_...}``
@@ -209,6 +209,23 @@ def resource_name(state: dict[str, Any]) -> str:
     return found.group(1)
 
 
+_CHECKED: dict[int, dict[str, Any]] = {}  # id(definition) -> definition, once its fields passed
+
+
+def check_fields(definition: dict[str, Any]) -> None:
+    """Raise ``AslError`` for input/output processing this interpreter does not implement
+    (``InputPath`` is implemented on Pass states only)."""
+    if _CHECKED.get(id(definition)) is definition:
+        return
+    for name, state in definition["States"].items():
+        unsupported = {"OutputPath", "ResultSelector"} & set(state)
+        if "InputPath" in state and state["Type"] != "Pass":
+            unsupported.add("InputPath")
+        if unsupported:
+            raise AslError(f"state {name}: {sorted(unsupported)} is not implemented by the simulator")
+    _CHECKED[id(definition)] = definition
+
+
 class Machine:
     """The ASL's semantics, one state at a time: what a state does to the execution's data and
     which state comes next. The simulator's ``Walker`` and the property tests' step-by-step
@@ -219,6 +236,7 @@ class Machine:
     """
 
     def __init__(self, definition: dict[str, Any], data: dict[str, Any], copy_values: bool = False) -> None:
+        check_fields(definition)
         self.states: dict[str, dict[str, Any]] = definition["States"]
         self.current: str = definition["StartAt"]
         self.data = data
@@ -250,12 +268,13 @@ class Machine:
         self.status, self.error = "FAILED", (error, cause)
 
     def run_pass(self, state: dict[str, Any]) -> None:
+        data = get_path(self.data, state["InputPath"]) if "InputPath" in state else self.data
         if "Result" in state:
             value = copy.deepcopy(state["Result"])
         elif "Parameters" in state:
-            value = resolve(state["Parameters"], self.data, {}, self._copy)
+            value = resolve(state["Parameters"], data, {}, self._copy)
         else:
-            value = self.data
+            value = self._value(data) if data is not self.data else data
         self.data = set_path(self.data, state.get("ResultPath", "$"), value)
         self.next(state)
 

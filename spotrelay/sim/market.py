@@ -26,8 +26,10 @@ A pools CSV's recorded ``placement_score`` is used as recorded.
 
 from __future__ import annotations
 
+import _random
 import bisect
 import fnmatch
+import math
 import random
 import zlib
 from array import array
@@ -46,24 +48,34 @@ SCORE_WINDOW_S = 600.0  # a derived score's noise is redrawn every 10 minutes
 # (seed, pool key) -> noise per window (NaN: not drawn yet): every job of a seed shares the market, so
 # the draws are kept for all of it (about 90k windows x 8 bytes per pool for a 10-month job), one seed at a time
 _NOISE: dict[tuple[int, str], array[float]] = {}
-_DRAW = random.Random()  # seeded again for every draw (seed() also clears gauss()'s cached second value)
+_PREFIX: dict[tuple[int, str], int] = {}  # crc32 of "seed/key/": crc32 continues over the window's digits
+_DRAW = random.Random()  # seeded again for every draw
+_SEED = _random.Random.seed  # what random.Random.seed(an int) calls (its wrapper only adds type checks)
+_TWOPI = 2.0 * math.pi
 _UNDRAWN = float("nan")
 
 
 def score_noise(seed: int, key: str, t: float) -> float:
-    """The derived score's noise for ``key`` in the 10-minute window holding ``t`` (seeded, stable)."""
+    """The derived score's noise for ``key`` in the 10-minute window holding ``t`` (seeded, stable):
+    ``random.Random(crc32(f"{seed}/{key}/{window}")).gauss(0.0, SCORE_NOISE)``, computed as gauss
+    computes its first value, from one reseeded generator (a draw per pool and window was a fifth of
+    a long run's CPU)."""
     window = int(t // SCORE_WINDOW_S)
     drawn = _NOISE.get((seed, key))
     if drawn is None:
         if any(s != seed for s, _ in _NOISE):
             _NOISE.clear()
+            _PREFIX.clear()
         drawn = _NOISE[(seed, key)] = array("d")
+        _PREFIX[(seed, key)] = zlib.crc32(f"{seed}/{key}/".encode())
     if window >= len(drawn):
         drawn.extend([_UNDRAWN] * (window + 1024 - len(drawn)))
     found = drawn[window] if window >= 0 else _UNDRAWN
     if found != found:  # NaN: draw it
-        _DRAW.seed(zlib.crc32(f"{seed}/{key}/{window}".encode()))  # as random.Random(that seed), reused
-        found = _DRAW.gauss(0.0, SCORE_NOISE)
+        _SEED(_DRAW, zlib.crc32(b"%d" % window, _PREFIX[(seed, key)]))
+        r = _DRAW.random
+        x2pi = r() * _TWOPI
+        found = 0.0 + math.cos(x2pi) * math.sqrt(-2.0 * math.log(1.0 - r())) * SCORE_NOISE
         if window >= 0:
             drawn[window] = found
     return found

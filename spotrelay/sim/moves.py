@@ -11,6 +11,7 @@ from spotrelay.domain.models import Attempt
 from spotrelay.placement import PoolEvent
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.review import better_placement, review_spot_hours
+from spotrelay.services.review import next_review_seconds
 from spotrelay.services.workflow_tasks import review_seconds
 from spotrelay.sim.asl import TaskFailed
 from spotrelay.sim.shortlist import review_quotes, same_review
@@ -22,12 +23,14 @@ VERIFY_SHORTLIST = False  # tests set it: every review also runs over every quot
 SAVE_MARGIN_S = 10.0  # the final save is timed to commit this long before the reclaim (or a move's deadline)
 
 
-def _stay(run: SpotrelayRun) -> dict[str, Any]:
-    """The stay answer for the current attempt (built once per attempt; the workflow only reads it)."""
+def _stay(run: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
+    """The stay answer for the current attempt (built once per attempt; the workflow only reads it),
+    with the next review's interval backed off as services/review.py backs it off."""
     if run.stay_answer[0] != run.attempt:
         run.stay_answer = (run.attempt, AttemptEnd(outcome=Verdict.READY, attempt=run.attempt,
                                                    reason="no better placement").model_dump(mode="json"))
-    return dict(run.stay_answer[1])
+    return {**run.stay_answer[1], "review_s": next_review_seconds(run.spec, run.timings, payload.get("review_s"),
+                                                                 run.attempts, run.now)}
 
 
 def _spot_hours(run: SpotrelayRun) -> float | None:
@@ -41,7 +44,7 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     current, gang = self.attempt_pool, list(self.gang.values())
     if (int(payload.get("attempt", 0)) != self.attempt or not self.running or current is None
             or self.spec.recovery.review_minutes <= 0 or any(n.state != "RUNNING" for n in gang)):
-        return _stay(self)
+        return _stay(self, payload)
     res = self.spec.resources
     here = self.market.quote(current, self.now, res.nodes + res.spares, len(self.held.get(current.key, ())))
     stats = self.stats.view()  # (the pools' records; nothing records during a review)
@@ -58,7 +61,7 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
                                  sized=sized)
         assert every == move and spot_hours == _spot_hours(self), (every, move)
     if move is None:
-        return _stay(self)
+        return _stay(self, payload)
     t = move.target
     leaving = [] if move.in_place else gang
     return AttemptEnd(outcome=Verdict.MIGRATE, attempt=self.attempt, reason=move.reason,

@@ -4,6 +4,8 @@ tells the old ranks to save and drain (make-before-break); no capacity there: th
 
 from __future__ import annotations
 
+import json
+
 from functions import on_agent_event
 from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.models import NodeState
@@ -82,3 +84,26 @@ def test_no_capacity_for_the_move_keeps_the_gang_training(wf: Harness) -> None:
     assert wf.finished(arn)["status"] == "SUCCEEDED"
     states = wf.states_entered(arn)
     assert states.count("WaitOutcome") >= 2 and "Migrate" in states and "Recover" not in states
+
+
+def test_reviews_that_stay_back_off_in_the_workflow(wf: Harness) -> None:
+    """moto's execution of the ASL: each stay's next interval (placement/cadence.py) becomes the
+    outcome wait's timeout through NextReview: 1 s, then 2, 4, 8 (the cap, 16x, is unit-tested)."""
+    wf.market.prices = dict(DEAR_SPOT)  # on-demand is cheapest: every review stays
+    job = new_job(wf.store, review_minutes=0.02, launch_at_notice=True)  # review_s = int(1.2) = 1
+    arn = wf.start(job, TIMINGS)
+    first = wf.agents_ready(1)
+    assert wf.job().attempts[0].pool.market == "on-demand"
+
+    def intervals() -> list[int]:
+        from spotrelay.adapters.aws import client
+
+        events = client("stepfunctions").get_execution_history(executionArn=arn, maxResults=1000)["events"]
+        return [json.loads(e["stateExitedEventDetails"]["output"])["launch"]["review_s"] for e in events
+                if e.get("stateExitedEventDetails", {}).get("name") == "NextReview"]
+
+    wait_until(lambda: len(intervals()) >= 3, what="three reviews that stayed")
+    assert intervals()[:3] == [2, 4, 8]
+    wf.exit_all(first, 0)
+    assert wf.finished(arn)["status"] == "SUCCEEDED"
+    assert "Migrate" not in wf.states_entered(arn)

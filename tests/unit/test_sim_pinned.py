@@ -6,7 +6,7 @@ the decisions (attempt, pool, resumed-from step) and the timeline (every launch,
 and review move, with its reason). The values were taken before the speed work of issue 11
 (memoized reviews, cached scores, fewer validations); a DECISION change (placement, recovery,
 review) changes them legitimately: re-pin with ``python -m tests.unit.test_sim_pinned`` and say so
-in the commit.
+in the commit. Re-pinned for the review backoff (placement/cadence.py: fewer reviews, later moves).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ G4DN = MarketOptions(traces=[TRACE])
 SYNTHETIC = MarketOptions(trace_format="synthetic", synthetic_days=20)
 
 CASES: dict[str, SimOptions] = {
-    # 32 nodes never fit a g4dn pool: on-demand, reviewed every 30 min (each review tries a spot pool)
+    # 32 nodes never fit a g4dn pool: on-demand, reviewed every 30 min at first, then backed off to 8 h
     "g4dn-32": SimOptions(market=G4DN, job=JobModel(nodes=32, job_hours=120.0), policies=("spotrelay",), jobs=2,
                           timeline=True),
     "synthetic-32": SimOptions(market=SYNTHETIC, job=JobModel(nodes=32, job_hours=72.0), policies=("spotrelay",),
@@ -42,20 +42,20 @@ CASES: dict[str, SimOptions] = {
 
 PINNED: dict[str, dict[str, list[Any]]] = {  # python -m tests.unit.test_sim_pinned prints these
     "g4dn-32": {
-        "spotrelay/0": [552, 423257.801649, "7ada615d8700a74c"],
+        "spotrelay/0": [111, 423257.801649, "1a11058e17eb2425"],
     },
     "synthetic-32": {
-        "spotrelay/0": [925, 50043.167713, "1816c62b6b6c8345"],
+        "spotrelay/0": [666, 50077.793263, "1e4ee7f65e7b7827"],
     },
     "g4dn-16-all": {
-        "spotrelay/0": [2586, 56521.264426, "fe961e3af8db5404"],
+        "spotrelay/0": [2651, 58144.691685, "c645affe3f6f890c"],
         "on-demand/0": [19, 63550.06621, "a870882ca864a16c"],
         "skypilot-like/0": [21785, 81959.344006, "603bee401bbb5a9c"],
         "sagemaker-like/0": [17596, 64654.086173, "b334a4f0a90177af"],
         "price-limit/0": [19, 25420.166539, "dc58a0e9c36912f2"],
     },
     "synthetic-16-switches": {
-        "spotrelay/0": [1388, 83841.416167, "73a61c128b2117db"],
+        "spotrelay/0": [975, 84218.23977, "b18f04ade3bae1c8"],
     },
 }
 

@@ -1,0 +1,39 @@
+"""How often the placement review runs: it backs off while it keeps deciding to stay. Pure.
+
+Every review costs: a Lambda, Step Functions transitions, and ``GetSpotPlacementScores`` calls,
+which AWS rate-limits per account. Most reviews stay (a gang that no spot pool can hold is reviewed
+on on-demand all month), so each stay doubles the next interval: ``review_minutes``, then 2x, 4x, up
+to ``REVIEW_BACKOFF_MAX`` x ``review_minutes`` (never past ``outcome_timeout_s``). A move, a
+recovery, or any other new attempt starts again at ``review_minutes``: provision's ``Launched``
+carries the base interval, and only a review that stays writes a longer one (the ASL's NextReview
+state; the simulator walks the same state and calls this same function through
+``services/review.py``'s ``next_review_seconds``).
+
+One input of the review changes with the clock alone: a gang on on-demand stops weighing its own
+spot attempts once they are ``EVIDENCE_HOURS`` old (``placement.review.evidence_expires_at``), and
+that is when spot is worth a look again. The backoff never waits past that moment; without this
+bound a 16-node gang on the g4dn trace paid 3-4% more per useful GPU-hour (docs/simulator.md, "Speed").
+"""
+
+from __future__ import annotations
+
+import math
+
+REVIEW_BACKOFF_MAX = 16  # the longest review interval, in review_minutes (8 h at the default 30)
+
+
+def next_review_s(current_s: int | None, base_s: int, ceiling_s: int, changes_in_s: float | None = None,
+                  max_factor: int = REVIEW_BACKOFF_MAX) -> int:
+    """The interval to the next review after one that stayed: twice ``current_s`` (the interval
+    that just ended; None or below ``base_s``: ``base_s``), at most ``max_factor`` x ``base_s`` and
+    ``ceiling_s`` (the outcome wait's longest timeout), never below ``base_s``. ``changes_in_s``:
+    an input of the review changes by then (its spot evidence expires): not later than that, unless
+    that is sooner than ``base_s``."""
+    if base_s < 1 or max_factor < 1:
+        raise ValueError(f"base_s ({base_s}) and max_factor ({max_factor}) must be at least 1")
+    floor = min(base_s, ceiling_s)
+    current = base_s if current_s is None or current_s < base_s else current_s
+    nxt = max(floor, min(current * 2, base_s * max_factor, ceiling_s))
+    if changes_in_s is not None:
+        nxt = min(nxt, max(floor, math.ceil(changes_in_s)))
+    return nxt

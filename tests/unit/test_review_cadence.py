@@ -1,0 +1,138 @@
+"""The review backoff (placement/cadence.py): each review that stays doubles the next interval, up to
+16x review_minutes, never past the moment the review's spot evidence expires; a new attempt starts
+again at review_minutes. The same rule in the services, in the ASL's NextReview state (walked by the
+simulator's interpreter) and in the simulator's reviews."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from spotrelay.contracts.workflow import WorkflowTimings
+from spotrelay.domain.models import Attempt, Pool
+from spotrelay.placement.cadence import REVIEW_BACKOFF_MAX, next_review_s
+from spotrelay.placement.review import EVIDENCE_HOURS, evidence_expires_at, review_spot_hours
+from spotrelay.services.review import next_review_seconds
+from spotrelay.sim import controller
+from spotrelay.sim.asl import AslError, Await, Walker, load_asl
+from spotrelay.sim.runner import simulate
+from spotrelay.spec.load import load_spec
+from spotrelay.spec.models import JobSpec
+from tests.unit.test_sim_calibration import TINY
+from tests.unit.test_sim_pinned import CASES
+
+
+def _spec(review_minutes: float) -> JobSpec:
+    spec = load_spec(TINY)
+    return spec.model_copy(update={"recovery": spec.recovery.model_copy(update={"review_minutes": review_minutes})})
+
+
+def test_stays_double_the_interval_up_to_the_cap() -> None:
+    seq, current = [], None
+    for _ in range(6):
+        current = next_review_s(current, 1800, 7 * 24 * 3600)
+        seq.append(current)
+    assert REVIEW_BACKOFF_MAX == 16
+    assert seq == [3600, 7200, 14400, 28800, 28800, 28800]
+
+
+def test_the_outcome_waits_longest_timeout_bounds_it_and_base_is_the_floor() -> None:
+    assert [next_review_s(c, 1800, 5000) for c in (1800, 3600, 5000)] == [3600, 5000, 5000]
+    assert next_review_s(60, 1800, 10**6) == 3600  # below the base (review_minutes went up): from the base
+    assert next_review_s(14400, 1800, 10**6, max_factor=1) == 1800  # no backoff
+    assert next_review_s(14400, 1800, 10**6, changes_in_s=5000.2) == 5001  # an input changes then
+    assert next_review_s(14400, 1800, 10**6, changes_in_s=60) == 1800  # but not sooner than the base
+    with pytest.raises(ValueError, match="base_s"):
+        next_review_s(1800, 0, 10**6)
+
+
+def _attempt(n: int, market: str, start_h: float, end_h: float | None) -> Attempt:
+    return Attempt(number=n, pool=Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge",
+                                       market=market), started_at=start_h * 3600,
+                   ended_at=None if end_h is None else end_h * 3600)
+
+
+def test_the_services_rule_follows_the_spec_and_timings() -> None:
+    timings = WorkflowTimings(outcome_timeout_s=40_000)
+    assert next_review_seconds(_spec(30), timings, None, [], 0.0) == 3600
+    assert next_review_seconds(_spec(30), timings, 28800, [], 0.0) == 28800  # 16 x 30 min
+    assert next_review_seconds(_spec(30), WorkflowTimings(outcome_timeout_s=10_000), 7200, [], 0.0) == 10_000
+    assert next_review_seconds(_spec(0), timings, 40_000, [], 0.0) == 40_000  # reviews off: the longest timeout
+    assert next_review_seconds(_spec(1), None, 960, [], 0.0) == 960  # 16 x 60 s
+
+
+def test_a_gang_on_on_demand_is_reviewed_again_when_its_spot_evidence_expires() -> None:
+    """Two short spot attempts ended 5 h and 4 h ago; the gang runs on on-demand since. The review
+    weighs them (review_spot_hours) until the older is EVIDENCE_HOURS old: 7 h from now."""
+    now = 10.0 * 3600
+    attempts = [_attempt(1, "spot", 4.5, 5.0), _attempt(2, "spot", 5.5, 6.0), _attempt(3, "on-demand", 6.0, None)]
+    assert evidence_expires_at(attempts, "on-demand", now) == (5.0 + EVIDENCE_HOURS) * 3600
+    assert review_spot_hours(attempts, "on-demand", (5.0 + EVIDENCE_HOURS) * 3600 - 1) is not None
+    assert review_spot_hours(attempts, "on-demand", (5.0 + EVIDENCE_HOURS) * 3600 + 1) is None
+    assert next_review_seconds(_spec(30), None, 28800, attempts, now) == 7 * 3600  # not 16 x 30 min
+    assert next_review_seconds(_spec(30), None, 3600, attempts, now) == 7200  # (the doubling is sooner)
+    on_spot = [*attempts[:2], _attempt(3, "spot", 6.0, None)]
+    assert evidence_expires_at(on_spot, "spot", now) is None  # on spot the evidence does not expire
+    assert next_review_seconds(_spec(30), None, 28800, on_spot, now) == 28800
+    assert evidence_expires_at(attempts[1:], "on-demand", now) is None  # one attempt is no evidence
+
+
+def _walker(review: dict[str, Any]) -> tuple[Walker, list[dict[str, Any]]]:
+    calls: list[dict[str, Any]] = []
+
+    def on_review(payload: dict[str, Any]) -> dict[str, Any]:
+        calls.append(payload)
+        return review
+
+    handlers = {"fn_sfn_plan": lambda p: {"candidates": []},
+                "fn_sfn_provision": lambda p: {"attempt": 1 + len(calls), "review_s": 1800},
+                "fn_sfn_review": on_review}
+    return Walker(load_asl(), handlers, {"job_id": "j", "timings": {"ready_timeout_s": 7}}), calls
+
+
+def test_the_asl_waits_the_reviews_interval_after_a_stay_and_the_base_after_a_move() -> None:
+    walker, calls = _walker({"outcome": "ready", "review_s": 3600})
+    assert walker.advance() == Await("ready", 7.0)
+    assert walker.resume({"outcome": "ready"}) == Await("outcome", 1800.0)
+    assert walker.resume(error="States.Timeout") == Await("outcome", 3600.0)  # NextReview copied it
+    assert calls[-1]["review_s"] == 1800 and walker.visited[-3:] == ["Reviewed", "NextReview", "WaitOutcome"]
+    walker.resume(error="States.Timeout")
+    assert calls[-1]["review_s"] == 3600  # the Review task is told the interval that just ended
+
+    moving, _ = _walker({"outcome": "migrate", "attempt": 1})
+    moving.advance()
+    moving.resume({"outcome": "ready"})
+    assert moving.resume(error="States.Timeout") == Await("ready", 7.0)  # Migrate: a new attempt
+    assert moving.data["launch"]["review_s"] == 1800 and "NextReview" not in moving.visited
+
+
+def test_the_interpreter_refuses_input_processing_it_does_not_implement() -> None:
+    asl = load_asl()
+    asl["States"]["Review"] = {**asl["States"]["Review"], "ResultSelector": {"x.$": "$"}}
+    with pytest.raises(AslError, match="ResultSelector"):
+        Walker(asl, {}, {})
+
+
+def test_the_simulators_reviews_back_off_as_the_rule_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """32 nodes on the g4dn trace: parked on on-demand. Each review comes the interval the previous
+    stay returned after it; the first review of an attempt comes after review_minutes."""
+    seen: list[tuple[int, int, float, dict[str, Any], dict[str, Any]]] = []
+    original = controller.SpotrelayRun.task_review
+
+    def recorded(self: controller.SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
+        out = original(self, payload)
+        seen.append((id(self), self.attempt, self.now, payload, out))
+        return out
+
+    monkeypatch.setattr(controller.SpotrelayRun, "task_review", recorded)
+    simulate(CASES["g4dn-32"])
+    stays = [s for s in seen if s[4]["outcome"] == "ready"]
+    assert len(stays) >= 8 and max(s[4]["review_s"] for s in stays) == 28800
+    for s in stays:  # (a 32-node gang never trains on spot here: no evidence to expire)
+        assert s[4]["review_s"] == next_review_s(s[3]["review_s"], 1800, WorkflowTimings().outcome_timeout_s)
+    for prev, cur in itertools.pairwise(seen):
+        if prev[:2] == cur[:2] and prev[4]["outcome"] == "ready":
+            assert cur[2] - prev[2] == pytest.approx(prev[4]["review_s"])
+            assert cur[3]["review_s"] == prev[4]["review_s"]
