@@ -12,7 +12,8 @@ the price limit, its captured saving and its goodput (mean and min over seeds):
 
 At 16 and 32 nodes it also runs spotrelay with elastic gang sizes (``resources.min_nodes`` = half the
 gang, ``--switch min_nodes=N``) on the same markets and seeds, prints it as ``spotrelay-elastic`` and
-its cost per useful GPU-hour over the fixed gang's (issue 13: elastic must lower it).
+its cost per useful GPU-hour over the fixed gang's (issue 13: elastic must lower it), and the same
+with ``resources.wall_time_weight`` 0 (``wall_time_w 0``: ranked by cost alone) for the wall-time trade.
 
 Then it checks the issue's targets and prints each as met or NOT met, and the simulator's speed.
 """
@@ -47,10 +48,12 @@ def run(nodes: int, setting: str, seeds: int, job_hours: float, trace: Path,
                                policies=policies, spotrelay_switches=dict(switches or {})))
 
 
-def elastic(report: Report, nodes: int, setting: str, args: argparse.Namespace) -> tuple[Report, float]:
-    """spotrelay with min_nodes = nodes // 2 on the same seeds; (its report, its cost per useful
-    GPU-hour over the fixed gang's, mean of the per-seed ratios)."""
-    other = run(nodes, setting, args.seeds, args.job_hours, args.trace, {"min_nodes": nodes // 2}, ("spotrelay",))
+def elastic(report: Report, nodes: int, setting: str, args: argparse.Namespace,
+            extra: dict[str, object] | None = None) -> tuple[Report, float]:
+    """spotrelay with min_nodes = nodes // 2 (and ``extra`` switches) on the same seeds; (its report, its
+    cost per useful GPU-hour over the fixed gang's, mean of the per-seed ratios)."""
+    switches = {"min_nodes": nodes // 2, **(extra or {})}
+    other = run(nodes, setting, args.seeds, args.job_hours, args.trace, switches, ("spotrelay",))
     fixed = report.series("spotrelay", "cost_per_useful_gpu_hour")
     flex = other.series("spotrelay", "cost_per_useful_gpu_hour")
     ratios = [f / x for f, x in zip(flex, fixed, strict=True) if math.isfinite(f) and math.isfinite(x) and x > 0]
@@ -87,7 +90,7 @@ def main() -> int:
         print(f"\n== {setting}: {SETTINGS[setting]} | trace {args.trace.name}, {args.seeds} seeds, "
               f"{args.job_hours:g} h jobs ==")
         print(f"{'nodes':>5} {'policy':17} {'vs on-demand':>12} {'vs limit':>9} {'captured':>9} {'goodput':>8} "
-              f"{'min goodput':>11} {'on-demand':>9}")
+              f"{'min goodput':>11} {'on-demand':>9} {'wall h':>7}")
         for nodes in [int(n) for n in args.nodes.split(",")]:
             report = run(nodes, setting, args.seeds, args.job_hours, args.trace)
             events += report.events
@@ -100,15 +103,22 @@ def main() -> int:
                 flex, ratio = elastic(report, nodes, setting, args)
                 events += flex.events
                 out[f"{setting}/{nodes}/elastic"] = {**flex.to_json(), "cost_ratio_vs_fixed": ratio}
-                rows.insert(1, ("spotrelay", flex, "spotrelay-elastic"))
+                # the same with resources.wall_time_weight 0: a user who ranks by cost alone (not a target)
+                cost_first, ratio0 = elastic(report, nodes, setting, args, {"wall_time_weight": 0.0})
+                events += cost_first.events
+                out[f"{setting}/{nodes}/elastic-w0"] = {**cost_first.to_json(), "cost_ratio_vs_fixed": ratio0}
+                rows[1:1] = [("spotrelay", flex, "spotrelay-elastic"), ("spotrelay", cost_first, "  wall_time_w 0")]
+                walls = (f"wall {flex.mean('spotrelay', 'wall_hours'):.0f} h vs "
+                         f"{report.mean('spotrelay', 'wall_hours'):.0f} h; wall_time_weight 0: {ratio0:.3f} in "
+                         f"{cost_first.mean('spotrelay', 'wall_hours'):.0f} h")
                 checks.append((f"{setting} {nodes} nodes: elastic (min_nodes {nodes // 2}) lowers spotrelay's cost per "
-                               "useful GPU-hour", ratio < 1.0, f"elastic / fixed = {ratio:.3f}"))
+                               "useful GPU-hour", ratio < 1.0, f"elastic / fixed = {ratio:.3f}, {walls}"))
             for policy, rep, label in rows:
                 goodputs = rep.series(policy, "goodput")
                 print(f"{nodes:>5} {label:17} {rep.mean(policy, 'vs_on_demand'):>12.3f} "
                       f"{rep.mean(policy, 'vs_price_limit'):>9.3f} {rep.mean(policy, 'captured_saving'):>9.3f} "
                       f"{rep.mean(policy, 'goodput'):>8.3f} {min(goodputs):>11.3f} "
-                      f"{rep.mean(policy, 'on_demand_share'):>9.0%}")
+                      f"{rep.mean(policy, 'on_demand_share'):>9.0%} {rep.mean(policy, 'wall_hours'):>7.1f}")
             checks.append((f"{setting} {nodes} nodes: spotrelay cheapest but price-limit on every seed",
                            lowest_but_limit(report), ""))
             if nodes == 16 and setting == "catalog":

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from spotrelay.domain.models import Pool
 from spotrelay.placement import PlacementConfig, evaluate_pools, rank_pools
 from spotrelay.placement.policy import gang_key
+from spotrelay.ports.market import PoolQuote
 from spotrelay.spec.checks import deepspeed_problems
 from spotrelay.spec.models import JobSpec
 from tests.unit.test_placement_policy import NOW, make_spec, quotes_for
@@ -58,6 +60,23 @@ def test_the_spec_states_how_much_wall_time_counts_against_a_smaller_gang() -> N
         assert next(s for s in ranked if s.nodes == 2).breakdown["delay_factor"] == pytest.approx(2.0**w)
     with pytest.raises(ValidationError, match="wall_time_weight"):
         make_spec(min_nodes=2, wall_time_weight=-0.1)
+
+
+def test_by_default_a_half_gang_that_is_a_fifth_cheaper_per_unit_of_work_wins() -> None:
+    # the default delay charge (shrink_delay_weight, chosen with bench/sim_sweep.py: docs/simulator.md)
+    # lets a half gang in a pool 20% cheaper per node-hour beat the full gang elsewhere (2 ** w < 1.25);
+    # at the old 0.5 the full gang won (2 ** 0.5 = 1.41)
+    spec = make_spec(min_nodes=2, markets=["spot"], instance_types=["p5.48xlarge"])
+    pool_a = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
+    pool_b = pool_a.model_copy(update={"az": "us-east-1b"})
+    quotes = [PoolQuote(pool=pool_a, price_per_hour=20.0, advisor_band=1),
+              PoolQuote(pool=pool_b, price_per_hour=25.0, advisor_band=1)]
+    only_half_in_a = frozenset({gang_key(pool_a.key, 3)})  # pool a cannot hold 3 or 4 now
+    best = rank_pools(spec, quotes, {}, NOW, only_half_in_a, gang_sizes=True)[0]
+    assert (best.pool, best.nodes) == (pool_a, 2)
+    old = rank_pools(spec, quotes, {}, NOW, only_half_in_a, gang_sizes=True,
+                     config=PlacementConfig(shrink_delay_weight=0.5))[0]  # fmt: skip
+    assert (old.pool, old.nodes) == (pool_b, 4)
 
 
 def test_a_gang_that_did_not_fit_excludes_that_size_and_larger_in_its_pool_only() -> None:

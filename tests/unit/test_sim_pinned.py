@@ -34,6 +34,9 @@ CASES: dict[str, SimOptions] = {
     "synthetic-32": SimOptions(market=SYNTHETIC, job=JobModel(nodes=32, job_hours=72.0), policies=("spotrelay",),
                                timeline=True),
     "g4dn-16-all": SimOptions(market=G4DN, job=JobModel(nodes=16, job_hours=72.0), policies=POLICIES, timeline=True),
+    # elastic gangs on the trace: Plan's sizes and the delay charge (shrink_delay_weight) decide here
+    "g4dn-16-elastic": SimOptions(market=G4DN, job=JobModel(nodes=16, job_hours=48.0), policies=("spotrelay",),
+                                  timeline=True, spotrelay_switches={"min_nodes": 8}),
     # elastic gangs, a spare, launch at notice and rebalance prewarm: moves, promotions, standbys
     "synthetic-16-switches": SimOptions(
         market=SYNTHETIC, job=JobModel(nodes=16, job_hours=120.0), policies=("spotrelay",), jobs=2, timeline=True,
@@ -53,6 +56,9 @@ PINNED: dict[str, dict[str, list[Any]]] = {  # python -m tests.unit.test_sim_pin
         "skypilot-like/0": [21785, 81959.344006, "603bee401bbb5a9c"],
         "sagemaker-like/0": [17596, 64654.086173, "b334a4f0a90177af"],
         "price-limit/0": [19, 25420.166539, "dc58a0e9c36912f2"],
+    },
+    "g4dn-16-elastic": {
+        "spotrelay/0": [6262, 24952.511919, "f43017afc393f427"],
     },
     "synthetic-16-switches": {
         "spotrelay/0": [975, 84218.23977, "b18f04ade3bae1c8"],
