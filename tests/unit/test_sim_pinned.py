@@ -58,7 +58,7 @@ PINNED: dict[str, dict[str, list[Any]]] = {  # python -m tests.unit.test_sim_pin
         "price-limit/0": [19, 25420.166539, "dc58a0e9c36912f2"],
     },
     "g4dn-16-elastic": {
-        "spotrelay/0": [6262, 24952.511919, "f43017afc393f427"],
+        "spotrelay/0": [6221, 24952.511919, "b13591eaa651321c"],
     },
     "synthetic-16-switches": {
         "spotrelay/0": [975, 84218.23977, "b18f04ade3bae1c8"],
