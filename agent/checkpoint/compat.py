@@ -58,7 +58,8 @@ def check_parameters(step_dir: Path, saved: dict[str, tuple[int, ...]], live: di
         parts.append(f"the checkpoint has no {_few(extra)} (in the model)")
     if shapes:
         differ = [f"{k} saved {tuple(saved[k])}, now {tuple(live[k])}" for k in shapes[:3]]
-        parts.append("shapes differ: " + ", ".join(differ))
+        more = f" and {len(shapes) - 3} more" if len(shapes) > 3 else ""
+        parts.append("shapes differ: " + ", ".join(differ) + more)
     raise IncompatibleCheckpointError(
         f"{step_dir}: another model: " + "; ".join(parts)
         + "; resume it with the model that wrote it, or give this run an empty checkpoint location"

@@ -100,7 +100,7 @@ def ds_batch(loader: DataLoader[Any]) -> dict[str, int]:
 
 def build(args: argparse.Namespace, loader: DataLoader[Any]) -> tuple[Any, Any, Any]:
     """(thing to step, optimizer for hashing, session)."""
-    model = TinyLM(dropout=args.dropout)
+    model = TinyLM(d_model=args.d_model, dropout=args.dropout)
     common = {"dataloader": loader, "checkpoint_dir": args.checkpoint_dir, "every_steps": args.every}
     if args.engine == "deepspeed":
         import deepspeed
@@ -234,6 +234,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--global-batch", type=int, default=None, help="default: the checkpoint's, else batch x world")
     p.add_argument("--samples", type=int, default=128, help="dataset size")
     p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--d-model", type=int, default=32, help="model width (another width is another model)")
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--every", type=int, default=None, help="checkpoint every N steps")
     p.add_argument("--stop-at", type=int, default=None)

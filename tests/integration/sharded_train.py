@@ -50,7 +50,7 @@ def build_zero3(args: argparse.Namespace, loader: DataLoader[Any]) -> tuple[Any,
     import deepspeed
     from deepspeed.utils import set_z3_leaf_modules
 
-    model = TinyLM(dropout=args.dropout)
+    model = TinyLM(d_model=args.d_model, dropout=args.dropout)
     # MultiheadAttention reads out_proj's weight without calling out_proj: gather it as one leaf
     set_z3_leaf_modules(model, [torch.nn.MultiheadAttention])
     config = {
@@ -80,7 +80,7 @@ def build_fsdp(args: argparse.Namespace, loader: DataLoader[Any]) -> tuple[Any, 
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    model = TinyLM(dropout=args.dropout)
+    model = TinyLM(d_model=args.d_model, dropout=args.dropout)
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     for layer in model.body.layers:
         fully_shard(layer, mesh=mesh)

@@ -6,7 +6,7 @@ to step 6 (accumulating 6 micro-batches), then on 3 ranks to step 10 (2 micro-ba
 batch flag: the global batch comes back from the checkpoint. Every step's global mean loss
 matches the straight run within 1e-4 (relative), every step uses the same 12 samples, and every
 epoch uses each of the 48 samples exactly once. Dropout is off: its masks depend on how many
-ranks draw them.
+ranks draw them. The DDP run's step-3 checkpoint also resumes under FSDP2 on 3 ranks.
 """
 
 from __future__ import annotations
@@ -76,6 +76,24 @@ def test_resume_on_2_then_1_then_3_ranks_keeps_losses_and_data_order(tmp_path: P
         manifest = json.loads((ckpt / f"step-{step:08d}" / "manifest.json").read_text())
         assert manifest["world_size"] == world and manifest["data_state"]["global_batch"] == GLOBAL
         assert manifest["samples"] == step * GLOBAL  # all ranks together, whatever the worlds were
+    if engine == "ddp":  # DDP and FSDP2 share one DCP format and the parameter names: FSDP2 on 3 ranks
+        _resumes_as_fsdp2_on_3(tmp_path, env)
+
+
+def _resumes_as_fsdp2_on_3(tmp: Path, env: dict[str, str]) -> None:
+    """The DDP run's step-3 checkpoint resumed by FSDP2 on 3 ranks (plain tensors resharded into
+    DTensor shards, model and optimizer) to step 5: the straight DDP run's losses and samples."""
+    shutil.copytree(tmp / "straight" / "step-00000003", tmp / "cross" / "step-00000003")
+    torchrun(SHARDED, tmp, "fsdp", tmp / "cross", ["--engine", "fsdp", *COMMON, "--steps", "5"], nproc=3, env=env,
+             timeout=600)  # fmt: skip
+    ref = dict(result(tmp, "straight", 0)["losses"])
+    got = result(tmp, "fsdp", 0)
+    assert got["resumed_from"] == 3 and [s for s, _ in got["losses"]] == [3, 4]
+    assert all(abs(loss - ref[step]) <= 1e-4 * abs(ref[step]) for step, loss in got["losses"]), (got["losses"], ref)
+    for step in (3, 4):
+        used = sorted(i for r in range(3) for s, idx in result(tmp, "fsdp", r)["samples"] if s == step for i in idx)
+        want = sorted(i for r in range(2) for s, idx in result(tmp, "straight", r)["samples"] if s == step for i in idx)
+        assert used == want and len(used) == GLOBAL, step
 
 
 def test_zero1_on_2_ranks_resumes_as_zero3_on_3(tmp_path: Path) -> None:

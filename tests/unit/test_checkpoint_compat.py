@@ -50,6 +50,9 @@ def test_missing_extra_and_reshaped_parameters_are_named() -> None:
     text = str(err.value)
     assert "the model has no old.weight" in text and "the checkpoint has no new.weight" in text
     assert "a.weight saved (4, 4), now (4, 8)" in text
+    wider = {f"l{i}.weight": (8,) for i in range(5)}
+    with pytest.raises(IncompatibleCheckpointError, match=r"l2.weight saved \(4,\), now \(8,\) and 2 more;"):
+        check_parameters(Path("/c"), {k: (4,) for k in wider}, wider)
 
 
 def _digest(folder: Path) -> str:
