@@ -89,12 +89,35 @@ def _invoke(self: Any, function_name: str, qualifier: str | None, body: Any, hea
     return json.dumps(result, default=str).encode()
 
 
+def _patch_early_callbacks() -> None:
+    """A ``.waitForTaskToken`` task with HeartbeatSeconds whose Lambda completes its own token during
+    the invocation (register_wait settles at once when the nodes reported first) must take that
+    outcome, as Step Functions does. moto sets up the heartbeat endpoint after the invocation, so the
+    early SendTaskSuccess never reaches it and the task ends in a heartbeat timeout: look at the
+    outcome already received before waiting for a heartbeat."""
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+        state_task_service_callback as callback_task,
+    )
+
+    cls = callback_task.StateTaskServiceCallback
+    original = cls._wait_for_task_token_heartbeat
+
+    def wait_heartbeat(self: Any, env: Any, callback_endpoint: Any, heartbeat_endpoint: Any) -> Any:
+        early = callback_endpoint.get_outcome()
+        if early is not None:
+            return early
+        return original(self, env, callback_endpoint, heartbeat_endpoint)
+
+    cls._wait_for_task_token_heartbeat = wait_heartbeat  # type: ignore[method-assign]
+
+
 def install() -> None:
-    """Patch moto's no-Docker Lambda backend (idempotent)."""
+    """Patch moto's no-Docker Lambda backend and its early-callback gap (idempotent)."""
     global _installed
     if _installed:
         return
     from moto.awslambda_simple.models import LambdaSimpleBackend
 
     LambdaSimpleBackend.invoke = _invoke  # type: ignore[method-assign]
+    _patch_early_callbacks()
     _installed = True
