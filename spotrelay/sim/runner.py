@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pydantic import ValidationError
+
 from spotrelay.domain.cost import CostLedger
 from spotrelay.sim.baselines import BASELINES, BaselineRun
 from spotrelay.sim.build import MarketOptions, build_market, trace_label
@@ -88,7 +90,12 @@ def make_run(policy: str, opts: SimOptions, market: Any, seed: int, start_t: flo
                 overrides.setdefault(section, {})[name] = switches.pop(name)
         if overrides:
             switches["spec_overrides"] = overrides
-        run: Run = SpotrelayRun(market, job, seed, regions=regions, instance_types=types, **switches, **common)
+        try:
+            run: Run = SpotrelayRun(market, job, seed, regions=regions, instance_types=types, **switches, **common)
+        except ValidationError as exc:  # a spec switch the spec refuses: name it (the CLI prints one line)
+            first = exc.errors()[0]
+            field_name = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"switch {field_name.rsplit('.', 1)[-1]}: {field_name}: {first['msg']}") from None
     elif policy in BASELINES:
         run = BaselineRun(market, opts.job, seed, policy=policy, regions=regions, instance_types=types, **common)
     else:

@@ -42,6 +42,12 @@ def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "magic" in result.output
     result = CliRunner().invoke(app, ["simulate", "--trace", str(TRACE), "--switch", "sparez=1"])
     assert result.exit_code == 2 and result.output.strip().count("\n") == 0 and "sparez" in result.output
+    # a value the spec refuses names the spec field, on one line
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(TRACE), "--nodes", "4", "--job-hours", "1",
+                                      "--policies", "spotrelay", "--switch", "min_nodes=2",
+                                      "--switch", "wall_time_weight=2"])
+    assert result.exit_code == 2 and result.output.strip().count("\n") == 0, result.output
+    assert "resources.wall_time_weight" in result.output
 
 
 def test_simulate_switches_reach_spotrelays_spec(tmp_path: Path) -> None:
