@@ -34,7 +34,7 @@ from spotrelay.sim import moves, recover, spares
 from spotrelay.sim.asl import Await, Finished, Sleep, Walker, load_asl
 from spotrelay.sim.engine import Run, SimNode
 from spotrelay.sim.job import JobModel
-from spotrelay.sim.market import Market
+from spotrelay.sim.market import LazyQuotes, Market
 from spotrelay.sim.moves import SAVE_MARGIN_S
 from spotrelay.sim.shortlist import Shortlist, SimPoolStats
 from spotrelay.spec.models import JobSpec
@@ -275,9 +275,10 @@ class SpotrelayRun(Run):
         res = self.spec.resources
         return self.market.quotes(self.now, res.nodes + res.spares, {k: len(v) for k, v in self.held.items()})
 
-    def _quotes_for(self, count: int) -> list[Any]:
-        """The MarketData port's quotes with scores sized for ``count`` nodes (recover asks for the lost ranks)."""
-        return self.market.quotes(self.now, count, {k: len(v) for k, v in self.held.items()})
+    def _quotes_for(self, count: int) -> LazyQuotes:
+        """The MarketData port's quotes with scores sized for ``count`` nodes (recover asks for the lost
+        ranks; it reads them up to the survivors' pool, so they are made as they are read)."""
+        return LazyQuotes(self.market, self.now, count, {k: len(v) for k, v in self.held.items()})
 
     def task_plan(self, payload: dict[str, Any]) -> dict[str, Any]:
         return recover.plan(self, payload)

@@ -33,7 +33,9 @@ import math
 import random
 import zlib
 from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 from spotrelay.domain.models import Pool
 from spotrelay.placement import catalog
@@ -281,6 +283,7 @@ class Market:
         self.by_key = {p.key: p for p in self.pools}
         self._seen: dict[tuple[str, float, float | None], PoolQuote] = {}  # (key, price, score) -> quote
         self._varies = any(isinstance(p.capacity, SlotCapacity) for p in self.pools)
+        self._memo: dict[tuple[object, ...], PoolQuote] = {}  # quote's lookup (slot pools, fixed pools)
 
     def expected_boot_s(self, pool: Pool) -> float:
         """``Compute.expected_boot_s`` of the simulated compute: the boot model's mean (each node boots
@@ -301,7 +304,28 @@ class Market:
 
     def quote(self, p: SimPool, t: float, capacity: int = 0, held: int = 0) -> PoolQuote:
         """One pool's quote in ``quotes(t, capacity, ...)`` (``held``: the job's nodes there). A pool's
-        quote object is reused whenever its price and score are the same again (scores are whole numbers)."""
+        quote object is reused whenever its price and score are the same again (scores are whole numbers).
+        A slot pool's quote is a function of (slot, noise window, count, held) and a pool without a
+        capacity model quotes the same always: those are looked up before anything is computed (the
+        same slot index as ``slot_at`` finds; quotes were a sixth of a stormy run's CPU)."""
+        cap = p.capacity
+        memo: tuple[object, ...]
+        if cap is None:
+            memo = (p.key,)
+        elif isinstance(cap, SlotCapacity):
+            cycle = int(t // cap.period)
+            memo = (p.key, cycle, bisect.bisect_right(cap.starts, t - cycle * cap.period), int(t // SCORE_WINDOW_S),
+                    capacity, held)
+        else:
+            return self._quote(p, t, capacity, held)
+        found = self._memo.get(memo)
+        if found is None:
+            if len(self._memo) > 100_000:
+                self._memo.clear()
+            found = self._memo[memo] = self._quote(p, t, capacity, held)
+        return found
+
+    def _quote(self, p: SimPool, t: float, capacity: int, held: int) -> PoolQuote:
         price = round(p.price(t), 4)
         score = (p.placement_score(t, capacity, held, self.seed, self.gang_scores and capacity > 0)
                  if p.spot else None)
@@ -320,6 +344,34 @@ class Market:
         if isinstance(sp.capacity, SlotCapacity):
             return sp.capacity.grant(t, count, held, rng, sp.default_rate)
         return sp.capacity.grant(t, count, held, rng)
+
+
+class LazyQuotes(Sequence[PoolQuote]):
+    """``Market.quotes(t, count, held)`` as a sequence whose quotes are made as they are read: recover's
+    ``quotes_for`` asks for every pool's but reads until it finds the survivors' pool."""
+
+    def __init__(self, market: Market, t: float, count: int, held: dict[str, int]) -> None:
+        self.market, self.t, self.size, self.held = market, t, count, held
+
+    def __len__(self) -> int:
+        return len(self.market.pools)
+
+    @overload
+    def __getitem__(self, i: int) -> PoolQuote: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[PoolQuote]: ...
+
+    def __getitem__(self, i: int | slice) -> PoolQuote | list[PoolQuote]:
+        if isinstance(i, slice):
+            return [self._one(p) for p in self.market.pools[i]]
+        return self._one(self.market.pools[i])
+
+    def __iter__(self) -> Iterator[PoolQuote]:
+        return (self._one(p) for p in self.market.pools)
+
+    def _one(self, p: SimPool) -> PoolQuote:
+        return self.market.quote(p, self.t, self.size, self.held.get(p.key, 0))
 
 
 def from_quotes(quotes: list[PoolQuote], on_demand: dict[tuple[str, str], float], boot_s: float) -> Market:

@@ -16,7 +16,9 @@ ranks behind that candidate (a bound equal to the best is still visited: it coul
 or key). better_placement then runs, unchanged, on the shortlist plus the current pool's quote; the
 ranking's order does not depend on the order of the quotes. Bounds and their order are kept while
 each pool's price (until its slot ends) and stats record (the same object: records are replaced,
-never changed) stay.
+never changed) stay; a new price (every slot of a synthetic market) costs no scoring: ``score_pool`` is
+affine in the price, so the bound follows from the pool's scores at prices 0 and 1 (kept per record),
+lowered by a relative 1e-9 so float rounding can only make the walk look further.
 """
 
 from __future__ import annotations
@@ -39,13 +41,13 @@ if TYPE_CHECKING:
 
 BEST_SCORE = 10.0  # the highest spot placement score: the lowest capacity risk
 _MARGIN_S = 1e-3  # a price is looked at again this long before its slot ends (float rounding)
+_LOWER = 1.0 - 1e-9  # a bound computed from the affine form is lowered this much (float rounding)
 
 
 @dataclass(slots=True)
 class Bound:
     price: float
     stats: PoolStats | None
-    quote: PoolQuote  # the pool's quote at BEST_SCORE
     lows: list[tuple[int, float]]  # (gang size, lower bound of its score)
     low: float  # the lowest of them
     until: float  # the price holds until then
@@ -74,6 +76,8 @@ class Shortlist:
     bounds: dict[str, Bound] = field(default_factory=dict)
     order: list[tuple[float, str]] = field(default_factory=list)
     until: float = -1.0  # every price holds until then
+    # pool key -> (the record they were scored with, [(gang size, score at price 0, score per USD/h)])
+    units: dict[str, tuple[PoolStats | None, list[tuple[int, float, float]]]] = field(default_factory=dict)
     # (pool key, id of a quote) -> (that quote: its id stays its own, record, exclusions, (current,
     # world, sized scores), the candidate sizes' exact scores)
     scored: dict[tuple[str, int], tuple[PoolQuote, PoolStats | None, frozenset[str],
@@ -92,12 +96,19 @@ def _bound(run: SpotrelayRun, key: str, stats: PoolStats | None) -> None:
     if old is not None and old.stats is stats and old.price == price:
         old.until = until
         return
-    q = PoolQuote(pool=sp.pool, price_per_hour=price, advisor_band=sp.band if sp.spot else None,
-                  placement_score=BEST_SCORE if sp.spot else None)
-    res = spec.resources
-    lows = [(n, score_pool(spec, q, stats, run.config, nodes=n).score)
-            for n in range(res.nodes, res.smallest_gang - 1, -1)]
-    new = memo.bounds[key] = Bound(price, stats, q, lows, min(s for _, s in lows), until)
+    unit = memo.units.get(key)
+    if unit is None or unit[0] is not stats:
+        # score_pool is affine in the price (the gang's price is its only price term): its scores at
+        # prices 0 and 1 give every price's, kept while the record stays (slot prices move every slot)
+        res = spec.resources
+        at = [score_pool(spec, PoolQuote(pool=sp.pool, price_per_hour=p, advisor_band=sp.band if sp.spot else None,
+                                         placement_score=BEST_SCORE if sp.spot else None), stats, run.config,
+                         nodes=n).score for n in range(res.nodes, res.smallest_gang - 1, -1) for p in (0.0, 1.0)]
+        sizes = range(res.nodes, res.smallest_gang - 1, -1)
+        unit = memo.units[key] = (stats, [(n, at[2 * i], at[2 * i + 1] - at[2 * i]) for i, n in enumerate(sizes)])
+    # lowered by a relative 1e-9 against float rounding: a lower bound only makes the walk look further
+    lows = [(n, (fixed + per_usd * price) * _LOWER) for n, fixed, per_usd in unit[1]]
+    new = memo.bounds[key] = Bound(price, stats, lows, min(s for _, s in lows), until)
     if old is not None:
         del memo.order[bisect.bisect_left(memo.order, (old.low, key))]
     bisect.insort(memo.order, (new.low, key))
