@@ -23,6 +23,7 @@ from agent.checkpoint.compat import check_optimizer_names, check_parameters, opt
 from agent.checkpoint.engines import ArenaFile, Output, Snapshot
 from agent.checkpoint.manifest import Manifest
 from agent.checkpoint.state import snapshot_tree
+from spotrelay.errors import IncompatibleCheckpointError
 
 try:
     from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
@@ -91,20 +92,30 @@ class DeepSpeedEngine:
 
         return Snapshot(write=write, release=release)
 
-    def live_shapes(self) -> dict[str, tuple[int, ...]]:
+    def live_shapes(self, trainable_only: bool = True) -> dict[str, tuple[int, ...]]:
         params = self.engine.module.named_parameters()
-        return {n: tuple(getattr(p, "ds_shape", p.shape)) for n, p in params if p.requires_grad}
+        return {n: tuple(getattr(p, "ds_shape", p.shape)) for n, p in params if p.requires_grad or not trainable_only}
 
     def load(self, root: Path, step_dir: Path, manifest: Manifest) -> None:
         stage = manifest.zero_stage
-        # the skeleton (no tensor bytes) holds the parameter shapes, the scheduler and the counters
-        model_states = arena_files.load_skeleton(reshard.model_states_file(step_dir, stage))
-        check_parameters(step_dir, reshard.saved_shapes(model_states), self.live_shapes())
-        self._check_optimizer(step_dir, stage)
+        # the skeleton (no tensor bytes) holds the parameter shapes, the scheduler and the counters;
+        # stage 0 lists no parameters: its module's tensors (mapped, read only where used) say them
+        states_file = reshard.model_states_file(step_dir, stage)
+        model_states = (
+            arena_files.load(states_file, lazy=True) if stage == 0 else arena_files.load_skeleton(states_file)
+        )
+        # stage 0 saves no parameter list: its module's tensors, frozen parameters too
+        check_parameters(step_dir, reshard.saved_shapes(model_states), self.live_shapes(trainable_only=stage != 0))
+        self._check_optimizer(step_dir, stage, model_states)
         saved_dp = int(manifest.layout.get("dp", manifest.world_size))
         if saved_dp != int(self.engine.dp_world_size) or stage != self.engine.zero_optimization_stage():
             # another world (or ZeRO stage): whole tensors from every saved partition, then our slices
-            reshard.scatter(self.engine, reshard.merge(step_dir, stage, saved_dp, model_states))
+            trainable = [n for n, p in self.engine.module.named_parameters() if p.requires_grad]
+            full = reshard.merge(step_dir, stage, saved_dp, model_states, trainable)
+            try:
+                reshard.scatter(self.engine, full)
+            except IncompatibleCheckpointError as exc:  # name the checkpoint it came from
+                raise IncompatibleCheckpointError(f"{step_dir}: {exc}") from exc
             reshard.restore_counters(self.engine, model_states)
             return
         self.engine.checkpoint_engine = self.ckpt
@@ -114,13 +125,18 @@ class DeepSpeedEngine:
         if path is None:
             raise FileNotFoundError(f"DeepSpeed found no checkpoint in {step_dir}")
 
-    def _check_optimizer(self, step_dir: Path, stage: int) -> None:
+    def _check_optimizer(self, step_dir: Path, stage: int, model_states: dict[str, Any]) -> None:
         """Another optimizer (DeepSpeed would load its state into this one without a word) is refused."""
-        base = getattr(self.engine.optimizer, "optimizer", None)
+        live = self.engine.optimizer  # stage 0: the torch optimizer itself; ZeRO: its wrapper's
+        base = live if isinstance(live, torch.optim.Optimizer) else getattr(live, "optimizer", None)
         if not isinstance(base, torch.optim.Optimizer):
             return  # no ZeRO optimizer (bf16 or another wrapper): its own load checks what it can
-        saved_file = arena_files.load_skeleton(reshard.optim_file(step_dir, 0))
-        saved = reshard.base_optimizer_state(saved_file.get("optimizer_state_dict", {}), stage)
+        if stage == 0:  # the torch optimizer's state dict is in the model states file
+            saved = model_states.get("optimizer")
+            saved = saved if isinstance(saved, dict) and "param_groups" in saved else None
+        else:
+            saved_file = arena_files.load_skeleton(reshard.optim_file(step_dir, 0))
+            saved = reshard.base_optimizer_state(saved_file.get("optimizer_state_dict", {}), stage)
         if saved is None:
             return
         check_optimizer_names(step_dir, optimizer_names(saved), optimizer_names(base.state_dict()))

@@ -55,6 +55,11 @@ def base_optimizer_state(optimizer_state: dict[str, Any], stage: int) -> dict[st
 
 
 def saved_shapes(model_states: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The saved trainable parameters' shapes (stage 0 records none: its module's, frozen ones too)."""
+    if model_states.get("param_shapes") is None:
+        from agent.checkpoint import deepspeed_zero0
+
+        return deepspeed_zero0.saved_shapes(model_states)
     return {name: tuple(shape) for group in model_states["param_shapes"] for name, shape in group.items()}
 
 
@@ -85,7 +90,13 @@ def _flat_states(
     return flat, scalars
 
 
-def merge(step_dir: Path, stage: int, world: int, model_states: dict[str, Any]) -> FullState:
+def merge(step_dir: Path, stage: int, world: int, model_states: dict[str, Any], trainable: list[str]) -> FullState:
+    """``trainable``: the live model's trainable parameter names in module order (stage 0's optimizer
+    positions)."""
+    if stage == 0:
+        from agent.checkpoint import deepspeed_zero0
+
+        return deepspeed_zero0.merge(step_dir, model_states, trainable)
     if model_states.get("frozen_param_shapes"):
         raise IncompatibleCheckpointError(
             f"{step_dir}: has frozen parameters, which resuming DeepSpeed at another world size does not "
@@ -117,7 +128,7 @@ def _merge_zero12(groups: list[dict[str, Any]], optims: list[dict[str, Any]]) ->
                     continue
                 for key, flat in flats.items():
                     pieces.setdefault(key, []).append(flat.narrow(0, frag.start, frag.numel))
-            _add(full, name, tuple(shape), {key: FlatView(p) for key, p in pieces.items()})
+            add_views(full, name, tuple(shape), {key: FlatView(p) for key, p in pieces.items()})
     return full
 
 
@@ -139,12 +150,12 @@ def _merge_zero3(groups: list[dict[str, Any]], optims: list[dict[str, Any]], wor
             numel = math.prod(shape)
             part = math.ceil(numel / world)
             views = {key: joined([r[key].slice(offset, part) for r in per_rank]).slice(0, numel) for key in per_rank[0]}
-            _add(full, name, tuple(shape), views)
+            add_views(full, name, tuple(shape), views)
             offset += part
     return full
 
 
-def _add(full: FullState, name: str, shape: tuple[int, ...], views: dict[str, FlatView]) -> None:
+def add_views(full: FullState, name: str, shape: tuple[int, ...], views: dict[str, FlatView]) -> None:
     for view in views.values():
         if view.numel != math.prod(shape):
             raise CorruptCheckpointError(f"{name}: the partitions hold {view.numel} values, the shape {shape}")
@@ -169,7 +180,11 @@ def scatter(engine: Any, full: FullState) -> None:
     opt = engine.optimizer
     keys = {k for per in full.tensors.values() for k in per if k != FP32}
     names = {id(p): n for n, p in engine.module.named_parameters()}
-    if engine.zero_optimization_stage() == 3:
+    if engine.zero_optimization_stage() == 0:
+        from agent.checkpoint import deepspeed_zero0
+
+        deepspeed_zero0.scatter(engine, full)
+    elif engine.zero_optimization_stage() == 3:
         _ensure_state(opt.optimizer, list(opt.fp32_partitioned_groups_flat), full, keys)
         _scatter_zero3(engine, opt, names, full, keys)
     else:

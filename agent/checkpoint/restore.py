@@ -92,8 +92,15 @@ def choose(local: LocalTier, s3: S3Tier | None, before: int | None = None) -> Ma
     return None
 
 
-def agree_on_step(proposer: bool, fetch_here: bool, local: LocalTier, s3: S3Tier | None, before: int | None,
-                  share: Callable[[int | None], int | None], every: Callable[[bool], bool]) -> int | None:
+def agree_on_step(
+    proposer: bool,
+    fetch_here: bool,
+    local: LocalTier,
+    s3: S3Tier | None,
+    before: int | None,
+    share: Callable[[int | None], int | None],
+    every: Callable[[bool], bool],
+) -> int | None:
     """The newest checkpoint every node can use. The proposer (rank 0) picks its newest valid one,
     ``share`` hands it to every rank, each node that must fetch it (``fetch_here``) does and verifies
     it, and ``every`` (all ranks' flags) passes over a step any node could not use for the one

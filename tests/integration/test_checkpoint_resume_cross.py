@@ -86,3 +86,20 @@ def test_another_model_is_refused_by_deepspeed_at_another_world(zero2_on_3: Path
     assert _digest(ckpt) == before and sorted(p.name for p in ckpt.iterdir()) == [f"step-{SAVED:08d}"]
     refused = [e for e in control.read_events(events)[0] if e.kind == "refused"]
     assert refused and "another model" in (refused[0].detail or "")
+
+
+def test_zero0_on_2_ranks_resumes_on_1(tmp_path: Path) -> None:
+    """DeepSpeed without ZeRO saves no parameter list and no partitions (its torch optimizer's state
+    is in the model states file): the resume used to fail on any world ('NoneType' object is not
+    iterable), and at another size there was nothing to merge."""
+    zero0 = ["--engine", "deepspeed", "--zero-stage", "0"]
+    args = [*zero0, *COMMON, "--global-batch", str(GLOBAL), "--steps", str(STEPS), "--every", str(SAVED)]
+    torchrun(TRAIN, tmp_path, "straight", tmp_path / "straight", args, nproc=2, env=ENV, timeout=600)
+    ckpt = _copy_of_step_3(tmp_path, "ckpt")
+    torchrun(TRAIN, tmp_path, "resumed", ckpt, [*zero0, *COMMON, "--steps", str(STEPS)], nproc=1, env=ENV, timeout=600)
+    ref = dict(result(tmp_path, "straight", 0)["losses"])
+    got = result(tmp_path, "resumed", 0)
+    assert got["resumed_from"] == SAVED and [s for s, _ in got["losses"]] == list(range(SAVED, STEPS))
+    assert all(abs(loss - ref[step]) <= 1e-4 * abs(ref[step]) for step, loss in got["losses"]), (got["losses"], ref)
+    for step in range(SAVED, STEPS):
+        assert _used(tmp_path, "resumed", 1, step) == _used(tmp_path, "straight", 2, step), step

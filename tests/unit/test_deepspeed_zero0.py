@@ -1,0 +1,44 @@
+"""DeepSpeed stage 0 (no ZeRO) described as whole tensors for a resize or a stage change, and what
+is refused (agent/checkpoint/deepspeed_zero0.py; real runs: tests/integration/test_checkpoint_resume_cross.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from agent.checkpoint.deepspeed_reshard import FP32
+from agent.checkpoint.deepspeed_zero0 import merge, saved_shapes
+from spotrelay.errors import IncompatibleCheckpointError
+
+STEP = Path("/c/step-00000003")
+
+
+def _model_states(optimizer: Any = None) -> dict[str, Any]:
+    module = {"a": torch.arange(6.0).reshape(2, 3), "b": torch.arange(2.0), "running": torch.zeros(4)}
+    adam = {
+        "state": {0: {"step": torch.tensor(3.0), "exp_avg": module["a"] * 2}, 1: {"step": torch.tensor(3.0),
+                                                                                 "exp_avg": module["b"] * 2}},
+        "param_groups": [{"lr": 0.1, "params": [0, 1]}],
+    }  # fmt: skip
+    return {"module": module, "buffer_names": ["running"], "optimizer": adam if optimizer is None else optimizer,
+            "param_shapes": None}  # fmt: skip
+
+
+def test_the_module_and_its_torch_optimizer_become_whole_tensors_by_name() -> None:
+    states = _model_states()
+    assert saved_shapes(states) == {"a": (2, 3), "b": (2,)}  # buffers are not parameters
+    full = merge(STEP, states, ["a", "b"])
+    assert torch.equal(full.tensors["a"][FP32].whole("a", (2, 3)), states["module"]["a"])
+    assert torch.equal(full.tensors["b"]["exp_avg"].whole("b", (2,)), states["module"]["b"] * 2)
+    assert float(full.scalars["step"]) == 3.0 and full.param_groups[0]["lr"] == 0.1
+
+
+def test_frozen_parameters_and_mixed_precision_optimizers_are_refused_naming_the_checkpoint() -> None:
+    with pytest.raises(IncompatibleCheckpointError, match=r"^/c/step-00000003: has frozen parameters"):
+        merge(STEP, _model_states(), ["a"])  # "b" is saved but not trainable now
+    fp16 = {"optimizer_state_dict": {}, "fp32_groups_flat": []}
+    with pytest.raises(IncompatibleCheckpointError, match=r"^/c/step-00000003: a ZeRO stage 0 checkpoint whose"):
+        merge(STEP, _model_states(fp16), ["a", "b"])
