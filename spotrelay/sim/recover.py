@@ -18,8 +18,9 @@ from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nod
 from spotrelay.services.plan import _keeping_plan, _new_gang_plan
 from spotrelay.services.recovery_flow import _result as recovery_result
 from spotrelay.services.workflow_tasks import review_seconds
-from spotrelay.sim import spares
+from spotrelay.sim import moves, spares
 from spotrelay.sim.asl import TaskFailed
+from spotrelay.sim.shortlist import recovery_quotes
 
 if TYPE_CHECKING:
     from spotrelay.sim.controller import SpotrelayRun
@@ -28,11 +29,18 @@ if TYPE_CHECKING:
 def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     """plan.plan: execute a keeping RecoveryPlan, else rank the pools for a new gang."""
     recovery = RecoveryPlan.model_validate(payload.get("recovery") or {})
-    quotes = self._quotes()
     stats = self.stats.get_many(p.key for p in self.market.pools)
     job = self._light_job()
-    launch = _keeping_plan(self.spec, recovery, job, quotes, stats) if recovery.keeps else None
+    launch = None
+    if recovery.keeps:  # _keeping_plan reads only the survivors' pool's quote
+        assert recovery.pool is not None
+        home = self.market.by_key.get(recovery.pool.key)
+        res = self.spec.resources
+        few = [] if home is None else [
+            self.market.quote(home, self.now, res.nodes + res.spares, len(self.held.get(home.key, ())))]
+        launch = _keeping_plan(self.spec, recovery, job, few, stats)
     if launch is None:
+        quotes = self._quotes()
         if recovery.keep_instance_ids:  # the survivors' pool refused the replacements: they go too
             kept = set(recovery.keep_instance_ids)  # (plan.drop_survivors: saving ones drain)
             for node in [n for n in self.gang.values() if n.instance_id in kept]:
@@ -143,16 +151,20 @@ def recover(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     home = None
     if self.attempts and self.attempts[-1].ended_at is None:
         self.attempts[-1] = self.attempts[-1].model_copy(update={"ended_at": self.now})
-    quotes = self._quotes()
     stats = self.stats.get_many(p.key for p in self.market.pools)
+    excluded = frozenset(self.excluded)
+    # the strategies read the best candidate and the survivors' pool: the shortlist holds both (sim/shortlist.py)
+    quotes = recovery_quotes(self, stats, excluded)
     try:
         plan = plan_recovery(RecoveryContext(spec=self.spec, outcome=end, nodes=nodes, quotes=quotes,
-                                             stats=stats, now=self.now, excluded=frozenset(self.excluded),
+                                             stats=stats, now=self.now, excluded=excluded,
                                              config=self.config, quotes_for=self._quotes_for,
                                              **self.context_extra))
         keep, action, home = list(plan.keep_instance_ids), RecoveryAction(plan.action), plan.pool
     except NoPlacementError:
         pass
+    if moves.VERIFY_SHORTLIST:  # tests: the same decision as from every quote
+        _verify_recovery(self, end, nodes, stats, excluded, (keep, action, home))
     if end.outcome is Verdict.USER_ERROR and action is not RecoveryAction.NEW_CLUSTER:
         keep, action = [], RecoveryAction.NEW_CLUSTER
     spares.on_recover(self, home if action is not RecoveryAction.NEW_CLUSTER else None, nodes, keep)
@@ -172,3 +184,16 @@ def recover(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     self.note(current.key if current else "", f"recover: {end.outcome.value}, {action.value}")
     result = recovery_result(self._light_job(), records, self.timings, end, end.reason, spares.records(self))
     return result.model_dump(mode="json")
+
+
+def _verify_recovery(self: SpotrelayRun, end: AttemptEnd, nodes: list[Any], stats: dict[str, Any],
+                     excluded: frozenset[str], got: tuple[list[str], RecoveryAction, Any]) -> None:
+    want: tuple[list[str], RecoveryAction, Any]
+    try:
+        every = plan_recovery(RecoveryContext(spec=self.spec, outcome=end, nodes=nodes, quotes=self._quotes(),
+                                              stats=stats, now=self.now, excluded=excluded, config=self.config,
+                                              quotes_for=self._quotes_for, **self.context_extra))
+        want = (list(every.keep_instance_ids), RecoveryAction(every.action), every.pool)
+    except NoPlacementError:
+        want = ([], RecoveryAction.NEW_CLUSTER, None)
+    assert want == got, (want, got)

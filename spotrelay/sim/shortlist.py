@@ -167,6 +167,33 @@ def review_quotes(run: SpotrelayRun, here: PoolQuote, world: int, stats: Mapping
     return out
 
 
+def recovery_quotes(run: SpotrelayRun, stats: Mapping[str, PoolStats], excluded: frozenset[str]) -> list[PoolQuote]:
+    """The quotes the recovery strategies need to decide as from every quote: the quote of every pool
+    the gang has nodes in (the survivors' pool is scored with ``running``, whatever its cooldown or
+    gang fit), and every quote that may hold the best candidate of ``evaluate_pools``/``best_pool``
+    for the whole gang among the other pools (only those lower the best seen: whether the survivors'
+    pool passes depends on ``running``, which ``best_pool`` does not pass)."""
+    spec, config, now, market = run.spec, run.config, run.now, run.market
+    res = spec.resources
+    count = res.nodes + res.spares
+    keep = {n.pool.key for n in run.gang.values()}
+    memo = _refresh(run, stats)
+    best = float("inf")
+    out = [market.quote(market.by_key[key], now, count, len(run.held.get(key, ()))) for key in sorted(keep)
+           if key in market.by_key]
+    for low, key in memo.order:
+        if low > best:
+            break
+        st = memo.bounds[key].stats
+        if key in keep or (st is not None and st.cooling(now)):
+            continue  # (_why_not drops a cooling pool that runs no survivors)
+        q = market.quote(market.by_key[key], now, count, len(run.held.get(key, ())))
+        if _why_not(spec, q, st, now, excluded, None, frozenset(), res.nodes, config) is None:
+            best = min(best, score_pool(spec, q, st, config).score)
+            out.append(q)
+    return out
+
+
 def same_review(run: SpotrelayRun, here: PoolQuote, world: int, quotes: list[PoolQuote],
                 stats: Mapping[str, PoolStats], excluded: frozenset[str], spot_hours: float | None,
                 sized: SizedScores | None = None) -> Move | None:
