@@ -203,10 +203,11 @@ def test_rank1_waits_for_rank0_address_and_port_and_stops_on_sigterm(tmp_path: P
         agent.wait_for_rank0()
 
 
-def test_mlflow_run_created_after_ready_and_handed_to_the_trainer(tmp_path: Path, imds: FakeImds) -> None:
+def test_mlflow_run_created_after_ready_and_handed_to_the_trainer(tmp_path: Path, mlflow_uri: str,
+                                                                  imds: FakeImds) -> None:
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = mlflow_uri
     spec = SPEC.model_copy(update={"tracking": SPEC.tracking.model_copy(update={"tracking_uri": uri})})
     _, store, recorder, thread, result = run_agent(tmp_path, imds, steps=8, spec=spec)
     assert finish(thread, result) == ExitCode.DONE

@@ -51,10 +51,10 @@ def _config(attempt: int) -> AgentConfig:
     return AgentConfig(job_id="j-1", attempt=attempt, rank=0, nodes=2, instance_type="p4d.24xlarge")
 
 
-def test_parent_run_with_a_child_per_attempt_metrics_and_the_final_model(tmp_path: Path) -> None:
+def test_parent_run_with_a_child_per_attempt_metrics_and_the_final_model(tmp_path: Path, mlflow_uri: str) -> None:
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = mlflow_uri
     spec = _spec(uri)
     MlflowClient(tracking_uri=uri).create_experiment("exp", artifact_location=(tmp_path / "artifacts").as_uri())
     attempts = [Attempt(number=1, pool=POOL, started_at=100.0, ended_at=200.0, nodes=2)]
@@ -136,12 +136,12 @@ def test_unreachable_tracking_server_never_stops_training(monkeypatch: pytest.Mo
     assert JobTracking.for_job(_config(1), JobOnly(job).view, spec, JobOnly(job).record) is None
 
 
-def test_a_lost_rank_0s_attempt_run_is_closed_by_the_next_attempt(tmp_path: Path) -> None:
+def test_a_lost_rank_0s_attempt_run_is_closed_by_the_next_attempt(tmp_path: Path, mlflow_uri: str) -> None:
     """Rank 0 of attempt 1 dies without reporting: its child run would stay RUNNING forever. The next
     attempt's agent ends it with the reason the controller recorded and the attempt's end time."""
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = mlflow_uri
     spec = _spec(uri)
     one = Attempt(number=1, pool=POOL, started_at=100.0, nodes=2)
     store = JobOnly(Job(job_id="j-1", name="tracked", status=JobStatus.RUNNING, attempts=[one]))
