@@ -33,7 +33,11 @@ from tests.integration.controller_doubles import (
     wait_until,
 )
 
-FAST = WorkflowTimings(ready_timeout_s=20, heartbeat_s=30, outcome_timeout_s=60, backoff_s=0, backoff_max_s=1,
+# No wait of these executions may time out while a test drives it (the tests about timeouts set 1 s):
+# moto runs them in real time, and a loaded machine could take 20 s to deliver the NodeReady a test
+# sends (ReadyTimedOut, an extra attempt) or 30 s between two events of one outcome wait (a missed
+# heartbeat). 120 s is far above that and still ends a wait nobody answers well inside a test's 300 s
+FAST = WorkflowTimings(ready_timeout_s=120, heartbeat_s=120, outcome_timeout_s=300, backoff_s=0, backoff_max_s=1,
                        provision_retry_s=0)
 
 
