@@ -42,6 +42,19 @@ from spotrelay.spec.models import JobSpec
 _ASL_CACHE: dict[str, Any] = {}
 
 
+def _copy(template: Node, update: dict[str, Any]) -> Node:
+    """``template.model_copy(update=update)`` for a record without extra or private attributes (a Node),
+    minus pydantic's generic copy: the records of a stormy run's gangs are rebuilt ~70 times a recovery."""
+    node = Node.__new__(Node)
+    values = template.__dict__.copy()
+    values.update(update)
+    object.__setattr__(node, "__dict__", values)
+    object.__setattr__(node, "__pydantic_fields_set__", template.__pydantic_fields_set__ | update.keys())
+    object.__setattr__(node, "__pydantic_extra__", None)
+    object.__setattr__(node, "__pydantic_private__", None)
+    return node
+
+
 class SpotrelayRun(Run):
     def __init__(self, market: Market, job: JobModel, seed: int, *, regions: list[str], instance_types: list[str],
                  timings: WorkflowTimings | None = None, cooldown: CooldownPolicy | None = None,
@@ -124,7 +137,7 @@ class SpotrelayRun(Run):
         if self._node_template is None:
             self._node_template = Node(job_id="sim", node_id="a0-r0", attempt=0, rank=0, instance_id="i-0",
                                        pool=self.market.pools[0].pool, state=NodeState.PENDING)
-        make = self._node_template.model_copy
+        make = self._node_template
         out = []
         for n in sorted(self.gang.values(), key=lambda n: n.rank):
             # a node's record is built again only when a field of it changed (the services only read records)
@@ -132,7 +145,7 @@ class SpotrelayRun(Run):
             reclaim_at = self.voluntary.get(n.instance_id, n.removal_t) if noticed else None
             built_from = (n.attempt, self.attempt, n.rank, n.state, n.exit_code, reclaim_at)
             if n.record is None or n.record[0] != built_from:
-                n.record = (built_from, make(update={
+                n.record = (built_from, _copy(make, {
                     "node_id": f"a{n.attempt}-r{n.rank}", "attempt": self.attempt, "rank": n.rank,
                     "instance_id": n.instance_id, "pool": n.pool.pool, "state": NodeState(n.state),
                     "exit_code": n.exit_code, "reclaim_at": reclaim_at}))

@@ -116,14 +116,15 @@ def _bound(run: SpotrelayRun, key: str, stats: PoolStats | None) -> None:
 
 def _refresh(run: SpotrelayRun, stats: Mapping[str, PoolStats]) -> Shortlist:
     """Bounds for the pools whose record changed since the last review; every pool's once a price may have."""
-    memo, store = run.shortlist, run.stats
-    if run.now >= memo.until:
-        keys: set[str] | list[str] = [sp.key for sp in run.market.pools]
-        memo.until = float("inf")
-    else:
-        keys = store.changed
+    memo, store, now = run.shortlist, run.stats, run.now
+    keys: set[str] | list[str] = store.changed
+    if now >= memo.until:  # the pools whose price may have moved (on-demand and trace prices never do)
+        keys = [sp.key for sp in run.market.pools if sp.key in store.changed or sp.key not in memo.bounds
+                or now >= memo.bounds[sp.key].until]
     for key in keys:
         _bound(run, key, stats.get(key))
+    if now >= memo.until:
+        memo.until = min(b.until for b in memo.bounds.values())
     store.changed = set()
     return memo
 
