@@ -15,12 +15,12 @@ from spotrelay.placement import PoolEvent
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.policy import gang_key, spare_count
 from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery
-from spotrelay.services.plan import _keeping_plan, _new_gang_plan
+from spotrelay.services.plan import MAX_CANDIDATES, _keeping_plan, _new_gang_plan
 from spotrelay.services.recovery_flow import _result as recovery_result
 from spotrelay.services.workflow_tasks import review_seconds
 from spotrelay.sim import moves, spares
 from spotrelay.sim.asl import TaskFailed
-from spotrelay.sim.shortlist import recovery_quotes
+from spotrelay.sim.shortlist import plan_quotes, recovery_quotes
 
 if TYPE_CHECKING:
     from spotrelay.sim.controller import SpotrelayRun
@@ -40,7 +40,7 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
             self.market.quote(home, self.now, res.nodes + res.spares, len(self.held.get(home.key, ())))]
         launch = _keeping_plan(self.spec, recovery, job, few, stats)
     if launch is None:
-        quotes = self._quotes()
+        asked = {k: len(v) for k, v in self.held.items()}  # the quotes are asked before survivors go
         if recovery.keep_instance_ids:  # the survivors' pool refused the replacements: they go too
             kept = set(recovery.keep_instance_ids)  # (plan.drop_survivors: saving ones drain)
             for node in [n for n in self.gang.values() if n.instance_id in kept]:
@@ -52,12 +52,20 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
             for take in recovery.promoted:
                 if take.instance_id in self.bench:
                     self.end_node(self.bench.pop(take.instance_id))
+        held = {k: len(v) for k, v in self.held.items()}  # plan.plan: scores for elastic sizes
+        sized = {m: scores_of(self.market.quotes(self.now, m, held)) for m in probe_sizes(self.spec)}
+        # Plan offers the first MAX_CANDIDATES pools: a shortlist holds them (sim/shortlist.py)
+        few = (None if self.spec.recovery.spot_wait_minutes > 0 else
+               plan_quotes(self, asked, stats, frozenset(job.excluded_pools), MAX_CANDIDATES, sized))
+        res = self.spec.resources
+        quotes = (self.market.quotes(self.now, res.nodes + res.spares, asked)
+                  if few is None or moves.VERIFY_SHORTLIST else few)
         try:
-            held = {k: len(v) for k, v in self.held.items()}  # plan.plan: scores for elastic sizes
-            sized = {m: scores_of(self.market.quotes(self.now, m, held)) for m in probe_sizes(self.spec)}
             launch = _new_gang_plan(self.spec, job, quotes, stats, self.now, sized)
         except NoPlacementError as exc:
             raise TaskFailed("NoPlacementError", str(exc)) from None
+        if moves.VERIFY_SHORTLIST and few is not None:  # tests: the same plan as from every quote
+            assert _new_gang_plan(self.spec, job, few, stats, self.now, sized) == launch
     return launch.model_dump(mode="json")
 
 

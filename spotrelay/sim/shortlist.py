@@ -195,6 +195,35 @@ def recovery_quotes(run: SpotrelayRun, stats: Mapping[str, PoolStats], excluded:
     return out
 
 
+def plan_quotes(run: SpotrelayRun, held: Mapping[str, int], stats: Mapping[str, PoolStats], excluded: frozenset[str],
+                first: int, sized: SizedScores | None = None) -> list[PoolQuote] | None:
+    """Quotes that hold Plan's first ``first`` candidates of a new gang as from every quote, or None
+    (rank every quote); ``held``: the job's nodes per pool when Plan asked. Plan offers each pool once
+    at its best size before any pool again, so when ``first`` pools pass, its candidates are the
+    ``first`` pools with the lowest best scores: the walk stops at a bound above the ``first``-th
+    lowest best score seen."""
+    spec, config, now, market = run.spec, run.config, run.now, run.market
+    res = spec.resources
+    count = res.nodes + res.spares
+    memo = _refresh(run, stats)
+    bests: list[float] = []  # each passing pool's best score, sorted
+    out: list[PoolQuote] = []
+    for low, key in memo.order:
+        if len(bests) >= first and low > bests[first - 1]:
+            break
+        b = memo.bounds[key]
+        st = b.stats
+        if st is not None and st.cooling(now):
+            continue  # (_why_not drops a cooling pool: no survivors run in a new gang's candidates)
+        q = market.quote(market.by_key[key], now, count, held.get(key, 0))
+        scores = [score_pool(spec, q, st, config, nodes=n).score for n, _ in b.lows
+                  if _why_not(spec, q, st, now, excluded, None, frozenset(), n, config, sized) is None]
+        if scores:
+            bisect.insort(bests, min(scores))
+            out.append(q)
+    return out if len(bests) >= first else None
+
+
 def same_review(run: SpotrelayRun, here: PoolQuote, world: int, quotes: list[PoolQuote],
                 stats: Mapping[str, PoolStats], excluded: frozenset[str], spot_hours: float | None,
                 sized: SizedScores | None = None) -> Move | None:
