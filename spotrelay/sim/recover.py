@@ -55,17 +55,17 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
         held = {k: len(v) for k, v in self.held.items()}  # plan.plan: scores for elastic sizes
         sized = {m: scores_of(self.market.quotes(self.now, m, held)) for m in probe_sizes(self.spec)}
         # Plan offers the first MAX_CANDIDATES pools: a shortlist holds them (sim/shortlist.py)
-        few = (None if self.spec.recovery.spot_wait_minutes > 0 else
+        short = (None if self.spec.recovery.spot_wait_minutes > 0 else
                plan_quotes(self, asked, stats, frozenset(job.excluded_pools), MAX_CANDIDATES, sized))
         res = self.spec.resources
         quotes = (self.market.quotes(self.now, res.nodes + res.spares, asked)
-                  if few is None or moves.VERIFY_SHORTLIST else few)
+                  if short is None or moves.VERIFY_SHORTLIST else short)
         try:
             launch = _new_gang_plan(self.spec, job, quotes, stats, self.now, sized)
         except NoPlacementError as exc:
             raise TaskFailed("NoPlacementError", str(exc)) from None
-        if moves.VERIFY_SHORTLIST and few is not None:  # tests: the same plan as from every quote
-            assert _new_gang_plan(self.spec, job, few, stats, self.now, sized) == launch
+        if moves.VERIFY_SHORTLIST and short is not None:  # tests: the same plan as from every quote
+            assert _new_gang_plan(self.spec, job, short, stats, self.now, sized) == launch
     return launch.model_dump(mode="json")
 
 
