@@ -56,7 +56,7 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
         sized = {m: scores_of(self.market.quotes(self.now, m, held)) for m in probe_sizes(self.spec)}
         # Plan offers the first MAX_CANDIDATES pools: a shortlist holds them (sim/shortlist.py)
         short = (None if self.spec.recovery.spot_wait_minutes > 0 else
-               plan_quotes(self, asked, stats, frozenset(job.excluded_pools), MAX_CANDIDATES, sized))
+                 plan_quotes(self, asked, stats, frozenset(job.excluded_pools), MAX_CANDIDATES, sized))
         res = self.spec.resources
         quotes = (self.market.quotes(self.now, res.nodes + res.spares, asked)
                   if short is None or moves.VERIFY_SHORTLIST else short)
