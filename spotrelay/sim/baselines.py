@@ -15,11 +15,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from spotrelay.placement import catalog
 from spotrelay.sim.engine import Run, SimNode, per_throughput
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.market import Market, SimPool
 
 BASELINES = ("on-demand", "price-limit", "skypilot-like", "sagemaker-like")
+
+
+def _throughput(sp: SimPool) -> float:
+    info = catalog.instance(sp.pool.instance_type)
+    return info.throughput if info else 1.0
 
 
 class BaselineRun(Run):
@@ -48,6 +54,14 @@ class BaselineRun(Run):
             self.metrics.failed_reason = f"no pool {self.policy} may use ever holds {self.job.nodes} nodes"
             return
         self.at(self.now, self._place, None)
+
+    def bill_price(self, sp: SimPool, t: float) -> float:
+        """The bound pays, at every moment, the cheapest spot price per unit of speed of any pool it may
+        use (switching is free for it), scaled to the speed of the type it trains on: under prices that
+        change over time, the pool cheapest at the start is not a bound (a relaunching baseline beat it)."""
+        if self.policy != "price-limit":
+            return sp.price(t)
+        return min(per_throughput(p, t) for p in self.pools) * _throughput(sp)
 
     def _order(self) -> list[SimPool]:
         if self.policy in ("on-demand", "price-limit"):

@@ -217,10 +217,23 @@ class Run:
         self.paid_gpu_s += gpu_s
         if not node.pool.spot:
             self.od_gpu_s += gpu_s
-        self.entries.append(CostEntry(attempt=max(1, node.attempt), pool=node.pool.pool, nodes=1,
-                                      price_per_hour=node.pool.price(node.launch_t),
-                                      on_demand_price_per_hour=node.pool.on_demand_price,
-                                      started_at=node.launch_t, ended_at=self.now))
+        # spot bills the price in effect while the node runs (per second), not its launch price: one
+        # entry per price slot it lived through (a pools CSV's or the synthetic market's slots)
+        t = node.launch_t
+        while True:
+            until = min(node.pool.price_until(t), self.now)
+            until = self.now if until <= t else until
+            self.entries.append(CostEntry(attempt=max(1, node.attempt), pool=node.pool.pool, nodes=1,
+                                          price_per_hour=self.bill_price(node.pool, t),
+                                          on_demand_price_per_hour=node.pool.on_demand_price,
+                                          started_at=t, ended_at=until))
+            if until >= self.now:
+                break
+            t = until
+
+    def bill_price(self, sp: SimPool, t: float) -> float:
+        """USD per hour a node of ``sp`` pays at ``t`` (the price-limit bound overrides it)."""
+        return sp.price(t)
 
     def release_all(self) -> None:
         for node in list(self.bench.values()):

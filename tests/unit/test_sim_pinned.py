@@ -6,7 +6,8 @@ the decisions (attempt, pool, resumed-from step) and the timeline (every launch,
 and review move, with its reason). The values were taken before the speed work of issue 11
 (memoized reviews, cached scores, fewer validations); a DECISION change (placement, recovery,
 review) changes them legitimately: re-pin with ``python -m tests.unit.test_sim_pinned`` and say so
-in the commit. Re-pinned for the review backoff (placement/cadence.py: fewer reviews, later moves).
+in the commit. Re-pinned for the review backoff (placement/cadence.py: fewer reviews, later moves), and
+for spot billed at the price in effect (the synthetic cases: costs only; decisions and timelines unchanged).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ PINNED: dict[str, dict[str, list[Any]]] = {  # python -m tests.unit.test_sim_pin
         "spotrelay/0": [111, 423257.801649, "1a11058e17eb2425"],
     },
     "synthetic-32": {
-        "spotrelay/0": [666, 50077.793263, "1e4ee7f65e7b7827"],
+        "spotrelay/0": [666, 50215.353832, "3103800efdd055ec"],
     },
     "g4dn-16-all": {
         "spotrelay/0": [2651, 58144.691685, "c645affe3f6f890c"],
@@ -61,7 +62,7 @@ PINNED: dict[str, dict[str, list[Any]]] = {  # python -m tests.unit.test_sim_pin
         "spotrelay/0": [6221, 24952.511919, "b13591eaa651321c"],
     },
     "synthetic-16-switches": {
-        "spotrelay/0": [975, 84218.23977, "b18f04ade3bae1c8"],
+        "spotrelay/0": [975, 86803.21456, "7a3aa0beb6cb5ca6"],
     },
 }
 

@@ -1,0 +1,63 @@
+"""Every (market, gang size, seed) where spotrelay is not the cheapest policy per useful GPU-hour but the
+price limit (issue 11 target (c)), over more seeds than bench/economics.py runs.
+
+    .venv/bin/python bench/seed_scan.py [--markets g4dn,bamboo,g4dn-nodes,synthetic] [--nodes 8,16,32]
+        [--seeds 10] [--first-seed 0] [--job-hours 72]
+
+Prints each seed's cost per useful GPU-hour of every policy (USD) and flags the seeds that miss the
+target with the policy that beat spotrelay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from bench.sim_sweep import MARKETS
+from spotrelay.sim.build import MarketOptions
+from spotrelay.sim.job import JobModel
+from spotrelay.sim.runner import POLICIES, SimOptions, run_seed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--markets", default="g4dn,bamboo,g4dn-nodes,synthetic")
+    parser.add_argument("--nodes", default="8,16,32")
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--job-hours", type=float, default=72.0)
+    parser.add_argument("--policies", default=",".join(POLICIES),
+                        help="spotrelay and the rivals to run (the two baselines are slow on g4dn-nodes)")
+    args = parser.parse_args()
+    policies = tuple(p for p in POLICIES if p in args.policies.split(","))
+    if "spotrelay" not in policies:
+        print("error: --policies must include spotrelay", file=sys.stderr)
+        return 2
+    misses: list[str] = []
+    started = time.perf_counter()
+    print(f"{'market':10} {'nodes':>5} {'seed':>4} " + " ".join(f"{p:>14}" for p in policies))
+    for market in args.markets.split(","):
+        for nodes in [int(n) for n in args.nodes.split(",")]:
+            opts = SimOptions(market=MarketOptions(**MARKETS[market]), policies=policies,
+                              job=JobModel(nodes=nodes, job_hours=args.job_hours))
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
+                by = {r.policy: r.values for r in run_seed(opts, seed)}
+                cost = {p: v["cost_per_useful_gpu_hour"] for p, v in by.items()}
+                rivals = {p: c for p, c in cost.items() if p not in ("spotrelay", "price-limit")}
+                best = min(rivals, key=lambda p: rivals[p]) if rivals else "spotrelay"
+                miss = bool(rivals) and cost["spotrelay"] > rivals[best]
+                line = (f"{market:10} {nodes:>5} {seed:>4} " + " ".join(f"{cost[p]:>14.3f}" for p in policies)
+                        + (f"  MISS: {best} {rivals[best] / cost['spotrelay']:.3f}" if miss else "")
+                        + f"  wall {by['spotrelay']['wall_hours']:.0f} h od {by['spotrelay']['on_demand_share']:.0%}")
+                print(line, flush=True)
+                if miss:
+                    misses.append(line)
+    print(f"\n{len(misses)} miss(es) in {time.perf_counter() - started:.0f} s")
+    for line in misses:
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
