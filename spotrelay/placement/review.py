@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from spotrelay.domain.models import Attempt
 from spotrelay.placement import catalog
 from spotrelay.placement.gang_fit import SizedScores
+from spotrelay.placement.payback import round_trip_cost
 from spotrelay.placement.policy import DEFAULT_CONFIG, PlacementConfig, ScoredPool, evaluate_pools, score_pool
 from spotrelay.placement.pool_stats import PoolStats
 from spotrelay.ports.market import PoolQuote
@@ -137,6 +138,7 @@ def better_placement(
     spec: JobSpec, current: PoolQuote, world: int, quotes: list[PoolQuote], stats: Mapping[str, PoolStats],
     now: float, excluded: frozenset[str] = frozenset(), *, config: PlacementConfig = DEFAULT_CONFIG,
     review: ReviewConfig = DEFAULT_REVIEW, spot_hours: float | None = None, sized: SizedScores | None = None,
+    stint_hours: float | None = None,
 ) -> Move | None:
     """The move worth making now, or None (stay). ``current``: the quote of the pool the gang of
     ``world`` ranks runs in. ``spot_hours``: how long this job's recent spot attempts lasted (mean;
@@ -163,11 +165,20 @@ def better_placement(
                  + world * current.price_per_hour * save_h)
     gain = (now_scored.score - best.score) * work_rate(best)
     horizon = min(review.horizon_hours, 1.0 / gang_rate) if gang_rate > 0 else review.horizon_hours
+    cost = move_cost
     if current.pool.market != "spot" and best.pool.market == "spot":
         # leaving on-demand: the gang's interruptions are priced in its useful fraction, and a recovery
-        # places the next spot gang, so the saving lasts beyond the first one
+        # places the next spot gang, so the saving lasts beyond the first one, until the job is back
+        # on on-demand: its own stints say when, and each pays a round trip (placement/payback.py)
         horizon = review.horizon_hours
-    if gain * horizon <= move_cost * (1.0 + review.margin):
+        if stint_hours is not None and spot_hours is None:
+            # the gain came from the pool's prior (no recent spot attempts of the job's own): the job's
+            # stints say how long it lasts, and the round trip must pay back within that
+            horizon = min(horizon, stint_hours)
+            od = catalog.instance(current.pool.instance_type)
+            back_h = (od.restore_minutes if od else config.default_restore_minutes) / 60
+            cost = round_trip_cost(move_cost, world * current.price_per_hour, restore_h, back_h)
+    if gain * horizon <= cost * (1.0 + review.margin):
         return None
     return Move(target=best, current=now_scored, gain_per_hour=gain, move_cost=move_cost, horizon_hours=horizon,
                 ready_s=review.boot_minutes * 60)

@@ -24,6 +24,7 @@ from spotrelay.domain.models import Attempt, Job, Node, NodeState
 from spotrelay.domain.status import JobStatus
 from spotrelay.placement.cadence import next_review_s
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
+from spotrelay.placement.payback import spot_stint_hours
 from spotrelay.placement.review import Move, better_placement, evidence_expires_at, review_spot_hours
 from spotrelay.services.controller import Controller, attempt_nodes, spec_of
 from spotrelay.services.workflow_tasks import review_seconds
@@ -71,7 +72,8 @@ def decide(ctl: Controller, job: Job, now: float) -> Move | None:
     sized = {m: scores_of(ctl.market.quotes(res.regions, res.instance_types, [mk.value for mk in res.markets],
                                              capacity=m)) for m in probe_sizes(spec)}  # elastic sizes
     return better_placement(spec, here, world, quotes, stats, now, frozenset(job.excluded_pools),
-                            spot_hours=review_spot_hours(job.attempts, current.pool.market, now), sized=sized)
+                            spot_hours=review_spot_hours(job.attempts, current.pool.market, now), sized=sized,
+                            stint_hours=spot_stint_hours(job.attempts))
 
 
 def silent(nodes: list[Node], heartbeat_s: float, now: float) -> bool:

@@ -10,6 +10,7 @@ from spotrelay.contracts.recovery import AttemptEnd, Candidate, Launched, Verdic
 from spotrelay.domain.models import Attempt
 from spotrelay.placement import PoolEvent
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
+from spotrelay.placement.payback import spot_stint_hours
 from spotrelay.placement.review import better_placement, review_spot_hours
 from spotrelay.services.review import next_review_seconds
 from spotrelay.services.workflow_tasks import review_seconds
@@ -54,11 +55,12 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     sized = {m: scores_of(self.market.quotes(self.now, m, held)) for m in probe_sizes(self.spec)}
     quotes = review_quotes(self, here, len(gang), stats, excluded, sized)
     spot_hours = _spot_hours(self)
-    move = same_review(self, here, len(gang), quotes, stats, excluded, spot_hours, sized)  # memoized
+    stints = spot_stint_hours(self.attempts)
+    move = same_review(self, here, len(gang), quotes, stats, excluded, spot_hours, sized, stints)  # memoized
     if VERIFY_SHORTLIST:  # tests: the same decision as from every quote
         every = better_placement(self.spec, here, len(gang), self._quotes(), stats, self.now, excluded,
                                  config=self.config, spot_hours=_spot_hours(self),
-                                 sized=sized)
+                                 sized=sized, stint_hours=stints)
         assert every == move and spot_hours == _spot_hours(self), (every, move)
     if move is None:
         return _stay(self, payload)

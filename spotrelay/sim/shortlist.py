@@ -226,19 +226,19 @@ def plan_quotes(run: SpotrelayRun, held: Mapping[str, int], stats: Mapping[str, 
 
 def same_review(run: SpotrelayRun, here: PoolQuote, world: int, quotes: list[PoolQuote],
                 stats: Mapping[str, PoolStats], excluded: frozenset[str], spot_hours: float | None,
-                sized: SizedScores | None = None) -> Move | None:
+                sized: SizedScores | None = None, stint_hours: float | None = None) -> Move | None:
     """``better_placement`` over ``quotes``, or its last answer when none of what it reads changed:
     the same quote and stats objects (both are replaced, never changed), the same cooling verdicts
-    now, gang size, exclusions and spot hours (``now`` reaches it only through the cooldowns)."""
+    now, gang size, exclusions, spot hours and stint hours (``now`` reaches it only through the cooldowns)."""
     records = [stats.get(q.pool.key) for q in quotes]
     cooling = [st is not None and st.cooling(run.now) for st in records]
     last = run.last_review
     if (last is not None and last[0] is here and last[1] == world and last[4] == excluded and last[5] == spot_hours
-            and last[8] == sized
+            and last[8] == sized and last[9] == stint_hours
             and len(last[2]) == len(quotes) and all(a is b for a, b in zip(last[2], quotes, strict=False))
             and all(a is b for a, b in zip(last[3], records, strict=False)) and last[6] == cooling):
         return last[7]
     move = better_placement(run.spec, here, world, quotes, stats, run.now, excluded, config=run.config,
-                            spot_hours=spot_hours, sized=sized)
-    run.last_review = (here, world, quotes, records, excluded, spot_hours, cooling, move, sized)
+                            spot_hours=spot_hours, sized=sized, stint_hours=stint_hours)
+    run.last_review = (here, world, quotes, records, excluded, spot_hours, cooling, move, sized, stint_hours)
     return move

@@ -8,6 +8,7 @@ and review move, with its reason). The values were taken before the speed work o
 review) changes them legitimately: re-pin with ``python -m tests.unit.test_sim_pinned`` and say so
 in the commit. Re-pinned for the review backoff (placement/cadence.py: fewer reviews, later moves), and
 for spot billed at the price in effect (the synthetic cases: costs only; decisions and timelines unchanged).
+``g4dn-32-elastic`` added with the review's payback test (placement/payback.py; no other case changed).
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ CASES: dict[str, SimOptions] = {
     # elastic gangs on the trace: Plan's sizes and the delay charge (shrink_delay_weight) decide here
     "g4dn-16-elastic": SimOptions(market=G4DN, job=JobModel(nodes=16, job_hours=48.0), policies=("spotrelay",),
                                   timeline=True, spotrelay_switches={"min_nodes": 8}),
+    # a 32-node elastic gang on the trace: parked on on-demand, its reviews weigh the job's stints on
+    # spot (placement/payback.py) once its own spot attempts are old
+    "g4dn-32-elastic": SimOptions(market=G4DN, job=JobModel(nodes=32, job_hours=72.0), policies=("spotrelay",),
+                                  timeline=True, spotrelay_switches={"min_nodes": 16}),
     # elastic gangs, a spare, launch at notice and rebalance prewarm: moves, promotions, standbys
     "synthetic-16-switches": SimOptions(
         market=SYNTHETIC, job=JobModel(nodes=16, job_hours=120.0), policies=("spotrelay",), jobs=2, timeline=True,
@@ -61,6 +66,9 @@ PINNED: dict[str, dict[str, list[Any]]] = {  # python -m tests.unit.test_sim_pin
     "g4dn-16-elastic": {
         "spotrelay/0": [6221, 24952.511919, "b13591eaa651321c"],
     },
+    "g4dn-32-elastic": {
+        "spotrelay/0": [78, 126892.957066, "327234363065b9c0"],
+    },
     "synthetic-16-switches": {
         "spotrelay/0": [975, 86803.21456, "7a3aa0beb6cb5ca6"],
     },
@@ -82,7 +90,7 @@ def test_results_are_pinned(case: str) -> None:
     assert digest(CASES[case]) == PINNED[case]
 
 
-@pytest.mark.parametrize("case", ["g4dn-32", "synthetic-16-switches"])
+@pytest.mark.parametrize("case", ["g4dn-32", "g4dn-32-elastic", "synthetic-16-switches"])
 def test_review_shortlist_decides_as_every_quote(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every review also runs ``better_placement`` over every pool's quote (sim/shortlist.py's claim):
     the simulated review must take the same decision, and the run the same results."""
