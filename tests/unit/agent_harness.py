@@ -25,14 +25,16 @@ from spotrelay.local.fake_imds import FakeImds
 from spotrelay.spec.models import JobSpec
 from tests.agent_port import InProcessAgentPort
 
-# The stand-in trainer: one step every 0.1 s; acts on request.json like the training API does.
+# The stand-in trainer: one step every 0.1 s; acts on request.json like the training API does. In each
+# of its first HOLD starts, its last step waits for a request unless one came already: a test's stop,
+# notice or restart then always lands before the run could end, however slow the machine is.
 TRAINER = r"""
 import json, os, sys, time
 from pathlib import Path
 from spotrelay.contracts import control
 from spotrelay.contracts.health import HealthAnomaly
 ctl = Path(os.environ[control.ENV_CONTROL_DIR])
-mode, steps = sys.argv[1], int(sys.argv[2])
+mode, steps, hold = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 handled = set()
 with open(ctl / "starts", "a") as fh:
     fh.write("x")
@@ -41,6 +43,7 @@ if mode.startswith("stall"):
     from agent.hang import register_stack_dump
     register_stack_dump(ctl, 0)
 first_start = (ctl / "starts").read_text() == "x"
+held = len((ctl / "starts").read_text()) <= hold
 if mode == "refuse":  # the training API refusing a checkpoint, then the script's own traceback (exit 1)
     from agent.refusal import refusals
     from spotrelay.errors import IncompatibleCheckpointError
@@ -60,6 +63,9 @@ for step in range(1, steps + 1):
         found = HealthAnomaly(kind="grad-explosion", action="notify", step=2, value=40.0, detail="grad norm 40x")
         control.append_event(ctl, control.TrainerEvent(kind="anomaly", step=2, anomaly=found, time=time.time()))
     request = control.read_request(ctl)
+    while held and not handled and step == steps and (request is None or request.request_id in handled):
+        time.sleep(0.05)
+        request = control.read_request(ctl)
     if request is None or request.request_id in handled:
         continue
     handled.add(request.request_id)
@@ -103,6 +109,7 @@ def run_agent(
     imds: FakeImds,
     mode: str = "ok",
     steps: int = 30,
+    hold: int = 0,
     spec: JobSpec = SPEC,
     log_sink: Any = None,
     launches: list[Rendezvous] | None = None,
@@ -137,7 +144,7 @@ def run_agent(
         if launches is not None:
             launches.append(rdzv)
         return LaunchPlan(
-            [sys.executable, "-m", "agent.launcher", str(tmp_path / "trainer.py"), mode, str(steps)],
+            [sys.executable, "-m", "agent.launcher", str(tmp_path / "trainer.py"), mode, str(steps), str(hold)],
             {**env, "RANK": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
         )
 

@@ -40,7 +40,7 @@ def test_runs_to_done_with_registration_and_heartbeats(tmp_path: Path, imds: Fak
 
 
 def test_interruption_notice_saves_and_exits_75(tmp_path: Path, imds: FakeImds) -> None:
-    _, store, recorder, thread, result = run_agent(tmp_path, imds)
+    _, store, recorder, thread, result = run_agent(tmp_path, imds, hold=1)
     wait_for(lambda: bool(recorder.of("Heartbeat")))
     deadline = float(int(time.time()) + 100)
     imds.set_interruption("terminate", deadline)
@@ -52,7 +52,7 @@ def test_interruption_notice_saves_and_exits_75(tmp_path: Path, imds: FakeImds) 
 
 
 def test_rebalance_checkpoints_and_training_continues(tmp_path: Path, imds: FakeImds) -> None:
-    _, _, recorder, thread, result = run_agent(tmp_path, imds, steps=25)
+    _, _, recorder, thread, result = run_agent(tmp_path, imds, steps=25, hold=1)
     wait_for(lambda: bool(recorder.of("Heartbeat")))
     imds.set_rebalance()
     wait_for(lambda: bool(recorder.of("CheckpointCommitted")))
@@ -63,7 +63,7 @@ def test_rebalance_checkpoints_and_training_continues(tmp_path: Path, imds: Fake
 
 
 def test_stop_directive_cancels_and_is_cleared(tmp_path: Path, imds: FakeImds) -> None:
-    _, store, recorder, thread, result = run_agent(tmp_path, imds)
+    _, store, recorder, thread, result = run_agent(tmp_path, imds, hold=1)
     wait_for(lambda: bool(recorder.of("Heartbeat")))
     directive = Directive(directive_id="d-stop-1", kind=DirectiveKind.STOP, issued_at=time.time(), reason="cancel")
     store.update_node("j-1", "a1-r0", lambda n: n.model_copy(update={"directive": directive.model_dump()}))
@@ -72,7 +72,7 @@ def test_stop_directive_cancels_and_is_cleared(tmp_path: Path, imds: FakeImds) -
 
 
 def test_deadline_missed_kills_and_reports_unsaved(tmp_path: Path, imds: FakeImds) -> None:
-    _, _, recorder, thread, result = run_agent(tmp_path, imds, mode="hang")
+    _, _, recorder, thread, result = run_agent(tmp_path, imds, mode="hang", hold=1)
     wait_for(lambda: bool(recorder.of("Heartbeat")))
     imds.set_interruption("terminate", time.time() + 1.5)
     assert finish(thread, result) == ExitCode.PREEMPTED_UNSAVED
@@ -93,7 +93,7 @@ def test_imds_down_is_reported_once_and_training_goes_on(tmp_path: Path, imds: F
 def test_sigterm_to_the_agent_saves_first(tmp_path: Path, imds: FakeImds) -> None:
     import signal
 
-    agent, _, recorder, thread, result = run_agent(tmp_path, imds)
+    agent, _, recorder, thread, result = run_agent(tmp_path, imds, hold=1)
     wait_for(lambda: bool(recorder.of("Heartbeat")))
     agent.on_signal(signal.SIGTERM, None)
     assert finish(thread, result) == ExitCode.PREEMPTED_SAVED
@@ -101,7 +101,7 @@ def test_sigterm_to_the_agent_saves_first(tmp_path: Path, imds: FakeImds) -> Non
 
 
 def test_restart_directive_relaunches_the_command(tmp_path: Path, imds: FakeImds) -> None:
-    _, store, _, thread, result = run_agent(tmp_path, imds, steps=20)
+    _, store, _, thread, result = run_agent(tmp_path, imds, steps=20, hold=1)
     wait_for(lambda: (tmp_path / "control" / "starts").exists())  # the first run is under way
     directive = Directive(directive_id="d-restart-1", kind=DirectiveKind.RESTART, issued_at=time.time())
     store.update_node("j-1", "a1-r0", lambda n: n.model_copy(update={"directive": directive.model_dump()}))
@@ -111,7 +111,7 @@ def test_restart_directive_relaunches_the_command(tmp_path: Path, imds: FakeImds
 
 
 def test_survivor_joins_the_next_gang(tmp_path: Path, imds: FakeImds) -> None:
-    _, store, recorder, thread, result = run_agent(tmp_path, imds, steps=20, linger_s=20)
+    _, store, recorder, thread, result = run_agent(tmp_path, imds, steps=20, hold=1, linger_s=20)
     wait_for(lambda: bool(recorder.of("Heartbeat")))
     now = time.time()
     stop = Directive(directive_id="d-ckpt-1", kind=DirectiveKind.CHECKPOINT_NOW, deadline=now + 60, issued_at=now)
@@ -155,8 +155,8 @@ def test_survivor_restarts_at_the_gang_size_the_restart_names(tmp_path: Path, im
     """Elastic resize, node side: a 2-node gang shrinks to 1 node, then the next attempt grows back to
     2; the launcher is rebuilt each time with the new node count and this node's new rank."""
     launches: list[Rendezvous] = []
-    _, store, recorder, thread, result = run_agent(tmp_path, imds, steps=40, linger_s=60, launches=launches,
-                                                   nodes=2)
+    _, store, recorder, thread, result = run_agent(tmp_path, imds, steps=40, hold=2, linger_s=60,
+                                                   launches=launches, nodes=2)
     wait_for(lambda: bool(recorder.of("Heartbeat")))
     _stop_and_carry(store, recorder, "a1-r0", attempt=2, rank=0, nodes=1)
     wait_for(lambda: len(launches) == 2 and bool(store.get_node("j-1", "a2-r0").state is NodeState.RUNNING))
@@ -168,7 +168,7 @@ def test_survivor_restarts_at_the_gang_size_the_restart_names(tmp_path: Path, im
 
 
 def test_agent_never_undoes_the_controllers_verdict(tmp_path: Path, imds: FakeImds) -> None:
-    _, store, recorder, thread, result = run_agent(tmp_path, imds)
+    _, store, recorder, thread, result = run_agent(tmp_path, imds, hold=1)
     wait_for(lambda: bool(recorder.of("Heartbeat")))
     stop = Directive(directive_id="d-stop-2", kind=DirectiveKind.STOP, issued_at=time.time())
     store.update_node(
