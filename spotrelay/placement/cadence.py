@@ -22,6 +22,14 @@ import math
 REVIEW_BACKOFF_MAX = 16  # the longest review interval, in review_minutes (8 h at the default 30)
 
 
+def base_review_s(review_minutes: float, ceiling_s: int) -> int:
+    """The first review's interval after a new attempt: ``review_minutes`` (0 = no reviews: the
+    outcome wait's longest timeout, ``ceiling_s``), never longer than ``ceiling_s``. At that timeout
+    the workflow reviews and, when it stays, waits again: a healthy attempt is never ended for
+    training long."""
+    return max(1, min(ceiling_s, int(review_minutes * 60))) if review_minutes > 0 else ceiling_s
+
+
 def next_review_s(current_s: int | None, base_s: int, ceiling_s: int, changes_in_s: float | None = None,
                   max_factor: int = REVIEW_BACKOFF_MAX) -> int:
     """The interval to the next review after one that stayed: twice ``current_s`` (the interval

@@ -32,26 +32,21 @@ def _on_spot(a: Attempt) -> bool:
 def spot_stint_hours(attempts: list[Attempt], last: int = STINT_EVIDENCE) -> float | None:
     """Mean length in hours of the job's last ``last`` spot stints that ended on on-demand: a run of
     consecutive spot attempts, from the first one's start to the start of the on-demand attempt
-    after it (None: no such stint yet). Attempts without a start time are skipped."""
+    after it (None: no such stint yet). Attempts without a pool or a start time are skipped; a stint
+    still running (no on-demand attempt after it yet) does not count."""
     spans: list[float] = []
-    back_at: float | None = None  # start of the on-demand attempt that ended the stint being walked
-    first: float | None = None  # earliest start of that stint's spot attempts seen so far
-    for a in reversed(attempts):
+    stint_from: float | None = None  # start of the open stint's first spot attempt
+    for a in attempts:
         if a.pool is None or a.started_at is None:
             continue
         if _on_spot(a):
-            if back_at is not None:
-                first = a.started_at
-            continue
-        if back_at is not None and first is not None:  # an on-demand attempt before the stint: it closes
-            spans.append(max(0.0, back_at - first) / 3600.0)
-            if len(spans) == last:
-                break
-        back_at, first = a.started_at, None
-    else:
-        if back_at is not None and first is not None:  # the job began on spot
-            spans.append(max(0.0, back_at - first) / 3600.0)
-    return sum(spans) / len(spans) if spans else None
+            if stint_from is None:
+                stint_from = a.started_at
+        elif stint_from is not None:  # back on on-demand: the stint closes
+            spans.append(max(0.0, a.started_at - stint_from) / 3600.0)
+            stint_from = None
+    recent = spans[-last:] if last > 0 else []
+    return sum(recent) / len(recent) if recent else None
 
 
 def round_trip_cost(move_cost: float, od_gang_price_per_hour: float, move_restore_h: float,

@@ -22,16 +22,21 @@ from spotrelay.contracts.recovery import AttemptEnd, Candidate, Verdict
 from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.models import Attempt, Job, Node, NodeState
 from spotrelay.domain.status import JobStatus
-from spotrelay.placement.cadence import next_review_s
+from spotrelay.placement.cadence import base_review_s, next_review_s
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.payback import spot_stint_hours
 from spotrelay.placement.review import Move, better_placement, evidence_expires_at, review_spot_hours
 from spotrelay.services.controller import Controller, attempt_nodes, spec_of
-from spotrelay.services.workflow_tasks import review_seconds
 from spotrelay.spec.models import JobSpec
 
 log = logging.getLogger(__name__)
 _TRAINING = (NodeState.READY, NodeState.RUNNING)
+
+
+def review_seconds(spec: JobSpec, timings: WorkflowTimings | None) -> int:
+    """The outcome wait's timeout after a new attempt: the spec's ``recovery.review_minutes``, never
+    longer than ``timings.outcome_timeout_s`` (placement/cadence.py's ``base_review_s``)."""
+    return base_review_s(spec.recovery.review_minutes, (timings or WorkflowTimings()).outcome_timeout_s)
 
 
 def next_review_seconds(spec: JobSpec, timings: WorkflowTimings | None, current_s: int | None,

@@ -31,6 +31,7 @@ from spotrelay.services.controller import (
 )
 from spotrelay.services.notify import announce
 from spotrelay.services.plan import live
+from spotrelay.services.review import review_seconds
 from spotrelay.settings import settings
 from spotrelay.spec.models import JobSpec
 
@@ -184,15 +185,6 @@ def promote_spares(ctl: Controller, job: Job, promoted: list[Promotion], attempt
         ctl.store.update_node(job.job_id, spare.node_id, lambda n: n.model_copy(update={"state": NodeState.EXITED})
                               if n.state in SPARE_LIVE else None)
     return records
-
-
-def review_seconds(spec: JobSpec, timings: WorkflowTimings | None) -> int:
-    """The outcome wait's timeout: the next placement review (``recovery.review_minutes``; 0 = none),
-    never longer than ``timings.outcome_timeout_s``. At that timeout the workflow reviews and, when it
-    stays, waits again: a healthy attempt is never ended for training long."""
-    cap = (timings or WorkflowTimings()).outcome_timeout_s
-    minutes = spec.recovery.review_minutes
-    return max(1, min(cap, int(minutes * 60))) if minutes > 0 else cap
 
 
 def _launch_result(job: Job, timings: WorkflowTimings | None = None) -> Launched:

@@ -12,8 +12,7 @@ from spotrelay.placement import PoolEvent
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.payback import spot_stint_hours
 from spotrelay.placement.review import better_placement, review_spot_hours
-from spotrelay.services.review import next_review_seconds
-from spotrelay.services.workflow_tasks import review_seconds
+from spotrelay.services.review import next_review_seconds, review_seconds
 from spotrelay.sim.asl import TaskFailed
 from spotrelay.sim.shortlist import review_quotes, same_review
 

@@ -17,7 +17,7 @@ from spotrelay.placement.policy import gang_key, spare_count
 from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery
 from spotrelay.services.plan import MAX_CANDIDATES, _keeping_plan, _new_gang_plan
 from spotrelay.services.recovery_flow import _result as recovery_result
-from spotrelay.services.workflow_tasks import review_seconds
+from spotrelay.services.review import review_seconds
 from spotrelay.sim import moves, spares
 from spotrelay.sim.asl import TaskFailed
 from spotrelay.sim.shortlist import plan_quotes, recovery_quotes

@@ -12,9 +12,9 @@ import pytest
 
 from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.models import Attempt, Pool
-from spotrelay.placement.cadence import REVIEW_BACKOFF_MAX, next_review_s
+from spotrelay.placement.cadence import REVIEW_BACKOFF_MAX, base_review_s, next_review_s
 from spotrelay.placement.review import EVIDENCE_HOURS, evidence_expires_at, review_spot_hours
-from spotrelay.services.review import next_review_seconds
+from spotrelay.services.review import next_review_seconds, review_seconds
 from spotrelay.sim import controller
 from spotrelay.sim.asl import AslError, Await, Walker, load_asl
 from spotrelay.sim.runner import simulate
@@ -136,3 +136,12 @@ def test_the_simulators_reviews_back_off_as_the_rule_says(monkeypatch: pytest.Mo
         if prev[:2] == cur[:2] and prev[4]["outcome"] == "ready":
             assert cur[2] - prev[2] == pytest.approx(prev[4]["review_s"])
             assert cur[3]["review_s"] == prev[4]["review_s"]
+
+
+def test_a_new_attempt_is_reviewed_after_review_minutes_capped_by_the_outcome_timeout() -> None:
+    assert base_review_s(30, 86_400) == 1800
+    assert base_review_s(0.001, 86_400) == 1  # never a zero timeout
+    assert base_review_s(600, 3600) == 3600  # never past the outcome wait's longest timeout
+    assert base_review_s(0, 3600) == 3600  # reviews off: only the timeout
+    assert review_seconds(_spec(30), WorkflowTimings(outcome_timeout_s=900)) == 900
+    assert review_seconds(_spec(30), None) == 1800
