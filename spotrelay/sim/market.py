@@ -45,6 +45,7 @@ from spotrelay.sim.inputs import PoolTable, Slot, Trace
 NOTICE_S = 120.0  # EC2 spot interruption notice
 SCORE_NOISE = 1.5  # standard deviation of a derived placement score, in score points
 SCORE_WINDOW_S = 600.0  # a derived score's noise is redrawn every 10 minutes
+_CACHE_MARGIN_S = 1e-3  # a slot lookup is kept for times this far inside the slot (SlotCapacity.locate)
 
 
 # (seed, pool key) -> noise per window (NaN: not drawn yet): every job of a seed shares the market, so
@@ -173,21 +174,37 @@ class SlotCapacity:
         self.derived_score = derived_score  # the slots' score is the generator's, not a recorded one
         self.starts = [s.start_s for s in slots]
         self._serial = 0
+        # the last lookup: (lo, hi, cycle, bisect index, next start); any t in [lo, hi) has the same
+        # (the bounds sit _CACHE_MARGIN_S inside the slot: float rounding never moves a cached answer)
+        self._last = (1.0, 0.0, 0, 0, 0.0)
+
+    def locate(self, t: float) -> tuple[int, int, float]:
+        """(cycle, ``bisect_right(starts, t - cycle * period)``, the slot's end) for ``t``: what
+        ``slot_at`` and ``next_start`` compute, kept for the slot last looked up (prices and quotes
+        are read ~100k times a job-month, mostly in the slot just read)."""
+        last = self._last
+        if last[0] <= t < last[1]:
+            return last[2], last[3], last[4]
+        cycle = int(t // self.period)
+        base = cycle * self.period
+        i = bisect.bisect_right(self.starts, t - base)
+        end = base + self.starts[i] if i < len(self.starts) else base + self.period + self.starts[0]
+        lo = base + (self.starts[i - 1] if i > 0 else 0.0) + _CACHE_MARGIN_S
+        hi = base + (self.starts[i] if i < len(self.starts) else self.period) - _CACHE_MARGIN_S
+        if lo <= t < hi:
+            self._last = (lo, hi, cycle, i, end)
+        return cycle, i, end
 
     def slot_at(self, t: float) -> tuple[int, Slot]:
-        cycle = int(t // self.period)
-        i = max(0, bisect.bisect_right(self.starts, t - cycle * self.period) - 1)
-        return cycle, self.slots[i]
+        cycle, i, _ = self.locate(t)
+        return cycle, self.slots[max(0, i - 1)]
 
     def capacity(self, t: float) -> int | None:
         return self.slot_at(t)[1].capacity
 
     def next_start(self, t: float) -> float:
         """When the slot holding ``t`` ends (absolute seconds)."""
-        cycle = int(t // self.period)
-        base = cycle * self.period
-        i = bisect.bisect_right(self.starts, t - base)
-        return base + self.starts[i] if i < len(self.starts) else base + self.period + self.starts[0]
+        return self.locate(t)[2]
 
     @property
     def peak(self) -> float:
@@ -313,9 +330,8 @@ class Market:
         if cap is None:
             memo = (p.key,)
         elif isinstance(cap, SlotCapacity):
-            cycle = int(t // cap.period)
-            memo = (p.key, cycle, bisect.bisect_right(cap.starts, t - cycle * cap.period), int(t // SCORE_WINDOW_S),
-                    capacity, held)
+            cycle, i, _ = cap.locate(t)
+            memo = (p.key, cycle, i, int(t // SCORE_WINDOW_S), capacity, held)
         else:
             return self._quote(p, t, capacity, held)
         found = self._memo.get(memo)

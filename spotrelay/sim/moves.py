@@ -39,6 +39,19 @@ def _spot_hours(run: SpotrelayRun) -> float | None:
     return review_spot_hours(run.attempts, current.pool.market if current else "spot", run.now)
 
 
+def _stints(run: SpotrelayRun) -> float | None:
+    """spot_stint_hours over the run's attempts, computed again only when they changed: it walks them all
+    (a job that never went back to on-demand has no stint to stop at; it was a fifth of a stormy
+    review's CPU). Attempts are only appended, and only the last one is replaced (when it ends): the
+    count and the last object say whether anything it reads changed."""
+    attempts = run.attempts
+    last = attempts[-1] if attempts else None
+    memo = run.stint_memo
+    if memo is None or memo[0] != len(attempts) or memo[1] is not last:
+        memo = run.stint_memo = (len(attempts), last, spot_stint_hours(attempts))
+    return memo[2]
+
+
 def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     """review.review: stay (READY) or MIGRATE with the target (agents always heartbeat here)."""
     current, gang = self.attempt_pool, list(self.gang.values())
@@ -54,13 +67,14 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     sized = {m: scores_of(self.market.quotes(self.now, m, held)) for m in probe_sizes(self.spec)}
     quotes = review_quotes(self, here, len(gang), stats, excluded, sized)
     spot_hours = _spot_hours(self)
-    stints = spot_stint_hours(self.attempts)
+    stints = _stints(self)
     move = same_review(self, here, len(gang), quotes, stats, excluded, spot_hours, sized, stints)  # memoized
     if VERIFY_SHORTLIST:  # tests: the same decision as from every quote
         every = better_placement(self.spec, here, len(gang), self._quotes(), stats, self.now, excluded,
                                  config=self.config, spot_hours=_spot_hours(self),
                                  sized=sized, stint_hours=stints)
-        assert every == move and spot_hours == _spot_hours(self), (every, move)
+        assert every == move and spot_hours == _spot_hours(self) and stints == spot_stint_hours(self.attempts), (
+            every, move)
     if move is None:
         return _stay(self, payload)
     t = move.target
