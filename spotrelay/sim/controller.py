@@ -34,8 +34,9 @@ from spotrelay.sim import moves, recover, spares
 from spotrelay.sim.asl import Await, Finished, Sleep, Walker, load_asl
 from spotrelay.sim.engine import Run, SimNode
 from spotrelay.sim.job import JobModel
-from spotrelay.sim.market import LazyQuotes, Market
+from spotrelay.sim.market import Market
 from spotrelay.sim.moves import SAVE_MARGIN_S
+from spotrelay.sim.quotes import LazyQuotes
 from spotrelay.sim.shortlist import Shortlist, SimPoolStats
 from spotrelay.spec.models import JobSpec
 

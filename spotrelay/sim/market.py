@@ -33,14 +33,13 @@ import math
 import random
 import zlib
 from array import array
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import overload
 
 from spotrelay.domain.models import Pool
 from spotrelay.placement import catalog
 from spotrelay.ports.market import PoolQuote
 from spotrelay.sim.inputs import PoolTable, Slot, Trace
+from spotrelay.sim.quotes import QuoteBook
 
 NOTICE_S = 120.0  # EC2 spot interruption notice
 SCORE_NOISE = 1.5  # standard deviation of a derived placement score, in score points
@@ -284,6 +283,19 @@ class SimPool:
                               seed, self.key, t)
         return self.score
 
+    def quote_key(self, t: float, capacity: int, held: int) -> tuple[object, ...] | None:
+        """What this pool's quote at ``t`` (for ``capacity`` nodes, ``held`` of them the job's) is a function
+        of, or None where it must be computed (a trace's capacity moves with every trace event): a slot
+        pool's (slot, noise window, count, held), the same slot index as ``slot_at`` finds; a pool without
+        a capacity model always quotes the same."""
+        cap = self.capacity
+        if cap is None:
+            return (self.key,)
+        if isinstance(cap, SlotCapacity):
+            cycle, i, _ = cap.locate(t)
+            return (self.key, cycle, i, int(t // SCORE_WINDOW_S), capacity, held)
+        return None
+
 
 @dataclass
 class Market:
@@ -298,9 +310,8 @@ class Market:
 
     def __post_init__(self) -> None:
         self.by_key = {p.key: p for p in self.pools}
-        self._seen: dict[tuple[str, float, float | None], PoolQuote] = {}  # (key, price, score) -> quote
         self._varies = any(isinstance(p.capacity, SlotCapacity) for p in self.pools)
-        self._memo: dict[tuple[object, ...], PoolQuote] = {}  # quote's lookup (slot pools, fixed pools)
+        self.book = QuoteBook()  # the quotes made so far (sim/quotes.py)
 
     def expected_boot_s(self, pool: Pool) -> float:
         """``Compute.expected_boot_s`` of the simulated compute: the boot model's mean (each node boots
@@ -320,38 +331,9 @@ class Market:
         return out
 
     def quote(self, p: SimPool, t: float, capacity: int = 0, held: int = 0) -> PoolQuote:
-        """One pool's quote in ``quotes(t, capacity, ...)`` (``held``: the job's nodes there). A pool's
-        quote object is reused whenever its price and score are the same again (scores are whole numbers).
-        A slot pool's quote is a function of (slot, noise window, count, held) and a pool without a
-        capacity model quotes the same always: those are looked up before anything is computed (the
-        same slot index as ``slot_at`` finds; quotes were a sixth of a stormy run's CPU)."""
-        cap = p.capacity
-        memo: tuple[object, ...]
-        if cap is None:
-            memo = (p.key,)
-        elif isinstance(cap, SlotCapacity):
-            cycle, i, _ = cap.locate(t)
-            memo = (p.key, cycle, i, int(t // SCORE_WINDOW_S), capacity, held)
-        else:
-            return self._quote(p, t, capacity, held)
-        found = self._memo.get(memo)
-        if found is None:
-            if len(self._memo) > 100_000:
-                self._memo.clear()
-            found = self._memo[memo] = self._quote(p, t, capacity, held)
-        return found
-
-    def _quote(self, p: SimPool, t: float, capacity: int, held: int) -> PoolQuote:
-        price = round(p.price(t), 4)
-        score = (p.placement_score(t, capacity, held, self.seed, self.gang_scores and capacity > 0)
-                 if p.spot else None)
-        found = self._seen.get((p.key, price, score))
-        if found is None:
-            if len(self._seen) > 100_000:
-                self._seen.clear()
-            found = self._seen[(p.key, price, score)] = PoolQuote(  # (validating is faster than model_construct)
-                pool=p.pool, price_per_hour=price, advisor_band=p.band if p.spot else None, placement_score=score)
-        return found
+        """One pool's quote in ``quotes(t, capacity, ...)`` (``held``: the job's nodes there), made once
+        and looked up after (sim/quotes.py)."""
+        return self.book.quote(self, p, t, capacity, held)
 
     def grant(self, sp: SimPool, t: float, count: int, held: set[object], rng: random.Random) -> list[Grant] | None:
         """The nodes a gang launch gets, or None for InsufficientInstanceCapacity."""
@@ -360,34 +342,6 @@ class Market:
         if isinstance(sp.capacity, SlotCapacity):
             return sp.capacity.grant(t, count, held, rng, sp.default_rate)
         return sp.capacity.grant(t, count, held, rng)
-
-
-class LazyQuotes(Sequence[PoolQuote]):
-    """``Market.quotes(t, count, held)`` as a sequence whose quotes are made as they are read: recover's
-    ``quotes_for`` asks for every pool's but reads until it finds the survivors' pool."""
-
-    def __init__(self, market: Market, t: float, count: int, held: dict[str, int]) -> None:
-        self.market, self.t, self.size, self.held = market, t, count, held
-
-    def __len__(self) -> int:
-        return len(self.market.pools)
-
-    @overload
-    def __getitem__(self, i: int) -> PoolQuote: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[PoolQuote]: ...
-
-    def __getitem__(self, i: int | slice) -> PoolQuote | list[PoolQuote]:
-        if isinstance(i, slice):
-            return [self._one(p) for p in self.market.pools[i]]
-        return self._one(self.market.pools[i])
-
-    def __iter__(self) -> Iterator[PoolQuote]:
-        return (self._one(p) for p in self.market.pools)
-
-    def _one(self, p: SimPool) -> PoolQuote:
-        return self.market.quote(p, self.t, self.size, self.held.get(p.key, 0))
 
 
 def from_quotes(quotes: list[PoolQuote], on_demand: dict[tuple[str, str], float], boot_s: float) -> Market:
@@ -400,8 +354,6 @@ def from_quotes(quotes: list[PoolQuote], on_demand: dict[tuple[str, str], float]
                              spot_price=q.price_per_hour if q.pool.market == "spot" else None,
                              band=q.advisor_band, gpus=info.gpus if info else 8, score=q.placement_score))
     return Market(pools=pools, unannounced_share=0.0, rebalance_share=0.0, boot_s=boot_s, boot_spread=0.0)
-
-
 
 
 def match_trace(key: str, mapping: list[tuple[str, Trace]], default: Trace | None) -> Trace | None:
