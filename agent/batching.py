@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from agent.refusal import refusals
-from spotrelay.errors import BatchPlanError, CorruptCheckpointError
+from spotrelay.errors import BatchPlanError, CheckpointFormatError, CorruptCheckpointError
 
 log = logging.getLogger("spotrelay.training")
 
@@ -37,6 +37,8 @@ class BatchPlan:
     micro_batch: int
     world_size: int
     rank: int = 0
+    # the run opted in to a global batch other than its checkpoint's (plan_batch's allow_global_batch_change)
+    allow_change: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         per_step = self.micro_batch * self.world_size
@@ -77,14 +79,21 @@ def recorded_global_batch(**config: Any) -> int | None:
 
 
 def _recorded(**config: Any) -> tuple[int | None, str]:
-    """(recorded global batch, the checkpoint that recorded it), the same on every rank."""
+    """(recorded global batch, the checkpoint that recorded it), the same on every rank. A manifest
+    this version cannot read (a newer format) is refused on every rank, never skipped."""
     rank, _ = _world()
-    found: list[tuple[int | None, str]] = [(None, "")]
+    found: list[tuple[int | None, str, str]] = [(None, "", "")]
     if rank == 0:
-        found = [_newest_global_batch(**config)]
+        try:
+            found = [(*_newest_global_batch(**config), "")]
+        except CheckpointFormatError as exc:  # every rank must learn it, or they wait in the broadcast
+            found = [(None, "", str(exc))]
     if dist.is_available() and dist.is_initialized():
         dist.broadcast_object_list(found, src=0)
-    return found[0]
+    recorded, where, error = found[0]
+    if error:
+        raise CheckpointFormatError(error)
+    return recorded, where
 
 
 def _newest_global_batch(**config: Any) -> tuple[int | None, str]:
@@ -106,9 +115,8 @@ def _newest_global_batch(**config: Any) -> tuple[int | None, str]:
                     manifest, where = s3.manifest(step), s3.step_uri(step)
             except CorruptCheckpointError:
                 continue  # resume skips it too
-            if manifest is not None:
-                value = manifest.data_state.get("global_batch")
-                return (int(value) if value else None), where
+            if manifest is not None:  # the manifest's validation made it a positive int or None
+                return manifest.data_state.get("global_batch"), where
         return None, ""
     finally:
         if s3 is not None:
@@ -119,21 +127,26 @@ def plan_batch(micro_batch: int, global_batch: int | None = None, **config: Any)
     """The batch plan for this world, before the engine is built (DeepSpeed needs ``accumulation``).
 
     ``global_batch`` None: the one recorded in the newest checkpoint, so a resume on another
-    world size keeps it; without a checkpoint, ``micro_batch * world`` (no accumulation). A world
-    that cannot divide it raises BatchPlanError before any training (naming the checkpoint when the
-    batch came from one) and tells the agent (exit REFUSED, agent.refusal). ``config``: the
-    SessionConfig defaults that locate the checkpoints (checkpoint_dir, ...).
+    world size keeps it; without a checkpoint, ``micro_batch * world`` (no accumulation). A
+    ``global_batch`` other than the checkpoint's is refused unless ``allow_global_batch_change``
+    (SPOTRELAY_ALLOW_GLOBAL_BATCH_CHANGE=1) opts in. A world that cannot divide the batch raises
+    BatchPlanError before any training (naming the checkpoint when the batch came from one). Each
+    refusal tells the agent (exit REFUSED, agent.refusal). ``config``: the SessionConfig defaults
+    that locate the checkpoints (checkpoint_dir, ...) and the opt-in.
     """
+    from agent.checkpoint.compat import check_global_batch
     from agent.checkpoint.config import SessionConfig
 
+    cfg = SessionConfig.from_env(**config)
     rank, world = _world()
-    recorded, where = _recorded(**config)
-    chosen = global_batch or recorded or micro_batch * world
-    if global_batch and recorded and global_batch != recorded:
-        log.warning("global batch %d given; the checkpoint was trained with %d", global_batch, recorded)
-    with refusals(SessionConfig.from_env(**config).control_dir, world_size=world):
+    with refusals(cfg.control_dir, world_size=world):
+        recorded, where = _recorded(**config)
+        chosen = global_batch or recorded or micro_batch * world
+        if global_batch:
+            check_global_batch(where, recorded, global_batch, cfg.allow_global_batch_change)
         try:
-            return BatchPlan(global_batch=chosen, micro_batch=micro_batch, world_size=world, rank=rank)
+            return BatchPlan(global_batch=chosen, micro_batch=micro_batch, world_size=world, rank=rank,
+                             allow_change=cfg.allow_global_batch_change)  # fmt: skip
         except BatchPlanError as exc:
             if global_batch or not recorded:
                 raise

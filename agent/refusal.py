@@ -1,8 +1,9 @@
 """A run that refuses to start tells its agent why before the error ends it.
 
-The trainer refuses a checkpoint it cannot use (agent.checkpoint.compat: another engine, model, spec
-or layout; a per-rank data position at another world size) and a global batch its world cannot
-split (agent.batching). The script then exits however it likes (a traceback, or the one-line error
+The trainer refuses a checkpoint it cannot use (agent.checkpoint.compat: another engine, model, spec,
+layout or global batch; a per-rank data position at another world size; a manifest of a newer
+format; a file that would run code or holds a bad field) and a global batch its world cannot split
+(agent.batching). The script then exits however it likes (a traceback, or the one-line error
 of examples/tiny's ``cli``): a ``refused`` trainer event with the message is what makes the agent
 report exit REFUSED with that message, which the controller never retries (docs/checkpoints.md,
 "Checkpoints that cannot be used").
@@ -18,10 +19,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from spotrelay.contracts.control import ENV_ATTEMPT, ENV_CONTROL_DIR, TrainerEvent, append_event
-from spotrelay.errors import BatchPlanError, IncompatibleCheckpointError
+from spotrelay.errors import BatchPlanError, CheckpointError
 
 log = logging.getLogger("spotrelay.training")
-REFUSALS = (IncompatibleCheckpointError, BatchPlanError)
+# CheckpointError: incompatible, of a newer format, unsafe, or corrupt after every rank agreed on it
+# (a trainer file with a bad field): a retry would load the same checkpoint and fail the same way.
+REFUSALS = (CheckpointError, BatchPlanError)
 
 
 def report_refusal(error: Exception, control_dir: Path | None, step: int = 0, world_size: int | None = None) -> None:

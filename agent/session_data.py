@@ -3,7 +3,6 @@ optimizer, and how a resume reads it back at any world size (agent.training's Se
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,8 +13,6 @@ from agent.checkpoint.pipeline import Topology
 from agent.checkpoint.state import capture_rng, restore_rng, snapshot_tree
 from agent.stop import RequestPoller
 from spotrelay.errors import IncompatibleCheckpointError
-
-log = logging.getLogger("spotrelay.training")
 
 
 class SessionData:
@@ -67,8 +64,6 @@ class SessionData:
         if not state.get("samples_global"):  # saved before the count was global: rank 0's own count
             self.samples = legacy_global_samples(self.samples, self.step, saved_world, state.get("global_batch"))
         self.cursor = int(state.get("cursor", 0))
-        if self.plan is not None and state.get("global_batch") not in (None, self.plan.global_batch):
-            log.warning("global batch %d now, %s when saved", self.plan.global_batch, state["global_batch"])
         if state["data"] is not None and hasattr(self.dataloader, "load_state_dict") and not self._global_data:
             self.dataloader.load_state_dict(state["data"])
         if state["scheduler"] is not None and self.lr_scheduler is not None:

@@ -20,7 +20,7 @@ from agent.checkpoint.restore import materialize
 from agent.checkpoint.s3_tier import S3Tier
 from spotrelay.contracts.agent import NodeView, draining_ranks
 from spotrelay.contracts.control import read_events
-from spotrelay.errors import CorruptCheckpointError
+from spotrelay.errors import CheckpointFormatError, CorruptCheckpointError
 
 log = logging.getLogger("spotrelay.agent")
 __all__ = ["Prefetch", "SpareCache", "StandBy", "draining_ranks", "wait_for_drain"]
@@ -46,6 +46,9 @@ class SpareCache:
             materialize(newest, self.local, self.s3)
         except CorruptCheckpointError as exc:  # a step being pruned or still uploading: next poll
             log.info("spare could not mirror step %s: %s", newest, exc)
+            return self.cached
+        except CheckpointFormatError as exc:  # the trainer refuses it on resume; nothing to mirror
+            log.info("spare will not mirror step %s: %s", newest, exc)
             return self.cached
         self.cached = newest
         self.local.prune(self.keep, protect={newest})

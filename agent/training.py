@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from agent.batching import BatchPlan, GlobalBatchSampler
-from agent.checkpoint.compat import check_manifest
+from agent.checkpoint.compat import check_global_batch, check_manifest
 from agent.checkpoint.config import SessionConfig
 from agent.checkpoint.engines import Engine
 from agent.checkpoint.local_tier import LocalTier
@@ -121,13 +121,16 @@ class Session(SessionData):
         step_dir = self.local.step_dir(step)
         cfg = self.config
         saved_world = manifest.world_size
+        own = self.topo.rank < saved_world  # a rank the saved world did not have takes rank 0's counters
         with refusals(cfg.control_dir, self.topo.world_size):  # checked before anything loads
             check_manifest(manifest, step_dir, self.engine.kind, cfg.spec_hash, cfg.code_hash, cfg.allow_spec_change)
+            if self.plan is not None:
+                check_global_batch(step_dir, manifest.data_state.get("global_batch"), self.plan.global_batch,
+                                   cfg.allow_global_batch_change or self.plan.allow_change)  # fmt: skip
             if saved_world != self.topo.world_size:
                 self._check_resizable(step_dir, saved_world)
             self.engine.load(self.local.root, step_dir, manifest)
-        own = self.topo.rank < saved_world  # a rank the saved world did not have takes rank 0's counters
-        state = load_trainer_state(trainer_file(step_dir, self.topo.rank if own else 0))
+            state = load_trainer_state(trainer_file(step_dir, self.topo.rank if own else 0), self.stateful)
         self._load_trainer_state(state, own, saved_world)
         self.resumed_from = self._last_saved = step
         self.resume_seconds = time.monotonic() - started
@@ -137,15 +140,16 @@ class Session(SessionData):
         return step
 
     def _agree_on_checkpoint(self, before: int | None) -> int | None:
-        def share(step: int | None) -> int | None:
+        def share(step: int | str | None) -> int | str | None:
             chosen = [step]
             if dist.is_initialized():
                 dist.broadcast_object_list(chosen, src=0)
             return chosen[0]
 
         fetch_here = self.topo.local_rank == 0 and self.topo.rank != 0  # another node: fetch from S3
-        return agree_on_step(self.topo.rank == 0, fetch_here, self.local, self.s3, before, share,
-                             lambda ok: all_ok(ok, self._device))
+        with refusals(self.config.control_dir, self.topo.world_size):  # a manifest of a newer format
+            return agree_on_step(self.topo.rank == 0, fetch_here, self.local, self.s3, before, share,
+                                 lambda ok: all_ok(ok, self._device))
 
     # --- the loop ----------------------------------------------------------------------------------
     def steps(self, max_steps: int) -> Iterator[tuple[int, Any]]:

@@ -255,7 +255,7 @@ def main() -> None:
     )
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--resize", action="store_true", help="time resumes at other world sizes instead (bench/resize.py)")
-    p.add_argument("--engines", default="ddp,zero2,zero3", help="with --resize")
+    p.add_argument("--engines", default="ddp,fsdp2,zero2,zero3", help="with --resize")
     args = p.parse_args()
     if args.resize:
         from resize import run_all  # bench/resize.py, next to this file

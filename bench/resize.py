@@ -1,6 +1,6 @@
 """Resume after a change of world size vs a same-size resume of the same checkpoint.
 
-    python bench/checkpoint.py --resize [--engines ddp,zero2,zero3] [--state-mb 60]
+    python bench/checkpoint.py --resize [--engines ddp,fsdp2,zero2,zero3] [--state-mb 60]
 
 A run on 2 gloo ranks trains one step of an MLP (Linear(width, width) layers, AdamW) and saves it.
 Copies of that checkpoint are then resumed on 2 (same size), 1 and 3 ranks, each in fresh torchrun
@@ -24,6 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 SAVE_WORLD, RESUME_WORLDS = 2, (2, 1, 3)
+ENGINES = "ddp,fsdp2,zero2,zero3"  # every engine the training API supports (issue 13's target)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -36,9 +37,18 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     model: Any = torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width) for _ in range(args.layers)])
     world = int(os.environ["WORLD_SIZE"])
-    if args.engine == "ddp":
+    if args.engine in ("ddp", "fsdp2"):
         dist.init_process_group("gloo")
-        model = torch.nn.parallel.DistributedDataParallel(model)
+        if args.engine == "ddp":
+            model = torch.nn.parallel.DistributedDataParallel(model)
+        else:  # each layer its own FSDP2 unit, sharded over the world: a resize reshards every tensor
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = init_device_mesh("cpu", (world,))
+            for layer in model:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         session = spotrelay_session(model, optimizer, checkpoint_dir=args.checkpoint_dir)
         stepper = optimizer
@@ -134,7 +144,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--worker", action="store_true")
     p.add_argument("--engine", default="ddp")
-    p.add_argument("--engines", default="ddp,zero2,zero3")
+    p.add_argument("--engines", default=ENGINES)
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--out", default=None)
     p.add_argument("--width", type=int, default=1024)

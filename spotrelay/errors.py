@@ -89,6 +89,10 @@ class IncompatibleCheckpointError(CheckpointError, PermanentError):
     """A valid checkpoint this run cannot use: another engine, another model, another spec or layout."""
 
 
+class CheckpointFormatError(IncompatibleCheckpointError):
+    """A manifest of a newer format than this version reads: refused (upgrade), never skipped for an older one."""
+
+
 class BatchPlanError(PermanentError):
     """The global batch cannot be split over this world size and micro-batch."""
 

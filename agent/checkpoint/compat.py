@@ -15,6 +15,10 @@ from spotrelay.errors import IncompatibleCheckpointError
 
 log = logging.getLogger("spotrelay.checkpoint")
 ALLOW_SPEC_CHANGE_HINT = "set SPOTRELAY_ALLOW_SPEC_CHANGE=1 (allow_spec_change=True) to resume it anyway"
+ALLOW_BATCH_CHANGE_HINT = (
+    "set SPOTRELAY_ALLOW_GLOBAL_BATCH_CHANGE=1 (allow_global_batch_change=True; examples/tiny: "
+    "--allow-global-batch-change) to start a new run definition from it"
+)
 ENGINE_NAMES = {"dcp": "torch DDP/FSDP (torch.distributed.checkpoint)", "deepspeed": "DeepSpeed"}
 
 
@@ -42,6 +46,20 @@ def check_manifest(
             raise IncompatibleCheckpointError(
                 f"{step_dir}: saved with {axis}={layout[axis]}; only the data-parallel size may change on resume"
             )
+
+
+def check_global_batch(where: str | Path, recorded: int | None, asked: int | None, allowed: bool) -> None:
+    """The global batch defines the run (the data order's steps, what the LR schedule's steps mean):
+    another one than the checkpoint's is refused unless the run opted in, and then logged."""
+    if recorded is None or asked is None or recorded == asked:
+        return
+    if not allowed:
+        raise IncompatibleCheckpointError(
+            f"{where}: trained with global batch {recorded}, this run asks for {asked}; resume without a global "
+            f"batch to keep {recorded} (any world size that divides it), or {ALLOW_BATCH_CHANGE_HINT}"
+        )
+    log.warning("resuming %s with global batch %d, trained with %d (allowed): the data order goes on from the "
+                "saved sample cursor, the LR schedule by optimizer step", where, asked, recorded)  # fmt: skip
 
 
 def check_parameters(step_dir: Path, saved: dict[str, tuple[int, ...]], live: dict[str, tuple[int, ...]]) -> None:

@@ -58,6 +58,7 @@ class SessionConfig(BaseModel):
     keep_s3: int = Field(5, ge=1)
     save_final: bool = True
     allow_spec_change: bool = False  # a checkpoint saved under another spec hash is refused unless set
+    allow_global_batch_change: bool = False  # a global batch other than the checkpoint's is refused unless set
     commit_timeout_s: float = 900.0
     # Periodic uploads are background traffic: few connections (and optionally a bandwidth cap)
     # leave the cores, memory bandwidth and NIC to training. Emergency uploads use every connection.
@@ -89,6 +90,7 @@ class SessionConfig(BaseModel):
             "notice_training": _bool(c.ENV_NOTICE_TRAINING),
             "notice_margin_s": _float(c.ENV_NOTICE_MARGIN_S),
             "allow_spec_change": True if os.environ.get(c.ENV_ALLOW_SPEC_CHANGE) == "1" else None,
+            "allow_global_batch_change": True if os.environ.get(c.ENV_ALLOW_GLOBAL_BATCH_CHANGE) == "1" else None,
         }
         values.update({k: v for k, v in env.items() if v is not None})
         if os.environ.get(ENV_HEALTH):

@@ -10,11 +10,13 @@ from pathlib import Path
 from agent.checkpoint.manifest import (
     LATEST,
     MANIFEST,
+    MAX_MANIFEST_BYTES,
     Manifest,
     RankPart,
     parse_step,
     part_name,
     read_manifest,
+    same_step,
     step_name,
     verify,
 )
@@ -81,9 +83,13 @@ class LocalTier:
     def manifest(self, step: int) -> Manifest:
         path = self.step_dir(step) / MANIFEST
         try:
-            return read_manifest(path.read_text(), str(path))
+            with path.open("rb") as fh:  # bounded: a hostile file must not fill memory
+                manifest = read_manifest(fh.read(MAX_MANIFEST_BYTES + 1), str(path))
         except FileNotFoundError as exc:
             raise CorruptCheckpointError(f"{step_name(step)}: no manifest") from exc
+        except OSError as exc:  # a folder named manifest.json, no permission
+            raise CorruptCheckpointError(f"{path}: unreadable manifest ({exc.strerror or exc})") from exc
+        return same_step(manifest, step, str(path))
 
     def verified(self, step: int) -> Manifest:
         manifest = self.manifest(step)

@@ -3,7 +3,8 @@
 A step is a candidate once its manifest exists (in the local tier or in S3). The local copy is
 verified first (sizes and sha256); if it is missing, partial or corrupt, the S3 copy is
 downloaded into a staging folder, verified, then moved into place. A candidate that fails is
-logged with the reason and the previous one is tried.
+logged with the reason and the previous one is tried; a manifest of a newer format than this
+version reads is not a failure of that candidate but of this version: it is raised, never passed over.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from agent.checkpoint.local_tier import LocalTier
 from agent.checkpoint.manifest import Manifest, step_name, verify
 from agent.checkpoint.s3_tier import S3Tier
-from spotrelay.errors import CorruptCheckpointError
+from spotrelay.errors import CheckpointFormatError, CorruptCheckpointError
 
 log = logging.getLogger("spotrelay.checkpoint")
 
@@ -98,26 +99,41 @@ def agree_on_step(
     local: LocalTier,
     s3: S3Tier | None,
     before: int | None,
-    share: Callable[[int | None], int | None],
+    share: Callable[[int | str | None], int | str | None],
     every: Callable[[bool], bool],
 ) -> int | None:
     """The newest checkpoint every node can use. The proposer (rank 0) picks its newest valid one,
     ``share`` hands it to every rank, each node that must fetch it (``fetch_here``) does and verifies
     it, and ``every`` (all ranks' flags) passes over a step any node could not use for the one
     before it. The proposer verifies only its own copy: a shard that another node then finds
-    corrupt or cannot download used to fail that rank alone (exit 1, a user error)."""
+    corrupt or cannot download used to fail that rank alone (exit 1, a user error). A manifest of a
+    newer format (CheckpointFormatError) is raised on every rank, never passed over: the message is
+    what ``share`` hands out instead of a step."""
     while True:
-        proposal = choose(local, s3, before=before) if proposer else None
-        step = share(proposal.step if proposal else None)
+        proposal: int | str | None = None
+        if proposer:
+            try:
+                chosen = choose(local, s3, before=before)
+                proposal = chosen.step if chosen else None
+            except CheckpointFormatError as exc:
+                proposal = str(exc)
+        step = share(proposal)
+        if isinstance(step, str):
+            raise CheckpointFormatError(step)
         if step is None:
             return None
-        usable = True
+        usable, newer = True, ""
         if fetch_here:
             try:
                 materialize(step, local, s3)
+            except CheckpointFormatError as exc:
+                usable, newer = False, str(exc)
             except CorruptCheckpointError as exc:
                 log.warning("skipping checkpoint, falling back to the previous one: %s", exc)
                 usable = False
         if every(usable):
             return step
+        if not every(not newer):  # only after a failure: one more collective, on every rank alike
+            raise CheckpointFormatError(newer or f"{step_name(step)}: another node read a manifest of a newer "
+                                        "format than this spotrelay reads; upgrade spotrelay")  # fmt: skip
         before = step

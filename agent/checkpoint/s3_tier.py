@@ -24,12 +24,14 @@ from botocore.exceptions import ClientError
 from agent.checkpoint.manifest import (
     LATEST,
     MANIFEST,
+    MAX_MANIFEST_BYTES,
     PARTS_DIR,
     Manifest,
     RankPart,
     parse_step,
     part_name,
     read_manifest,
+    same_step,
     step_name,
 )
 
@@ -178,8 +180,14 @@ class S3Tier:
         return sorted(found, reverse=True)
 
     def manifest(self, step: int) -> Manifest | None:
-        text = self.get_text(f"{step_name(step)}/{MANIFEST}")
-        return read_manifest(text, f"{self.step_uri(step)}/{MANIFEST}") if text is not None else None
+        source = f"{self.step_uri(step)}/{MANIFEST}"
+        try:  # bounded: a hostile object must not fill memory
+            body = self.client.get_object(Bucket=self.bucket, Key=self.key(f"{step_name(step)}/{MANIFEST}"))["Body"]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise
+        return same_step(read_manifest(body.read(MAX_MANIFEST_BYTES + 1), source), step, source)
 
     def wait_parts(self, step: int, world_size: int, timeout: float, have: RankPart | None = None) -> list[RankPart]:
         """Every rank's part of ``step`` (``have``: this rank's own, already known)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from agent.checkpoint.safety import safe_torch_load
+from spotrelay.errors import CorruptCheckpointError
 
 TRAINER_DIR = "trainer"
 
@@ -118,8 +119,15 @@ def save_trainer_state(path: Path, state: dict[str, Any]) -> None:
     torch.save(state, path)
 
 
-def load_trainer_state(path: Path) -> dict[str, Any]:
-    loaded = safe_torch_load(path, map_location="cpu")
-    if not isinstance(loaded, dict):
-        raise TypeError(f"{path}: trainer state is a {type(loaded).__name__}, not a dict")
-    return loaded
+def load_trainer_state(path: Path, stateful: Iterable[str] = ()) -> dict[str, Any]:
+    """Loaded without running code, every field the session reads checked (CorruptCheckpointError
+    naming the file and field); ``stateful``: the names of the session's stateful objects."""
+    from agent.checkpoint.trainer_check import check_trainer_state
+
+    try:
+        loaded = safe_torch_load(path, map_location="cpu")
+    except FileNotFoundError as exc:
+        raise CorruptCheckpointError(f"{path}: the trainer file is missing") from exc
+    except (RuntimeError, EOFError, ValueError) as exc:  # torch's "not a zip archive", a truncated file
+        raise CorruptCheckpointError(f"{path}: not a trainer file ({str(exc).splitlines()[0][:100]})") from exc
+    return check_trainer_state(loaded, path, stateful)

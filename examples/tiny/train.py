@@ -4,7 +4,8 @@
 
 The global batch (``--global-batch``, default micro-batch x world) is kept on a resume at another
 world size: it is read back from the checkpoint and each rank accumulates
-``global_batch / (micro_batch x world)`` micro-batches per step (agent.batching).
+``global_batch / (micro_batch x world)`` micro-batches per step (agent.batching). A ``--global-batch``
+other than the checkpoint's is refused unless ``--allow-global-batch-change`` is given.
 
 Reads SPOTRELAY_* from the environment (checkpoint dir/URI, control dir, intervals); flags give
 defaults. ``--out`` gets, per rank, ``<out>.rank<R>.json`` with the losses of the steps this
@@ -223,7 +224,8 @@ def make_loader(args: argparse.Namespace) -> DataLoader[Any]:
     """The tiny dataset (tokens, index) in the global order, this rank's micro-batches of each step."""
     data = torch.randint(0, VOCAB, (args.samples, SEQ + 1), generator=torch.Generator().manual_seed(7))
     dataset = TensorDataset(data, torch.arange(args.samples))
-    plan = plan_batch(args.batch, args.global_batch, checkpoint_dir=args.checkpoint_dir)
+    plan = plan_batch(args.batch, args.global_batch, checkpoint_dir=args.checkpoint_dir,
+                      allow_global_batch_change=getattr(args, "allow_global_batch_change", False) or None)
     return DataLoader(dataset, batch_sampler=GlobalBatchSampler(len(dataset), plan, seed=args.seed))
 
 
@@ -232,6 +234,8 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--batch", type=int, default=4, help="micro-batch per rank")
     p.add_argument("--global-batch", type=int, default=None, help="default: the checkpoint's, else batch x world")
+    p.add_argument("--allow-global-batch-change", action="store_true",
+                   help="resume with a --global-batch other than the checkpoint's (else refused)")
     p.add_argument("--samples", type=int, default=128, help="dataset size")
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--d-model", type=int, default=32, help="model width (another width is another model)")

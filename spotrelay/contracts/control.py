@@ -42,6 +42,8 @@ ENV_CHECKPOINT_EVERY_MINUTES = "SPOTRELAY_CHECKPOINT_EVERY_MINUTES"
 ENV_KEEP_LOCAL = "SPOTRELAY_KEEP_LOCAL"
 ENV_KEEP_S3 = "SPOTRELAY_KEEP_S3"
 ENV_ALLOW_SPEC_CHANGE = "SPOTRELAY_ALLOW_SPEC_CHANGE"  # "1": resume a checkpoint saved under another spec
+# "1": resume with a global batch other than the checkpoint's (a new run definition, logged)
+ENV_ALLOW_GLOBAL_BATCH_CHANGE = "SPOTRELAY_ALLOW_GLOBAL_BATCH_CHANGE"
 ENV_MLFLOW_RUN_ID = "SPOTRELAY_MLFLOW_RUN_ID"
 # Training through a spot notice (agent/notice_window.py): "0" stops at the notice instead; the
 # safety margin kept before the deadline on top of the predicted flush time.

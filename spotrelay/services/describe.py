@@ -126,16 +126,16 @@ def checkpoints(objects: ObjectStore | None, prefix: str) -> list[CheckpointView
         return []
     found = []
     for key in sorted(keys):
-        try:
+        try:  # a listing, not a resume: any format, read field by field; a bad one is skipped, named
             manifest: dict[str, Any] = json.loads(objects.get(key, max_bytes=4_000_000))
+            shards = manifest.get("shards") or []
+            size = sum(int(s.get("size", 0)) for s in shards) if isinstance(shards, list) else None
+            found.append(CheckpointView(step=int(manifest.get("step", -1)), uri=key.rsplit("/", 1)[0] + "/",
+                                        created=manifest.get("created"), bytes=size,
+                                        requested=bool(manifest.get("request_id"))))  # fmt: skip
         except Exception as exc:
             log.warning("unreadable manifest %s: %s", key, exc)
             continue
-        shards = manifest.get("shards") or []
-        size = sum(int(s.get("size", 0)) for s in shards) if isinstance(shards, list) else None
-        found.append(CheckpointView(step=int(manifest.get("step", -1)), uri=key.rsplit("/", 1)[0] + "/",
-                                    created=manifest.get("created"), bytes=size,
-                                    requested=bool(manifest.get("request_id"))))
     return sorted(found, key=lambda c: c.step)
 
 

@@ -29,7 +29,8 @@ def test_rng_round_trip_through_a_file(tmp_path: Path) -> None:
     torch.manual_seed(3)
     np.random.standard_normal()  # leaves a cached gaussian in numpy's state
     path = tmp_path / "rank-0.pt"
-    save_trainer_state(path, {"rng": capture_rng(), "step": 7})
+    save_trainer_state(path, {"rng": capture_rng(), "step": 7, "samples": 0, "epoch": 0, "extra": {},
+                              "handled_requests": []})  # fmt: skip
     expected = _draws()
     random.seed(99)
     np.random.seed(99)
