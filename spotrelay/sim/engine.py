@@ -128,6 +128,7 @@ class Run:
         self.launched: list[SimNode] = []
         self.seg_nodes: list[SimNode] = []
         self._speed: dict[str, float] = {}  # instance type -> job.speed (end_node's billing)
+        self._bills: dict[tuple[str, float, float, int], list[CostEntry]] = {}  # end_node's last node's entries
 
     # --- event loop -----------------------------------------------------------------------------
     def at(self, t: float, fn: Callable[..., None], arg: Any = None) -> None:
@@ -239,16 +240,22 @@ class Run:
         if not sp.spot:
             self.od_gpu_s += gpu_s
         # spot bills the price in effect while the node runs (per second), not its launch price: one
-        # entry per price slot it lived through (a pools CSV's or the synthetic market's slots)
-        t = node.launch_t
+        # entry per price slot it lived through (a pools CSV's or the synthetic market's slots). A gang's
+        # nodes launch and end together: their entries are the same (frozen) objects, made once
         attempt = max(1, node.attempt)
-        while True:
-            until = min(sp.price_until(t), self.now)
-            until = self.now if until <= t else until
-            self.entries.append(cost_entry(attempt, sp.pool, self.bill_price(sp, t), sp.on_demand_price, t, until))
-            if until >= self.now:
-                break
-            t = until
+        key = (sp.key, node.launch_t, self.now, attempt)
+        bills = self._bills.get(key)
+        if bills is None:
+            bills, t = [], node.launch_t
+            while True:
+                until = min(sp.price_until(t), self.now)
+                until = self.now if until <= t else until
+                bills.append(cost_entry(attempt, sp.pool, self.bill_price(sp, t), sp.on_demand_price, t, until))
+                if until >= self.now:
+                    break
+                t = until
+            self._bills = {key: bills}
+        self.entries.extend(bills)
 
     def bill_price(self, sp: SimPool, t: float) -> float:
         """USD per hour a node of ``sp`` pays at ``t`` (the price-limit bound overrides it)."""

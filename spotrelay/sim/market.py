@@ -45,6 +45,7 @@ NOTICE_S = 120.0  # EC2 spot interruption notice
 SCORE_NOISE = 1.5  # standard deviation of a derived placement score, in score points
 SCORE_WINDOW_S = 600.0  # a derived score's noise is redrawn every 10 minutes
 _CACHE_MARGIN_S = 1e-3  # a slot lookup is kept for times this far inside the slot (SlotCapacity.locate)
+_EXACT = 2.0**52  # whole numbers below it add and subtract exactly
 
 
 # (seed, pool key) -> noise per window (NaN: not drawn yet): every job of a seed shares the market, so
@@ -173,8 +174,10 @@ class SlotCapacity:
         self.derived_score = derived_score  # the slots' score is the generator's, not a recorded one
         self.starts = [s.start_s for s in slots]
         self._serial = 0
-        # the last lookup: (lo, hi, cycle, bisect index, next start); any t in [lo, hi) has the same
-        # (the bounds sit _CACHE_MARGIN_S inside the slot: float rounding never moves a cached answer)
+        # the last lookup: (lo, hi, cycle, bisect index, next start); any t in [lo, hi) has the same.
+        # hi sits _CACHE_MARGIN_S inside the slot (t - base may round up to the next start); lo is the
+        # slot's start where that sum is exact (whole seconds: t >= base + start then gives
+        # t - base >= start), else _CACHE_MARGIN_S inside too: rounding never moves a cached answer
         self._last = (1.0, 0.0, 0, 0, 0.0)
 
     def locate(self, t: float) -> tuple[int, int, float]:
@@ -188,7 +191,10 @@ class SlotCapacity:
         base = cycle * self.period
         i = bisect.bisect_right(self.starts, t - base)
         end = base + self.starts[i] if i < len(self.starts) else base + self.period + self.starts[0]
-        lo = base + (self.starts[i - 1] if i > 0 else 0.0) + _CACHE_MARGIN_S
+        start = self.starts[i - 1] if i > 0 else 0.0
+        lo = base + start
+        if not (float(lo).is_integer() and float(start).is_integer() and abs(lo) < _EXACT):  # else rounding may blur it
+            lo += _CACHE_MARGIN_S
         hi = base + (self.starts[i] if i < len(self.starts) else self.period) - _CACHE_MARGIN_S
         if lo <= t < hi:
             self._last = (lo, hi, cycle, i, end)
