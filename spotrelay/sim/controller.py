@@ -41,6 +41,9 @@ from spotrelay.sim.shortlist import Shortlist, SimPoolStats
 from spotrelay.spec.models import JobSpec
 
 _ASL_CACHE: dict[str, Any] = {}
+_GONE = frozenset({"DOOMED", "LOST", "TERMINATED", "EXITED"})  # a node that went away (no ready verdict waits)
+_WORKING = frozenset({"READY", "RUNNING"})  # every node so: the outcome wait has no verdict
+_STATES = {s.value: s for s in NodeState}  # NodeState(value), looked up
 
 
 def _copy(template: Node, update: dict[str, Any]) -> Node:
@@ -149,7 +152,7 @@ class SpotrelayRun(Run):
             if n.record is None or n.record[0] != built_from:
                 n.record = (built_from, _copy(make, {
                     "node_id": f"a{n.attempt}-r{n.rank}", "attempt": self.attempt, "rank": n.rank,
-                    "instance_id": n.instance_id, "pool": n.pool.pool, "state": NodeState(n.state),
+                    "instance_id": n.instance_id, "pool": n.pool.pool, "state": _STATES[n.state],
                     "exit_code": n.exit_code, "reclaim_at": reclaim_at}))
             out.append(n.record[1])
         return out
@@ -161,13 +164,13 @@ class SpotrelayRun(Run):
         """waits.settle: deliver the verdict of the registered wait once the node records give one."""
         if self.waiting is None:
             return
+        states = {n.state for n in self.gang.values()}  # (a boot of each of 32 nodes asks: one pass)
         if self.waiting == "ready":
-            if any(n.state == "PENDING" for n in self.gang.values()) and not any(
-                    n.state in ("DOOMED", "LOST", "TERMINATED", "EXITED") for n in self.gang.values()):
+            if "PENDING" in states and states.isdisjoint(_GONE):
                 return  # still booting and nothing went away: no verdict yet (skip building records)
             verdict = ready_verdict(self._job(), self._records())
         else:
-            if all(n.state in ("READY", "RUNNING") for n in self.gang.values()):
+            if states <= _WORKING:
                 return
             verdict = outcome_verdict(self._job(), self._records())
         if verdict is None:
