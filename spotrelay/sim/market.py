@@ -272,6 +272,14 @@ class SimPool:
         """``price(t)`` holds at least until then (a slot's end; never changes otherwise)."""
         return self.capacity.next_start(t) if isinstance(self.capacity, SlotCapacity) else float("inf")
 
+    def price_span(self, t: float) -> tuple[float, float]:
+        """``(price(t), price_until(t))`` in one slot lookup."""
+        cap = self.capacity
+        if isinstance(cap, SlotCapacity):
+            _, i, end = cap.locate(t)
+            return cap.slots[max(0, i - 1)].spot_price, end
+        return (self.on_demand_price if self.spot_price is None else self.spot_price), float("inf")
+
     def placement_score(self, t: float, count: int = 0, held: int = 0, seed: int = 0,
                         derive: bool = True) -> float | None:
         """The recorded score (a pools CSV's), else with ``derive`` one sized for ``count`` nodes

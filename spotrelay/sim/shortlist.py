@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 BEST_SCORE = 10.0  # the highest spot placement score: the lowest capacity risk
 _MARGIN_S = 1e-3  # a price is looked at again this long before its slot ends (float rounding)
 _LOWER = 1.0 - 1e-9  # a bound computed from the affine form is lowered this much (float rounding)
+_RESORT = 4  # a refresh of more pools than this sorts the walk order once instead of one bisect per pool
 
 
 @dataclass(slots=True)
@@ -85,13 +86,15 @@ class Shortlist:
         default_factory=dict)
 
 
-def _bound(run: SpotrelayRun, key: str, stats: PoolStats | None) -> None:
-    """(Re)compute one pool's bound if its price or record changed, and keep the order sorted."""
-    memo, now, spec = run.shortlist, run.now, run.spec
+def _bound(run: SpotrelayRun, key: str, stats: PoolStats | None, order: bool = True) -> None:
+    """(Re)compute one pool's bound if its price or record changed, and keep the order sorted (``order``;
+    else the caller sorts it once)."""
+    memo, spec = run.shortlist, run.spec
     sp = run.market.by_key[key]
-    price = round(sp.price(now), 4)
-    until = sp.price_until(now) - _MARGIN_S
-    memo.until = min(memo.until, until)
+    price, until = sp.price_span(run.now)
+    price, until = round(price, 4), until - _MARGIN_S
+    if until < memo.until:
+        memo.until = until
     old = memo.bounds.get(key)
     if old is not None and old.stats is stats and old.price == price:
         old.until = until
@@ -109,6 +112,8 @@ def _bound(run: SpotrelayRun, key: str, stats: PoolStats | None) -> None:
     # lowered by a relative 1e-9 against float rounding: a lower bound only makes the walk look further
     lows = [(n, (fixed + per_usd * price) * _LOWER) for n, fixed, per_usd in unit[1]]
     new = memo.bounds[key] = Bound(price, stats, lows, min(s for _, s in lows), until)
+    if not order:
+        return
     if old is not None:
         del memo.order[bisect.bisect_left(memo.order, (old.low, key))]
     bisect.insort(memo.order, (new.low, key))
@@ -121,8 +126,11 @@ def _refresh(run: SpotrelayRun, stats: Mapping[str, PoolStats]) -> Shortlist:
     if now >= memo.until:  # the pools whose price may have moved (on-demand and trace prices never do)
         keys = [sp.key for sp in run.market.pools if sp.key in store.changed or sp.key not in memo.bounds
                 or now >= memo.bounds[sp.key].until]
+    many = len(keys) > _RESORT  # (a new slot of a synthetic market moves every spot pool's price)
     for key in keys:
-        _bound(run, key, stats.get(key))
+        _bound(run, key, stats.get(key), not many)
+    if many:  # the same list as one bisect per pool would leave: (bound, key) pairs are unique
+        memo.order = sorted((b.low, k) for k, b in memo.bounds.items())
     if now >= memo.until:
         memo.until = min(b.until for b in memo.bounds.values())
     store.changed = set()
