@@ -44,18 +44,25 @@ _ASL_CACHE: dict[str, Any] = {}
 _GONE = frozenset({"DOOMED", "LOST", "TERMINATED", "EXITED"})  # a node that went away (no ready verdict waits)
 _WORKING = frozenset({"READY", "RUNNING"})  # every node so: the outcome wait has no verdict
 _STATES = {s.value: s for s in NodeState}  # NodeState(value), looked up
+_RECORD_FIELDS = frozenset({"node_id", "attempt", "rank", "instance_id", "pool", "state", "exit_code", "reclaim_at"})
 
 
-def _copy(template: Node, update: dict[str, Any]) -> Node:
+_new_node = Node.__new__
+_set = object.__setattr__
+
+
+def _copy(template: Node, update: dict[str, Any], fields: set[str] | None = None) -> Node:
     """``template.model_copy(update=update)`` for a record without extra or private attributes (a Node),
-    minus pydantic's generic copy: the records of a stormy run's gangs are rebuilt ~70 times a recovery."""
-    node = Node.__new__(Node)
+    minus pydantic's generic copy: the records of a stormy run's gangs are rebuilt ~70 times a recovery.
+    ``fields``: the template's set fields and the update's keys, when the caller has them already."""
+    node = _new_node(Node)
     values = template.__dict__.copy()
     values.update(update)
-    object.__setattr__(node, "__dict__", values)
-    object.__setattr__(node, "__pydantic_fields_set__", template.__pydantic_fields_set__ | update.keys())
-    object.__setattr__(node, "__pydantic_extra__", None)
-    object.__setattr__(node, "__pydantic_private__", None)
+    _set(node, "__dict__", values)
+    _set(node, "__pydantic_fields_set__", set(fields) if fields is not None
+         else template.__pydantic_fields_set__ | update.keys())
+    _set(node, "__pydantic_extra__", None)
+    _set(node, "__pydantic_private__", None)
     return node
 
 
@@ -143,6 +150,7 @@ class SpotrelayRun(Run):
             self._node_template = Node(job_id="sim", node_id="a0-r0", attempt=0, rank=0, instance_id="i-0",
                                        pool=self.market.pools[0].pool, state=NodeState.PENDING)
         make = self._node_template
+        fields = make.__pydantic_fields_set__ | _RECORD_FIELDS
         out = []
         for n in sorted(self.gang.values(), key=lambda n: n.rank):
             # a node's record is built again only when a field of it changed (the services only read records)
@@ -153,7 +161,7 @@ class SpotrelayRun(Run):
                 n.record = (built_from, _copy(make, {
                     "node_id": f"a{n.attempt}-r{n.rank}", "attempt": self.attempt, "rank": n.rank,
                     "instance_id": n.instance_id, "pool": n.pool.pool, "state": _STATES[n.state],
-                    "exit_code": n.exit_code, "reclaim_at": reclaim_at}))
+                    "exit_code": n.exit_code, "reclaim_at": reclaim_at}, fields))
             out.append(n.record[1])
         return out
 
