@@ -13,7 +13,10 @@ first. A pool that is not cooling down gets its exact quote, and its exact score
 better_placement never picks those) lower the best seen. The walk
 stops at the first pool whose bound is above the best exact score seen: it, and every pool after it,
 ranks behind that candidate (a bound equal to the best is still visited: it could win a tie on size
-or key). better_placement then runs, unchanged, on the shortlist plus the current pool's quote; the
+or key). The best starts at the current placement's own score (``better_placement`` moves only to
+a candidate that scores lower, and its ``_observed`` only raises a candidate's score): when no
+candidate beats it, every quote and the shortlist both answer stay. better_placement then runs,
+unchanged, on the shortlist plus the current pool's quote; the
 ranking's order does not depend on the order of the quotes. Bounds and their order are kept while
 each pool's price (until its slot ends) and stats record (the same object: records are replaced,
 never changed) stay; a new price (every slot of a synthetic market) costs no scoring: ``score_pool`` is
@@ -145,9 +148,11 @@ def review_quotes(run: SpotrelayRun, here: PoolQuote, world: int, stats: Mapping
     res = spec.resources
     count = res.nodes + res.spares
     memo = _refresh(run, stats)
-    best = float("inf")
-    out = [here]
     here_key = here.pool.key
+    # better_placement stays unless its best candidate scores below the current placement (its
+    # _observed only raises a score): the walk need not look past that either
+    best = score_pool(spec, here, stats.get(here_key), config, nodes=world).score
+    out = [here]
     for low, key in memo.order:
         if low > best:
             break
