@@ -106,7 +106,7 @@ class SpotrelayRun(Run):
         self.shortlist = Shortlist()  # sim/shortlist.py's per-pool score bounds for reviews
         self.stay_answer: tuple[int, dict[str, Any]] = (-1, {})  # moves._stay's, per attempt
         self.last_review: tuple[Any, ...] | None = None  # shortlist.same_review's inputs and answer
-        self.stint_memo: tuple[int, Attempt | None, float | None] | None = None  # moves._stints'
+        self.stint_memo: tuple[int, float | None] | None = None  # moves._stints': (attempts seen, answer)
         if asl is None:
             asl = _ASL_CACHE.get("job_run") or _ASL_CACHE.setdefault("job_run", load_asl())
         self.walker = Walker(asl, {

@@ -40,16 +40,19 @@ def _spot_hours(run: SpotrelayRun) -> float | None:
 
 
 def _stints(run: SpotrelayRun) -> float | None:
-    """spot_stint_hours over the run's attempts, computed again only when they changed: it walks them all
-    (a job that never went back to on-demand has no stint to stop at; it was a fifth of a stormy
-    review's CPU). Attempts are only appended, and only the last one is replaced (when it ends): the
-    count and the last object say whether anything it reads changed."""
+    """spot_stint_hours over the run's attempts, computed again only when an attempt that could close a
+    stint was added: it walks them all (a stormy job has hundreds), and by its definition a stint counts
+    once an on-demand attempt follows it, so attempts on spot added after the last computation change
+    nothing (attempts are only appended; only the last one is replaced, when it ends, with the same pool
+    and start). Tests compare it with the full computation on every review (VERIFY_SHORTLIST)."""
     attempts = run.attempts
-    last = attempts[-1] if attempts else None
     memo = run.stint_memo
-    if memo is None or memo[0] != len(attempts) or memo[1] is not last:
-        memo = run.stint_memo = (len(attempts), last, spot_stint_hours(attempts))
-    return memo[2]
+    if memo is None or any(a.pool is None or a.pool.market != "spot" for a in attempts[memo[0]:]):
+        memo = (len(attempts), spot_stint_hours(attempts))
+    elif memo[0] != len(attempts):
+        memo = (len(attempts), memo[1])
+    run.stint_memo = memo
+    return memo[1]
 
 
 def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
