@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from agent.config import AgentConfig
+from agent.deferred_imports import ENV_DEFER, defer
 from spotrelay.contracts import control
 from spotrelay.contracts.agent import JobView
 from spotrelay.contracts.exit_codes import ExitCode
@@ -272,6 +273,8 @@ def worker_main(argv: list[str]) -> None:
     script, *args = argv[len(local_rank) :]
     sys.argv = [script, *local_rank, *args]
     sys.path.insert(0, str(Path(script).resolve().parent))  # as `python script.py` does
+    if os.environ.get(ENV_DEFER) != "0":
+        defer()  # packages `import deepspeed` probes for and the script may never use (agent.deferred_imports)
     code, error = 1, ""
     try:
         runpy.run_path(script, run_name="__main__")
