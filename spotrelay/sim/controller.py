@@ -17,6 +17,7 @@ by the shipped decisions through in-memory state.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from spotrelay.contracts.exit_codes import ExitCode
@@ -44,6 +45,7 @@ _ASL_CACHE: dict[str, Any] = {}
 _GONE = frozenset({"DOOMED", "LOST", "TERMINATED", "EXITED"})  # a node that went away (no ready verdict waits)
 _WORKING = frozenset({"READY", "RUNNING"})  # every node so: the outcome wait has no verdict
 _STATES = {s.value: s for s in NodeState}  # NodeState(value), looked up
+_RANK = operator.attrgetter("rank")
 _RECORD_FIELDS = frozenset({"node_id", "attempt", "rank", "instance_id", "pool", "state", "exit_code", "reclaim_at"})
 
 
@@ -151,18 +153,20 @@ class SpotrelayRun(Run):
                                        pool=self.market.pools[0].pool, state=NodeState.PENDING)
         make = self._node_template
         fields = make.__pydantic_fields_set__ | _RECORD_FIELDS
+        noticed_ids, voluntary, attempt = self.noticed, self.voluntary, self.attempt
         out = []
-        for n in sorted(self.gang.values(), key=lambda n: n.rank):
+        for n in sorted(self.gang.values(), key=_RANK):
             # a node's record is built again only when a field of it changed (the services only read records)
-            noticed = n.state == "DOOMED" or n.instance_id in self.noticed  # reclaim_at stays after the exit
-            reclaim_at = self.voluntary.get(n.instance_id, n.removal_t) if noticed else None
-            built_from = (n.attempt, self.attempt, n.rank, n.state, n.exit_code, reclaim_at)
-            if n.record is None or n.record[0] != built_from:
-                n.record = (built_from, _copy(make, {
-                    "node_id": f"a{n.attempt}-r{n.rank}", "attempt": self.attempt, "rank": n.rank,
+            noticed = n.state == "DOOMED" or n.instance_id in noticed_ids  # reclaim_at stays after the exit
+            reclaim_at = voluntary.get(n.instance_id, n.removal_t) if noticed else None
+            built_from = (n.attempt, attempt, n.rank, n.state, n.exit_code, reclaim_at)
+            record = n.record
+            if record is None or record[0] != built_from:
+                record = n.record = (built_from, _copy(make, {
+                    "node_id": f"a{n.attempt}-r{n.rank}", "attempt": attempt, "rank": n.rank,
                     "instance_id": n.instance_id, "pool": n.pool.pool, "state": _STATES[n.state],
                     "exit_code": n.exit_code, "reclaim_at": reclaim_at}, fields))
-            out.append(n.record[1])
+            out.append(record[1])
         return out
 
     def _job(self) -> Job:
