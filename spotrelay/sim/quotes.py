@@ -61,13 +61,17 @@ class QuoteBook:
 
 class LazyQuotes(Sequence[PoolQuote]):
     """``Market.quotes(t, count, held)`` as a sequence whose quotes are made as they are read: recover's
-    ``quotes_for`` asks for every pool's but reads until it finds the survivors' pool."""
+    ``quotes_for`` asks for every pool's but reads until it finds the survivors' pool. The pools the job
+    holds nodes in come first (a port's answer has no order; quotes of the others were made, each with
+    a noise draw, only to be passed over)."""
 
     def __init__(self, market: Market, t: float, count: int, held: dict[str, int]) -> None:
         self.market, self.t, self.size, self.held = market, t, count, held
+        pools = market.pools
+        self.pools = [p for p in pools if held.get(p.key)] + [p for p in pools if not held.get(p.key)]
 
     def __len__(self) -> int:
-        return len(self.market.pools)
+        return len(self.pools)
 
     @overload
     def __getitem__(self, i: int) -> PoolQuote: ...
@@ -77,11 +81,11 @@ class LazyQuotes(Sequence[PoolQuote]):
 
     def __getitem__(self, i: int | slice) -> PoolQuote | list[PoolQuote]:
         if isinstance(i, slice):
-            return [self._one(p) for p in self.market.pools[i]]
-        return self._one(self.market.pools[i])
+            return [self._one(p) for p in self.pools[i]]
+        return self._one(self.pools[i])
 
     def __iter__(self) -> Iterator[PoolQuote]:
-        return (self._one(p) for p in self.market.pools)
+        return (self._one(p) for p in self.pools)
 
     def _one(self, p: SimPool) -> PoolQuote:
         return self.market.quote(p, self.t, self.size, self.held.get(p.key, 0))
