@@ -13,10 +13,11 @@ uses the notice: a reclaimed node takes the work since the last periodic checkpo
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from spotrelay.placement import catalog
-from spotrelay.sim.engine import Run, SimNode, per_throughput
+from spotrelay.sim.engine import INF, Run, SimNode
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.market import Market, SimPool
 
@@ -26,6 +27,12 @@ BASELINES = ("on-demand", "price-limit", "skypilot-like", "sagemaker-like")
 def _throughput(sp: SimPool) -> float:
     info = catalog.instance(sp.pool.instance_type)
     return info.throughput if info else 1.0
+
+
+def per_throughput(sp: SimPool, t: float) -> float:
+    """USD per hour per unit of training speed: how baselines rank pools (cheapest first)."""
+    info = catalog.instance(sp.pool.instance_type)
+    return sp.price(t) / (info.throughput if info else 1.0) if not math.isnan(sp.price(t)) else INF
 
 
 class BaselineRun(Run):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -391,10 +390,3 @@ class Run:
         self.metrics.finished = True
         self.note("", "finished")
 
-
-def per_throughput(sp: SimPool, t: float) -> float:
-    """USD per hour per unit of training speed: how baselines rank pools (cheapest first)."""
-    from spotrelay.placement import catalog
-
-    info = catalog.instance(sp.pool.instance_type)
-    return sp.price(t) / (info.throughput if info else 1.0) if not math.isnan(sp.price(t)) else INF
