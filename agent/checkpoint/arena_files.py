@@ -75,6 +75,24 @@ def _read_raw(path: Path, total: int, lazy: bool) -> bytearray | mmap.mmap:
         return raw
 
 
+def _check_spec(spec: dict[str, Any], index: int, path: Path) -> torch.dtype:
+    """One tensor record of a skeleton: its bytes lie in the raw file and make its shape."""
+    dtype = getattr(torch, str(spec.get("dtype")), None)
+    if not isinstance(dtype, torch.dtype):
+        raise CorruptCheckpointError(f"{path}: unknown dtype {spec.get('dtype')!r}")
+    offset, nbytes, shape = spec.get("offset"), spec.get("nbytes"), spec.get("shape")
+    ints = [offset, nbytes, *(shape if isinstance(shape, list) else [None])]
+    if not all(type(n) is int and 0 <= n < 1 << 62 for n in ints):
+        raise CorruptCheckpointError(f"{path}: field tensors.{index} (offset, nbytes, shape) is not made of sizes")
+    assert isinstance(shape, list) and isinstance(nbytes, int)
+    numel = 1
+    for n in shape:
+        numel *= n
+    if numel * torch.empty((), dtype=dtype).element_size() != nbytes:
+        raise CorruptCheckpointError(f"{path}: field tensors.{index}: {nbytes} bytes do not make shape {shape}")
+    return dtype
+
+
 def load(path: Path | str, map_location: Any = None, lazy: bool = False) -> Any:
     """A file written as skeleton + tensors (or a plain torch file), tensors rebuilt on the CPU.
     ``lazy``: the tensors are views of the memory-mapped file, read only where they are used (a
@@ -83,17 +101,17 @@ def load(path: Path | str, map_location: Any = None, lazy: bool = False) -> Any:
     loaded = safe_torch_load(path, map_location="cpu")
     if not (isinstance(loaded, dict) and loaded.get("format") == FORMAT):
         return loaded
-    specs: list[dict[str, Any]] = loaded["tensors"]
-    total = sum(int(s["nbytes"]) for s in specs)
+    specs = loaded.get("tensors")
+    if not isinstance(specs, list) or not all(isinstance(spec, dict) for spec in specs):
+        raise CorruptCheckpointError(f"{path}: field tensors is not a list of tensor records")
+    dtypes = [_check_spec(spec, i, path) for i, spec in enumerate(specs)]
+    total = max((int(s["offset"]) + int(s["nbytes"]) for s in specs), default=0)
     raw = _read_raw(path, total, lazy)
     tensors = []
-    for spec in specs:
-        dtype = getattr(torch, str(spec["dtype"]), None)
-        if not isinstance(dtype, torch.dtype):
-            raise CorruptCheckpointError(f"{path}: unknown dtype {spec['dtype']!r}")
+    for spec, dtype in zip(specs, dtypes, strict=True):
         count = int(spec["nbytes"]) // torch.empty((), dtype=dtype).element_size()
-        flat = torch.frombuffer(raw, dtype=dtype, count=count, offset=int(spec["offset"]))
-        tensors.append(flat.reshape(spec["shape"]))
+        flat = torch.frombuffer(raw, dtype=dtype, count=count, offset=int(spec["offset"])) if count else None
+        tensors.append(flat.reshape(spec["shape"]) if flat is not None else torch.empty(spec["shape"], dtype=dtype))
     device = map_location if isinstance(map_location, str | torch.device) and str(map_location) != "cpu" else None
 
     def is_mark(obj: Any) -> bool:
@@ -102,7 +120,9 @@ def load(path: Path | str, map_location: Any = None, lazy: bool = False) -> Any:
     def leaf(obj: Any) -> Any:
         if not is_mark(obj):
             return obj
-        found = tensors[int(obj[MARK])]
+        if not (type(obj[MARK]) is int and 0 <= obj[MARK] < len(tensors)):
+            raise CorruptCheckpointError(f"{path}: a tensor reference {str(obj[MARK])[:20]} outside its {len(tensors)}")
+        found = tensors[obj[MARK]]
         return found.to(device) if device is not None else found
 
     return map_tree(loaded["tree"], leaf, stop=is_mark)

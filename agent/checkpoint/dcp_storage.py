@@ -155,6 +155,20 @@ def saved_layout(path: Path) -> tuple[dict[str, tuple[int, ...]], set[str]]:
     return shapes, {key for key in metadata.state_dict_metadata if key.startswith("optim.")}
 
 
+def _check_metadata(metadata: Any, source: Path) -> None:
+    """Only allow-listed classes got this far; their fields may still be anything a pickle holds."""
+    if not isinstance(metadata, Metadata):
+        raise CorruptCheckpointError(f"{source}: holds a {type(metadata).__name__}, not DCP metadata")
+    if not isinstance(metadata.state_dict_metadata, dict) or not isinstance(metadata.storage_data, dict | None):
+        raise CorruptCheckpointError(f"{source}: field state_dict_metadata or storage_data is not a dict")
+    for key, meta in metadata.state_dict_metadata.items():
+        size = getattr(meta, "size", None)
+        if isinstance(meta, TensorStorageMetadata) and not (
+            isinstance(size, tuple) and all(type(n) is int and n >= 0 for n in size)
+        ):
+            raise CorruptCheckpointError(f"{source}: field {key}.size is {str(size)[:40]}, not a tensor shape")
+
+
 class RawStorageReader(StorageReader):
     def __init__(self, path: Path) -> None:
         super().__init__()
@@ -168,11 +182,15 @@ class RawStorageReader(StorageReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         source = self.path / METADATA
         check_file(source)  # DCP's metadata is a plain pickle: every global it names is allow-listed
-        with open(source, "rb") as fh:
-            metadata = cast(Metadata, pickle.load(fh))
+        try:
+            with open(source, "rb") as fh:
+                metadata = pickle.load(fh)
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as exc:
+            raise CorruptCheckpointError(f"{source}: not DCP metadata ({type(exc).__name__}: {exc})") from exc
+        _check_metadata(metadata, source)
         if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
-        return metadata
+        return cast(Metadata, metadata)
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         if metadata.storage_data is None:

@@ -8,6 +8,8 @@ resume older work, silently); a corrupt manifest is skipped for the previous ste
 from __future__ import annotations
 
 import json
+import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import pytest
 import torch
 
 from agent.batching import plan_batch
+from agent.checkpoint import arena_files
 from agent.checkpoint.local_tier import LocalTier
 from agent.checkpoint.manifest import MANIFEST, sha256_file, step_name
 from agent.checkpoint.restore import agree_on_step, choose
@@ -151,19 +154,24 @@ def test_a_manifest_that_is_not_json_or_too_large_is_corrupt(ckpt: Path) -> None
         LocalTier(ckpt).manifest(2)
 
 
-def _rewrite_trainer_file(ckpt: Path, step: int, state: Any) -> Path:
-    """Replace rank 0's trainer file and record its new size and sha256 in the manifest (a hostile
-    writer can do both), so only the loader's own checks stand in the way."""
-    path = trainer_file(ckpt / step_name(step), 0)
-    torch.save(state, path) if not isinstance(state, dict) else save_trainer_state(path, state)
+def _rehash(ckpt: Path, step: int, rel: str) -> Path:
+    """Record a rewritten shard's size and sha256 in the manifest (a hostile writer can do both), so
+    only the loader's own checks stand in the way."""
+    path = ckpt / step_name(step) / rel
     manifest_path = ckpt / step_name(step) / MANIFEST
     manifest = json.loads(manifest_path.read_text())
     size, digest = sha256_file(path)
     for shard in manifest["shards"]:
-        if shard["path"] == "trainer/rank-0.pt":
+        if shard["path"] == rel:
             shard.update(size=size, sha256=digest)
     manifest_path.write_text(json.dumps(manifest))
     return path
+
+
+def _rewrite_trainer_file(ckpt: Path, step: int, state: Any) -> Path:
+    path = trainer_file(ckpt / step_name(step), 0)
+    torch.save(state, path) if not isinstance(state, dict) else save_trainer_state(path, state)
+    return _rehash(ckpt, step, "trainer/rank-0.pt")
 
 
 def _resume(ckpt: Path) -> Any:
@@ -236,3 +244,35 @@ def test_describe_lists_a_newer_format_and_skips_a_hostile_manifest(caplog: pyte
     }), "checkpoints/j/")  # fmt: skip
     assert [(c.step, c.bytes) for c in found] == [(1, 5), (2, 7)]
     assert f"unreadable manifest {key(3)}" in caplog.text and f"unreadable manifest {key(4)}" in caplog.text
+
+
+def test_dcp_metadata_of_another_shape_is_corrupt_naming_the_file(ckpt: Path) -> None:
+    """Only allow-listed classes unpickle from ``.metadata``; a plain dict there used to end in an
+    AttributeError traceback inside DCP."""
+    (ckpt / step_name(2) / "model" / ".metadata").write_bytes(pickle.dumps({"state_dict_metadata": {}}))
+    path = _rehash(ckpt, 2, "model/.metadata")
+    with pytest.raises(CorruptCheckpointError, match=f"{path}: holds a dict, not DCP metadata"):
+        _resume(ckpt)
+
+
+SKELETONS = {
+    "negative offset": ({"offset": -1, "nbytes": 8, "dtype": "float32", "shape": [2]}, "field tensors.0 (offset"),
+    "bytes and shape disagree": ({"offset": 0, "nbytes": 8, "dtype": "float32", "shape": [3]},
+                                 "field tensors.0: 8 bytes do not make shape [3]"),
+    "unknown dtype": ({"offset": 0, "nbytes": 8, "dtype": "os.system", "shape": [2]}, "unknown dtype 'os.system'"),
+    "reference out of range": ({"offset": 0, "nbytes": 8, "dtype": "float32", "shape": [2]},
+                               "a tensor reference 5 outside its 1"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(SKELETONS))
+def test_a_skeleton_whose_tensor_records_do_not_fit_is_corrupt(tmp_path: Path, case: str) -> None:
+    """DeepSpeed's files are skeletons (weights_only) plus raw bytes; a record that does not fit the
+    raw file used to end in a ValueError or IndexError from torch."""
+    spec, expected = SKELETONS[case]
+    path = tmp_path / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    ref = 5 if case == "reference out of range" else 0
+    torch.save({"format": arena_files.FORMAT, "tree": {"w": {arena_files.MARK: ref}}, "tensors": [spec]}, path)
+    arena_files.sidecar(path).write_bytes(b"\0" * 8)
+    with pytest.raises(CorruptCheckpointError, match=re.escape(f"{path}: {expected}")):
+        arena_files.load(path, lazy=case == "bytes and shape disagree")
