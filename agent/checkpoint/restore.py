@@ -134,6 +134,7 @@ def agree_on_step(
         if every(usable):
             return step
         if not every(not newer):  # only after a failure: one more collective, on every rank alike
-            raise CheckpointFormatError(newer or f"{step_name(step)}: another node read a manifest of a newer "
-                                        "format than this spotrelay reads; upgrade spotrelay")  # fmt: skip
+            where = f"{s3.step_uri(step)}/manifest.json" if s3 is not None else step_name(step)
+            raise CheckpointFormatError(newer or f"{where}: another node read this manifest in a newer format than "
+                                        "this spotrelay reads; upgrade spotrelay to resume it")  # fmt: skip
         before = step

@@ -18,6 +18,7 @@ from agent.checkpoint.restore import agree_on_step, choose
 from agent.checkpoint.s3_tier import MiB, S3Tier
 from spotrelay.adapters import aws as aws_clients
 from spotrelay.contracts.control import read_events
+from spotrelay.errors import CheckpointFormatError
 
 
 class FaultyClient:
@@ -115,10 +116,10 @@ class TwoRanks:
 
     def __init__(self) -> None:
         self.barrier = threading.Barrier(2, timeout=300)  # only catches a hang
-        self.shared: list[int | None] = [None]
+        self.shared: list[int | str | None] = [None]  # a step, or a refusal's message
         self.flags: dict[int, bool] = {}
 
-    def share(self, rank: int, step: int | None) -> int | None:
+    def share(self, rank: int, step: int | str | None) -> int | str | None:
         if rank == 0:
             self.shared[0] = step
         self.barrier.wait()
@@ -154,6 +155,42 @@ def test_a_step_another_node_cannot_use_moves_every_rank_back(s3_setup: Any, tmp
     other.join(300)
     assert chosen == {0: 2, 1: 2}
     assert (tmp_path / "node-b" / "step-00000002" / "manifest.json").is_file()
+
+
+def test_a_newer_manifest_format_in_s3_stops_every_rank_instead_of_falling_back(
+    s3_setup: Any, tmp_path: Path
+) -> None:
+    """Rank 0 chooses step 4 from its own (format 2) copy; the other node fetches it from S3, where
+    the manifest is of a newer format: both ranks raise it, neither falls back to step 2."""
+    from agent.spare import SpareCache
+
+    pipeline, local, s3, _ = s3_setup
+    for step in (2, 4):
+        assert _save(pipeline, local, step, numel=1024).error is None
+    key = s3.key("step-00000004/manifest.json")
+    text = s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read().decode()
+    s3.client.put_object(Bucket=s3.bucket, Key=key, Body=text.replace('"format": 2', '"format": 3').encode())
+    group, raised = TwoRanks(), {}
+
+    def rank(r: int, node: LocalTier) -> None:
+        try:
+            agree_on_step(r == 0, r != 0, node, s3, None, lambda step: group.share(r, step),
+                          lambda ok: group.every(r, ok))  # fmt: skip
+        except CheckpointFormatError as exc:
+            raised[r] = str(exc)
+
+    other = threading.Thread(target=rank, args=(1, LocalTier(tmp_path / "node-b")))
+    other.start()
+    rank(0, local)
+    other.join(300)
+    manifest = f"{s3.uri}/step-00000004/manifest.json"
+    assert raised[1].startswith(f"{manifest}: manifest format 3, newer than this spotrelay reads (formats 1, 2)")
+    assert raised[0] == f"{manifest}: another node read this manifest in a newer format than this spotrelay reads; " \
+                        "upgrade spotrelay to resume it"
+    assert not (tmp_path / "node-b" / "step-00000002").exists()  # no fallback download
+    with pytest.raises(CheckpointFormatError):  # a fresh node choosing from S3 alone
+        choose(LocalTier(tmp_path / "node-c"), s3)
+    assert SpareCache(tmp_path / "spare", s3.uri).refresh() is None  # a spare does not mirror it
 
 
 def test_s3_retention_prunes_beyond_keep(s3_setup: Any) -> None:
