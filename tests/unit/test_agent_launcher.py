@@ -170,3 +170,15 @@ def test_process_kill_tree_and_stale_records(tmp_path: Path) -> None:
         if time.time() > give_up:
             pytest.fail("the launcher's child survived")
         time.sleep(0.05)
+
+
+def test_the_rank_wrapper_imports_none_of_the_agents_models() -> None:
+    """`python -m agent.launcher` runs before every rank's script: the agent side's models (its
+    config, the job spec with its YAML loader) stay out of it (CPU on every restart's path)."""
+    probe = "import sys, agent.launcher; print(sorted(m for m in AGENT_SIDE if m in sys.modules))"
+    agent_side = ["agent.config", "spotrelay.spec.models", "spotrelay.contracts.agent", "yaml"]
+    out = subprocess.run(
+        [sys.executable, "-c", f"AGENT_SIDE = {agent_side!r}\n{probe}"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert out.strip() == "[]"
