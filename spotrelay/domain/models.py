@@ -55,6 +55,9 @@ class Attempt(Record):
     ended_at: float | None = None
     end_reason: str | None = None  # interrupted | node-lost | user-error | succeeded | cancelled
     resumed_from_step: int | None = None
+    resumed_at: float | None = None  # when its trainers restored resumed_from_step (TrainingResumed's time)
+    saved_step: int | None = None  # the newest checkpoint its ranks committed (CheckpointCommitted)
+    saved_at: float | None = None  # when that commit happened (with resumed_at: the job's measured step rate)
     cost: float = 0.0
     price_per_hour: float = 0.0  # USD per instance-hour at launch (the cost ledger's price)
     nodes: int = 0  # instances billed for this attempt (hot spares included)

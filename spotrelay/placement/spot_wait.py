@@ -1,7 +1,8 @@
 """Bounded wait for spot (``recovery.spot_wait_minutes``): rather than launch a new gang on
 on-demand, or on a spot pool that does much less work per dollar than the best spot pool the spec
 allows, Plan waits (unbilled) and asks again, until the job has been without a training gang for
-``spot_wait_minutes``; then it launches the best candidate as before.
+``spot_wait_minutes``; then it launches the best candidate as before. Unset, the wait is
+``EVIDENCE_WAIT_MINUTES`` while the job's own spot attempts paid (``placement/spot_evidence.py``).
 
 Price per unit of work = price per node-hour / catalog throughput (``PlacementConfig.throughput``
 overrides). The best spot pool is taken ignoring whether it can hold the gang now: that is exactly
@@ -15,12 +16,15 @@ import math
 from spotrelay.domain.models import Job
 from spotrelay.placement import catalog
 from spotrelay.placement.policy import DEFAULT_CONFIG, PlacementConfig
+from spotrelay.placement.spot_evidence import spot_did_not_pay
 from spotrelay.ports.market import PoolQuote
 from spotrelay.spec.models import JobSpec
 
 # a spot candidate dearer per unit of work than this many times the best spot pool is "not spot's
 # saving" (under flat prices p4d spot costs 2.8x p5 spot per unit of work; catalog spot p4d ~1.2x)
 SPOT_WAIT_FACTOR = 1.5
+# unset recovery.spot_wait_minutes: how long a job whose spot attempts paid waits for spot before on-demand
+EVIDENCE_WAIT_MINUTES = 120.0
 
 
 def work_price(quote: PoolQuote, config: PlacementConfig = DEFAULT_CONFIG) -> float:
@@ -44,12 +48,27 @@ def saves(quote: PoolQuote, quotes: list[PoolQuote], config: PlacementConfig = D
     return quote.pool.market == "spot" and work_price(quote, config) <= SPOT_WAIT_FACTOR * min(spot)
 
 
-def wait_left_s(spec: JobSpec, job: Job, quotes: list[PoolQuote], now: float) -> float:
+def wait_minutes(spec: JobSpec, job: Job, quotes: list[PoolQuote], now: float,
+                 config: PlacementConfig = DEFAULT_CONFIG) -> float:
+    """The wait the spec states; unset: ``EVIDENCE_WAIT_MINUTES`` unless the job's own settled spot
+    attempts cost more per useful step than on-demand would have (``spot_evidence``): then waiting
+    would only add wall time to a loss."""
+    stated = spec.recovery.spot_wait_minutes
+    if stated is not None:
+        return stated
+    return 0.0 if spot_did_not_pay(job.attempts, quotes, now, config) else EVIDENCE_WAIT_MINUTES
+
+
+def wait_left_s(spec: JobSpec, job: Job, quotes: list[PoolQuote], now: float,
+                config: PlacementConfig = DEFAULT_CONFIG) -> float:
     """Seconds the job may still wait for spot (> 0: Plan offers only pools that ``saves``); 0 when
-    the spec sets no wait, a gang trains, no spot pool is allowed, or the job waited long enough."""
-    limit_s = spec.recovery.spot_wait_minutes * 60.0
+    there is no wait (``wait_minutes``), a gang trains, no spot pool is allowed, or the job waited long
+    enough."""
     since = stopped_at(job)
-    if limit_s <= 0 or since is None or not any(q.pool.market == "spot" for q in quotes):
+    if since is None or not any(q.pool.market == "spot" for q in quotes):
+        return 0.0
+    limit_s = wait_minutes(spec, job, quotes, now, config) * 60.0
+    if limit_s <= 0:
         return 0.0
     return max(0.0, since + limit_s - now)
 

@@ -188,7 +188,12 @@ def _on_checkpoint(ctl: Controller, job: Job, event: CheckpointCommitted, now: f
     def record(j: Job) -> Job | None:
         newer = j.last_checkpoint is None or event.step > j.last_checkpoint.step
         back_to_running = j.status is JobStatus.CHECKPOINTING and not doomed and not event.emergency
-        if not newer and not back_to_running:
+        # the attempt whose ranks committed it keeps its newest save (its useful steps, the step rate;
+        # placement/spot_evidence.py), also after the workflow closed it (a notice's or a move's save)
+        attempts = [a.model_copy(update={"saved_step": event.step, "saved_at": event.time})
+                    if a.number == event.attempt and (a.saved_step is None or event.step > a.saved_step) else a
+                    for a in j.attempts]
+        if not newer and not back_to_running and attempts == j.attempts:
             return None  # every rank reports the same global commit: the first one wins
         update: dict[str, Any] = {"updated_at": now}
         if newer:
@@ -196,6 +201,8 @@ def _on_checkpoint(ctl: Controller, job: Job, event: CheckpointCommitted, now: f
             update["last_step"] = max(j.last_step, event.step)
         if back_to_running:  # the proactive (rebalance) checkpoint is durable: keep training
             update["status"] = transition(j.status, JobStatus.RUNNING)
+        if attempts != j.attempts:
+            update["attempts"] = attempts
         return j.model_copy(update=update)
 
     changed = ctl.store.update_job(job.job_id, record) is not None
@@ -209,7 +216,7 @@ def _on_resumed(ctl: Controller, job: Job, event: TrainingResumed, now: float) -
     a rollback later in it does not move where it started)."""
 
     def record(j: Job) -> Job | None:
-        attempts = [a.model_copy(update={"resumed_from_step": event.step})
+        attempts = [a.model_copy(update={"resumed_from_step": event.step, "resumed_at": event.time})
                     if a.number == event.attempt and a.resumed_from_step is None else a for a in j.attempts]
         return None if attempts == j.attempts else j.model_copy(update={"attempts": attempts, "updated_at": now})
 

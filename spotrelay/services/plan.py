@@ -15,6 +15,7 @@ from spotrelay.placement import best_pool, rank_pools
 from spotrelay.placement.gang_fit import SizedScores, probe_sizes, scores_of
 from spotrelay.placement.policy import GANG_FIT_REASON, evaluate_pools, score_pool
 from spotrelay.placement.pool_stats import PoolStats
+from spotrelay.placement.spot_evidence import spot_did_not_pay
 from spotrelay.placement.spot_wait import saves, spot_wait_s, wait_left_s
 from spotrelay.ports.market import PoolQuote
 from spotrelay.services.controller import Controller, release_nodes, spec_of
@@ -121,6 +122,8 @@ def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict
             return LaunchPlan(candidates=[], launch_ranks=list(range(spec.resources.nodes)), wait_s=wait)
         best_pool(spec, quotes, stats, now, excluded)  # raises NoPlacementError with the reasons
         raise NoPlacementError(f"no candidate pool for job {job.job_id}")
+    if spot_did_not_pay(job.attempts, quotes, now) and any(c.pool.market != "spot" for c in ranked):
+        ranked = [c for c in ranked if c.pool.market != "spot"]  # its own spot attempts cost more per step
     if wait_left_s(spec, job, quotes, now) > 0:  # recovery.spot_wait_minutes: only spot's saving, for a while
         saving = [c for c in ranked if saves(c.quote, quotes)]  # (no on-demand fallback for provision either)
         wait = spot_wait_s(spec, job, (saving or ranked)[0].quote, quotes, now, GANG_FIT_RECHECK_S)

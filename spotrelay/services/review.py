@@ -26,6 +26,7 @@ from spotrelay.placement.cadence import base_review_s, next_review_s
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.payback import spot_stint_hours
 from spotrelay.placement.review import Move, better_placement, evidence_expires_at, review_spot_hours
+from spotrelay.placement.spot_evidence import off_on_demand_allowed
 from spotrelay.services.controller import Controller, attempt_nodes, spec_of
 from spotrelay.spec.models import JobSpec
 
@@ -76,9 +77,13 @@ def decide(ctl: Controller, job: Job, now: float) -> Move | None:
     world = current.world_size or len([n for n in nodes if not n.spare])
     sized = {m: scores_of(ctl.market.quotes(res.regions, res.instance_types, [mk.value for mk in res.markets],
                                              capacity=m)) for m in probe_sizes(spec)}  # elastic sizes
-    return better_placement(spec, here, world, quotes, stats, now, frozenset(job.excluded_pools),
+    move = better_placement(spec, here, world, quotes, stats, now, frozenset(job.excluded_pools),
                             spot_hours=review_spot_hours(job.attempts, current.pool.market, now), sized=sized,
                             stint_hours=spot_stint_hours(job.attempts))
+    if move is not None and not off_on_demand_allowed(move.target.pool.market, current.pool.market,
+                                                      job.attempts, quotes, now):
+        return None  # the job's spot attempts cost more per useful step than on-demand (spot_evidence)
+    return move
 
 
 def silent(nodes: list[Node], heartbeat_s: float, now: float) -> bool:

@@ -31,7 +31,7 @@ from spotrelay.domain.status import JobStatus
 from spotrelay.placement import CooldownPolicy, PoolEvent
 from spotrelay.placement.policy import DEFAULT_CONFIG
 from spotrelay.services.waits import outcome_verdict, ready_verdict
-from spotrelay.sim import moves, recover, spares
+from spotrelay.sim import attempts, moves, recover, spares
 from spotrelay.sim.asl import Await, Finished, Sleep, Walker, load_asl
 from spotrelay.sim.engine import Run, SimNode
 from spotrelay.sim.job import JobModel
@@ -95,7 +95,8 @@ class SpotrelayRun(Run):
         self.attempt_pool: Any = None
         self.attempt_start = 0.0
         self.created_at = 0.0  # the job record's created_at (start)
-        self.attempts: list[Attempt] = []  # what the job record's attempts say (backoff streak, world size)
+        self.attempts: list[Attempt] = []  # what the job record's attempts say (sim/attempts.py)
+        self.seg_attempt = 0  # the attempt whose ranks train the current segment
         self.noticed: set[str] = set()  # instances that got a notice (interruption_notice sets reclaim_at)
         self.voluntary: dict[str, float] = {}  # instance id -> a review's save deadline (its reclaim_at)
         self.draining: list[SimNode] = []  # released by the workflow, still saving: end at their exit
@@ -205,8 +206,22 @@ class SpotrelayRun(Run):
         for n in self.gang.values():
             n.state = "RUNNING"
         info = next(iter(self.gang.values())).pool
+        self.seg_attempt = self.attempt
+        attempts.resumed(self, self.attempt, self.ckpt_step)  # TrainingResumed
         self.start_training(info.pool.instance_type, info.gpus * len(self.gang), world=world)
         self.note(info.key, f"training from step {self.ckpt_step}")
+
+    def stop_training(self, resume_from: int) -> None:
+        """The engine's, and the segment's attempt records the newest checkpoint its ranks committed
+        (CheckpointCommitted: a periodic one, or the notice's or a move's save)."""
+        if self.running:
+            saved = min(resume_from, int(self.step_at(self.now) + 1e-6))
+            if saved > self.seg_step0:
+                forced = [when for when, step in self.forced if step == saved]
+                at = min(forced) if forced else (
+                    self.seg_t0 + (saved - self.seg_step0) * self.step_eff + self.job.persist_s())
+                attempts.saved(self, self.seg_attempt, saved, min(at, self.now))
+        super().stop_training(resume_from)
 
     def on_booted(self, node: SimNode) -> None:
         self._settle()

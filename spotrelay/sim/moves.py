@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from spotrelay.contracts.recovery import AttemptEnd, Candidate, Launched, Verdict
-from spotrelay.domain.models import Attempt
 from spotrelay.placement import PoolEvent
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.payback import spot_stint_hours
 from spotrelay.placement.review import better_placement, review_spot_hours
+from spotrelay.placement.spot_evidence import off_on_demand_allowed
 from spotrelay.services.review import next_review_seconds, review_seconds
+from spotrelay.sim import attempts
 from spotrelay.sim.asl import TaskFailed
 from spotrelay.sim.shortlist import review_quotes, same_review
 
@@ -44,7 +45,8 @@ def _stints(run: SpotrelayRun) -> float | None:
     stint was added: it walks them all (a stormy job has hundreds), and by its definition a stint counts
     once an on-demand attempt follows it, so attempts on spot added after the last computation change
     nothing (attempts are only appended; only the last one is replaced, when it ends, with the same pool
-    and start). Tests compare it with the full computation on every review (VERIFY_SHORTLIST)."""
+    and start; an earlier one gets its save, sim/attempts.py, which it does not read). Tests compare it
+    with the full computation on every review (VERIFY_SHORTLIST)."""
     attempts = run.attempts
     memo = run.stint_memo
     if memo is None or any(a.pool is None or a.pool.market != "spot" for a in attempts[memo[0]:]):
@@ -53,6 +55,11 @@ def _stints(run: SpotrelayRun) -> float | None:
         memo = (len(attempts), memo[1])
     run.stint_memo = memo
     return memo[1]
+
+
+def _on_demand_quotes(run: SpotrelayRun) -> list[Any]:
+    """The on-demand pools' quotes: all ``spot_evidence`` reads of the market (their price)."""
+    return [run.market.quote(p, run.now) for p in run.market.pools if not p.spot]
 
 
 def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
@@ -78,6 +85,9 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
                                  sized=sized, stint_hours=stints)
         assert every == move and spot_hours == _spot_hours(self) and stints == spot_stint_hours(self.attempts), (
             every, move)
+    if move is not None and not off_on_demand_allowed(move.target.pool.market, current.pool.market,
+                                                      self.attempts, _on_demand_quotes(self), self.now):
+        move = None  # review.review: the job's spot attempts did not pay (placement/spot_evidence.py)
     if move is None:
         return _stay(self, payload)
     t = move.target
@@ -120,15 +130,14 @@ def migrate(self: SpotrelayRun, move: AttemptEnd) -> dict[str, Any]:
     if current is not None:
         hours = max(0.0, self.now - self.attempt_start) / 3600.0 * max(1, len(gang))
         self.stats.record(current.key, PoolEvent.OBSERVED, self.now, hours=hours)
-    if self.attempts and self.attempts[-1].ended_at is None:
-        self.attempts[-1] = self.attempts[-1].model_copy(update={"ended_at": self.now})
+    attempts.close(self)
     for n in staying:  # the RESTART directive at the new world size
         n.attempt = attempt
         n.state = "READY"
     self.gang = {**{n.rank: n for n in staying}, **{n.rank: n for n in nodes}}
     self.attempt, self.excluded = attempt, set()
     self.attempt_pool, self.attempt_start = sp, self.now
-    self.attempts.append(Attempt(number=attempt, pool=sp.pool, started_at=self.now, world_size=world))
+    attempts.opened(self, attempt, sp.pool, target.price_per_hour, len(self.gang), world)
     self.decisions.append({"attempt": attempt, "pool": sp.key, "resumed_from_step": self.ckpt_step})
     self.metrics.moves += 1
     self.note(sp.key, f"move x{world} ({move.reason[:60]})")

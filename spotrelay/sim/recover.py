@@ -9,16 +9,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from spotrelay.contracts.recovery import AttemptEnd, Launched, LaunchPlan, RecoveryAction, RecoveryPlan, Verdict
-from spotrelay.domain.models import Attempt
 from spotrelay.errors import NoPlacementError, RetryBudgetExhaustedError
 from spotrelay.placement import PoolEvent
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.policy import gang_key, spare_count
+from spotrelay.placement.spot_evidence import spot_did_not_pay
+from spotrelay.placement.spot_wait import wait_minutes
 from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery
 from spotrelay.services.plan import MAX_CANDIDATES, _keeping_plan, _new_gang_plan
 from spotrelay.services.recovery_flow import _result as recovery_result
 from spotrelay.services.review import review_seconds
-from spotrelay.sim import moves, spares
+from spotrelay.sim import attempts, moves, spares
 from spotrelay.sim.asl import TaskFailed
 from spotrelay.sim.shortlist import plan_quotes, recovery_quotes
 
@@ -55,7 +56,11 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
         held = {k: len(v) for k, v in self.held.items()}  # plan.plan: scores for elastic sizes
         sized = {m: scores_of(self.market.quotes(self.now, m, held)) for m in probe_sizes(self.spec)}
         # Plan offers the first MAX_CANDIDATES pools: a shortlist holds them (sim/shortlist.py)
-        short = (None if self.spec.recovery.spot_wait_minutes > 0 else
+        # (not while the job may wait for spot: the wait weighs every spot pool; its evidence reads only
+        # the on-demand quotes, spot_evidence.on_demand_work_price)
+        od = moves._on_demand_quotes(self)
+        short = (None if wait_minutes(self.spec, job, od, self.now) > 0 or spot_did_not_pay(job.attempts, od, self.now)
+                 else
                  plan_quotes(self, asked, stats, frozenset(job.excluded_pools), MAX_CANDIDATES, sized))
         res = self.spec.resources
         quotes = (self.market.quotes(self.now, res.nodes + res.spares, asked)
@@ -112,7 +117,7 @@ def provision(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
         self.gang = {**survivors, **spares.join(self, nodes, spare_ranks, plan.promoted, attempt)}
         self.attempt, self.excluded = attempt, set()
         self.attempt_pool, self.attempt_start = sp, self.now
-        self.attempts.append(Attempt(number=attempt, pool=sp.pool, started_at=self.now, world_size=world))
+        attempts.opened(self, attempt, sp.pool, candidate.price_per_hour, len(self.gang), world)
         self.decisions.append({"attempt": attempt, "pool": sp.key, "resumed_from_step": self.ckpt_step})
         return Launched(attempt=attempt, pool=sp.pool, price_per_hour=candidate.price_per_hour,
                         nodes=len(self.gang), world_size=world,
@@ -157,8 +162,7 @@ def recover(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     keep: list[str] = []
     action = RecoveryAction.NEW_CLUSTER
     home = None
-    if self.attempts and self.attempts[-1].ended_at is None:
-        self.attempts[-1] = self.attempts[-1].model_copy(update={"ended_at": self.now})
+    attempts.close(self)
     stats = self.stats.get_many(p.key for p in self.market.pools)
     excluded = frozenset(self.excluded)
     # the strategies read the best candidate and the survivors' pool: the shortlist holds both (sim/shortlist.py)

@@ -181,10 +181,12 @@ class Recovery(Strict):
         description="while training, ask placement this often whether a clearly better placement exists "
         "(leave on-demand for spot, a much cheaper pool, grow back to nodes); 0: never move voluntarily")
     prewarm_wait_s: float = Field(600.0, gt=0, le=3600, description="release the standby if no notice by then")
-    spot_wait_minutes: float = Field(
-        0.0, ge=0, le=7 * 24 * 60,
+    spot_wait_minutes: float | None = Field(
+        None, ge=0, le=7 * 24 * 60,
         description="with no training gang, wait (unbilled) up to this long for a spot pool instead of launching "
-        "on on-demand or on a spot pool that does far less work per dollar; 0: launch the best candidate at once")
+        "on on-demand or on a spot pool that does far less work per dollar; 0: launch the best candidate at once; "
+        "unset: wait up to 60 minutes only while the job's own spot attempts paid per useful step against "
+        "on-demand (placement/spot_evidence.py)")
     max_recoveries: int = Field(10, ge=0, le=1000)
     max_user_restarts: int = Field(0, ge=0, le=100)
     retry_exit_codes: list[int] = Field(default_factory=list)

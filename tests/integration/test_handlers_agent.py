@@ -111,6 +111,20 @@ def test_the_attempt_starts_where_its_trainers_resumed(env: Env) -> None:
     assert env.store.get_job(job.job_id).attempts[0].resumed_from_step == 110
 
 
+def test_the_attempt_keeps_its_resume_time_and_newest_save(env: Env) -> None:
+    """What placement/spot_evidence.py reads: where and when the attempt's training resumed, and the
+    newest checkpoint its ranks committed (every rank reports it; an older one changes nothing)."""
+    job, gang = running_job(env.store, env.compute)
+    resumed = agent_event("TrainingResumed", gang[0], step=100)
+    on_agent_event.handler(resumed, ctx())
+    for node in gang:
+        on_agent_event.handler(agent_event("CheckpointCommitted", node, step=150, emergency=False), ctx())
+    on_agent_event.handler(agent_event("CheckpointCommitted", gang[1], step=120, emergency=False), ctx())
+    first = env.store.get_job(job.job_id).attempts[0]
+    assert first.resumed_at == resumed["detail"]["time"]
+    assert first.saved_step == 150 and first.saved_at is not None and first.saved_at >= first.resumed_at
+
+
 def test_proactive_checkpoint_returns_job_to_running(env: Env) -> None:
     job, gang = running_job(env.store, env.compute, status=JobStatus.CHECKPOINTING)
     on_agent_event.handler(agent_event("CheckpointCommitted", gang[0], step=10, emergency=False), ctx())

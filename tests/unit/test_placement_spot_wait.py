@@ -36,7 +36,7 @@ def _of(quotes: list[PoolQuote], market: str, itype: str) -> PoolQuote:
 def test_on_demand_best_waits_until_the_limit_then_falls_back() -> None:
     s = _waiting(30)
     quotes = _scored(quotes_for(s), 4.0)  # no spot pool holds the gang now: on-demand ranks first
-    assert _new_gang_plan(make_spec(), _stopped(60), quotes, {}, NOW).candidates[0].pool.market == "on-demand"
+    assert _new_gang_plan(_waiting(0), _stopped(60), quotes, {}, NOW).candidates[0].pool.market == "on-demand"
     plan = _new_gang_plan(s, _stopped(60), quotes, {}, NOW)
     assert plan.candidates == [] and plan.wait_s == GANG_FIT_RECHECK_S
     near = _new_gang_plan(s, _stopped(30 * 60 - 100), quotes, {}, NOW)
@@ -48,7 +48,7 @@ def test_on_demand_best_waits_until_the_limit_then_falls_back() -> None:
 def test_a_spot_pool_that_fits_launches_at_once_without_an_on_demand_fallback() -> None:
     s = _waiting(60)
     quotes = _scored(quotes_for(s), 9.0)
-    today = _new_gang_plan(make_spec(), _stopped(0), quotes, {}, NOW)
+    today = _new_gang_plan(_waiting(0), _stopped(0), quotes, {}, NOW)
     assert any(c.pool.market == "on-demand" for c in today.candidates)
     plan = _new_gang_plan(s, _stopped(0), quotes, {}, NOW)
     # while it may still wait, provision gets no on-demand candidate to fall back to on a capacity error
@@ -71,8 +71,8 @@ def test_a_spot_pool_doing_far_less_work_per_dollar_waits() -> None:
 def test_no_wait_when_off_training_gang_open_or_no_spot_allowed() -> None:
     quotes = _scored(quotes_for(make_spec()), 4.0)
     od = _of(quotes, "on-demand", "p5.48xlarge")
-    # 0 (the default): today's behaviour
-    assert spot_wait_s(make_spec(), _stopped(60), od, quotes, NOW, GANG_FIT_RECHECK_S) == 0
+    # 0: launch the best candidate at once
+    assert spot_wait_s(_waiting(0), _stopped(60), od, quotes, NOW, GANG_FIT_RECHECK_S) == 0
     s = _waiting(30)
     running = Job(job_id="j", name="j", status=JobStatus.RUNNING, attempt=1,
                   attempts=[Attempt(number=1, started_at=NOW - 60)])

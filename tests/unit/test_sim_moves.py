@@ -20,7 +20,8 @@ def moved_run(boot_s: float) -> SpotrelayRun:
     od = SimPool(pool=ON_DEMAND, key=ON_DEMAND.key, on_demand_price=55.0, spot_price=None, band=None, gpus=8)
     market = Market(pools=[spot, od], unannounced_share=0.0, rebalance_share=0.0, boot_s=boot_s, boot_spread=0.0)
     run = SpotrelayRun(market, JobModel(nodes=2, job_hours=6.0), seed=0, regions=["us-east-1"],
-                       instance_types=["p5.48xlarge"], timeline=True)
+                       instance_types=["p5.48xlarge"], timeline=True,
+                       spec_overrides={"recovery": {"spot_wait_minutes": 0}})  # starts on on-demand, not waiting
     run.start()
     run.loop()
     return run

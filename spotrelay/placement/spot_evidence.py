@@ -1,0 +1,156 @@
+"""Did the job's own spot attempts pay? Their bill against what on-demand would have charged for the
+same useful steps. Pure: the attempts, the quotes and the clock are given.
+
+Each attempt records where its training resumed (``resumed_from_step`` at ``resumed_at``, the
+trainers' TrainingResumed) and the newest checkpoint its ranks committed (``saved_step`` at
+``saved_at``, CheckpointCommitted). So the controller knows, without a model:
+
+- the useful steps of an attempt: ``saved_step - resumed_from_step`` (what the next attempt resumes
+  from; work after the last commit is redone and does not count);
+- the job's training speed: an attempt that trained from its resume to a later commit did
+  ``steps / (saved_at - resumed_at)`` steps an hour on ``world_size`` nodes of its type; the global
+  batch is kept at every size, so one step takes ``world x throughput(type) / rate``
+  throughput-weighted node-hours on any gang (``step_node_hours``);
+- what on-demand would have charged for a spot attempt's steps: steps x that x the cheapest allowed
+  on-demand pool's price per unit of work (``spot_wait.work_price``).
+
+Spot *paid* when the settled spot attempts among the job's last ``EVIDENCE_ATTEMPTS`` attempts cost
+at most what on-demand would have charged for their useful steps. Boots, restores, short gangs, lost
+work and failed saves are all in it: it is the realized cost per useful step, not the score's model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+from spotrelay.domain.models import Attempt
+from spotrelay.placement import catalog
+from spotrelay.placement.policy import DEFAULT_CONFIG, PlacementConfig
+from spotrelay.ports.market import PoolQuote
+
+EVIDENCE_ATTEMPTS = 48  # the job's last this many attempts are weighed (the spot ones among them)
+MIN_SPOT_ATTEMPTS = 10  # fewer settled spot attempts than this: no verdict
+PAID_SHARE = 0.8  # spot paid when it cost at most this share of on-demand's price for the same steps: the
+#                  rest pays each return to on-demand (a new on-demand gang's boot and restore) and the noise
+HOLD_HOURS = 12.0  # after spot did not pay, a gang on on-demand stays there this long after its last spot
+#                    attempt, doubled for each earlier return to on-demand (up to HOLD_DOUBLINGS times)
+HOLD_DOUBLINGS = 3
+SAVE_GRACE_S = 900.0  # an attempt closed this recently may still be committing its final save (a notice's,
+#                       a move's by the target's boot): it counts once it saved after its end, or after this
+
+
+@dataclass(frozen=True)
+class SpotEvidence:
+    attempts: int  # settled spot attempts weighed
+    cost: float  # USD they were billed
+    on_demand_cost: float  # USD on-demand would have charged for the useful steps they did
+
+    @property
+    def paid(self) -> bool:
+        """Clearly: worth waiting for (the share leaves room for the returns to on-demand and noise)."""
+        return self.cost <= PAID_SHARE * self.on_demand_cost
+
+    @property
+    def lost(self) -> bool:
+        """Spot cost more than on-demand would have for the same steps, before any return's cost."""
+        return self.cost > self.on_demand_cost
+
+
+def _throughput(instance_type: str, config: PlacementConfig) -> float:
+    info = catalog.instance(instance_type)
+    return config.throughput.get(instance_type) or (info.throughput if info else 1.0)
+
+
+def useful_steps(a: Attempt) -> int:
+    """Steps the attempt's ranks trained and committed (0 when it never got past its resume)."""
+    if a.saved_step is None or a.resumed_from_step is None:
+        return 0
+    return max(0, a.saved_step - a.resumed_from_step)
+
+
+def step_node_hours(attempts: Sequence[Attempt], config: PlacementConfig = DEFAULT_CONFIG) -> float | None:
+    """Throughput-weighted node-hours one training step takes, measured on the newest attempt that
+    trained from its resume to a later commit (None: no such attempt yet)."""
+    for a in reversed(attempts):
+        if a.pool is None or a.resumed_at is None or a.saved_at is None or a.world_size <= 0:
+            continue
+        steps, hours = useful_steps(a), (a.saved_at - a.resumed_at) / 3600.0
+        if steps > 0 and hours > 0:
+            return a.world_size * _throughput(a.pool.instance_type, config) * hours / steps
+    return None
+
+
+def on_demand_work_price(quotes: Sequence[PoolQuote], config: PlacementConfig = DEFAULT_CONFIG) -> float | None:
+    """USD per node-hour over throughput of the cheapest on-demand pool quoted (None: none allowed)."""
+    prices = [q.price_per_hour / _throughput(q.pool.instance_type, config)
+              for q in quotes if q.pool.market == "on-demand"]
+    return min(prices) if prices else None
+
+
+def billed(a: Attempt, following: Attempt | None = None) -> float:
+    """USD the attempt's instances cost, an upper bound: its recorded cost (launch to close) plus the
+    time they stayed billed after the close: until their final save (a notice's or a move's), and,
+    when the next attempt went to the same pool (survivors kept while the lost ranks were replaced,
+    through any capacity backoff), until it started."""
+    if a.ended_at is None:
+        return a.cost
+    until = a.ended_at
+    if a.saved_at is not None:
+        until = max(until, a.saved_at)
+    if following is not None and following.pool == a.pool and following.started_at is not None:
+        until = max(until, following.started_at)
+    return a.cost + a.price_per_hour * a.nodes * (until - a.ended_at) / 3600.0
+
+
+def _settled(a: Attempt, now: float) -> bool:
+    if a.ended_at is None:
+        return False
+    return now - a.ended_at >= SAVE_GRACE_S or (a.saved_at is not None and a.saved_at >= a.ended_at)
+
+
+def spot_evidence(attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
+                  config: PlacementConfig = DEFAULT_CONFIG, last: int = EVIDENCE_ATTEMPTS) -> SpotEvidence | None:
+    """The job's settled spot attempts among its last ``last`` against on-demand's price for their
+    useful steps; None without on-demand to compare with, a measured step, or ``MIN_SPOT_ATTEMPTS``."""
+    od_price = on_demand_work_price(quotes, config)
+    per_step = step_node_hours(attempts, config)
+    if od_price is None or per_step is None:
+        return None
+    recent = list(attempts[-last:])
+    spot = [(a, b) for a, b in zip(recent, [*recent[1:], None], strict=True)
+            if a.pool is not None and a.pool.market == "spot" and _settled(a, now)]
+    if len(spot) < MIN_SPOT_ATTEMPTS:
+        return None
+    return SpotEvidence(attempts=len(spot), cost=sum(billed(a, b) for a, b in spot),
+                        on_demand_cost=sum(useful_steps(a) for a, _ in spot) * per_step * od_price)
+
+
+def spot_did_not_pay(attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
+                     config: PlacementConfig = DEFAULT_CONFIG) -> bool:
+    """The job's own evidence says spot cost more than on-demand per useful step (False without a
+    verdict: a job that has not measured it yet keeps trying spot)."""
+    evidence = spot_evidence(attempts, quotes, now, config)
+    return evidence is not None and evidence.lost
+
+
+def returns_to_on_demand(attempts: Sequence[Attempt]) -> int:
+    """How many times the job went back to on-demand after spot (on-demand attempts after a spot one)."""
+    return sum(1 for a, b in pairwise(attempts)
+               if a.pool is not None and b.pool is not None and a.pool.market == "spot" and b.pool.market != "spot")
+
+
+def off_on_demand_allowed(target_market: str, current_market: str, attempts: Sequence[Attempt],
+                          quotes: Sequence[PoolQuote], now: float, config: PlacementConfig = DEFAULT_CONFIG) -> bool:
+    """A review's move from on-demand to spot, unless the job's own spot attempts did not pay and the
+    last of them ended less than the hold ago: ``HOLD_HOURS``, doubled for each earlier return to
+    on-demand (a market where spot keeps not paying is tried less and less often; one where an
+    unlucky start said so is tried again)."""
+    if current_market == "spot" or target_market != "spot":
+        return True
+    ends = [a.ended_at for a in attempts if a.pool is not None and a.pool.market == "spot" and a.ended_at]
+    if not ends or not spot_did_not_pay(attempts, quotes, now, config):
+        return True
+    doublings = min(HOLD_DOUBLINGS, max(0, returns_to_on_demand(attempts) - 1))
+    return now - max(ends) >= HOLD_HOURS * 3600.0 * 2 ** doublings

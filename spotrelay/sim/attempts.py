@@ -1,0 +1,53 @@
+"""The job record's attempts in the simulator, kept as the services keep them: opened at a launch
+(``workflow_tasks.provision``, ``migrate``), closed with their cost (``workflow_tasks._close_attempt``),
+the trainers' resume (``node_events._on_resumed``) and the newest checkpoint their ranks committed
+(``node_events._on_checkpoint``). Placement reads them (the review's spot evidence, the backoff
+streak, ``placement/spot_evidence.py``'s realized cost per useful step)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from spotrelay.domain.cost import attempt_cost
+from spotrelay.domain.models import Attempt
+
+if TYPE_CHECKING:
+    from spotrelay.sim.controller import SpotrelayRun
+
+
+def opened(run: SpotrelayRun, number: int, pool: Any, price: float, nodes: int, world: int) -> None:
+    run.attempts.append(Attempt(number=number, pool=pool, started_at=run.now, price_per_hour=price,
+                                nodes=nodes, world_size=world))
+
+
+def close(run: SpotrelayRun) -> None:
+    """The current attempt ends now (recover, a move): its clock stops and its cost is added."""
+    if run.attempts and run.attempts[-1].ended_at is None:
+        last = run.attempts[-1]
+        cost = attempt_cost(last.price_per_hour, last.nodes, last.started_at or run.now, run.now)
+        run.attempts[-1] = last.model_copy(update={"ended_at": run.now, "cost": cost})
+
+
+def _update(run: SpotrelayRun, number: int, update: dict[str, Any]) -> None:
+    for i in range(len(run.attempts) - 1, -1, -1):
+        if run.attempts[i].number == number:
+            run.attempts[i] = run.attempts[i].model_copy(update=update)
+            return
+
+
+def resumed(run: SpotrelayRun, number: int, step: int) -> None:
+    """TrainingResumed: the first resume of the attempt."""
+    for a in reversed(run.attempts):
+        if a.number == number:
+            if a.resumed_from_step is None:
+                _update(run, number, {"resumed_from_step": step, "resumed_at": run.now})
+            return
+
+
+def saved(run: SpotrelayRun, number: int, step: int, at: float) -> None:
+    """CheckpointCommitted by the ranks of attempt ``number`` (its newest only)."""
+    for a in reversed(run.attempts):
+        if a.number == number:
+            if a.saved_step is None or step > a.saved_step:
+                _update(run, number, {"saved_step": step, "saved_at": at})
+            return

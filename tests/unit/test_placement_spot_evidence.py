@@ -1,0 +1,142 @@
+"""placement/spot_evidence.py: did the job's own spot attempts pay per useful step against
+on-demand? And what Plan (the wait, the candidates) and the review do with the answer."""
+
+from __future__ import annotations
+
+from spotrelay.domain.models import Attempt, Job, Pool
+from spotrelay.domain.status import JobStatus
+from spotrelay.placement import spot_evidence as se
+from spotrelay.placement.spot_wait import EVIDENCE_WAIT_MINUTES, wait_minutes
+from spotrelay.services.plan import _new_gang_plan
+from spotrelay.spec.models import JobSpec
+from tests.unit.test_placement_gang_fit import _scored
+from tests.unit.test_placement_policy import NOW, make_spec, quotes_for
+
+SPOT = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
+OD = SPOT.model_copy(update={"market": "on-demand"})
+H = 3600.0
+
+
+def _attempt(n: int, pool: Pool, start: float, hours: float, steps: int, cost: float, *, trained_h: float = 0.0,
+             saved_late_s: float = 0.0) -> Attempt:
+    """An attempt of 4 p5 nodes that resumed at step 100 * n and committed ``steps`` more, ``trained_h``
+    after its resume (its step rate), ``saved_late_s`` after its close (a notice's save)."""
+    end = start + hours * H
+    return Attempt(number=n, pool=pool, started_at=start, ended_at=end, cost=cost, price_per_hour=cost / hours / 4,
+                   nodes=4, world_size=4, resumed_from_step=100 * n, resumed_at=start + 600,
+                   saved_step=100 * n + steps if steps else None,
+                   saved_at=(start + 600 + trained_h * H if trained_h else end + saved_late_s) if steps else None)
+
+
+def _od_quotes() -> list:
+    return [q for q in quotes_for(make_spec()) if q.pool.market == "on-demand"]
+
+
+def _per_step_usd() -> float:
+    """On-demand's price for one step at the measured rate of ``_rated`` (100 steps an hour on 4 p5)."""
+    od_work = min(q.price_per_hour / 2.8 if q.pool.instance_type == "p5.48xlarge" else q.price_per_hour
+                  for q in _od_quotes())
+    return 4 * 2.8 / 100 * od_work
+
+
+def _rated() -> Attempt:  # an on-demand attempt that trained 100 steps in its first hour: the step rate
+    return _attempt(0, OD, NOW - 100 * H, 2.0, 100, 1000.0, trained_h=1.0)
+
+
+def _spot_run(cost_share: float, count: int = se.MIN_SPOT_ATTEMPTS) -> list[Attempt]:
+    """``count`` settled spot attempts back to back, 10 steps each (at the same rate), each billed
+    ``cost_share`` of on-demand's price for them."""
+    cost = cost_share * 10 * _per_step_usd()
+    return [_rated(), *[_attempt(i + 1, SPOT, NOW - 50 * H + i * H / 2, 0.5, 10, cost, trained_h=0.1)
+                        for i in range(count)]]
+
+
+def test_the_step_rate_and_useful_steps_come_from_the_records() -> None:
+    a = _rated()
+    assert se.useful_steps(a) == 100
+    assert abs(se.step_node_hours([a]) - 4 * 2.8 / 100) < 1e-9  # 4 p5 nodes, 100 steps an hour
+    assert se.step_node_hours([_attempt(1, SPOT, NOW, 1.0, 0, 5.0)]) is None  # never got past its resume
+    assert se.useful_steps(_attempt(1, SPOT, NOW, 1.0, 0, 5.0)) == 0
+
+
+def test_spot_paid_or_lost_against_on_demand_for_the_same_steps() -> None:
+    cheap = se.spot_evidence(_spot_run(0.5), _od_quotes(), NOW)
+    assert cheap is not None and cheap.paid and not cheap.lost
+    assert abs(cheap.on_demand_cost - se.MIN_SPOT_ATTEMPTS * 10 * _per_step_usd()) < 1e-6
+    between = se.spot_evidence(_spot_run(0.9), _od_quotes(), NOW)
+    assert between is not None and not between.paid and not between.lost  # neither clearly
+    dear = se.spot_evidence(_spot_run(1.2), _od_quotes(), NOW)
+    assert dear is not None and dear.lost and se.spot_did_not_pay(_spot_run(1.2), _od_quotes(), NOW)
+
+
+def test_no_verdict_without_enough_attempts_a_rate_or_on_demand() -> None:
+    assert se.spot_evidence(_spot_run(2.0, se.MIN_SPOT_ATTEMPTS - 1), _od_quotes(), NOW) is None
+    unrated = [a.model_copy(update={"resumed_at": None}) for a in _spot_run(2.0)]
+    assert se.spot_evidence(unrated, _od_quotes(), NOW) is None
+    spot_only = [q for q in quotes_for(make_spec()) if q.pool.market == "spot"]
+    assert se.spot_evidence(_spot_run(2.0), spot_only, NOW) is None
+    assert not se.spot_did_not_pay(_spot_run(2.0, se.MIN_SPOT_ATTEMPTS - 1), _od_quotes(), NOW)
+
+
+def test_an_attempt_still_saving_is_not_judged_yet() -> None:
+    run = _spot_run(2.0)
+    just = run[-1].model_copy(update={"ended_at": NOW - 60, "saved_step": None, "saved_at": None})
+    assert se.spot_evidence([*run[:-1], just], _od_quotes(), NOW) is None  # one short of the minimum
+    saved = just.model_copy(update={"saved_step": just.resumed_from_step + 5, "saved_at": NOW - 30})
+    assert se.spot_evidence([*run[:-1], saved], _od_quotes(), NOW) is not None  # it saved after its close
+
+
+def test_billed_counts_the_final_save_and_survivors_kept_for_the_next_attempt() -> None:
+    a = _attempt(1, SPOT, NOW, 1.0, 10, 40.0, saved_late_s=360.0)  # 4 nodes at 10 USD/h
+    assert abs(se.billed(a) - (40.0 + 4 * 10.0 * 0.1)) < 1e-9
+    kept = Attempt(number=2, pool=SPOT, started_at=a.ended_at + 1800)  # the lost ranks came after a backoff
+    assert abs(se.billed(a, kept) - (40.0 + 4 * 10.0 * 0.5)) < 1e-9
+    elsewhere = kept.model_copy(update={"pool": OD})
+    assert abs(se.billed(a, elsewhere) - se.billed(a)) < 1e-9
+
+
+def _job(attempts: list[Attempt]) -> Job:
+    return Job(job_id="j", name="j", status=JobStatus.RECOVERING, attempts=attempts, attempt=len(attempts))
+
+
+def _spec(minutes: float | None) -> JobSpec:
+    doc = make_spec().model_dump(mode="json")
+    doc["recovery"]["spot_wait_minutes"] = minutes
+    return JobSpec.model_validate(doc)
+
+
+def test_the_unset_wait_follows_the_evidence_and_a_stated_one_wins() -> None:
+    quotes = quotes_for(make_spec())
+    assert wait_minutes(_spec(None), _job([]), quotes, NOW) == EVIDENCE_WAIT_MINUTES  # no verdict yet: try spot
+    assert wait_minutes(_spec(None), _job(_spot_run(0.5)), quotes, NOW) == EVIDENCE_WAIT_MINUTES
+    assert wait_minutes(_spec(None), _job(_spot_run(1.2)), quotes, NOW) == 0.0
+    assert wait_minutes(_spec(30), _job(_spot_run(1.2)), quotes, NOW) == 30
+    assert wait_minutes(_spec(0), _job(_spot_run(0.5)), quotes, NOW) == 0
+
+
+def test_plan_leaves_spot_out_when_it_did_not_pay() -> None:
+    quotes = _scored(quotes_for(make_spec()), 9.0)  # every spot pool holds the gang
+    paid = _new_gang_plan(make_spec(), _job(_spot_run(0.5)), quotes, {}, NOW)
+    assert paid.candidates[0].pool.market == "spot"
+    lost = _new_gang_plan(make_spec(), _job(_spot_run(1.2)), quotes, {}, NOW)
+    assert lost.wait_s == 0 and {c.pool.market for c in lost.candidates} == {"on-demand"}
+
+
+def test_the_review_holds_on_demand_after_spot_did_not_pay_then_tries_again() -> None:
+    run = _spot_run(1.2)
+    last_end = max(a.ended_at or 0 for a in run if a.pool == SPOT)
+    back = [*run, Attempt(number=9, pool=OD, started_at=last_end, ended_at=None)]
+    quotes = _od_quotes()
+    assert not se.off_on_demand_allowed("spot", "on-demand", back, quotes, last_end + H)
+    assert se.off_on_demand_allowed("spot", "on-demand", back, quotes, last_end + se.HOLD_HOURS * H)
+    assert se.off_on_demand_allowed("on-demand", "on-demand", back, quotes, last_end + H)  # not a move to spot
+    assert se.off_on_demand_allowed("spot", "spot", back, quotes, last_end + H)
+    # each earlier return to on-demand doubles the hold
+    again = [*back[:-1], Attempt(number=9, pool=OD, started_at=last_end - 3 * H, ended_at=last_end - 2 * H),
+             Attempt(number=10, pool=SPOT, started_at=last_end - 2 * H, ended_at=last_end, cost=1.0),
+             Attempt(number=11, pool=OD, started_at=last_end)]
+    assert se.returns_to_on_demand(again) == 2
+    assert not se.off_on_demand_allowed("spot", "on-demand", again, quotes, last_end + se.HOLD_HOURS * H)
+    assert se.off_on_demand_allowed("spot", "on-demand", again, quotes, last_end + 2 * se.HOLD_HOURS * H)
+    paid = [*_spot_run(0.5), Attempt(number=9, pool=OD, started_at=NOW)]
+    assert se.off_on_demand_allowed("spot", "on-demand", paid, quotes, NOW + 60)
