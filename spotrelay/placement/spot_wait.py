@@ -42,10 +42,22 @@ def stopped_at(job: Job) -> float | None:
     return job.attempts[-1].ended_at
 
 
-def saves(quote: PoolQuote, quotes: list[PoolQuote], config: PlacementConfig = DEFAULT_CONFIG) -> bool:
-    """A spot pool within ``SPOT_WAIT_FACTOR`` of the best spot pool's price per unit of work."""
+def _bounds(quotes: list[PoolQuote], config: PlacementConfig) -> tuple[float, float]:
+    """(the best spot pool's, the best on-demand pool's) price per unit of work; inf when none."""
     spot = [work_price(q, config) for q in quotes if q.pool.market == "spot"]
-    return quote.pool.market == "spot" and work_price(quote, config) <= SPOT_WAIT_FACTOR * min(spot)
+    on_demand = [work_price(q, config) for q in quotes if q.pool.market == "on-demand"]
+    return min(spot, default=math.inf), min(on_demand, default=math.inf)
+
+
+def _saving(quote: PoolQuote, bounds: tuple[float, float], config: PlacementConfig) -> bool:
+    price = work_price(quote, config)
+    return quote.pool.market == "spot" and price <= SPOT_WAIT_FACTOR * bounds[0] and price < bounds[1]
+
+
+def saves(quote: PoolQuote, quotes: list[PoolQuote], config: PlacementConfig = DEFAULT_CONFIG) -> bool:
+    """A spot pool within ``SPOT_WAIT_FACTOR`` of the best spot pool's price per unit of work, and
+    cheaper per unit of work than every on-demand pool quoted (spot dearer than on-demand is no saving)."""
+    return _saving(quote, _bounds(quotes, config), config)
 
 
 def wait_minutes(spec: JobSpec, job: Job, quotes: list[PoolQuote], now: float,
@@ -62,10 +74,13 @@ def wait_minutes(spec: JobSpec, job: Job, quotes: list[PoolQuote], now: float,
 def wait_left_s(spec: JobSpec, job: Job, quotes: list[PoolQuote], now: float,
                 config: PlacementConfig = DEFAULT_CONFIG) -> float:
     """Seconds the job may still wait for spot (> 0: Plan offers only pools that ``saves``); 0 when
-    there is no wait (``wait_minutes``), a gang trains, no spot pool is allowed, or the job waited long
-    enough."""
+    there is no wait (``wait_minutes``), a gang trains, no allowed spot pool is cheaper per unit of work
+    than on-demand, or the job waited long enough."""
     since = stopped_at(job)
-    if since is None or not any(q.pool.market == "spot" for q in quotes):
+    if since is None:
+        return 0.0
+    bounds = _bounds(quotes, config)
+    if not any(_saving(q, bounds, config) for q in quotes):  # no allowed spot pool is a saving
         return 0.0
     limit_s = wait_minutes(spec, job, quotes, now, config) * 60.0
     if limit_s <= 0:

@@ -127,7 +127,9 @@ def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict
     if wait_left_s(spec, job, quotes, now) > 0:  # recovery.spot_wait_minutes: only spot's saving, for a while
         saving = [c for c in ranked if saves(c.quote, quotes)]  # (no on-demand fallback for provision either)
         wait = spot_wait_s(spec, job, (saving or ranked)[0].quote, quotes, now, GANG_FIT_RECHECK_S)
-        if wait:
+        if wait:  # ask again when the first spot pool worth waiting for stops cooling down, if sooner
+            back = _first_cooldown_end(spec, [q for q in quotes if saves(q, quotes)], stats, now)
+            wait = min(wait, back) if back else wait
             return LaunchPlan(candidates=[], launch_ranks=list(range(spec.resources.nodes)), wait_s=wait)
         ranked = saving
     candidates = [Candidate(pool=c.pool, price_per_hour=c.quote.price_per_hour, score=round(c.score, 4),

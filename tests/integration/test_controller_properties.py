@@ -120,7 +120,10 @@ class ControllerRun(RuleBasedStateMachine):
     def submit(self, nodes: int, fails: int, strategy: str) -> None:
         self.compute._fail = _capacity(fails)
         job = new_job(self.store, job_id=JOB, status=JobStatus.VALIDATED, strategy=strategy)
-        spec = dict(job.spec, resources={**job.spec["resources"], "nodes": nodes})
+        # spot_wait_minutes 0: the unset default waits up to 2 h of the clock for spot after failed
+        # launches (placement/spot_wait.py, tested there); these runs check the workflow's invariants
+        spec = dict(job.spec, resources={**job.spec["resources"], "nodes": nodes},
+                    recovery={**job.spec.get("recovery", {}), "spot_wait_minutes": 0})
         arn = self.workflow.start(JOB, {})
         self.store.update_job(JOB, lambda j: j.model_copy(update={"spec": spec, "execution_arn": arn,
                                                                   "created_at": self.now, "updated_at": self.now}))

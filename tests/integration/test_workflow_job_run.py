@@ -150,7 +150,7 @@ def test_one_interruption_then_success(wf: Harness) -> None:
 
 def test_capacity_errors_in_every_spot_pool_then_on_demand(wf: Harness) -> None:
     wf.compute._fail = lambda pool, n: CAPACITY if pool.market == "spot" else None
-    job = new_job(wf.store)
+    job = new_job(wf.store, spot_wait_minutes=0)  # unset, Plan would wait up to 2 h for spot first
     arn = wf.start(job)
     nodes = wf.agents_ready(1)
     spot = [k for k in wf.market.prices if k.endswith("/spot")]

@@ -124,7 +124,7 @@ def test_a_refused_checkpoint_fails_the_job_once_with_the_message(wf: Harness) -
 
 def test_cancel_while_waiting_for_capacity(wf: Harness) -> None:
     wf.compute._fail = lambda pool, n: CAPACITY
-    job = new_job(wf.store)
+    job = new_job(wf.store, spot_wait_minutes=0)  # unset, Plan would wait up to 2 h for spot before on-demand
     arn = wf.start(job, FAST.model_copy(update={"provision_retry_s": 2}))
     wait_until(lambda: len(wf.compute.tried) >= len(wf.market.prices), what="every pool refused")
     request_cancel(job.job_id, store=wf.store, workflow=wf.workflow, now=0.0, reason="no capacity anyway")

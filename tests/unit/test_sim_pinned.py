@@ -9,6 +9,8 @@ review) changes them legitimately: re-pin with ``python -m tests.unit.test_sim_p
 in the commit. Re-pinned for the review backoff (placement/cadence.py: fewer reviews, later moves), and
 for spot billed at the price in effect (the synthetic cases: costs only; decisions and timelines unchanged).
 ``g4dn-32-elastic`` added with the review's payback test (placement/payback.py; no other case changed).
+Re-pinned for the spot evidence (placement/spot_evidence.py: the unset spot wait, Plan and the review
+keeping on-demand after spot did not pay): the g4dn cases changed; the synthetic ones did not.
 """
 
 from __future__ import annotations
@@ -51,13 +53,13 @@ CASES: dict[str, SimOptions] = {
 
 PINNED: dict[str, dict[str, list[Any]]] = {  # python -m tests.unit.test_sim_pinned prints these
     "g4dn-32": {
-        "spotrelay/0": [111, 423257.801649, "1a11058e17eb2425"],
+        "spotrelay/0": [164, 423257.801649, "964584ad07c9f8f9"],
     },
     "synthetic-32": {
         "spotrelay/0": [666, 50215.353832, "3103800efdd055ec"],
     },
     "g4dn-16-all": {
-        "spotrelay/0": [2651, 58144.691685, "c645affe3f6f890c"],
+        "spotrelay/0": [3941, 57523.352997, "7560953741cae5d9"],
         "on-demand/0": [19, 63550.06621, "a870882ca864a16c"],
         "skypilot-like/0": [21785, 81959.344006, "603bee401bbb5a9c"],
         "sagemaker-like/0": [17596, 64654.086173, "b334a4f0a90177af"],
@@ -67,7 +69,7 @@ PINNED: dict[str, dict[str, list[Any]]] = {  # python -m tests.unit.test_sim_pin
         "spotrelay/0": [6221, 24952.511919, "b13591eaa651321c"],
     },
     "g4dn-32-elastic": {
-        "spotrelay/0": [78, 126892.957066, "327234363065b9c0"],
+        "spotrelay/0": [6331, 121350.863226, "d65a1f0b9399f379"],
     },
     "synthetic-16-switches": {
         "spotrelay/0": [975, 86803.21456, "7a3aa0beb6cb5ca6"],
