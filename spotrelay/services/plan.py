@@ -126,6 +126,9 @@ def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict
         ranked = [c for c in ranked if c.pool.market != "spot"]  # its own spot attempts cost more per step
     if wait_left_s(spec, job, quotes, now) > 0:  # recovery.spot_wait_minutes: only spot's saving, for a while
         saving = [c for c in ranked if saves(c.quote, quotes)]  # (no on-demand fallback for provision either)
+        if not saving and excluded:  # every spot pool worth it failed this run: those no longer cooling again
+            saving = [c for c in rank_pools(spec, quotes, stats, now, frozenset(), gang_sizes=True, sized=sized)
+                      if saves(c.quote, quotes)]
         wait = spot_wait_s(spec, job, (saving or ranked)[0].quote, quotes, now, GANG_FIT_RECHECK_S)
         if wait:  # ask again when the first spot pool worth waiting for stops cooling down, if sooner
             back = _first_cooldown_end(spec, [q for q in quotes if saves(q, quotes)], stats, now)

@@ -91,3 +91,14 @@ def test_spot_wait_minutes_is_validated(bad: object) -> None:
     doc["recovery"]["spot_wait_minutes"] = bad
     with pytest.raises(ValidationError, match="spot_wait_minutes"):
         JobSpec.model_validate(doc)
+
+
+def test_spot_pools_that_failed_this_run_are_offered_again_once_no_longer_cooling() -> None:
+    """Every spot pool failed a launch this run (excluded) but none cools down any more: the wait
+    offers them again instead of waiting for pools it would never offer (the job would sit out the
+    whole wait)."""
+    s = _waiting(60)
+    quotes = _scored(quotes_for(s), 9.0)
+    job = _stopped(60).model_copy(update={"excluded_pools": [q.pool.key for q in quotes if q.pool.market == "spot"]})
+    plan = _new_gang_plan(s, job, quotes, {}, NOW)
+    assert plan.wait_s == 0 and plan.candidates and {c.pool.market for c in plan.candidates} == {"spot"}

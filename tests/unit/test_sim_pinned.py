@@ -59,7 +59,7 @@ PINNED: dict[str, dict[str, list[Any]]] = {  # python -m tests.unit.test_sim_pin
         "spotrelay/0": [666, 50215.353832, "3103800efdd055ec"],
     },
     "g4dn-16-all": {
-        "spotrelay/0": [3941, 57523.352997, "7560953741cae5d9"],
+        "spotrelay/0": [13091, 40911.66727, "da43ca8f0c28eb88"],
         "on-demand/0": [19, 63550.06621, "a870882ca864a16c"],
         "skypilot-like/0": [21785, 81959.344006, "603bee401bbb5a9c"],
         "sagemaker-like/0": [17596, 64654.086173, "b334a4f0a90177af"],
@@ -69,7 +69,7 @@ PINNED: dict[str, dict[str, list[Any]]] = {  # python -m tests.unit.test_sim_pin
         "spotrelay/0": [6221, 24952.511919, "b13591eaa651321c"],
     },
     "g4dn-32-elastic": {
-        "spotrelay/0": [6331, 121350.863226, "d65a1f0b9399f379"],
+        "spotrelay/0": [28190, 82513.742242, "9510d737624f4249"],
     },
     "synthetic-16-switches": {
         "spotrelay/0": [975, 86803.21456, "7a3aa0beb6cb5ca6"],
