@@ -82,8 +82,10 @@ def job_spec(options: CampaignOptions) -> str:
     data["entrypoint"]["args"] = ["--engine", "ddp", "--steps", str(options.steps),
                                   "--step-sleep", str(options.step_sleep_s), "--out", "result"]
     data["checkpoint"]["every_steps"] = 5
+    # spot_wait_minutes 0: the twin runs the workflow's waits in real seconds (only boots are scaled),
+    # so the default wait for spot (up to 2 h while every spot pool refuses) would outlast the hang bound
     data["recovery"] = {"strategy": "replace-cluster", "max_recoveries": 12, "max_user_restarts": 4,
-                        "retry_exit_codes": [77]}
+                        "retry_exit_codes": [77], "spot_wait_minutes": 0}
     data.pop("tracking", None)
     data.pop("budget", None)
     text = yaml.safe_dump(data, sort_keys=False)
