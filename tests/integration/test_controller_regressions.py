@@ -78,3 +78,17 @@ def test_a_finished_gang_finishes_the_job_though_a_node_was_doomed() -> None:
     assert "Recover" not in run.execution.history
     assert [a.number for a in job.attempts] == [1] and len(run.compute.launched) == 1
     assert run.compute.running(JOB) == [] and run.store.illegal == []
+
+
+def test_regression_a_stuck_cancel_leaves_no_node_record_live() -> None:
+    """Shrunk counterexample: cancelled while the ready wait was open, then nothing answered for
+    over an hour; reconcile stopped the stuck execution and terminated the instance but left its
+    node record PENDING (the workflow's Teardown marks records TERMINATED first; reconcile did not)."""
+    run = _started()
+    run.cancel()
+    run.clock(seconds=4000.0)
+    run.reconcile_tick(seconds=0.0)
+    run.teardown()
+    assert run._job().status is JobStatus.CANCELLED
+    assert [n.state for n in run.store.nodes_of(JOB)] == [NodeState.TERMINATED]
+    run.finished_job_has_every_node_terminated()

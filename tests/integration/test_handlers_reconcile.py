@@ -23,6 +23,7 @@ def _run(minute: int) -> dict[str, object]:
 
 def test_stale_heartbeat_is_a_node_loss(env: Env) -> None:
     job, _gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    env.workflow.executions[job.execution_arn] = "RUNNING"  # its workflow waits for the outcome (not stuck)
     fresh, silent = time.time(), time.time() - 3600
     env.store.update_node(job.job_id, "a1-r0", lambda n: n.model_copy(update={"last_heartbeat": fresh}))
     env.store.update_node(job.job_id, "a1-r1", lambda n: n.model_copy(update={"last_heartbeat": silent}))
