@@ -12,6 +12,7 @@ the pool worth waiting for. Pure: the clock, the job's attempts and the quotes a
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from spotrelay.domain.models import Job
 from spotrelay.placement import catalog
@@ -56,44 +57,71 @@ def _saving(quote: PoolQuote, bounds: tuple[float, float], config: PlacementConf
 
 def saves(quote: PoolQuote, quotes: list[PoolQuote], config: PlacementConfig = DEFAULT_CONFIG) -> bool:
     """A spot pool within ``SPOT_WAIT_FACTOR`` of the best spot pool's price per unit of work, and
-    cheaper per unit of work than every on-demand pool quoted (spot dearer than on-demand is no saving)."""
+    cheaper per unit of work than every on-demand pool quoted (spot dearer than on-demand is no saving).
+    Asking about many quotes: ``plan_view(...).saves`` (the bounds once, not once per quote)."""
     return _saving(quote, _bounds(quotes, config), config)
 
 
+@dataclass(frozen=True)
+class PlanView:
+    """What one Plan weighs for the wait, computed once per Plan: the best spot and on-demand prices
+    per unit of work among its quotes, and the job's spot verdict (``spot_did_not_pay``)."""
+
+    bounds: tuple[float, float]
+    did_not_pay: bool
+    config: PlacementConfig = DEFAULT_CONFIG
+
+    def saves(self, quote: PoolQuote) -> bool:
+        """``saves(quote, quotes)`` against this Plan's quotes."""
+        return _saving(quote, self.bounds, self.config)
+
+
+def plan_view(job: Job, quotes: list[PoolQuote], now: float, config: PlacementConfig = DEFAULT_CONFIG,
+              did_not_pay: bool | None = None) -> PlanView:
+    """The Plan's view of ``quotes``; ``did_not_pay``: the verdict when the caller has it already
+    (``spot_did_not_pay(job.attempts, quotes, now, config)``, which reads only the on-demand quotes)."""
+    if did_not_pay is None:
+        did_not_pay = spot_did_not_pay(job.attempts, quotes, now, config)
+    return PlanView(_bounds(quotes, config), did_not_pay, config)
+
+
 def wait_minutes(spec: JobSpec, job: Job, quotes: list[PoolQuote], now: float,
-                 config: PlacementConfig = DEFAULT_CONFIG) -> float:
+                 config: PlacementConfig = DEFAULT_CONFIG, did_not_pay: bool | None = None) -> float:
     """The wait the spec states; unset: ``EVIDENCE_WAIT_MINUTES`` unless the job's own settled spot
-    attempts cost more per useful step than on-demand would have (``spot_evidence``): then waiting
-    would only add wall time to a loss."""
+    attempts cost more per useful step than on-demand would have (``spot_evidence``; ``did_not_pay``:
+    that verdict, when the caller has it already): then waiting would only add wall time to a loss."""
     stated = spec.recovery.spot_wait_minutes
     if stated is not None:
         return stated
-    return 0.0 if spot_did_not_pay(job.attempts, quotes, now, config) else EVIDENCE_WAIT_MINUTES
+    if did_not_pay is None:
+        did_not_pay = spot_did_not_pay(job.attempts, quotes, now, config)
+    return 0.0 if did_not_pay else EVIDENCE_WAIT_MINUTES
 
 
 def wait_left_s(spec: JobSpec, job: Job, quotes: list[PoolQuote], now: float,
-                config: PlacementConfig = DEFAULT_CONFIG) -> float:
+                config: PlacementConfig = DEFAULT_CONFIG, view: PlanView | None = None) -> float:
     """Seconds the job may still wait for spot (> 0: Plan offers only pools that ``saves``); 0 when
     there is no wait (``wait_minutes``), a gang trains, no allowed spot pool is cheaper per unit of work
-    than on-demand, or the job waited long enough."""
+    than on-demand, or the job waited long enough. ``view``: this Plan's ``plan_view`` (else computed)."""
     since = stopped_at(job)
     if since is None:
         return 0.0
-    bounds = _bounds(quotes, config)
+    bounds = view.bounds if view is not None else _bounds(quotes, config)
     if not any(_saving(q, bounds, config) for q in quotes):  # no allowed spot pool is a saving
         return 0.0
-    limit_s = wait_minutes(spec, job, quotes, now, config) * 60.0
+    limit_s = wait_minutes(spec, job, quotes, now, config, view.did_not_pay if view is not None else None) * 60.0
     if limit_s <= 0:
         return 0.0
     return max(0.0, since + limit_s - now)
 
 
 def spot_wait_s(spec: JobSpec, job: Job, best: PoolQuote, quotes: list[PoolQuote], now: float,
-                recheck_s: int, config: PlacementConfig = DEFAULT_CONFIG) -> int:
+                recheck_s: int, config: PlacementConfig = DEFAULT_CONFIG, view: PlanView | None = None) -> int:
     """Seconds Plan should wait instead of launching on ``best`` (the best candidate that is left);
     0: launch now. At most ``recheck_s`` at a time (ask the market again), never past the job's
-    ``spot_wait_minutes`` without a gang."""
-    left = wait_left_s(spec, job, quotes, now)
-    if left <= 0 or saves(best, quotes, config):
+    ``spot_wait_minutes`` without a gang. ``view``: this Plan's ``plan_view`` (else computed)."""
+    view = view or plan_view(job, quotes, now, config)
+    left = wait_left_s(spec, job, quotes, now, config, view)
+    if left <= 0 or view.saves(best):
         return 0
     return max(1, math.ceil(min(recheck_s, left)))

@@ -15,8 +15,7 @@ from spotrelay.placement import best_pool, rank_pools
 from spotrelay.placement.gang_fit import SizedScores, probe_sizes, scores_of
 from spotrelay.placement.policy import GANG_FIT_REASON, evaluate_pools, score_pool
 from spotrelay.placement.pool_stats import PoolStats
-from spotrelay.placement.spot_evidence import spot_did_not_pay
-from spotrelay.placement.spot_wait import saves, spot_wait_s, wait_left_s
+from spotrelay.placement.spot_wait import plan_view, spot_wait_s, wait_left_s
 from spotrelay.ports.market import PoolQuote
 from spotrelay.services.controller import Controller, release_nodes, spec_of
 from spotrelay.spec.models import JobSpec
@@ -104,11 +103,12 @@ def _keeping_plan(spec: JobSpec, recovery: RecoveryPlan, job: Job, quotes: list[
 
 
 def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict[str, PoolStats],
-                   now: float, sized: SizedScores | None = None) -> LaunchPlan:
+                   now: float, sized: SizedScores | None = None, did_not_pay: bool | None = None) -> LaunchPlan:
     """Rank (pool, gang size) pairs for a new gang (down to ``resources.min_nodes``; a smaller gang
     wins when it scores cheaper per useful hour, or when no pool is left for the full one). A pool
     that refused a gang this run is excluded at that size and larger (``pool@n``); once every pair
-    is excluded, those whose cooldown passed are tried again."""
+    is excluded, those whose cooldown passed are tried again. ``did_not_pay``: the job's spot verdict
+    (``spot_did_not_pay``) when the caller has it already; computed once per Plan otherwise."""
     excluded = frozenset(job.excluded_pools)
     ranked = rank_pools(spec, quotes, stats, now, excluded, gang_sizes=True, sized=sized)
     if not ranked and excluded:  # every pool failed this run: retry those whose cooldown has passed
@@ -122,16 +122,17 @@ def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict
             return LaunchPlan(candidates=[], launch_ranks=list(range(spec.resources.nodes)), wait_s=wait)
         best_pool(spec, quotes, stats, now, excluded)  # raises NoPlacementError with the reasons
         raise NoPlacementError(f"no candidate pool for job {job.job_id}")
-    if spot_did_not_pay(job.attempts, quotes, now) and any(c.pool.market != "spot" for c in ranked):
+    view = plan_view(job, quotes, now, did_not_pay=did_not_pay)  # the bounds and the verdict, once
+    if view.did_not_pay and any(c.pool.market != "spot" for c in ranked):
         ranked = [c for c in ranked if c.pool.market != "spot"]  # its own spot attempts cost more per step
-    if wait_left_s(spec, job, quotes, now) > 0:  # recovery.spot_wait_minutes: only spot's saving, for a while
-        saving = [c for c in ranked if saves(c.quote, quotes)]  # (no on-demand fallback for provision either)
+    if wait_left_s(spec, job, quotes, now, view=view) > 0:  # recovery.spot_wait_minutes: spot's saving, for a while
+        saving = [c for c in ranked if view.saves(c.quote)]  # (no on-demand fallback for provision either)
         if not saving and excluded:  # every spot pool worth it failed this run: those no longer cooling again
             saving = [c for c in rank_pools(spec, quotes, stats, now, frozenset(), gang_sizes=True, sized=sized)
-                      if saves(c.quote, quotes)]
-        wait = spot_wait_s(spec, job, (saving or ranked)[0].quote, quotes, now, GANG_FIT_RECHECK_S)
+                      if view.saves(c.quote)]
+        wait = spot_wait_s(spec, job, (saving or ranked)[0].quote, quotes, now, GANG_FIT_RECHECK_S, view=view)
         if wait:  # ask again when the first spot pool worth waiting for stops cooling down, if sooner
-            back = _first_cooldown_end(spec, [q for q in quotes if saves(q, quotes)], stats, now)
+            back = _first_cooldown_end(spec, [q for q in quotes if view.saves(q)], stats, now)
             wait = min(wait, back) if back else wait
             return LaunchPlan(candidates=[], launch_ranks=list(range(spec.resources.nodes)), wait_s=wait)
         ranked = saving

@@ -58,19 +58,20 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
         # Plan offers the first MAX_CANDIDATES pools: a shortlist holds them (sim/shortlist.py)
         # (not while the job may wait for spot: the wait weighs every spot pool; its evidence reads only
         # the on-demand quotes, spot_evidence.on_demand_work_price)
+        # (the verdict is computed once per Plan and passed on: spot_evidence reads only on-demand prices)
         od = moves._on_demand_quotes(self)
-        short = (None if wait_minutes(self.spec, job, od, self.now) > 0 or spot_did_not_pay(job.attempts, od, self.now)
-                 else
-                 plan_quotes(self, asked, stats, frozenset(job.excluded_pools), MAX_CANDIDATES, sized))
+        did_not_pay = spot_did_not_pay(job.attempts, od, self.now)
+        short = (None if did_not_pay or wait_minutes(self.spec, job, od, self.now, did_not_pay=did_not_pay) > 0
+                 else plan_quotes(self, asked, stats, frozenset(job.excluded_pools), MAX_CANDIDATES, sized))
         res = self.spec.resources
         quotes = (self.market.quotes(self.now, res.nodes + res.spares, asked)
                   if short is None or moves.VERIFY_SHORTLIST else short)
         try:
-            launch = _new_gang_plan(self.spec, job, quotes, stats, self.now, sized)
+            launch = _new_gang_plan(self.spec, job, quotes, stats, self.now, sized, did_not_pay)
         except NoPlacementError as exc:
             raise TaskFailed("NoPlacementError", str(exc)) from None
         if moves.VERIFY_SHORTLIST and short is not None:  # tests: the same plan as from every quote
-            assert _new_gang_plan(self.spec, job, short, stats, self.now, sized) == launch
+            assert _new_gang_plan(self.spec, job, short, stats, self.now, sized, did_not_pay) == launch
     return launch.model_dump(mode="json")
 
 

@@ -10,7 +10,15 @@ from pydantic import ValidationError
 
 from spotrelay.domain.models import Attempt, Job
 from spotrelay.domain.status import JobStatus
-from spotrelay.placement.spot_wait import SPOT_WAIT_FACTOR, spot_wait_s, stopped_at, work_price
+from spotrelay.placement.spot_wait import (
+    SPOT_WAIT_FACTOR,
+    plan_view,
+    saves,
+    spot_wait_s,
+    stopped_at,
+    wait_left_s,
+    work_price,
+)
 from spotrelay.ports.market import PoolQuote
 from spotrelay.services.plan import GANG_FIT_RECHECK_S, _new_gang_plan
 from spotrelay.spec.models import JobSpec
@@ -83,6 +91,21 @@ def test_no_wait_when_off_training_gang_open_or_no_spot_allowed() -> None:
     fresh = Job(job_id="j", name="j", status=JobStatus.PLACING, created_at=NOW - 10)
     assert spot_wait_s(s, fresh, od, quotes, NOW, GANG_FIT_RECHECK_S) == GANG_FIT_RECHECK_S
     assert spot_wait_s(s, fresh, od, quotes, NOW + 30 * 60, GANG_FIT_RECHECK_S) == 0
+
+
+def test_a_plans_view_answers_as_each_quote_asked_alone() -> None:
+    """Plan computes the bounds and the spot verdict once (plan_view): the same answers as asking per
+    quote, and a verdict given is the one used (spot did not pay: no wait although the job has no evidence)."""
+    quotes = [q.model_copy(update={"price_per_hour": 0.91 if q.pool.market == "spot" else 3.06})
+              for q in quotes_for(make_spec())]
+    view = plan_view(_stopped(60), quotes, NOW)
+    answers = [view.saves(q) for q in quotes]
+    assert answers == [saves(q, quotes) for q in quotes] and True in answers and False in answers
+    unset = _waiting(0).model_copy(update={"recovery": _waiting(0).recovery.model_copy(
+        update={"spot_wait_minutes": None})})
+    assert wait_left_s(unset, _stopped(60), quotes, NOW, view=view) > 0  # no evidence yet: the default wait
+    told = plan_view(_stopped(60), quotes, NOW, did_not_pay=True)
+    assert wait_left_s(unset, _stopped(60), quotes, NOW, view=told) == 0
 
 
 @pytest.mark.parametrize("bad", [-1, 7 * 24 * 60 + 1, "soon"])
