@@ -15,6 +15,9 @@ gang, ``--switch min_nodes=N``) on the same markets and seeds, prints it as ``sp
 its cost per useful GPU-hour over the fixed gang's (issue 13: elastic must lower it), and the same
 with ``resources.wall_time_weight`` 0 (``wall_time_w 0``: ranked by cost alone) for the wall-time trade.
 
+Under each size's table, where spotrelay's paid GPU-hours went (``useful`` is goodput; boot, restore,
+lost work, idle ranks, drains: spotrelay/sim/losses.py), the breakdown the JSON holds as ``losses``.
+
 Then it checks the issue's targets and prints each as met or NOT met, and the simulator's speed.
 """
 
@@ -29,6 +32,7 @@ from pathlib import Path
 
 from spotrelay.sim.build import MarketOptions
 from spotrelay.sim.job import JobModel
+from spotrelay.sim.losses import CATEGORIES
 from spotrelay.sim.runner import POLICIES, Report, SimOptions, simulate
 
 TRACE = Path(__file__).resolve().parents[1] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv"
@@ -122,6 +126,10 @@ def main() -> int:
                       f"{rep.mean(policy, 'vs_price_limit'):>9.3f} {rep.mean(policy, 'captured_saving'):>9.3f} "
                       f"{rep.mean(policy, 'goodput'):>8.3f} {min(goodputs):>11.3f} "
                       f"{rep.mean(policy, 'on_demand_share'):>9.0%} {rep.mean(policy, 'wall_hours'):>7.1f}")
+            for policy, rep, label in [x for x in rows if x[2] in ("spotrelay", "spotrelay-elastic")]:
+                # where its paid GPU-hours went
+                print(f"{'':>5} {label.strip()} paid GPU-hours: " + ", ".join(
+                    f"{c} {rep.loss(policy, c):.3f}" for c in CATEGORIES if rep.loss(policy, c) >= 0.0005))
             misses = misses_but_limit(report)
             checks.append((f"{setting} {nodes} nodes: spotrelay cheapest but price-limit on every seed",
                            not misses, "; ".join(misses)))

@@ -21,6 +21,7 @@ from typing import Any
 from spotrelay.domain.cost import CostEntry
 from spotrelay.domain.models import Pool
 from spotrelay.sim.job import REF_TYPE, JobModel
+from spotrelay.sim.losses import node_phases
 from spotrelay.sim.market import Market, SimPool, TraceCapacity
 
 INF = float("inf")
@@ -59,6 +60,9 @@ class SimNode:
     takes_rank: int | None = None  # a spare a recovery promoted to this rank
     release_after: float | None = None  # a rebalance standby: released then unless a rank took it
     record: tuple[tuple[object, ...], Any] | None = None  # (what it was built from, its Node record): controller
+    trained_s: float = 0.0  # seconds in training segments (sim/losses.py)
+    train_end: float = 0.0  # when its last training segment ended
+    restored_s: float = 0.0  # seconds of restore windows before its segments
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +120,7 @@ class Run:
         self.running = False
         self.epoch = 0  # bumps whenever a training segment starts or stops (stale timers die)
         self.seg_t0 = self.seg_step0 = 0.0
-        self.step_eff = self.step_pure = 1.0
+        self.step_eff = self.step_pure = self.step_pure_eff = 1.0
         self.every = 1
         self.seg_gpus = 0
         self.forced: list[tuple[float, int]] = []  # (commit time, step) of notice/rebalance saves
@@ -128,6 +132,7 @@ class Run:
         self.seg_nodes: list[SimNode] = []
         self._speed: dict[str, float] = {}  # instance type -> job.speed (end_node's billing)
         self._bills: dict[tuple[str, float, float, int], list[CostEntry]] = {}  # end_node's last node's entries
+        self.loss_gpu_s: dict[str, float] = {}  # paid GPU-s per phase (sim/losses.py): "train", "boot", ...
 
     # --- event loop -----------------------------------------------------------------------------
     def at(self, t: float, fn: Callable[..., None], arg: Any = None) -> None:
@@ -236,6 +241,10 @@ class Run:
             speed = self._speed[sp.pool.instance_type] = self.job.speed(sp.pool.instance_type)
         gpu_s = (self.now - node.launch_t) * sp.gpus * speed
         self.paid_gpu_s += gpu_s
+        losses, weight = self.loss_gpu_s, sp.gpus * speed
+        for phase, seconds in node_phases(node, self.now).items():
+            losses[phase] = losses.get(phase, 0.0) + seconds * weight
+        losses["train"] = losses.get("train", 0.0) + node.trained_s * weight
         if not sp.spot:
             self.od_gpu_s += gpu_s
         # spot bills the price in effect while the node runs (per second), not its launch price: one
@@ -303,8 +312,12 @@ class Run:
         scale = self.job.nodes / world if world else 1.0
         self.every = max(1, round(self.job.every_steps(instance_type) / scale))
         self.step_eff = (self.job.step_s(instance_type) + self.job.stall_s(instance_type) / self.every) * scale
+        self.step_pure_eff = self.job.step_s(instance_type) * scale  # the same without the snapshot stall
         self.seg_gpus = self.job.nodes * self.job.ref_gpus()
         self.seg_nodes = list(self.gang.values())
+        restore = self.job.restore_s()
+        for n in self.seg_nodes:  # the restore window before this segment (what it waited beyond: idle)
+            n.restored_s += min(restore, max(0.0, self.now - max(n.boot_t, n.train_end)))
         if self.stopped_at is not None:
             self.metrics.recovery_s.append(self.now - self.stopped_at)
             self.metrics.recoveries += 1
@@ -350,6 +363,7 @@ class Run:
         if self.running:
             self.useful.append([self.seg_step0, float(reached), self.step_pure, float(self.seg_gpus)])
             self.stopped_at = self.now
+            self._segment_ended()
         self.running = False
         self.epoch += 1
         self.forced.clear()
@@ -368,9 +382,23 @@ class Run:
         if epoch != self.epoch or not self.running:
             return
         self.useful.append([self.seg_step0, float(self.total), self.step_pure, float(self.seg_gpus)])
+        self._segment_ended()
         self.running = False
         self.ckpt_step = self.total
         self.on_training_done()
+
+    def _segment_ended(self) -> None:
+        """The training segment's nodes trained until now; the snapshot stall's share of it is counted."""
+        took = self.now - self.seg_t0
+        stall, stalled = took * (1.0 - self.step_pure_eff / self.step_eff) if self.step_eff > 0 else 0.0, 0.0
+        for n in self.seg_nodes:
+            n.trained_s += took
+            n.train_end = self.now
+            speed = self._speed.get(n.pool.pool.instance_type)
+            if speed is None:
+                speed = self._speed[n.pool.pool.instance_type] = self.job.speed(n.pool.pool.instance_type)
+            stalled += stall * n.pool.gpus * speed
+        self.loss_gpu_s["checkpoint_stall"] = self.loss_gpu_s.get("checkpoint_stall", 0.0) + stalled
 
     def useful_gpu_hours(self) -> float:
         return sum((e - s) * step_s * gpus for s, e, step_s, gpus in self.useful) / 3600.0

@@ -18,6 +18,7 @@ from spotrelay.sim.build import MarketOptions, build_market, trace_label
 from spotrelay.sim.controller import SpotrelayRun
 from spotrelay.sim.engine import Run
 from spotrelay.sim.job import JobModel
+from spotrelay.sim.losses import CATEGORIES, shares
 
 # spotrelay switches that are spec fields: switch name -> the spec section that holds it
 SPEC_SWITCHES = {"spares": "resources", "min_nodes": "resources", "wall_time_weight": "resources",
@@ -65,6 +66,7 @@ class RunResult:
     events: int
     timeline: list[tuple[float, str, str]]
     decisions: list[dict[str, Any]]
+    losses: dict[str, float] = field(default_factory=dict)  # share of paid GPU-hours per phase (sim/losses.py)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -124,7 +126,7 @@ def measure(policy: str, seed: int, run: Run) -> RunResult:
         "inconsistent": 1.0 if useful > paid * 1.000001 + 1e-9 or int(getattr(run, "short_starts", 0)) else 0.0,
     }
     return RunResult(policy, seed, values, m.finished, m.events, m.timeline,
-                     list(getattr(run, "decisions", [])))
+                     list(getattr(run, "decisions", [])), shares(run))
 
 
 def run_seed(opts: SimOptions, seed: int) -> list[RunResult]:
@@ -152,8 +154,10 @@ def _sum(parts: list[RunResult]) -> RunResult:
                                           if values["useful_gpu_hours"] else math.inf)
     for k in ("goodput", "recovery_s_p50", "recovery_s_p95", "on_demand_share"):
         values[k] = statistics.fmean(p.values[k] for p in parts)
+    losses = {c: statistics.fmean(p.losses.get(c, 0.0) for p in parts) for c in CATEGORIES
+              if any(c in p.losses for p in parts)}
     return RunResult(parts[0].policy, parts[0].seed, values, all(p.finished for p in parts),
-                     sum(p.events for p in parts), parts[0].timeline, parts[0].decisions)
+                     sum(p.events for p in parts), parts[0].timeline, parts[0].decisions, losses)
 
 
 def _captured(results: list[RunResult]) -> None:
@@ -188,6 +192,11 @@ class Report:
         vals = [v for v in self.series(policy, metric) if not math.isnan(v)]
         return statistics.fmean(vals) if vals else math.nan
 
+    def loss(self, policy: str, category: str) -> float:
+        """Mean over runs of ``category``'s share of the policy's paid GPU-hours (sim/losses.py)."""
+        vals = [r.losses[category] for r in self.runs if r.policy == policy and category in r.losses]
+        return statistics.fmean(vals) if vals else math.nan
+
     def spread(self, policy: str, metric: str) -> float:
         vals = [v for v in self.series(policy, metric) if math.isfinite(v)]
         return statistics.stdev(vals) if len(vals) > 1 else 0.0
@@ -208,6 +217,8 @@ class Report:
                              "finished_share": clean(statistics.fmean(
                                  1.0 if r.finished else 0.0 for r in self.runs if r.policy == p))}
                          for p in self.policies()},
+            # shares of paid GPU-hours per phase (sim/losses.py; "useful" is goodput), mean over seeds
+            "losses": {p: {c: clean(self.loss(p, c)) for c in CATEGORIES} for p in self.policies()},
             "events": self.events, "seconds": round(self.seconds, 3),
         }
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from spotrelay.cli.main import app
+from spotrelay.sim.losses import CATEGORIES
 from spotrelay.sim.runner import METRICS, POLICIES
 
 TRACE = Path(__file__).resolve().parents[2] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv"
@@ -28,6 +29,10 @@ def test_simulate_writes_the_contracts_json_and_a_plot(tmp_path: Path) -> None:
     assert limit["captured_saving"] == 1.0 and od["captured_saving"] == 0.0
     assert od["on_demand_share"] == 1.0 and od["interruptions"] == 0
     assert 0 < doc["policies"]["spotrelay"]["goodput"] <= 1
+    for policy, shares in doc["losses"].items():  # where paid GPU-hours went: every phase, summing to 1
+        assert set(shares) == set(CATEGORIES)
+        assert abs(sum(shares.values()) - 1.0) < 1e-3
+        assert abs(shares["useful"] - doc["policies"][policy]["goodput"]) < 1e-6
     assert png.stat().st_size > 10_000
     assert "events/s" in result.output
 
