@@ -21,6 +21,7 @@ from agent.checkpoint.arena import ArenaPool, arena_size
 from agent.checkpoint.compat import check_optimizer, check_parameters
 from agent.checkpoint.dcp_storage import ArenaStorageWriter, load, saved_layout
 from agent.checkpoint.engines import Output, Snapshot
+from agent.checkpoint.group_check import check_param_groups
 from agent.checkpoint.manifest import Manifest
 from agent.checkpoint.state import snapshot_tree
 
@@ -60,8 +61,11 @@ class DcpEngine:
         shapes, optim_keys = saved_layout(step_dir / MODEL_DIR)
         check_parameters(step_dir, shapes, live)
         check_optimizer(step_dir, optim_keys, optim_sd)
+        # a copy: the load writes the saved groups over these
+        own_groups = [dict(group) for group in optim_sd.get("param_groups", []) if isinstance(group, dict)]
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         load(state, step_dir / MODEL_DIR, process_group=self.group, no_dist=not self.distributed)
+        check_param_groups(step_dir / MODEL_DIR, state["optim"].get("param_groups"), own_groups)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
     def describe(self) -> dict[str, Any]:

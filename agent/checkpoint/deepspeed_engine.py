@@ -21,6 +21,7 @@ from agent.checkpoint import deepspeed_reshard as reshard
 from agent.checkpoint.arena import Arena, ArenaPool, arena_size
 from agent.checkpoint.compat import check_optimizer_names, check_parameters, optimizer_names
 from agent.checkpoint.engines import ArenaFile, Output, Snapshot
+from agent.checkpoint.group_check import check_param_groups
 from agent.checkpoint.manifest import Manifest
 from agent.checkpoint.state import snapshot_tree
 from spotrelay.errors import IncompatibleCheckpointError
@@ -140,6 +141,8 @@ class DeepSpeedEngine:
         if saved is None:
             return
         check_optimizer_names(step_dir, optimizer_names(saved), optimizer_names(base.state_dict()))
+        # another ZeRO stage may group the parameters otherwise: the counts are the reshard's to match
+        check_param_groups(step_dir, saved.get("param_groups"), base.param_groups, same_count=False)
 
     def describe(self) -> dict[str, Any]:
         e = self.engine

@@ -276,3 +276,38 @@ def test_a_skeleton_whose_tensor_records_do_not_fit_is_corrupt(tmp_path: Path, c
     arena_files.sidecar(path).write_bytes(b"\0" * 8)
     with pytest.raises(CorruptCheckpointError, match=re.escape(f"{path}: {expected}")):
         arena_files.load(path, lazy=case == "bytes and shape disagree")
+
+
+@pytest.mark.parametrize(("value", "shown"), [("0.1", "'0.1'"), (float("nan"), "nan"), ([0.1], r"\[0.1\]")])
+def test_a_hyper_parameter_of_another_kind_is_corrupt_before_any_step(tmp_path: Path, value: Any, shown: str) -> None:
+    """A param group's values pass the pickle scan and torch copies them as they are: a string
+    learning rate used to end in a TypeError traceback at the first step, on every retry."""
+    ckpt = tmp_path / "ckpt"
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    session = spotrelay_session(model, optimizer, checkpoint_dir=ckpt, every_steps=1, keep_local=5)
+    for index, _ in session.steps(2):
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        if index == 1:  # written into the step-2 checkpoint as it is
+            optimizer.param_groups[0]["lr"] = value
+    assert session.close() == 0
+    expected = rf"{re.escape(str(ckpt / step_name(2) / 'model'))}: optimizer field param_groups.0.lr is {shown}"
+    with pytest.raises(CorruptCheckpointError, match=expected):
+        _resume(ckpt)
+    [refused] = [e for e in read_events(ckpt.parent / "control")[0] if e.kind == "refused"]
+    assert "optimizer field param_groups.0.lr" in (refused.detail or "")  # the agent reports it, never retries
+
+
+def test_the_hyper_parameters_this_run_saved_resume() -> None:
+    """The check accepts what torch's own optimizers write (flags, None, tuples, tensors)."""
+    from agent.checkpoint.group_check import check_param_groups
+
+    model = torch.nn.Linear(2, 1)
+    for optimizer in (torch.optim.AdamW(model.parameters(), lr=torch.tensor(0.01)),
+                      torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)):  # fmt: skip
+        saved = optimizer.state_dict()["param_groups"]
+        check_param_groups(Path("ckpt"), saved, optimizer.param_groups)
+        with pytest.raises(CorruptCheckpointError, match="ckpt: optimizer field param_groups holds 2 groups"):
+            check_param_groups(Path("ckpt"), saved * 2, optimizer.param_groups)
