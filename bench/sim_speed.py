@@ -1,6 +1,7 @@
 """How fast the simulator runs: 1,000 job-months (100 jobs x 10 months, 32 nodes each) per policy.
 
     .venv/bin/python bench/sim_speed.py [--jobs 100] [--months 10] [--nodes 32] [--market g4dn|synthetic]
+    .venv/bin/python bench/sim_speed.py --jobs 2 --market synthetic --against main~3 [--rounds 3]
 
 Prints, per market (the g4dn trace and the synthetic market; both by default), the simulated events,
 the wall and CPU seconds and the events per CPU-second, for spotrelay alone (the policy that walks the
@@ -8,21 +9,83 @@ ASL and calls the shipped decisions) and with ``--all-policies`` for every polic
 scaled to 1,000 job-months against the 60 s target, and a last line with both markets side by side.
 Wall time on a shared machine moves with its load; the target is judged on CPU seconds, the steadier
 figure (``--jobs 10`` measures a tenth of the default and scales it).
+
+``--against REV``: before/after side by side in one run. The simulator of git revision REV (its
+``spotrelay/`` and ``functions/``, exported to a temporary directory) and this tree's are timed in
+turn, ``--rounds`` times each, alternating, every run in a fresh process; then each one's mean and
+after/before. CPU seconds grow with the machine's load, so only runs alternated in one session compare.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
+from io import BytesIO
 from pathlib import Path
 
-from spotrelay.sim.build import MarketOptions
-from spotrelay.sim.job import JobModel
-from spotrelay.sim.runner import POLICIES, SimOptions, simulate
-
-TRACE = Path(__file__).resolve().parents[1] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv"
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv"
 HOURS_PER_MONTH = 730.0
+
+
+def _measure(market_name: str, nodes: int, months: float, jobs: int, policies: tuple[str, ...]) -> dict[str, float]:
+    """One timed simulation with whichever ``spotrelay`` this process imports."""
+    from spotrelay.sim.build import MarketOptions
+    from spotrelay.sim.job import JobModel
+    from spotrelay.sim.runner import SimOptions, simulate
+
+    market = (MarketOptions(traces=[str(TRACE)]) if market_name == "g4dn"
+              else MarketOptions(trace_format="synthetic", synthetic_days=60))
+    opts = SimOptions(market=market, job=JobModel(nodes=nodes, job_hours=months * HOURS_PER_MONTH),
+                      policies=policies, jobs=jobs)
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    report = simulate(opts)
+    return {"events": report.events, "wall": time.perf_counter() - wall0, "cpu": time.process_time() - cpu0}
+
+
+def _export(rev: str, into: Path) -> None:
+    """REV's spotrelay/ and functions/ (the ASL the simulator walks) under ``into``."""
+    blob = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev, "spotrelay", "functions"],
+                          check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=BytesIO(blob)) as tar:
+        tar.extractall(into, filter="data")
+
+
+def _in_process(root: Path, args: argparse.Namespace, market: str) -> dict[str, float]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--market", market, "--jobs", str(args.jobs),
+           "--months", str(args.months), "--nodes", str(args.nodes)]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=root).stdout
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def _against(args: argparse.Namespace, markets: list[str]) -> int:
+    job_months = args.jobs * args.months
+    per_k = 1000.0 / job_months
+    with tempfile.TemporaryDirectory(prefix="sim_speed_") as tmp:
+        _export(args.against, Path(tmp))
+        for market in markets:
+            runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+            for r in range(args.rounds):
+                for label, root in (("before", Path(tmp)), ("after", ROOT)):
+                    got = _in_process(root, args, market)
+                    runs[label].append(got)
+                    print(f"{market:9} round {r + 1} {label:6} ({args.against if label == 'before' else 'this tree'}): "
+                          f"{job_months:,.0f} job-months, {got['events']:,.0f} events, {got['wall']:6.1f} s wall, "
+                          f"{got['cpu']:6.1f} s CPU ({got['cpu'] * per_k:,.0f} s per 1,000 job-months)", flush=True)
+            mean = {k: sum(x["cpu"] for x in v) / len(v) for k, v in runs.items()}
+            same = {x["events"] for v in runs.values() for x in v}
+            print(f"{market:9} mean CPU: before {mean['before']:.2f} s ({mean['before'] * per_k:,.0f} s per 1,000 "
+                  f"job-months), after {mean['after']:.2f} s ({mean['after'] * per_k:,.0f} s, "
+                  f"{'met' if mean['after'] * per_k <= 60 else 'NOT met'}); after/before "
+                  f"{mean['after'] / mean['before']:.2f}; events {'the same' if len(same) == 1 else 'DIFFER'}")
+    return 0
 
 
 def main() -> int:
@@ -32,27 +95,32 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=32)
     parser.add_argument("--market", choices=["g4dn", "synthetic", "both"], default="both")
     parser.add_argument("--all-policies", action="store_true", help="also time every policy together")
+    parser.add_argument("--against", metavar="REV", help="also time git revision REV's simulator, alternating")
+    parser.add_argument("--rounds", type=int, default=3, help="with --against: runs of each, alternated")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one timed run, JSON out
     args = parser.parse_args()
     markets = ["g4dn", "synthetic"] if args.market == "both" else [args.market]
-    job = JobModel(nodes=args.nodes, job_hours=args.months * HOURS_PER_MONTH)
+    if args.worker:
+        print(json.dumps(_measure(markets[0], args.nodes, args.months, args.jobs, ("spotrelay",))))
+        return 0
+    if args.against:
+        return _against(args, markets)
+    from spotrelay.sim.runner import POLICIES
+
     job_months = args.jobs * args.months
     side: list[str] = []
     for name in markets:
-        market = (MarketOptions(traces=[str(TRACE)]) if name == "g4dn"
-                  else MarketOptions(trace_format="synthetic", synthetic_days=60))
         for policies in (("spotrelay",), POLICIES) if args.all_policies else (("spotrelay",),):
-            opts = SimOptions(market=market, job=job, policies=policies, jobs=args.jobs)
-            wall0, cpu0 = time.perf_counter(), time.process_time()
-            report = simulate(opts)
-            wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+            got = _measure(name, args.nodes, args.months, args.jobs, tuple(policies))
+            wall, cpu, events = got["wall"], got["cpu"], int(got["events"])
             what = "spotrelay" if len(policies) == 1 else f"all {len(policies)} policies"
             per_k = 1000.0 / (job_months * len(policies))  # seconds per 1,000 job-months (per policy)
-            print(f"{name:9} {what:16} {job_months:,.0f} job-months x {len(policies)}: {report.events:>10,} events, "
-                  f"{wall:6.1f} s wall, {cpu:6.1f} s CPU, {report.events / cpu:>9,.0f} events/CPU-s; "
+            print(f"{name:9} {what:16} {job_months:,.0f} job-months x {len(policies)}: {events:>10,} events, "
+                  f"{wall:6.1f} s wall, {cpu:6.1f} s CPU, {events / cpu:>9,.0f} events/CPU-s; "
                   f"per 1,000 job-months {wall * per_k:,.0f} s wall, {cpu * per_k:,.0f} s CPU "
                   f"({'met' if cpu * per_k <= 60 else 'NOT met'} on CPU: <= 60 s)")
             if len(policies) == 1:
-                side.append(f"{name} {report.events / cpu:,.0f} events/CPU-s, {cpu * per_k:,.0f} s CPU "
+                side.append(f"{name} {events / cpu:,.0f} events/CPU-s, {cpu * per_k:,.0f} s CPU "
                             f"({'met' if cpu * per_k <= 60 else 'NOT met'})")
     if len(side) > 1:
         print(f"side by side, spotrelay per 1,000 job-months (target 60 s CPU): {'; '.join(side)}")
