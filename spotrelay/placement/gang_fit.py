@@ -43,3 +43,13 @@ def fits(sized: SizedScores, pool_key: str, nodes: int, threshold: float) -> boo
     if not scored:
         return None
     return any(m >= nodes and s >= threshold for m, s in scored)
+
+
+def quote_fits(score: float | None, full: int, sized: SizedScores | None, pool_key: str, nodes: int,
+               threshold: float) -> bool | None:
+    """``fits`` over a quote's ``score`` (asked for the ``full`` gang) and ``sized``'s; without sized
+    scores, from the quote's alone (the same answer without building the mapping: placement asks this
+    for every spot pool at every gang size)."""
+    if not sized:
+        return None if score is None else nodes <= full and score >= threshold
+    return fits({full: {pool_key: score}, **sized}, pool_key, nodes, threshold)

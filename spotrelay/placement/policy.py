@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from spotrelay.domain.models import Pool
 from spotrelay.errors import NoPlacementError
 from spotrelay.placement import catalog
-from spotrelay.placement.gang_fit import SizedScores, fits
+from spotrelay.placement.gang_fit import SizedScores, quote_fits
 from spotrelay.placement.pool_stats import PoolStats
 from spotrelay.ports.market import PoolQuote
 from spotrelay.spec.models import JobSpec
@@ -214,19 +214,18 @@ def _why_not(
         return "excluded"
     if pool.instance_type not in res.instance_types:
         return "instance type not allowed by the spec"
-    if pool.market not in {m.value for m in res.markets}:
+    if pool.market not in res.markets:  # (StrEnum members equal their values)
         return "market not allowed by the spec"
     if pool.region not in res.regions:
         return "region not allowed by the spec"
     if res.max_hourly_price is not None and quote.price_per_hour > res.max_hourly_price:
         return f"price {quote.price_per_hour:.2f} above max_hourly_price {res.max_hourly_price:.2f}"
-    if pool.market == "spot" and pool.key not in running:
-        # the quotes' scores are asked for the whole gang (MarketData.quotes' capacity), ``sized`` for
-        # smaller elastic sizes: a low one says a launch fails now, or lands where the next capacity dip
-        # reclaims it (placement/gang_fit.py)
-        scores = {res.nodes: {pool.key: quote.placement_score}, **(sized or {})}
-        if fits(scores, pool.key, nodes, config.min_gang_score) is False:
-            return f"{GANG_FIT_REASON} for {nodes} nodes is below {config.min_gang_score:g}"
+    # the quotes' scores are asked for the whole gang (MarketData.quotes' capacity), ``sized`` for
+    # smaller elastic sizes: a low one says a launch fails now, or lands where the next capacity dip
+    # reclaims it (placement/gang_fit.py)
+    if pool.market == "spot" and pool.key not in running and quote_fits(
+            quote.placement_score, res.nodes, sized, pool.key, nodes, config.min_gang_score) is False:
+        return f"{GANG_FIT_REASON} for {nodes} nodes is below {config.min_gang_score:g}"
     if stats is not None and stats.cooling(now) and pool.key not in running:
         return f"cooling down until {stats.cooldown_until:.0f} after {stats.last_event}"
     info = catalog.instance(pool.instance_type)

@@ -4,9 +4,12 @@ the lost ranks, and the review prices a spot move with the job's own recent spot
 
 from __future__ import annotations
 
+import pytest
+
 from spotrelay.domain.models import Attempt, Job, NodeState
 from spotrelay.domain.status import JobStatus
 from spotrelay.placement import evaluate_pools, rank_pools
+from spotrelay.placement.gang_fit import fits, quote_fits
 from spotrelay.placement.policy import GANG_FIT_REASON, PlacementConfig
 from spotrelay.placement.review import better_placement, spot_attempt_hours
 from spotrelay.ports.market import PoolQuote
@@ -127,3 +130,12 @@ def test_only_a_gang_parked_on_on_demand_forgets_old_spot_evidence() -> None:
     assert review_spot_hours(old, "on-demand", later) is None  # stale: look at spot again
     assert review_spot_hours(old, "spot", later) is not None  # on spot it is the latest there is
     assert review_spot_hours(old, "on-demand", NOW + 3600) is not None
+
+
+@pytest.mark.parametrize("sized", [None, {}, {16: {"p": 9.0}}, {16: {"p": None}, 24: {"q": 9.0}}])
+def test_quote_fits_answers_as_fits_over_the_whole_mapping(sized: dict[int, dict[str, float | None]] | None) -> None:
+    """_why_not's shortcut (no mapping built without sized scores) says what fits says."""
+    for score in (None, 3.0, 8.0, 9.5):
+        for nodes in (8, 16, 24, 32, 40):
+            whole = {32: {"p": score}, **(sized or {})}
+            assert quote_fits(score, 32, sized, "p", nodes, 8.0) == fits(whole, "p", nodes, 8.0), (score, nodes)
