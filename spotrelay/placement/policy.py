@@ -22,6 +22,7 @@ numbers say for today's prices and bands, and it changes when they do.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 
@@ -200,7 +201,20 @@ def gang_key(pool_key: str, nodes: int) -> str:
 def _excluded(pool_key: str, nodes: int, excluded: frozenset[str]) -> bool:
     if pool_key in excluded:
         return True
-    return any(k.startswith(pool_key + "@") and nodes >= int(k.rsplit("@", 1)[1]) for k in excluded)
+    smallest = _gang_exclusions(excluded).get(pool_key)
+    return smallest is not None and nodes >= smallest
+
+
+@functools.lru_cache(maxsize=64)
+def _gang_exclusions(excluded: frozenset[str]) -> dict[str, int]:
+    """Pool key -> the smallest gang size excluded there (``pool@n`` entries): made once per set, not
+    once per (pool, size) placement judges (a set is judged for every pool at every size). Read only."""
+    out: dict[str, int] = {}
+    for k in excluded:
+        pool_key, at, size = k.rpartition("@")
+        if at:
+            out[pool_key] = min(int(size), out.get(pool_key, int(size)))
+    return out
 
 
 def _why_not(

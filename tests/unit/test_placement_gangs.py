@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from spotrelay.domain.models import Pool
 from spotrelay.placement import PlacementConfig, evaluate_pools, rank_pools
-from spotrelay.placement.policy import gang_key
+from spotrelay.placement.policy import _excluded, gang_key
 from spotrelay.ports.market import PoolQuote
 from spotrelay.spec.checks import deepspeed_problems
 from spotrelay.spec.models import JobSpec
@@ -106,3 +106,16 @@ def test_deepspeed_batch_must_divide_for_every_gang_size_down_to_min_nodes() -> 
     assert deepspeed_problems(spec(192, 3)) == []  # 2, 3 and 4 nodes of 8 ranks all divide 192 / 2
     problems = dict(deepspeed_problems(spec(128, 2)))
     assert "a gang of 3 nodes cannot keep the global batch 128" in problems["resources.min_nodes"]
+
+
+def test_a_pool_excluded_at_a_size_is_excluded_there_and_larger_only() -> None:
+    """``pool@n`` excludes the pool at n nodes and more (the smallest such entry counts); a plain key at
+    every size; other pools are untouched (placement reads the set once per set, not per pair)."""
+    a, b = "us-east-1/us-east-1a/p5.48xlarge/spot", "us-east-1/us-east-1b/p5.48xlarge/spot"
+    excluded = frozenset({gang_key(a, 24), gang_key(a, 16), b})
+    for nodes in (8, 15, 16, 20, 24, 32):
+        reference = a in excluded or any(k.startswith(a + "@") and nodes >= int(k.rsplit("@", 1)[1]) for k in excluded)
+        assert _excluded(a, nodes, excluded) is reference is (nodes >= 16)
+        assert _excluded(b, nodes, excluded)
+        assert not _excluded("eu-west-1/eu-west-1a/p5.48xlarge/spot", nodes, excluded)
+    assert not _excluded(a, 32, frozenset())
