@@ -17,4 +17,5 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     logger.append_keys(job_id=task.job_id)
     from spotrelay.services.plan import plan
 
-    return plan(controller(), task.job_id, time.time(), recovery=task.recovery).model_dump(mode="json")
+    return plan(controller(), task.job_id, time.time(), recovery=task.recovery,
+                time_scale=task.timings.time_scale).model_dump(mode="json")

@@ -39,7 +39,7 @@ def up(
         ),
     ] = None,
     boot_s: Annotated[float, typer.Option(help="modeled boot time, seconds")] = 300.0,
-    time_scale: Annotated[float, typer.Option(help="twin seconds per modeled second of boot")] = 0.01,
+    time_scale: Annotated[float, typer.Option(help="twin seconds per modeled second: boots, Plan's waits")] = 0.01,
     notice_s: Annotated[float, typer.Option(help="twin seconds from a spot notice to the reclaim")] = 30.0,
     s3_mb_s: Annotated[float, typer.Option(help="the nodes' S3 bandwidth, MB/s (0: unthrottled)")] = 0.0,
     write_config: Annotated[bool, typer.Option(help="write ./.spotrelay.toml for the CLI")] = True,
@@ -233,15 +233,17 @@ def chaos(
     if json_file:
         write_json(result, json_file)
     table = Table(title=f"chaos campaign, seed {seed}")
-    for column in ("job", "status", "attempts", "faults", "resumed from", "lost", "bit-identical", "reason"):
+    for column in ("job", "status", "attempts", "spot wait", "plan waits", "faults", "resumed from", "lost",
+                   "bit-identical", "reason"):
         table.add_column(column)
     for r in result["records"]:
-        table.add_row(r["name"], r["status"], str(r["attempts"]), ",".join(r["faults"]) or "-",
+        table.add_row(r["name"], r["status"], str(r["attempts"]), r["spot_wait"], str(r["plan_waits"]),
+                      ",".join(r["faults"]) or "-",
                       ",".join(map(str, r["resumed_from"])) or "-", str(r["checkpoints_lost"]),
                       {True: "yes", False: "NO", None: "-"}[r["bit_identical"]], r["reason"][:60])
     term.print(table)
     keys = ("jobs", "succeeded", "failed", "stuck", "faults", "checkpoints_lost", "duplicate_clusters",
-            "instances_left", "bit_identical")
+            "instances_left", "bit_identical", "plan_waits")
     term.print("  ".join(f"{k}={result[k]}" for k in keys) + f"  wall={result['wall_s']}s", highlight=False)
     for kind, d in result["downtime_s_by_kind"].items():
         term.print(f"downtime {kind}: mean {d['mean']} s, max {d['max']} s over {d['n']}", highlight=False)

@@ -18,16 +18,20 @@ class WorkflowTimings(BaseModel):
     backoff_max_s: int = Field(600, ge=0)
     healthy_s: int = Field(3600, ge=1, description="an attempt that ran this long resets the recovery backoff")
     provision_retry_s: int = Field(20, ge=0, description="wait before trying the next plan on capacity errors")
+    # Plan measures its waits (the wait for spot, its re-checks) on the clock: a twin that runs modeled
+    # time faster must shorten them where Plan computes them, not in the ASL's Wait (docs/local-twin.md)
+    time_scale: float = Field(
+        1.0, gt=0, description="clock seconds per second of Plan's waits (spot_wait_minutes, re-checks); 1 on AWS")
 
     @classmethod
     def from_env(cls) -> WorkflowTimings:
         """Override any field with SPOTRELAY_WF_<FIELD> (the twin and tests shorten them)."""
         overrides = {
-            name: int(os.environ[f"SPOTRELAY_WF_{name.upper()}"])
+            name: os.environ[f"SPOTRELAY_WF_{name.upper()}"]
             for name in cls.model_fields
             if os.environ.get(f"SPOTRELAY_WF_{name.upper()}")
         }
-        return cls(**overrides)
+        return cls.model_validate(overrides)  # "0.01" -> float, "20" -> int; a bad value names its field
 
 
 class WorkflowInput(BaseModel):

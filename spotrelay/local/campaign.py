@@ -75,17 +75,21 @@ class JobRecord:
     resumed_from: list[int] = field(default_factory=list)
     checkpoints_lost: int = 0
     bit_identical: bool | None = None
+    spot_wait: str = "default"  # recovery.spot_wait_minutes: "default" (unset) or "0" (on-demand at once)
+    plan_waits: int = 0  # times its workflow waited for a pool (PoolCooldown: for spot, or a cooldown's end)
 
 
-def job_spec(options: CampaignOptions) -> str:
+def job_spec(options: CampaignOptions, wait_for_spot: bool = True) -> str:
+    """The campaign's job. ``wait_for_spot``: ``recovery.spot_wait_minutes`` unset (the default wait
+    for spot, up to 120 min of Plan's clock: 72 s at the twin's time scale); else 0 (on-demand at once)."""
     data = yaml.safe_load(options.spec.read_text())
     data["entrypoint"]["args"] = ["--engine", "ddp", "--steps", str(options.steps),
                                   "--step-sleep", str(options.step_sleep_s), "--out", "result"]
     data["checkpoint"]["every_steps"] = 5
-    # spot_wait_minutes 0: the twin runs the workflow's waits in real seconds (only boots are scaled),
-    # so the default wait for spot (up to 2 h while every spot pool refuses) would outlast the hang bound
     data["recovery"] = {"strategy": "replace-cluster", "max_recoveries": 12, "max_user_restarts": 4,
-                        "retry_exit_codes": [77], "spot_wait_minutes": 0}
+                        "retry_exit_codes": [77]}
+    if not wait_for_spot:
+        data["recovery"]["spot_wait_minutes"] = 0
     data.pop("tracking", None)
     data.pop("budget", None)
     text = yaml.safe_dump(data, sort_keys=False)
@@ -98,7 +102,8 @@ def run_campaign(options: CampaignOptions, on_line: Any = print) -> dict[str, An
     rng = random.Random(options.seed)
     out = options.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    spec_text = job_spec(options)
+    spec_text = job_spec(options)  # even jobs wait for spot (the default), odd ones do not
+    specs = {"default": spec_text, "0": job_spec(options, wait_for_spot=False)}
     reference = start_reference(parse_spec(spec_text), out / "reference", ROOT)
     market = MarketModel(regions=["us-east-1", "us-west-2"], boot_time_s=100, time_scale=0.01, notice_window_s=15)
     twin = Twin(TwinOptions(root=out / "twin", market=market, code_dir=ROOT, reconcile_every_s=5,
@@ -106,12 +111,14 @@ def run_campaign(options: CampaignOptions, on_line: Any = print) -> dict[str, An
     _scale_cooldowns(options.cooldown_scale)
     injector = Injector(twin, rng)
     injector.install()
-    records = [JobRecord(name=f"chaos-{options.seed}-{i}") for i in range(options.jobs)]
+    records = [JobRecord(name=f"chaos-{options.seed}-{i}", spot_wait="0" if i % 2 else "default")
+               for i in range(options.jobs)]
     hits: list[Hit] = []
     limit = options.max_faults if options.max_faults is not None else 2 * options.jobs
     try:
-        _drive(twin, injector, records, hits, spec_text, options, limit, rng, on_line)
+        _drive(twin, injector, records, hits, specs, options, limit, rng, on_line)
         instances_left = _settle(twin, injector)
+        _count_plan_waits(records)
     finally:
         injector.reap(everything=True)
         twin.stop()
@@ -142,7 +149,7 @@ def _scale_cooldowns(scale: float | None) -> None:
     _runtime.set_factories(pool_stats=lambda: DynamoDBPoolStatsStore(policy=policy))
 
 
-def _drive(twin: Twin, injector: Injector, records: list[JobRecord], hits: list[Hit], spec_text: str,
+def _drive(twin: Twin, injector: Injector, records: list[JobRecord], hits: list[Hit], specs: dict[str, str],
            options: CampaignOptions, limit: int, rng: random.Random, on_line: Any) -> None:
     from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
 
@@ -155,7 +162,7 @@ def _drive(twin: Twin, injector: Injector, records: list[JobRecord], hits: list[
         waiting = [r for r in records if not r.submitted_at]
         while waiting and len(running) < options.parallel:
             record = waiting.pop(0)
-            keys[record.name] = twin.submit(spec_text, f"{record.name}.yaml")
+            keys[record.name] = twin.submit(specs[record.spot_wait], f"{record.name}.yaml")
             record.submitted_at = now
             running.append(record)
             on_line(f"submitted {record.name}")
@@ -201,6 +208,21 @@ def _settle(twin: Twin, injector: Injector, ticks: int = 3, hang_s: float = 900.
     while twin.compute.list_tagged([]) and reconciled() < ticks and time.time() < since + hang_s:
         time.sleep(1)
     return len(twin.compute.list_tagged([]))
+
+
+def _count_plan_waits(records: list[JobRecord]) -> None:
+    """How often each job's execution entered PoolCooldown (Plan's ``wait_s``), from its history."""
+    from spotrelay.adapters.aws import client
+    from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+
+    store, sfn = DynamoDBJobStore(), client("stepfunctions")
+    for record in records:
+        job = store.find_job(record.job_id) if record.job_id else None
+        if job is None or job.execution_arn is None:
+            continue
+        pages = sfn.get_paginator("get_execution_history").paginate(executionArn=job.execution_arn)
+        record.plan_waits = sum(1 for page in pages for e in page["events"]
+                                if e.get("stateEnteredEventDetails", {}).get("name") == "PoolCooldown")
 
 
 def _node_events(twin: Twin, job_id: str) -> dict[int, list[Any]]:
@@ -291,6 +313,7 @@ def _verdict(twin: Twin, injector: Injector, records: list[JobRecord], hits: lis
                                      for r in records),
         "faults": len(hits),
         "faults_by_kind": {k: sum(h.kind == k for h in hits) for k in sorted({h.kind for h in hits})},
+        "plan_waits": sum(r.plan_waits for r in records),
         "checkpoints_lost": sum(r.checkpoints_lost for r in records),
         "duplicate_clusters": sum(1 for n in launches.values() if n > 1),
         "instances_left": instances_left,

@@ -94,7 +94,7 @@ class MarketModel:
     azs_per_region: int = 2
     spot_discount: float = 0.65  # typical spot price is 35% of on-demand, +-10% by pool
     boot_time_s: float = 300.0  # modeled EC2 launch -> agent up for a GPU instance
-    time_scale: float = 0.01  # twin seconds per modeled second (boot 300 s -> 3 s)
+    time_scale: float = 0.01  # twin seconds per modeled second: boots (300 s -> 3 s) and Plan's waits (twin.py)
     # Notice -> reclaim, in twin seconds. EC2 gives 120 s; the twin shortens it but not by the boot
     # scale, because the save the notice triggers is real work on this machine.
     notice_window_s: float = 30.0

@@ -92,12 +92,18 @@ class Twin:
         self._saved_env: dict[str, str] | None = None
 
     # --- bring-up -----------------------------------------------------------------------------
+    def workflow_env(self) -> dict[str, str]:
+        """The workflow's timings (``WorkflowTimings.from_env``): the twin's short ones, and Plan's own
+        waits (the wait for spot, its re-checks) at the market's ``time_scale``, the boots' scale."""
+        timings = {"time_scale": self.market.time_scale, **self.options.timings}
+        return {f"SPOTRELAY_WF_{k.upper()}": str(v) for k, v in timings.items()}
+
     def start(self) -> Twin:
         from spotrelay.settings import reset
 
         self.root.mkdir(parents=True, exist_ok=True)
         self._saved_env = dict(os.environ)
-        os.environ.update({f"SPOTRELAY_WF_{k.upper()}": str(v) for k, v in self.options.timings.items()})
+        os.environ.update(self.workflow_env())
         os.environ.update(self.options.extra_env)
         if self.options.moto is not None:
             self.moto = self.options.moto

@@ -32,13 +32,15 @@ def live(job: Job) -> Job:
     return job
 
 
-def plan(ctl: Controller, job_id: str, now: float, recovery: RecoveryPlan | None = None) -> LaunchPlan:
+def plan(ctl: Controller, job_id: str, now: float, recovery: RecoveryPlan | None = None,
+         time_scale: float = 1.0) -> LaunchPlan:
     """Move the job to PLACING and say where provision launches which ranks.
 
     A keeping ``recovery`` (replace-lost / restart-in-place, decided by recover) is executed as is:
     its survivors' pool is the only candidate, priced but not re-ranked (a pool's cooldown governs
     new gangs; it does not evict survivors running there). Only a launch that failed in that pool
-    since (provision excluded it) releases the survivors for a whole new gang.
+    since (provision excluded it) releases the survivors for a whole new gang. ``time_scale``: clock
+    seconds per second of Plan's own waits (``WorkflowTimings.time_scale``; the twin runs them faster).
     """
     recovery = recovery or RecoveryPlan()
     job = live(ctl.store.get_job(job_id))
@@ -59,7 +61,7 @@ def plan(ctl: Controller, job_id: str, now: float, recovery: RecoveryPlan | None
                            recovery.deadline, now)
         sized = {m: scores_of(ctl.market.quotes(res.regions, res.instance_types, [mk.value for mk in res.markets],
                                                  capacity=m)) for m in probe_sizes(spec)}  # elastic sizes
-        launch = _new_gang_plan(spec, job, quotes, stats, now, sized)
+        launch = _new_gang_plan(spec, job, quotes, stats, now, sized, time_scale=time_scale)
 
     def to_placing(current: Job) -> Job | None:
         live(current)
@@ -103,12 +105,15 @@ def _keeping_plan(spec: JobSpec, recovery: RecoveryPlan, job: Job, quotes: list[
 
 
 def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict[str, PoolStats],
-                   now: float, sized: SizedScores | None = None, did_not_pay: bool | None = None) -> LaunchPlan:
+                   now: float, sized: SizedScores | None = None, did_not_pay: bool | None = None,
+                   time_scale: float = 1.0) -> LaunchPlan:
     """Rank (pool, gang size) pairs for a new gang (down to ``resources.min_nodes``; a smaller gang
     wins when it scores cheaper per useful hour, or when no pool is left for the full one). A pool
     that refused a gang this run is excluded at that size and larger (``pool@n``); once every pair
     is excluded, those whose cooldown passed are tried again. ``did_not_pay``: the job's spot verdict
-    (``spot_did_not_pay``) when the caller has it already; computed once per Plan otherwise."""
+    (``spot_did_not_pay``) when the caller has it already; computed once per Plan otherwise. The wait
+    for spot and the re-checks run at ``time_scale`` (cooldown ends are already on the clock)."""
+    recheck_s = max(1, math.ceil(GANG_FIT_RECHECK_S * time_scale))
     excluded = frozenset(job.excluded_pools)
     ranked = rank_pools(spec, quotes, stats, now, excluded, gang_sizes=True, sized=sized)
     if not ranked and excluded:  # every pool failed this run: retry those whose cooldown has passed
@@ -117,7 +122,7 @@ def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict
     if not ranked:
         wait = _first_cooldown_end(spec, quotes, stats, now)
         if _gang_does_not_fit(spec, quotes, stats, now, excluded, sized):  # spot pools too full for the gang now
-            wait = min(wait or GANG_FIT_RECHECK_S, GANG_FIT_RECHECK_S)
+            wait = min(wait or recheck_s, recheck_s)
         if wait is not None:  # every allowed pool cools down: wait for the first to come back
             return LaunchPlan(candidates=[], launch_ranks=list(range(spec.resources.nodes)), wait_s=wait)
         best_pool(spec, quotes, stats, now, excluded)  # raises NoPlacementError with the reasons
@@ -125,12 +130,13 @@ def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict
     view = plan_view(job, quotes, now, did_not_pay=did_not_pay)  # the bounds and the verdict, once
     if view.did_not_pay and any(c.pool.market != "spot" for c in ranked):
         ranked = [c for c in ranked if c.pool.market != "spot"]  # its own spot attempts cost more per step
-    if wait_left_s(spec, job, quotes, now, view=view) > 0:  # recovery.spot_wait_minutes: spot's saving, for a while
+    if wait_left_s(spec, job, quotes, now, view=view, time_scale=time_scale) > 0:  # spot_wait_minutes: spot's saving
         saving = [c for c in ranked if view.saves(c.quote)]  # (no on-demand fallback for provision either)
         if not saving and excluded:  # every spot pool worth it failed this run: those no longer cooling again
             saving = [c for c in rank_pools(spec, quotes, stats, now, frozenset(), gang_sizes=True, sized=sized)
                       if view.saves(c.quote)]
-        wait = spot_wait_s(spec, job, (saving or ranked)[0].quote, quotes, now, GANG_FIT_RECHECK_S, view=view)
+        wait = spot_wait_s(spec, job, (saving or ranked)[0].quote, quotes, now, recheck_s, view=view,
+                           time_scale=time_scale)
         if wait:  # ask again when the first spot pool worth waiting for stops cooling down, if sooner
             back = _first_cooldown_end(spec, [q for q in quotes if view.saves(q)], stats, now)
             wait = min(wait, back) if back else wait

@@ -28,6 +28,8 @@ def test_short_campaign_keeps_every_promise(tmp_path: Path) -> None:
     summary = {k: result[k] for k in ("jobs", "succeeded", "failed", "stuck", "faults", "checkpoints_lost",
                                       "duplicate_clusters", "instances_left", "bit_identical")}
     assert result["faults"] >= 1, lines  # the campaign did inject
+    # one job waits for spot by default (72 s at the twin's scale), the other states 0: neither may hang
+    assert [r["spot_wait"] for r in result["records"]] == ["default", "0"]
     assert result["stuck"] == 0 and result["checkpoints_lost"] == 0, (summary, result["records"])
     assert result["duplicate_clusters"] == 0 and result["instances_left"] == 0, summary
     assert result["bit_identical"] == result["succeeded"], result["records"]

@@ -10,12 +10,15 @@ from pathlib import Path
 
 import pytest
 import requests
+from pydantic import ValidationError
 
+from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.models import Pool
 from spotrelay.errors import InsufficientCapacityError
 from spotrelay.local.compute import LocalCompute
 from spotrelay.local.ec2_events import Ec2EventBus
 from spotrelay.local.market import CapacityRule, ChaosAction, MarketModel, load_removals, trace_interruption_rate
+from spotrelay.local.twin import TWIN_TIMINGS, Twin, TwinOptions
 from spotrelay.ports.compute import LaunchRequest
 from tests.e2e.waits import HANG_S, wait_for
 
@@ -74,6 +77,20 @@ def test_a_capacity_limit_counts_the_live_instances_until_lifted() -> None:
     market.check_capacity(POOL.model_copy(update={"market": "on-demand"}), count=2, live=0)  # not matched
     assert market.lift_limits() == 1 and limit not in market.limits
     market.check_capacity(POOL, count=2, live=1)
+
+
+def test_the_twin_runs_plans_waits_at_its_boot_scale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One setting: the market's time_scale shortens the boots and reaches Plan as the workflow's
+    timings (``WorkflowTimings.time_scale``), next to the twin's short workflow timings."""
+    twin = Twin(TwinOptions(root=tmp_path, market=MarketModel(boot_time_s=300, time_scale=0.02)))
+    for name, value in twin.workflow_env().items():
+        monkeypatch.setenv(name, value)
+    timings = WorkflowTimings.from_env()
+    assert timings.time_scale == 0.02 and twin.market.boot_delay_s() == 6.0
+    assert timings.provision_retry_s == TWIN_TIMINGS["provision_retry_s"]
+    monkeypatch.setenv("SPOTRELAY_WF_TIME_SCALE", "fast")
+    with pytest.raises(ValidationError, match="time_scale"):
+        WorkflowTimings.from_env()
 
 
 def test_chaos_fires_once_at_its_step() -> None:

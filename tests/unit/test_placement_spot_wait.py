@@ -53,6 +53,19 @@ def test_on_demand_best_waits_until_the_limit_then_falls_back() -> None:
     assert late.wait_s == 0 and late.candidates[0].pool.market == "on-demand"
 
 
+def test_the_wait_and_its_rechecks_run_at_the_time_scale() -> None:
+    """``WorkflowTimings.time_scale`` (the twin's boot scale): 30 minutes of waiting are 18 s of the
+    clock at 0.01, re-checked every 3 s; at 1 (AWS) nothing changes."""
+    s = _waiting(30)
+    quotes = _scored(quotes_for(s), 4.0)  # no spot pool holds the gang now: on-demand ranks first
+    assert _new_gang_plan(s, _stopped(10), quotes, {}, NOW, time_scale=1.0).wait_s == GANG_FIT_RECHECK_S
+    plan = _new_gang_plan(s, _stopped(10), quotes, {}, NOW, time_scale=0.01)
+    assert plan.candidates == [] and plan.wait_s == 3
+    assert _new_gang_plan(s, _stopped(17), quotes, {}, NOW, time_scale=0.01).wait_s == 1  # never past 18 s
+    late = _new_gang_plan(s, _stopped(18), quotes, {}, NOW, time_scale=0.01)
+    assert late.wait_s == 0 and late.candidates[0].pool.market == "on-demand"
+
+
 def test_a_spot_pool_that_fits_launches_at_once_without_an_on_demand_fallback() -> None:
     s = _waiting(60)
     quotes = _scored(quotes_for(s), 9.0)
