@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from spotrelay.domain.models import Pool
+from spotrelay.domain.models import Attempt, Pool
 from spotrelay.errors import BudgetExceededError
 
 
@@ -19,6 +19,14 @@ def attempt_cost(price_per_hour: float, nodes: int, started_at: float, ended_at:
     if price_per_hour < 0 or nodes < 0:
         raise ValueError("price and node count cannot be negative")
     return price_per_hour * nodes * max(0.0, ended_at - started_at) / 3600.0
+
+
+def closed_attempt(attempt: Attempt, now: float, reason: str | None = None) -> Attempt:
+    """``attempt`` with its clock stopped at ``now``: ``ended_at``, ``end_reason`` and its cost (its
+    price x nodes from its start, 0 if it never started). The services and the simulator close
+    attempts with it; a caller adds the cost to the job's total once (an open attempt only)."""
+    cost = attempt_cost(attempt.price_per_hour, attempt.nodes, attempt.started_at or now, now)
+    return attempt.model_copy(update={"ended_at": now, "end_reason": reason, "cost": cost})
 
 
 class CostEntry(BaseModel):

@@ -91,15 +91,30 @@ def spare_nodes(store: JobStore, job: Job) -> list[Node]:
 SPARE_LIVE = (NodeState.PENDING, NodeState.READY, NodeState.RUNNING)
 
 
+# a node record in one of these says how its node ended: it is not live and keeps that state
+ENDED = (NodeState.TERMINATED, NodeState.LOST, NodeState.EXITED)
+
+
+def end_records(store: JobStore, job_id: str, nodes: list[Node],
+                keep: tuple[NodeState, ...] = ENDED) -> list[Node]:
+    """Mark TERMINATED each of ``nodes`` whose record is in no ``keep`` state (TERMINATED is always
+    kept; the write checks the stored state again). Returns the nodes it marked, as given."""
+    keep = (*keep, NodeState.TERMINATED)
+    marked = []
+    for node in nodes:
+        if node.state in keep:
+            continue
+        store.update_node(job_id, node.node_id, lambda n: None if n.state in keep
+                          else n.model_copy(update={"state": NodeState.TERMINATED}))
+        marked.append(node)
+    return marked
+
+
 def release_nodes(ctl: Controller, job: Job, nodes: list[Node]) -> list[str]:
     """Mark the nodes TERMINATED, then terminate their instances (so the state-change events that
     follow are recognised as ours). Already terminated nodes are skipped; returns instance ids."""
     by_region: dict[str, list[str]] = {}
-    for node in nodes:
-        if node.state is NodeState.TERMINATED:
-            continue
-        ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(
-            update={"state": NodeState.TERMINATED}) if n.state is not NodeState.TERMINATED else None)
+    for node in end_records(ctl.store, job.job_id, nodes, keep=()):
         by_region.setdefault(node.pool.region, []).append(node.instance_id)
     for region, ids in by_region.items():
         ctl.need_compute().terminate(ids, region)

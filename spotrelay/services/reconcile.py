@@ -28,7 +28,7 @@ from spotrelay.domain.cost import attempt_cost
 from spotrelay.domain.models import Job, NodeState
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import BudgetExceededError, ConflictError, NotFoundError
-from spotrelay.services.controller import SPARE_LIVE, Controller, attempt_nodes, regions_of
+from spotrelay.services.controller import SPARE_LIVE, Controller, attempt_nodes, end_records, regions_of
 from spotrelay.services.notify import announce
 from spotrelay.services.prewarm import release_expired
 from spotrelay.services.waits import settle
@@ -38,7 +38,6 @@ LIVE = (JobStatus.VALIDATED, JobStatus.PLACING, JobStatus.PROVISIONING, JobStatu
         JobStatus.CHECKPOINTING, JobStatus.RECOVERING, JobStatus.CANCELLING)
 _HEARTBEATING = (NodeState.READY, NodeState.RUNNING, NodeState.DOOMED)
 _PASSING = (JobStatus.PLACING, JobStatus.PROVISIONING, JobStatus.RECOVERING, JobStatus.CANCELLING)
-_ENDED = (NodeState.TERMINATED, NodeState.LOST, NodeState.EXITED)  # a node in one of these is not live
 
 
 def reconcile(ctl: Controller, now: float, stale_after_s: float = 300.0, regions: list[str] | None = None,
@@ -137,12 +136,9 @@ def _stuck(ctl: Controller, job: Job, now: float, stuck_after_s: float) -> bool:
     done = ctl.store.update_job(job.job_id, fail)
     if done is None:
         return False
-    # the workflow's Teardown will not run: its nodes still starting or training end here (a lost or
-    # exited node keeps what it was), before the instances go, as Teardown orders it
-    for node in ctl.store.nodes_of(job.job_id):
-        if node.state not in _ENDED:
-            ctl.store.update_node(job.job_id, node.node_id, lambda n: None if n.state in _ENDED
-                                  else n.model_copy(update={"state": NodeState.TERMINATED}))
+    # the workflow's Teardown will not run: its live node records end here, before the instances go,
+    # as Teardown does it (``end_records``: a lost or exited node keeps what it was)
+    end_records(ctl.store, job.job_id, ctl.store.nodes_of(job.job_id))
     ctl.need_compute().terminate_job(job.job_id, regions_of(done, ctl.store.nodes_of(job.job_id)))
     announce(ctl.notifier, done.status.value.lower(), done, now)
     log.warning("stuck execution", extra={"job_id": job.job_id, "reason": reason})

@@ -11,7 +11,7 @@ from typing import Any
 from spotrelay.contracts.events import Directive
 from spotrelay.contracts.recovery import Launched, LaunchPlan, Promotion
 from spotrelay.contracts.workflow import WorkflowTimings
-from spotrelay.domain.cost import attempt_cost
+from spotrelay.domain.cost import closed_attempt
 from spotrelay.domain.models import Attempt, Job, Node, NodeState, node_id_for
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import (
@@ -25,6 +25,7 @@ from spotrelay.recovery.spares import spare_ranks_to_launch
 from spotrelay.services.controller import (
     SPARE_LIVE,
     Controller,
+    end_records,
     regions_of,
     spare_nodes,
     spec_of,
@@ -42,11 +43,8 @@ def _close_attempt(job: Job, now: float, reason: str) -> dict[str, Any]:
     """Fields that stop the clock of the current attempt and add its cost (once)."""
     if not job.attempts or job.attempts[-1].ended_at is not None:
         return {}
-    last = job.attempts[-1]
-    start = last.started_at or now
-    cost = attempt_cost(last.price_per_hour, last.nodes, start, now)
-    closed = last.model_copy(update={"ended_at": now, "end_reason": reason, "cost": cost})
-    return {"attempts": [*job.attempts[:-1], closed], "cost_so_far": job.cost_so_far + cost}
+    closed = closed_attempt(job.attempts[-1], now, reason)
+    return {"attempts": [*job.attempts[:-1], closed], "cost_so_far": job.cost_so_far + closed.cost}
 
 
 # --- provision ---------------------------------------------------------------------------------
@@ -195,14 +193,12 @@ def _launch_result(job: Job, timings: WorkflowTimings | None = None) -> Launched
 
 # --- teardown ----------------------------------------------------------------------------------
 def teardown(ctl: Controller, job_id: str, now: float) -> dict[str, Any]:
-    """Terminate every instance of the job. Nodes are marked TERMINATED first, so the state-change
-    events our own termination causes are recognised as no-ops."""
+    """Terminate every instance of the job. Its live node records are marked TERMINATED first, so
+    the state-change events our own termination causes are recognised as no-ops; a LOST or EXITED
+    record keeps how its node ended (``end_records``, as reconcile does for a stuck execution)."""
     job = ctl.store.get_job(job_id)
     nodes = ctl.store.nodes_of(job_id)
-    for node in nodes:
-        if node.state is not NodeState.TERMINATED:
-            ctl.store.update_node(job_id, node.node_id, lambda n: None if n.state is NodeState.TERMINATED
-                                  else n.model_copy(update={"state": NodeState.TERMINATED}))
+    end_records(ctl.store, job_id, nodes)
     terminated = ctl.need_compute().terminate_job(job_id, regions_of(job, nodes))
     log.info("teardown", extra={"job_id": job_id, "terminated": terminated})
     return {"terminated": sorted(terminated)}

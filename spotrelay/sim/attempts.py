@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from spotrelay.domain.cost import attempt_cost
+from spotrelay.domain.cost import closed_attempt
 from spotrelay.domain.models import Attempt
 
 if TYPE_CHECKING:
@@ -23,9 +23,8 @@ def opened(run: SpotrelayRun, number: int, pool: Any, price: float, nodes: int, 
 def close(run: SpotrelayRun) -> None:
     """The current attempt ends now (recover, a move): its clock stops and its cost is added."""
     if run.attempts and run.attempts[-1].ended_at is None:
-        last = run.attempts[-1]
-        cost = attempt_cost(last.price_per_hour, last.nodes, last.started_at or run.now, run.now)
-        run.attempts[-1] = last.model_copy(update={"ended_at": run.now, "cost": cost})
+        # as workflow_tasks._close_attempt, without the end reason: no decision reads it (describe shows it)
+        run.attempts[-1] = closed_attempt(run.attempts[-1], run.now)
 
 
 def _update(run: SpotrelayRun, number: int, update: dict[str, Any]) -> None:

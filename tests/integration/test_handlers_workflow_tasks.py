@@ -3,7 +3,7 @@ second call finds the first one's work and changes nothing."""
 
 from __future__ import annotations
 
-from functions import sfn_finalize, sfn_plan, sfn_provision, sfn_recover
+from functions import sfn_finalize, sfn_plan, sfn_provision, sfn_recover, sfn_teardown
 from spotrelay.domain.models import NodeState
 from spotrelay.domain.status import JobStatus
 from tests.integration.controller_doubles import Env, ctx, env, new_job, running_job
@@ -48,6 +48,20 @@ def test_finalize_twice_finishes_and_notifies_once(env: Env) -> None:
     final = env.store.get_job(job.job_id)
     assert final.reasons == ["RetryBudgetExhaustedError: recoveries spent"]
     assert final.attempts[0].ended_at is not None and final.cost_so_far > 0
+
+
+def test_teardown_twice_ends_the_live_records_and_keeps_how_the_others_ended(env: Env) -> None:
+    """Teardown and reconcile's stuck sweep end node records alike (``end_records``): live ones
+    TERMINATED before the instances go, LOST and EXITED ones keep what they say."""
+    job, gang = running_job(env.store, env.compute, nodes=3)
+    env.store.update_node(job.job_id, "a1-r1", lambda n: n.model_copy(update={"state": NodeState.LOST}))
+    env.store.update_node(job.job_id, "a1-r2", lambda n: n.model_copy(update={"state": NodeState.EXITED}))
+    first = sfn_teardown.handler({"job_id": job.job_id}, ctx())
+    assert sorted(first["terminated"]) == sorted(n.instance_id for n in gang)
+    sfn_teardown.handler({"job_id": job.job_id}, ctx())
+    states = {n.node_id: n.state for n in env.store.nodes_of(job.job_id)}
+    assert states == {"a1-r0": NodeState.TERMINATED, "a1-r1": NodeState.LOST, "a1-r2": NodeState.EXITED}
+    assert env.compute.running(job.job_id) == []
 
 
 def test_finalize_of_a_cancelling_job_is_cancelled(env: Env) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spotrelay.domain.cost import CostEntry, CostLedger, attempt_cost, check_budget
-from spotrelay.domain.models import Pool
+from spotrelay.domain.cost import CostEntry, CostLedger, attempt_cost, check_budget, closed_attempt
+from spotrelay.domain.models import Attempt, Pool
 from spotrelay.errors import BudgetExceededError
 
 T0 = 1_800_000_000.0
@@ -22,6 +22,15 @@ def test_attempt_cost_is_price_times_nodes_times_hours() -> None:
     assert attempt_cost(22.0, 4, T0, T0 - 5) == 0.0
     with pytest.raises(ValueError):
         attempt_cost(-1.0, 1, T0, T0 + 1)
+
+
+def test_a_closed_attempt_stops_its_clock_with_its_cost() -> None:
+    """The one close the services (workflow_tasks._close_attempt) and the simulator (sim/attempts.close) use."""
+    open_ = Attempt(number=2, started_at=1000.0, price_per_hour=30.0, nodes=2, saved_step=40)
+    closed = closed_attempt(open_, 1000.0 + 1800, "interrupted")
+    assert (closed.ended_at, closed.end_reason, closed.cost) == (2800.0, "interrupted", pytest.approx(30.0))
+    assert closed.saved_step == 40 and open_.ended_at is None  # the rest kept; the given one unchanged
+    assert closed_attempt(Attempt(number=1, price_per_hour=30.0, nodes=2), 50.0).cost == 0.0  # never started
 
 
 def test_ledger_sums_attempts_and_replacements_and_keeps_the_clock_running() -> None:
