@@ -60,7 +60,7 @@ class PlacementConfig(BaseModel):
         0.25, ge=0, description="a smaller gang is charged (nodes / n) ** w for the time it runs longer"
     )
     min_gang_score: float = Field(
-        8.0, ge=0, le=10, description="a spot pool whose placement score for the whole gang is lower cannot hold it now"
+        9.0, ge=0, le=10, description="a spot pool whose placement score for the whole gang is lower cannot hold it now"
     )
 
 
