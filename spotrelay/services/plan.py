@@ -15,7 +15,7 @@ from spotrelay.placement import best_pool, rank_pools
 from spotrelay.placement.gang_fit import SizedScores, probe_sizes, scores_of
 from spotrelay.placement.policy import GANG_FIT_REASON, evaluate_pools, score_pool
 from spotrelay.placement.pool_stats import PoolStats
-from spotrelay.placement.spot_wait import plan_view, spot_wait_s, wait_left_s
+from spotrelay.placement.spot_wait import PlanView, plan_view, spot_wait_s, wait_left_s
 from spotrelay.ports.market import PoolQuote
 from spotrelay.services.controller import Controller, release_nodes, spec_of
 from spotrelay.spec.models import JobSpec
@@ -105,14 +105,15 @@ def _keeping_plan(spec: JobSpec, recovery: RecoveryPlan, job: Job, quotes: list[
 
 
 def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict[str, PoolStats],
-                   now: float, sized: SizedScores | None = None, did_not_pay: bool | None = None,
+                   now: float, sized: SizedScores | None = None, view: PlanView | None = None,
                    time_scale: float = 1.0) -> LaunchPlan:
     """Rank (pool, gang size) pairs for a new gang (down to ``resources.min_nodes``; a smaller gang
     wins when it scores cheaper per useful hour, or when no pool is left for the full one). A pool
     that refused a gang this run is excluded at that size and larger (``pool@n``); once every pair
-    is excluded, those whose cooldown passed are tried again. ``did_not_pay``: the job's spot verdict
-    (``spot_did_not_pay``) when the caller has it already; computed once per Plan otherwise. The wait
-    for spot and the re-checks run at ``time_scale`` (cooldown ends are already on the clock)."""
+    is excluded, those whose cooldown passed are tried again. ``view``: ``plan_view`` of every quote the
+    market gave (the wait's bounds and the job's spot verdict) when the caller has it; else computed
+    once here from ``quotes``. The wait for spot and the re-checks run at ``time_scale`` (cooldown
+    ends are already on the clock)."""
     recheck_s = max(1, math.ceil(GANG_FIT_RECHECK_S * time_scale))
     excluded = frozenset(job.excluded_pools)
     ranked = rank_pools(spec, quotes, stats, now, excluded, gang_sizes=True, sized=sized)
@@ -127,7 +128,7 @@ def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict
             return LaunchPlan(candidates=[], launch_ranks=list(range(spec.resources.nodes)), wait_s=wait)
         best_pool(spec, quotes, stats, now, excluded)  # raises NoPlacementError with the reasons
         raise NoPlacementError(f"no candidate pool for job {job.job_id}")
-    view = plan_view(job, quotes, now, did_not_pay=did_not_pay)  # the bounds and the verdict, once
+    view = view or plan_view(job, quotes, now)  # the bounds and the verdict, once per Plan
     if view.did_not_pay and any(c.pool.market != "spot" for c in ranked):
         ranked = [c for c in ranked if c.pool.market != "spot"]  # its own spot attempts cost more per step
     if wait_left_s(spec, job, quotes, now, view=view, time_scale=time_scale) > 0:  # spot_wait_minutes: spot's saving

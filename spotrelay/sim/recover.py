@@ -14,7 +14,7 @@ from spotrelay.placement import PoolEvent
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.policy import gang_key, spare_count
 from spotrelay.placement.spot_evidence import spot_did_not_pay
-from spotrelay.placement.spot_wait import wait_minutes
+from spotrelay.placement.spot_wait import plan_view, wait_left_s
 from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery
 from spotrelay.services.plan import MAX_CANDIDATES, _keeping_plan, _new_gang_plan
 from spotrelay.services.recovery_flow import _result as recovery_result
@@ -55,23 +55,28 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
                     self.end_node(self.bench.pop(take.instance_id))
         held = {k: len(v) for k, v in self.held.items()}  # plan.plan: scores for elastic sizes
         sized = {m: scores_of(self.market.quotes(self.now, m, held)) for m in probe_sizes(self.spec)}
-        # Plan offers the first MAX_CANDIDATES pools: a shortlist holds them (sim/shortlist.py)
-        # (not while the job may wait for spot: the wait weighs every spot pool; its evidence reads only
-        # the on-demand quotes, spot_evidence.on_demand_work_price)
-        # (the verdict is computed once per Plan and passed on: spot_evidence reads only on-demand prices)
+        # Plan offers the first MAX_CANDIDATES pools, or while the job may wait for spot the first of
+        # those that are spot's saving: a shortlist holds them (sim/shortlist.py). The wait's bounds and
+        # whether any pool saves read every pool's price (unsized quotes give the same prices, without a
+        # placement score's noise draw); the spot verdict reads only the on-demand quotes
+        res = self.spec.resources
         od = moves._on_demand_quotes(self)
         did_not_pay = spot_did_not_pay(job.attempts, od, self.now)
-        short = (None if did_not_pay or wait_minutes(self.spec, job, od, self.now, did_not_pay=did_not_pay) > 0
-                 else plan_quotes(self, asked, stats, frozenset(job.excluded_pools), MAX_CANDIDATES, sized))
-        res = self.spec.resources
+        prices = self.market.quotes(self.now)
+        view = plan_view(job, prices, self.now, did_not_pay=did_not_pay)
+        waits = wait_left_s(self.spec, job, prices, self.now, view=view) > 0
+        short = None if did_not_pay else plan_quotes(self, asked, stats, frozenset(job.excluded_pools),
+                                                     MAX_CANDIDATES, sized,
+                                                     {q.pool.key: view.saves(q) for q in prices} if waits else None)
         quotes = (self.market.quotes(self.now, res.nodes + res.spares, asked)
                   if short is None or moves.VERIFY_SHORTLIST else short)
-        try:
-            launch = _new_gang_plan(self.spec, job, quotes, stats, self.now, sized, did_not_pay)
+        try:  # (VERIFY_SHORTLIST: from every quote as the Lambda computes it, nothing passed in)
+            launch = _new_gang_plan(self.spec, job, quotes, stats, self.now, sized,
+                                    None if moves.VERIFY_SHORTLIST else view)
         except NoPlacementError as exc:
             raise TaskFailed("NoPlacementError", str(exc)) from None
         if moves.VERIFY_SHORTLIST and short is not None:  # tests: the same plan as from every quote
-            assert _new_gang_plan(self.spec, job, short, stats, self.now, sized, did_not_pay) == launch
+            assert _new_gang_plan(self.spec, job, short, stats, self.now, sized, view) == launch
     return launch.model_dump(mode="json")
 
 

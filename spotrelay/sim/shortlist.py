@@ -209,12 +209,15 @@ def recovery_quotes(run: SpotrelayRun, stats: Mapping[str, PoolStats], excluded:
 
 
 def plan_quotes(run: SpotrelayRun, held: Mapping[str, int], stats: Mapping[str, PoolStats], excluded: frozenset[str],
-                first: int, sized: SizedScores | None = None) -> list[PoolQuote] | None:
+                first: int, sized: SizedScores | None = None,
+                saving: Mapping[str, bool] | None = None) -> list[PoolQuote] | None:
     """Quotes that hold Plan's first ``first`` candidates of a new gang as from every quote, or None
     (rank every quote); ``held``: the job's nodes per pool when Plan asked. Plan offers each pool once
     at its best size before any pool again, so when ``first`` pools pass, its candidates are the
     ``first`` pools with the lowest best scores: the walk stops at a bound above the ``first``-th
-    lowest best score seen."""
+    lowest best score seen. ``saving`` (pool key -> ``spot_wait`` says it saves; while the job may wait
+    for spot): Plan then offers only those, so the walk looks only at them; fewer than ``first`` of
+    them passing (Plan would wait, or try the excluded again): None."""
     spec, config, now, market = run.spec, run.config, run.now, run.market
     res = spec.resources
     count = res.nodes + res.spares
@@ -226,7 +229,7 @@ def plan_quotes(run: SpotrelayRun, held: Mapping[str, int], stats: Mapping[str, 
             break
         b = memo.bounds[key]
         st = b.stats
-        if st is not None and st.cooling(now):
+        if (st is not None and st.cooling(now)) or (saving is not None and not saving.get(key)):
             continue  # (_why_not drops a cooling pool: no survivors run in a new gang's candidates)
         q = market.quote(market.by_key[key], now, count, held.get(key, 0))
         scores = [score_pool(spec, q, st, config, nodes=n).score for n, _ in b.lows
