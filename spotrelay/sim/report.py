@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from spotrelay.sim.losses import CATEGORIES
 from spotrelay.sim.runner import Report
 
 COLUMNS = (
@@ -48,6 +49,10 @@ def print_report(report: Report, console: Console) -> None:
     if bad:
         console.print(f"[yellow]warning:[/] {bad} run(s) counted more useful than paid GPU-hours "
                       "(a known accounting gap in notice-window runs; see docs/simulator.md)")
+    console.print("where paid GPU-hours went (share, mean over seeds; useful = goodput):")
+    for policy in report.policies():
+        parts = [(c, report.loss(policy, c)) for c in CATEGORIES]
+        console.print(f"  {policy}: " + ", ".join(f"{c} {v:.3f}" for c, v in parts if math.isfinite(v) and v >= 0.0005))
     rate = report.events / report.seconds if report.seconds else 0.0
     console.print(f"{report.events:,} simulated events in {report.seconds:.2f} s ({rate:,.0f} events/s)")
 

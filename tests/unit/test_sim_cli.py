@@ -34,7 +34,7 @@ def test_simulate_writes_the_contracts_json_and_a_plot(tmp_path: Path) -> None:
         assert abs(sum(shares.values()) - 1.0) < 1e-3
         assert abs(shares["useful"] - doc["policies"][policy]["goodput"]) < 1e-6
     assert png.stat().st_size > 10_000
-    assert "events/s" in result.output
+    assert "events/s" in result.output and "where paid GPU-hours went" in result.output
 
 
 def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
