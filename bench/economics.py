@@ -1,6 +1,6 @@
 """What spotrelay saves, side by side with what teams run today, on the shipped g4dn trace.
 
-    .venv/bin/python bench/economics.py [--seeds 8] [--job-hours 168] [--nodes 8,16,32] [--json F]
+    .venv/bin/python bench/economics.py [--seeds 8] [--job-hours 168] [--nodes 8,16,32] [--json F] [--workers N]
 
 For each gang size it runs every policy on the same markets and seeds (spotrelay/sim) under two
 sets of assumptions and prints each policy's cost per useful GPU-hour relative to on-demand and to
@@ -33,6 +33,7 @@ from pathlib import Path
 from spotrelay.sim.build import MarketOptions
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.losses import CATEGORIES
+from spotrelay.sim.parallel import default_workers
 from spotrelay.sim.runner import POLICIES, Report, SimOptions, simulate
 
 TRACE = Path(__file__).resolve().parents[1] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv"
@@ -46,10 +47,10 @@ ELASTIC_NODES = (16, 32)
 
 
 def run(nodes: int, setting: str, seeds: int, job_hours: float, trace: Path,
-        switches: dict[str, object] | None = None, policies: tuple[str, ...] = POLICIES) -> Report:
+        switches: dict[str, object] | None = None, policies: tuple[str, ...] = POLICIES, workers: int = 1) -> Report:
     market = MarketOptions(traces=[str(trace)], **SETTINGS[setting])  # type: ignore[arg-type]
     return simulate(SimOptions(market=market, job=JobModel(nodes=nodes, job_hours=job_hours), seeds=seeds,
-                               policies=policies, spotrelay_switches=dict(switches or {})))
+                               policies=policies, spotrelay_switches=dict(switches or {}), workers=workers))
 
 
 def elastic(report: Report, nodes: int, setting: str, args: argparse.Namespace,
@@ -57,7 +58,7 @@ def elastic(report: Report, nodes: int, setting: str, args: argparse.Namespace,
     """spotrelay with min_nodes = nodes // 2 (and ``extra`` switches) on the same seeds; (its report, its
     cost per useful GPU-hour over the fixed gang's, mean of the per-seed ratios)."""
     switches = {"min_nodes": nodes // 2, **(extra or {})}
-    other = run(nodes, setting, args.seeds, args.job_hours, args.trace, switches, ("spotrelay",))
+    other = run(nodes, setting, args.seeds, args.job_hours, args.trace, switches, ("spotrelay",), args.workers)
     fixed = report.series("spotrelay", "cost_per_useful_gpu_hour")
     flex = other.series("spotrelay", "cost_per_useful_gpu_hour")
     ratios = [f / x for f, x in zip(flex, fixed, strict=True) if math.isfinite(f) and math.isfinite(x) and x > 0]
@@ -89,6 +90,8 @@ def main() -> int:
     parser.add_argument("--nodes", default="8,16,32")
     parser.add_argument("--trace", type=Path, default=TRACE)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--workers", type=int, default=default_workers(),
+                        help="processes for the runs (default: the CPU count); the numbers do not depend on it")
     args = parser.parse_args()
     out: dict[str, object] = {}
     checks: list[tuple[str, bool, str]] = []
@@ -99,7 +102,7 @@ def main() -> int:
         print(f"{'nodes':>5} {'policy':17} {'vs on-demand':>12} {'vs limit':>9} {'captured':>9} {'goodput':>8} "
               f"{'min goodput':>11} {'on-demand':>9} {'wall h':>7}")
         for nodes in [int(n) for n in args.nodes.split(",")]:
-            report = run(nodes, setting, args.seeds, args.job_hours, args.trace)
+            report = run(nodes, setting, args.seeds, args.job_hours, args.trace, workers=args.workers)
             events += report.events
             out[f"{setting}/{nodes}"] = report.to_json()
             bad = sum(1 for r in report.runs if r.values.get("inconsistent"))

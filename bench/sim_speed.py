@@ -1,14 +1,18 @@
 """How fast the simulator runs: 1,000 job-months (100 jobs x 10 months, 32 nodes each) per policy.
 
     .venv/bin/python bench/sim_speed.py [--jobs 100] [--months 10] [--nodes 32] [--market g4dn|synthetic]
+                                        [--workers 1,2]
     .venv/bin/python bench/sim_speed.py --jobs 2 --market synthetic --against main~3 [--rounds 3]
 
-Prints, per market (the g4dn trace and the synthetic market; both by default), the simulated events,
-the wall and CPU seconds and the events per CPU-second, for spotrelay alone (the policy that walks the
-ASL and calls the shipped decisions) and with ``--all-policies`` for every policy together, both
-scaled to 1,000 job-months against the 60 s target, and a last line with both markets side by side.
-Wall time on a shared machine moves with its load; the target is judged on CPU seconds, the steadier
-figure (``--jobs 10`` measures a tenth of the default and scales it).
+Prints, per market (the g4dn trace and the synthetic market; both by default) and per worker count
+(``--workers``, default 1 and 2, timed one after the other in one run: ``simulate``'s worker
+processes, spotrelay/sim/parallel.py), the simulated events, the wall and CPU seconds (the workers'
+included) and the events per second, for spotrelay alone (the policy that walks the ASL and calls the
+shipped decisions) and with ``--all-policies`` for every policy together, scaled to 1,000 job-months
+against the 60 s target (judged on wall seconds: what a sweep waits), with the load average at each
+line, and a last line with both markets and worker counts side by side. The jobs are what the workers
+share out: ``--jobs`` should be a multiple of the worker count (``--jobs 10`` measures a tenth of the
+default and scales it). Wall time on a shared machine moves with its load: read it with the load printed.
 
 ``--against REV``: before/after side by side in one run. The simulator of git revision REV (its
 ``spotrelay/`` and ``functions/``, exported to a temporary directory) and this tree's are timed in
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tarfile
@@ -34,8 +39,9 @@ TRACE = ROOT / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv"
 HOURS_PER_MONTH = 730.0
 
 
-def _measure(market_name: str, nodes: int, months: float, jobs: int, policies: tuple[str, ...]) -> dict[str, float]:
-    """One timed simulation with whichever ``spotrelay`` this process imports."""
+def _measure(market_name: str, nodes: int, months: float, jobs: int, policies: tuple[str, ...],
+             workers: int = 1) -> dict[str, float]:
+    """One timed simulation with whichever ``spotrelay`` this process imports; CPU counts the workers."""
     from spotrelay.sim.build import MarketOptions
     from spotrelay.sim.job import JobModel
     from spotrelay.sim.runner import SimOptions, simulate
@@ -44,9 +50,21 @@ def _measure(market_name: str, nodes: int, months: float, jobs: int, policies: t
               else MarketOptions(trace_format="synthetic", synthetic_days=60))
     opts = SimOptions(market=market, job=JobModel(nodes=nodes, job_hours=months * HOURS_PER_MONTH),
                       policies=policies, jobs=jobs)
-    wall0, cpu0 = time.perf_counter(), time.process_time()
+    if workers > 1:  # (an older revision timed by --against has no such field; it runs with 1)
+        opts.workers = workers
+    wall0, cpu0, kids0 = time.perf_counter(), time.process_time(), _children_cpu()
     report = simulate(opts)
-    return {"events": report.events, "wall": time.perf_counter() - wall0, "cpu": time.process_time() - cpu0}
+    cpu = time.process_time() - cpu0 + _children_cpu() - kids0  # the workers are joined: counted by now
+    return {"events": report.events, "wall": time.perf_counter() - wall0, "cpu": cpu}
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _load() -> str:
+    return "load average {:.1f} / {:.1f} / {:.1f} (1 / 5 / 15 min)".format(*os.getloadavg())
 
 
 def _export(rev: str, into: Path) -> None:
@@ -97,6 +115,7 @@ def main() -> int:
     parser.add_argument("--all-policies", action="store_true", help="also time every policy together")
     parser.add_argument("--against", metavar="REV", help="also time git revision REV's simulator, alternating")
     parser.add_argument("--rounds", type=int, default=3, help="with --against: runs of each, alternated")
+    parser.add_argument("--workers", default="1,2", help="worker counts to time side by side (default 1,2)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one timed run, JSON out
     args = parser.parse_args()
     markets = ["g4dn", "synthetic"] if args.market == "both" else [args.market]
@@ -108,24 +127,32 @@ def main() -> int:
     from spotrelay.sim.runner import POLICIES
 
     job_months = args.jobs * args.months
+    per_k = 1000.0 / job_months
+    workers = sorted({int(w) for w in args.workers.split(",")})
+    print(f"{os.cpu_count()} CPUs; before: {_load()}", flush=True)
     side: list[str] = []
     for name in markets:
         for policies in (("spotrelay",), POLICIES) if args.all_policies else (("spotrelay",),):
-            got = _measure(name, args.nodes, args.months, args.jobs, tuple(policies))
-            wall, cpu, events = got["wall"], got["cpu"], int(got["events"])
             what = "spotrelay" if len(policies) == 1 else f"all {len(policies)} policies"
-            per_k = 1000.0 / (job_months * len(policies))  # seconds per 1,000 job-months (per policy)
-            print(f"{name:9} {what:16} {job_months:,.0f} job-months x {len(policies)}: {events:>10,} events, "
-                  f"{wall:6.1f} s wall, {cpu:6.1f} s CPU, {events / cpu:>9,.0f} events/CPU-s; "
-                  f"per 1,000 job-months {wall * per_k:,.0f} s wall, {cpu * per_k:,.0f} s CPU "
-                  f"({'met' if cpu * per_k <= 60 else 'NOT met'} on CPU: <= 60 s)")
+            k = per_k / len(policies)  # seconds per 1,000 job-months (per policy)
+            walls: dict[int, float] = {}
+            for n in workers:
+                got = _measure(name, args.nodes, args.months, args.jobs, tuple(policies), n)
+                wall, cpu, events = got["wall"], got["cpu"], int(got["events"])
+                walls[n] = wall
+                print(f"{name:9} {what:16} {n} worker(s) {job_months:,.0f} job-months x {len(policies)}: "
+                      f"{events:>10,} events, {wall:6.1f} s wall, {cpu:6.1f} s CPU, {events / wall:>9,.0f} events/s "
+                      f"({events / cpu:,.0f}/CPU-s); per 1,000 job-months {wall * k:,.0f} s wall "
+                      f"({'met' if wall * k <= 60 else 'NOT met'}: <= 60 s), {cpu * k:,.0f} s CPU; {_load()}",
+                      flush=True)
             if len(policies) == 1:
-                side.append(f"{name} {events / cpu:,.0f} events/CPU-s, {cpu * per_k:,.0f} s CPU "
-                            f"({'met' if cpu * per_k <= 60 else 'NOT met'})")
-    if len(side) > 1:
-        print(f"side by side, spotrelay per 1,000 job-months (target 60 s CPU): {'; '.join(side)}")
+                side.append(f"{name} " + ", ".join(
+                    f"{n} worker(s) {walls[n] * per_k:,.0f} s ({'met' if walls[n] * per_k <= 60 else 'NOT met'})"
+                    for n in workers)
+                    + (f", {walls[workers[0]] / walls[workers[-1]]:.2f}x" if len(workers) > 1 else ""))
+    print(f"side by side, spotrelay wall seconds per 1,000 job-months (target 60 s): {'; '.join(side)}")
+    print(f"after: {_load()}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -40,11 +40,15 @@ def simulate(
     spot_price: Annotated[float | None, typer.Option("--spot-price", min=0)] = None,
     json_path: Annotated[Path | None, typer.Option("--json")] = None,
     plot: Annotated[Path | None, typer.Option("--plot")] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", min=1, help="processes for the runs (default: the CPU count; 1: in this process); "
+        "the results do not depend on it")] = None,
 ) -> None:
     """Replay spotrelay's decisions and the baselines over a spot market; compare cost and goodput."""
     from spotrelay.sim.build import MarketOptions
     from spotrelay.sim.inputs import SimInputError
     from spotrelay.sim.job import JobModel
+    from spotrelay.sim.parallel import default_workers
     from spotrelay.sim.report import print_report, write_json, write_plot
     from spotrelay.sim.runner import POLICIES, SimOptions, parse_switch
     from spotrelay.sim.runner import simulate as run_simulation
@@ -64,6 +68,7 @@ def simulate(
             job=JobModel(nodes=nodes, job_hours=job_hours, checkpoint_minutes=checkpoint_minutes, strategy=strategy),
             policies=chosen, seeds=seeds, jobs=jobs, timeline=plot is not None,
             spotrelay_switches=dict(parse_switch(s) for s in switch or []),
+            workers=workers or default_workers(),
         )
         report = run_simulation(opts)
     except (SimInputError, ValueError) as exc:

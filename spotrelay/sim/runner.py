@@ -55,6 +55,8 @@ class SimOptions:
     jobs: int = 1  # independent jobs per seed (each starts at its own seeded time)
     spotrelay_switches: dict[str, Any] = field(default_factory=dict)  # variants: strategy, rebalance, ...
     timeline: bool = False
+    workers: int = 1  # processes for the runs (sim/parallel.py); 1: in this process. Same report for any
+
 
 
 @dataclass
@@ -129,21 +131,32 @@ def measure(policy: str, seed: int, run: Run) -> RunResult:
                      list(getattr(run, "decisions", [])), shares(run))
 
 
+def job_starts(seed: int, jobs: int) -> list[float]:
+    """Each job's start on seed ``seed``'s market (its own seeded time in the first week)."""
+    return [random.Random(f"{seed}/start/{j}").uniform(0, 7 * 86400.0) for j in range(jobs)]
+
+
+def run_one(opts: SimOptions, market: Any, policy: str, seed: int, job: int, start: float) -> RunResult:
+    """One job of one policy: independent of every other run (its random state is its own)."""
+    run = make_run(policy, opts, market, seed * 1000 + job, start)
+    run.start()  # type: ignore[attr-defined]
+    run.loop()
+    return measure(policy, seed, run)
+
+
+def merge_seed(per_policy: list[list[RunResult]]) -> list[RunResult]:
+    """One seed's runs, a list of jobs per policy, summed per policy (in order) with the captured saving."""
+    out = [parts[0] if len(parts) == 1 else _sum(parts) for parts in per_policy]
+    _captured(out)
+    return out
+
+
 def run_seed(opts: SimOptions, seed: int) -> list[RunResult]:
     """Every policy on seed ``seed``'s market, ``opts.jobs`` jobs each (summed per policy)."""
     market = build_market(opts.market, seed)
-    starts = [random.Random(f"{seed}/start/{j}").uniform(0, 7 * 86400.0) for j in range(opts.jobs)]
-    out = []
-    for policy in opts.policies:
-        parts = []
-        for j, start in enumerate(starts):
-            run = make_run(policy, opts, market, seed * 1000 + j, start)
-            run.start()  # type: ignore[attr-defined]
-            run.loop()
-            parts.append(measure(policy, seed, run))
-        out.append(parts[0] if len(parts) == 1 else _sum(parts))
-    _captured(out)
-    return out
+    starts = job_starts(seed, opts.jobs)
+    return merge_seed([[run_one(opts, market, policy, seed, j, start) for j, start in enumerate(starts)]
+                       for policy in opts.policies])
 
 
 def _sum(parts: list[RunResult]) -> RunResult:
@@ -219,14 +232,19 @@ class Report:
                          for p in self.policies()},
             # shares of paid GPU-hours per phase (sim/losses.py; "useful" is goodput), mean over seeds
             "losses": {p: {c: clean(self.loss(p, c)) for c in CATEGORIES} for p in self.policies()},
-            "events": self.events, "seconds": round(self.seconds, 3),
+            "events": self.events,
         }
 
 
 def simulate(opts: SimOptions) -> Report:
     started = time.perf_counter()
     runs: list[RunResult] = []
-    for seed in range(opts.seeds):
-        runs.extend(run_seed(opts, seed))
+    if opts.workers > 1 and opts.seeds * opts.jobs * len(opts.policies) > 1:
+        from spotrelay.sim.parallel import run_parallel
+
+        runs = run_parallel(opts, opts.workers)
+    else:
+        for seed in range(opts.seeds):
+            runs.extend(run_seed(opts, seed))
     return Report(nodes=opts.job.nodes, seeds=opts.seeds, trace=trace_label(opts.market), runs=runs,
                   seconds=time.perf_counter() - started)

@@ -1,0 +1,100 @@
+"""Runs of a sweep in worker processes: every (seed, policy, job) run is independent of the others.
+
+A run owns its random state (seeded from its seed and job) and reads the seed's market, whose caches
+only memoise, so where a run is computed cannot change it. The parent sends plain inputs (the options
+once per worker, then ``(seed, policy, job, start)``), gets each run's ``RunResult`` back and merges
+them in the in-process order (``runner.merge_seed``), so the report, and its JSON, is the same for
+any number of workers. Workers use the 'spawn' context (a fresh interpreter: nothing inherited from
+the parent's state) and ignore SIGINT: Ctrl-C reaches the parent, which terminates them; so does the
+first run that fails, whose error comes back as a one-line ``ValueError``. As with any 'spawn'
+caller, a script that asks for workers needs the ``if __name__ == "__main__":`` guard.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from multiprocessing import resource_tracker
+from typing import Any
+
+from spotrelay.sim.runner import RunResult, SimOptions, job_starts, merge_seed, run_one
+
+Task = tuple[int, str, int, float]  # seed, policy, job index, start time
+_OPTS: SimOptions | None = None
+_MARKETS: dict[int, Any] = {}  # this worker's markets, by seed (built once per seed)
+
+
+def default_workers() -> int:
+    return os.cpu_count() or 1
+
+
+def _init(opts: SimOptions) -> None:
+    global _OPTS
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and ends the pool
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked at the start (_sigint_blocked)
+    _OPTS = opts
+    _MARKETS.clear()
+
+
+def _work(task: Task) -> tuple[str, Any]:
+    """One run in a worker: ("ok", RunResult) or ("error", one-line message); never raises."""
+    from spotrelay.sim.build import build_market
+
+    seed, policy, job, start = task
+    assert _OPTS is not None
+    try:
+        if seed not in _MARKETS:
+            _MARKETS.clear()  # tasks come in seed order: one market held at a time
+            _MARKETS[seed] = build_market(_OPTS.market, seed)
+        return "ok", run_one(_OPTS, _MARKETS[seed], policy, seed, job, start)
+    except Exception as exc:  # sent back as text: an exception's pickling is not to be relied on
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        prefix = "" if isinstance(exc, ValueError) else f"{type(exc).__name__}: "
+        return "error", f"{policy} seed {seed} job {job}: {prefix}{text}"
+
+
+@contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """SIGINT held back while the pool starts: its processes and threads inherit the mask (a Ctrl-C
+    while a worker imports stays silent there) and a Ctrl-C meanwhile reaches the parent on leaving."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def run_parallel(opts: SimOptions, workers: int) -> list[RunResult]:
+    """Every seed's runs over ``workers`` processes; the same list ``runner.run_seed`` gives in turn."""
+    tasks: list[Task] = [(seed, policy, j, start) for seed in range(opts.seeds)
+                         for policy in opts.policies for j, start in enumerate(job_starts(seed, opts.jobs))]
+    results: dict[Task, RunResult] = {}
+    ctx = multiprocessing.get_context("spawn")
+    pool = None
+    try:
+        # started first: starting it unblocks SIGINT on the way out (multiprocessing.resource_tracker)
+        resource_tracker.ensure_running()
+        with _sigint_blocked():
+            pool = ctx.Pool(processes=min(workers, len(tasks)), initializer=_init, initargs=(opts,))
+        for task, (status, value) in zip(tasks, pool.imap(_work, tasks, chunksize=1), strict=True):
+            if status == "error":
+                raise ValueError(value)
+            results[task] = value
+        pool.close()
+    finally:
+        if pool is not None:  # after close() the workers are done; else (an error, Ctrl-C) they are stopped
+            pool.terminate()
+            pool.join()
+    out: list[RunResult] = []
+    for seed in range(opts.seeds):
+        out.extend(merge_seed([[results[t] for t in tasks if t[0] == seed and t[1] == policy]
+                               for policy in opts.policies]))
+    return out
