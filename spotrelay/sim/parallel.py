@@ -1,7 +1,9 @@
 """Runs of a sweep in worker processes: every (seed, policy, job) run is independent of the others.
 
 A run owns its random state (seeded from its seed and job) and reads the seed's market, whose caches
-only memoise, so where a run is computed cannot change it. The parent sends plain inputs (the options
+only memoise (its slot grants' serial numbers, which count on across the runs of one process, are only
+identities: the engine tests them for membership, never iterates them), so where a run is computed
+cannot change it. The parent sends plain inputs (the options
 once per worker, then ``(seed, policy, job, start)``), gets each run's ``RunResult`` back and merges
 them in the in-process order (``runner.merge_seed``), so the report, and its JSON, is the same for
 any number of workers. Workers use the 'spawn' context (a fresh interpreter: nothing inherited from
