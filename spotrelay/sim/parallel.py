@@ -3,13 +3,14 @@
 A run owns its random state (seeded from its seed and job) and reads the seed's market, whose caches
 only memoise (its slot grants' serial numbers, which count on across the runs of one process, are only
 identities: the engine tests them for membership, never iterates them), so where a run is computed
-cannot change it. The parent sends plain inputs (the options
-once per worker, then ``(seed, policy, job, start)``), gets each run's ``RunResult`` back and merges
-them in the in-process order (``runner.merge_seed``), so the report, and its JSON, is the same for
-any number of workers. Workers use the 'spawn' context (a fresh interpreter: nothing inherited from
-the parent's state) and ignore SIGINT: Ctrl-C reaches the parent, which terminates them; so does the
-first run that fails, whose error comes back as a one-line ``ValueError``. As with any 'spawn'
-caller, a script that asks for workers needs the ``if __name__ == "__main__":`` guard.
+cannot change it. The parent sends plain inputs (the options once per worker, then ``(seed, policy,
+job, start)``), gets each run's ``RunResult`` back and merges them in the in-process order
+(``runner.merge_seed``), so the report, and its JSON, is the same for any number of workers. Workers
+use the 'spawn' context (a fresh interpreter: nothing inherited from the parent's state) and ignore
+SIGINT: Ctrl-C reaches the parent, which terminates them; so do the first run that fails (its error
+comes back as a one-line ``ValueError``) and a worker that dies (killed, out of memory: its run's
+answer would never come). As with any 'spawn' caller, a script that asks for workers needs the
+``if __name__ == "__main__":`` guard.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from spotrelay.sim.runner import RunResult, SimOptions, job_starts, merge_seed, 
 
 Task = tuple[int, str, int, float]  # seed, policy, job index, start time
 _OPTS: SimOptions | None = None
+_POLL_S = 1.0  # how often the parent checks, while it waits for a run, that no worker died
 _MARKETS: dict[int, Any] = {}  # this worker's markets, by seed (built once per seed)
 
 
@@ -74,6 +76,11 @@ def _sigint_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+def _pool_pids() -> set[int | None]:
+    """This process's live pool workers (multiprocessing names them SpawnPoolWorker-N)."""
+    return {p.pid for p in multiprocessing.active_children() if p.name.startswith("SpawnPoolWorker")}
+
+
 def run_parallel(opts: SimOptions, workers: int) -> list[RunResult]:
     """Every seed's runs over ``workers`` processes; the same list ``runner.run_seed`` gives in turn."""
     tasks: list[Task] = [(seed, policy, j, start) for seed in range(opts.seeds)
@@ -86,7 +93,19 @@ def run_parallel(opts: SimOptions, workers: int) -> list[RunResult]:
         resource_tracker.ensure_running()
         with _sigint_blocked():
             pool = ctx.Pool(processes=min(workers, len(tasks)), initializer=_init, initargs=(opts,))
-        for task, (status, value) in zip(tasks, pool.imap(_work, tasks, chunksize=1), strict=True):
+        started = _pool_pids()
+        answers = pool.imap(_work, tasks, chunksize=1)
+        for task in tasks:
+            while True:
+                try:
+                    status, value = answers.next(timeout=_POLL_S)
+                    break
+                except multiprocessing.TimeoutError:
+                    # a worker killed (out of memory, a signal) takes its run with it and the pool starts
+                    # another: that run's answer would never come
+                    if not started <= _pool_pids():
+                        raise ValueError("a simulation worker process ended without its result "
+                                         "(killed? out of memory?)") from None
             if status == "error":
                 raise ValueError(value)
             results[task] = value

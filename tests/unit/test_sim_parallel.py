@@ -1,4 +1,5 @@
-"""`spotrelay simulate --workers N`: the same JSON for any N; a failing run or Ctrl-C ends every worker."""
+"""`spotrelay simulate --workers N`: the same JSON for any N; a failing run, a killed worker or Ctrl-C
+ends every worker, with one line."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -33,7 +35,7 @@ def _workers_of(pid: int) -> list[int]:
     return found
 
 
-def _wait(condition, what: str, limit_s: float = 300.0) -> None:  # type: ignore[no-untyped-def]
+def _wait(condition: Callable[[], bool], what: str, limit_s: float = 300.0) -> None:
     deadline = time.monotonic() + limit_s
     while not condition():
         assert time.monotonic() < deadline, f"gave up waiting for {what}"
@@ -44,7 +46,7 @@ def test_any_number_of_workers_writes_the_same_json(tmp_path: Path) -> None:
     # the synthetic market (its slot grants number nodes across runs) and several jobs, seeds and policies
     args = ["simulate", "--trace-format", "synthetic", "--nodes", "16", "--job-hours", "48", "--jobs", "2",
             "--seeds", "2", "--regions", "us-east-1,us-west-2", "--switch", "spares=1"]
-    docs = []
+    docs, before = [], set(_workers_of(os.getpid()))  # (another test's, if any, are not ours)
     for workers in ("1", "2", "3"):
         out = tmp_path / f"w{workers}.json"
         result = CliRunner().invoke(app, [*args, "--workers", workers, "--json", str(out)])
@@ -52,37 +54,71 @@ def test_any_number_of_workers_writes_the_same_json(tmp_path: Path) -> None:
         docs.append(out.read_bytes())
     assert docs[0] == docs[1] == docs[2]
     assert b'"spotrelay"' in docs[0] and b'"events"' in docs[0]
-    assert not _workers_of(os.getpid())
+    assert set(_workers_of(os.getpid())) <= before
 
 
 def test_a_run_failing_in_a_worker_is_one_line_and_ends_the_workers() -> None:
+    before = set(_workers_of(os.getpid()))
     result = CliRunner().invoke(app, ["simulate", "--trace", str(TRACE), "--nodes", "4", "--job-hours", "1",
                                       "--jobs", "2", "--workers", "2", "--switch", "min_nodes=2",
                                       "--switch", "wall_time_weight=2"])
     assert result.exit_code == 2 and result.output.strip().count("\n") == 0, result.output
     assert "resources.wall_time_weight" in result.output and "Traceback" not in result.output
-    assert not _workers_of(os.getpid())
+    assert set(_workers_of(os.getpid())) <= before
 
 
-def test_ctrl_c_ends_the_workers_without_a_traceback() -> None:
-    # long enough that it is still running when interrupted (it would take minutes)
+def _start_long_simulation() -> subprocess.Popen[bytes]:
+    """A 2-worker simulation long enough to be running still when the test acts (4 jobs of ~10 minutes)."""
     cmd = [sys.executable, "-c", "from spotrelay.cli.main import app; app()", "simulate", "--trace-format",
-           "synthetic", "--nodes", "32", "--job-hours", "20000", "--jobs", "4", "--policies", "spotrelay",
+           "synthetic", "--nodes", "32", "--job-hours", "200000", "--jobs", "4", "--policies", "spotrelay",
            "--workers", "2"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
+
+
+def _interrupt(proc: subprocess.Popen[bytes], act: Callable[[list[int]], None]) -> tuple[bytes, list[int]]:
+    """Once both workers run, ``act(workers)``; then the output and the workers' pids."""
     try:
         _wait(lambda: len(_workers_of(proc.pid)) == 2 or proc.poll() is not None, "two workers")
         workers = _workers_of(proc.pid)
         assert proc.poll() is None and len(workers) == 2
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+        act(workers)
         output, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    return output, workers
+
+
+def test_ctrl_c_ends_the_workers_without_a_traceback() -> None:
+    proc = _start_long_simulation()
+    # what a terminal's Ctrl-C does: SIGINT to the whole process group
+    output, workers = _interrupt(proc, lambda _: os.killpg(proc.pid, signal.SIGINT))
     assert proc.returncode != 0
     assert b"Traceback" not in output and b"KeyboardInterrupt" not in output, output.decode()
     # the parent joined its workers before it exited: none is left
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+
+
+def _cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_a_killed_worker_ends_the_simulation_with_one_line() -> None:
+    def kill(workers: list[int]) -> None:
+        # once it is inside a run (its imports take ~0.5 s of CPU): the pool would start another worker,
+        # and that run's answer would never come
+        _wait(lambda: _cpu_s(workers[0]) > 2.0, "a worker inside a run")
+        os.kill(workers[0], signal.SIGKILL)  # as the OOM killer would
+
+    proc = _start_long_simulation()
+    output, workers = _interrupt(proc, kill)
+    assert proc.returncode == 2, output.decode()
+    assert output.strip().count(b"\n") == 0 and b"ended without its result" in output, output.decode()
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
