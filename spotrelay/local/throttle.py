@@ -148,6 +148,10 @@ class Throttle:
             for src, dst, bucket, up in ((client, server, self.up, True), (server, client, self.down, False)):
                 threading.Thread(target=self._pump, args=(src, dst, bucket, up), daemon=True).start()
 
+    def open_connections(self) -> int:
+        with self._lock:
+            return len(self._sockets) // 2
+
     def drop_connections(self) -> int:
         """Reset every open connection now (mid-request or mid-transfer): a dropped connection."""
         with self._lock:

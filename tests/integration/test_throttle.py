@@ -4,10 +4,13 @@ byte is counted on its way (what the twin relies on to slow S3 down for the node
 from __future__ import annotations
 
 import os
+import threading
+from typing import Any
 
 import boto3
 
 from spotrelay.local.throttle import Throttle
+from tests.integration.controller_doubles import wait_until
 
 
 def test_s3_through_the_throttle_round_trips_and_is_counted(aws: dict[str, str]) -> None:
@@ -24,20 +27,30 @@ def test_s3_through_the_throttle_round_trips_and_is_counted(aws: dict[str, str])
 
 
 def test_injected_s3_faults_reach_the_client_and_retries_get_through(aws: dict[str, str]) -> None:
-    """The chaos campaign's S3 faults: queued SlowDown / InternalError answers (moto never sees
-    those requests) and reset connections; botocore's retries carry a client through them."""
+    """The chaos campaign's S3 faults: a connection reset mid-upload, then queued SlowDown /
+    InternalError answers (moto never sees those requests); botocore's retries carry a client through
+    them. moto's server closes each connection after its response, so the reset is made while an
+    upload is in flight (a slow link), not on an idle pooled connection, which may already be gone."""
     from botocore.config import Config
 
     port = int(os.environ["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
-    with Throttle("127.0.0.1", port, bytes_per_s=50_000_000) as throttle:
+    body = os.urandom(2 * 1024 * 1024)
+    with Throttle("127.0.0.1", port, bytes_per_s=100_000) as throttle:  # about 20 s for the body
         s3 = boto3.client("s3", endpoint_url=throttle.url, region_name="us-east-1",
                           config=Config(retries={"max_attempts": 8, "mode": "standard"}))
-        s3.put_object(Bucket=aws["bucket"], Key="faulty/warm", Body=b"w")  # a pooled connection
-        assert throttle.drop_connections() >= 1
-        throttle.faults.add("SlowDown", 1)
+        done: dict[str, Any] = {}
+        upload = threading.Thread(target=lambda: done.update(
+            put=s3.put_object(Bucket=aws["bucket"], Key="faulty/blob", Body=body)))  # fmt: skip
+        upload.start()
+        wait_until(lambda: throttle.bytes_up > 0 and throttle.open_connections() > 0, timeout=60,
+                   what="the upload in flight")  # fmt: skip
+        throttle.faults.add("SlowDown", 1)  # the retries' new connections take these
         throttle.faults.add("InternalError", 2)
-        put = s3.put_object(Bucket=aws["bucket"], Key="faulty/blob", Body=b"y")  # reset, 503, 500, 500, through
+        assert throttle.drop_connections() >= 1
+        throttle.up.rate = throttle.down.rate = 50_000_000  # the retry that gets through is quick
+        upload.join(timeout=120)
+        assert not upload.is_alive(), "the upload did not end"
         assert throttle.faults.injected == {"SlowDown": 1, "InternalError": 2}
-        assert put["ResponseMetadata"]["RetryAttempts"] >= 3
+        assert done["put"]["ResponseMetadata"]["RetryAttempts"] >= 4  # reset, 503, 500, 500, through
     direct = boto3.client("s3", region_name="us-east-1")
-    assert direct.get_object(Bucket=aws["bucket"], Key="faulty/blob")["Body"].read() == b"y"
+    assert direct.get_object(Bucket=aws["bucket"], Key="faulty/blob")["Body"].read() == body
