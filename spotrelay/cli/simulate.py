@@ -41,8 +41,8 @@ def simulate(
     json_path: Annotated[Path | None, typer.Option("--json")] = None,
     plot: Annotated[Path | None, typer.Option("--plot")] = None,
     workers: Annotated[int | None, typer.Option(
-        "--workers", min=1, help="processes for the runs (default: the CPU count; 1: in this process); "
-        "the results do not depend on it")] = None,
+        "--workers", min=1, help="processes for the runs (default: the CPU count for a sweep, 1 for a small "
+        "run; 1: in this process); the results do not depend on it")] = None,
 ) -> None:
     """Replay spotrelay's decisions and the baselines over a spot market; compare cost and goodput."""
     from spotrelay.sim.build import MarketOptions
@@ -68,8 +68,10 @@ def simulate(
             job=JobModel(nodes=nodes, job_hours=job_hours, checkpoint_minutes=checkpoint_minutes, strategy=strategy),
             policies=chosen, seeds=seeds, jobs=jobs, timeline=plot is not None,
             spotrelay_switches=dict(parse_switch(s) for s in switch or []),
-            workers=workers or default_workers(),
+            workers=workers or 1,
         )
+        if workers is None:
+            opts.workers = default_workers(opts)
         report = run_simulation(opts)
     except (SimInputError, ValueError) as exc:
         err.print(f"[red]error:[/] {str(exc).splitlines()[0]}", soft_wrap=True, highlight=False, markup=True)

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from multiprocessing import resource_tracker
 from typing import Any
 
+from spotrelay.sim.job import REF_TYPE
 from spotrelay.sim.runner import RunResult, SimOptions, job_starts, merge_seed, run_one
 
 Task = tuple[int, str, int, float]  # seed, policy, job index, start time
@@ -32,7 +33,18 @@ _POLL_S = 1.0  # how often the parent checks, while it waits for a run, that no 
 _MARKETS: dict[int, Any] = {}  # this worker's markets, by seed (built once per seed)
 
 
-def default_workers() -> int:
+# Below this much simulated work (node-hours of training asked for, over every run) one process is done
+# in about a second or less, and starting workers (~0.5-1 s of imports each) would cost more than it saves.
+AUTO_MIN_NODE_HOURS = 200_000
+
+
+def default_workers(opts: SimOptions | None = None) -> int:
+    """The CPU count; 1 (this process) for a sweep of ``opts`` too small to repay starting workers."""
+    if opts is not None:
+        runs = opts.seeds * opts.jobs * len(opts.policies)
+        hours = opts.job.total_steps * opts.job.step_s(REF_TYPE) / 3600
+        if runs < 2 or runs * opts.job.nodes * hours < AUTO_MIN_NODE_HOURS:
+            return 1
     return os.cpu_count() or 1
 
 

@@ -122,3 +122,15 @@ def test_a_killed_worker_ends_the_simulation_with_one_line() -> None:
     assert proc.returncode == 2, output.decode()
     assert output.strip().count(b"\n") == 0 and b"ended without its result" in output, output.decode()
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+
+
+def test_a_small_run_stays_in_this_process_and_a_sweep_takes_every_cpu() -> None:
+    """Starting workers costs ~0.5-1 s each: a default run (a few node-days) does not pay for it."""
+    from spotrelay.sim.job import JobModel
+    from spotrelay.sim.parallel import default_workers
+    from spotrelay.sim.runner import SimOptions
+
+    assert default_workers(SimOptions(seeds=3, job=JobModel(nodes=16, job_hours=72))) == 1
+    assert default_workers(SimOptions(jobs=100, policies=("spotrelay",), job=JobModel(nodes=32, job_hours=730))) \
+        == (os.cpu_count() or 1)  # fmt: skip
+    assert default_workers(SimOptions(policies=("spotrelay",), job=JobModel(nodes=64, job_hours=10_000))) == 1
