@@ -27,7 +27,8 @@ from tests.agent_port import InProcessAgentPort
 
 # The stand-in trainer: one step every 0.1 s; acts on request.json like the training API does. In each
 # of its first HOLD starts, its last step waits for a request unless one came already: a test's stop,
-# notice or restart then always lands before the run could end, however slow the machine is.
+# notice or restart then always lands before the run could end, however slow the machine is. A test
+# that sends no request lets the held step go with ``release`` once it saw what it waits for.
 TRAINER = r"""
 import json, os, sys, time
 from pathlib import Path
@@ -63,7 +64,8 @@ for step in range(1, steps + 1):
         found = HealthAnomaly(kind="grad-explosion", action="notify", step=2, value=40.0, detail="grad norm 40x")
         control.append_event(ctl, control.TrainerEvent(kind="anomaly", step=2, anomaly=found, time=time.time()))
     request = control.read_request(ctl)
-    while held and not handled and step == steps and (request is None or request.request_id in handled):
+    while held and not handled and step == steps and (request is None or request.request_id in handled) \
+            and not (ctl / "release").exists():
         time.sleep(0.05)
         request = control.read_request(ctl)
     if request is None or request.request_id in handled:
@@ -166,6 +168,11 @@ def wait_for(predicate: Callable[[], bool], timeout: float = HANG_S) -> None:
     while not predicate():
         assert time.time() < give_up, f"condition not reached in {timeout}s (a hang)"
         time.sleep(0.05)
+
+
+def release(tmp_path: Path) -> None:
+    """Let a held last step go without a request (the stand-in trainer then ends its run)."""
+    (tmp_path / "control" / "release").write_text("")
 
 
 def finish(thread: threading.Thread, result: list[int]) -> int:

@@ -24,13 +24,17 @@ from spotrelay.domain.status import JobStatus
 from spotrelay.local.fake_imds import FakeImds
 from spotrelay.spec.models import JobSpec
 from tests.agent_port import InProcessAgentPort
-from tests.unit.agent_harness import SPEC, finish, imds, rank0_node, run_agent, wait_for
+from tests.unit.agent_harness import SPEC, finish, imds, rank0_node, release, run_agent, wait_for
 
 __all__ = ["imds"]  # the fixture, imported for pytest
 
 
 def test_runs_to_done_with_registration_and_heartbeats(tmp_path: Path, imds: FakeImds) -> None:
-    _, store, recorder, thread, result = run_agent(tmp_path, imds, steps=12)
+    # held at its last step until a heartbeat with a step went out: a 1.2 s run could end before a
+    # starved agent thread's first beat (heartbeats go out only while the trainer runs)
+    _, store, recorder, thread, result = run_agent(tmp_path, imds, steps=12, hold=1)
+    wait_for(lambda: any((h["step"] or 0) >= 1 for h in recorder.of("Heartbeat")))
+    release(tmp_path)
     assert finish(thread, result) == ExitCode.DONE
     assert recorder.kinds()[0] == "NodeReady" and recorder.kinds()[-1] == "TrainingExited"
     assert recorder.of("Heartbeat") and recorder.of("Heartbeat")[-1]["step"] >= 1
@@ -81,11 +85,14 @@ def test_deadline_missed_kills_and_reports_unsaved(tmp_path: Path, imds: FakeImd
 
 
 def test_imds_down_is_reported_once_and_training_goes_on(tmp_path: Path, imds: FakeImds) -> None:
-    _, _, recorder, thread, result = run_agent(tmp_path, imds, steps=30, imds_failures_anomaly=2)
+    # held at its last step until IMDS is back: a 3 s run could end before a starved agent thread
+    # polled the dead IMDS twice, and the wait for the anomaly would then hang
+    _, _, recorder, thread, result = run_agent(tmp_path, imds, steps=30, hold=1, imds_failures_anomaly=2)
     wait_for(lambda: bool(recorder.of("Heartbeat")))
     imds.set_up(False)
     wait_for(lambda: bool(recorder.of("Anomaly")))
     imds.set_up(True)
+    release(tmp_path)
     assert finish(thread, result) == ExitCode.DONE
     assert [a["what"] for a in recorder.of("Anomaly")] == ["imds-unreachable"]
 
