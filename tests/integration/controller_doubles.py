@@ -68,6 +68,12 @@ class ScriptedCompute:
         self.profiles.add(request.job_id)
         return out
 
+    def _live_now(self) -> list[Instance]:
+        # one C-level copy, atomic under the GIL: the workflow's task threads launch and terminate while
+        # the test thread reads, and a comprehension over the dict itself can raise "dictionary changed
+        # size during iteration" midway (in a workflow task, that fails the task instead of the test)
+        return list(self.live.values())
+
     def expected_boot_s(self, pool: Pool) -> float:
         return self.boot_s.get(pool.instance_type, 300.0)
 
@@ -77,13 +83,13 @@ class ScriptedCompute:
                 self.terminated.append(iid)
 
     def terminate_job(self, job_id: str, regions: list[str]) -> list[str]:
-        ids = [i.instance_id for i in self.live.values() if i.job_id == job_id and i.pool.region in regions]
+        ids = [i.instance_id for i in self._live_now() if i.job_id == job_id and i.pool.region in regions]
         self.terminate(ids, "")
         self.profiles.discard(job_id)
         return ids
 
     def list_tagged(self, regions: list[str]) -> list[Instance]:
-        return [i for i in self.live.values() if i.pool.region in regions]
+        return [i for i in self._live_now() if i.pool.region in regions]
 
     def job_profiles(self, skip: frozenset[str] = frozenset()) -> list[str]:
         return sorted(self.profiles - skip)
@@ -92,7 +98,7 @@ class ScriptedCompute:
         self.profiles.discard(job_id)
 
     def running(self, job_id: str) -> list[str]:
-        return [i.instance_id for i in self.live.values() if i.job_id == job_id]
+        return [i.instance_id for i in self._live_now() if i.job_id == job_id]
 
 
 CAPACITY = InsufficientCapacityError
