@@ -98,36 +98,31 @@ def wait_minutes(spec: JobSpec, job: Job, quotes: list[PoolQuote], now: float,
     return 0.0 if did_not_pay else EVIDENCE_WAIT_MINUTES
 
 
-def wait_left_s(spec: JobSpec, job: Job, quotes: list[PoolQuote], now: float,
-                config: PlacementConfig = DEFAULT_CONFIG, view: PlanView | None = None,
+def wait_left_s(spec: JobSpec, job: Job, quotes: list[PoolQuote], now: float, view: PlanView,
                 time_scale: float = 1.0) -> float:
     """Seconds the job may still wait for spot (> 0: Plan offers only pools that ``saves``); 0 when
     there is no wait (``wait_minutes``), a gang trains, no allowed spot pool is cheaper per unit of work
-    than on-demand, or the job waited long enough. ``view``: this Plan's ``plan_view`` (else computed).
+    than on-demand, or the job waited long enough. ``view``: this Plan's ``plan_view`` of ``quotes``.
     ``time_scale``: clock seconds per second of the wait (``WorkflowTimings.time_scale``: 1 on AWS, the
     twin's boot scale there)."""
     since = stopped_at(job)
     if since is None:
         return 0.0
-    bounds = view.bounds if view is not None else _bounds(quotes, config)
-    if not any(_saving(q, bounds, config) for q in quotes):  # no allowed spot pool is a saving
+    if not any(view.saves(q) for q in quotes):  # no allowed spot pool is a saving
         return 0.0
-    did_not_pay = view.did_not_pay if view is not None else None
-    limit_s = wait_minutes(spec, job, quotes, now, config, did_not_pay) * 60.0 * time_scale
+    limit_s = wait_minutes(spec, job, quotes, now, view.config, view.did_not_pay) * 60.0 * time_scale
     if limit_s <= 0:
         return 0.0
     return max(0.0, since + limit_s - now)
 
 
 def spot_wait_s(spec: JobSpec, job: Job, best: PoolQuote, quotes: list[PoolQuote], now: float,
-                recheck_s: int, config: PlacementConfig = DEFAULT_CONFIG, view: PlanView | None = None,
-                time_scale: float = 1.0) -> int:
+                recheck_s: int, view: PlanView, time_scale: float = 1.0) -> int:
     """Seconds Plan should wait instead of launching on ``best`` (the best candidate that is left);
     0: launch now. At most ``recheck_s`` at a time (ask the market again), never past the job's
     ``spot_wait_minutes`` without a gang (at ``time_scale``, as ``wait_left_s``). ``view``: this Plan's
-    ``plan_view`` (else computed)."""
-    view = view or plan_view(job, quotes, now, config)
-    left = wait_left_s(spec, job, quotes, now, config, view, time_scale)
+    ``plan_view`` of ``quotes``."""
+    left = wait_left_s(spec, job, quotes, now, view, time_scale)
     if left <= 0 or view.saves(best):
         return 0
     return max(1, math.ceil(min(recheck_s, left)))

@@ -131,13 +131,12 @@ def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict
     view = view or plan_view(job, quotes, now)  # the bounds and the verdict, once per Plan
     if view.did_not_pay and any(c.pool.market != "spot" for c in ranked):
         ranked = [c for c in ranked if c.pool.market != "spot"]  # its own spot attempts cost more per step
-    if wait_left_s(spec, job, quotes, now, view=view, time_scale=time_scale) > 0:  # spot_wait_minutes: spot's saving
+    if wait_left_s(spec, job, quotes, now, view, time_scale) > 0:  # spot_wait_minutes: spot's saving
         saving = [c for c in ranked if view.saves(c.quote)]  # (no on-demand fallback for provision either)
         if not saving and excluded:  # every spot pool worth it failed this run: those no longer cooling again
             saving = [c for c in rank_pools(spec, quotes, stats, now, frozenset(), gang_sizes=True, sized=sized)
                       if view.saves(c.quote)]
-        wait = spot_wait_s(spec, job, (saving or ranked)[0].quote, quotes, now, recheck_s, view=view,
-                           time_scale=time_scale)
+        wait = spot_wait_s(spec, job, (saving or ranked)[0].quote, quotes, now, recheck_s, view, time_scale)
         if wait:  # ask again when the first spot pool worth waiting for stops cooling down, if sooner
             back = _first_cooldown_end(spec, [q for q in quotes if view.saves(q)], stats, now)
             wait = min(wait, back) if back else wait

@@ -64,7 +64,7 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
         did_not_pay = spot_did_not_pay(job.attempts, od, self.now)
         prices = self.market.quotes(self.now)
         view = plan_view(job, prices, self.now, did_not_pay=did_not_pay)
-        waits = wait_left_s(self.spec, job, prices, self.now, view=view) > 0
+        waits = wait_left_s(self.spec, job, prices, self.now, view) > 0
         short = None if did_not_pay else plan_quotes(self, asked, stats, frozenset(job.excluded_pools),
                                                      MAX_CANDIDATES, sized,
                                                      {q.pool.key: view.saves(q) for q in prices} if waits else None)

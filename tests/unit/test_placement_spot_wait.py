@@ -26,6 +26,11 @@ from tests.unit.test_placement_gang_fit import _scored
 from tests.unit.test_placement_policy import NOW, make_spec, quotes_for
 
 
+def _wait(spec: JobSpec, job: Job, best: PoolQuote, quotes: list[PoolQuote], now: float = NOW) -> int:
+    """Plan's question: its view of the quotes, then the wait before launching on ``best``."""
+    return spot_wait_s(spec, job, best, quotes, now, GANG_FIT_RECHECK_S, plan_view(job, quotes, now))
+
+
 def _waiting(minutes: float, **resources: Any) -> JobSpec:
     doc = make_spec(**resources).model_dump(mode="json")
     doc["recovery"]["spot_wait_minutes"] = minutes
@@ -85,25 +90,25 @@ def test_a_spot_pool_doing_far_less_work_per_dollar_waits() -> None:
               for q in quotes_for(s)]
     p4d, p5 = _of(quotes, "spot", "p4d.24xlarge"), _of(quotes, "spot", "p5.48xlarge")
     assert work_price(p4d) > SPOT_WAIT_FACTOR * work_price(p5)
-    assert spot_wait_s(s, _stopped(60), p4d, quotes, NOW, GANG_FIT_RECHECK_S) == GANG_FIT_RECHECK_S
-    assert spot_wait_s(s, _stopped(60), p5, quotes, NOW, GANG_FIT_RECHECK_S) == 0
+    assert _wait(s, _stopped(60), p4d, quotes) == GANG_FIT_RECHECK_S
+    assert _wait(s, _stopped(60), p5, quotes) == 0
 
 
 def test_no_wait_when_off_training_gang_open_or_no_spot_allowed() -> None:
     quotes = _scored(quotes_for(make_spec()), 4.0)
     od = _of(quotes, "on-demand", "p5.48xlarge")
     # 0: launch the best candidate at once
-    assert spot_wait_s(_waiting(0), _stopped(60), od, quotes, NOW, GANG_FIT_RECHECK_S) == 0
+    assert _wait(_waiting(0), _stopped(60), od, quotes) == 0
     s = _waiting(30)
     running = Job(job_id="j", name="j", status=JobStatus.RUNNING, attempt=1,
                   attempts=[Attempt(number=1, started_at=NOW - 60)])
-    assert stopped_at(running) is None and spot_wait_s(s, running, od, quotes, NOW, GANG_FIT_RECHECK_S) == 0
+    assert stopped_at(running) is None and _wait(s, running, od, quotes) == 0
     on_demand_only = [q for q in quotes if q.pool.market == "on-demand"]
-    assert spot_wait_s(s, _stopped(60), od, on_demand_only, NOW, GANG_FIT_RECHECK_S) == 0
+    assert _wait(s, _stopped(60), od, on_demand_only) == 0
     # before the first attempt the wait counts from the job's creation
     fresh = Job(job_id="j", name="j", status=JobStatus.PLACING, created_at=NOW - 10)
-    assert spot_wait_s(s, fresh, od, quotes, NOW, GANG_FIT_RECHECK_S) == GANG_FIT_RECHECK_S
-    assert spot_wait_s(s, fresh, od, quotes, NOW + 30 * 60, GANG_FIT_RECHECK_S) == 0
+    assert _wait(s, fresh, od, quotes) == GANG_FIT_RECHECK_S
+    assert _wait(s, fresh, od, quotes, NOW + 30 * 60) == 0
 
 
 def test_a_plans_view_answers_as_each_quote_asked_alone() -> None:
@@ -116,9 +121,9 @@ def test_a_plans_view_answers_as_each_quote_asked_alone() -> None:
     assert answers == [saves(q, quotes) for q in quotes] and True in answers and False in answers
     unset = _waiting(0).model_copy(update={"recovery": _waiting(0).recovery.model_copy(
         update={"spot_wait_minutes": None})})
-    assert wait_left_s(unset, _stopped(60), quotes, NOW, view=view) > 0  # no evidence yet: the default wait
+    assert wait_left_s(unset, _stopped(60), quotes, NOW, view) > 0  # no evidence yet: the default wait
     told = plan_view(_stopped(60), quotes, NOW, did_not_pay=True)
-    assert wait_left_s(unset, _stopped(60), quotes, NOW, view=told) == 0
+    assert wait_left_s(unset, _stopped(60), quotes, NOW, told) == 0
 
 
 @pytest.mark.parametrize("bad", [-1, 7 * 24 * 60 + 1, "soon"])
