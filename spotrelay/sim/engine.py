@@ -20,8 +20,8 @@ from typing import Any
 
 from spotrelay.domain.cost import CostEntry
 from spotrelay.domain.models import Pool
+from spotrelay.sim import losses
 from spotrelay.sim.job import REF_TYPE, JobModel
-from spotrelay.sim.losses import node_phases
 from spotrelay.sim.market import Market, SimPool, TraceCapacity
 
 INF = float("inf")
@@ -236,15 +236,10 @@ class Run:
             self.stop_training(self.committed(self.now))
         self.held.get(node.pool.key, set()).discard(node.key)
         sp = node.pool
-        speed = self._speed.get(sp.pool.instance_type)
-        if speed is None:
-            speed = self._speed[sp.pool.instance_type] = self.job.speed(sp.pool.instance_type)
+        speed = self._node_speed(node)
         gpu_s = (self.now - node.launch_t) * sp.gpus * speed
         self.paid_gpu_s += gpu_s
-        losses, weight = self.loss_gpu_s, sp.gpus * speed
-        for phase, seconds in node_phases(node, self.now).items():
-            losses[phase] = losses.get(phase, 0.0) + seconds * weight
-        losses["train"] = losses.get("train", 0.0) + node.trained_s * weight
+        losses.charge_node(self.loss_gpu_s, node, self.now, sp.gpus * speed)
         if not sp.spot:
             self.od_gpu_s += gpu_s
         # spot bills the price in effect while the node runs (per second), not its launch price: one
@@ -315,9 +310,7 @@ class Run:
         self.step_pure_eff = self.job.step_s(instance_type) * scale  # the same without the snapshot stall
         self.seg_gpus = self.job.nodes * self.job.ref_gpus()
         self.seg_nodes = list(self.gang.values())
-        restore = self.job.restore_s()
-        for n in self.seg_nodes:  # the restore window before this segment (what it waited beyond: idle)
-            n.restored_s += min(restore, max(0.0, self.now - max(n.boot_t, n.train_end)))
+        losses.segment_started(self.seg_nodes, self.now, self.job.restore_s())
         if self.stopped_at is not None:
             self.metrics.recovery_s.append(self.now - self.stopped_at)
             self.metrics.recoveries += 1
@@ -390,15 +383,16 @@ class Run:
     def _segment_ended(self) -> None:
         """The training segment's nodes trained until now; the snapshot stall's share of it is counted."""
         took = self.now - self.seg_t0
-        stall, stalled = took * (1.0 - self.step_pure_eff / self.step_eff) if self.step_eff > 0 else 0.0, 0.0
-        for n in self.seg_nodes:
-            n.trained_s += took
-            n.train_end = self.now
-            speed = self._speed.get(n.pool.pool.instance_type)
-            if speed is None:
-                speed = self._speed[n.pool.pool.instance_type] = self.job.speed(n.pool.pool.instance_type)
-            stalled += stall * n.pool.gpus * speed
-        self.loss_gpu_s["checkpoint_stall"] = self.loss_gpu_s.get("checkpoint_stall", 0.0) + stalled
+        stall = took * (1.0 - self.step_pure_eff / self.step_eff) if self.step_eff > 0 else 0.0
+        losses.segment_ended(self.loss_gpu_s, self.seg_nodes, self.now, took, stall, self._node_speed)
+
+    def _node_speed(self, node: SimNode) -> float:
+        """The job's speed on ``node``'s instance type (kept per type: billing asks for every node)."""
+        itype = node.pool.pool.instance_type
+        speed = self._speed.get(itype)
+        if speed is None:
+            speed = self._speed[itype] = self.job.speed(itype)
+        return speed
 
     def useful_gpu_hours(self) -> float:
         return sum((e - s) * step_s * gpus for s, e, step_s, gpus in self.useful) / 3600.0

@@ -20,6 +20,7 @@ All are paid GPU-hours weighted by the type's speed (as goodput's denominator), 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 CATEGORIES = ("useful", "checkpoint_stall", "lost_work", "boot", "restore", "idle", "drain", "never_trained",
@@ -36,6 +37,33 @@ def node_phases(node: Any, end: float) -> dict[str, float]:
     drain = end - node.train_end
     idle = life - boot - node.trained_s - node.restored_s - drain
     return {"boot": boot, "restore": node.restored_s, "idle": max(0.0, idle), "drain": drain}
+
+
+def charge_node(losses: dict[str, float], node: Any, end: float, weight: float) -> None:
+    """Add ``node``'s billed life to ``losses`` (paid GPU-s per phase; ``weight``: its GPUs x the
+    type's speed) when its billing stops at ``end``; its training seconds go to "train"."""
+    for phase, seconds in node_phases(node, end).items():
+        losses[phase] = losses.get(phase, 0.0) + seconds * weight
+    losses["train"] = losses.get("train", 0.0) + node.trained_s * weight
+
+
+def segment_started(nodes: Iterable[Any], now: float, restore_s: float) -> None:
+    """A training segment starts at ``now``: each node restored for up to ``restore_s`` before it
+    (what it waited beyond that, since it booted or last trained, is idle)."""
+    for n in nodes:
+        n.restored_s += min(restore_s, max(0.0, now - max(n.boot_t, n.train_end)))
+
+
+def segment_ended(losses: dict[str, float], nodes: Iterable[Any], now: float, took: float, stall: float,
+                  speed: Callable[[Any], float]) -> None:
+    """The segment's ``nodes`` trained ``took`` seconds until ``now``, ``stall`` of them the periodic
+    snapshot's stall (charged to "checkpoint_stall" at each node's GPUs x ``speed(node)``)."""
+    stalled = 0.0
+    for n in nodes:
+        n.trained_s += took
+        n.train_end = now
+        stalled += stall * n.pool.gpus * speed(n)
+    losses["checkpoint_stall"] = losses.get("checkpoint_stall", 0.0) + stalled
 
 
 def shares(run: Any) -> dict[str, float]:
