@@ -10,6 +10,11 @@ from rich.console import Console
 
 from spotrelay.placement import catalog
 
+# bounds that keep every input finite and every run ending: ten years of training (the run's horizon is
+# twice the job plus 30 days), a day to boot, a checkpoint at least weekly, USD 10,000 per node-hour
+MAX_JOB_HOURS = 10 * 8760.0
+MAX_USD_PER_HOUR = 10_000.0
+
 out = Console()
 err = Console(stderr=True)
 
@@ -28,16 +33,17 @@ def simulate(
     policies: Annotated[str, typer.Option("--policies", help="all or NAME,...")] = "all",
     seeds: Annotated[int, typer.Option("--seeds", min=1)] = 1,
     jobs: Annotated[int, typer.Option("--jobs", min=1, help="independent jobs per seed")] = 1,
-    job_hours: Annotated[float, typer.Option("--job-hours", min=0.01, help="training hours at full speed")] = 168.0,
-    checkpoint_minutes: Annotated[float, typer.Option("--checkpoint-minutes", min=0.1)] = 30.0,
+    job_hours: Annotated[float, typer.Option(
+        "--job-hours", min=0.01, max=MAX_JOB_HOURS, help="training hours at full speed")] = 168.0,
+    checkpoint_minutes: Annotated[float, typer.Option("--checkpoint-minutes", min=0.1, max=7 * 24 * 60)] = 30.0,
     strategy: Annotated[str | None, typer.Option(
         "--strategy", help="spotrelay's recovery strategy (default: the spec's)")] = None,
     switch: Annotated[list[str] | None, typer.Option(
         "--switch", help="a spotrelay variant, NAME=VALUE: spares=1, min_nodes=12, launch_at_notice=false, "
         "prewarm_on_rebalance=true, rebalance_checkpoint=false, keep_margin=0.2")] = None,
-    boot_s: Annotated[float, typer.Option("--boot-s", min=0)] = 300.0,
-    on_demand_price: Annotated[float | None, typer.Option("--on-demand-price", min=0)] = None,
-    spot_price: Annotated[float | None, typer.Option("--spot-price", min=0)] = None,
+    boot_s: Annotated[float, typer.Option("--boot-s", min=0, max=86400)] = 300.0,
+    on_demand_price: Annotated[float | None, typer.Option("--on-demand-price", min=0, max=MAX_USD_PER_HOUR)] = None,
+    spot_price: Annotated[float | None, typer.Option("--spot-price", min=0, max=MAX_USD_PER_HOUR)] = None,
     json_path: Annotated[Path | None, typer.Option("--json")] = None,
     plot: Annotated[Path | None, typer.Option("--plot")] = None,
     workers: Annotated[int | None, typer.Option(

@@ -79,7 +79,23 @@ def synthetic_tables(opts: MarketOptions, seed: int) -> dict[tuple[str, str, str
     return out
 
 
+def _check_catalog(opts: MarketOptions) -> None:
+    """Every region and instance type asked for is one the catalog offers: name the one that is not."""
+    known_types = sorted({t for _, t in catalog.AZS})
+    known_regions = sorted({r for r, _ in catalog.AZS})
+    for itype in opts.instance_types:
+        if itype not in known_types:
+            raise SimInputError(f"--instance-types: unknown instance type {itype!r} (the catalog has "
+                                f"{', '.join(known_types)})")
+    for region in opts.regions:
+        if region not in known_regions:
+            raise SimInputError(f"--regions: unknown region {region!r} (the catalog has {', '.join(known_regions)})")
+    if not catalog.pools(opts.regions, opts.instance_types, ["spot"]):
+        raise SimInputError(f"the catalog offers no {' or '.join(opts.instance_types)} in {', '.join(opts.regions)}")
+
+
 def build_market(opts: MarketOptions, seed: int) -> Market:
+    _check_catalog(opts)
     default, mapping = (None, []) if opts.trace_format != "bamboo" else _load_traces(opts)
     if opts.trace_format == "bamboo" and default is None and not mapping:
         raise SimInputError("--trace FILE (or POOL=FILE) is required with --trace-format bamboo")

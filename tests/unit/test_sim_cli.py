@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from spotrelay.cli.main import app
@@ -53,6 +54,26 @@ def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
                                       "--switch", "wall_time_weight=2"])
     assert result.exit_code == 2 and result.output.strip().count("\n") == 0, result.output
     assert "resources.wall_time_weight" in result.output
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--job-hours", "inf"], "--job-hours"),  # was an OverflowError
+    (["--job-hours", "1e9"], "--job-hours"),  # would simulate for ever (the horizon is twice the job)
+    (["--checkpoint-minutes", "inf"], "--checkpoint-minutes"),  # was a ZeroDivisionError
+    (["--boot-s", "inf"], "--boot-s"),
+    (["--on-demand-price", "inf"], "--on-demand-price"),
+    (["--spot-price", "nan"], "--spot-price"),
+    (["--regions", "us-east-1,mars-1"], "'mars-1'"),
+    (["--instance-types", "p5.48xlarge,g9.huge"], "'g9.huge'"),
+    (["--instance-types", "p5e.48xlarge", "--regions", "us-west-2"], "no p5e.48xlarge in us-west-2"),
+])
+def test_simulate_refuses_values_that_cannot_run_naming_them(args: list[str], named: str) -> None:
+    """Hostile numbers and names end in one line naming the option or the value, exit 2, before any run."""
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(TRACE), "--nodes", "4", "--job-hours", "1",
+                                      "--policies", "spotrelay", *args])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().count("\n") == 0 and named in result.output, result.output
+    assert "unexpected" not in result.output  # a refusal, not an internal error
 
 
 def test_simulate_switches_reach_spotrelays_spec(tmp_path: Path) -> None:
