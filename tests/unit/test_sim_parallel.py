@@ -68,9 +68,9 @@ def test_a_run_failing_in_a_worker_is_one_line_and_ends_the_workers() -> None:
 
 
 def _start_long_simulation() -> subprocess.Popen[bytes]:
-    """A 2-worker simulation long enough to be running still when the test acts (4 jobs of ~10 minutes)."""
+    """A 2-worker simulation long enough to be running still when the test acts (4 ten-year jobs, minutes each)."""
     cmd = [sys.executable, "-c", "from spotrelay.cli.main import app; app()", "simulate", "--trace-format",
-           "synthetic", "--nodes", "32", "--job-hours", "200000", "--jobs", "4", "--policies", "spotrelay",
+           "synthetic", "--nodes", "32", "--job-hours", "87600", "--jobs", "4", "--policies", "spotrelay",
            "--workers", "2"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
