@@ -34,6 +34,9 @@ from spotrelay.spec.load import parse_spec
 ROOT = Path(__file__).resolve().parents[2]
 
 
+MAX_JOB_TIMEOUT_S = 86400.0  # a day: past it a twin job is stuck, whatever its steps
+
+
 @dataclass
 class CampaignOptions:
     jobs: int = 4
@@ -58,8 +61,9 @@ class CampaignOptions:
                 raise ValueError(f"{option} must be at least 1, not {value}")
         if self.max_faults is not None and self.max_faults < 0:
             raise ValueError("--max-faults must not be negative")
-        if not self.job_timeout_s > 0:
-            raise ValueError("--job-timeout must be more than 0 seconds")
+        if not 0 < self.job_timeout_s <= MAX_JOB_TIMEOUT_S:  # (NaN fails too) every job ends: in time or stuck
+            raise ValueError(f"--job-timeout must be more than 0 and at most {MAX_JOB_TIMEOUT_S:.0f} seconds, "
+                             f"not {self.job_timeout_s}")
 
 
 @dataclass

@@ -32,6 +32,8 @@ def _refused(args: list[str]) -> str:
         (["--max-faults", "-1"], "--max-faults"),
         (["--job-timeout", "0"], "--job-timeout"),
         (["--job-timeout", "nan"], "--job-timeout"),
+        (["--job-timeout", "inf"], "--job-timeout"),  # was accepted: a stuck job would never be counted
+        (["--job-timeout", "86401"], "at most 86400 seconds"),
     ],
 )
 def test_bad_numbers_and_kinds_are_named(args: list[str], named: str, tmp_path: Path) -> None:
