@@ -42,8 +42,8 @@ def test_injected_s3_faults_reach_the_client_and_retries_get_through(aws: dict[s
         upload = threading.Thread(target=lambda: done.update(
             put=s3.put_object(Bucket=aws["bucket"], Key="faulty/blob", Body=body)))  # fmt: skip
         upload.start()
-        wait_until(lambda: throttle.bytes_up > 0 and throttle.open_connections() > 0, timeout=60,
-                   what="the upload in flight")  # fmt: skip
+        wait_until(lambda: throttle.bytes_up > 0 and throttle.open_connections() > 0,
+                   what="the upload in flight")  # (the project's 300 s hang bound)
         throttle.faults.add("SlowDown", 1)  # the retries' new connections take these
         throttle.faults.add("InternalError", 2)
         assert throttle.drop_connections() >= 1
