@@ -227,7 +227,10 @@ def test_mlflow_run_created_after_ready_and_handed_to_the_trainer(tmp_path: Path
 
 
 def _with_hang(action: str) -> JobSpec:
-    health = {"hang_after_s": 1.0, "actions": {"hang": action}}
+    # the stand-in trainer steps every 0.1 s: the limit must stay far above any stall a loaded machine gives
+    # a running trainer between two steps (1 s could fire before the stuck step 3), and it only adds its own
+    # length to these tests
+    health = {"hang_after_s": 5.0, "actions": {"hang": action}}
     return JobSpec.model_validate({**SPEC.model_dump(mode="json"), "health": health})
 
 
