@@ -19,29 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spotrelay.domain.cost import CostEntry
-from spotrelay.domain.models import Pool
-from spotrelay.sim import losses
+from spotrelay.sim import billing, losses
 from spotrelay.sim.job import REF_TYPE, JobModel
 from spotrelay.sim.market import Market, SimPool, TraceCapacity
 
 INF = float("inf")
-_ENTRY_FIELDS = frozenset(CostEntry.model_fields)
-
-
-def cost_entry(attempt: int, pool: Pool, price: float, on_demand: float, start: float, end: float) -> CostEntry:
-    """``CostEntry(attempt=attempt, pool=pool, nodes=1, ...)`` without validating: every value is typed
-    and in range already (an attempt >= 1, a validated Pool, prices and times the market gave), and a
-    stormy run bills ~6,000 entries a job-month (validating them was a twentieth of its CPU)."""
-    entry = CostEntry.__new__(CostEntry)
-    object.__setattr__(entry, "__dict__", {
-        "attempt": attempt, "pool": pool, "nodes": 1, "price_per_hour": price, "on_demand_price_per_hour": on_demand,
-        "started_at": start, "ended_at": end})
-    object.__setattr__(entry, "__pydantic_fields_set__", _ENTRY_FIELDS)
-    object.__setattr__(entry, "__pydantic_extra__", None)
-    object.__setattr__(entry, "__pydantic_private__", None)
-    return entry
-
-
 @dataclass(slots=True, eq=False)
 class SimNode:
     rank: int
@@ -242,21 +224,12 @@ class Run:
         losses.charge_node(self.loss_gpu_s, node, self.now, sp.gpus * speed)
         if not sp.spot:
             self.od_gpu_s += gpu_s
-        # spot bills the price in effect while the node runs (per second), not its launch price: one
-        # entry per price slot it lived through (a pools CSV's or the synthetic market's slots). A gang's
-        # nodes launch and end together: their entries are the same (frozen) objects, made once
+        # a gang's nodes launch and end together: their entries are the same (frozen) objects, made once
         attempt = max(1, node.attempt)
         key = (sp.key, node.launch_t, self.now, attempt)
         bills = self._bills.get(key)
         if bills is None:
-            bills, t = [], node.launch_t
-            while True:
-                until = min(sp.price_until(t), self.now)
-                until = self.now if until <= t else until
-                bills.append(cost_entry(attempt, sp.pool, self.bill_price(sp, t), sp.on_demand_price, t, until))
-                if until >= self.now:
-                    break
-                t = until
+            bills = billing.slot_bills(attempt, sp, node.launch_t, self.now, self.bill_price)
             self._bills = {key: bills}
         self.entries.extend(bills)
 
