@@ -188,11 +188,15 @@ class Throttle:
                 if not data:
                     break
                 bucket.take(len(data))
+                # counted before it is sent: a reader that has every byte sees them counted (counted after,
+                # the last chunk raced the client's read), and under the lock: each connection has its own
+                # pump threads, and `+=` from two of them at once can lose a count
+                with self._lock:
+                    if up:
+                        self.bytes_up += len(data)
+                    else:
+                        self.bytes_down += len(data)
                 dst.sendall(data)
-                if up:
-                    self.bytes_up += len(data)
-                else:
-                    self.bytes_down += len(data)
         except OSError:
             pass
         finally:

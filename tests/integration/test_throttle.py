@@ -4,10 +4,13 @@ byte is counted on its way (what the twin relies on to slow S3 down for the node
 from __future__ import annotations
 
 import os
+import socket
 import threading
+import time
 from typing import Any
 
 import boto3
+import pytest
 
 from spotrelay.local.throttle import Throttle
 from tests.integration.controller_doubles import wait_until
@@ -24,6 +27,31 @@ def test_s3_through_the_throttle_round_trips_and_is_counted(aws: dict[str, str])
     # the server behind it holds the same bytes
     direct = boto3.client("s3", region_name="us-east-1")
     assert direct.get_object(Bucket=aws["bucket"], Key="throttled/blob")["Body"].read() == body
+
+
+def test_every_byte_a_client_read_is_counted_already(aws: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The count includes a response's last chunk by the time the client has it (it was counted after the
+    send: the last chunk raced the reader, stop 24's one failed run of ten). The throttle's pump threads
+    are made slow right after each send, as a loaded machine may make them."""
+    sendall = socket.socket.sendall
+
+    def slow_after_pumping(sock: socket.socket, data: Any, *args: Any) -> None:
+        sendall(sock, data, *args)
+        if "_pump" in threading.current_thread().name:
+            time.sleep(0.05)
+
+    monkeypatch.setattr(socket.socket, "sendall", slow_after_pumping)
+    port = int(os.environ["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
+    body = os.urandom(64 * 1024 + 5)
+    with Throttle("127.0.0.1", port, bytes_per_s=500_000_000) as throttle:
+        s3 = boto3.client("s3", endpoint_url=throttle.url, region_name="us-east-1")
+        s3.put_object(Bucket=aws["bucket"], Key="counted/blob", Body=body)
+        for n in range(1, 11):
+            assert s3.get_object(Bucket=aws["bucket"], Key="counted/blob")["Body"].read() == body
+            seen = throttle.bytes_down
+            assert seen >= n * len(body), f"read {n}: {seen} < {n * len(body)}"
+            time.sleep(0.2)  # longer than a pump's stall: a chunk still to be counted would show now
+            assert throttle.bytes_down == seen, f"read {n}: {throttle.bytes_down - seen} bytes counted after the read"
 
 
 def test_injected_s3_faults_reach_the_client_and_retries_get_through(aws: dict[str, str]) -> None:
