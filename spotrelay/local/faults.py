@@ -36,11 +36,17 @@ KINDS = (
     "s3-delete",  # a committed checkpoint shard deleted
     "s3-errors",  # the nodes' next S3 connections answered 503 SlowDown / 500 InternalError
     "s3-drop",  # the nodes' open S3 connections reset mid-transfer
-    "capacity",  # every pool out of capacity for the next few launches
+    "capacity",  # every pool out of capacity for a while (CAPACITY_OUTAGE_S)
     "handler-crash",  # the next handler calls fail after their writes (SQS redelivers them)
     "write-conflict",  # bursts of concurrent writes to a job (its handlers' conditional writes lose)
     "reconcile-late",  # the reconcile schedule stops for a while
 )
+
+# How long a `capacity` fault lasts, in wall seconds: 3-13 minutes at the campaign's cooldown scale
+# (0.05), 17-67 at its boot scale (0.01). A time, not a count of refused launches: counted, outages
+# drawn close together piled up (run 7 of docs/chaos.md: 22 refusals pending) and the pools' cooldowns,
+# doubling with each refusal, stretched them past the campaign's 30-minute bound.
+CAPACITY_OUTAGE_S = (10.0, 40.0)
 
 
 def _cmdline(pid: int) -> bytes:
@@ -157,9 +163,9 @@ class Injector:
             dropped = self.twin.throttle.drop_connections()
             return self._hit(kind, detail=f"{dropped} connections") if dropped else None  # none open: no fault
         if kind == "capacity":
-            launches = self.rng.randint(2, 6)
-            self.twin.market.capacity.append(CapacityRule("*", times=launches))
-            return self._hit(kind, detail=f"next {launches} launches in every pool")
+            seconds = self.rng.uniform(*CAPACITY_OUTAGE_S)
+            self.twin.market.capacity.append(CapacityRule("*", until=time.monotonic() + seconds))
+            return self._hit(kind, detail=f"every pool for {seconds:.0f} s")
         if kind == "handler-crash":
             with self._lock:
                 self._crashes_left += self.rng.randint(1, 4)

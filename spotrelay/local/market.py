@@ -13,6 +13,7 @@ import csv
 import fnmatch
 import hashlib
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -72,10 +73,14 @@ class ChaosAction:
 
 @dataclass
 class CapacityRule:
-    """``pool`` is a glob over pool keys (``us-east-1/*/p5.48xlarge/spot``); ``times`` launches fail."""
+    """``pool`` is a glob over pool keys (``us-east-1/*/p5.48xlarge/spot``); ``times`` launches fail.
+    With ``until`` (a ``time.monotonic()`` deadline) it is an outage instead: every launch there fails
+    until then, however often it is tried. A real shortage ends with time, not with the number of
+    launches refused; counted, a controller that backs off (pool cooldowns) would make it last longer."""
 
     pool: str
     times: int = 1
+    until: float | None = None
 
 
 @dataclass
@@ -137,12 +142,21 @@ class MarketModel:
 
     # --- what the compute adapter asks -------------------------------------------------------
     def check_capacity(self, pool: Pool, count: int = 1, live: int = 0) -> None:
-        """Raise ``InsufficientCapacityError`` if a capacity rule matches this launch (and use it up),
+        """Raise ``InsufficientCapacityError`` if a capacity rule matches this launch (a counted one is used up),
         or if ``count`` more instances next to the ``live`` ones there would pass a capacity limit."""
+        now = time.monotonic()
         with self._lock:
             for rule in self.capacity:
-                if rule.times > 0 and fnmatch.fnmatch(pool.key, rule.pool):
+                if not fnmatch.fnmatch(pool.key, rule.pool):
+                    continue
+                if rule.until is not None:
+                    refused = now < rule.until  # an outage: a refusal does not use it up
+                elif rule.times > 0:
                     rule.times -= 1
+                    refused = True
+                else:
+                    refused = False
+                if refused:
                     raise InsufficientCapacityError(
                         f"InsufficientInstanceCapacity: no {pool.instance_type} {pool.market} capacity in {pool.az}"
                     )
