@@ -261,6 +261,7 @@ def evaluate_pools(
     down to ``min_nodes`` (``dropped``: pools with no size left)."""
     ranked: list[ScoredPool] = []
     dropped: dict[str, str] = {}
+    passed: set[str] = set()  # pools with a size ranked (a set: a scan of ``ranked`` per pool was quadratic)
     smallest = spec.resources.smallest_gang if gang_sizes else spec.resources.nodes
     for quote in quotes:
         key, pool_stats, first_reason = quote.pool.key, stats.get(quote.pool.key), None
@@ -268,8 +269,9 @@ def evaluate_pools(
             reason = _why_not(spec, quote, pool_stats, now, excluded, quotas, running, n, config, sized)
             if reason is None:
                 ranked.append(score_pool(spec, quote, pool_stats, config, nodes=n))
+                passed.add(key)
             first_reason = first_reason or reason
-        if first_reason is not None and not any(s.pool.key == key for s in ranked):
+        if first_reason is not None and key not in passed:
             dropped[key] = first_reason
     ranked.sort(key=lambda s: (s.score, -s.nodes, s.pool.key))
     return Ranking(ranked=ranked, dropped=dropped)

@@ -99,9 +99,9 @@ def billed(a: Attempt, following: Attempt | None = None) -> float:
     until = a.ended_at
     if a.saved_at is not None:
         until = max(until, a.saved_at)
-    # (the same pool is mostly the same object: identity first, model equality only when it is not)
-    if following is not None and following.started_at is not None and (
-            following.pool is a.pool or following.pool == a.pool):
+    # (a pool's key names all its fields: comparing keys is model equality without pydantic's __eq__)
+    if following is not None and following.started_at is not None and (following.pool is a.pool or (
+            following.pool is not None and a.pool is not None and following.pool.key == a.pool.key)):
         until = max(until, following.started_at)
     return a.cost + a.price_per_hour * a.nodes * (until - a.ended_at) / 3600.0
 

@@ -7,7 +7,8 @@ sim/market.py, whose capacity models (traces, slots) say what a quote holds.
 - A slot pool's quote is a function of (slot, noise window, count, held) and a pool without a
   capacity model always quotes the same: those are looked up before anything is computed
   (``SimPool.quote_key``; quotes were a sixth of a stormy run's CPU). A trace pool's quote is made
-  every time (its capacity moves with every trace event).
+  once per instant (its capacity moves with every trace event; Plan's shortlist walk and its full
+  ranking ask for the same quotes at the same instant).
 - ``LazyQuotes``: the quotes of every pool as a sequence made as it is read (recover's ``quotes_for``
   reads up to the survivors' pool).
 """
@@ -32,12 +33,21 @@ class QuoteBook:
     def __init__(self) -> None:
         self._seen: dict[tuple[str, float, float | None], PoolQuote] = {}
         self._memo: dict[tuple[object, ...], PoolQuote] = {}
+        self._now: dict[tuple[str, int, int], PoolQuote] = {}  # this instant's trace quotes
+        self._now_t = -1.0
 
     def quote(self, market: Market, p: SimPool, t: float, capacity: int, held: int) -> PoolQuote:
         """``p``'s quote at ``t`` for a launch of ``capacity`` nodes (``held`` of them the job's already)."""
         memo = p.quote_key(t, capacity, held)
-        if memo is None:
-            return self.make(market, p, t, capacity, held)
+        if memo is None:  # a trace pool: the same instant gives the same quote (Plan asks twice)
+            if t != self._now_t:
+                self._now.clear()
+                self._now_t = t
+            now = (p.key, capacity, held)
+            found = self._now.get(now)
+            if found is None:
+                found = self._now[now] = self.make(market, p, t, capacity, held)
+            return found
         found = self._memo.get(memo)
         if found is None:
             if len(self._memo) > _LIMIT:

@@ -216,8 +216,10 @@ def plan_quotes(run: SpotrelayRun, held: Mapping[str, int], stats: Mapping[str, 
     at its best size before any pool again, so when ``first`` pools pass, its candidates are the
     ``first`` pools with the lowest best scores: the walk stops at a bound above the ``first``-th
     lowest best score seen. ``saving`` (pool key -> ``spot_wait`` says it saves; while the job may wait
-    for spot): Plan then offers only those, so the walk looks only at them; fewer than ``first`` of
-    them passing (Plan would wait, or try the excluded again): None."""
+    for spot): Plan then offers only those, so the walk looks only at them. With fewer than ``first``
+    passing the walk saw every pool that can, and Plan's candidates are those: it launches on the best
+    (a saving one needs no wait) without reading another quote. None when none passes (Plan would wait,
+    or try the excluded again: reading every quote)."""
     spec, config, now, market = run.spec, run.config, run.now, run.market
     res = spec.resources
     count = res.nodes + res.spares
@@ -237,7 +239,9 @@ def plan_quotes(run: SpotrelayRun, held: Mapping[str, int], stats: Mapping[str, 
         if scores:
             bisect.insort(bests, min(scores))
             out.append(q)
-    return out if len(bests) >= first else None
+    # a walk stops early only once ``first`` pools passed: with fewer, it saw every pool that can pass,
+    # so ``out`` holds all of Plan's candidates (on a stormy market a gang fits a few pools: the usual case)
+    return out if bests else None
 
 
 def same_review(run: SpotrelayRun, here: PoolQuote, world: int, quotes: list[PoolQuote],
