@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Protocol, TypeVar
 
 from spotrelay.contracts.recovery import Candidate, LaunchPlan, RecoveryPlan
-from spotrelay.domain.models import Job, Node, NodeState
+from spotrelay.domain.models import Job, Node, NodeState, Pool
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import BudgetExceededError, JobCancelledError, NoPlacementError
 from spotrelay.placement import best_pool, rank_pools
@@ -19,6 +20,14 @@ from spotrelay.placement.spot_wait import PlanView, plan_view, spot_wait_s, wait
 from spotrelay.ports.market import PoolQuote
 from spotrelay.services.controller import Controller, release_nodes, spec_of
 from spotrelay.spec.models import JobSpec
+
+
+class _HasPool(Protocol):
+    @property
+    def pool(self) -> Pool: ...
+
+
+_Keyed = TypeVar("_Keyed", bound=_HasPool)
 
 log = logging.getLogger(__name__)
 MAX_CANDIDATES = 8  # pools provision may try before backing off and re-planning
@@ -142,10 +151,10 @@ def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict
             wait = min(wait, back) if back else wait
             return LaunchPlan(candidates=[], launch_ranks=list(range(spec.resources.nodes)), wait_s=wait)
         ranked = saving
+    # (ordered first, then only the offered ones built: a ranking holds every pool at every gang size)
     candidates = [Candidate(pool=c.pool, price_per_hour=c.quote.price_per_hour, score=round(c.score, 4),
-                            nodes=c.nodes or spec.resources.nodes) for c in ranked]
-    return LaunchPlan(candidates=_one_size_per_pool(candidates)[:MAX_CANDIDATES],
-                      launch_ranks=list(range(spec.resources.nodes)))
+                            nodes=c.nodes or spec.resources.nodes) for c in _one_size_per_pool(ranked)[:MAX_CANDIDATES]]
+    return LaunchPlan(candidates=candidates, launch_ranks=list(range(spec.resources.nodes)))
 
 
 def _gang_does_not_fit(spec: JobSpec, quotes: list[PoolQuote], stats: dict[str, PoolStats], now: float,
@@ -169,12 +178,13 @@ def _first_cooldown_end(spec: JobSpec, quotes: list[PoolQuote], stats: dict[str,
     return max(1, math.ceil(min(firsts) - now)) if firsts else None
 
 
-def _one_size_per_pool(candidates: list[Candidate]) -> list[Candidate]:
+def _one_size_per_pool(candidates: list[_Keyed]) -> list[_Keyed]:
     """Each pool once, at its best-ranked size, then each pool again at its next size: so the
     candidates try several pools before a smaller gang in the same one."""
     seen: dict[str, int] = {}
-    for c in candidates:
-        seen[c.pool.key] = seen.get(c.pool.key, 0) + 1
-    order = sorted(range(len(candidates)), key=lambda i: (
-        sum(1 for c in candidates[:i] if c.pool.key == candidates[i].pool.key), i))
-    return [candidates[i] for i in order]
+    turn = []  # (how many of its pool's came before it, its rank): a stable sort by that pair
+    for i, c in enumerate(candidates):
+        k = seen.get(c.pool.key, 0)
+        seen[c.pool.key] = k + 1
+        turn.append((k, i))
+    return [candidates[i] for _, i in sorted(turn)]
