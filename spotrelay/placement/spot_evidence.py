@@ -121,12 +121,16 @@ def spot_evidence(attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now:
     if od_price is None or per_step is None:
         return None
     recent = list(attempts[-last:])
-    spot = [(a, b) for a, b in zip(recent, [*recent[1:], None], strict=True)
-            if a.pool is not None and a.pool.market == "spot" and _settled(a, now)]
-    if len(spot) < MIN_SPOT_ATTEMPTS:
+    count, cost, steps = 0, 0.0, 0  # (one pass: Plan asks this on every call of a stormy job)
+    for i, a in enumerate(recent):
+        if a.pool is None or a.pool.market != "spot" or not _settled(a, now):
+            continue
+        count += 1
+        cost += billed(a, recent[i + 1] if i + 1 < len(recent) else None)
+        steps += useful_steps(a)
+    if count < MIN_SPOT_ATTEMPTS:
         return None
-    return SpotEvidence(attempts=len(spot), cost=sum(billed(a, b) for a, b in spot),
-                        on_demand_cost=sum(useful_steps(a) for a, _ in spot) * per_step * od_price)
+    return SpotEvidence(attempts=count, cost=cost, on_demand_cost=steps * per_step * od_price)
 
 
 def spot_did_not_pay(attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
