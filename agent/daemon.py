@@ -72,6 +72,7 @@ class Agent(Succession):
         self.hang_action: HealthAction | None = None
         self.unhealthy: str | None = None  # why the health policy stopped training on this node
         self.refused: str | None = None  # why the trainer refused to start (a "refused" event, agent.refusal)
+        self.unavailable: str | None = None  # committed checkpoints it could not read now ("unavailable")
         self._metrics_at = 0  # bytes of metrics.jsonl already sent to MLflow
         self.log_sink = log_sink
         self.shipper: LogShipper | None = None
@@ -172,7 +173,7 @@ class Agent(Succession):
         c.work_dir.mkdir(parents=True, exist_ok=True)
         self.hang = HangWatch(self.control, spec.health.hang_after_s if spec.health.enabled else None, self.clock)
         self.hang_action, self.unhealthy = spec.health.action(AnomalyKind.HANG), None
-        self.refused = None
+        self.refused = self.unavailable = None
         log_path = c.work_dir / f"train-a{c.attempt}.log"
         self.shipper = LogShipper(self.log_sink, c.job_id, c.attempt, c.rank, log_path) if self.log_sink else None
         with open(log_path, "ab") as log:
@@ -197,6 +198,9 @@ class Agent(Succession):
         tail = failure_tail(exit_code, self.control / EXIT_DIR, log_path)
         if self.refused is not None and exit_code != ExitCode.DONE:  # whatever code the script chose
             exit_code, reason, tail = ExitCode.REFUSED, f"refused: {self.refused}", bound(self.refused)
+        elif self.unavailable is not None and exit_code != ExitCode.DONE:  # the infrastructure's: retried
+            exit_code, reason = ExitCode.INFRA_ERROR, f"infra-error: {self.unavailable}"
+            tail = bound(self.unavailable)
         last = self.responder.last_committed
         self.reporter.training_exited(
             exit_code,
@@ -278,6 +282,9 @@ class Agent(Succession):
             if event.kind == "refused" and self.refused is None:
                 self.refused = event.detail
                 warn("the trainer refused to start", detail=event.detail)
+            if event.kind == "unavailable" and self.unavailable is None:
+                self.unavailable = event.detail
+                warn("the trainer could not read its checkpoints", detail=event.detail)
             if event.kind == "resumed" and self.config.rank == 0:  # what was restored, not what launch guessed
                 self.reporter.training_resumed(event.step)
                 if self.tracking:

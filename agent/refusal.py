@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from spotrelay.contracts.control import ENV_ATTEMPT, ENV_CONTROL_DIR, TrainerEvent, append_event
-from spotrelay.errors import BatchPlanError, CheckpointError
+from spotrelay.errors import BatchPlanError, CheckpointError, CheckpointUnavailableError
 
 log = logging.getLogger("spotrelay.training")
 # CheckpointError: incompatible, of a newer format, unsafe, or corrupt after every rank agreed on it
@@ -27,14 +27,16 @@ log = logging.getLogger("spotrelay.training")
 REFUSALS = (CheckpointError, BatchPlanError)
 
 
-def report_refusal(error: Exception, control_dir: Path | None, step: int = 0, world_size: int | None = None) -> None:
-    """Append the ``refused`` event (every refusing rank may: the agent takes the first)."""
+def report_refusal(error: Exception, control_dir: Path | None, step: int = 0, world_size: int | None = None,
+                   kind: str = "refused") -> None:
+    """Append the ``refused`` event (every refusing rank may: the agent takes the first); ``kind``
+    "unavailable": checkpoints that could not be read now (the agent reports INFRA_ERROR: retried)."""
     where = control_dir or (Path(os.environ[ENV_CONTROL_DIR]) if os.environ.get(ENV_CONTROL_DIR) else None)
     if where is None:  # not under an agent: the exception alone says it
         return
     attempt = os.environ.get(ENV_ATTEMPT, "")
     try:
-        append_event(where, TrainerEvent(kind="refused", step=step, detail=str(error), time=time.time(),
+        append_event(where, TrainerEvent(kind=kind, step=step, detail=str(error), time=time.time(),
                                          attempt=int(attempt) if attempt.isdigit() else None,
                                          world_size=world_size))  # fmt: skip
     except OSError as exc:  # the refusal itself still ends the run
@@ -48,4 +50,7 @@ def refusals(control_dir: Path | None = None, world_size: int | None = None) -> 
         yield
     except REFUSALS as exc:
         report_refusal(exc, control_dir, world_size=world_size)
+        raise
+    except CheckpointUnavailableError as exc:  # not a refusal: it may pass, so the attempt is retried
+        report_refusal(exc, control_dir, world_size=world_size, kind="unavailable")
         raise

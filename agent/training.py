@@ -27,7 +27,7 @@ from agent.checkpoint.config import SessionConfig
 from agent.checkpoint.engines import Engine
 from agent.checkpoint.local_tier import LocalTier
 from agent.checkpoint.pipeline import Pipeline, SaveJob, Topology
-from agent.checkpoint.restore import agree_on_step
+from agent.checkpoint.restore import Refusal, agree_on_step
 from agent.checkpoint.s3_tier import S3Tier
 from agent.checkpoint.state import load_trainer_state, trainer_file
 from agent.notice_window import Margin, NoticeTraining, SaveLike
@@ -140,14 +140,14 @@ class Session(SessionData):
         return step
 
     def _agree_on_checkpoint(self, before: int | None) -> int | None:
-        def share(step: int | str | None) -> int | str | None:
+        def share(step: int | Refusal | None) -> int | Refusal | None:
             chosen = [step]
             if dist.is_initialized():
                 dist.broadcast_object_list(chosen, src=0)
             return chosen[0]
 
         fetch_here = self.topo.local_rank == 0 and self.topo.rank != 0  # another node: fetch from S3
-        with refusals(self.config.control_dir, self.topo.world_size):  # a manifest of a newer format
+        with refusals(self.config.control_dir, self.topo.world_size):  # a newer format; none usable or readable
             return agree_on_step(self.topo.rank == 0, fetch_here, self.local, self.s3, before, share,
                                  lambda ok: all_ok(ok, self._device))
 

@@ -81,6 +81,12 @@ class CorruptCheckpointError(CheckpointError, PermanentError):
     """A shard is missing, has the wrong size or checksum, or the manifest is unreadable."""
 
 
+class CheckpointUnavailableError(RetryableError):
+    """A committed checkpoint could not be read for a reason that may pass (S3 unreachable, throttled,
+    a download broken off): resume does not start over beside it. Not a CheckpointError: that is a
+    refusal, never retried; this one ends the attempt as an infrastructure failure (exit INFRA_ERROR)."""
+
+
 class UnsafeCheckpointError(CheckpointError, PermanentError):
     """A checkpoint file would execute code when loaded (a pickle with globals)."""
 

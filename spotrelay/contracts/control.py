@@ -73,7 +73,8 @@ class TrainerEvent(BaseModel):
     model_config = ConfigDict(extra="forbid")
     # "checkpoint_committed" | "notice_training" | "stopping" | "resumed" | "first_step" (the first
     # step this run finished: training is back, at ``world_size`` ranks) | "anomaly" | "refused"
-    # (the run refused to start: ``detail`` says why; the agent reports exit REFUSED)
+    # (the run refused to start: ``detail`` says why; the agent reports exit REFUSED) | "unavailable"
+    # (committed checkpoints could not be read now: ``detail`` says which; the agent reports INFRA_ERROR)
     kind: str
     step: int
     uri: str = ""
@@ -86,7 +87,7 @@ class TrainerEvent(BaseModel):
     stall_s: float | None = None  # checkpoint_committed: what the training loop waited for the snapshot
     attempt: int | None = None  # the attempt the trainer runs in (SPOTRELAY_ATTEMPT), stamped on every event
     world_size: int | None = None  # ranks in this run, stamped on every event
-    detail: str = ""  # kind "refused": the error (the checkpoint, what differs, what to do)
+    detail: str = ""  # kinds "refused", "unavailable": the error (the checkpoint, what differs, what to do)
 
 
 def write_atomic(path: Path, text: str) -> None:

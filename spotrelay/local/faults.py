@@ -224,7 +224,7 @@ class Injector:
 
     def _break_shard(self, kind: str, job_ids: set[str]) -> Hit | None:
         """Corrupt or delete one shard of a job's newest committed checkpoint in S3 (not the manifest:
-        resume must notice the bad shard by its checksum or its absence and fall back)."""
+        resume must notice the bad shard by its checksum or its absence and fall back to the one before)."""
         from spotrelay.adapters.aws import client
         from spotrelay.settings import settings
 
@@ -232,12 +232,16 @@ class Injector:
         for job_id in self.rng.sample(sorted(job_ids), len(job_ids)):
             keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(
                 Bucket=bucket, Prefix=f"checkpoints/{job_id}/") for o in page.get("Contents", [])]
-            steps = sorted({k.split("/")[2] for k in keys if k.split("/")[2].startswith("step-")})
-            if not steps:
+            # committed steps (a manifest); one with an older committed step beside it, so that a fallback
+            # exists: with every checkpoint broken resume refuses (the job fails, as it should), which
+            # measures nothing about recovery
+            committed = sorted({k.split("/")[2] for k in keys
+                                if k.split("/")[2].startswith("step-") and k.endswith("/manifest.json")})
+            if len(committed) < 2:
                 continue
-            newest = steps[-1]
+            newest = committed[-1]
             shards = [k for k in keys if k.split("/")[2] == newest and not k.endswith("manifest.json")]
-            if not shards or not any(k.endswith("manifest.json") for k in keys if newest in k):
+            if not shards:
                 continue
             key = self.rng.choice(shards)
             if kind == "s3-corrupt":

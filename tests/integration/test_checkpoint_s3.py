@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from botocore.exceptions import EndpointConnectionError
 
 from agent.checkpoint.engines import Snapshot
 from agent.checkpoint.local_tier import LocalTier
@@ -18,7 +19,7 @@ from agent.checkpoint.restore import agree_on_step, choose
 from agent.checkpoint.s3_tier import MiB, S3Tier
 from spotrelay.adapters import aws as aws_clients
 from spotrelay.contracts.control import read_events
-from spotrelay.errors import CheckpointFormatError
+from spotrelay.errors import CheckpointFormatError, CheckpointUnavailableError, CorruptCheckpointError
 
 
 class FaultyClient:
@@ -39,6 +40,24 @@ class FaultyClient:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
+
+
+class Unreachable:
+    """The real S3 client, except that the calls ``broken`` names fail as a lost connection does."""
+
+    def __init__(self, real: Any, *broken: str) -> None:
+        self.real, self.broken = real, set(broken)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self.broken:
+            def fail(*args: Any, **kwargs: Any) -> Any:
+                raise EndpointConnectionError(endpoint_url="http://127.0.0.1:9")
+            return fail
+        return getattr(self.real, name)
+
+
+def _tree(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) if folder.exists() else []
 
 
 def _save(pipeline: Pipeline, local: LocalTier, step: int, numel: int = 3 * MiB) -> SaveJob:
@@ -321,3 +340,73 @@ def test_two_downloaders_of_one_step_keep_one_verified_copy(s3_setup: Any, tmp_p
         t.join(timeout=300)
     assert results == [4, 4] and tier.verified(4).step == 4
     assert [p.name for p in (tmp_path / "node").iterdir()] == ["step-00000004"]
+
+
+def test_checkpoints_s3_will_not_give_now_are_not_a_fresh_start(s3_setup: Any, tmp_path: Path) -> None:
+    """A replacement node whose downloads break off (or whose listing fails) used to find "no usable
+    checkpoint" and train from step 0 beside them; now resume raises CheckpointUnavailableError (the
+    attempt ends as an infrastructure failure and is retried), leaves nothing half-downloaded, and
+    changes nothing in S3."""
+    pipeline, local, s3, _ = s3_setup
+    for step in (2, 4):
+        assert _save(pipeline, local, step, numel=1024).error is None
+    before = s3.list_keys("")
+    fresh = tmp_path / "node-b"
+    cut_off = S3Tier(s3.uri, client=lambda: Unreachable(s3.client, "download_file"))
+    with pytest.raises(CheckpointUnavailableError) as err:
+        choose(LocalTier(fresh), cut_off)
+    text = str(err.value)
+    assert text.startswith("no checkpoint could be read now, so the run does not start over from step 0")
+    assert "step-00000004 unusable: s3: " in text and "step-00000002 unusable: s3: " in text
+    assert "download failed" in text
+    assert _tree(fresh) == []  # no staging folder or partial step left behind
+    unlisted = S3Tier(s3.uri, client=lambda: Unreachable(s3.client, "get_paginator"))
+    with pytest.raises(CheckpointUnavailableError, match="could not list the checkpoints"):
+        choose(LocalTier(fresh), unlisted)
+    assert s3.list_keys("") == before
+    assert choose(LocalTier(fresh), s3).step == 4  # once S3 answers again: the newest
+    assert choose(LocalTier(tmp_path / "empty"), None) is None  # no committed checkpoint: a fresh start
+
+
+def test_every_checkpoint_corrupt_is_refused_naming_each(s3_setup: Any, tmp_path: Path) -> None:
+    """Every committed step broken (a shard overwritten, a shard deleted): a refusal naming each step
+    and what to do, never a fresh start that retention would then prune while keeping the bad ones."""
+    pipeline, local, s3, _ = s3_setup
+    for step in (2, 4):
+        assert _save(pipeline, local, step, numel=1024).error is None
+    s3.client.put_object(Bucket=s3.bucket, Key=s3.key("step-00000004/model.pt"), Body=b"torn")
+    s3.client.delete_object(Bucket=s3.bucket, Key=s3.key("step-00000002/model.pt"))
+    with pytest.raises(CorruptCheckpointError) as err:
+        choose(LocalTier(tmp_path / "node-b"), s3)
+    text = str(err.value)
+    assert text.startswith("every checkpoint is unusable (2), so the run does not start over from step 0")
+    assert "step-00000004 unusable: s3: " in text and "shard model.pt has 4 bytes" in text
+    assert "step-00000002 unusable: s3: " in text and "a shard is missing" in text
+    assert text.endswith("move them away to start from scratch")
+
+
+def test_a_node_that_cannot_download_any_step_stops_every_rank(s3_setup: Any, tmp_path: Path) -> None:
+    """Rank 0 holds both steps locally; the other node's downloads break off for each. Passing over
+    step 4, then step 2, used to end at "no checkpoint": every rank trained from step 0. Now every
+    rank raises CheckpointUnavailableError (the node's failure may pass), none waits in a collective."""
+    pipeline, local, s3, _ = s3_setup
+    for step in (2, 4):
+        assert _save(pipeline, local, step, numel=1024).error is None
+    cut_off = S3Tier(s3.uri, client=lambda: Unreachable(s3.client, "download_file"))
+    group, raised = TwoRanks(), {}
+
+    def rank(r: int, node: LocalTier, tier: S3Tier) -> None:
+        try:
+            agree_on_step(r == 0, r != 0, node, tier, None, lambda step: group.share(r, step),
+                          lambda ok: group.every(r, ok))  # fmt: skip
+        except CheckpointUnavailableError as exc:
+            raised[r] = str(exc)
+
+    other = threading.Thread(target=rank, args=(1, LocalTier(tmp_path / "node-b"), cut_off))
+    other.start()
+    rank(0, local, s3)
+    other.join(300)
+    assert set(raised) == {0, 1}
+    assert raised[1].startswith("no checkpoint every node can use, so the run does not start over from step 0")
+    assert "step-00000004 unusable: s3: " in raised[1] and "step-00000002 unusable: s3: " in raised[1]
+    assert raised[0].endswith("another node could not use them")

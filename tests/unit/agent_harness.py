@@ -51,6 +51,12 @@ if mode == "refuse":  # the training API refusing a checkpoint, then the script'
     with refusals():
         raise IncompatibleCheckpointError("/ckpt/step-00000004: written by a DeepSpeed session, this run is a "
                                           "torch DDP/FSDP session; resume it with the engine that wrote it")
+if mode == "unavailable":  # committed checkpoints S3 would not give now, then the script's traceback
+    from agent.refusal import refusals
+    from spotrelay.errors import CheckpointUnavailableError
+    with refusals():
+        raise CheckpointUnavailableError("no checkpoint could be read now, so the run does not start over from "
+                                         "step 0 beside them: step-00000004 unusable: s3: download failed")
 def commit(step, emergency=False, deadline=None, request_id=None):
     control.append_event(ctl, control.TrainerEvent(kind="checkpoint_committed", step=step, uri=f"s3://b/step-{step}",
         duration_s=0.05, emergency=emergency, deadline=deadline, request_id=request_id, time=time.time()))

@@ -272,6 +272,20 @@ def test_training_output_is_shipped_off_the_node(tmp_path: Path, imds: FakeImds)
     assert {(j, a, r) for j, a, r, _ in shipped} == {("j-1", 1, 0)}
 
 
+def test_checkpoints_unreadable_now_end_the_attempt_as_infra_error(tmp_path: Path, imds: FakeImds) -> None:
+    """The script dies of CheckpointUnavailableError (exit 1, a user error by its code); its ``unavailable``
+    event makes it INFRA_ERROR with the message, so the controller retries instead of failing the job,
+    and the trainer never started over from step 0 beside the checkpoints."""
+    _, store, recorder, thread, result = run_agent(tmp_path, imds, mode="unavailable")
+    assert finish(thread, result) == ExitCode.INFRA_ERROR
+    [exited] = recorder.of("TrainingExited")
+    assert exited["exit_code"] == ExitCode.INFRA_ERROR
+    assert exited["reason"].startswith("infra-error: no checkpoint could be read now")
+    node = store.get_node("j-1", "a1-r0")
+    assert node.exit_code == ExitCode.INFRA_ERROR and node.output_tail is not None
+    assert "step-00000004 unusable: s3: download failed" in node.output_tail
+
+
 def test_a_refused_checkpoint_is_reported_as_refused_with_the_message(tmp_path: Path, imds: FakeImds) -> None:
     """The script dies of the refusal (traceback, exit 1); its ``refused`` event makes it exit 80 with the
     message as the output tail, so the controller fails the job once instead of retrying a user error."""

@@ -24,7 +24,12 @@ from agent.checkpoint.restore import agree_on_step, choose
 from agent.checkpoint.state import load_trainer_state, save_trainer_state, trainer_file
 from agent.training import spotrelay_session
 from spotrelay.contracts.control import read_events
-from spotrelay.errors import CheckpointFormatError, CorruptCheckpointError, UnsafeCheckpointError
+from spotrelay.errors import (
+    CheckpointFormatError,
+    CheckpointUnavailableError,
+    CorruptCheckpointError,
+    UnsafeCheckpointError,
+)
 from tests.conftest import MaliciousPayload
 
 
@@ -109,7 +114,11 @@ def test_every_rank_refuses_a_newer_format_another_node_read(tmp_path: Path) -> 
         agree_on_step(False, True, tier, None, None, lambda _: 4, every)
     assert flags == [False, False]  # not usable, and a newer format: the second all-reduce, never a fallback
     with pytest.raises(CheckpointFormatError, match="format 9"):  # the proposer's error, handed to every rank
-        agree_on_step(False, False, tier, None, None, lambda _: "x: manifest format 9", every)
+        agree_on_step(False, False, tier, None, None, lambda _: ("format", "x: manifest format 9"), every)
+    with pytest.raises(CorruptCheckpointError, match="every checkpoint is unusable"):  # so is its refusal
+        agree_on_step(False, False, tier, None, None, lambda _: ("corrupt", "every checkpoint is unusable"), every)
+    with pytest.raises(CheckpointUnavailableError, match="could not be read now"):  # and a failure that may pass
+        agree_on_step(False, False, tier, None, None, lambda _: ("unavailable", "could not be read now"), every)
     with pytest.raises(CheckpointFormatError, match="manifest format 3"):  # the proposer itself
         agree_on_step(True, False, tier, None, None, lambda proposal: proposal, every)
 
