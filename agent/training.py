@@ -38,9 +38,13 @@ from agent.stop import RequestPoller, agree, all_ok, any_rank, gather_ids
 from spotrelay.contracts.control import ENV_ATTEMPT, RequestKind, TrainerEvent, append_event, write_progress
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.contracts.health import HealthAction, HealthAnomaly
-from spotrelay.errors import BatchPlanError
+from spotrelay.errors import BatchPlanError, CheckpointUnavailableError
 
 log = logging.getLogger("spotrelay.training")
+# checkpoints S3 would not give (CheckpointUnavailableError): asked again after these waits before the
+# attempt ends as an infrastructure failure (a blip should not cost the gang a relaunch)
+RESUME_RETRY_S = (10.0, 30.0)
+_sleep = time.sleep  # (the tests' seam: patching time.sleep would reach every thread)
 
 
 def _topology() -> Topology:
@@ -148,8 +152,16 @@ class Session(SessionData):
 
         fetch_here = self.topo.local_rank == 0 and self.topo.rank != 0  # another node: fetch from S3
         with refusals(self.config.control_dir, self.topo.world_size):  # a newer format; none usable or readable
-            return agree_on_step(self.topo.rank == 0, fetch_here, self.local, self.s3, before, share,
-                                 lambda ok: all_ok(ok, self._device))
+            for wait in (*RESUME_RETRY_S, None):
+                try:
+                    return agree_on_step(self.topo.rank == 0, fetch_here, self.local, self.s3, before, share,
+                                         lambda ok: all_ok(ok, self._device))
+                except CheckpointUnavailableError as exc:  # raised on every rank alike: they retry together
+                    if wait is None:
+                        raise
+                    log.warning("checkpoints unreadable now, asking again in %.0f s: %s", wait, exc)
+                    _sleep(wait)
+        raise AssertionError("unreachable")
 
     # --- the loop ----------------------------------------------------------------------------------
     def steps(self, max_steps: int) -> Iterator[tuple[int, Any]]:
