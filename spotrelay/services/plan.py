@@ -16,7 +16,7 @@ from spotrelay.placement import best_pool, rank_pools
 from spotrelay.placement.gang_fit import SizedScores, probe_sizes, scores_of
 from spotrelay.placement.policy import GANG_FIT_REASON, evaluate_pools, score_pool
 from spotrelay.placement.pool_stats import PoolStats
-from spotrelay.placement.spot_wait import PlanView, plan_view, spot_wait_s, wait_left_s
+from spotrelay.placement.spot_wait import PlanView, plan_view, spot_wait_s, stopped_at, wait_left_s
 from spotrelay.ports.market import PoolQuote
 from spotrelay.services.controller import Controller, release_nodes, spec_of
 from spotrelay.spec.models import JobSpec
@@ -32,6 +32,28 @@ _Keyed = TypeVar("_Keyed", bound=_HasPool)
 log = logging.getLogger(__name__)
 MAX_CANDIDATES = 8  # pools provision may try before backing off and re-planning
 GANG_FIT_RECHECK_S = 300  # no pool holds the gang now: plan again this much later (new placement scores)
+
+
+def placing_overdue(spec: JobSpec, job: Job, now: float, time_scale: float = 1.0) -> str | None:
+    """Why the job must stop waiting for a gang (``recovery.max_placing_minutes`` without one since its
+    submission or its last attempt's end, at ``time_scale`` like the spot wait), else None. Without a
+    bound a job whose pools never have capacity would sit in PLACING until it is cancelled."""
+    limit = spec.recovery.max_placing_minutes
+    since = stopped_at(job)
+    if limit is None or since is None or now - since < limit * 60.0 * time_scale:
+        return None
+    return (f"job {job.job_id} has had no training gang for {(now - since) / 60.0 / time_scale:.0f} minutes "
+            f"(recovery.max_placing_minutes {limit:g}): no allowed pool took it in time")
+
+
+def within_bound(spec: JobSpec, job: Job, launch: LaunchPlan, now: float, time_scale: float = 1.0) -> LaunchPlan:
+    """``launch``, its wait (for spot, for a pool's cooldown) cut to end at the job's
+    ``recovery.max_placing_minutes``: the Plan after it fails the job then, not hours later."""
+    limit, since = spec.recovery.max_placing_minutes, stopped_at(job)
+    if not launch.wait_s or limit is None or since is None:
+        return launch
+    left = max(1, math.ceil(since + limit * 60.0 * time_scale - now))
+    return launch if launch.wait_s <= left else launch.model_copy(update={"wait_s": left})
 
 
 def live(job: Job) -> Job:
@@ -57,6 +79,9 @@ def plan(ctl: Controller, job_id: str, now: float, recovery: RecoveryPlan | None
     budget = spec.budget.max_total_cost
     if budget is not None and job.cost_so_far >= budget:
         raise BudgetExceededError(f"job {job_id} spent ${job.cost_so_far:.2f} of its ${budget:.2f} budget")
+    overdue = placing_overdue(spec, job, now, time_scale)
+    if overdue:
+        raise NoPlacementError(overdue)
     assert ctl.market is not None and ctl.pool_stats is not None
     res = spec.resources
     quotes = ctl.market.quotes(res.regions, res.instance_types, [m.value for m in res.markets],
@@ -71,6 +96,7 @@ def plan(ctl: Controller, job_id: str, now: float, recovery: RecoveryPlan | None
         sized = {m: scores_of(ctl.market.quotes(res.regions, res.instance_types, [mk.value for mk in res.markets],
                                                  capacity=m)) for m in probe_sizes(spec)}  # elastic sizes
         launch = _new_gang_plan(spec, job, quotes, stats, now, sized, time_scale=time_scale)
+    launch = within_bound(spec, job, launch, now, time_scale)
 
     def to_placing(current: Job) -> Job | None:
         live(current)

@@ -16,7 +16,7 @@ from spotrelay.placement.policy import gang_key, spare_count
 from spotrelay.placement.spot_evidence import spot_did_not_pay
 from spotrelay.placement.spot_wait import plan_view, wait_left_s
 from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery
-from spotrelay.services.plan import MAX_CANDIDATES, _keeping_plan, _new_gang_plan
+from spotrelay.services.plan import MAX_CANDIDATES, _keeping_plan, _new_gang_plan, placing_overdue, within_bound
 from spotrelay.services.recovery_flow import _result as recovery_result
 from spotrelay.services.review import review_seconds
 from spotrelay.sim import attempts, moves, spares
@@ -32,6 +32,10 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     recovery = RecoveryPlan.model_validate(payload.get("recovery") or {})
     stats = self.stats.get_many(p.key for p in self.market.pools)
     job = self._light_job()
+    overdue = placing_overdue(self.spec, job, self.now)
+    if overdue:  # plan.plan: recovery.max_placing_minutes without a gang
+        self.metrics.failed_reason = overdue
+        raise TaskFailed("NoPlacementError", overdue)
     launch = None
     if recovery.keeps:  # _keeping_plan reads only the survivors' pool's quote
         assert recovery.pool is not None
@@ -77,7 +81,7 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
             raise TaskFailed("NoPlacementError", str(exc)) from None
         if moves.VERIFY_SHORTLIST and short is not None:  # tests: the same plan as from every quote
             assert _new_gang_plan(self.spec, job, short, stats, self.now, sized, view) == launch
-    return launch.model_dump(mode="json")
+    return within_bound(self.spec, job, launch, self.now).model_dump(mode="json")
 
 
 

@@ -23,7 +23,7 @@ from spotrelay.sim.losses import CATEGORIES, shares
 # spotrelay switches that are spec fields: switch name -> the spec section that holds it
 SPEC_SWITCHES = {"spares": "resources", "min_nodes": "resources", "wall_time_weight": "resources",
                  "launch_at_notice": "recovery", "prewarm_on_rebalance": "recovery", "prewarm_wait_s": "recovery",
-                 "review_minutes": "recovery", "spot_wait_minutes": "recovery"}
+                 "review_minutes": "recovery", "spot_wait_minutes": "recovery", "max_placing_minutes": "recovery"}
 # every spotrelay switch the CLI's --switch NAME=VALUE takes (SimOptions.spotrelay_switches)
 SWITCHES = ("strategy", *SPEC_SWITCHES, "rebalance_checkpoint", "keep_margin")
 

@@ -187,6 +187,11 @@ class Recovery(Strict):
         "on on-demand or on a spot pool that does far less work per dollar; 0: launch the best candidate at once; "
         "unset: wait up to 60 minutes only while the job's own spot attempts paid per useful step against "
         "on-demand (placement/spot_evidence.py)")
+    max_placing_minutes: float | None = Field(
+        None, gt=0, le=30 * 24 * 60,
+        description="fail the job (NoPlacementError) once it has had no training gang this long: waiting for "
+        "spot, for a pool's cooldown, backing off after capacity errors; from its submission, or from its last "
+        "attempt's end; unset: wait as long as it takes")
     max_recoveries: int = Field(10, ge=0, le=1000)
     max_user_restarts: int = Field(0, ge=0, le=100)
     retry_exit_codes: list[int] = Field(default_factory=list)

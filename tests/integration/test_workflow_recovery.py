@@ -180,3 +180,17 @@ def test_over_budget_job_is_torn_down_and_failed(wf: Harness) -> None:
     assert final.status is JobStatus.FAILED and final.reasons[-1].startswith("BudgetExceededError")
     assert final.reasons[0].startswith("budget: spent $") and final.reasons[0].endswith("of the $1.00 budget")
     assert wf.compute.running(job.job_id) == []
+
+
+def test_a_job_no_pool_takes_fails_after_max_placing_minutes(wf: Harness) -> None:
+    """Every launch refused: unbounded the execution loops CapacityBackoff -> Plan until cancelled
+    (above); with recovery.max_placing_minutes Plan fails the job with the bound in its reason."""
+    wf.compute._fail = lambda pool, n: CAPACITY
+    job = new_job(wf.store, spot_wait_minutes=0, max_placing_minutes=0.05)  # 3 s without a gang
+    arn = wf.start(job, FAST.model_copy(update={"provision_retry_s": 1}))
+    assert wf.finished(arn)["status"] == "FAILED"
+    final = wf.job()
+    assert final.status is JobStatus.FAILED and final.reasons[-1].startswith("NoPlacementError")
+    assert "had no training gang for 0 minutes (recovery.max_placing_minutes 0.05)" in final.reasons[-1]
+    assert "CapacityBackoff" in wf.states_entered(arn) and "FailJob" in wf.states_entered(arn)
+    assert wf.compute.running(job.job_id) == []

@@ -143,3 +143,47 @@ def test_spot_pools_that_failed_this_run_are_offered_again_once_no_longer_coolin
     job = _stopped(60).model_copy(update={"excluded_pools": [q.pool.key for q in quotes if q.pool.market == "spot"]})
     plan = _new_gang_plan(s, job, quotes, {}, NOW)
     assert plan.wait_s == 0 and plan.candidates and {c.pool.market for c in plan.candidates} == {"spot"}
+
+
+def _bounded(minutes: float | None) -> JobSpec:
+    doc = make_spec().model_dump(mode="json")
+    doc["recovery"]["max_placing_minutes"] = minutes
+    return JobSpec.model_validate(doc)
+
+
+def test_max_placing_minutes_bounds_the_time_without_a_gang() -> None:
+    """recovery.max_placing_minutes: Plan fails the job (NoPlacementError, its message) once it has had
+    no training gang that long since its last attempt's end, or since its submission before any; a gang
+    that trains (an open attempt) is never overdue; unset: no bound; the twin's time scale applies."""
+    from spotrelay.services.plan import placing_overdue
+
+    assert placing_overdue(_bounded(None), _stopped(10 * 86400), NOW) is None
+    assert placing_overdue(_bounded(60), _stopped(3599), NOW) is None
+    why = placing_overdue(_bounded(60), _stopped(3600), NOW)
+    assert why == "job j has had no training gang for 60 minutes (recovery.max_placing_minutes 60): " \
+                  "no allowed pool took it in time"
+    queued = Job(job_id="q", name="q", status=JobStatus.PLACING, created_at=NOW - 7200)
+    assert placing_overdue(_bounded(90), queued, NOW) is not None  # never started: from its submission
+    training = Job(job_id="t", name="t", status=JobStatus.RUNNING, created_at=NOW - 86400, attempt=1,
+                   attempts=[Attempt(number=1, started_at=NOW - 86400)])
+    assert placing_overdue(_bounded(1), training, NOW) is None
+    assert placing_overdue(_bounded(60), _stopped(36), NOW, time_scale=0.01) is not None  # 60 min = 36 s there
+    for bad in (0, -5, 30 * 24 * 60 + 1, "soon"):
+        with pytest.raises(ValidationError, match="max_placing_minutes"):
+            _bounded(bad)  # type: ignore[arg-type]
+
+
+def test_a_wait_is_cut_to_end_at_max_placing_minutes() -> None:
+    """Plan's wait (for spot, for a cooldown up to hours) ends at the bound, so the Plan after it fails
+    the job then, not when the wait would have ended; unbounded, or a launch, is left as it is."""
+    from spotrelay.contracts.recovery import LaunchPlan
+    from spotrelay.services.plan import within_bound
+
+    waiting = LaunchPlan(candidates=[], launch_ranks=[0, 1], wait_s=4 * 3600)
+    assert within_bound(_bounded(60), _stopped(3000), waiting, NOW).wait_s == 600
+    assert within_bound(_bounded(60), _stopped(3600), waiting, NOW).wait_s == 1  # due: ask again at once
+    assert within_bound(_bounded(600), _stopped(0), waiting, NOW).wait_s == 4 * 3600
+    assert within_bound(_bounded(None), _stopped(3000), waiting, NOW) is waiting
+    assert within_bound(_bounded(60), _stopped(3000), waiting, NOW, time_scale=0.01).wait_s == 1
+    launch = LaunchPlan(candidates=[], launch_ranks=[0, 1])
+    assert within_bound(_bounded(60), _stopped(3000), launch, NOW) is launch
