@@ -122,9 +122,10 @@ def measure(policy: str, seed: int, run: Run) -> RunResult:
         "recovery_s_p95": percentile(m.recovery_s, 0.95),
         "on_demand_share": run.od_gpu_s / run.paid_gpu_s if run.paid_gpu_s else 0.0,
         "cross_region_moves": float(m.cross_region_moves), "capacity_failures": float(m.capacity_failures),
-        # physics check: more useful than paid GPU-hours means the simulator trained a gang it did
-        # not bill (a known, not yet found, accounting gap in some notice-window runs): flagged
-        # and a gang that reported ready short of ranks (it would hang at its rendezvous)
+        # physics check, kept as a guard: more useful than paid GPU-hours means the simulator trained
+        # a gang it did not bill (the gap once seen in notice-window runs: a kept survivor EC2 had taken
+        # was revived, fixed in a9b62eb), and a gang that reported ready short of ranks (it would hang
+        # at its rendezvous); flagged in the JSON, the table and bench/economics.py
         "inconsistent": 1.0 if useful > paid * 1.000001 + 1e-9 or int(getattr(run, "short_starts", 0)) else 0.0,
     }
     return RunResult(policy, seed, values, m.finished, m.events, m.timeline,
