@@ -1,10 +1,12 @@
 """How fast the simulator runs: 1,000 job-months (100 jobs x 10 months, 32 nodes each) per policy.
 
-    .venv/bin/python bench/sim_speed.py [--jobs 100] [--months 10] [--nodes 32] [--market g4dn|synthetic]
+    .venv/bin/python bench/sim_speed.py [--jobs 100] [--months 10] [--nodes 32,16] [--market g4dn|synthetic]
                                         [--workers 1,2]
     .venv/bin/python bench/sim_speed.py --jobs 2 --market synthetic --against main~3 [--rounds 3]
 
-Prints, per market (the g4dn trace and the synthetic market; both by default) and per worker count
+Prints, per market (the g4dn trace and the synthetic market; both by default), per gang size
+(``--nodes``, default 32 and 16: no g4dn pool ever holds 32 nodes, so a 32-node job runs on
+on-demand there and sees a hundredth of the events a 16-node one does on spot) and per worker count
 (``--workers``, default 1 and 2, timed one after the other in one run: ``simulate``'s worker
 processes, spotrelay/sim/parallel.py), the simulated events, the wall and CPU seconds (the workers'
 included) and the events per second, for spotrelay alone (the policy that walks the ASL and calls the
@@ -94,12 +96,14 @@ def _against(args: argparse.Namespace, markets: list[str]) -> int:
                 for label, root in (("before", Path(tmp)), ("after", ROOT)):
                     got = _in_process(root, args, market)
                     runs[label].append(got)
-                    print(f"{market:9} round {r + 1} {label:6} ({args.against if label == 'before' else 'this tree'}): "
+                    rev = args.against if label == "before" else "this tree"
+                    print(f"{market:9} {args.nodes} nodes round {r + 1} {label:6} ({rev}): "
                           f"{job_months:,.0f} job-months, {got['events']:,.0f} events, {got['wall']:6.1f} s wall, "
                           f"{got['cpu']:6.1f} s CPU ({got['cpu'] * per_k:,.0f} s per 1,000 job-months)", flush=True)
             mean = {k: sum(x["cpu"] for x in v) / len(v) for k, v in runs.items()}
             same = {x["events"] for v in runs.values() for x in v}
-            print(f"{market:9} mean CPU: before {mean['before']:.2f} s ({mean['before'] * per_k:,.0f} s per 1,000 "
+            print(f"{market:9} {args.nodes} nodes mean CPU: before {mean['before']:.2f} s "
+                  f"({mean['before'] * per_k:,.0f} s per 1,000 "
                   f"job-months), after {mean['after']:.2f} s ({mean['after'] * per_k:,.0f} s, "
                   f"{'met' if mean['after'] * per_k <= 60 else 'NOT met'}); after/before "
                   f"{mean['after'] / mean['before']:.2f}; events {'the same' if len(same) == 1 else 'DIFFER'}")
@@ -110,7 +114,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--months", type=float, default=10.0)
-    parser.add_argument("--nodes", type=int, default=32)
+    parser.add_argument("--nodes", default="32,16", help="gang sizes, each timed (default 32,16)")
     parser.add_argument("--market", choices=["g4dn", "synthetic", "both"], default="both")
     parser.add_argument("--all-policies", action="store_true", help="also time every policy together")
     parser.add_argument("--against", metavar="REV", help="also time git revision REV's simulator, alternating")
@@ -119,11 +123,15 @@ def main() -> int:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one timed run, JSON out
     args = parser.parse_args()
     markets = ["g4dn", "synthetic"] if args.market == "both" else [args.market]
+    sizes = [int(n) for n in str(args.nodes).split(",")]
     if args.worker:
-        print(json.dumps(_measure(markets[0], args.nodes, args.months, args.jobs, ("spotrelay",))))
+        print(json.dumps(_measure(markets[0], sizes[0], args.months, args.jobs, ("spotrelay",))))
         return 0
     if args.against:
-        return _against(args, markets)
+        for nodes in sizes:
+            args.nodes = nodes
+            _against(args, markets)
+        return 0
     from spotrelay.sim.runner import POLICIES
 
     job_months = args.jobs * args.months
@@ -131,22 +139,23 @@ def main() -> int:
     workers = sorted({int(w) for w in args.workers.split(",")})
     print(f"{os.cpu_count()} CPUs; before: {_load()}", flush=True)
     side: list[str] = []
-    for name in markets:
+    for name, nodes in [(m, n) for m in markets for n in sizes]:
         for policies in (("spotrelay",), POLICIES) if args.all_policies else (("spotrelay",),):
             what = "spotrelay" if len(policies) == 1 else f"all {len(policies)} policies"
             k = per_k / len(policies)  # seconds per 1,000 job-months (per policy)
             walls: dict[int, float] = {}
             for n in workers:
-                got = _measure(name, args.nodes, args.months, args.jobs, tuple(policies), n)
+                got = _measure(name, nodes, args.months, args.jobs, tuple(policies), n)
                 wall, cpu, events = got["wall"], got["cpu"], int(got["events"])
                 walls[n] = wall
-                print(f"{name:9} {what:16} {n} worker(s) {job_months:,.0f} job-months x {len(policies)}: "
+                print(f"{name:9} {nodes:>2} nodes {what:16} {n} worker(s) {job_months:,.0f} job-months "
+                      f"x {len(policies)}: "
                       f"{events:>10,} events, {wall:6.1f} s wall, {cpu:6.1f} s CPU, {events / wall:>9,.0f} events/s "
                       f"({events / cpu:,.0f}/CPU-s); per 1,000 job-months {wall * k:,.0f} s wall "
                       f"({'met' if wall * k <= 60 else 'NOT met'}: <= 60 s), {cpu * k:,.0f} s CPU; {_load()}",
                       flush=True)
             if len(policies) == 1:
-                side.append(f"{name} " + ", ".join(
+                side.append(f"{name} {nodes} nodes " + ", ".join(
                     f"{n} worker(s) {walls[n] * per_k:,.0f} s ({'met' if walls[n] * per_k <= 60 else 'NOT met'})"
                     for n in workers)
                     + (f", {walls[workers[0]] / walls[workers[-1]]:.2f}x" if len(workers) > 1 else ""))

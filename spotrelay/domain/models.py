@@ -96,6 +96,8 @@ class Job(Record):
     attempt: int = 0
     attempts: list[Attempt] = Field(default_factory=list)
     recoveries: int = 0
+    stalled_recoveries: int = 0  # recoveries in a row with no newer checkpoint committed (recovery/budget.py)
+    progress_step: int = 0  # the newest committed step when the stall count was last reset
     user_restarts: int = 0
     excluded_pools: list[str] = Field(default_factory=list)  # pool keys not to use next placement
     last_checkpoint: CheckpointRef | None = None

@@ -26,7 +26,7 @@ join the survivors' group.
 from __future__ import annotations
 
 from spotrelay.contracts.recovery import AttemptEnd, Verdict
-from spotrelay.recovery.budget import Charge, RetryDecision, check_retry_budget
+from spotrelay.recovery.budget import Charge, RetryDecision, check_retry_budget, stall
 from spotrelay.recovery.classify import classify_attempt, classify_nodes
 from spotrelay.recovery.strategies import (
     RecoveryContext,
@@ -56,5 +56,6 @@ __all__ = [
     "get_strategy",
     "plan_recovery",
     "register",
+    "stall",
     "strategy_names",
 ]

@@ -1,6 +1,11 @@
 """The retry budget: may this attempt's end be retried, and which counter pays for it.
 
-- interrupted, node-lost and infra-error ends spend a recovery (``max_recoveries``);
+- interrupted, node-lost and infra-error ends spend a recovery: ``max_recoveries`` over the job's
+  life (unset: no cap), and ``max_stalled_recoveries`` in a row without progress: a recovery after
+  which the job has committed a checkpoint newer than its newest at that recovery does not count
+  towards the next (``stall``). Spot is meant to be interrupted: a long job on it recovers hundreds of
+  times, each after saving its work, and must not fail for that; one whose gangs keep going before
+  they save anything (reclaimed while booting, a node that never comes up) makes no progress and stops;
 - user-error ends spend a user restart (``max_user_restarts``), and only for codes in
   ``retry_exit_codes`` when that list is not empty (empty means: any user exit code);
 - a refusal (exit REFUSED: a checkpoint the trainer cannot use, a global batch its world cannot
@@ -34,12 +39,24 @@ class RetryDecision(BaseModel):
     recoveries: int  # counters AFTER this retry
     user_restarts: int
     reason: str
+    stalled: int = 0  # recoveries in a row without progress, this one included (a user restart: unchanged)
+
+
+def stall(stalled: int, progress_step: int, committed_step: int) -> tuple[int, int]:
+    """(stalled recoveries before this one, the progress step) given the job's newest committed step
+    now: a checkpoint newer than the one at the last recovery (``progress_step``) resets the count.
+    Counting from the recovery before, not this attempt's own saves, keeps a notice's final save in:
+    it commits after the recovery that the notice started."""
+    if committed_step > progress_step:
+        return 0, committed_step
+    return stalled, progress_step
 
 
 def check_retry_budget(
-    policy: Recovery, outcome: AttemptEnd, recoveries_used: int, user_restarts_used: int
+    policy: Recovery, outcome: AttemptEnd, recoveries_used: int, user_restarts_used: int, stalled_used: int = 0
 ) -> RetryDecision:
-    """Allow one more attempt and say what it costs, or raise ``RetryBudgetExhaustedError``."""
+    """Allow one more attempt and say what it costs, or raise ``RetryBudgetExhaustedError``.
+    ``stalled_used``: recoveries in a row without progress before this one (``stall``)."""
     if not outcome.retryable:
         raise ValueError(f"an attempt that ended {outcome.outcome} is not retried")
     if outcome.outcome is Verdict.USER_ERROR:
@@ -56,12 +73,18 @@ def check_retry_budget(
                 f"max_user_restarts={policy.max_user_restarts})"
             )
         return RetryDecision(charge=Charge.USER_RESTART, recoveries=recoveries_used,
-                             user_restarts=user_restarts_used + 1,
+                             user_restarts=user_restarts_used + 1, stalled=stalled_used,
                              reason=f"user restart {user_restarts_used + 1}/{policy.max_user_restarts}")
-    if recoveries_used >= policy.max_recoveries:
+    if policy.max_recoveries is not None and recoveries_used >= policy.max_recoveries:
         raise RetryBudgetExhaustedError(
             f"{outcome.reason}; recoveries spent ({recoveries_used} of max_recoveries={policy.max_recoveries})"
         )
+    if stalled_used >= policy.max_stalled_recoveries:
+        raise RetryBudgetExhaustedError(
+            f"{outcome.reason}; {stalled_used} recoveries in a row without a newer checkpoint "
+            f"(max_stalled_recoveries={policy.max_stalled_recoveries})"
+        )
+    cap = "" if policy.max_recoveries is None else f"/{policy.max_recoveries}"
     return RetryDecision(charge=Charge.RECOVERY, recoveries=recoveries_used + 1,
-                         user_restarts=user_restarts_used,
-                         reason=f"recovery {recoveries_used + 1}/{policy.max_recoveries} after {outcome.outcome}")
+                         user_restarts=user_restarts_used, stalled=stalled_used + 1,
+                         reason=f"recovery {recoveries_used + 1}{cap} after {outcome.outcome}")

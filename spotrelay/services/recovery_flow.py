@@ -20,7 +20,7 @@ from spotrelay.domain.models import Job, Node, NodeState, Pool
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import JobCancelledError, NoPlacementError
 from spotrelay.placement import PoolEvent
-from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery
+from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery, stall
 from spotrelay.recovery.spares import spare_takeovers
 from spotrelay.services.controller import (
     SPARE_LIVE,
@@ -127,7 +127,9 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
     if outcome.outcome is Verdict.CANCELLED:
         raise JobCancelledError(f"job {job_id}: {outcome.reason}")
     spec = spec_of(job)
-    decision = check_retry_budget(spec.recovery, outcome, job.recoveries, job.user_restarts)  # may raise
+    stalled, progress = stall(job.stalled_recoveries, job.progress_step,
+                              job.last_checkpoint.step if job.last_checkpoint else 0)
+    decision = check_retry_budget(spec.recovery, outcome, job.recoveries, job.user_restarts, stalled)  # may raise
 
     current = job.attempts[-1] if job.attempts else None
     if current is not None and current.pool is not None and current.started_at is not None:
@@ -156,6 +158,7 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
         update: dict[str, Any] = {
             "status": transition(cur.status, JobStatus.RECOVERING), "updated_at": now, "task_tokens": {},
             "recoveries": decision.recoveries, "user_restarts": decision.user_restarts,
+            "stalled_recoveries": decision.stalled, "progress_step": progress,
             # a notice's emergency save is still to come: it keeps every step (0 lost), or says otherwise
             "steps_lost": cur.steps_lost + (0 if outcome.deadline is not None else max(0, cur.last_step - ckpt_step)),
             "excluded_pools": sorted(excluded),

@@ -91,6 +91,7 @@ class SpotrelayRun(Run):
         self.context_extra: dict[str, Any] = {} if keep_margin is None else {"keep_margin": keep_margin}
         self.attempt = 0
         self.recoveries = self.user_restarts = 0
+        self.stalled = self.progress_step = 0  # the retry budget's stall count (recovery/budget.stall)
         self.excluded: set[str] = set()
         self.attempt_pool: Any = None
         self.attempt_start = 0.0

@@ -37,7 +37,7 @@ class JobModel:
     steps: int | None = None  # total steps (overrides job_hours)
     ref_step_s: float = REF_STEP_S  # step time of REF_NODES x REF_TYPE
     checkpoint_bytes: float = CHECKPOINT_BYTES
-    max_recoveries: int = 1000
+    max_recoveries: int | None = None  # the spec's default: no lifetime cap (max_stalled_recoveries stays)
 
     def step_s(self, instance_type: str) -> float:
         info, ref = catalog.instance(instance_type), catalog.instance(REF_TYPE)
@@ -88,6 +88,6 @@ class JobModel:
             "resources": {"nodes": self.nodes, "regions": regions, "instance_types": instance_types,
                           "markets": markets},
             "checkpoint": {"every_minutes": self.checkpoint_minutes},
-            "recovery": {"max_recoveries": self.max_recoveries,
+            "recovery": {**({"max_recoveries": self.max_recoveries} if self.max_recoveries is not None else {}),
                          **({"strategy": self.strategy} if self.strategy else {})},
         })

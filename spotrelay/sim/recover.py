@@ -15,7 +15,7 @@ from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.policy import gang_key, spare_count
 from spotrelay.placement.spot_evidence import spot_did_not_pay
 from spotrelay.placement.spot_wait import plan_view, wait_left_s
-from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery
+from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery, stall
 from spotrelay.services.plan import MAX_CANDIDATES, _keeping_plan, _new_gang_plan, placing_overdue, within_bound
 from spotrelay.services.recovery_flow import _result as recovery_result
 from spotrelay.services.review import review_seconds
@@ -161,7 +161,8 @@ def recover(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
                              lost_ranks=tuple(n.rank for n in nodes))
     self.metrics.interruptions += 1
     try:
-        decision = check_retry_budget(self.spec.recovery, end, self.recoveries, self.user_restarts)
+        stalled, progress = stall(self.stalled, self.progress_step, self.committed(self.now))  # the newest in S3
+        decision = check_retry_budget(self.spec.recovery, end, self.recoveries, self.user_restarts, stalled)
     except RetryBudgetExhaustedError as exc:
         self.metrics.failed_reason = str(exc)
         raise TaskFailed("RetryBudgetExhaustedError", str(exc)) from None
@@ -201,6 +202,7 @@ def recover(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
             Verdict.INTERRUPTED, Verdict.NODE_LOST, Verdict.INFRA_ERROR):
         self.excluded.add(current.key)
     self.recoveries, self.user_restarts = decision.recoveries, decision.user_restarts
+    self.stalled, self.progress_step = decision.stalled, progress
     records = self._records()
     self.gang = {n.rank: n for n in self.gang.values() if n.end_t is None and n.instance_id in keep}
     self.note(current.key if current else "", f"recover: {end.outcome.value}, {action.value}")

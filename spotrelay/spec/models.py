@@ -192,7 +192,16 @@ class Recovery(Strict):
         description="fail the job (NoPlacementError) once it has had no training gang this long: waiting for "
         "spot, for a pool's cooldown, backing off after capacity errors; from its submission, or from its last "
         "attempt's end; unset: wait as long as it takes")
-    max_recoveries: int = Field(10, ge=0, le=1000)
+    max_recoveries: int | None = Field(
+        None, ge=0, le=1_000_000,
+        description="interruptions, node losses and infrastructure failures the job may recover from in its "
+        "whole life; unset: no lifetime cap (a long job on spot meets hundreds; max_stalled_recoveries stops "
+        "one that makes no progress)")
+    max_stalled_recoveries: int = Field(
+        10, ge=0, le=1000,
+        description="recoveries in a row with no checkpoint committed newer than the job's newest one at the "
+        "recovery before: a job that keeps losing its gangs before they save anything fails instead of "
+        "relaunching for ever")
     max_user_restarts: int = Field(0, ge=0, le=100)
     retry_exit_codes: list[int] = Field(default_factory=list)
 

@@ -6,7 +6,7 @@ import pytest
 
 from spotrelay.domain.models import Node, NodeState, Pool
 from spotrelay.errors import RetryBudgetExhaustedError
-from spotrelay.recovery import Charge, Verdict, check_retry_budget, classify_attempt, classify_nodes
+from spotrelay.recovery import Charge, Verdict, check_retry_budget, classify_attempt, classify_nodes, stall
 from spotrelay.spec.models import Recovery
 
 POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
@@ -72,6 +72,33 @@ def test_recoveries_are_charged_until_the_budget_is_spent() -> None:
     assert (d.charge, d.recoveries, d.user_restarts) == (Charge.RECOVERY, 2, 0)
     with pytest.raises(RetryBudgetExhaustedError, match=r"recoveries spent \(2 of max_recoveries=2\)"):
         check_retry_budget(policy, outcome, recoveries_used=2, user_restarts_used=0)
+
+
+def test_a_job_that_keeps_saving_recovers_without_a_lifetime_cap() -> None:
+    """The default has no lifetime cap: a long job on spot meets hundreds of interruptions, each after
+    saving its work. What stops a job is ``max_stalled_recoveries`` in a row with no newer checkpoint
+    committed in between (``stall``: counted from the newest commit at the recovery before, so a
+    notice's final save, which commits after the recovery it started, counts)."""
+    policy, notice = Recovery(), classify_attempt({0: 75}, doomed_ranks=[0])
+    assert policy.max_recoveries is None and policy.max_stalled_recoveries == 10
+    stalled, progress, step = 0, 0, 0
+    for n in range(5000):  # a checkpoint newer than the last recovery's every time: never fails
+        step += 10
+        stalled, progress = stall(stalled, progress, step)
+        d = check_retry_budget(policy, notice, n, 0, stalled)
+        stalled = d.stalled
+        assert (d.recoveries, d.stalled) == (n + 1, 1)
+    assert d.reason == "recovery 5000 after interrupted"
+    for n in range(9):  # then gangs lost before they save anything: 10 recoveries since the last commit
+        stalled, progress = stall(stalled, progress, step)
+        stalled = check_retry_budget(policy, notice, 5000 + n, 0, stalled).stalled
+    assert stalled == 10
+    with pytest.raises(RetryBudgetExhaustedError,
+                       match=r"10 recoveries in a row without a newer checkpoint \(max_stalled_recoveries=10\)"):
+        check_retry_budget(policy, notice, 5009, 0, stall(stalled, progress, step)[0])
+    assert stall(10, progress, step + 1) == (0, step + 1)  # one newer commit and it may go on
+    crash = classify_attempt({0: 3})  # a user restart neither counts nor resets the stall
+    assert check_retry_budget(Recovery(max_user_restarts=1), crash, 0, 0, 7).stalled == 7
 
 
 def test_user_errors_follow_the_restart_policy() -> None:
