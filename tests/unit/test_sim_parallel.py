@@ -69,7 +69,11 @@ def test_a_run_failing_in_a_worker_is_one_line_and_ends_the_workers() -> None:
 
 def _start_long_simulation() -> subprocess.Popen[bytes]:
     """A 2-worker simulation long enough to be running still when the test acts (4 ten-year jobs, minutes each)."""
-    cmd = [sys.executable, "-c", "from spotrelay.cli.main import app; app()", "simulate", "--trace-format",
+    # (as a terminal starts it: Ctrl-C raises KeyboardInterrupt. A process started in the background by a
+    # non-interactive shell, a `make test &` say, inherits SIGINT ignored, and so would this one)
+    start = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); " \
+            "from spotrelay.cli.main import app; app()"
+    cmd = [sys.executable, "-c", start, "simulate", "--trace-format",
            "synthetic", "--nodes", "32", "--job-hours", "87600", "--jobs", "4", "--policies", "spotrelay",
            "--workers", "2"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
