@@ -56,6 +56,7 @@ _DRAW = random.Random()  # seeded again for every draw
 _SEED = _random.Random.seed  # what random.Random.seed(an int) calls (its wrapper only adds type checks)
 _TWOPI = 2.0 * math.pi
 _UNDRAWN = float("nan")
+_UNDRAWN_BLOCK = array("d", [_UNDRAWN]) * 1024  # windows added to a pool's draws at a time
 
 
 def score_noise(seed: int, key: str, t: float) -> float:
@@ -71,8 +72,8 @@ def score_noise(seed: int, key: str, t: float) -> float:
             _PREFIX.clear()
         drawn = _NOISE[(seed, key)] = array("d")
         _PREFIX[(seed, key)] = zlib.crc32(f"{seed}/{key}/".encode())
-    if window >= len(drawn):
-        drawn.extend([_UNDRAWN] * (window + 1024 - len(drawn)))
+    while window >= len(drawn):  # (from an array of NaNs: a copy, not 1,024 floats boxed in a list)
+        drawn.extend(_UNDRAWN_BLOCK)
     found = drawn[window] if window >= 0 else _UNDRAWN
     if found != found:  # NaN: draw it
         _SEED(_DRAW, zlib.crc32(b"%d" % window, _PREFIX[(seed, key)]))
