@@ -151,17 +151,19 @@ class Session(SessionData):
             return chosen[0]
 
         fetch_here = self.topo.local_rank == 0 and self.topo.rank != 0  # another node: fetch from S3
+
+        def agree() -> int | None:
+            return agree_on_step(self.topo.rank == 0, fetch_here, self.local, self.s3, before, share,
+                                 lambda ok: all_ok(ok, self._device))
+
         with refusals(self.config.control_dir, self.topo.world_size):  # a newer format; none usable or readable
-            for wait in (*RESUME_RETRY_S, None):
+            for wait in RESUME_RETRY_S:
                 try:
-                    return agree_on_step(self.topo.rank == 0, fetch_here, self.local, self.s3, before, share,
-                                         lambda ok: all_ok(ok, self._device))
+                    return agree()
                 except CheckpointUnavailableError as exc:  # raised on every rank alike: they retry together
-                    if wait is None:
-                        raise
                     log.warning("checkpoints unreadable now, asking again in %.0f s: %s", wait, exc)
                     _sleep(wait)
-        raise AssertionError("unreachable")
+            return agree()  # the last try: its CheckpointUnavailableError ends the attempt
 
     # --- the loop ----------------------------------------------------------------------------------
     def steps(self, max_steps: int) -> Iterator[tuple[int, Any]]:

@@ -127,12 +127,9 @@ def choose(local: LocalTier, s3: S3Tier | None, before: int | None = None) -> Ma
     for step in candidates(local, s3, before):
         try:
             return materialize(step, local, s3)
-        except CheckpointUnavailableError as exc:
+        except (CheckpointUnavailableError, CorruptCheckpointError) as exc:
             log.warning("skipping checkpoint, falling back to the previous one: %s", exc)
-            passing.append(str(exc))
-        except CorruptCheckpointError as exc:
-            log.warning("skipping checkpoint, falling back to the previous one: %s", exc)
-            corrupt.append(str(exc))
+            (passing if isinstance(exc, CheckpointUnavailableError) else corrupt).append(str(exc))
     if passing:
         raise CheckpointUnavailableError(
             "no checkpoint could be read now, so the run does not start over from step 0 beside them: "
@@ -192,13 +189,9 @@ def agree_on_step(
                 materialize(step, local, s3)
             except CheckpointFormatError as exc:
                 usable, newer = False, str(exc)
-            except CheckpointUnavailableError as exc:
+            except (CheckpointUnavailableError, CorruptCheckpointError) as exc:
                 log.warning("skipping checkpoint, falling back to the previous one: %s", exc)
-                usable, passing = False, True
-                reasons.append(str(exc))
-            except CorruptCheckpointError as exc:
-                log.warning("skipping checkpoint, falling back to the previous one: %s", exc)
-                usable = False
+                usable, passing = False, passing or isinstance(exc, CheckpointUnavailableError)
                 reasons.append(str(exc))
         if every(usable):
             return step

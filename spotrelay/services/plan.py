@@ -34,25 +34,33 @@ MAX_CANDIDATES = 8  # pools provision may try before backing off and re-planning
 GANG_FIT_RECHECK_S = 300  # no pool holds the gang now: plan again this much later (new placement scores)
 
 
+def _placing_deadline(spec: JobSpec, job: Job, time_scale: float) -> tuple[float, float] | None:
+    """(since when the job has had no training gang, the moment ``recovery.max_placing_minutes`` runs
+    out, at ``time_scale`` like the spot wait), or None: no bound, or a gang trains."""
+    limit, since = spec.recovery.max_placing_minutes, stopped_at(job)
+    if limit is None or since is None:
+        return None
+    return since, since + limit * 60.0 * time_scale
+
+
 def placing_overdue(spec: JobSpec, job: Job, now: float, time_scale: float = 1.0) -> str | None:
     """Why the job must stop waiting for a gang (``recovery.max_placing_minutes`` without one since its
-    submission or its last attempt's end, at ``time_scale`` like the spot wait), else None. Without a
-    bound a job whose pools never have capacity would sit in PLACING until it is cancelled."""
-    limit = spec.recovery.max_placing_minutes
-    since = stopped_at(job)
-    if limit is None or since is None or now - since < limit * 60.0 * time_scale:
+    submission or its last attempt's end), else None. Without a bound a job whose pools never have
+    capacity would sit in PLACING until it is cancelled."""
+    bound = _placing_deadline(spec, job, time_scale)
+    if bound is None or now < bound[1]:
         return None
-    return (f"job {job.job_id} has had no training gang for {(now - since) / 60.0 / time_scale:.0f} minutes "
-            f"(recovery.max_placing_minutes {limit:g}): no allowed pool took it in time")
+    return (f"job {job.job_id} has had no training gang for {(now - bound[0]) / 60.0 / time_scale:.0f} minutes "
+            f"(recovery.max_placing_minutes {spec.recovery.max_placing_minutes:g}): no allowed pool took it in time")
 
 
 def within_bound(spec: JobSpec, job: Job, launch: LaunchPlan, now: float, time_scale: float = 1.0) -> LaunchPlan:
     """``launch``, its wait (for spot, for a pool's cooldown) cut to end at the job's
     ``recovery.max_placing_minutes``: the Plan after it fails the job then, not hours later."""
-    limit, since = spec.recovery.max_placing_minutes, stopped_at(job)
-    if not launch.wait_s or limit is None or since is None:
+    bound = _placing_deadline(spec, job, time_scale) if launch.wait_s else None
+    if bound is None:
         return launch
-    left = max(1, math.ceil(since + limit * 60.0 * time_scale - now))
+    left = max(1, math.ceil(bound[1] - now))
     return launch if launch.wait_s <= left else launch.model_copy(update={"wait_s": left})
 
 

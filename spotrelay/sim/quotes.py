@@ -43,10 +43,10 @@ class QuoteBook:
             if t != self._now_t:
                 self._now.clear()
                 self._now_t = t
-            now = (p.key, capacity, held)
-            found = self._now.get(now)
+            key = (p.key, capacity, held)
+            found = self._now.get(key)
             if found is None:
-                found = self._now[now] = self.make(market, p, t, capacity, held)
+                found = self._now[key] = self.make(market, p, t, capacity, held)
             return found
         found = self._memo.get(memo)
         if found is None:
