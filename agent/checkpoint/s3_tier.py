@@ -8,6 +8,7 @@ Objects become visible in this order: shards, ``parts/rank-<R>.json``, ``manifes
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import io
 import logging
@@ -224,8 +225,14 @@ class S3Tier:
             target.parent.mkdir(parents=True, exist_ok=True)
             self.client.download_file(self.bucket, self.key(f"{folder}/{rel}"), str(target))
 
-        for fut in [self._pool.submit(fetch, shard.path) for shard in manifest.shards]:
-            fut.result()
+        futures = [self._pool.submit(fetch, shard.path) for shard in manifest.shards]
+        try:
+            for fut in futures:
+                fut.result()
+        finally:  # a failed fetch: the others end before the caller removes the staging folder
+            for fut in futures:
+                fut.cancel()
+            concurrent.futures.wait(futures)
         (dest / MANIFEST).write_text(manifest.model_dump_json(indent=1))
 
     # --- retention -----------------------------------------------------------------------------
