@@ -237,6 +237,12 @@ class Run:
         """USD per hour a node of ``sp`` pays at ``t`` (the price-limit bound overrides it)."""
         return sp.price(t)
 
+    def dispose(self) -> None:
+        """Drop what the finished run holds, once it is measured: its event heap and workflow walker
+        hold bound methods of it (a cycle), so its nodes and records would otherwise wait for a full
+        collection, which a sweep of many runs makes rare (runner._rare_collections)."""
+        self.__dict__.clear()
+
     def release_all(self) -> None:
         for node in list(self.bench.values()):
             self.end_node(node)

@@ -97,3 +97,31 @@ def test_price_limit_is_a_bound_when_prices_move() -> None:
                boot_spread=0.0)
     bound = measure("price-limit", 0, run("price-limit", 2, m)).values
     assert bound["cost_usd"] / bound["useful_gpu_hours"] < 1.6 / 8  # at most the cheapest price per GPU
+
+
+def test_a_measured_run_leaves_no_cycle_for_the_collector_and_its_threshold_is_restored() -> None:
+    """run_one collects rarely while a run runs (a fifth of the CPU was the collector) and breaks the
+    run's cycle (heap and walker hold its bound methods) once measured: a sweep of thousands of runs
+    must not keep each until a full collection."""
+    import gc
+
+    from spotrelay.sim.build import MarketOptions, build_market
+    from spotrelay.sim.runner import SimOptions, run_one
+
+    opts = SimOptions(market=MarketOptions(trace_format="synthetic", synthetic_days=7),
+                      job=JobModel(nodes=4, job_hours=48.0), policies=("spotrelay", "skypilot-like"), jobs=1)
+    m = build_market(opts.market, 0)
+    threshold = gc.get_threshold()
+    gc.collect()
+    flags = gc.get_debug()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds goes to gc.garbage instead of being freed
+    try:
+        results = [run_one(opts, m, policy, 0, 0, 0.0) for policy in opts.policies]
+        gc.collect()
+        left = {type(o).__name__ for o in gc.garbage}
+    finally:
+        gc.set_debug(flags)
+        gc.garbage.clear()
+    assert all(r.values["useful_gpu_hours"] > 0 for r in results)
+    assert not left & {"SpotrelayRun", "BaselineRun", "SimNode", "Walker"}, left
+    assert gc.get_threshold() == threshold
