@@ -145,7 +145,7 @@ def job_starts(seed: int, jobs: int) -> list[float]:
 # collection every 700 allocations) collections were a fifth of a run's CPU. A run has no garbage
 # cycles of its own, and the one it leaves (the run and its walker refer to each other) is broken
 # when it is measured (Run.dispose): rarer collections cost no memory.
-GC_YOUNG_THRESHOLD = 20_000
+GC_YOUNG_THRESHOLD = 100_000
 
 
 @contextmanager
