@@ -24,6 +24,9 @@ from spotrelay.sim.job import REF_TYPE, JobModel
 from spotrelay.sim.market import Market, SimPool, TraceCapacity
 
 INF = float("inf")
+_LAUNCHED_KEEP = 1024  # Run.launched is pruned of ended nodes when it grows past this (or twice what it kept)
+
+
 @dataclass(slots=True, eq=False)
 class SimNode:
     rank: int
@@ -110,7 +113,8 @@ class Run:
         self.stopped_at: float | None = None  # training stopped at (for the recovery time)
         self.last_region: str | None = None
         self._watched: set[str] = set()
-        self.launched: list[SimNode] = []
+        self.launched: list[SimNode] = []  # every node launched that may still be billed (in launch order)
+        self._launched_keep = _LAUNCHED_KEEP
         self.seg_nodes: list[SimNode] = []
         self._speed: dict[str, float] = {}  # instance type -> job.speed (end_node's billing)
         self._bills: dict[tuple[str, float, float, int], list[CostEntry]] = {}  # end_node's last node's entries
@@ -165,6 +169,10 @@ class Run:
             if removal < INF:
                 self.reclaim(node, removal)
             self.at(node.boot_t, self._booted, node)
+        if len(self.launched) > self._launched_keep:  # only nodes still billed matter (bill_leftovers):
+            # drop the ended ones, in order, so a stormy run's thousands of gangs are freed as they go
+            self.launched = [n for n in self.launched if n.end_t is None]
+            self._launched_keep = max(_LAUNCHED_KEEP, 2 * len(self.launched))
         cap = sp.capacity
         if (not unlimited and isinstance(cap, TraceCapacity) and cap.semantics == "capacity"
                 and sp.key not in self._watched):

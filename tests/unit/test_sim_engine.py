@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 from spotrelay.domain.models import Pool
 from spotrelay.sim.baselines import BaselineRun
@@ -125,3 +126,23 @@ def test_a_measured_run_leaves_no_cycle_for_the_collector_and_its_threshold_is_r
     assert all(r.values["useful_gpu_hours"] > 0 for r in results)
     assert not left & {"SpotrelayRun", "BaselineRun", "SimNode", "Walker"}, left
     assert gc.get_threshold() == threshold
+
+
+def test_a_stormy_run_keeps_only_the_nodes_it_may_still_bill() -> None:
+    """Run.launched (what bill_leftovers ends at the run's end) is pruned of ended nodes as gangs come
+    and go: a 10-month stormy run launched ~100,000 nodes and held every one (400 MB) before."""
+    from spotrelay.sim.build import MarketOptions, build_market
+    from spotrelay.sim.controller import SpotrelayRun
+    from spotrelay.sim.engine import _LAUNCHED_KEEP
+
+    trace = str(Path(__file__).resolve().parents[2] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv")
+    m = build_market(MarketOptions(traces=[trace]), 0)
+    r = SpotrelayRun(m, JobModel(nodes=16, job_hours=150.0), 0, regions=["us-east-1", "us-east-2", "us-west-2",
+                                                                       "eu-west-1"],
+                     instance_types=["p5.48xlarge", "p4d.24xlarge"])
+    r.start()
+    r.loop()
+    created = next(r._ids)  # instance ids and grant keys: more than the nodes launched
+    assert r.metrics.finished and r.metrics.recoveries > 50
+    assert len(r.launched) <= 2 * _LAUNCHED_KEEP < created / 2
+    assert all(n.end_t is not None for n in r.launched)  # (the leftovers were billed at the end)
