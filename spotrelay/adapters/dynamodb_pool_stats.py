@@ -3,7 +3,10 @@
 Concurrent handlers record events for the same pool (four interruption notices of one gang arrive
 together), so nothing is read-modified-written: counters move with atomic ``ADD``, and the
 cooldown is only ever extended, by a conditional ``SET`` that loses quietly to a later deadline
-already stored. How long an event cools a pool is decided by the pure ``cooldown_seconds``.
+already stored. How long an event cools a pool is decided by the pure ``cooldown_seconds``. A notice
+counts as an interruption only when it begins a reclaim wave (``cooldown.new_wave``): the count and
+the wave's start move in one conditional update, so of a wave's notices arriving together exactly
+one wins it.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from spotrelay.placement.pool_stats import PoolStats
 from spotrelay.settings import settings
 
 _INTS = ("launches", "interruptions", "capacity_failures", "quota_failures", "failure_streak")
-_FLOATS = ("hours_observed", "cooldown_until", "last_event_at")
+_FLOATS = ("hours_observed", "cooldown_until", "last_event_at", "wave_at")
 _COUNTER = {
     PoolEvent.LAUNCHED: "launches", PoolEvent.INTERRUPTED: "interruptions",
     PoolEvent.CAPACITY_FAILURE: "capacity_failures", PoolEvent.QUOTA_EXCEEDED: "quota_failures",
@@ -79,6 +82,9 @@ class DynamoDBPoolStatsStore:
     def record(self, pool_key: str, event: PoolEvent, now: float, hours: float = 0.0) -> PoolStats:
         if event is PoolEvent.OBSERVED and hours < 0:
             raise ValueError("hours observed cannot be negative")
+        if event is PoolEvent.INTERRUPTED:
+            stats = self._interrupted(pool_key, now)
+            return self._extend_cooldown(stats, now + cooldown_seconds(stats, event, self._policy))
         adds = {"hours_observed": float(hours)} if event is PoolEvent.OBSERVED else {_COUNTER[event]: 1}
         sets: dict[str, Any] = {}
         if event is not PoolEvent.OBSERVED:
@@ -99,6 +105,27 @@ class DynamoDBPoolStatsStore:
         stats = _stats(answer["Attributes"])
         seconds = cooldown_seconds(stats, event, self._policy)
         return self._extend_cooldown(stats, now + seconds) if seconds > 0 else stats
+
+    def _interrupted(self, pool_key: str, now: float) -> PoolStats:
+        """Count the notice if it begins a wave (no counted one within ``wave_s`` of it), else only note it."""
+        names = {"#le": "last_event", "#at": "last_event_at"}
+        values = {":le": {"S": PoolEvent.INTERRUPTED.value}, ":at": _num(float(now))}
+        key = {"pool_key": {"S": pool_key}}
+        try:
+            answer = self._ddb.update_item(
+                TableName=self._table, Key=key, UpdateExpression="ADD #n :one SET #le = :le, #at = :at, #w = :at",
+                ConditionExpression="attribute_not_exists(#w) OR #w <= :lo OR #w >= :hi",
+                ExpressionAttributeNames=names | {"#n": "interruptions", "#w": "wave_at"},
+                ExpressionAttributeValues=values | {":one": _num(1), ":lo": _num(now - self._policy.wave_s),
+                                                    ":hi": _num(now + self._policy.wave_s)},
+                ReturnValues="ALL_NEW")
+        except ClientError as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+            answer = self._ddb.update_item(  # a notice of the wave already counted
+                TableName=self._table, Key=key, UpdateExpression="SET #le = :le, #at = :at",
+                ExpressionAttributeNames=names, ExpressionAttributeValues=values, ReturnValues="ALL_NEW")
+        return _stats(answer["Attributes"])
 
     def _extend_cooldown(self, stats: PoolStats, until: float) -> PoolStats:
         try:

@@ -3,6 +3,12 @@
 A pool that just raised InsufficientInstanceCapacity, hit a quota or had an instance reclaimed is
 skipped by placement until ``cooldown_until``. Repeated capacity failures back off exponentially
 (``capacity_s * escalation ** (streak - 1)``, capped at ``max_s``); a good launch resets the streak.
+
+Interruptions are counted per reclaim wave, not per instance: EC2 takes capacity back from a pool
+several instances at once, and their notices arrive together. Placement turns the count into a gang's
+interruptions per hour (``gang_rate = nodes x rate``), so a wave of 32 counted 32 times made a pool
+that interrupted a 32-node gang once in six hours look like one that interrupts it three times an
+hour. A notice within ``wave_s`` of the one that began the last counted wave is part of it.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ class PoolEvent(StrEnum):
     LAUNCHED = "launched"
     """A whole gang came up in the pool."""
     INTERRUPTED = "interrupted"
-    """One instance got a spot interruption notice (count once per instance)."""
+    """One instance got a spot interruption notice (counted once per reclaim wave)."""
     CAPACITY_FAILURE = "capacity-failure"
     """InsufficientInstanceCapacity, or a partial fleet we released."""
     QUOTA_EXCEEDED = "quota-exceeded"
@@ -36,6 +42,13 @@ class CooldownPolicy(BaseModel):
     quota_s: float = Field(3600.0, ge=0, description="after a quota error (limits rarely move fast)")
     escalation: float = Field(2.0, ge=1.0, description="factor per consecutive capacity failure")
     max_s: float = Field(4 * 3600.0, ge=0)
+    wave_s: float = Field(120.0, ge=0, description="notices this close to a counted one are its reclaim wave "
+                                                   "(the 2-minute notice window)")
+
+
+def new_wave(stats: PoolStats, now: float, policy: CooldownPolicy) -> bool:
+    """Whether a notice at ``now`` begins a reclaim wave (late notices of a wave arrive out of order too)."""
+    return stats.wave_at is None or abs(now - stats.wave_at) >= policy.wave_s
 
 
 def cooldown_seconds(stats: PoolStats, event: PoolEvent, policy: CooldownPolicy) -> float:
@@ -51,13 +64,15 @@ def cooldown_seconds(stats: PoolStats, event: PoolEvent, policy: CooldownPolicy)
     return 0.0
 
 
-def count_event(stats: PoolStats, event: PoolEvent, now: float, hours: float = 0.0) -> PoolStats:
+def count_event(stats: PoolStats, event: PoolEvent, now: float, hours: float = 0.0,
+                policy: CooldownPolicy | None = None) -> PoolStats:
     """The counters after ``event`` (no cooldown change)."""
     update: dict[str, object] = {"last_event": event.value, "last_event_at": now}
     if event is PoolEvent.LAUNCHED:
         update |= {"launches": stats.launches + 1, "failure_streak": 0}
     elif event is PoolEvent.INTERRUPTED:
-        update |= {"interruptions": stats.interruptions + 1}
+        if new_wave(stats, now, policy or CooldownPolicy()):
+            update |= {"interruptions": stats.interruptions + 1, "wave_at": now}
     elif event is PoolEvent.CAPACITY_FAILURE:
         update |= {"capacity_failures": stats.capacity_failures + 1, "failure_streak": stats.failure_streak + 1}
     elif event is PoolEvent.QUOTA_EXCEEDED:
@@ -73,8 +88,9 @@ def apply_event(
     stats: PoolStats, event: PoolEvent, now: float, hours: float = 0.0, policy: CooldownPolicy | None = None
 ) -> PoolStats:
     """Count ``event`` and extend (never shorten) the pool's cooldown."""
-    counted = count_event(stats, event, now, hours)
-    until = now + cooldown_seconds(counted, event, policy or CooldownPolicy())
+    policy = policy or CooldownPolicy()
+    counted = count_event(stats, event, now, hours, policy)
+    until = now + cooldown_seconds(counted, event, policy)
     if until > counted.cooldown_until and event not in (PoolEvent.LAUNCHED, PoolEvent.OBSERVED):
         counted = counted.model_copy(update={"cooldown_until": until})
     return counted

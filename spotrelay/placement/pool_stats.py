@@ -21,7 +21,7 @@ class PoolStats(BaseModel):
     model_config = ConfigDict(extra="forbid")
     pool_key: str
     launches: int = Field(0, ge=0, description="gangs launched successfully")
-    interruptions: int = Field(0, ge=0, description="instances reclaimed (spot notices)")
+    interruptions: int = Field(0, ge=0, description="reclaim waves: spot notices, those of one wave counted once")
     capacity_failures: int = Field(0, ge=0, description="InsufficientInstanceCapacity / partial fleets")
     quota_failures: int = Field(0, ge=0, description="vCPU or spot-count limits hit")
     hours_observed: float = Field(0.0, ge=0, description="instance-hours run in the pool")
@@ -29,6 +29,7 @@ class PoolStats(BaseModel):
     cooldown_until: float = Field(0.0, description="epoch seconds; the pool is skipped until then")
     last_event: str | None = None
     last_event_at: float = 0.0
+    wave_at: float | None = Field(None, description="epoch seconds of the notice that began the last counted wave")
 
     def cooling(self, now: float) -> bool:
         return now < self.cooldown_until

@@ -29,6 +29,7 @@ from spotrelay.domain.models import Attempt
 from spotrelay.placement import catalog
 from spotrelay.placement.policy import DEFAULT_CONFIG, PlacementConfig
 from spotrelay.ports.market import PoolQuote
+from spotrelay.spec.models import JobSpec
 
 EVIDENCE_ATTEMPTS = 48  # the job's last this many attempts are weighed (the spot ones among them)
 MIN_SPOT_ATTEMPTS = 10  # fewer settled spot attempts than this: no verdict
@@ -37,6 +38,9 @@ PAID_SHARE = 0.8  # spot paid when it cost at most this share of on-demand's pri
 HOLD_HOURS = 12.0  # after spot did not pay, a gang on on-demand stays there this long after its last spot
 #                    attempt, doubled for each earlier return to on-demand (up to HOLD_DOUBLINGS times)
 HOLD_DOUBLINGS = 3
+STALLED_SPOT_ATTEMPTS = 9  # the job's last this many ended attempts all spot and none trained a step: spot
+#                            lost, no price needed (``stall_limit``: one less than the stall budget, so a
+#                            market whose gangs die before they save sends the job to on-demand, not to failure)
 SAVE_GRACE_S = 900.0  # an attempt closed this recently may still be committing its final save (a notice's,
 #                       a move's by the target's boot): it counts once it saved after its end, or after this
 
@@ -133,10 +137,28 @@ def spot_evidence(attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now:
     return SpotEvidence(attempts=count, cost=cost, on_demand_cost=steps * per_step * od_price)
 
 
+def stall_limit(spec: JobSpec) -> int:
+    """Spot attempts in a row that trained nothing before the job gives spot up: one less than its
+    ``recovery.max_stalled_recoveries``, which fails the job at the next stalled recovery."""
+    return max(1, spec.recovery.max_stalled_recoveries - 1)
+
+
+def stalled_on_spot(attempts: Sequence[Attempt], count: int = STALLED_SPOT_ATTEMPTS) -> bool:
+    """The job's last ``count`` ended attempts were spot gangs that committed no step after their
+    resume (a save still in flight is not waited for: the stall budget would not wait either)."""
+    ended = [a for a in attempts if a.ended_at is not None][-count:]
+    return len(ended) == count and all(
+        a.pool is not None and a.pool.market == "spot" and useful_steps(a) == 0 for a in ended)
+
+
 def spot_did_not_pay(attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
-                     config: PlacementConfig = DEFAULT_CONFIG) -> bool:
-    """The job's own evidence says spot cost more than on-demand per useful step (False without a
-    verdict: a job that has not measured it yet keeps trying spot)."""
+                     config: PlacementConfig = DEFAULT_CONFIG, stalled: int = STALLED_SPOT_ATTEMPTS) -> bool:
+    """The job's own evidence says spot cost more than on-demand per useful step: its spot attempts
+    were billed more than on-demand would have charged for their steps, or its last ``stalled``
+    (``stall_limit``) trained none (False without a verdict: a job that has not measured it yet keeps
+    trying spot)."""
+    if stalled_on_spot(attempts, stalled):
+        return True
     evidence = spot_evidence(attempts, quotes, now, config)
     return evidence is not None and evidence.lost
 
@@ -148,7 +170,8 @@ def returns_to_on_demand(attempts: Sequence[Attempt]) -> int:
 
 
 def off_on_demand_allowed(target_market: str, current_market: str, attempts: Sequence[Attempt],
-                          quotes: Sequence[PoolQuote], now: float, config: PlacementConfig = DEFAULT_CONFIG) -> bool:
+                          quotes: Sequence[PoolQuote], now: float, config: PlacementConfig = DEFAULT_CONFIG,
+                          stalled: int = STALLED_SPOT_ATTEMPTS) -> bool:
     """A review's move from on-demand to spot, unless the job's own spot attempts did not pay and the
     last of them ended less than the hold ago: ``HOLD_HOURS``, doubled for each earlier return to
     on-demand (a market where spot keeps not paying is tried less and less often; one where an
@@ -156,7 +179,7 @@ def off_on_demand_allowed(target_market: str, current_market: str, attempts: Seq
     if current_market == "spot" or target_market != "spot":
         return True
     ends = [a.ended_at for a in attempts if a.pool is not None and a.pool.market == "spot" and a.ended_at]
-    if not ends or not spot_did_not_pay(attempts, quotes, now, config):
+    if not ends or not spot_did_not_pay(attempts, quotes, now, config, stalled):
         return True
     doublings = min(HOLD_DOUBLINGS, max(0, returns_to_on_demand(attempts) - 1))
     return now - max(ends) >= HOLD_HOURS * 3600.0 * 2 ** doublings

@@ -26,7 +26,7 @@ from spotrelay.placement.cadence import base_review_s, next_review_s
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.payback import spot_stint_hours
 from spotrelay.placement.review import Move, better_placement, evidence_expires_at, review_spot_hours
-from spotrelay.placement.spot_evidence import off_on_demand_allowed
+from spotrelay.placement.spot_evidence import off_on_demand_allowed, stall_limit
 from spotrelay.services.controller import Controller, attempt_nodes, spec_of
 from spotrelay.spec.models import JobSpec
 
@@ -81,7 +81,7 @@ def decide(ctl: Controller, job: Job, now: float) -> Move | None:
                             spot_hours=review_spot_hours(job.attempts, current.pool.market, now), sized=sized,
                             stint_hours=spot_stint_hours(job.attempts))
     if move is not None and not off_on_demand_allowed(move.target.pool.market, current.pool.market,
-                                                      job.attempts, quotes, now):
+                                                      job.attempts, quotes, now, stalled=stall_limit(spec)):
         return None  # the job's spot attempts cost more per useful step than on-demand (spot_evidence)
     return move
 

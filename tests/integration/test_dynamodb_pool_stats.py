@@ -17,24 +17,32 @@ def test_records_match_the_pure_bookkeeping(aws: dict[str, str]) -> None:
         (PoolEvent.LAUNCHED, T0 + 2000, 0.0), (PoolEvent.OBSERVED, T0 + 9000, 12.5),
         (PoolEvent.INTERRUPTED, T0 + 9000, 0.0), (PoolEvent.QUOTA_EXCEEDED, T0 + 9100, 0.0),
         (PoolEvent.CAPACITY_FAILURE, T0 + 9200, 0.0),  # shorter than the quota cooldown: no change
+        # a wave: its notices (one late, older than the counted one) count once; the next wave counts
+        (PoolEvent.INTERRUPTED, T0 + 9030, 0.0), (PoolEvent.INTERRUPTED, T0 + 8950, 0.0),
+        (PoolEvent.INTERRUPTED, T0 + 9400, 0.0),
     ]
     for event, now, hours in script:
         got, want = ddb.record(KEY, event, now, hours), mem.record(KEY, event, now, hours)
         assert got == want, event
     stored = ddb.get_many([KEY, "us-west-2/us-west-2a/p4d.24xlarge/spot"])
     assert list(stored) == [KEY] and stored[KEY] == mem.all()[KEY]
-    assert stored[KEY].cooldown_until == T0 + 9100 + 3600
+    assert stored[KEY].cooldown_until == T0 + 9100 + 3600  # the quota's outlasts every notice's
     assert stored[KEY].hours_observed == 12.5 and stored[KEY].failure_streak == 1
+    assert stored[KEY].interruptions == 2 and stored[KEY].wave_at == T0 + 9400
     assert ddb.all() == {KEY: stored[KEY]}
 
 
-def test_out_of_order_notices_are_all_counted_and_the_latest_cooldown_wins(aws: dict[str, str]) -> None:
-    # Newest first: an older notice arriving late must not shorten the cooldown. (Run in sequence:
-    # moto's server does not serialize concurrent UpdateItem calls on one item as DynamoDB does.)
+def test_a_wave_of_notices_counts_once_and_the_latest_cooldown_wins(aws: dict[str, str]) -> None:
+    # Newest first: an older notice arriving late must not shorten the cooldown, nor count again.
+    # (Run in sequence: moto's server does not serialize concurrent UpdateItem calls on one item as
+    # DynamoDB does; the conditional update is what makes one notice of a wave win it there.)
     store = DynamoDBPoolStatsStore(policy=POLICY)
-    times = [T0 + i for i in range(12)]
+    times = [T0 + i for i in range(12)]  # twelve instances of one gang reclaimed together
     for t in reversed(times):
         store.record(KEY, PoolEvent.INTERRUPTED, t)
     stats = store.get_many([KEY])[KEY]
-    assert stats.interruptions == 12
+    assert stats.interruptions == 1 and stats.last_event == "interrupted"
     assert stats.cooldown_until == max(times) + 1800
+    for i in range(1, 4):  # then reclaims five minutes apart: each its own wave
+        store.record(KEY, PoolEvent.INTERRUPTED, T0 + 300 * i)
+    assert store.get_many([KEY])[KEY].interruptions == 4

@@ -46,6 +46,27 @@ def test_interruption_and_quota_cool_down_and_cooldowns_never_shrink() -> None:
     assert cooling_down(s, T0 + 4799) and not cooling_down(s, T0 + 4800) and not cooling_down(None, T0)
 
 
+def test_a_reclaim_wave_counts_once_and_each_wave_counts() -> None:
+    # the notices of instances EC2 takes back together: the gang is interrupted once (placement turns the
+    # count into nodes x rate, so counting each instance would multiply the gang's rate by the wave's size)
+    policy = CooldownPolicy(interruption_s=1800, wave_s=120)
+    s = empty_stats(KEY)
+    for t in (T0, T0 + 1, T0 + 5, T0 + 119, T0 - 30):  # the last one arrives late, older than the first
+        s = apply_event(s, PoolEvent.INTERRUPTED, t, policy=policy)
+    assert s.interruptions == 1 and s.wave_at == T0
+    assert s.cooldown_until == T0 + 119 + 1800  # every notice still extends the cooldown
+    s = apply_event(s, PoolEvent.INTERRUPTED, T0 + 120, policy=policy)  # the window is over: a new wave
+    s = apply_event(s, PoolEvent.INTERRUPTED, T0 + 200, policy=policy)
+    assert s.interruptions == 2 and s.wave_at == T0 + 120
+    s = apply_event(s, PoolEvent.INTERRUPTED, T0 - 600, policy=policy)  # much older, delivered late: its own
+    assert s.interruptions == 3
+    every = CooldownPolicy(wave_s=0)  # wave_s 0: every notice counts (the count per instance)
+    one = empty_stats(KEY)
+    for _ in range(3):
+        one = apply_event(one, PoolEvent.INTERRUPTED, T0, policy=every)
+    assert one.interruptions == 3
+
+
 def test_observed_hours_accumulate_without_cooling() -> None:
     s = apply_event(empty_stats(KEY), PoolEvent.OBSERVED, T0, hours=12.5)
     s = apply_event(s, PoolEvent.OBSERVED, T0 + 1, hours=0.5)

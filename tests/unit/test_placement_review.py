@@ -44,11 +44,11 @@ def test_a_move_does_not_pay_when_the_target_is_interrupted_all_the_time() -> No
     spec = make_spec(markets=["spot", "on-demand"])
     quotes = quotes_for(spec)
     stats: dict[str, PoolStats] = {}
-    for q in quotes:  # every spot pool: 400 interruptions in 100 instance-hours (cooldowns long over)
+    for q in quotes:  # every spot pool: 400 reclaim waves in 100 instance-hours (cooldowns long over)
         if q.pool.market == "spot":
             s = empty_stats(q.pool.key)
-            for _ in range(400):
-                s = apply_event(s, PoolEvent.INTERRUPTED, NOW - 86400)
+            for i in range(400):  # five minutes apart: each its own wave
+                s = apply_event(s, PoolEvent.INTERRUPTED, NOW - 86400 - (400 - i) * 300.0)
             stats[q.pool.key] = apply_event(s, PoolEvent.OBSERVED, NOW - 86400, hours=100.0)
     assert better_placement(spec, _pick(quotes, "on-demand"), 4, quotes, stats, NOW) is None
 

@@ -140,3 +140,36 @@ def test_the_review_holds_on_demand_after_spot_did_not_pay_then_tries_again() ->
     assert se.off_on_demand_allowed("spot", "on-demand", again, quotes, last_end + 2 * se.HOLD_HOURS * H)
     paid = [*_spot_run(0.5), Attempt(number=9, pool=OD, started_at=NOW)]
     assert se.off_on_demand_allowed("spot", "on-demand", paid, quotes, NOW + 60)
+
+
+def _stalled(count: int) -> list[Attempt]:
+    """``count`` spot gangs in a row reclaimed before they trained (no resume, nothing committed)."""
+    return [Attempt(number=i + 1, pool=SPOT, started_at=NOW - 10 * H + i * 900, ended_at=NOW - 10 * H + i * 900 + 400,
+                    cost=50.0, nodes=4, world_size=4) for i in range(count)]
+
+
+def test_spot_is_lost_after_the_stall_limit_of_spot_gangs_that_trained_nothing() -> None:
+    # a market whose gangs die before they save: on-demand, before the stall budget fails the job
+    spec = make_spec()
+    limit = se.stall_limit(spec)
+    assert limit == spec.recovery.max_stalled_recoveries - 1
+    quotes = _od_quotes()
+    assert not se.spot_did_not_pay(_stalled(limit - 1), quotes, NOW, stalled=limit)
+    assert se.spot_did_not_pay(_stalled(limit), quotes, NOW, stalled=limit)  # no step rate needed
+    assert se.spot_did_not_pay([_rated(), *_stalled(limit)], quotes, NOW, stalled=limit)
+    trained = _stalled(limit)
+    trained[-3] = _attempt(trained[-3].number, SPOT, trained[-3].started_at or 0.0, 0.2, 5, 50.0, trained_h=0.1)
+    assert not se.spot_did_not_pay(trained, quotes, NOW, stalled=limit)  # one committed steps: not stalled
+    crashed_on_od = _stalled(limit)
+    crashed_on_od[-1] = crashed_on_od[-1].model_copy(update={"pool": OD})
+    assert not se.spot_did_not_pay(crashed_on_od, quotes, NOW, stalled=limit)  # not the spot market's doing
+    spot_quotes = _scored(quotes_for(spec), 9.0)  # every spot pool holds the gang
+    lost = _new_gang_plan(spec, _job(_stalled(limit)), spot_quotes, {}, NOW)
+    assert lost.wait_s == 0 and {c.pool.market for c in lost.candidates} == {"on-demand"}
+    assert not se.off_on_demand_allowed("spot", "on-demand", [*_stalled(limit), Attempt(number=99, pool=OD)],
+                                        quotes, NOW, stalled=limit)
+    doc = spec.model_dump(mode="json")
+    doc["recovery"]["max_stalled_recoveries"] = 3  # a smaller stall budget gives spot up sooner
+    assert se.stall_limit(JobSpec.model_validate(doc)) == 2
+    doc["recovery"]["max_stalled_recoveries"] = 0
+    assert se.stall_limit(JobSpec.model_validate(doc)) == 1
