@@ -1,7 +1,7 @@
 """Every (market, gang size, seed) where spotrelay is not the cheapest policy per useful GPU-hour but the
 price limit (issue 11 target (c)), over more seeds than bench/economics.py runs.
 
-    .venv/bin/python bench/seed_scan.py [--markets g4dn,bamboo,g4dn-nodes,synthetic] [--nodes 8,16,32]
+    .venv/bin/python bench/seed_scan.py [--markets g4dn,bamboo,g4dn-nodes,synthetic,p3] [--nodes 8,16,32]
         [--seeds 10] [--first-seed 0] [--job-hours 72]
 
 Prints each seed's cost per useful GPU-hour of every policy (USD) and flags the seeds that miss the
@@ -22,7 +22,7 @@ from spotrelay.sim.runner import POLICIES, SimOptions, run_seed
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--markets", default="g4dn,bamboo,g4dn-nodes,synthetic")
+    parser.add_argument("--markets", default="g4dn,bamboo,g4dn-nodes,synthetic,p3")
     parser.add_argument("--nodes", default="8,16,32")
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--first-seed", type=int, default=0)

@@ -27,11 +27,14 @@ from spotrelay.sim.job import JobModel
 from spotrelay.sim.runner import Report, SimOptions, simulate
 
 TRACE = str(Path(__file__).resolve().parents[1] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv")
+# Bamboo's 64-node p3 recording (docs/simulator.md, "Reclaim waves"): pools of 37-75, drops of 10-25 at once
+P3_TRACE = str(Path(__file__).resolve().parents[1] / "spotrelay" / "local" / "data" / "bamboo-p3-64-trace.csv")
 MARKETS: dict[str, dict[str, Any]] = {
     "g4dn": {"traces": [TRACE]},
     "g4dn-nodes": {"traces": [TRACE], "trace_semantics": "nodes"},
     "bamboo": {"traces": [TRACE], "boot_s": 45.0, "on_demand_price": 3.06, "spot_price": 0.91},
     "synthetic": {"trace_format": "synthetic"},
+    "p3": {"traces": [P3_TRACE]},
 }
 # name -> (spotrelay switches, market options)
 VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {

@@ -130,9 +130,10 @@ def checkpoint_hours(spec: JobSpec, config: PlacementConfig) -> float:
 
 def score_pool(
     spec: JobSpec, quote: PoolQuote, stats: PoolStats | None, config: PlacementConfig = DEFAULT_CONFIG,
-    nodes: int | None = None,
+    nodes: int | None = None, staying: bool = False,
 ) -> ScoredPool:
-    """Score one pool for a gang of ``nodes`` (default: the spec's; no filtering)."""
+    """Score one pool for a gang of ``nodes`` (default: the spec's; no filtering). ``staying``: the gang
+    runs there already (a review's current placement): no launch, so no risk of one failing."""
     pool, n, full = quote.pool, nodes or spec.resources.nodes, spec.resources.nodes
     spares = spare_count(spec, pool)
     info = catalog.instance(pool.instance_type)
@@ -151,7 +152,8 @@ def score_pool(
     )
     locality = config.remote_data_slowdown if remote else 1.0
     transfer = n * config.transfer_usd_per_node_hour if remote else 0.0
-    risk = capacity_risk(quote, stats, config)
+    # a running gang's own pool quotes a score for launching another gang there, lower by what it holds
+    risk = 0.0 if staying else capacity_risk(quote, stats, config)
     gang_price = (n + spares) * quote.price_per_hour  # spares are billed like the ranks
     share = n / full  # of the full gang's work per hour
     delay = (full / n) ** delay_weight(spec, config)

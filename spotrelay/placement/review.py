@@ -144,7 +144,7 @@ def better_placement(
     ``world`` ranks runs in. ``spot_hours``: how long this job's recent spot attempts lasted (mean;
     ``spot_attempt_hours``): a spot move is not counted on to last longer than the job's own spot
     attempts did, whatever the pool's prior says."""
-    now_scored = score_pool(spec, current, stats.get(current.pool.key), config, nodes=world)
+    now_scored = score_pool(spec, current, stats.get(current.pool.key), config, nodes=world, staying=True)
     ranked = evaluate_pools(spec, quotes, stats, now, excluded, config=config, gang_sizes=True, sized=sized).ranked
     best = next((s for s in ranked if not (s.pool == current.pool and s.nodes <= world)), None)
     if best is None:

@@ -40,6 +40,20 @@ def test_the_best_placement_stays_and_a_huge_margin_stays_too() -> None:
     assert better_placement(spec, od, 4, quotes, {}, NOW, review=ReviewConfig(margin=1e6)) is None
 
 
+def test_a_running_gang_is_not_moved_for_its_own_pools_placement_score() -> None:
+    # the score quoted for the gang's own pool is for launching another gang there, lower by what the gang
+    # holds: it says nothing about the running gang (on Bamboo's p3 trace every 32-node gang moved twice
+    # between pools of the same price for it, a boot and a restore each)
+    spec = make_spec(markets=["spot"], instance_types=["p5.48xlarge"])
+    quotes = [q.model_copy(update={"placement_score": 10.0}) for q in quotes_for(spec)]
+    top = rank_pools(spec, quotes, {}, NOW)[0].quote
+    here = top.model_copy(update={"placement_score": 3.0})
+    same = [here if q.pool == top.pool else q for q in quotes]
+    twin = next(q for q in same if q.pool != top.pool and q.price_per_hour == top.price_per_hour)
+    assert twin.placement_score == 10.0
+    assert better_placement(spec, here, 4, same, {}, NOW) is None
+
+
 def test_a_move_does_not_pay_when_the_target_is_interrupted_all_the_time() -> None:
     spec = make_spec(markets=["spot", "on-demand"])
     quotes = quotes_for(spec)

@@ -11,6 +11,7 @@ from spotrelay.sim.inputs import SimInputError, read_bamboo, read_pools_csv
 from spotrelay.sim.market import SlotCapacity, TraceCapacity
 
 TRACE = Path(__file__).resolve().parents[2] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv"
+P3_TRACE = TRACE.with_name("bamboo-p3-64-trace.csv")
 
 
 def test_the_shipped_trace_reads_as_the_issue_describes_it() -> None:
@@ -19,6 +20,17 @@ def test_the_shipped_trace_reads_as_the_issue_describes_it() -> None:
     assert 0.5 < trace.removals_per_node_hour() < 1.0  # nodes last under two hours on average
     cap = TraceCapacity(trace, 0.0)
     assert max(cap.capacity(t) for t in range(0, int(trace.period_s), 60)) == 24
+
+
+def test_the_p3_trace_reads_as_bamboos_64_node_recording() -> None:
+    # Bamboo's full-64-node-trace.csv (timestamp,count every few minutes, 26-27 July 2021) as add/remove
+    # events, from the first count after the cluster's start-up ramp (47) to the last before the recording's
+    # teardown (63): docs/simulator.md, "Reclaim waves"
+    trace = read_bamboo(P3_TRACE)
+    cap = TraceCapacity(trace, 0.0)
+    counts = [cap.capacity(t) for t in range(0, int(trace.period_s), 60)]
+    assert counts[0] == 47 and min(counts) == 37 and max(counts) == 75
+    assert abs(trace.period_s / 3600 - 5.633) < 0.01 and 59 < trace.mean_capacity() < 60.5
 
 
 @pytest.mark.parametrize(("text", "line", "what"), [
