@@ -17,9 +17,10 @@ import math
 from typing import Any
 
 from spotrelay.placement import catalog
-from spotrelay.sim.engine import INF, Run, SimNode
+from spotrelay.sim.engine import Run
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.market import Market, SimPool
+from spotrelay.sim.records import INF, SimNode
 
 BASELINES = ("on-demand", "price-limit", "skypilot-like", "sagemaker-like")
 

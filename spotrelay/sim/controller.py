@@ -33,11 +33,12 @@ from spotrelay.placement.policy import DEFAULT_CONFIG
 from spotrelay.services.waits import outcome_verdict, ready_verdict
 from spotrelay.sim import attempts, moves, recover, spares
 from spotrelay.sim.asl import Await, Finished, Sleep, Walker, load_asl
-from spotrelay.sim.engine import Run, SimNode
+from spotrelay.sim.engine import Run
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.market import Market
 from spotrelay.sim.moves import SAVE_MARGIN_S
 from spotrelay.sim.quotes import LazyQuotes
+from spotrelay.sim.records import SimNode
 from spotrelay.sim.shortlist import Shortlist, SimPoolStats
 from spotrelay.spec.models import JobSpec
 

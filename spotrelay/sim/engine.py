@@ -15,67 +15,15 @@ import heapq
 import itertools
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from spotrelay.domain.cost import CostEntry
 from spotrelay.sim import billing, losses
 from spotrelay.sim.job import REF_TYPE, JobModel
 from spotrelay.sim.market import Market, SimPool, TraceCapacity
+from spotrelay.sim.records import INF, Fault, Metrics, SimNode
 
-INF = float("inf")
 _LAUNCHED_KEEP = 1024  # Run.launched is pruned of ended nodes when it grows past this (or twice what it kept)
-
-
-@dataclass(slots=True, eq=False)
-class SimNode:
-    rank: int
-    pool: SimPool
-    key: object
-    attempt: int
-    instance_id: str
-    launch_t: float
-    boot_t: float
-    removal_t: float
-    announced: bool
-    state: str = "PENDING"  # a NodeState value
-    exit_code: int | None = None
-    end_t: float | None = None  # billing stopped
-    spare: bool = False  # a hot spare on the bench (booted, billed, out of training)
-    takes_rank: int | None = None  # a spare a recovery promoted to this rank
-    release_after: float | None = None  # a rebalance standby: released then unless a rank took it
-    record: tuple[tuple[object, ...], Any] | None = None  # (what it was built from, its Node record): controller
-    trained_s: float = 0.0  # seconds in training segments (sim/losses.py)
-    train_end: float = 0.0  # when its last training segment ended
-    restored_s: float = 0.0  # seconds of restore windows before its segments
-
-
-@dataclass(frozen=True, slots=True)
-class Fault:
-    """A scripted reclaim (the twin's chaos): ``notice`` (announced) or ``kill`` (unannounced) of
-    ``rank`` when attempt ``attempt`` reaches ``step``; ``rebalance``: a rebalance recommendation
-    then, and the notice ``lead_s`` later."""
-
-    kind: str
-    rank: int
-    step: int
-    attempt: int
-    lead_s: float = 600.0
-
-
-@dataclass
-class Metrics:
-    interruptions: int = 0  # attempts ended by a reclaim or a loss
-    moves: int = 0  # voluntary moves a placement review made (spotrelay)
-    recoveries: int = 0  # restarts of training after one
-    steps_lost: int = 0
-    recovery_s: list[float] = field(default_factory=list)
-    cross_region_moves: int = 0
-    capacity_failures: int = 0
-    finished: bool = False
-    failed_reason: str | None = None
-    events: int = 0
-    timeline: list[tuple[float, str, str]] = field(default_factory=list)  # (t, pool key, what)
 
 
 class Run:

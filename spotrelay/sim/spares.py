@@ -23,7 +23,7 @@ from spotrelay.recovery.spares import spare_ranks_to_launch, spare_takeovers
 
 if TYPE_CHECKING:
     from spotrelay.sim.controller import SpotrelayRun
-    from spotrelay.sim.engine import SimNode
+    from spotrelay.sim.records import SimNode
 
 _LIVE = ("PENDING", "READY", "RUNNING")
 

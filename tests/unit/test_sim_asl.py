@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from spotrelay.sim.asl import AslError, Await, Finished, Sleep, TaskFailed, Walker, choice_matches, load_asl
-from spotrelay.sim.engine import Fault
+from spotrelay.sim.records import Fault
 from tests.unit.test_sim_calibration import demo_run
 
 

@@ -15,9 +15,9 @@ from typing import Any
 from spotrelay.local.market import MarketModel
 from spotrelay.placement import catalog
 from spotrelay.sim.controller import SpotrelayRun
-from spotrelay.sim.engine import Fault
 from spotrelay.sim.job import REF_NODES, JobModel
 from spotrelay.sim.market import from_quotes
+from spotrelay.sim.records import Fault
 from spotrelay.spec.load import load_spec
 
 TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from spotrelay.domain.models import Node, NodeState, Pool
 from spotrelay.recovery.spares import spare_ranks_to_launch, spare_takeovers
-from spotrelay.sim.engine import Fault
+from spotrelay.sim.records import Fault
 from tests.unit.test_sim_calibration import demo_run
 
 POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
