@@ -143,6 +143,13 @@ def stall_limit(spec: JobSpec) -> int:
     return max(1, spec.recovery.max_stalled_recoveries - 1)
 
 
+def last_chance(spec: JobSpec, stalled: int) -> bool:
+    """With ``stalled`` recoveries in a row without progress counted (this one included), the stall
+    budget fails the job at the next: the next gang is not bet on spot (a recovery keeps no spot
+    survivors, Plan offers on-demand), whatever the attempts' records say."""
+    return stalled >= spec.recovery.max_stalled_recoveries
+
+
 def stalled_on_spot(attempts: Sequence[Attempt], count: int = STALLED_SPOT_ATTEMPTS) -> bool:
     """The job's last ``count`` ended attempts were spot gangs that committed no step after their
     resume (a save still in flight is not waited for: the stall budget would not wait either)."""

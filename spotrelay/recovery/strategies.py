@@ -41,6 +41,9 @@ class RecoveryContext(BaseModel):
     # the MarketData port's quotes with placement scores sized for k nodes (None: not asked): can the
     # survivors' pool take the lost ranks now?
     quotes_for: Callable[[int], Sequence[PoolQuote]] | None = None
+    # the stall budget has one recovery left (placement/spot_evidence.last_chance): survivors on spot
+    # are not kept, so Plan, which then offers on-demand, places the next gang
+    last_chance: bool = False
 
     def survivors(self) -> list[Node]:
         lost = set(self.outcome.lost_ranks)
@@ -141,6 +144,8 @@ class ReplaceLostNodes(ReplaceCluster):
         if len(pools) != 1:
             return self._fallback(ctx, "survivors span several pools")
         home = pools.pop()
+        if ctx.last_chance and home.market == "spot":
+            return self._fallback(ctx, "one stalled recovery from the budget: not again on spot")
         ranking = evaluate_pools(ctx.spec, ctx.quotes, ctx.stats, ctx.now, ctx.excluded, quotas=ctx.quotas,
                                  config=ctx.config, running=frozenset({home.key}))
         if home.key in ranking.dropped:

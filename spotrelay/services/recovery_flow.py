@@ -20,6 +20,7 @@ from spotrelay.domain.models import Job, Node, NodeState, Pool
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import JobCancelledError, NoPlacementError
 from spotrelay.placement import PoolEvent
+from spotrelay.placement.spot_evidence import last_chance
 from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery, stall
 from spotrelay.recovery.spares import spare_takeovers
 from spotrelay.services.controller import (
@@ -135,7 +136,7 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
     if current is not None and current.pool is not None and current.started_at is not None:
         hours = max(0.0, now - current.started_at) / 3600.0 * max(1, current.nodes)
         ctl.pool_stats.record(current.pool.key, PoolEvent.OBSERVED, now, hours=hours)
-    keep, action, reason, plan_pool = _strategy(ctl, job, spec, outcome, nodes, now)
+    keep, action, reason, plan_pool = _strategy(ctl, job, spec, outcome, nodes, now, last_chance(spec, stalled + 1))
     if outcome.outcome is Verdict.USER_ERROR and action is not RecoveryAction.NEW_CLUSTER:
         keep = []  # a user restart relaunches in place only through a new gang (simple and clean)
         action = RecoveryAction.NEW_CLUSTER
@@ -183,7 +184,7 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
 
 
 def _strategy(ctl: Controller, job: Job, spec: JobSpec, outcome: AttemptEnd, nodes: list[Node],
-              now: float) -> tuple[list[str], RecoveryAction, str, Pool | None]:
+              now: float, chance: bool = False) -> tuple[list[str], RecoveryAction, str, Pool | None]:
     """The spec's recovery strategy (plan_recovery): which nodes stay, the action, why, their pool."""
     try:
         assert ctl.market is not None
@@ -195,7 +196,8 @@ def _strategy(ctl: Controller, job: Job, spec: JobSpec, outcome: AttemptEnd, nod
         plan = plan_recovery(RecoveryContext(spec=spec, outcome=outcome, nodes=nodes, quotes=quotes, stats=stats,
                                              now=now, excluded=frozenset(job.excluded_pools),
                                              quotes_for=lambda k: market.quotes(res.regions, res.instance_types,
-                                                                                markets, capacity=k)))
+                                                                                markets, capacity=k),
+                                             last_chance=chance))
         return list(plan.keep_instance_ids), RecoveryAction(plan.action), plan.reason, plan.pool
     except NoPlacementError as exc:  # every pool cools down right now; Plan decides after the backoff
         log.info("no pool to recover into yet", extra={"job_id": job.job_id, "why": str(exc)})

@@ -13,7 +13,7 @@ from spotrelay.errors import NoPlacementError, RetryBudgetExhaustedError
 from spotrelay.placement import PoolEvent
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.policy import gang_key, spare_count
-from spotrelay.placement.spot_evidence import spot_did_not_pay, stall_limit
+from spotrelay.placement.spot_evidence import last_chance, spot_did_not_pay, stall_limit
 from spotrelay.placement.spot_wait import plan_view, wait_left_s
 from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery, stall
 from spotrelay.services.plan import MAX_CANDIDATES, _keeping_plan, _new_gang_plan, placing_overdue, within_bound
@@ -65,7 +65,8 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
         # placement score's noise draw); the spot verdict reads only the on-demand quotes
         res = self.spec.resources
         od = moves._on_demand_quotes(self)
-        did_not_pay = spot_did_not_pay(job.attempts, od, self.now, stalled=stall_limit(self.spec))
+        did_not_pay = (spot_did_not_pay(job.attempts, od, self.now, stalled=stall_limit(self.spec))
+                       or last_chance(self.spec, self.stalled))
         prices = self.market.quotes(self.now)
         view = plan_view(job, prices, self.now, did_not_pay=did_not_pay)
         waits = wait_left_s(self.spec, job, prices, self.now, view) > 0
@@ -178,16 +179,17 @@ def recover(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     excluded = frozenset(self.excluded)
     # the strategies read the best candidate and the survivors' pool: the shortlist holds both (sim/shortlist.py)
     quotes = recovery_quotes(self, stats, excluded)
+    chance = last_chance(self.spec, stalled + 1)
     try:
         plan = plan_recovery(RecoveryContext(spec=self.spec, outcome=end, nodes=nodes, quotes=quotes,
                                              stats=stats, now=self.now, excluded=excluded,
                                              config=self.config, quotes_for=self._quotes_for,
-                                             **self.context_extra))
+                                             last_chance=chance, **self.context_extra))
         keep, action, home = list(plan.keep_instance_ids), RecoveryAction(plan.action), plan.pool
     except NoPlacementError:
         pass
     if moves.VERIFY_SHORTLIST:  # tests: the same decision as from every quote
-        _verify_recovery(self, end, nodes, stats, excluded, (keep, action, home))
+        _verify_recovery(self, end, nodes, stats, excluded, (keep, action, home), chance)
     if end.outcome is Verdict.USER_ERROR and action is not RecoveryAction.NEW_CLUSTER:
         keep, action = [], RecoveryAction.NEW_CLUSTER
     spares.on_recover(self, home if action is not RecoveryAction.NEW_CLUSTER else None, nodes, keep)
@@ -211,12 +213,13 @@ def recover(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _verify_recovery(self: SpotrelayRun, end: AttemptEnd, nodes: list[Any], stats: dict[str, Any],
-                     excluded: frozenset[str], got: tuple[list[str], RecoveryAction, Any]) -> None:
+                     excluded: frozenset[str], got: tuple[list[str], RecoveryAction, Any], chance: bool) -> None:
     want: tuple[list[str], RecoveryAction, Any]
     try:
         every = plan_recovery(RecoveryContext(spec=self.spec, outcome=end, nodes=nodes, quotes=self._quotes(),
                                               stats=stats, now=self.now, excluded=excluded, config=self.config,
-                                              quotes_for=self._quotes_for, **self.context_extra))
+                                              quotes_for=self._quotes_for, last_chance=chance,
+                                              **self.context_extra))
         want = (list(every.keep_instance_ids), RecoveryAction(every.action), every.pool)
     except NoPlacementError:
         want = ([], RecoveryAction.NEW_CLUSTER, None)

@@ -173,3 +173,15 @@ def test_spot_is_lost_after_the_stall_limit_of_spot_gangs_that_trained_nothing()
     assert se.stall_limit(JobSpec.model_validate(doc)) == 2
     doc["recovery"]["max_stalled_recoveries"] = 0
     assert se.stall_limit(JobSpec.model_validate(doc)) == 1
+
+
+def test_one_stalled_recovery_from_the_budget_plan_offers_on_demand_only() -> None:
+    spec = make_spec()
+    budget = spec.recovery.max_stalled_recoveries
+    assert se.last_chance(spec, budget) and not se.last_chance(spec, budget - 1)
+    quotes = _scored(quotes_for(spec), 9.0)  # every spot pool holds the gang
+    job = _job([]).model_copy(update={"stalled_recoveries": budget})
+    plan = _new_gang_plan(spec, job, quotes, {}, NOW)
+    assert plan.wait_s == 0 and {c.pool.market for c in plan.candidates} == {"on-demand"}
+    fresh = _new_gang_plan(spec, _job([]), quotes, {}, NOW)
+    assert fresh.candidates[0].pool.market == "spot"

@@ -59,6 +59,18 @@ def test_replace_lost_nodes_keeps_survivors_in_the_same_pool() -> None:
     assert plan.keep_instance_ids == ["i-0", "i-1", "i-3"] and plan.terminate_instance_ids == ["i-2"]
 
 
+def test_one_stall_from_the_budget_keeps_no_spot_survivors() -> None:
+    # the next stalled recovery would fail the job: its next gang is placed anew (Plan then offers
+    # on-demand) instead of being bet on the spot pool that keeps losing its ranks
+    last = ctx(spec(), gang({2: NodeState.LOST})).model_copy(update={"last_chance": True})
+    plan = plan_recovery(last)
+    assert plan.action == "new-cluster" and plan.keep_instance_ids == [] and "stalled recovery" in plan.reason
+    od = Pool(region="us-east-1", az="us-east-1c", instance_type="p5.48xlarge", market="on-demand")
+    on_demand = spec(markets=["on-demand"])
+    kept = plan_recovery(ctx(on_demand, gang({2: NodeState.LOST}, od)).model_copy(update={"last_chance": True}))
+    assert kept.action == "replace-lost" and kept.pool == od  # survivors on on-demand: not spot's doing
+
+
 def test_a_cooldown_does_not_evict_the_survivors() -> None:
     # the notice that dooms rank 1 cools the pool down: that governs new gangs, not these survivors
     stats = {HOME.key: apply_event(empty_stats(HOME.key), PoolEvent.INTERRUPTED, NOW - 60)}
