@@ -145,8 +145,12 @@ def _carry_survivors(ctl: Controller, job: Job, keep: list[str], attempt: int, n
         return []
     old = [n for n in ctl.store.nodes_of(job.job_id) if n.attempt == job.attempt and n.instance_id in keep]
     why = f"replacement nodes joined; attempt {attempt}"
+    # a survivor EC2 noticed since recover chose it (one reclaim of several nodes, its notices handled one
+    # by one) joins doomed: the ready wait ends at once and recovers, instead of a gang that reports
+    # ready and then loses that node before it trains
     return [n.model_copy(update={
-        "node_id": node_id_for(attempt, n.rank), "attempt": attempt, "version": 0, "state": NodeState.PENDING,
+        "node_id": node_id_for(attempt, n.rank), "attempt": attempt, "version": 0,
+        "state": NodeState.DOOMED if n.state is NodeState.DOOMED or n.reclaim_at is not None else NodeState.PENDING,
         "directive": Directive.restart(job.job_id, attempt, n.rank, now, why, world).model_dump(mode="json"),
         "exit_code": None}) for n in old]
 

@@ -124,7 +124,9 @@ def provision(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
         for n in survivors.values():  # the RESTART directive: they rejoin and report ready
             n.attempt = attempt
             if n.end_t is None:  # one EC2 took meanwhile stays gone: the ready wait sees it
-                n.state, n.exit_code = "READY", None
+                # workflow_tasks._carry_survivors: one EC2 noticed since recover stays doomed
+                doomed = n.state == "DOOMED" or n.instance_id in self.noticed
+                n.state, n.exit_code = ("DOOMED" if doomed else "READY"), None
         self.gang = {**survivors, **spares.join(self, nodes, spare_ranks, plan.promoted, attempt)}
         self.attempt, self.excluded = attempt, set()
         self.attempt_pool, self.attempt_start = sp, self.now

@@ -111,3 +111,32 @@ def test_a_shrunk_gang_grows_back_in_place_and_the_kept_rank_restarts_at_the_new
     moved = env.store.get_job(job.job_id)
     assert moved.status is JobStatus.STARTING and moved.recoveries == 0
     assert moved.attempts[0].end_reason == "migrate" and moved.attempts[1].world_size == 2
+
+
+def test_a_survivor_noticed_after_recover_joins_the_new_attempt_doomed(env: Env) -> None:
+    """One reclaim of several nodes, its notices handled one by one: recover kept rank 1 on the first
+    notice, rank 1's own notice came before provision. It joins doomed, so the ready wait ends at once
+    (interrupted before training) instead of a gang that reports ready and then loses rank 1 unsaved
+    (the simulator saw such a gang wait a day with its nodes billed)."""
+    import time
+
+    from spotrelay.domain.models import Job
+    from spotrelay.services.waits import ready_verdict
+
+    job, gang = running_job(env.store, env.compute, status=JobStatus.RECOVERING)
+    home = gang[0].pool
+    recovery = {"action": "replace-lost", "outcome": "interrupted", "pool": home.model_dump(),
+                "keep_instance_ids": [gang[1].instance_id], "launch_ranks": [0]}
+    plan = sfn_plan.handler({"job_id": job.job_id, "timings": TIMINGS, "recovery": recovery}, ctx())
+    reclaim = time.time() + 110
+    env.store.update_node(job.job_id, gang[1].node_id, lambda n: n.model_copy(
+        update={"state": NodeState.DOOMED, "reclaim_at": reclaim}))
+    launched = sfn_provision.handler({"job_id": job.job_id, "plan": plan}, ctx())
+    assert launched["attempt"] == 2
+    carried = env.store.get_node(job.job_id, "a2-r1")
+    assert carried.instance_id == gang[1].instance_id
+    assert carried.state is NodeState.DOOMED and carried.reclaim_at == reclaim
+    now: Job = env.store.get_job(job.job_id)
+    nodes = [n for n in env.store.nodes_of(job.job_id) if n.attempt == 2]
+    verdict = ready_verdict(now, nodes)
+    assert verdict is not None and verdict.outcome.value == "interrupted" and 1 in verdict.lost_ranks
