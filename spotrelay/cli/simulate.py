@@ -11,7 +11,8 @@ from rich.console import Console
 from spotrelay.placement import catalog
 
 # bounds that keep every input finite and every run ending: ten years of training (the run's horizon is
-# twice the job plus 30 days), a day to boot, a checkpoint at least weekly, USD 10,000 per node-hour
+# runner.HORIZON_JOBS times the job plus 30 days), a day to boot, a checkpoint at least weekly, USD
+# 10,000 per node-hour
 MAX_JOB_HOURS = 10 * 8760.0
 MAX_USD_PER_HOUR = 10_000.0
 

@@ -58,7 +58,7 @@ def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("args", "named"), [
     (["--job-hours", "inf"], "--job-hours"),  # was an OverflowError
-    (["--job-hours", "1e9"], "--job-hours"),  # would simulate for ever (the horizon is twice the job)
+    (["--job-hours", "1e9"], "--job-hours"),  # would simulate for ever (the horizon is six times the job)
     (["--checkpoint-minutes", "inf"], "--checkpoint-minutes"),  # was a ZeroDivisionError
     (["--boot-s", "inf"], "--boot-s"),
     (["--on-demand-price", "inf"], "--on-demand-price"),
