@@ -138,7 +138,8 @@ def run_campaign(options: CampaignOptions, on_line: Any = print) -> dict[str, An
 def _scale_cooldowns(scale: float | None) -> None:
     """The campaign packs hours of faults into minutes (boot times run at 1/100); pool cooldowns of
     real minutes (15 after a capacity error, 30 after a notice) would then cool every pool at once
-    and fail every job placed after a few faults. They run at ``scale`` of the shipped policy here."""
+    and fail every job placed after a few faults. They run at ``scale`` of the shipped policy here, and so
+    does the reclaim-wave window (separate faults seconds apart are separate waves at this pace)."""
     from functions import _runtime
     from spotrelay.adapters.dynamodb_pool_stats import DynamoDBPoolStatsStore
     from spotrelay.placement.cooldown import CooldownPolicy
@@ -149,7 +150,7 @@ def _scale_cooldowns(scale: float | None) -> None:
     shipped = CooldownPolicy()
     policy = CooldownPolicy(capacity_s=shipped.capacity_s * scale, interruption_s=shipped.interruption_s * scale,
                             quota_s=shipped.quota_s * scale, escalation=shipped.escalation,
-                            max_s=shipped.max_s * scale)
+                            max_s=shipped.max_s * scale, wave_s=shipped.wave_s * scale)
     _runtime.set_factories(pool_stats=lambda: DynamoDBPoolStatsStore(policy=policy))
 
 
