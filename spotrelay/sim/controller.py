@@ -258,8 +258,9 @@ class SpotrelayRun(Run):
         With launch_at_notice the workflow has already moved on: survivors kept for the next attempt
         keep their instances, and the new gang trains from this save once it is ready."""
         epoch, step, attempt = arg
-        if epoch != self.epoch:
+        if epoch != self.epoch:  # the segment stopped before this save came (one of its ranks was lost)
             self._release_drained(attempt)
+            self._start_ready_gang(attempt)  # that stop voided the new gang's pending start too
             return
         if self.running:
             self.stop_training(step if step is not None else self.committed(self.now))
@@ -270,10 +271,14 @@ class SpotrelayRun(Run):
             if n.attempt == attempt and n.state not in ("LOST", "TERMINATED"):
                 n.state, n.exit_code = "EXITED", int(code)
         self._release_drained(attempt)
-        if attempt != self.attempt and self.gang and all(
-                n.state == "READY" for n in self.gang.values()):
-            self.at(self.now + self.job.restore_s(), self._train, self.epoch)  # the new gang was ready first
+        self._start_ready_gang(attempt)
         self._settle()
+
+    def _start_ready_gang(self, attempt: int) -> None:
+        """The new gang was ready before ``attempt``'s ranks were done: it trains after its restore."""
+        if attempt != self.attempt and not self.running and self.gang and all(
+                n.state == "READY" for n in self.gang.values()):
+            self.at(self.now + self.job.restore_s(), self._train, self.epoch)
 
     def _release_drained(self, attempt: int) -> None:
         """Ranks the workflow let drain (a move's, or survivors dropped mid-save) exit: released."""
