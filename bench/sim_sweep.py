@@ -27,7 +27,7 @@ from spotrelay.sim.job import JobModel
 from spotrelay.sim.runner import Report, SimOptions, simulate
 
 TRACE = str(Path(__file__).resolve().parents[1] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv")
-# Bamboo's 64-node p3 recording (docs/simulator.md, "Reclaim waves"): pools of 37-75, drops of 10-25 at once
+# Bamboo's 64-node p3 recording (docs/simulator.md, "Reclaim waves"): pools of 37-75, drops of up to 11 at once
 P3_TRACE = str(Path(__file__).resolve().parents[1] / "spotrelay" / "local" / "data" / "bamboo-p3-64-trace.csv")
 MARKETS: dict[str, dict[str, Any]] = {
     "g4dn": {"traces": [TRACE]},

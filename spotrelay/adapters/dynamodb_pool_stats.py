@@ -82,9 +82,13 @@ class DynamoDBPoolStatsStore:
     def record(self, pool_key: str, event: PoolEvent, now: float, hours: float = 0.0) -> PoolStats:
         if event is PoolEvent.OBSERVED and hours < 0:
             raise ValueError("hours observed cannot be negative")
-        if event is PoolEvent.INTERRUPTED:
-            stats = self._interrupted(pool_key, now)
-            return self._extend_cooldown(stats, now + cooldown_seconds(stats, event, self._policy))
+        stats = self._interrupted(pool_key, now) if event is PoolEvent.INTERRUPTED else self._count(
+            pool_key, event, now, hours)
+        seconds = cooldown_seconds(stats, event, self._policy)
+        return self._extend_cooldown(stats, now + seconds) if seconds > 0 else stats
+
+    def _count(self, pool_key: str, event: PoolEvent, now: float, hours: float) -> PoolStats:
+        """Move the event's counters (``ADD``) and its last-event fields in one update."""
         adds = {"hours_observed": float(hours)} if event is PoolEvent.OBSERVED else {_COUNTER[event]: 1}
         sets: dict[str, Any] = {}
         if event is not PoolEvent.OBSERVED:
@@ -102,9 +106,7 @@ class DynamoDBPoolStatsStore:
             TableName=self._table, Key={"pool_key": {"S": pool_key}}, UpdateExpression=expression,
             ExpressionAttributeNames=names, ExpressionAttributeValues=values, ReturnValues="ALL_NEW",
         )
-        stats = _stats(answer["Attributes"])
-        seconds = cooldown_seconds(stats, event, self._policy)
-        return self._extend_cooldown(stats, now + seconds) if seconds > 0 else stats
+        return _stats(answer["Attributes"])
 
     def _interrupted(self, pool_key: str, now: float) -> PoolStats:
         """Count the notice if it begins a wave (no counted one within ``wave_s`` of it), else only note it."""

@@ -29,7 +29,7 @@ from spotrelay.domain.models import Attempt
 from spotrelay.placement import catalog
 from spotrelay.placement.policy import DEFAULT_CONFIG, PlacementConfig
 from spotrelay.ports.market import PoolQuote
-from spotrelay.spec.models import JobSpec
+from spotrelay.spec.models import JobSpec, Recovery
 
 EVIDENCE_ATTEMPTS = 48  # the job's last this many attempts are weighed (the spot ones among them)
 MIN_SPOT_ATTEMPTS = 10  # fewer settled spot attempts than this: no verdict
@@ -38,9 +38,10 @@ PAID_SHARE = 0.8  # spot paid when it cost at most this share of on-demand's pri
 HOLD_HOURS = 12.0  # after spot did not pay, a gang on on-demand stays there this long after its last spot
 #                    attempt, doubled for each earlier return to on-demand (up to HOLD_DOUBLINGS times)
 HOLD_DOUBLINGS = 3
-STALLED_SPOT_ATTEMPTS = 9  # the job's last this many ended attempts all spot and none trained a step: spot
-#                            lost, no price needed (``stall_limit``: one less than the stall budget, so a
-#                            market whose gangs die before they save sends the job to on-demand, not to failure)
+# the job's last this many ended attempts all spot and none trained a step: spot lost, no price needed
+# (``stall_limit`` of the default spec: one less than the stall budget, so a market whose gangs die before
+# they save sends the job to on-demand, not to failure)
+STALLED_SPOT_ATTEMPTS = max(1, Recovery.model_fields["max_stalled_recoveries"].default - 1)
 SAVE_GRACE_S = 900.0  # an attempt closed this recently may still be committing its final save (a notice's,
 #                       a move's by the target's boot): it counts once it saved after its end, or after this
 
@@ -168,6 +169,15 @@ def spot_did_not_pay(attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], n
         return True
     evidence = spot_evidence(attempts, quotes, now, config)
     return evidence is not None and evidence.lost
+
+
+def spot_given_up(spec: JobSpec, attempts: Sequence[Attempt], stalled_recoveries: int,
+                  quotes: Sequence[PoolQuote], now: float, config: PlacementConfig = DEFAULT_CONFIG) -> bool:
+    """Plan's verdict (the services' and the simulator's): no new gang on spot, because the job is one
+    stalled recovery from its budget (``last_chance``) or its own spot attempts did not pay
+    (``spot_did_not_pay`` at the spec's ``stall_limit``)."""
+    return last_chance(spec, stalled_recoveries) or spot_did_not_pay(attempts, quotes, now, config,
+                                                                     stall_limit(spec))
 
 
 def returns_to_on_demand(attempts: Sequence[Attempt]) -> int:

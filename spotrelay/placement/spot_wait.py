@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from spotrelay.domain.models import Job
 from spotrelay.placement import catalog
 from spotrelay.placement.policy import DEFAULT_CONFIG, PlacementConfig
-from spotrelay.placement.spot_evidence import STALLED_SPOT_ATTEMPTS, spot_did_not_pay, stall_limit
+from spotrelay.placement.spot_evidence import spot_did_not_pay, stall_limit
 from spotrelay.ports.market import PoolQuote
 from spotrelay.spec.models import JobSpec
 
@@ -77,12 +77,12 @@ class PlanView:
 
 
 def plan_view(job: Job, quotes: list[PoolQuote], now: float, config: PlacementConfig = DEFAULT_CONFIG,
-              did_not_pay: bool | None = None, stalled: int = STALLED_SPOT_ATTEMPTS) -> PlanView:
+              did_not_pay: bool | None = None) -> PlanView:
     """The Plan's view of ``quotes``; ``did_not_pay``: the verdict when the caller has it already
-    (``spot_did_not_pay(job.attempts, quotes, now, config, stalled)``, which reads only the on-demand
-    quotes; ``stalled``: ``stall_limit`` of the job's spec)."""
+    (Plan passes ``spot_evidence.spot_given_up``; without it ``spot_did_not_pay(job.attempts, quotes,
+    now, config)``, which reads only the on-demand quotes)."""
     if did_not_pay is None:
-        did_not_pay = spot_did_not_pay(job.attempts, quotes, now, config, stalled)
+        did_not_pay = spot_did_not_pay(job.attempts, quotes, now, config)
     return PlanView(_bounds(quotes, config), did_not_pay, config)
 
 

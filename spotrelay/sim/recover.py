@@ -13,7 +13,7 @@ from spotrelay.errors import NoPlacementError, RetryBudgetExhaustedError
 from spotrelay.placement import PoolEvent
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.policy import gang_key, spare_count
-from spotrelay.placement.spot_evidence import last_chance, spot_did_not_pay, stall_limit
+from spotrelay.placement.spot_evidence import last_chance, spot_given_up
 from spotrelay.placement.spot_wait import plan_view, wait_left_s
 from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery, stall
 from spotrelay.services.plan import MAX_CANDIDATES, _keeping_plan, _new_gang_plan, placing_overdue, within_bound
@@ -65,8 +65,7 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
         # placement score's noise draw); the spot verdict reads only the on-demand quotes
         res = self.spec.resources
         od = moves._on_demand_quotes(self)
-        did_not_pay = (spot_did_not_pay(job.attempts, od, self.now, stalled=stall_limit(self.spec))
-                       or last_chance(self.spec, self.stalled))
+        did_not_pay = spot_given_up(self.spec, job.attempts, self.stalled, od, self.now)
         prices = self.market.quotes(self.now)
         view = plan_view(job, prices, self.now, did_not_pay=did_not_pay)
         waits = wait_left_s(self.spec, job, prices, self.now, view) > 0
