@@ -208,6 +208,18 @@ class SlotCapacity:
     def capacity(self, t: float) -> int | None:
         return self.slot_at(t)[1].capacity
 
+    def offered(self, t: float) -> int | None:
+        """What a launch can get now (None: no limit): the slot's capacity, less what the next slot
+        takes back when it starts within the notice window (EC2 has sent the notices for it because it
+        needs that capacity back; it does not hand it out meanwhile: ``TraceCapacity.offered``)."""
+        _, i, end = self.locate(t)
+        cap = self.slots[max(0, i - 1)].capacity
+        if end - t <= NOTICE_S:
+            following = self.slots[i % len(self.slots)].capacity
+            if following is not None and (cap is None or following < cap):
+                return following
+        return cap
+
     def next_start(self, t: float) -> float:
         """When the slot holding ``t`` ends (absolute seconds)."""
         return self.locate(t)[2]
@@ -220,7 +232,8 @@ class SlotCapacity:
     def grant(self, t: float, count: int, held: set[object], rng: random.Random,
               default_rate: float = 0.0) -> list[Grant] | None:
         _, slot = self.slot_at(t)
-        if slot.capacity is not None and slot.capacity - len(held) < count:
+        offered = self.offered(t)
+        if offered is not None and offered - len(held) < count:
             return None
         rate = slot.interruptions_per_hour if slot.interruptions_per_hour is not None else default_rate
         squeeze = self._squeeze(t, len(held) + count)
@@ -289,8 +302,9 @@ class SimPool:
             slot = self.capacity.slot_at(t)[1]
             if slot.placement_score is not None and not (derive and self.capacity.derived_score):
                 return slot.placement_score
-            if derive and count and slot.capacity is not None:
-                return gang_score(slot.capacity - held, count, seed, self.key, t)
+            offered = self.capacity.offered(t)
+            if derive and count and offered is not None:
+                return gang_score(offered - held, count, seed, self.key, t)
             return slot.placement_score
         if derive and count and isinstance(self.capacity, TraceCapacity):
             cap = self.capacity
@@ -301,14 +315,15 @@ class SimPool:
     def quote_key(self, t: float, capacity: int, held: int) -> tuple[object, ...] | None:
         """What this pool's quote at ``t`` (for ``capacity`` nodes, ``held`` of them the job's) is a function
         of, or None where it must be computed (a trace's capacity moves with every trace event): a slot
-        pool's (slot, noise window, count, held), the same slot index as ``slot_at`` finds; a pool without
+        pool's (slot, noise window, count, held, whether the next slot starts within the notice window:
+        ``SlotCapacity.offered``), the same slot index as ``slot_at`` finds; a pool without
         a capacity model always quotes the same."""
         cap = self.capacity
         if cap is None:
             return (self.key,)
         if isinstance(cap, SlotCapacity):
-            cycle, i, _ = cap.locate(t)
-            return (self.key, cycle, i, int(t // SCORE_WINDOW_S), capacity, held)
+            cycle, i, end = cap.locate(t)
+            return (self.key, cycle, i, int(t // SCORE_WINDOW_S), capacity, held, end - t <= NOTICE_S)
         return None
 
 

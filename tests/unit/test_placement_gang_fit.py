@@ -107,6 +107,32 @@ def test_a_trace_pool_offers_no_capacity_it_reclaims_within_the_notice_window(tm
     assert cap.offered(800.0) == 3 and cap.offered(1500.0) == 2 and cap.offered(2500.0) == 3
 
 
+def test_a_slot_pool_offers_no_capacity_its_next_slot_takes_back_within_the_notice_window() -> None:
+    """The synthetic market and a pools CSV, as the trace pools: during the notice window before a
+    slot that holds fewer nodes, a launch gets only what that slot holds and the derived score says
+    so (a replacement launched into a pool draining a wave was reclaimed before it booted)."""
+    import random
+
+    from spotrelay.domain.models import Pool
+    from spotrelay.sim.inputs import Slot
+    from spotrelay.sim.market import NOTICE_S, SimPool, SlotCapacity
+
+    hour = 3600.0  # 16 nodes for an hour, 4 the next, then unlimited; repeating every 3 hours
+    cap = SlotCapacity([Slot(0.0, 1.0, capacity=16), Slot(hour, 1.0, capacity=4), Slot(2 * hour, 1.0)], 3 * hour)
+    edge = hour - NOTICE_S
+    assert cap.offered(edge - 1) == 16 and cap.offered(edge + 1) == 4 and cap.capacity(edge + 1) == 16
+    assert cap.offered(2 * hour - 60) == 4  # the next slot has no limit: nothing taken back
+    assert cap.offered(3 * hour - 60) == 16 and cap.offered(3 * hour - 600) is None  # (the next cycle)
+    rng = random.Random(0)
+    assert cap.grant(edge - 1, 16, set(), rng) is not None
+    assert cap.grant(edge + 1, 5, set(), rng) is None and cap.grant(edge + 1, 4, set(), rng) is not None
+    pool = SimPool(pool=Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot"),
+                   key="k", on_demand_price=98.0, spot_price=None, band=1, gpus=8, capacity=cap)
+    before, during = pool.placement_score(edge - 1, 12), pool.placement_score(edge + 1, 12)
+    assert before is not None and during is not None and during < before
+    assert pool.quote_key(edge - 1, 12, 0) != pool.quote_key(edge + 1, 12, 0)  # the cached quote follows
+
+
 def test_elastic_sizes_are_judged_by_scores_asked_for_them() -> None:
     from spotrelay.placement.gang_fit import fits, probe_sizes
 
