@@ -212,12 +212,16 @@ class SlotCapacity:
         """What a launch can get now (None: no limit): the slot's capacity, less what the next slot
         takes back when it starts within the notice window (EC2 has sent the notices for it because it
         needs that capacity back; it does not hand it out meanwhile: ``TraceCapacity.offered``)."""
-        _, i, end = self.locate(t)
+        cycle, i, start = self.locate(t)  # (the next slot's start)
         cap = self.slots[max(0, i - 1)].capacity
-        if end - t <= NOTICE_S:
-            following = self.slots[i % len(self.slots)].capacity
+        n = len(self.slots)
+        j = i
+        while start - t <= NOTICE_S and j - i <= n:  # (slots shorter than the window: each one in it)
+            following = self.slots[j % n].capacity
             if following is not None and (cap is None or following < cap):
-                return following
+                cap = following
+            j += 1
+            start = (cycle + j // n) * self.period + self.starts[j % n]
         return cap
 
     def next_start(self, t: float) -> float:

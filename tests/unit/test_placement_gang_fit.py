@@ -123,6 +123,9 @@ def test_a_slot_pool_offers_no_capacity_its_next_slot_takes_back_within_the_noti
     assert cap.offered(edge - 1) == 16 and cap.offered(edge + 1) == 4 and cap.capacity(edge + 1) == 16
     assert cap.offered(2 * hour - 60) == 4  # the next slot has no limit: nothing taken back
     assert cap.offered(3 * hour - 60) == 16 and cap.offered(3 * hour - 600) is None  # (the next cycle)
+    short = SlotCapacity([Slot(0.0, 1.0, capacity=16), Slot(hour, 1.0, capacity=8), Slot(hour + 60, 1.0, capacity=2),
+                          Slot(hour + 120, 1.0)], 2 * hour)  # two drops inside one notice window
+    assert short.offered(hour - 90) == 8 and short.offered(hour - 30) == 2 and short.offered(hour + 30) == 2
     rng = random.Random(0)
     assert cap.grant(edge - 1, 16, set(), rng) is not None
     assert cap.grant(edge + 1, 5, set(), rng) is None and cap.grant(edge + 1, 4, set(), rng) is not None
