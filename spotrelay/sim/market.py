@@ -209,9 +209,9 @@ class SlotCapacity:
         return self.slot_at(t)[1].capacity
 
     def offered(self, t: float) -> int | None:
-        """What a launch can get now (None: no limit): the slot's capacity, less what the next slot
-        takes back when it starts within the notice window (EC2 has sent the notices for it because it
-        needs that capacity back; it does not hand it out meanwhile: ``TraceCapacity.offered``)."""
+        """What a launch can get now (None: no limit): the lowest capacity of this slot and of those
+        that start within the notice window (EC2 has sent the notices for what they take back because
+        it needs that capacity; it does not hand it out meanwhile: ``TraceCapacity.offered``)."""
         cycle, i, start = self.locate(t)  # (the next slot's start)
         cap = self.slots[max(0, i - 1)].capacity
         n = len(self.slots)
@@ -319,15 +319,15 @@ class SimPool:
     def quote_key(self, t: float, capacity: int, held: int) -> tuple[object, ...] | None:
         """What this pool's quote at ``t`` (for ``capacity`` nodes, ``held`` of them the job's) is a function
         of, or None where it must be computed (a trace's capacity moves with every trace event): a slot
-        pool's (slot, noise window, count, held, whether the next slot starts within the notice window:
-        ``SlotCapacity.offered``), the same slot index as ``slot_at`` finds; a pool without
+        pool's (slot, noise window, count, held, what it offers: ``SlotCapacity.offered``, lower inside a
+        notice window), the same slot index as ``slot_at`` finds; a pool without
         a capacity model always quotes the same."""
         cap = self.capacity
         if cap is None:
             return (self.key,)
         if isinstance(cap, SlotCapacity):
-            cycle, i, end = cap.locate(t)
-            return (self.key, cycle, i, int(t // SCORE_WINDOW_S), capacity, held, end - t <= NOTICE_S)
+            cycle, i, _ = cap.locate(t)
+            return (self.key, cycle, i, int(t // SCORE_WINDOW_S), capacity, held, cap.offered(t))
         return None
 
 

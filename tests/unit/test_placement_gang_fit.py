@@ -126,6 +126,9 @@ def test_a_slot_pool_offers_no_capacity_its_next_slot_takes_back_within_the_noti
     short = SlotCapacity([Slot(0.0, 1.0, capacity=16), Slot(hour, 1.0, capacity=8), Slot(hour + 60, 1.0, capacity=2),
                           Slot(hour + 120, 1.0)], 2 * hour)  # two drops inside one notice window
     assert short.offered(hour - 90) == 8 and short.offered(hour - 30) == 2 and short.offered(hour + 30) == 2
+    quick = SimPool(pool=Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot"),
+                    key="q", on_demand_price=98.0, spot_price=None, band=1, gpus=8, capacity=short)
+    assert quick.quote_key(hour - 90, 4, 0) != quick.quote_key(hour - 30, 4, 0)  # one slot, two answers
     rng = random.Random(0)
     assert cap.grant(edge - 1, 16, set(), rng) is not None
     assert cap.grant(edge + 1, 5, set(), rng) is None and cap.grant(edge + 1, 4, set(), rng) is not None
