@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from spotrelay.domain.models import Job
 from spotrelay.placement import catalog
 from spotrelay.placement.policy import DEFAULT_CONFIG, PlacementConfig
-from spotrelay.placement.spot_evidence import spot_did_not_pay, stall_limit
+from spotrelay.placement.spot_evidence import spot_given_up
 from spotrelay.ports.market import PoolQuote
 from spotrelay.spec.models import JobSpec
 
@@ -65,7 +65,7 @@ def saves(quote: PoolQuote, quotes: list[PoolQuote], config: PlacementConfig = D
 @dataclass(frozen=True)
 class PlanView:
     """What one Plan weighs for the wait, computed once per Plan: the best spot and on-demand prices
-    per unit of work among its quotes, and the job's spot verdict (``spot_did_not_pay``)."""
+    per unit of work among its quotes, and the job's spot verdict (``spot_evidence.spot_given_up``)."""
 
     bounds: tuple[float, float]
     did_not_pay: bool
@@ -76,26 +76,26 @@ class PlanView:
         return _saving(quote, self.bounds, self.config)
 
 
-def plan_view(job: Job, quotes: list[PoolQuote], now: float, config: PlacementConfig = DEFAULT_CONFIG,
+def plan_view(spec: JobSpec, job: Job, quotes: list[PoolQuote], now: float, config: PlacementConfig = DEFAULT_CONFIG,
               did_not_pay: bool | None = None) -> PlanView:
-    """The Plan's view of ``quotes``; ``did_not_pay``: the verdict when the caller has it already
-    (Plan passes ``spot_evidence.spot_given_up``; without it ``spot_did_not_pay(job.attempts, quotes,
-    now, config)``, which reads only the on-demand quotes)."""
+    """The Plan's view of ``quotes``, with Plan's spot verdict (``spot_evidence.spot_given_up``, which
+    reads only the on-demand quotes); ``did_not_pay``: that verdict, when the caller has it already."""
     if did_not_pay is None:
-        did_not_pay = spot_did_not_pay(job.attempts, quotes, now, config)
+        did_not_pay = spot_given_up(spec, job.attempts, job.stalled_recoveries, quotes, now, config)
     return PlanView(_bounds(quotes, config), did_not_pay, config)
 
 
 def wait_minutes(spec: JobSpec, job: Job, quotes: list[PoolQuote], now: float,
                  config: PlacementConfig = DEFAULT_CONFIG, did_not_pay: bool | None = None) -> float:
-    """The wait the spec states; unset: ``EVIDENCE_WAIT_MINUTES`` unless the job's own settled spot
-    attempts cost more per useful step than on-demand would have (``spot_evidence``; ``did_not_pay``:
-    that verdict, when the caller has it already): then waiting would only add wall time to a loss."""
+    """The wait the spec states; unset: ``EVIDENCE_WAIT_MINUTES`` unless Plan has given spot up (the job's
+    own spot attempts cost more per useful step than on-demand would have, or stalled: ``spot_evidence
+    .spot_given_up``; ``did_not_pay``: that verdict, when the caller has it already): then waiting would
+    only add wall time to a loss."""
     stated = spec.recovery.spot_wait_minutes
     if stated is not None:
         return stated
     if did_not_pay is None:
-        did_not_pay = spot_did_not_pay(job.attempts, quotes, now, config, stall_limit(spec))
+        did_not_pay = spot_given_up(spec, job.attempts, job.stalled_recoveries, quotes, now, config)
     return 0.0 if did_not_pay else EVIDENCE_WAIT_MINUTES
 
 

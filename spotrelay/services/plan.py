@@ -16,7 +16,6 @@ from spotrelay.placement import best_pool, rank_pools
 from spotrelay.placement.gang_fit import SizedScores, probe_sizes, scores_of
 from spotrelay.placement.policy import GANG_FIT_REASON, evaluate_pools, score_pool
 from spotrelay.placement.pool_stats import PoolStats
-from spotrelay.placement.spot_evidence import spot_given_up
 from spotrelay.placement.spot_wait import PlanView, plan_view, spot_wait_s, stopped_at, wait_left_s
 from spotrelay.ports.market import PoolQuote
 from spotrelay.services.controller import Controller, release_nodes, spec_of
@@ -172,8 +171,7 @@ def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict
             return LaunchPlan(candidates=[], launch_ranks=list(range(spec.resources.nodes)), wait_s=wait)
         best_pool(spec, quotes, stats, now, excluded)  # raises NoPlacementError with the reasons
         raise NoPlacementError(f"no candidate pool for job {job.job_id}")
-    view = view or plan_view(job, quotes, now,  # the bounds and the verdict, once per Plan
-                             did_not_pay=spot_given_up(spec, job.attempts, job.stalled_recoveries, quotes, now))
+    view = view or plan_view(spec, job, quotes, now)  # the bounds and the verdict, once per Plan
     if view.did_not_pay and any(c.pool.market != "spot" for c in ranked):
         ranked = [c for c in ranked if c.pool.market != "spot"]  # its own spot attempts cost more per step
     if wait_left_s(spec, job, quotes, now, view, time_scale) > 0:  # spot_wait_minutes: spot's saving

@@ -67,7 +67,7 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
         od = moves._on_demand_quotes(self)
         did_not_pay = spot_given_up(self.spec, job.attempts, self.stalled, od, self.now)
         prices = self.market.quotes(self.now)
-        view = plan_view(job, prices, self.now, did_not_pay=did_not_pay)
+        view = plan_view(self.spec, job, prices, self.now, did_not_pay=did_not_pay)
         waits = wait_left_s(self.spec, job, prices, self.now, view) > 0
         short = None if did_not_pay else plan_quotes(self, asked, stats, frozenset(job.excluded_pools),
                                                      MAX_CANDIDATES, sized,

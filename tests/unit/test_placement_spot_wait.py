@@ -28,7 +28,7 @@ from tests.unit.test_placement_policy import NOW, make_spec, quotes_for
 
 def _wait(spec: JobSpec, job: Job, best: PoolQuote, quotes: list[PoolQuote], now: float = NOW) -> int:
     """Plan's question: its view of the quotes, then the wait before launching on ``best``."""
-    return spot_wait_s(spec, job, best, quotes, now, GANG_FIT_RECHECK_S, plan_view(job, quotes, now))
+    return spot_wait_s(spec, job, best, quotes, now, GANG_FIT_RECHECK_S, plan_view(spec, job, quotes, now))
 
 
 def _waiting(minutes: float, **resources: Any) -> JobSpec:
@@ -116,13 +116,13 @@ def test_a_plans_view_answers_as_each_quote_asked_alone() -> None:
     quote, and a verdict given is the one used (spot did not pay: no wait although the job has no evidence)."""
     quotes = [q.model_copy(update={"price_per_hour": 0.91 if q.pool.market == "spot" else 3.06})
               for q in quotes_for(make_spec())]
-    view = plan_view(_stopped(60), quotes, NOW)
+    view = plan_view(make_spec(), _stopped(60), quotes, NOW)
     answers = [view.saves(q) for q in quotes]
     assert answers == [saves(q, quotes) for q in quotes] and True in answers and False in answers
     unset = _waiting(0).model_copy(update={"recovery": _waiting(0).recovery.model_copy(
         update={"spot_wait_minutes": None})})
     assert wait_left_s(unset, _stopped(60), quotes, NOW, view) > 0  # no evidence yet: the default wait
-    told = plan_view(_stopped(60), quotes, NOW, did_not_pay=True)
+    told = plan_view(make_spec(), _stopped(60), quotes, NOW, did_not_pay=True)
     assert wait_left_s(unset, _stopped(60), quotes, NOW, told) == 0
 
 
