@@ -319,6 +319,7 @@ class SpotrelayRun(Run):
         """The job record fields the services' pure helpers read."""
         return Job(job_id="sim", name="sim", status=JobStatus.RECOVERING, attempt=self.attempt,
                    created_at=self.created_at, recoveries=self.recoveries, user_restarts=self.user_restarts,
+                   stalled_recoveries=self.stalled,
                    attempts=self.attempts[-50:],
                    excluded_pools=sorted(self.excluded), spec={"resources": {"nodes": self.job.nodes}})
 

@@ -13,7 +13,7 @@ from spotrelay.errors import NoPlacementError, RetryBudgetExhaustedError
 from spotrelay.placement import PoolEvent
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.policy import gang_key, spare_count
-from spotrelay.placement.spot_evidence import last_chance, spot_given_up
+from spotrelay.placement.spot_evidence import last_chance
 from spotrelay.placement.spot_wait import plan_view, wait_left_s
 from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery, stall
 from spotrelay.services.plan import MAX_CANDIDATES, _keeping_plan, _new_gang_plan, placing_overdue, within_bound
@@ -62,12 +62,11 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
         # Plan offers the first MAX_CANDIDATES pools, or while the job may wait for spot the first of
         # those that are spot's saving: a shortlist holds them (sim/shortlist.py). The wait's bounds and
         # whether any pool saves read every pool's price (unsized quotes give the same prices, without a
-        # placement score's noise draw); the spot verdict reads only the on-demand quotes
+        # placement score's noise draw); the view holds Plan's spot verdict (spot_evidence.spot_given_up)
         res = self.spec.resources
-        od = moves._on_demand_quotes(self)
-        did_not_pay = spot_given_up(self.spec, job.attempts, self.stalled, od, self.now)
         prices = self.market.quotes(self.now)
-        view = plan_view(self.spec, job, prices, self.now, did_not_pay=did_not_pay)
+        view = plan_view(self.spec, job, prices, self.now)
+        did_not_pay = view.did_not_pay
         waits = wait_left_s(self.spec, job, prices, self.now, view) > 0
         short = None if did_not_pay else plan_quotes(self, asked, stats, frozenset(job.excluded_pools),
                                                      MAX_CANDIDATES, sized,
