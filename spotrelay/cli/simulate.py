@@ -24,6 +24,30 @@ def _split(values: list[str] | None) -> list[str]:
     return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
 
 
+def _writable(path: Path, option: str) -> str | None:
+    """Why ``path`` cannot take the output of ``option``, else None: checked before a sweep runs, so a
+    typo in a path does not throw away its minutes. Nothing that exists is changed."""
+    if path.is_dir():
+        return f"{option} {path}: is a directory"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            with path.open("a"):
+                pass
+        else:
+            path.touch()
+            path.unlink()
+    except OSError as exc:
+        return f"{option} {path}: cannot be written ({exc.strerror or exc})"
+    if option == "--plot" and path.suffix:
+        from matplotlib.figure import Figure
+
+        kinds = Figure().canvas.get_supported_filetypes()
+        if path.suffix[1:].lower() not in kinds:
+            return f"--plot {path}: format {path.suffix!r} is not one matplotlib writes ({', '.join(sorted(kinds))})"
+    return None
+
+
 def simulate(
     trace: Annotated[list[str] | None, typer.Option(
         "--trace", help="FILE, or POOL=FILE (POOL: a glob over pool keys)")] = None,
@@ -60,6 +84,11 @@ def simulate(
     from spotrelay.sim.runner import POLICIES, SimOptions, parse_switch
     from spotrelay.sim.runner import simulate as run_simulation
 
+    for path, option in ((json_path, "--json"), (plot, "--plot")):
+        problem = _writable(path, option) if path is not None else None
+        if problem:
+            err.print(f"[red]error:[/] {problem}", soft_wrap=True, highlight=False, markup=True)
+            raise typer.Exit(2)
     chosen = POLICIES if policies == "all" else tuple(_split([policies]))
     bad = [p for p in chosen if p not in POLICIES]
     if bad or trace_format not in ("bamboo", "pools-csv", "synthetic"):

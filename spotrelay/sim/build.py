@@ -105,6 +105,9 @@ def build_market(opts: MarketOptions, seed: int) -> Market:
             raise SimInputError("--trace-format pools-csv takes exactly one --trace FILE")
         slots = slot_pools(read_pools_csv(opts.traces[0]))
     elif opts.trace_format == "synthetic":
+        if opts.traces:  # (a file given and silently not read would look like a run on it)
+            raise SimInputError(f"--trace {opts.traces[0]}: --trace-format synthetic reads no file (the market "
+                                "is generated from the seed); leave --trace out, or name the file's format")
         slots = synthetic_tables(opts, seed)
     pools: list[SimPool] = []
     first = True

@@ -18,6 +18,7 @@ CLI can print one line and stop. Formats (docs/simulator.md has the full descrip
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -51,12 +52,23 @@ class Trace:
         return removed / hours if hours else 0.0
 
 
+def _read_text(path: Path, what: str) -> str:
+    """The file as UTF-8 text; a file that is not (a binary, another encoding) names its line."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SimInputError(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        lineno = data[:exc.start].count(b"\n") + 1
+        raise SimInputError(f"{path}:{lineno}: not UTF-8 text (byte 0x{data[exc.start]:02x}); "
+                            f"is this the {what}?") from None
+
+
 def read_bamboo(path: str | Path) -> Trace:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SimInputError(f"{path}: cannot read the trace ({exc.strerror or exc})") from None
+    text = _read_text(path, "trace")
     alive: dict[str, float] = {}
     done: list[TraceNode] = []
     last = 0.0
@@ -130,12 +142,9 @@ def _opt_float(row: dict[str, str], name: str) -> float | None:
 
 def read_pools_csv(path: str | Path) -> list[PoolTable]:
     path = Path(path)
-    try:
-        fh = path.open(newline="")
-    except OSError as exc:
-        raise SimInputError(f"{path}: cannot read the pools table ({exc.strerror or exc})") from None
+    text = _read_text(path, "pools table")
     tables: dict[tuple[str, str, str], PoolTable] = {}
-    with fh:
+    with io.StringIO(text, newline="") as fh:
         reader = csv.DictReader(fh)
         header = reader.fieldnames or []
         missing = [c for c in REQUIRED if c not in header]
@@ -146,6 +155,13 @@ def read_pools_csv(path: str | Path) -> list[PoolTable]:
             raise SimInputError(f"{path}:1: unknown column(s) {', '.join(unknown)}")
         for row in reader:
             lineno = reader.line_num
+            if None in row:  # (DictReader keeps a row's fields past the header's under the key None)
+                raise SimInputError(f"{path}:{lineno}: {len(header) + len(row[None])} fields, "
+                                    f"the header has {len(header)}")
+            short = [c for c in header if row[c] is None]
+            if short:
+                raise SimInputError(f"{path}:{lineno}: {len(header) - len(short)} fields, the header has "
+                                    f"{len(header)} (no {', '.join(short)})")
             try:
                 start = _timestamp(row["timestamp"].strip())
                 price = float(row["spot_price"])
@@ -154,6 +170,8 @@ def read_pools_csv(path: str | Path) -> list[PoolTable]:
                 rate = _opt_float(row, "interruptions_per_hour")
             except (ValueError, AttributeError) as exc:
                 raise SimInputError(f"{path}:{lineno}: {exc}") from None
+            if not math.isfinite(start):
+                raise SimInputError(f"{path}:{lineno}: timestamp {row['timestamp']!r} is not a finite time")
             if not (math.isfinite(price) and price >= 0):
                 raise SimInputError(f"{path}:{lineno}: spot_price {row['spot_price']!r} must be a price >= 0")
             if score is not None and not 1 <= score <= 10:

@@ -64,6 +64,7 @@ def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
     (["--on-demand-price", "inf"], "--on-demand-price"),
     (["--spot-price", "nan"], "--spot-price"),
     (["--regions", "us-east-1,mars-1"], "'mars-1'"),
+    (["--trace-format", "synthetic"], "synthetic reads no file"),  # the --trace was silently not read
     (["--instance-types", "p5.48xlarge,g9.huge"], "'g9.huge'"),
     (["--instance-types", "p5e.48xlarge", "--regions", "us-west-2"], "no p5e.48xlarge in us-west-2"),
 ])
@@ -74,6 +75,25 @@ def test_simulate_refuses_values_that_cannot_run_naming_them(args: list[str], na
     assert result.exit_code == 2, result.output
     assert result.output.strip().count("\n") == 0 and named in result.output, result.output
     assert "unexpected" not in result.output  # a refusal, not an internal error
+
+
+@pytest.mark.parametrize(("option", "name", "named"), [
+    ("--json", "blocker/x.json", "cannot be written"),  # its folder would be a file
+    ("--plot", "sim.txt", "format '.txt' is not one matplotlib writes"),
+    ("--json", "", "is a directory"),
+])
+def test_simulate_checks_its_output_paths_before_it_runs(tmp_path: Path, option: str, name: str, named: str) -> None:
+    """A path that cannot take the output is refused in one line before the sweep runs (it used to fail
+    after the whole run), and nothing is left behind."""
+    (tmp_path / "blocker").write_text("a file, not a folder")
+    path = tmp_path / name
+    before = sorted(tmp_path.iterdir())
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(TRACE), "--nodes", "4", "--job-hours", "1",
+                                      "--policies", "spotrelay", option, str(path)])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().count("\n") == 0 and named in result.output and option in result.output
+    assert "events" not in result.output  # refused before any run
+    assert sorted(tmp_path.iterdir()) == before
 
 
 def test_simulate_switches_reach_spotrelays_spec(tmp_path: Path) -> None:

@@ -78,6 +78,32 @@ def test_malformed_pools_csv_names_file_and_line(tmp_path: Path, rows: str, line
         read_pools_csv(path)
 
 
+@pytest.mark.parametrize(("data", "line", "what"), [
+    (HEADER.encode() + b"0,us-east-1,us-east-1a,p5.48xlarge\n", 2,
+     "4 fields, the header has 8 .no spot_price, placement_score"),
+    (HEADER.encode() + b"0,us-east-1,us-east-1a,p5.48xlarge,1,,,,extra\n", 2, "9 fields, the header has 8"),
+    (HEADER.encode() + b"nan,us-east-1,us-east-1a,p5.48xlarge,1,,,\n", 2, "timestamp 'nan' is not a finite time"),
+    (HEADER.encode() + b"0,us-east-1,us-east-1a,p5.48xlarge,1,,,\n\xff\xfe,us,us,p5,1,,,\n", 3, "not UTF-8"),
+])
+def test_pools_csv_rows_that_do_not_fit_the_header_name_file_and_line(tmp_path: Path, data: bytes, line: int,
+                                                                     what: str) -> None:
+    """A short or long row (csv fills missing fields with None: was an internal TypeError, or silently
+    read), a time that is not finite, a binary file: each names the file and the line."""
+    path = tmp_path / "pools.csv"
+    path.write_bytes(data)
+    with pytest.raises(SimInputError, match=f"{path}:{line}: {what}"):
+        read_pools_csv(path)
+
+
+def test_a_trace_that_is_not_text_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_bytes(b"1000,add,a\n2000,add,b\n\x00\xff\xfe\x80\n")
+    with pytest.raises(SimInputError, match=f"{path}:3: not UTF-8 text"):
+        read_bamboo(path)
+    path.write_bytes(b"\xef\xbb\xbf1000,add,a\n2000,remove,a\n")  # a UTF-8 byte-order mark is text
+    assert read_bamboo(path).nodes[0].add_s == 1.0
+
+
 def test_pools_csv_header_is_checked(tmp_path: Path) -> None:
     path = tmp_path / "pools.csv"
     path.write_text("timestamp,region,price\n0,us-east-1,1\n")
