@@ -92,7 +92,7 @@ def _cpu_s() -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=8)  # 3 seeds hid target (c)'s misses (docs/simulator.md)
+    parser.add_argument("--seeds", type=int, default=8)  # 3 seeds hid target (c)'s misses (docs/simulator-tuning.md)
     parser.add_argument("--job-hours", type=float, default=168.0)
     parser.add_argument("--nodes", default="8,16,32")
     parser.add_argument("--trace", type=Path, default=TRACE)

@@ -1,5 +1,5 @@
 """One switch at a time on spotrelay's shipped defaults, beside on-demand and the price limit, on the
-same markets and seeds: the evidence for a default (docs/simulator.md, "Tuning sweeps").
+same markets and seeds: the evidence for a default (docs/simulator-tuning.md, "Tuning sweeps").
 
     .venv/bin/python bench/sim_sweep.py [--nodes 8,16] [--seeds 3] [--job-hours 72]
         [--markets g4dn,g4dn-nodes,synthetic] [--variants NAME,...] [--plot docs/img/simulator-sweep.png]
@@ -27,7 +27,7 @@ from spotrelay.sim.job import JobModel
 from spotrelay.sim.runner import Report, SimOptions, simulate
 
 TRACE = str(Path(__file__).resolve().parents[1] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv")
-# Bamboo's 64-node p3 recording (docs/simulator.md, "Reclaim waves"): pools of 37-75, drops of up to 11 at once
+# Bamboo's 64-node p3 recording (docs/simulator-tuning.md, "Reclaim waves"): pools of 37-75, drops of up to 11 at once
 P3_TRACE = str(Path(__file__).resolve().parents[1] / "spotrelay" / "local" / "data" / "bamboo-p3-64-trace.csv")
 MARKETS: dict[str, dict[str, Any]] = {
     "g4dn": {"traces": [TRACE]},

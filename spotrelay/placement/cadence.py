@@ -12,7 +12,7 @@ state; the simulator walks the same state and calls this same function through
 One input of the review changes with the clock alone: a gang on on-demand stops weighing its own
 spot attempts once they are ``EVIDENCE_HOURS`` old (``placement.review.evidence_expires_at``), and
 that is when spot is worth a look again. The backoff never waits past that moment; without this
-bound a 16-node gang on the g4dn trace paid 3-4% more per useful GPU-hour (docs/simulator.md, "Speed").
+bound a 16-node gang on the g4dn trace paid 3-4% more per useful GPU-hour (docs/simulator-tuning.md, "Speed rounds").
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ class PlacementConfig(BaseModel):
     capacity_risk_weight: float = Field(0.1, ge=0, description="score uplift at certain launch failure")
     capacity_prior_weight: float = Field(4.0, gt=0, description="launches the placement-score prior weighs")
     throughput: dict[str, float] = Field(default_factory=dict, description="overrides of catalog throughput")
-    shrink_delay_weight: float = Field(  # 0.25: bench/sim_sweep.py, docs/simulator.md (0.5 before)
+    shrink_delay_weight: float = Field(  # 0.25: bench/sim_sweep.py, docs/simulator-tuning.md (0.5 before)
         0.25, ge=0, description="a smaller gang is charged (nodes / n) ** w for the time it runs longer"
     )
     min_gang_score: float = Field(

@@ -63,7 +63,7 @@ def test_the_spec_states_how_much_wall_time_counts_against_a_smaller_gang() -> N
 
 
 def test_by_default_a_half_gang_that_is_a_fifth_cheaper_per_unit_of_work_wins() -> None:
-    # the default delay charge (shrink_delay_weight, chosen with bench/sim_sweep.py: docs/simulator.md)
+    # the default delay charge (shrink_delay_weight, chosen with bench/sim_sweep.py: docs/simulator-tuning.md)
     # lets a half gang in a pool 20% cheaper per node-hour beat the full gang elsewhere (2 ** w < 1.25);
     # at the old 0.5 the full gang won (2 ** 0.5 = 1.41)
     spec = make_spec(min_nodes=2, markets=["spot"], instance_types=["p5.48xlarge"])

@@ -25,7 +25,7 @@ def test_the_shipped_trace_reads_as_the_issue_describes_it() -> None:
 def test_the_p3_trace_reads_as_bamboos_64_node_recording() -> None:
     # Bamboo's full-64-node-trace.csv (timestamp,count every few minutes, 26-27 July 2021) as add/remove
     # events, from the first count after the cluster's start-up ramp (47) to the last before the recording's
-    # teardown (63): docs/simulator.md, "Reclaim waves"
+    # teardown (63): docs/simulator-tuning.md, "Reclaim waves"
     trace = read_bamboo(P3_TRACE)
     cap = TraceCapacity(trace, 0.0)
     counts = [cap.capacity(t) for t in range(0, int(trace.period_s), 60)]

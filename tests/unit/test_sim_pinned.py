@@ -12,7 +12,7 @@ for spot billed at the price in effect (the synthetic cases: costs only; decisio
 Re-pinned for the spot evidence (placement/spot_evidence.py: the unset spot wait, Plan and the review
 keeping on-demand after spot did not pay): the g4dn cases changed; the synthetic ones did not.
 Re-pinned for ``PlacementConfig.min_gang_score`` 8 -> 9 (a spot pool needs a little slack over the gang;
-docs/simulator.md, "Where the paid GPU-hours go"): every spotrelay case changed.
+docs/simulator-tuning.md, "Where the paid GPU-hours go"): every spotrelay case changed.
 Re-pinned for interruptions counted per reclaim wave (placement/cooldown.py) and spot lost after
 ``stall_limit`` spot attempts in a row that trained nothing (placement/spot_evidence.py): every
 spotrelay case but g4dn-32 changed (its gang never runs on spot). Re-pinned for the review no longer
