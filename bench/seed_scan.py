@@ -2,7 +2,11 @@
 price limit (issue 11 target (c)), over more seeds than bench/economics.py runs.
 
     .venv/bin/python bench/seed_scan.py [--markets g4dn,bamboo,g4dn-nodes,synthetic,p3] [--nodes 8,16,32]
-        [--seeds 10] [--first-seed 0] [--job-hours 72]
+        [--seeds 10] [--first-seed 0] [--job-hours 72] [--trace FILE ...]
+
+``--trace FILE`` (repeatable) scans a Bamboo-format trace of your own, as market ``STEM`` (the catalog's
+prices, 300 s boot) and ``STEM/bamboo`` (Bamboo's settings), instead of the named markets unless
+``--markets`` is given too; bench/trace_variants.py writes some unlike the shipped ones.
 
 Prints each seed's cost per useful GPU-hour of every policy (USD) and flags the seeds that miss the
 target with the policy that beat spotrelay.
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from bench.sim_sweep import MARKETS
 from spotrelay.sim.build import MarketOptions
@@ -22,7 +27,9 @@ from spotrelay.sim.runner import POLICIES, SimOptions, run_seed
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--markets", default="g4dn,bamboo,g4dn-nodes,synthetic,p3")
+    parser.add_argument("--markets", default=None, help="default: g4dn,bamboo,g4dn-nodes,synthetic,p3")
+    parser.add_argument("--trace", type=Path, action="append", default=[],
+                        help="a Bamboo-format trace to scan (markets STEM and STEM/bamboo)")
     parser.add_argument("--nodes", default="8,16,32")
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--first-seed", type=int, default=0)
@@ -34,12 +41,25 @@ def main() -> int:
     if "spotrelay" not in policies:
         print("error: --policies must include spotrelay", file=sys.stderr)
         return 2
+    markets = dict(MARKETS)
+    for trace in args.trace:
+        if not trace.is_file():
+            print(f"error: --trace {trace}: no such file", file=sys.stderr)
+            return 2
+        markets[trace.stem] = {"traces": [str(trace)]}
+        markets[f"{trace.stem}/bamboo"] = {**MARKETS["bamboo"], "traces": [str(trace)]}
+    names = (args.markets or ("" if args.trace else "g4dn,bamboo,g4dn-nodes,synthetic,p3")).split(",")
+    names = [n for n in names if n] + [m for t in args.trace for m in (t.stem, f"{t.stem}/bamboo")]
+    unknown = [n for n in names if n not in markets]
+    if unknown:
+        print(f"error: unknown market {unknown[0]!r} (known: {', '.join(markets)})", file=sys.stderr)
+        return 2
     misses: list[str] = []
     started = time.perf_counter()
-    print(f"{'market':10} {'nodes':>5} {'seed':>4} " + " ".join(f"{p:>14}" for p in policies))
-    for market in args.markets.split(","):
+    print(f"{'market':18} {'nodes':>5} {'seed':>4} " + " ".join(f"{p:>14}" for p in policies))
+    for market in names:
         for nodes in [int(n) for n in args.nodes.split(",")]:
-            opts = SimOptions(market=MarketOptions(**MARKETS[market]), policies=policies,
+            opts = SimOptions(market=MarketOptions(**markets[market]), policies=policies,
                               job=JobModel(nodes=nodes, job_hours=args.job_hours))
             for seed in range(args.first_seed, args.first_seed + args.seeds):
                 by = {r.policy: r.values for r in run_seed(opts, seed)}
@@ -47,7 +67,7 @@ def main() -> int:
                 rivals = {p: c for p, c in cost.items() if p not in ("spotrelay", "price-limit")}
                 best = min(rivals, key=lambda p: rivals[p]) if rivals else "spotrelay"
                 miss = bool(rivals) and cost["spotrelay"] > rivals[best]
-                line = (f"{market:10} {nodes:>5} {seed:>4} " + " ".join(f"{cost[p]:>14.3f}" for p in policies)
+                line = (f"{market:18} {nodes:>5} {seed:>4} " + " ".join(f"{cost[p]:>14.3f}" for p in policies)
                         + (f"  MISS: {best} {rivals[best] / cost['spotrelay']:.3f}" if miss else "")
                         + f"  wall {by['spotrelay']['wall_hours']:.0f} h od {by['spotrelay']['on_demand_share']:.0%}")
                 print(line, flush=True)
