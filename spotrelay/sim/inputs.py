@@ -142,51 +142,11 @@ def _opt_float(row: dict[str, str], name: str) -> float | None:
 
 def read_pools_csv(path: str | Path) -> list[PoolTable]:
     path = Path(path)
-    text = _read_text(path, "pools table")
-    tables: dict[tuple[str, str, str], PoolTable] = {}
-    with io.StringIO(text, newline="") as fh:
-        reader = csv.DictReader(fh)
-        header = reader.fieldnames or []
-        missing = [c for c in REQUIRED if c not in header]
-        if missing:
-            raise SimInputError(f"{path}:1: header lacks column(s) {', '.join(missing)} (needs {', '.join(REQUIRED)})")
-        unknown = [c for c in header if c not in REQUIRED + OPTIONAL]
-        if unknown:
-            raise SimInputError(f"{path}:1: unknown column(s) {', '.join(unknown)}")
-        for row in reader:
-            lineno = reader.line_num
-            if None in row:  # (DictReader keeps a row's fields past the header's under the key None)
-                raise SimInputError(f"{path}:{lineno}: {len(header) + len(row[None])} fields, "
-                                    f"the header has {len(header)}")
-            short = [c for c in header if row[c] is None]
-            if short:
-                raise SimInputError(f"{path}:{lineno}: {len(header) - len(short)} fields, the header has "
-                                    f"{len(header)} (no {', '.join(short)})")
-            try:
-                start = _timestamp(row["timestamp"].strip())
-                price = float(row["spot_price"])
-                score = _opt_float(row, "placement_score")
-                cap = _opt_float(row, "capacity")
-                rate = _opt_float(row, "interruptions_per_hour")
-            except (ValueError, AttributeError) as exc:
-                raise SimInputError(f"{path}:{lineno}: {exc}") from None
-            if not math.isfinite(start):
-                raise SimInputError(f"{path}:{lineno}: timestamp {row['timestamp']!r} is not a finite time")
-            if not (math.isfinite(price) and price >= 0):
-                raise SimInputError(f"{path}:{lineno}: spot_price {row['spot_price']!r} must be a price >= 0")
-            if score is not None and not 1 <= score <= 10:
-                raise SimInputError(f"{path}:{lineno}: placement_score {score} is not within 1..10")
-            if cap is not None and (cap < 0 or cap != int(cap)):
-                raise SimInputError(f"{path}:{lineno}: capacity {cap} is not a whole number >= 0")
-            if rate is not None and not (math.isfinite(rate) and rate >= 0):
-                raise SimInputError(f"{path}:{lineno}: interruptions_per_hour {rate} must be >= 0")
-            key = (row["region"].strip(), row["availability_zone"].strip(), row["instance_type"].strip())
-            if not all(key):
-                raise SimInputError(f"{path}:{lineno}: region, availability_zone and instance_type are required")
-            table = tables.setdefault(key, PoolTable(*key))
-            if table.slots and start <= table.slots[-1].start_s:
-                raise SimInputError(f"{path}:{lineno}: timestamp does not increase for pool {'/'.join(key)}")
-            table.slots.append(Slot(start, price, score, None if cap is None else int(cap), rate))
+    reader = csv.DictReader(io.StringIO(_read_text(path, "pools table"), newline=""))
+    try:
+        tables = _pool_tables(path, reader)
+    except csv.Error as exc:  # a line the csv module itself refuses (a field past its size limit)
+        raise SimInputError(f"{path}:{reader.line_num + 1}: {exc}") from None  # (the line it refused)
     if not tables:
         raise SimInputError(f"{path}: the pools table has no rows")
     t0 = min(t.slots[0].start_s for t in tables.values())
@@ -194,3 +154,49 @@ def read_pools_csv(path: str | Path) -> list[PoolTable]:
         for slot in table.slots:
             slot.start_s -= t0
     return list(tables.values())
+
+
+def _pool_tables(path: Path, reader: csv.DictReader[str]) -> dict[tuple[str, str, str], PoolTable]:
+    tables: dict[tuple[str, str, str], PoolTable] = {}
+    header = reader.fieldnames or []
+    missing = [c for c in REQUIRED if c not in header]
+    if missing:
+        raise SimInputError(f"{path}:1: header lacks column(s) {', '.join(missing)} (needs {', '.join(REQUIRED)})")
+    unknown = [c for c in header if c not in REQUIRED + OPTIONAL]
+    if unknown:
+        raise SimInputError(f"{path}:1: unknown column(s) {', '.join(unknown)}")
+    for row in reader:
+        lineno = reader.line_num
+        if None in row:  # (DictReader keeps a row's fields past the header's under the key None)
+            raise SimInputError(f"{path}:{lineno}: {len(header) + len(row[None])} fields, "
+                                f"the header has {len(header)}")
+        short = [c for c in header if row[c] is None]
+        if short:
+            raise SimInputError(f"{path}:{lineno}: {len(header) - len(short)} fields, the header has "
+                                f"{len(header)} (no {', '.join(short)})")
+        try:
+            start = _timestamp(row["timestamp"].strip())
+            price = float(row["spot_price"])
+            score = _opt_float(row, "placement_score")
+            cap = _opt_float(row, "capacity")
+            rate = _opt_float(row, "interruptions_per_hour")
+        except (ValueError, AttributeError) as exc:
+            raise SimInputError(f"{path}:{lineno}: {exc}") from None
+        if not math.isfinite(start):
+            raise SimInputError(f"{path}:{lineno}: timestamp {row['timestamp']!r} is not a finite time")
+        if not (math.isfinite(price) and price >= 0):
+            raise SimInputError(f"{path}:{lineno}: spot_price {row['spot_price']!r} must be a price >= 0")
+        if score is not None and not 1 <= score <= 10:
+            raise SimInputError(f"{path}:{lineno}: placement_score {score} is not within 1..10")
+        if cap is not None and not (math.isfinite(cap) and cap >= 0 and cap == int(cap)):
+            raise SimInputError(f"{path}:{lineno}: capacity {cap} is not a whole number >= 0")
+        if rate is not None and not (math.isfinite(rate) and rate >= 0):
+            raise SimInputError(f"{path}:{lineno}: interruptions_per_hour {rate} must be >= 0")
+        key = (row["region"].strip(), row["availability_zone"].strip(), row["instance_type"].strip())
+        if not all(key):
+            raise SimInputError(f"{path}:{lineno}: region, availability_zone and instance_type are required")
+        table = tables.setdefault(key, PoolTable(*key))
+        if table.slots and start <= table.slots[-1].start_s:
+            raise SimInputError(f"{path}:{lineno}: timestamp does not increase for pool {'/'.join(key)}")
+        table.slots.append(Slot(start, price, score, None if cap is None else int(cap), rate))
+    return tables

@@ -84,11 +84,15 @@ def test_malformed_pools_csv_names_file_and_line(tmp_path: Path, rows: str, line
     (HEADER.encode() + b"0,us-east-1,us-east-1a,p5.48xlarge,1,,,,extra\n", 2, "9 fields, the header has 8"),
     (HEADER.encode() + b"nan,us-east-1,us-east-1a,p5.48xlarge,1,,,\n", 2, "timestamp 'nan' is not a finite time"),
     (HEADER.encode() + b"0,us-east-1,us-east-1a,p5.48xlarge,1,,,\n\xff\xfe,us,us,p5,1,,,\n", 3, "not UTF-8"),
+    (HEADER.encode() + b"0,us-east-1,us-east-1a,p5.48xlarge," + b"1" * 200_000 + b",,,\n", 2, "field larger"),
+    (HEADER.encode() + b"0,us-east-1,us-east-1a,p5.48xlarge,1,,inf,\n", 2, "capacity inf is not a whole"),
+    (HEADER.encode() + b"0,us-east-1,us-east-1a,p5.48xlarge,1,,nan,\n", 2, "capacity nan is not a whole"),
 ])
 def test_pools_csv_rows_that_do_not_fit_the_header_name_file_and_line(tmp_path: Path, data: bytes, line: int,
                                                                      what: str) -> None:
     """A short or long row (csv fills missing fields with None: was an internal TypeError, or silently
-    read), a time that is not finite, a binary file: each names the file and the line."""
+    read), a time that is not finite, a binary file, a field past the csv module's limit, a capacity that
+    is not finite (internal errors before): each names the file and the line."""
     path = tmp_path / "pools.csv"
     path.write_bytes(data)
     with pytest.raises(SimInputError, match=f"{path}:{line}: {what}"):
