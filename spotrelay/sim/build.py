@@ -6,6 +6,7 @@ market to every policy, a different seed a different one.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import random
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ def _load_traces(opts: MarketOptions) -> tuple[Trace | None, list[tuple[str, Tra
     mapping: list[tuple[str, Trace]] = []
     for item in opts.traces:
         pattern, sep, path = item.partition("=")
+        if sep and not (pattern.strip() and path.strip()):
+            raise SimInputError(f"--trace {item!r}: expected POOL=FILE with both a pool glob and a file")
         if sep:
             mapping.append((pattern, read_bamboo(path)))
         elif default is not None:
@@ -133,6 +136,11 @@ def build_market(opts: MarketOptions, seed: int) -> Market:
                 sp.spot_price = None
                 sp.default_rate = band_rate(DEFAULT_CONFIG.unknown_band if band is None else band)
         pools.append(sp)
+    keys = [p.key for p in catalog.pools(opts.regions, opts.instance_types, ["spot"])] or ["region/zone/type/spot"]
+    for pattern, _ in mapping:  # a glob that drives nothing is a typo, not a market
+        if not any(fnmatch.fnmatch(k, pattern) or fnmatch.fnmatch(k, pattern + "/spot") for k in keys):
+            raise SimInputError(f"--trace {pattern}=...: {pattern!r} matches no spot pool of the given regions "
+                                f"and instance types (pool keys read like {keys[0]})")
     if not any(p.spot for p in pools):
         raise SimInputError("no spot pool of the given regions and instance types is driven by the input")
     return Market(pools=pools, unannounced_share=opts.unannounced_share, rebalance_share=opts.rebalance_share,

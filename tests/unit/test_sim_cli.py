@@ -65,6 +65,8 @@ def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
     (["--spot-price", "nan"], "--spot-price"),
     (["--regions", "us-east-1,mars-1"], "'mars-1'"),
     (["--trace-format", "synthetic"], "synthetic reads no file"),  # the --trace was silently not read
+    (["--trace", "p5.48xlarge=" + str(TRACE)], "'p5.48xlarge' matches no spot pool"),  # a typo drove nothing
+    (["--trace", "us-east-1/*="], "expected POOL=FILE"),  # was ".: cannot read the trace (Is a directory)"
     (["--instance-types", "p5.48xlarge,g9.huge"], "'g9.huge'"),
     (["--instance-types", "p5e.48xlarge", "--regions", "us-west-2"], "no p5e.48xlarge in us-west-2"),
 ])
