@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from spotrelay.sim.build import MarketOptions
+from spotrelay.sim.inputs import SimInputError, read_bamboo
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.losses import CATEGORIES
 from spotrelay.sim.parallel import default_workers
@@ -102,6 +103,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.json is not None and (args.json.is_dir() or not args.json.parent.is_dir()):
         parser.error(f"--json {args.json}: not a file in an existing folder")  # before the minutes of runs
+    try:
+        read_bamboo(args.trace)
+    except SimInputError as exc:
+        parser.error(str(exc))
     out: dict[str, object] = {}
     checks: list[tuple[str, bool, str]] = []
     started, cpu0, events = time.perf_counter(), _cpu_s(), 0
