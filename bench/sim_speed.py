@@ -14,9 +14,12 @@ shipped decisions) and with ``--all-policies`` for every policy together, scaled
 against the 60 s target (judged on wall seconds: what a sweep waits) two ways: per 1,000 *simulated*
 job-months (each job's clock from start to end) and per 1,000 job-months of *work* (what the jobs ask
 for; a job that waits, boots and redoes work simulates more months than its work), with the load
-average at each line, and a last line with both markets and worker counts side by side. The jobs are what the workers
-share out: ``--jobs`` should be a multiple of the worker count (``--jobs 10`` measures a tenth of the
-default and scales it). Wall time on a shared machine moves with its load: read it with the load printed.
+average at each line, and a last line with both markets and worker counts side by side. Before and
+after, the CPU seconds of a fixed pure-Python loop (the "reference loop", best of three): this shared
+host's speed moves by half within an hour, so a result is read against the reference beside it.
+The jobs are what the workers share out: ``--jobs`` should be a multiple of the worker count
+(``--jobs 10`` measures a tenth of the default and scales it). Wall time on a shared machine moves
+with its load: read it with the load printed.
 
 ``--against REV``: before/after side by side in one run. The simulator of git revision REV (its
 ``spotrelay/`` and ``functions/``, exported to a temporary directory) and this tree's are timed in
@@ -69,6 +72,19 @@ def _measure(market_name: str, nodes: int, months: float, jobs: int, policies: t
 def _children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def _reference_s() -> float:
+    """CPU seconds of a fixed pure-Python loop (20 million additions), best of three: how fast this
+    machine runs Python right now. A shared host's speed moves by half within an hour; read a result
+    against the reference printed beside it."""
+    best = float("inf")
+    for _ in range(3):
+        t0, s = time.process_time(), 0
+        for i in range(20_000_000):
+            s += i
+        best = min(best, time.process_time() - t0)
+    return best
 
 
 def _load() -> str:
@@ -143,7 +159,7 @@ def main() -> int:
     job_months = args.jobs * args.months
     per_k = 1000.0 / job_months
     workers = sorted({int(w) for w in args.workers.split(",")})
-    print(f"{os.cpu_count()} CPUs; before: {_load()}", flush=True)
+    print(f"{os.cpu_count()} CPUs; before: {_load()}; reference loop {_reference_s():.2f} s", flush=True)
     side: list[str] = []
     for name, nodes in [(m, n) for m in markets for n in sizes]:
         for policies in (("spotrelay",), POLICIES) if args.all_policies else (("spotrelay",),):
@@ -175,7 +191,7 @@ def main() -> int:
                     + (f", {walls[workers[0]] / walls[workers[-1]]:.2f}x" if len(workers) > 1 else ""))
     print(f"side by side, spotrelay wall seconds per 1,000 simulated job-months (target 60 s; the lines above also "
           f"give it per 1,000 job-months of work, the jobs asked for): {'; '.join(side)}")
-    print(f"after: {_load()}")
+    print(f"after: {_load()}; reference loop {_reference_s():.2f} s")
     return 0
 
 if __name__ == "__main__":
