@@ -1,5 +1,5 @@
 """One switch at a time on spotrelay's shipped defaults, beside on-demand and the price limit, on the
-same markets and seeds: the evidence for a default (docs/simulator-tuning.md, "Tuning sweeps").
+same markets and seeds: the evidence for a default (docs/simulator.md, "Tuning sweeps").
 
     .venv/bin/python bench/sim_sweep.py [--nodes 8,16] [--seeds 3] [--job-hours 72]
         [--markets g4dn,g4dn-nodes,synthetic] [--variants NAME,...] [--plot docs/img/simulator-sweep.png]
