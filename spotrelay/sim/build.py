@@ -106,6 +106,8 @@ def build_market(opts: MarketOptions, seed: int) -> Market:
     if opts.trace_format == "pools-csv":
         if len(opts.traces) != 1:
             raise SimInputError("--trace-format pools-csv takes exactly one --trace FILE")
+        if opts.spot_price is not None:  # (it would be silently unused)
+            raise SimInputError("--spot-price: a pools CSV prices each slot itself (its spot_price column)")
         slots = slot_pools(read_pools_csv(opts.traces[0]))
     elif opts.trace_format == "synthetic":
         if opts.traces:  # (a file given and silently not read would look like a run on it)

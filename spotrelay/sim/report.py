@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from spotrelay.sim.assumptions import summary
 from spotrelay.sim.losses import CATEGORIES
 from spotrelay.sim.runner import Report
 
@@ -53,6 +54,8 @@ def print_report(report: Report, console: Console) -> None:
     for policy in report.policies():
         parts = [(c, report.loss(policy, c)) for c in CATEGORIES]
         console.print(f"  {policy}: " + ", ".join(f"{c} {v:.3f}" for c, v in parts if math.isfinite(v) and v >= 0.0005))
+    for line in summary(report.assumptions) if report.assumptions else []:
+        console.print(line, highlight=False, soft_wrap=True)
     rate = report.events / report.seconds if report.seconds else 0.0
     console.print(f"{report.events:,} simulated events in {report.seconds:.2f} s ({rate:,.0f} events/s)")
 

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from spotrelay.domain.cost import CostLedger
+from spotrelay.sim.assumptions import assumptions
 from spotrelay.sim.baselines import BASELINES, BaselineRun
 from spotrelay.sim.build import MarketOptions, build_market, trace_label
 from spotrelay.sim.controller import SpotrelayRun
@@ -222,6 +223,7 @@ class Report:
     trace: str
     runs: list[RunResult]
     seconds: float
+    assumptions: dict[str, Any] = field(default_factory=dict)  # sim/assumptions.py: stated with the result
 
     @property
     def events(self) -> int:
@@ -265,6 +267,7 @@ class Report:
             # shares of paid GPU-hours per phase (sim/losses.py; "useful" is goodput), mean over seeds
             "losses": {p: {c: clean(self.loss(p, c)) for c in CATEGORIES} for p in self.policies()},
             "events": self.events,
+            "assumptions": self.assumptions,
         }
 
 
@@ -279,4 +282,4 @@ def simulate(opts: SimOptions) -> Report:
         for seed in range(opts.seeds):
             runs.extend(run_seed(opts, seed))
     return Report(nodes=opts.job.nodes, seeds=opts.seeds, trace=trace_label(opts.market), runs=runs,
-                  seconds=time.perf_counter() - started)
+                  seconds=time.perf_counter() - started, assumptions=assumptions(opts))

@@ -36,6 +36,25 @@ def test_simulate_writes_the_contracts_json_and_a_plot(tmp_path: Path) -> None:
         assert abs(shares["useful"] - doc["policies"][policy]["goodput"]) < 1e-6
     assert png.stat().st_size > 10_000
     assert "events/s" in result.output and "where paid GPU-hours went" in result.output
+    # the result states its assumptions, on the terminal and in the file
+    a = doc["assumptions"]
+    assert a["times_s"]["boot"] == 300.0 and a["times_s"]["notice"] == 120.0
+    assert a["market"]["price_source"] == "catalog"
+    assert a["times_s"]["restore"] > a["times_s"]["bringup"] and a["bandwidth_gb_per_s"]["s3_per_node"] > 0
+    assert set(a["market"]["usd_per_node_hour"]) == {"p5.48xlarge", "p4d.24xlarge"} and a["job"]["nodes"] == 4
+    assert "assumed: boot 300 s" in result.output and "prices USD per node-hour (catalog): p5.48xlarge" in result.output
+
+
+def test_simulate_states_the_assumptions_its_flags_set(tmp_path: Path) -> None:
+    out = tmp_path / "sim.json"
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(TRACE), "--nodes", "4", "--job-hours", "2",
+                                      "--policies", "spotrelay,on-demand", "--boot-s", "45", "--on-demand-price",
+                                      "3.06", "--spot-price", "0.91", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    a = json.loads(out.read_text())["assumptions"]
+    assert a["times_s"]["boot"] == 45.0 and a["market"]["price_source"] == "flags"
+    assert a["market"]["usd_per_node_hour"]["p5.48xlarge"] == {"on_demand": [3.06, 3.06], "spot": [0.91, 0.91]}
+    assert "prices USD per node-hour (flags): p5.48xlarge on-demand 3.06, spot 0.91" in result.output
 
 
 def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
@@ -65,6 +84,7 @@ def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
     (["--spot-price", "nan"], "--spot-price"),
     (["--regions", "us-east-1,mars-1"], "'mars-1'"),
     (["--trace-format", "synthetic"], "synthetic reads no file"),  # the --trace was silently not read
+    (["--trace-format", "pools-csv", "--spot-price", "1"], "--spot-price: a pools CSV prices each slot"),
     (["--trace", "p5.48xlarge=" + str(TRACE)], "'p5.48xlarge' matches no spot pool"),  # a typo drove nothing
     (["--trace", "us-east-1/*="], "expected POOL=FILE"),  # was ".: cannot read the trace (Is a directory)"
     (["--instance-types", "p5.48xlarge,g9.huge"], "'g9.huge'"),
