@@ -24,10 +24,12 @@ from spotrelay.sim.build import MarketOptions
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.runner import POLICIES, SimOptions, run_seed
 
+DEFAULT_MARKETS = "g4dn,bamboo,g4dn-nodes,synthetic,p3"
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--markets", default=None, help="default: g4dn,bamboo,g4dn-nodes,synthetic,p3")
+    parser.add_argument("--markets", default=None, help=f"default: {DEFAULT_MARKETS} (none with --trace)")
     parser.add_argument("--trace", type=Path, action="append", default=[],
                         help="a Bamboo-format trace to scan (markets STEM and STEM/bamboo)")
     parser.add_argument("--nodes", default="8,16,32")
@@ -48,8 +50,8 @@ def main() -> int:
             return 2
         markets[trace.stem] = {"traces": [str(trace)]}
         markets[f"{trace.stem}/bamboo"] = {**MARKETS["bamboo"], "traces": [str(trace)]}
-    names = (args.markets or ("" if args.trace else "g4dn,bamboo,g4dn-nodes,synthetic,p3")).split(",")
-    names = [n for n in names if n] + [m for t in args.trace for m in (t.stem, f"{t.stem}/bamboo")]
+    named = args.markets or ("" if args.trace else DEFAULT_MARKETS)
+    names = [n for n in named.split(",") if n] + [m for t in args.trace for m in (t.stem, f"{t.stem}/bamboo")]
     unknown = [n for n in names if n not in markets]
     if unknown:
         print(f"error: unknown market {unknown[0]!r} (known: {', '.join(markets)})", file=sys.stderr)

@@ -10,6 +10,7 @@ is a bug: ``SPOTRELAY_DEBUG=1`` shows it for a report.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -25,6 +26,24 @@ USAGE, RUNTIME = 2, 1
 
 class UsageProblem(SpotrelayError):
     """A problem with what the user typed or pointed at (exit 2)."""
+
+
+def check_writable(path: Path, option: str) -> None:
+    """A usage problem naming ``option`` unless ``path`` can take an output file, checked before a
+    command's work so a mistyped path does not throw it away. Nothing that exists is changed and
+    nothing is left behind but the parent folders."""
+    if path.is_dir():
+        raise UsageProblem(f"{option} {path}: is a directory")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            with path.open("a"):
+                pass
+        else:
+            path.touch()
+            path.unlink()
+    except OSError as exc:
+        raise UsageProblem(f"{option} {path}: cannot be written ({exc.strerror or exc})") from exc
 
 
 def explain(exc: BaseException) -> tuple[str, int]:

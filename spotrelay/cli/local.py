@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from spotrelay.cli.errors import SpotrelayGroup, UsageProblem
+from spotrelay.cli.errors import SpotrelayGroup, UsageProblem, check_writable
 from spotrelay.errors import SpotrelayError
 
 local_app = typer.Typer(
@@ -225,9 +225,9 @@ def chaos(
     except ValueError as exc:
         raise UsageProblem(str(exc)) from exc
     # refused now, not after a campaign of half an hour whose result would have nowhere to go
-    _writable(out_dir / "twin.log", "--out")
+    check_writable(out_dir / "twin.log", "--out")
     if json_file:
-        _writable(json_file, "--json")
+        check_writable(json_file, "--json")
     term = Console(file=quiet_logs(out_dir / "twin.log"), width=150)  # the twin's own logs go to the file
     result = run_campaign(options, on_line=lambda line: term.print(line, highlight=False))
     if json_file:
@@ -251,13 +251,3 @@ def chaos(
           and result["instances_left"] == 0 and result["bit_identical"] == result["succeeded"]
           and result["failed_without_reason"] == 0)
     raise typer.Exit(0 if ok else 1)
-
-
-def _writable(path: Path, option: str) -> None:
-    """A usage error naming the option unless ``path`` can be created or appended to."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a"):
-            pass
-    except OSError as exc:
-        raise UsageProblem(f"{option} {path}: cannot be written ({exc.strerror or exc})") from exc

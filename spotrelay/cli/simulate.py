@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from spotrelay.cli.errors import UsageProblem, check_writable
 from spotrelay.placement import catalog
 
 # bounds that keep every input finite and every run ending: ten years of training (the run's horizon is
@@ -24,28 +25,16 @@ def _split(values: list[str] | None) -> list[str]:
     return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
 
 
-def _writable(path: Path, option: str) -> str | None:
-    """Why ``path`` cannot take the output of ``option``, else None: checked before a sweep runs, so a
-    typo in a path does not throw away its minutes. Nothing that exists is changed."""
-    if path.is_dir():
-        return f"{option} {path}: is a directory"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists():
-            with path.open("a"):
-                pass
-        else:
-            path.touch()
-            path.unlink()
-    except OSError as exc:
-        return f"{option} {path}: cannot be written ({exc.strerror or exc})"
-    if option == "--plot" and path.suffix:
-        from matplotlib.figure import Figure
+def _plot_format(plot: Path) -> None:
+    """A usage problem unless matplotlib writes ``--plot``'s suffix (checked before the runs)."""
+    if not plot.suffix:
+        return
+    from matplotlib.figure import Figure
 
-        kinds = Figure().canvas.get_supported_filetypes()
-        if path.suffix[1:].lower() not in kinds:
-            return f"--plot {path}: format {path.suffix!r} is not one matplotlib writes ({', '.join(sorted(kinds))})"
-    return None
+    kinds = Figure().canvas.get_supported_filetypes()
+    if plot.suffix[1:].lower() not in kinds:
+        raise UsageProblem(f"--plot {plot}: format {plot.suffix!r} is not one matplotlib writes "
+                           f"({', '.join(sorted(kinds))})")
 
 
 def simulate(
@@ -84,11 +73,11 @@ def simulate(
     from spotrelay.sim.runner import POLICIES, SimOptions, parse_switch
     from spotrelay.sim.runner import simulate as run_simulation
 
-    for path, option in ((json_path, "--json"), (plot, "--plot")):
-        problem = _writable(path, option) if path is not None else None
-        if problem:
-            err.print(f"[red]error:[/] {problem}", soft_wrap=True, highlight=False, markup=True)
-            raise typer.Exit(2)
+    if json_path is not None:
+        check_writable(json_path, "--json")
+    if plot is not None:
+        check_writable(plot, "--plot")
+        _plot_format(plot)
     chosen = POLICIES if policies == "all" else tuple(_split([policies]))
     bad = [p for p in chosen if p not in POLICIES]
     if bad or trace_format not in ("bamboo", "pools-csv", "synthetic"):

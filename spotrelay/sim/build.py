@@ -6,7 +6,6 @@ market to every policy, a different seed a different one.
 
 from __future__ import annotations
 
-import fnmatch
 import math
 import random
 from dataclasses import dataclass, field
@@ -16,7 +15,15 @@ from typing import Literal
 from spotrelay.placement import catalog
 from spotrelay.placement.policy import DEFAULT_CONFIG, band_rate
 from spotrelay.sim.inputs import SimInputError, Slot, Trace, read_bamboo, read_pools_csv
-from spotrelay.sim.market import Market, SimPool, SlotCapacity, TraceCapacity, match_trace, slot_pools
+from spotrelay.sim.market import (
+    Market,
+    SimPool,
+    SlotCapacity,
+    TraceCapacity,
+    match_trace,
+    pool_glob_matches,
+    slot_pools,
+)
 
 TraceFormat = Literal["bamboo", "pools-csv", "synthetic"]
 
@@ -115,6 +122,7 @@ def build_market(opts: MarketOptions, seed: int) -> Market:
                                 "is generated from the seed); leave --trace out, or name the file's format")
         slots = synthetic_tables(opts, seed)
     pools: list[SimPool] = []
+    spot_keys: list[str] = []  # every spot pool asked for, driven or not
     first = True
     for pool in catalog.pools(opts.regions, opts.instance_types, ["spot", "on-demand"]):
         od, spot = _price(opts, pool.region, pool.instance_type)
@@ -123,6 +131,7 @@ def build_market(opts: MarketOptions, seed: int) -> Market:
         sp = SimPool(pool=pool, key=pool.key, on_demand_price=od, spot_price=spot if pool.market == "spot" else None,
                      band=band, gpus=info.gpus if info else 8)
         if pool.market == "spot":
+            spot_keys.append(pool.key)
             if opts.trace_format == "bamboo":
                 trace = match_trace(pool.key, mapping, default)
                 if trace is None:
@@ -138,11 +147,10 @@ def build_market(opts: MarketOptions, seed: int) -> Market:
                 sp.spot_price = None
                 sp.default_rate = band_rate(DEFAULT_CONFIG.unknown_band if band is None else band)
         pools.append(sp)
-    keys = [p.key for p in catalog.pools(opts.regions, opts.instance_types, ["spot"])] or ["region/zone/type/spot"]
     for pattern, _ in mapping:  # a glob that drives nothing is a typo, not a market
-        if not any(fnmatch.fnmatch(k, pattern) or fnmatch.fnmatch(k, pattern + "/spot") for k in keys):
+        if spot_keys and not any(pool_glob_matches(k, pattern) for k in spot_keys):
             raise SimInputError(f"--trace {pattern}=...: {pattern!r} matches no spot pool of the given regions "
-                                f"and instance types (pool keys read like {keys[0]})")
+                                f"and instance types (pool keys read like {spot_keys[0]})")
     if not any(p.spot for p in pools):
         raise SimInputError("no spot pool of the given regions and instance types is driven by the input")
     return Market(pools=pools, unannounced_share=opts.unannounced_share, rebalance_share=opts.rebalance_share,

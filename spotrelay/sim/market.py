@@ -341,9 +341,14 @@ def from_quotes(quotes: list[PoolQuote], on_demand: dict[tuple[str, str], float]
     return Market(pools=pools, unannounced_share=0.0, rebalance_share=0.0, boot_s=boot_s, boot_spread=0.0)
 
 
+def pool_glob_matches(key: str, pattern: str) -> bool:
+    """``--trace POOL=FILE``'s POOL against a pool key (its ``/spot`` may be left out)."""
+    return fnmatch.fnmatch(key, pattern) or fnmatch.fnmatch(key, pattern + "/spot")
+
+
 def match_trace(key: str, mapping: list[tuple[str, Trace]], default: Trace | None) -> Trace | None:
     for pattern, trace in mapping:
-        if fnmatch.fnmatch(key, pattern) or fnmatch.fnmatch(key, pattern + "/spot"):
+        if pool_glob_matches(key, pattern):
             return trace
     return default
 
