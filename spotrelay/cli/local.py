@@ -226,6 +226,7 @@ def chaos(
         raise UsageProblem(str(exc)) from exc
     # refused now, not after a campaign of half an hour whose result would have nowhere to go
     check_writable(out_dir / "twin.log", "--out")
+    (out_dir / "twin.log").touch()  # the campaign's log, empty until a twin starts (as before the check)
     if json_file:
         check_writable(json_file, "--json")
     term = Console(file=quiet_logs(out_dir / "twin.log"), width=150)  # the twin's own logs go to the file
