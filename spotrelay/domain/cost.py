@@ -21,6 +21,29 @@ def attempt_cost(price_per_hour: float, nodes: int, started_at: float, ended_at:
     return price_per_hour * nodes * max(0.0, ended_at - started_at) / 3600.0
 
 
+# EC2 User Guide, "Billing for interrupted Spot Instances": a Linux Spot Instance that Amazon EC2
+# interrupts within its first instance hour is not charged at all; one we stop or terminate ourselves
+# is billed per second. So a noticed instance in its first hour is left for EC2 to take.
+SPOT_FREE_INTERRUPTION_S = 3600.0
+# EC2 takes a noticed instance "in two minutes", not to the second, and counts the hour from when it
+# ran (after our launch call): an instance is left to EC2 only when its reclaim is this far inside the hour
+LEAVE_TO_EC2_MARGIN_S = 60.0
+
+
+def interruption_is_free(market: str, launched_at: float, interrupted_at: float) -> bool:
+    """Whether EC2's interruption of an instance launched at ``launched_at`` costs nothing (a spot
+    instance EC2 takes within its first hour)."""
+    return market == "spot" and interrupted_at - launched_at < SPOT_FREE_INTERRUPTION_S
+
+
+def leave_to_ec2(market: str, launched_at: float, ec2_reclaim_at: float | None) -> bool:
+    """Whether an instance we no longer need should be left for EC2's announced reclaim instead of
+    terminated: terminating it bills its whole first hour so far; EC2's interruption bills none of it.
+    Past the first hour terminating saves the seconds to the reclaim, so it is terminated."""
+    return ec2_reclaim_at is not None and market == "spot" and (
+        ec2_reclaim_at - launched_at < SPOT_FREE_INTERRUPTION_S - LEAVE_TO_EC2_MARGIN_S)
+
+
 def closed_attempt(attempt: Attempt, now: float, reason: str | None = None) -> Attempt:
     """``attempt`` with its clock stopped at ``now``: ``ended_at``, ``end_reason`` and its cost (its
     price x nodes from its start, 0 if it never started). The services and the simulator close

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from spotrelay.domain.cost import leave_to_ec2
 from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.ports.compute import Compute
 from spotrelay.ports.job_store import JobStore
@@ -112,9 +113,16 @@ def end_records(store: JobStore, job_id: str, nodes: list[Node],
 
 def release_nodes(ctl: Controller, job: Job, nodes: list[Node]) -> list[str]:
     """Mark the nodes TERMINATED, then terminate their instances (so the state-change events that
-    follow are recognised as ours). Already terminated nodes are skipped; returns instance ids."""
+    follow are recognised as ours). Already terminated nodes are skipped; returns instance ids.
+    A spot instance EC2 has noticed in its first hour is left for EC2 to take (``leave_to_ec2``:
+    EC2's interruption of it is not billed, our termination would be); reconcile terminates it if
+    it outlives its reclaim (``reconcile._left_to_ec2``)."""
     by_region: dict[str, list[str]] = {}
     for node in end_records(ctl.store, job.job_id, nodes, keep=()):
+        if leave_to_ec2(node.pool.market, node.launched_at, node.ec2_reclaim_at):
+            log.info("left to EC2's reclaim (not billed in its first hour)",
+                     extra={"job_id": job.job_id, "instance_id": node.instance_id, "reclaim_at": node.ec2_reclaim_at})
+            continue
         by_region.setdefault(node.pool.region, []).append(node.instance_id)
     for region, ids in by_region.items():
         ctl.need_compute().terminate(ids, region)

@@ -108,14 +108,23 @@ def notice_seen(ctl: Controller, job: Job, node: Node, action_time: float | None
     return _doom(ctl, job, node, reclaim - NOTICE_LEAD_S, now)
 
 
+def _doomed(node: Node, deadline: float) -> Node | None:
+    """The record after EC2's notice: DOOMED with the reclaim as its deadline; a node a move or a
+    health check doomed first keeps that deadline and learns EC2's (``ec2_reclaim_at``: released in
+    its first hour, it is left to EC2, whose interruption is not billed). None: nothing to change."""
+    if node.state not in (NodeState.EXITED, *_GONE) and node.reclaim_at is None:
+        return node.model_copy(update={"state": NodeState.DOOMED, "reclaim_at": deadline, "ec2_reclaim_at": deadline})
+    if node.ec2_reclaim_at is None and node.state is not NodeState.TERMINATED:
+        return node.model_copy(update={"ec2_reclaim_at": deadline})
+    return None
+
+
 def _doom(ctl: Controller, job: Job, node: Node, notice_time: float, now: float) -> dict[str, Any]:
     instance_id = node.instance_id
     if node.state in _GONE:
         return _ignored(f"node already {node.state.value}; the attempt ended", instance_id, job.job_id)
     deadline = notice_time + NOTICE_LEAD_S
-    ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(
-        update={"state": NodeState.DOOMED, "reclaim_at": deadline})
-        if n.state not in (NodeState.EXITED, *_GONE) and n.reclaim_at is None else None)
+    ctl.store.update_node(job.job_id, node.node_id, lambda n: _doomed(n, deadline))
     directive = Directive(directive_id=_directive_id("checkpoint-now", instance_id, notice_time),
                           kind=DirectiveKind.CHECKPOINT_NOW, deadline=deadline, issued_at=now,
                           reason=f"spot interruption of {instance_id} (rank {node.rank})")

@@ -11,11 +11,12 @@
    ``budget.max_total_cost`` has its outcome wait failed with ``BudgetExceededError``; the
    workflow's catch-all tears it down and records FAILED with that reason.
 5. Rebalance standbys whose bounded wait ran out without a notice are released, their cost added
-   (services/prewarm.py); an instance draining its emergency save after a notice, or a hot spare
-   standing by, is not an orphan.
-5. Half-done submissions: a SUBMITTED job, or a VALIDATED one without an execution, older than
+   (services/prewarm.py); an instance draining its emergency save after a notice, a hot spare
+   standing by, or one released in its first hour after EC2's notice and left for EC2 to take (not
+   billed; until ``LEFT_TO_EC2_GRACE_S`` past its reclaim) is not an orphan.
+6. Half-done submissions: a SUBMITTED job, or a VALIDATED one without an execution, older than
    ``heal_after_s`` is taken on to started, rejected or failed (``services/submit.py``).
-6. Leaked agent roles: a per-job agent role and instance profile whose job has ended (or does not
+7. Leaked agent roles: a per-job agent role and instance profile whose job has ended (or does not
    exist) is deleted; teardown normally does it, this catches a teardown that failed half way.
 """
 
@@ -24,8 +25,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from spotrelay.domain.cost import attempt_cost
-from spotrelay.domain.models import Job, NodeState
+from spotrelay.domain.cost import attempt_cost, leave_to_ec2
+from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import BudgetExceededError, ConflictError, NotFoundError
 from spotrelay.services.controller import SPARE_LIVE, Controller, attempt_nodes, end_records, regions_of
@@ -36,6 +37,7 @@ from spotrelay.services.waits import settle
 log = logging.getLogger(__name__)
 LIVE = (JobStatus.VALIDATED, JobStatus.PLACING, JobStatus.PROVISIONING, JobStatus.STARTING, JobStatus.RUNNING,
         JobStatus.CHECKPOINTING, JobStatus.RECOVERING, JobStatus.CANCELLING)
+LEFT_TO_EC2_GRACE_S = 300.0  # an instance left to EC2's reclaim that still runs this long after it is an orphan
 _HEARTBEATING = (NodeState.READY, NodeState.RUNNING, NodeState.DOOMED)
 _PASSING = (JobStatus.PLACING, JobStatus.PROVISIONING, JobStatus.RECOVERING, JobStatus.CANCELLING)
 
@@ -159,10 +161,24 @@ def _leaked_profiles(ctl: Controller, live: list[Job]) -> list[str]:
 
 
 def _draining(ctl: Controller, job: Job, instance_id: str, now: float) -> bool:
-    """Still finishing its emergency save after a notice, or a hot spare standing by."""
-    return any(n.instance_id == instance_id and n.state is not NodeState.TERMINATED and (
-        (n.release_after is not None and now < n.release_after) or (n.spare and n.state in SPARE_LIVE))
-        for n in ctl.store.nodes_of(job.job_id))
+    """Still finishing its emergency save after a notice, a hot spare standing by, or released and
+    left to EC2's reclaim (``_left_to_ec2``)."""
+    return any(n.instance_id == instance_id and (_left_to_ec2(n, now) or _saving_or_spare(n, now))
+               for n in ctl.store.nodes_of(job.job_id))
+
+
+def _saving_or_spare(node: Node, now: float) -> bool:
+    return node.state is not NodeState.TERMINATED and (
+        (node.release_after is not None and now < node.release_after) or (node.spare and node.state in SPARE_LIVE))
+
+
+def _left_to_ec2(node: Node, now: float) -> bool:
+    """Released in its first hour after EC2's notice and left for EC2 to take (not billed:
+    controller.release_nodes), until ``LEFT_TO_EC2_GRACE_S`` past the reclaim: one still running
+    then is terminated like any orphan, so a notice EC2 never acts on cannot leak an instance."""
+    return (node.state is NodeState.TERMINATED and node.ec2_reclaim_at is not None
+            and leave_to_ec2(node.pool.market, node.launched_at, node.ec2_reclaim_at)
+            and now < node.ec2_reclaim_at + LEFT_TO_EC2_GRACE_S)
 
 
 def _orphans(ctl: Controller, live: list[Job], regions: list[str], now: float) -> list[str]:

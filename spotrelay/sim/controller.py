@@ -26,6 +26,7 @@ from spotrelay.contracts.recovery import (
     Verdict,
 )
 from spotrelay.contracts.workflow import WorkflowTimings
+from spotrelay.domain.cost import leave_to_ec2
 from spotrelay.domain.models import Attempt, Job, Node, NodeState
 from spotrelay.domain.status import JobStatus
 from spotrelay.placement import CooldownPolicy, PoolEvent
@@ -100,6 +101,7 @@ class SpotrelayRun(Run):
         self.attempts: list[Attempt] = []  # what the job record's attempts say (sim/attempts.py)
         self.seg_attempt = 0  # the attempt whose ranks train the current segment
         self.noticed: set[str] = set()  # instances that got a notice (interruption_notice sets reclaim_at)
+        self.ec2_noticed: set[str] = set()  # every instance EC2 noticed, in the gang or not (ec2_reclaim_at)
         self.voluntary: dict[str, float] = {}  # instance id -> a review's save deadline (its reclaim_at)
         self.draining: list[SimNode] = []  # released by the workflow, still saving: end at their exit
         self.waiting: str | None = None
@@ -232,6 +234,7 @@ class SpotrelayRun(Run):
         """interruptions.interruption_notice: count it, doom the node, every rank saves late."""
         if spares.off_bench(self, node):  # a spare only leaves the bench
             return
+        self.ec2_noticed.add(node.instance_id)
         self.stats.record(node.pool.key, PoolEvent.INTERRUPTED, self.now)
         if node.rank not in self.gang or self.gang[node.rank] is not node or node.state in ("LOST", "TERMINATED"):
             return
@@ -286,7 +289,16 @@ class SpotrelayRun(Run):
             self.draining.remove(n)
             if n.end_t is None:
                 n.state, n.exit_code = "EXITED", int(ExitCode.PREEMPTED_SAVED)
-                self.end_node(n, "EXITED")
+                self.release(n, "EXITED")
+
+    def release(self, node: SimNode, state: str = "TERMINATED") -> None:
+        """controller.release_nodes: terminated now, or, noticed by EC2 in its first hour, left for
+        EC2 to take (its interruption is not billed): it keeps its place in the pool until then."""
+        if node.end_t is None and not node.left_to_ec2 and leave_to_ec2(
+                node.pool.pool.market, node.launch_t, node.removal_t if node.instance_id in self.ec2_noticed else None):
+            node.left_to_ec2, node.state = True, state
+            return
+        self.end_node(node, state)
 
     def on_rebalance(self, node: SimNode) -> None:
         if not self.running or self.gang.get(node.rank) is not node:

@@ -17,7 +17,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from spotrelay.domain.cost import CostEntry
+from spotrelay.domain.cost import CostEntry, interruption_is_free
 from spotrelay.sim import billing, losses
 from spotrelay.sim.job import REF_TYPE, JobModel
 from spotrelay.sim.market import Market, SimPool, TraceCapacity
@@ -165,8 +165,10 @@ class Run:
     def _live_in(self, sp: SimPool) -> list[SimNode]:
         return [n for n in (*self.gang.values(), *self.bench.values()) if n.pool is sp and n.end_t is None]
 
-    def end_node(self, node: SimNode, state: str = "TERMINATED") -> None:
-        """Stop billing ``node`` (terminated by us or reclaimed) and free its place in the pool."""
+    def end_node(self, node: SimNode, state: str = "TERMINATED", by_ec2: bool = False) -> None:
+        """Stop billing ``node`` (terminated by us or reclaimed: ``by_ec2``) and free its place in the
+        pool. EC2's interruption of a spot node in its first hour is not billed (domain/cost.py), nor is
+        a node left to it (``left_to_ec2``, ended here only when the run ends first)."""
         if node.end_t is not None:
             node.state = state if node.state != "LOST" else node.state
             return
@@ -184,6 +186,9 @@ class Run:
             self.od_gpu_s += gpu_s
         # a gang's nodes launch and end together: their entries are the same (frozen) objects, made once
         attempt = max(1, node.attempt)
+        if (by_ec2 or node.left_to_ec2) and interruption_is_free(
+                sp.pool.market, node.launch_t, self.now if by_ec2 else node.removal_t):
+            return  # (its GPU-hours still count as held: goodput's denominator does not shrink)
         key = (sp.key, node.launch_t, self.now, attempt)
         bills = self._bills.get(key)
         if bills is None:
@@ -230,7 +235,7 @@ class Run:
     def _removed(self, node: SimNode) -> None:
         if node.end_t is None:
             announced = node.announced
-            self.end_node(node, "TERMINATED" if announced or node.state == "EXITED" else "LOST")
+            self.end_node(node, "TERMINATED" if announced or node.state == "EXITED" else "LOST", by_ec2=True)
             self.on_removed(node, announced)
 
     # --- training -------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ class SimNode:
     trained_s: float = 0.0  # seconds in training segments (sim/losses.py)
     train_end: float = 0.0  # when its last training segment ended
     restored_s: float = 0.0  # seconds of restore windows before its segments
+    left_to_ec2: bool = False  # released after EC2's notice in its first hour: EC2 takes it, unbilled
 
 
 @dataclass(frozen=True, slots=True)

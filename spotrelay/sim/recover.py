@@ -53,7 +53,7 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
                 if recovery.deadline is not None and recovery.deadline > self.now and self.running:
                     self.draining.append(node)
                 else:
-                    self.end_node(node)
+                    self.release(node)
             for take in recovery.promoted:
                 if take.instance_id in self.bench:
                     self.end_node(self.bench.pop(take.instance_id))
@@ -118,7 +118,7 @@ def provision(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
         survivors = {r: n for r, n in self.gang.items() if n.instance_id in keep}
         for n in self.gang.values():
             if n.instance_id not in keep:
-                self.end_node(n)
+                self.release(n)
         for n in survivors.values():  # the RESTART directive: they rejoin and report ready
             n.attempt = attempt
             if n.end_t is None:  # one EC2 took meanwhile stays gone: the ready wait sees it
@@ -199,7 +199,7 @@ def recover(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
         if end.deadline is not None and node.state in ("READY", "RUNNING", "DOOMED") and self.running:
             self.draining.append(node)  # recovery_flow._drain: a rank still saving finishes its save
         elif not (end.deadline is not None and node.state == "DOOMED"):
-            self.end_node(node)  # (a doomed node drains: it saves until EC2 takes it)
+            self.release(node)  # (a doomed node drains: it saves until EC2 takes it)
     if action is RecoveryAction.NEW_CLUSTER and current is not None and end.outcome in (
             Verdict.INTERRUPTED, Verdict.NODE_LOST, Verdict.INFRA_ERROR):
         self.excluded.add(current.key)

@@ -8,7 +8,7 @@ from functions import on_agent_event, on_instance_state, on_interruption_notice
 from spotrelay.domain.models import NodeState
 from spotrelay.domain.status import JobStatus
 from spotrelay.services.controller import Controller
-from spotrelay.services.reconcile import reconcile
+from spotrelay.services.reconcile import LEFT_TO_EC2_GRACE_S, reconcile
 from tests.integration.controller_doubles import agent_event, ctx, ec2_event, new_job, wait_until
 from tests.integration.test_workflow_job_run import Harness, wf
 
@@ -45,7 +45,14 @@ def test_replacement_launches_at_the_notice_and_the_survivor_rejoins(wf: Harness
     on_agent_event.handler(agent_event("CheckpointCommitted", doomed, step=42, uri="s3://b/ckpt/step-42/",
                                        emergency=True), ctx())
     wf.exit_all(first, 75, last_step=42, last_committed_step=42)
-    assert wf.store.get_node(job.job_id, "a1-r1").state is NodeState.TERMINATED  # released on exit
+    released = wf.store.get_node(job.job_id, "a1-r1")
+    assert released.state is NodeState.TERMINATED  # released on exit
+    # ... but EC2 noticed it in its first hour: left for EC2 to take (not billed), not terminated by us
+    assert released.ec2_reclaim_at is not None and released.ec2_reclaim_at == old.reclaim_at
+    assert doomed.instance_id in wf.compute.running(job.job_id)
+    assert doomed.instance_id not in reconcile(ctl, now=released.ec2_reclaim_at + 1)["orphans"]
+    # one EC2 never took is an orphan once its reclaim is LEFT_TO_EC2_GRACE_S past
+    assert doomed.instance_id in reconcile(ctl, now=released.ec2_reclaim_at + LEFT_TO_EC2_GRACE_S + 1)["orphans"]
     assert doomed.instance_id not in wf.compute.running(job.job_id)
     on_instance_state.handler(ec2_event("ec2_instance_state_terminated.json", doomed.instance_id), ctx())
 
@@ -70,7 +77,8 @@ def test_a_new_gang_launches_at_the_notice_while_the_old_one_drains(wf: Harness)
     assert second[0].pool != first[0].pool and len(wf.compute.launched) == 2
     assert set(wf.compute.running(job.job_id)) >= {n.instance_id for n in first}  # still saving
     wf.exit_all(first, 75, last_step=8, last_committed_step=8)
-    assert not set(wf.compute.running(job.job_id)) & {n.instance_id for n in first}
+    # released on exit: the healthy rank terminated by us, the noticed one (its first hour) left to EC2
+    assert set(wf.compute.running(job.job_id)) & {n.instance_id for n in first} == {first[1].instance_id}
     for node in second:
         on_agent_event.handler(agent_event("NodeReady", node), ctx())
     wait_until(lambda: wf.job().status is JobStatus.RUNNING, what="RUNNING again")

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from spotrelay.domain.cost import CostEntry, CostLedger, attempt_cost, check_budget, closed_attempt
+from spotrelay.domain.cost import (
+    LEAVE_TO_EC2_MARGIN_S,
+    CostEntry,
+    CostLedger,
+    attempt_cost,
+    check_budget,
+    closed_attempt,
+    interruption_is_free,
+    leave_to_ec2,
+)
 from spotrelay.domain.models import Attempt, Pool
 from spotrelay.errors import BudgetExceededError
 
@@ -59,3 +68,29 @@ def test_budget_check() -> None:
     with pytest.raises(BudgetExceededError):
         check_budget(100.0, 100.0)
     assert CostLedger().savings(T0) == (0.0, 0.0)
+
+
+def test_ec2s_interruption_in_a_spot_instances_first_hour_is_free_and_such_an_instance_is_left_to_ec2() -> None:
+    assert interruption_is_free("spot", 1000.0, 1000.0 + 3599.0)
+    assert not interruption_is_free("spot", 1000.0, 1000.0 + 3600.0)  # past the first hour: per second
+    assert not interruption_is_free("on-demand", 1000.0, 1001.0)
+    # terminating it ourselves would bill the first hour so far: leave it, with a margin for EC2's timing
+    assert leave_to_ec2("spot", 0.0, 3600.0 - LEAVE_TO_EC2_MARGIN_S - 1)
+    assert not leave_to_ec2("spot", 0.0, 3600.0 - LEAVE_TO_EC2_MARGIN_S)
+    assert not leave_to_ec2("spot", 0.0, None)  # no notice from EC2 (a move's or a health check's doom)
+    assert not leave_to_ec2("on-demand", 0.0, 60.0)
+
+
+def test_a_node_a_move_doomed_keeps_its_deadline_and_learns_ec2s_reclaim() -> None:
+    from spotrelay.domain.models import Node, NodeState
+    from spotrelay.services.interruptions import _doomed
+
+    node = Node(job_id="j", node_id="a1-r0", attempt=1, rank=0, instance_id="i-1", pool=P5, launched_at=T0)
+    first = _doomed(node, T0 + 600.0)
+    assert first is not None and first.state is NodeState.DOOMED
+    assert first.reclaim_at == first.ec2_reclaim_at == T0 + 600
+    moving = node.model_copy(update={"state": NodeState.DOOMED, "reclaim_at": T0 + 300.0})  # a move's deadline
+    learned = _doomed(moving, T0 + 600.0)
+    assert learned is not None and learned.reclaim_at == T0 + 300 and learned.ec2_reclaim_at == T0 + 600
+    assert _doomed(learned, T0 + 700.0) is None  # the first notice's reclaim stays
+    assert _doomed(node.model_copy(update={"state": NodeState.TERMINATED}), T0 + 600.0) is None

@@ -23,7 +23,7 @@ from spotrelay.spec.load import load_spec
 TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml"
 
 
-def demo_run(faults: tuple[Fault, ...], **switches: Any) -> SpotrelayRun:
+def demo_run(faults: tuple[Fault, ...], step_s: float = 10.0, **switches: Any) -> SpotrelayRun:
     spec = load_spec(TINY)
     res = spec.resources
     twin = MarketModel(regions=res.regions)
@@ -31,11 +31,10 @@ def demo_run(faults: tuple[Fault, ...], **switches: Any) -> SpotrelayRun:
     on_demand = {(r, t): twin.on_demand_price(t, r) for r in res.regions for t in res.instance_types}
     market = from_quotes(quotes, on_demand, boot_s=twin.boot_time_s)
     # 2 nodes, 60 steps of 10 s on p5 (so every_steps=10 is 100 s), a 30 s notice like the twin's
-    step_s = 10.0
     job = JobModel(nodes=res.nodes, steps=60, ref_step_s=step_s * res.nodes / REF_NODES,
                    checkpoint_minutes=10 * step_s / 60.0, notice_s=twin.notice_window_s,
                    checkpoint_bytes=50e6)  # the tiny model's checkpoint is tens of MB
-    assert job.every_steps("p5.48xlarge") == spec.checkpoint.every_steps == 10
+    assert job.every_steps("p5.48xlarge") == spec.checkpoint.every_steps == 10 or step_s != 10.0
     run = SpotrelayRun(market, job, seed=0, regions=res.regions, instance_types=res.instance_types, spec=spec,
                        faults=faults, **switches)
     run.start()

@@ -65,17 +65,17 @@ PINNED: dict[str, dict[str, list[Any]]] = {  # python -m tests.unit.test_sim_pin
         "spotrelay/0": [709, 50063.585515, "e8d345ed2acf0410"],
     },
     "g4dn-16-all": {
-        "spotrelay/0": [10825, 39143.536173, "90498971ad0adf16"],
+        "spotrelay/0": [10825, 37624.338977, "9da418e12e6c8e32"],
         "on-demand/0": [19, 63550.06621, "a870882ca864a16c"],
-        "skypilot-like/0": [21785, 81959.344006, "603bee401bbb5a9c"],
-        "sagemaker-like/0": [17596, 64654.086173, "b334a4f0a90177af"],
+        "skypilot-like/0": [21785, 77999.374701, "527f88cf4779a193"],
+        "sagemaker-like/0": [17596, 62887.270201, "cecc7b305b7673db"],
         "price-limit/0": [19, 25420.166539, "dc58a0e9c36912f2"],
     },
     "g4dn-16-elastic": {
-        "spotrelay/0": [3944, 22206.199893, "2d1ace602c1d479b"],
+        "spotrelay/0": [3944, 21613.01302, "407df5589ce92fef"],
     },
     "g4dn-32-elastic": {
-        "spotrelay/0": [25368, 80397.669988, "996deb18d6aff409"],
+        "spotrelay/0": [25368, 76813.066174, "0ff7abdeacde8f05"],
     },
     "synthetic-16-switches": {
         "spotrelay/0": [911, 87890.724916, "7e1861e693971c56"],
