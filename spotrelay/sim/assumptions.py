@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from spotrelay.domain.cost import SPOT_FREE_INTERRUPTION_S
 from spotrelay.placement import catalog
 from spotrelay.sim.market import Market
 
@@ -56,6 +57,9 @@ def assumptions(opts: SimOptions) -> dict[str, Any]:
                    "price_source": "flags" if (m.on_demand_price is not None or m.spot_price is not None)
                    else "catalog",
                    "usd_per_node_hour": _prices(opts)},
+        # how EC2 bills (engine.end_node): per second from the launch call (pending included), except a
+        # spot node EC2 interrupts within this long of its launch, which costs nothing (EC2 User Guide)
+        "billing": {"per_second_from": "launch", "spot_interrupted_free_within_s": SPOT_FREE_INTERRUPTION_S},
     }
 
 
@@ -79,5 +83,6 @@ def summary(a: dict[str, Any]) -> list[str]:
         f"notice {t['notice']:g} s (flush {t['notice_flush']:g} s), checkpoint every {j['checkpoint_minutes']:g} min, "
         f"{mk['unannounced_share']:.0%} of reclaims unannounced, {mk['rebalance_share']:.0%} with a rebalance "
         f"recommendation",
-        f"prices USD per node-hour ({mk['price_source']}): {prices}",
+        f"prices USD per node-hour ({mk['price_source']}): {prices}; billed per second from launch, a spot "
+        f"node EC2 interrupts in its first {a['billing']['spot_interrupted_free_within_s'] / 3600:g} h not billed",
     ]

@@ -82,6 +82,10 @@ class ScriptedCompute:
             if self.live.pop(iid, None) is not None:
                 self.terminated.append(iid)
 
+    def reclaim(self, instance_id: str) -> None:
+        """EC2 takes the instance (a spot reclaim): gone, and not by our terminate."""
+        self.live.pop(instance_id, None)
+
     def terminate_job(self, job_id: str, regions: list[str]) -> list[str]:
         ids = [i.instance_id for i in self._live_now() if i.job_id == job_id and i.pool.region in regions]
         self.terminate(ids, "")

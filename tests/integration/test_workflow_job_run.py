@@ -130,7 +130,10 @@ def test_one_interruption_then_success(wf: Harness) -> None:
     on_agent_event.handler(agent_event("CheckpointCommitted", doomed, step=42, uri="s3://b/ckpt/step-42/",
                                        emergency=True), ctx())
     wf.exit_all(first, 75, last_step=42, last_committed_step=42)
-    # EC2 takes the doomed instance away after the checkpoint: an announced loss, no double count
+    # EC2 takes the doomed instance away after the checkpoint: an announced loss, no double count; we
+    # did not terminate it (noticed in its first hour: EC2's interruption is not billed, ours would be)
+    assert doomed.instance_id not in wf.compute.terminated
+    wf.compute.reclaim(doomed.instance_id)
     on_instance_state.handler(ec2_event("ec2_instance_state_terminated.json", doomed.instance_id), ctx())
 
     second = wf.agents_ready(2)
