@@ -66,21 +66,24 @@ def _directive_id(kind: str, instance_id: str, when: float) -> str:
     return f"{kind.lower()}-" + hashlib.sha256(f"{instance_id}:{when}".encode()).hexdigest()[:12]
 
 
-def _spare(ctl: Controller, instance_id: str, state: NodeState) -> dict[str, Any] | None:
-    """A hot spare is out of training: a notice or a loss only takes it off the bench (the next
-    provision launches another); the gang and the workflow are not touched."""
+def _spare(ctl: Controller, instance_id: str, state: NodeState,
+           reclaim_at: float | None = None) -> dict[str, Any] | None:
+    """A hot spare is out of training: a notice (EC2 takes it at ``reclaim_at``: released in its first
+    hour, it is left to EC2) or a loss only takes it off the bench (the next provision launches
+    another); the gang and the workflow are not touched."""
     found = current_node(ctl.store, instance_id)
     if found is None or not found[1].spare:
         return None
     job, node = found
-    ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update={"state": state})
+    update: dict[str, Any] = {"state": state} if reclaim_at is None else {"state": state, "ec2_reclaim_at": reclaim_at}
+    ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update=update)
                           if n.spare and n.state not in _GONE else None)
     return {"result": "applied", "job_id": job.job_id, "node_id": node.node_id, "node_state": state.value,
             "settled": None}
 
 
 def interruption_notice(ctl: Controller, instance_id: str, notice_time: float, now: float) -> dict[str, Any]:
-    benched = _spare(ctl, instance_id, NodeState.DOOMED)
+    benched = _spare(ctl, instance_id, NodeState.DOOMED, notice_time + NOTICE_LEAD_S)
     if benched is not None:
         return benched
     found = _ours(ctl, instance_id)
@@ -100,7 +103,9 @@ def notice_seen(ctl: Controller, job: Job, node: Node, action_time: float | None
     alone is enough (same deadline, same directive id when both say the same time); the pool's
     interruption (and the SpotNotices metric) is counted by the EC2 event only."""
     if node.spare:
-        return _spare(ctl, node.instance_id, NodeState.DOOMED) or _ignored("spare gone", node.instance_id, job.job_id)
+        reclaim = action_time if action_time is not None else now + NOTICE_LEAD_S
+        return (_spare(ctl, node.instance_id, NodeState.DOOMED, reclaim)
+                or _ignored("spare gone", node.instance_id, job.job_id))
     if node.attempt != job.attempt:
         return _ignored(f"node of attempt {node.attempt}; the job is on attempt {job.attempt}", node.instance_id,
                         job.job_id)

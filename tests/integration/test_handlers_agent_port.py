@@ -108,6 +108,8 @@ def test_notice_seen_by_a_spare_takes_it_off_the_bench(env: Env) -> None:
                                                            "instance_id": "i-0spare", "version": 0}))
     assert on_agent_event.handler(agent_event("NoticeSeen", spare), ctx())["node_state"] == "DOOMED"
     assert env.store.get_job(job.job_id).status is JobStatus.RUNNING  # the gang is not touched
+    # EC2's reclaim is recorded: released in its first hour, the spare is left to EC2 (unbilled)
+    assert env.store.get_node(job.job_id, "a1-r2").ec2_reclaim_at is not None
 
 
 def test_tracking_started_records_the_first_run_id(env: Env) -> None:
