@@ -47,6 +47,7 @@ from spotrelay.contracts.events import (
 )
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.contracts.workflow import WorkflowInput, WorkflowTimings
+from spotrelay.domain.cost import leave_to_ec2
 from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.domain.status import JobStatus, can_transition
 from spotrelay.errors import SpotrelayError
@@ -301,7 +302,10 @@ class ControllerRun(RuleBasedStateMachine):
             mine = [n for n in nodes if n.instance_id == iid]
             newest = max(mine, key=lambda n: n.attempt) if mine else None
             assert newest is not None, f"instance {iid} has no node record"
-            assert newest.attempt == job.attempt or newest.state is NodeState.DOOMED, (
+            # (or released after EC2's notice in its first hour: left for EC2 to take, not billed)
+            left = newest.state is NodeState.TERMINATED and leave_to_ec2(
+                newest.pool.market, newest.launched_at, newest.ec2_reclaim_at)
+            assert newest.attempt == job.attempt or newest.state is NodeState.DOOMED or left, (
                 f"instance {iid} of attempt {newest.attempt} ({newest.state}) runs during attempt {job.attempt}")
 
     @invariant()
