@@ -8,6 +8,8 @@ ledger is an estimate, AWS billing is the truth). EC2 bills P instances per seco
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from spotrelay.domain.models import Attempt, Pool
@@ -32,8 +34,8 @@ LEAVE_TO_EC2_MARGIN_S = 60.0
 
 def interruption_is_free(market: str, launched_at: float, interrupted_at: float) -> bool:
     """Whether EC2's interruption of an instance launched at ``launched_at`` costs nothing (a spot
-    instance EC2 takes within its first hour)."""
-    return market == "spot" and interrupted_at - launched_at < SPOT_FREE_INTERRUPTION_S
+    instance EC2 takes within its first hour). A reclaim before the launch is bad data: billed."""
+    return market == "spot" and 0.0 <= interrupted_at - launched_at < SPOT_FREE_INTERRUPTION_S
 
 
 def leave_to_ec2(market: str, launched_at: float, ec2_reclaim_at: float | None) -> bool:
@@ -41,14 +43,30 @@ def leave_to_ec2(market: str, launched_at: float, ec2_reclaim_at: float | None) 
     terminated: terminating it bills its whole first hour so far; EC2's interruption bills none of it.
     Past the first hour terminating saves the seconds to the reclaim, so it is terminated."""
     return ec2_reclaim_at is not None and market == "spot" and (
-        ec2_reclaim_at - launched_at < SPOT_FREE_INTERRUPTION_S - LEAVE_TO_EC2_MARGIN_S)
+        0.0 <= ec2_reclaim_at - launched_at < SPOT_FREE_INTERRUPTION_S - LEAVE_TO_EC2_MARGIN_S)
 
 
-def closed_attempt(attempt: Attempt, now: float, reason: str | None = None) -> Attempt:
+def unbilled_node_seconds(attempt: Attempt, now: float, noticed: Iterable[tuple[float, float]]) -> float:
+    """Node-seconds of ``attempt``'s cost (start to ``now``) that EC2 will not bill: its instances EC2
+    noticed, as (launched_at, EC2's reclaim), whose reclaim falls in their first hour. EC2 takes them,
+    or spotrelay leaves them to it (``leave_to_ec2``), so their whole first hour is free."""
+    if attempt.pool is None or attempt.started_at is None:
+        return 0.0
+    return sum(max(0.0, now - max(attempt.started_at, launched)) for launched, reclaim in noticed
+               if interruption_is_free(attempt.pool.market, launched, reclaim))
+
+
+def closed_attempt(attempt: Attempt, now: float, reason: str | None = None,
+                   noticed: Iterable[tuple[float, float]] = ()) -> Attempt:
     """``attempt`` with its clock stopped at ``now``: ``ended_at``, ``end_reason`` and its cost (its
-    price x nodes from its start, 0 if it never started). The services and the simulator close
-    attempts with it; a caller adds the cost to the job's total once (an open attempt only)."""
-    cost = attempt_cost(attempt.price_per_hour, attempt.nodes, attempt.started_at or now, now)
+    price x nodes from its start, 0 if it never started, less what EC2 will not bill of its ``noticed``
+    instances: ``unbilled_node_seconds``). The services and the simulator close attempts with it; a
+    caller adds the cost to the job's total once (an open attempt only)."""
+    start = attempt.started_at or now
+    cost = attempt_cost(attempt.price_per_hour, attempt.nodes, start, now)
+    free = unbilled_node_seconds(attempt, now, noticed)
+    if free:
+        cost = max(0.0, cost - attempt.price_per_hour * free / 3600.0)
     return attempt.model_copy(update={"ended_at": now, "end_reason": reason, "cost": cost})
 
 

@@ -164,7 +164,7 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
             "steps_lost": cur.steps_lost + (0 if outcome.deadline is not None else max(0, cur.last_step - ckpt_step)),
             "excluded_pools": sorted(excluded),
         }
-        update.update(_close_attempt(cur, now, outcome.outcome.value))
+        update.update(_close_attempt(cur, now, outcome.outcome.value, nodes))
         # a rebalance standby that takes a rank: its time before this attempt goes into the ledger
         update["cost_so_far"] = update.get("cost_so_far", cur.cost_so_far) + sum(
             standby_cost(cur, n, now) for n in ctl.store.nodes_of(job_id)

@@ -39,11 +39,13 @@ from spotrelay.spec.models import JobSpec
 log = logging.getLogger(__name__)
 
 
-def _close_attempt(job: Job, now: float, reason: str) -> dict[str, Any]:
-    """Fields that stop the clock of the current attempt and add its cost (once)."""
+def _close_attempt(job: Job, now: float, reason: str, nodes: list[Node] | None = None) -> dict[str, Any]:
+    """Fields that stop the clock of the current attempt and add its cost (once); ``nodes``: the
+    attempt's records, whose instances EC2 noticed in their first hour are not billed."""
     if not job.attempts or job.attempts[-1].ended_at is not None:
         return {}
-    closed = closed_attempt(job.attempts[-1], now, reason)
+    noticed = [(n.launched_at, n.ec2_reclaim_at) for n in nodes or () if n.ec2_reclaim_at is not None]
+    closed = closed_attempt(job.attempts[-1], now, reason, noticed)
     return {"attempts": [*job.attempts[:-1], closed], "cost_so_far": job.cost_so_far + closed.cost}
 
 

@@ -20,11 +20,15 @@ def opened(run: SpotrelayRun, number: int, pool: Any, price: float, nodes: int, 
                                 nodes=nodes, world_size=world))
 
 
-def close(run: SpotrelayRun) -> None:
-    """The current attempt ends now (recover, a move): its clock stops and its cost is added."""
+def close(run: SpotrelayRun, noticed: bool = False) -> None:
+    """The current attempt ends now (recover, a move): its clock stops and its cost is added;
+    ``noticed`` (recover, as recovery_flow passes the attempt's records): less what EC2 will not bill
+    of the gang's instances it noticed in their first hour."""
     if run.attempts and run.attempts[-1].ended_at is None:
         # as workflow_tasks._close_attempt, without the end reason: no decision reads it (describe shows it)
-        run.attempts[-1] = closed_attempt(run.attempts[-1], run.now)
+        seen = [(n.launch_t, n.removal_t) for n in run.gang.values() if n.instance_id in run.ec2_noticed] \
+            if noticed else []
+        run.attempts[-1] = closed_attempt(run.attempts[-1], run.now, None, seen)
 
 
 def _update(run: SpotrelayRun, number: int, update: dict[str, Any]) -> None:

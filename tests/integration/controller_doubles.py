@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import pytest
@@ -172,9 +173,12 @@ def agent_event(kind: str, node: Node, **fields: Any) -> dict[str, Any]:
     return event
 
 
-def ec2_event(sample: str, instance_id: str, **detail: Any) -> dict[str, Any]:
+def ec2_event(sample: str, instance_id: str, at: float | None = None, **detail: Any) -> dict[str, Any]:
+    """``sample`` for ``instance_id``, sent at ``at`` (epoch s; default the sample's own time)."""
     event = copy.deepcopy(load_event(sample))
     event["id"] = str(uuid.uuid4())
+    if at is not None:
+        event["time"] = datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     event["detail"]["instance-id"] = instance_id
     event["detail"].update(detail)
     event["resources"] = [f"arn:aws:ec2:us-east-1:123456789012:instance/{instance_id}"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -123,7 +124,7 @@ def test_one_interruption_then_success(wf: Harness) -> None:
     first = wf.agents_ready(1)
     on_agent_event.handler(agent_event("Heartbeat", first[0], step=40), ctx())
     doomed = first[0]
-    notice = ec2_event("ec2_spot_interruption_warning.json", doomed.instance_id)
+    notice = ec2_event("ec2_spot_interruption_warning.json", doomed.instance_id, at=time.time())
     assert on_interruption_notice.handler(notice, ctx())["result"] == "applied"
     assert wf.job().status is JobStatus.CHECKPOINTING
     assert all(n.directive and n.directive["kind"] == "CHECKPOINT_NOW" for n in wf.store.nodes_of(job.job_id))
@@ -139,6 +140,12 @@ def test_one_interruption_then_success(wf: Harness) -> None:
     second = wf.agents_ready(2)
     job2 = wf.job()
     assert job2.recoveries == 1 and job2.attempts[0].end_reason == "interrupted"
+    # the attempt's cost leaves out the doomed instance: EC2 takes it in its first hour, unbilled
+    a, gone = job2.attempts[0], wf.store.get_node(job.job_id, doomed.node_id)
+    assert a.ended_at is not None and a.started_at is not None and gone.ec2_reclaim_at is not None
+    billed_s = a.nodes * (a.ended_at - a.started_at) - (a.ended_at - max(a.started_at, gone.launched_at))
+    assert billed_s < a.nodes * (a.ended_at - a.started_at)
+    assert a.cost == pytest.approx(a.price_per_hour * billed_s / 3600)
     assert job2.attempts[1].pool != job2.attempts[0].pool  # re-planned without the pool that failed
     assert job2.last_checkpoint is not None and job2.last_checkpoint.step == 42
     assert job2.attempts[1].resumed_from_step is None  # unknown until the trainers restore

@@ -4,6 +4,8 @@ pool's cooldown and rejoin, and the ranks left to drain commit their save and ar
 
 from __future__ import annotations
 
+import time
+
 from functions import on_agent_event, on_instance_state, on_interruption_notice
 from spotrelay.domain.models import NodeState
 from spotrelay.domain.status import JobStatus
@@ -16,7 +18,7 @@ __all__ = ["wf"]
 
 
 def _notice(wf: Harness, instance_id: str) -> None:
-    notice = ec2_event("ec2_spot_interruption_warning.json", instance_id)
+    notice = ec2_event("ec2_spot_interruption_warning.json", instance_id, at=time.time())  # (launched just now)
     assert on_interruption_notice.handler(notice, ctx())["result"] == "applied"
 
 

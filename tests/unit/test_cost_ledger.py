@@ -13,6 +13,7 @@ from spotrelay.domain.cost import (
     closed_attempt,
     interruption_is_free,
     leave_to_ec2,
+    unbilled_node_seconds,
 )
 from spotrelay.domain.models import Attempt, Pool
 from spotrelay.errors import BudgetExceededError
@@ -94,3 +95,17 @@ def test_a_node_a_move_doomed_keeps_its_deadline_and_learns_ec2s_reclaim() -> No
     assert learned is not None and learned.reclaim_at == T0 + 300 and learned.ec2_reclaim_at == T0 + 600
     assert _doomed(learned, T0 + 700.0) is None  # the first notice's reclaim stays
     assert _doomed(node.model_copy(update={"state": NodeState.TERMINATED}), T0 + 600.0) is None
+
+
+def test_an_attempt_closes_without_the_first_hour_of_the_instances_ec2_noticed() -> None:
+    a = Attempt(number=1, pool=P5, started_at=T0, price_per_hour=22.0, nodes=4)
+    assert closed_attempt(a, T0 + 1800).cost == pytest.approx(22.0 * 4 * 0.5)
+    # one node noticed 30 min in (EC2 takes it in its first hour): 3 nodes' half hour billed
+    one = closed_attempt(a, T0 + 1800, noticed=[(T0, T0 + 1800 + 120)])
+    assert one.cost == pytest.approx(22.0 * 3 * 0.5)
+    # a node launched before the attempt (a survivor): only this attempt's share is taken off
+    assert unbilled_node_seconds(a, T0 + 1800, [(T0 - 600, T0 + 1900)]) == pytest.approx(1800)
+    # past its first hour EC2 bills every second: nothing taken off; on-demand is never free
+    assert closed_attempt(a, T0 + 1800, noticed=[(T0 - 3000, T0 + 1900)]).cost == pytest.approx(22.0 * 4 * 0.5)
+    od = a.model_copy(update={"pool": P5.model_copy(update={"market": "on-demand"})})
+    assert closed_attempt(od, T0 + 1800, noticed=[(T0, T0 + 1900)]).cost == pytest.approx(22.0 * 4 * 0.5)
