@@ -48,12 +48,13 @@ def leave_to_ec2(market: str, launched_at: float, ec2_reclaim_at: float | None) 
 
 def unbilled_node_seconds(attempt: Attempt, now: float, noticed: Iterable[tuple[float, float]]) -> float:
     """Node-seconds of ``attempt``'s cost (start to ``now``) that EC2 will not bill: its instances EC2
-    noticed, as (launched_at, EC2's reclaim), whose reclaim falls in their first hour. EC2 takes them,
-    or spotrelay leaves them to it (``leave_to_ec2``), so their whole first hour is free."""
+    noticed, as (launched_at, EC2's reclaim), that spotrelay leaves to EC2 (``leave_to_ec2``: the
+    reclaim well inside their first hour), so none of their first hour is billed. One whose reclaim is
+    in the hour's last minute is terminated by us when released, and billed: it is counted."""
     if attempt.pool is None or attempt.started_at is None:
         return 0.0
     return sum(max(0.0, now - max(attempt.started_at, launched)) for launched, reclaim in noticed
-               if interruption_is_free(attempt.pool.market, launched, reclaim))
+               if leave_to_ec2(attempt.pool.market, launched, reclaim))
 
 
 def closed_attempt(attempt: Attempt, now: float, reason: str | None = None,

@@ -105,6 +105,8 @@ def test_an_attempt_closes_without_the_first_hour_of_the_instances_ec2_noticed()
     assert one.cost == pytest.approx(22.0 * 3 * 0.5)
     # a node launched before the attempt (a survivor): only this attempt's share is taken off
     assert unbilled_node_seconds(a, T0 + 1800, [(T0 - 600, T0 + 1900)]) == pytest.approx(1800)
+    # a reclaim in the hour's last minute: we terminate it on release (billed), so it is counted
+    assert unbilled_node_seconds(a, T0 + 1800, [(T0 - 1800 + 30, T0 + 1800)]) == 0.0
     # past its first hour EC2 bills every second: nothing taken off; on-demand is never free
     assert closed_attempt(a, T0 + 1800, noticed=[(T0 - 3000, T0 + 1900)]).cost == pytest.approx(22.0 * 4 * 0.5)
     od = a.model_copy(update={"pool": P5.model_copy(update={"market": "on-demand"})})
