@@ -10,8 +10,10 @@ is a bug: ``SPOTRELAY_DEBUG=1`` shows it for a report.
 from __future__ import annotations
 
 import os
+import select
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -121,10 +123,31 @@ class SpotrelayGroup(TyperGroup):
         except SpecError as exc:
             print_spec_error(exc)
             raise typer.Exit(USAGE) from None
-        except Exception as exc:
-            if os.environ.get("SPOTRELAY_DEBUG"):
+        except BrokenPipeError as exc:
+            if _stdout_closed():  # `spotrelay ... | head`: click's main exits 1 quietly for a closed stdout
                 raise
-            line, code = explain(exc)
-            err.print(f"error: {' '.join(line.split())}", highlight=False, markup=False, soft_wrap=True)
-            raise typer.Exit(code) from None
+            raise_one_line(exc)
+        except Exception as exc:
+            raise_one_line(exc)
+
+
+def raise_one_line(exc: BaseException) -> NoReturn:
+    """Print ``exc`` as one line and exit with its code (re-raised as is with SPOTRELAY_DEBUG)."""
+    if os.environ.get("SPOTRELAY_DEBUG"):
+        raise exc
+    line, code = explain(exc)
+    err.print(f"error: {' '.join(line.split())}", highlight=False, markup=False, soft_wrap=True)
+    raise typer.Exit(code) from None
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (a BrokenPipeError from a socket is a
+    network failure instead): the write end of such a pipe polls as an error."""
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no real stdout (a test runner's buffer): not a pipe
+        return False
 

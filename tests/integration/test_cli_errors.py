@@ -195,3 +195,51 @@ def test_the_usage_tree_covers_every_kind_of_mistake() -> None:
 def test_a_bare_group_still_shows_its_help() -> None:
     result = CliRunner().invoke(app, ["local"])
     assert "Usage" in result.output and "chaos" in result.output and "Traceback" not in result.output
+
+
+_WRITES_INTO_A_CLOSED_PIPE = """
+import os, typer
+from spotrelay.cli.errors import SpotrelayGroup
+read, write = os.pipe()
+os.close(read)  # the reader (say `head`) is gone before anything is written: no race
+os.dup2(write, 1)
+app = typer.Typer(cls=SpotrelayGroup)
+@app.command()
+def table() -> None:
+    typer.echo("row\\n" * 100_000)  # past any buffer: the write itself fails
+@app.command()
+def other() -> None: ...
+app(["table"])
+"""
+
+
+def test_output_into_a_closed_pipe_is_no_error_line() -> None:
+    """`spotrelay ... | head`: the reader went before the output was all written. That is no failure to
+    name (it once read "cannot connect: [Errno 32] Broken pipe; is the endpoint running?"): the command
+    exits 1 with nothing on stderr, as click does for a closed pipe."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _WRITES_INTO_A_CLOSED_PIPE], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=120)
+    assert done.stderr == "" and done.returncode == 1, done.stderr
+
+
+def test_a_broken_pipe_elsewhere_still_reads_as_a_connection_failure() -> None:
+    """A broken pipe that is not standard output's (a socket's) stays a one-line connection error."""
+    import typer
+
+    from spotrelay.cli.errors import SpotrelayGroup
+
+    tiny = typer.Typer(cls=SpotrelayGroup)
+
+    @tiny.command()
+    def fetch() -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    @tiny.command()
+    def other() -> None: ...
+
+    result = CliRunner().invoke(tiny, ["fetch"])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert result.output.startswith("error: cannot connect") and result.output.count("\n") == 1, result.output
