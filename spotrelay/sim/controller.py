@@ -242,7 +242,7 @@ class SpotrelayRun(Run):
         if node.state not in ("DOOMED", "EXITED"):
             node.state = "DOOMED"
         self.note(node.pool.key, f"notice rank {node.rank}")
-        if self.running:
+        if self.running and node in self.seg_nodes:
             flush = self.job.flush_s()
             save_t = max(self.now, node.removal_t - flush - SAVE_MARGIN_S)
             commit_t = save_t + flush
@@ -251,10 +251,10 @@ class SpotrelayRun(Run):
             self.at(commit_t if saved else node.removal_t, self._exit_all,
                     (self.epoch, step if saved else None, self.attempt))
             self._settle()  # with launch_at_notice the outcome wait ends now, with the deadline
-        elif self.waiting == "outcome":  # ready, still restoring: nothing new to save, the ranks stop
-            self._exit_all((self.epoch, self.ckpt_step, self.attempt))
-        else:
-            self._settle()
+        elif self.waiting == "outcome" and not self.running:  # ready, still restoring: nothing new to save,
+            self._exit_all((self.epoch, self.ckpt_step, self.attempt))  # the ranks stop
+        else:  # booting, or a new gang coming up while the last one trains to its save (which goes on):
+            self._settle()  # the waits decide, as in the services
 
     def _exit_all(self, arg: tuple[int, int | None, int]) -> None:
         """The ranks of ``attempt`` committed their save (``step``; None: it missed the reclaim) and exit.
@@ -262,7 +262,7 @@ class SpotrelayRun(Run):
         keep their instances, and the new gang trains from this save once it is ready."""
         epoch, step, attempt = arg
         if epoch != self.epoch:  # the segment stopped before this save came (one of its ranks was lost)
-            self._release_drained(attempt)
+            self._release_drained()
             self._start_ready_gang(attempt)  # that stop voided the new gang's pending start too
             return
         if self.running:
@@ -273,7 +273,7 @@ class SpotrelayRun(Run):
         for n in self.gang.values():
             if n.attempt == attempt and n.state not in ("LOST", "TERMINATED"):
                 n.state, n.exit_code = "EXITED", int(code)
-        self._release_drained(attempt)
+        self._release_drained()
         self._start_ready_gang(attempt)
         self._settle()
 
@@ -283,9 +283,12 @@ class SpotrelayRun(Run):
                 n.state == "READY" for n in self.gang.values()):
             self.at(self.now + self.job.restore_s(), self._train, self.epoch)
 
-    def _release_drained(self, attempt: int) -> None:
-        """Ranks the workflow let drain (a move's, or survivors dropped mid-save) exit: released."""
-        for n in [n for n in self.draining if n.attempt == attempt]:
+    def _release_drained(self) -> None:
+        """Ranks the workflow let drain (a move's leaving ones, survivors a recovery dropped mid-save)
+        exit once the segment they saved for has stopped: released. (By that, not by attempt: a kept
+        survivor carries the new attempt's number while it saves for the old one.)"""
+        training = self.seg_nodes if self.running else ()
+        for n in [n for n in self.draining if n not in training]:
             self.draining.remove(n)
             if n.end_t is None:
                 n.state, n.exit_code = "EXITED", int(ExitCode.PREEMPTED_SAVED)
@@ -314,11 +317,19 @@ class SpotrelayRun(Run):
     def on_removed(self, node: SimNode, announced: bool) -> None:
         if spares.off_bench(self, node) or self.gang.get(node.rank) is not node:
             return
-        if self.running:  # a rank of a running gang is gone (unannounced, or its save never came): it ends now
+        if self.running:  # (unannounced, or its save never came)
+            # a rank of the training gang stopped it already (end_node); a new gang's node, lost while it
+            # boots as the last gang trains to its save, leaves that save alone
             node.state = "LOST"
-            self.stop_training(self.committed(self.now))
-            self.note(node.pool.key, f"rank {node.rank} lost while training")
+            self.note(node.pool.key, f"rank {node.rank} lost while a gang trains")
         self._settle()
+
+    def overlapping(self) -> bool:
+        """Whether the training gang is not the current one: with launch_at_notice (or a move) the next
+        gang boots or restores while the last one trains to the save already set for it. As in the
+        services (recovery_flow works on the current attempt's nodes; the last one's drain), what
+        befalls the new gang does not stop that save."""
+        return self.running and any(self.gang.get(n.rank) is not n for n in self.seg_nodes)
 
     def on_training_done(self) -> None:
         for n in self.gang.values():

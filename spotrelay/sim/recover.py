@@ -50,7 +50,8 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
             kept = set(recovery.keep_instance_ids)  # (plan.drop_survivors: saving ones drain)
             for node in [n for n in self.gang.values() if n.instance_id in kept]:
                 del self.gang[node.rank]
-                if recovery.deadline is not None and recovery.deadline > self.now and self.running:
+                if recovery.deadline is not None and recovery.deadline > self.now and self.running and (
+                        node in self.seg_nodes):
                     self.draining.append(node)
                 else:
                     self.release(node)
@@ -141,11 +142,12 @@ def provision(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
 def recover(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     """recovery_flow.recover: take the settled AttemptEnd, charge the budget, plan the strategy."""
     end = AttemptEnd.model_validate(payload.get("outcome") or {})
-    if end.deadline is None:
+    if end.deadline is None and not self.overlapping():
         if self.running:  # a verdict that ends a running attempt without a save
             self.stop_training(self.committed(self.now))
         self.epoch += 1
-    # else: launch_at_notice, the ranks keep training and save by the deadline (_exit_all)
+    # else: launch_at_notice, the ranks keep training and save by the deadline (_exit_all); or the
+    # verdict is the new gang's (lost while booting), and the last gang still trains to its save
     nodes = self._records()
     if end.outcome.timed_out:  # _settled_end: the silent nodes are lost, classified once here
         # recovery_flow._mark_unresponsive: ready -> the nodes still PENDING; heartbeat -> every live
@@ -196,8 +198,10 @@ def recover(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     for node in list(self.gang.values()):
         if node.instance_id in keep:
             continue
-        if end.deadline is not None and node.state in ("READY", "RUNNING", "DOOMED") and self.running:
-            self.draining.append(node)  # recovery_flow._drain: a rank still saving finishes its save
+        if end.deadline is not None and node.state in ("READY", "RUNNING", "DOOMED") and self.running and (
+                node in self.seg_nodes):
+            self.draining.append(node)  # recovery_flow._drain: a rank still saving finishes its save (one
+            # of a new gang that never trained has none to make: it exits at once)
         elif not (end.deadline is not None and node.state == "DOOMED"):
             self.release(node)  # (a doomed node drains: it saves until EC2 takes it)
     if action is RecoveryAction.NEW_CLUSTER and current is not None and end.outcome in (
