@@ -58,6 +58,8 @@ class Attempt(Record):
     resumed_at: float | None = None  # when its trainers restored resumed_from_step (TrainingResumed's time)
     saved_step: int | None = None  # the newest checkpoint its ranks committed (CheckpointCommitted)
     saved_at: float | None = None  # when that commit happened (with resumed_at: the job's measured step rate)
+    reached_step: int | None = None  # the furthest step its ranks reported (heartbeat, exit, its own save)
+    lost_steps: int | None = None  # its steps no checkpoint kept, once known (counted in Job.steps_lost once)
     cost: float = 0.0
     price_per_hour: float = 0.0  # USD per instance-hour at launch (the cost ledger's price)
     nodes: int = 0  # instances billed for this attempt (hot spares included)

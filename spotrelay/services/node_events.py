@@ -162,21 +162,62 @@ def _from_earlier_attempt(ctl: Controller, job: Job, event: CheckpointCommitted 
         "state": NodeState.EXITED, "exit_code": event.exit_code}) if n.state not in _FINAL else None)
     if event.exit_code == ExitCode.PREEMPTED_UNSAVED:
         log.warning("emergency save missed its deadline", extra={"job_id": job.job_id, "rank": event.rank})
+        _count_unsaved(ctl, job, event, now)
     release_nodes(ctl, job, [ctl.store.get_node(job.job_id, node.node_id)])
     return {"result": "applied" if changed else "no-op", "kind": event.kind, "settled": None}
+
+
+def _count_unsaved(ctl: Controller, job: Job, event: TrainingExited, now: float) -> None:
+    """A drained rank's emergency save missed: what its attempt trained past the job's newest
+    checkpoint is lost, counted once (recover counted none: the save was still to come)."""
+    attempt, last = event.attempt, event.last_step or 0
+
+    def count(j: Job) -> Job | None:
+        mine = next((a for a in j.attempts if a.number == attempt), None)
+        if mine is None or mine.lost_steps is not None or j.status.terminal:
+            return None
+        kept = j.last_checkpoint.step if j.last_checkpoint else 0
+        lost = max(0, max(mine.reached_step or 0, last) - kept)
+        attempts = [a.model_copy(update={"lost_steps": lost}) if a is mine else a for a in j.attempts]
+        return j.model_copy(update={"attempts": attempts, "steps_lost": j.steps_lost + lost, "updated_at": now})
+
+    ctl.store.update_job(job.job_id, count)
 
 
 def _update_node(ctl: Controller, node: Node, change: Any) -> bool:
     return ctl.store.update_node(node.job_id, node.node_id, change) is not None
 
 
+def _reached(job: Job, attempt: int, step: int) -> dict[str, Any]:
+    """The job fields a step ``attempt``'s ranks reported moves: the job's furthest step and the
+    attempt's (the steps it trained past the checkpoint the next attempt resumes from are lost)."""
+    update: dict[str, Any] = {}
+    if step > job.last_step:
+        update["last_step"] = step
+    attempts = [a.model_copy(update={"reached_step": step})
+                if a.number == attempt and (a.reached_step is None or step > a.reached_step) else a
+                for a in job.attempts]
+    if attempts != job.attempts:
+        update["attempts"] = attempts
+    return update
+
+
+def _record_step(ctl: Controller, job: Job, attempt: int, step: int, now: float) -> None:
+    if not _reached(job, attempt, step):
+        return  # (most heartbeats: nothing to write)
+
+    def record(j: Job) -> Job | None:
+        update = _reached(j, attempt, step)
+        return j.model_copy(update={**update, "updated_at": now}) if update and not j.status.terminal else None
+
+    ctl.store.update_job(job.job_id, record)
+
+
 def _on_heartbeat(ctl: Controller, job: Job, node: Node, event: Heartbeat, now: float) -> bool:
     changed = _update_node(ctl, node, lambda n: n.model_copy(update={"last_heartbeat": event.time})
                            if (n.last_heartbeat or 0) < event.time and n.state not in _FINAL else None)
-    if event.rank == 0 and event.step is not None and event.step > job.last_step:
-        step = event.step
-        ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={"last_step": step, "updated_at": now})
-                             if step > j.last_step and not j.status.terminal else None)
+    if event.rank == 0 and event.step is not None:
+        _record_step(ctl, job, event.attempt, event.step, now)
     heartbeat(ctl, job)
     return changed
 
@@ -193,6 +234,8 @@ def _on_checkpoint(ctl: Controller, job: Job, event: CheckpointCommitted, now: f
         attempts = [a.model_copy(update={"saved_step": event.step, "saved_at": event.time})
                     if a.number == event.attempt and (a.saved_step is None or event.step > a.saved_step) else a
                     for a in j.attempts]
+        attempts = [a.model_copy(update={"reached_step": event.step}) if a.number == event.attempt and (
+            a.reached_step is None or event.step > a.reached_step) else a for a in attempts]
         if not newer and not back_to_running and attempts == j.attempts:
             return None  # every rank reports the same global commit: the first one wins
         update: dict[str, Any] = {"updated_at": now}
@@ -227,10 +270,8 @@ def _on_exit(ctl: Controller, job: Job, node: Node, event: TrainingExited, now: 
     changed = _update_node(ctl, node, lambda n: n.model_copy(update={
         "state": NodeState.EXITED, "exit_code": event.exit_code, "output_tail": event.output_tail or None})
         if n.state not in _FINAL else None)
-    last = event.last_step
-    if changed and last is not None and last > job.last_step:
-        ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={"last_step": last, "updated_at": now})
-                             if last > j.last_step and not j.status.terminal else None)
+    if changed and event.last_step is not None:
+        _record_step(ctl, job, event.attempt, event.last_step, now)
     log.info("training exited", extra={"job_id": job.job_id, "rank": event.rank, "exit_code": event.exit_code,
                                        "reason": event.reason})
     return changed

@@ -16,7 +16,7 @@ from typing import Any
 
 from spotrelay.contracts.recovery import AttemptEnd, Promotion, RecoveryAction, RecoveryPlan, Verdict
 from spotrelay.contracts.workflow import WorkflowTimings
-from spotrelay.domain.models import Job, Node, NodeState, Pool
+from spotrelay.domain.models import Attempt, Job, Node, NodeState, Pool
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import JobCancelledError, NoPlacementError
 from spotrelay.placement import PoolEvent
@@ -160,11 +160,10 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
             "status": transition(cur.status, JobStatus.RECOVERING), "updated_at": now, "task_tokens": {},
             "recoveries": decision.recoveries, "user_restarts": decision.user_restarts,
             "stalled_recoveries": decision.stalled, "progress_step": progress,
-            # a notice's emergency save is still to come: it keeps every step (0 lost), or says otherwise
-            "steps_lost": cur.steps_lost + (0 if outcome.deadline is not None else max(0, cur.last_step - ckpt_step)),
             "excluded_pools": sorted(excluded),
         }
         update.update(_close_attempt(cur, now, outcome.outcome.value, nodes))
+        update.update(_lost_steps(cur, update.get("attempts", cur.attempts), outcome.deadline, ckpt_step))
         # a rebalance standby that takes a rank: its time before this attempt goes into the ledger
         update["cost_so_far"] = update.get("cost_so_far", cur.cost_so_far) + sum(
             standby_cost(cur, n, now) for n in ctl.store.nodes_of(job_id)
@@ -212,6 +211,19 @@ def _promote_spares(ctl: Controller, job: Job, home: Pool | None, nodes: list[No
     for spare, rank in takeovers:
         ctl.store.update_node(job.job_id, spare.node_id, _taking(rank))
     return released
+
+
+def _lost_steps(job: Job, attempts: list[Attempt], deadline: float | None, kept: int) -> dict[str, Any]:
+    """The ending attempt's steps past the newest checkpoint (``kept``), counted once. None after a
+    notice: its emergency save is still to come (a drained rank's exit says if it missed:
+    node_events._count_unsaved). None for a gang that never trained (say, lost while it booted as the
+    last gang drained toward its own save)."""
+    if deadline is not None or not attempts or attempts[-1].lost_steps is not None:
+        return {}
+    ending = attempts[-1]
+    lost = 0 if ending.reached_step is None else max(0, ending.reached_step - kept)
+    return {"attempts": [*attempts[:-1], ending.model_copy(update={"lost_steps": lost})],
+            "steps_lost": job.steps_lost + lost}
 
 
 def _taking(rank: int) -> Callable[[Node], Node | None]:
