@@ -14,14 +14,16 @@ def _when(at: float | None) -> str:
 
 
 def attempts_table(job: Job) -> Table:
-    """One row per launch: where, how many nodes, how it ended, which step it resumed from."""
-    grid = Table("attempt", "pool", "nodes", "started (UTC)", "ended (UTC)", "end reason", "resumed from", "cost $",
-                 title="attempts", title_justify="left")
+    """One row per launch: where, how many nodes, how it ended, which step it resumed from, how far it
+    trained and how many of those steps no checkpoint kept."""
+    grid = Table("attempt", "pool", "nodes", "started (UTC)", "ended (UTC)", "end reason", "resumed from", "reached",
+                 "lost", "cost $", title="attempts", title_justify="left")
     for a in job.attempts:
         grid.add_row(str(a.number), a.pool.key if a.pool else "-", str(a.nodes or "-"), _when(a.started_at),
                      _when(a.ended_at), a.end_reason or ("running" if a.ended_at is None else "-"),
                      f"step {a.resumed_from_step}" if a.resumed_from_step is not None else "start",
-                     f"{a.cost:.2f}")
+                     "-" if a.reached_step is None else str(a.reached_step),
+                     "-" if a.lost_steps is None else str(a.lost_steps), f"{a.cost:.2f}")
     return grid
 
 

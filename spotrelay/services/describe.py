@@ -34,6 +34,8 @@ class AttemptView(_View):
     end_reason: str | None
     resumed_from_step: int | None
     steps: int | None  # steps this attempt added to what the next one resumed from (or the job's last)
+    reached_step: int | None = None  # the furthest step its ranks reported
+    lost_steps: int | None = None  # its steps no checkpoint kept (counted in the job's steps_lost)
     exit_codes: dict[int, int | None]  # node rank -> exit code
     price_per_hour: float
     cost: float
@@ -152,6 +154,7 @@ def describe_job(job: Job, nodes: list[Node], now: float, ckpts: list[Checkpoint
             nodes=a.nodes or len(mine),
             instances=[n.instance_id for n in mine], started_at=a.started_at, ended_at=a.ended_at,
             end_reason=a.end_reason, resumed_from_step=a.resumed_from_step, steps=steps,
+            reached_step=a.reached_step, lost_steps=a.lost_steps,
             exit_codes={n.rank: n.exit_code for n in mine}, price_per_hour=a.price_per_hour, cost=round(a.cost, 4),
         ))  # fmt: skip
     recoveries = [

@@ -105,3 +105,26 @@ def test_a_new_gang_lost_while_the_last_one_drains_counts_nothing_its_missed_sav
         handle_agent_event(g.ctl, TrainingExited(**_ids(node), exit_code=int(ExitCode.PREEMPTED_UNSAVED),  # type: ignore[arg-type]
                                                  reason="unsaved", last_step=47), g.now)
     assert g.job().steps_lost == 7 and g.job().attempts[0].lost_steps == 7  # once, for both ranks
+
+
+def test_describe_shows_each_attempts_reach_and_loss() -> None:
+    from rich.console import Console
+
+    from spotrelay.cli.views import attempts_table
+    from spotrelay.services.describe import describe_job
+
+    g = Gangs()
+    first = g.start(1)
+    g.trains(first, to=45, saved=40)
+    g.lose(first[1], 1)
+    g.start(2)
+    job = g.job()
+    report = describe_job(job, g.store.nodes_of(JOB), g.now)
+    assert [(a.reached_step, a.lost_steps) for a in report.attempts] == [(45, 5), (None, None)]
+    console = Console(width=200, record=True)
+    console.print(attempts_table(job))
+    lines = console.export_text().splitlines()
+    header = [c.strip() for c in next(line for line in lines if "┃" in line).split("┃")]
+    rows = [[c.strip() for c in line.split("│")] for line in lines if "│" in line]
+    first_row = dict(zip(header, rows[0], strict=True))
+    assert first_row["reached"] == "45" and first_row["lost"] == "5"
