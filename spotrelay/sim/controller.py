@@ -306,7 +306,9 @@ class SpotrelayRun(Run):
     def on_rebalance(self, node: SimNode) -> None:
         if not self.running or self.gang.get(node.rank) is not node:
             return
-        if self.rebalance_checkpoint:
+        # (not for a new gang's node while the last gang trains to its save: the services direct the
+        # node's own attempt, whose ranks train nothing yet)
+        if self.rebalance_checkpoint and node in self.seg_nodes:
             self.force_checkpoint(self.now, self.now + self.job.persist_s() + self.job.stall_s(
                 node.pool.pool.instance_type))
         ask = spares.request_standby(self, node)

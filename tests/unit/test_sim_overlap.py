@@ -48,7 +48,12 @@ def _run(fate: str, strategy: str = "replace-lost-nodes") -> tuple[SpotrelayRun,
 
     def launched(sp: Any, ranks: list[int], attempt: int, **kw: Any) -> list[SimNode] | None:
         nodes = launch(sp, ranks, attempt, **kw)
-        if attempt == 2 and nodes:
+        if attempt == 2 and nodes and fate == "rebalanced":
+            node = nodes[0]
+            run.at(run.now + 5.0, run._rebalance, node)
+            run.at(run.now + 6.0, lambda _: seen.update(old_trains=run.running and node not in run.seg_nodes,
+                                                        forced=list(run.forced)))
+        elif attempt == 2 and nodes:
             node = nodes[0]
             node.announced = fate != "lost"
             after = {"lost": 5.0, "noticed": 130.0, "restoring": 160.0}[fate]
@@ -126,3 +131,10 @@ def test_no_rank_drains_long_past_its_save(seed: int, tmp_path: Path) -> None:
     trace = tmp_path / "g4dn-x0.75.csv"
     write(trace, scaled(_rows(TRACE_FILE), 0.75))  # bench/trace_variants.py: the shipped trace, faster
     assert _longest_drain(trace, seed) <= 600.0
+
+
+def test_a_rebalance_on_the_new_gangs_node_forces_no_save_of_the_last_gang() -> None:
+    """The services direct a rebalance's checkpoint to the node's own attempt, whose ranks train
+    nothing yet: the last gang, training to its notice save, takes no extra one."""
+    run, seen = _run("rebalanced")
+    assert seen == {"old_trains": True, "forced": []} and run.metrics.finished
