@@ -304,11 +304,12 @@ class SpotrelayRun(Run):
         self.end_node(node, state)
 
     def on_rebalance(self, node: SimNode) -> None:
-        if not self.running or self.gang.get(node.rank) is not node:
+        """interruptions.rebalance: a proactive checkpoint (and a standby, with prewarm) while the job
+        runs; none for a new gang's node while the last gang trains to its save (the job is not
+        RUNNING then: the services ignore the recommendation)."""
+        if not self.running or self.gang.get(node.rank) is not node or node not in self.seg_nodes:
             return
-        # (not for a new gang's node while the last gang trains to its save: the services direct the
-        # node's own attempt, whose ranks train nothing yet)
-        if self.rebalance_checkpoint and node in self.seg_nodes:
+        if self.rebalance_checkpoint:
             self.force_checkpoint(self.now, self.now + self.job.persist_s() + self.job.stall_s(
                 node.pool.pool.instance_type))
         ask = spares.request_standby(self, node)

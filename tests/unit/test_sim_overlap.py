@@ -134,7 +134,8 @@ def test_no_rank_drains_long_past_its_save(seed: int, tmp_path: Path) -> None:
 
 
 def test_a_rebalance_on_the_new_gangs_node_forces_no_save_of_the_last_gang() -> None:
-    """The services direct a rebalance's checkpoint to the node's own attempt, whose ranks train
-    nothing yet: the last gang, training to its notice save, takes no extra one."""
+    """While a new gang comes up the job is not RUNNING and the services ignore a rebalance
+    recommendation (interruptions.rebalance): the last gang, training to its notice save, takes no
+    extra checkpoint for it."""
     run, seen = _run("rebalanced")
     assert seen == {"old_trains": True, "forced": []} and run.metrics.finished
