@@ -10,6 +10,8 @@ boot and restore times) with two idealised placers for a gang of N nodes, no con
   that lasts under --min-life minutes. A greedy upper bound: no online placer sees this much.
 - ``most-free``: what a perfect, noise-free gang-sized placement score gives an online placer: the
   spot pool with the most capacity now; it waits while none holds the gang.
+- ``most-free+M`` (``--headroom M,...``): the same, but it also waits while no pool holds M nodes
+  more than the gang (an online placer that asks for room to spare before it launches).
 
 Both use only spot pools priced within 20% of the cheapest per unit of speed (waiting is unbilled,
 so a dearer pool only raises the cost per useful hour).
@@ -34,6 +36,7 @@ from spotrelay.sim.market import NOTICE_S, SimPool, TraceCapacity
 
 TRACE = str(Path(__file__).resolve().parents[1] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv")
 STEP_S = 30.0
+HORIZON_S = 400 * 86400.0  # the simulator's horizon: a job not done by then never finishes (no bound)
 
 
 def unit_price(sp: SimPool) -> float:
@@ -50,10 +53,14 @@ def life(cap: TraceCapacity, t: float, nodes: int, limit: float = 48 * 3600.0) -
 
 
 def walk(placer: str, pools: list[SimPool], nodes: int, dead_s: float, work_s: float, start: float,
-         min_life_s: float) -> tuple[float, float, float]:
-    """(cost units, trained seconds, paid seconds) of one job under ``placer``."""
+         min_life_s: float, horizon_s: float = HORIZON_S) -> tuple[float, float, float] | None:
+    """(cost units, trained seconds, paid seconds) of one job under ``placer``; None when it does not
+    finish within the horizon (no pool ever holds the gang, with its headroom, for long enough)."""
     t, cost, trained, paid = start, 0.0, 0.0, 0.0
+    headroom = int(placer.partition("+")[2] or 0)  # most-free+M: launch only where M nodes more fit
     while trained < work_s:
+        if t - start > horizon_s:
+            return None
         now = [(sp, sp.capacity) for sp in pools if isinstance(sp.capacity, TraceCapacity)]
         fit = [(sp, cap) for sp, cap in now if cap.capacity(t) >= nodes]
         if placer == "oracle":
@@ -66,6 +73,7 @@ def walk(placer: str, pools: list[SimPool], nodes: int, dead_s: float, work_s: f
                 continue
             span, sp = pick
         else:
+            fit = [(sp, cap) for sp, cap in fit if cap.capacity(t) >= nodes + headroom]
             if not fit:
                 t += STEP_S
                 continue
@@ -86,13 +94,15 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--job-hours", type=float, default=72.0)
     parser.add_argument("--min-life", type=float, default=30.0, help="oracle: shortest stay it takes (minutes)")
+    parser.add_argument("--headroom", default="", help="also most-free+M for each M (comma list): waits for M spare")
     args = parser.parse_args()
     job = JobModel(nodes=args.nodes, job_hours=args.job_hours)
     settings = {"catalog": {"boot_s": 300.0}, "bamboo": {"boot_s": 45.0, "on_demand_price": 3.06, "spot_price": 0.91}}
     print(f"fixed gang of {args.nodes} on {Path(TRACE).name}, {args.seeds} seeds, {args.job_hours:g} h of work")
     for name, extra in settings.items():
-        for placer in ("oracle", "most-free"):
-            ratios, goodputs = [], []
+        extra_placers = [f"most-free+{int(m)}" for m in args.headroom.split(",") if m.strip()]
+        for placer in ("oracle", "most-free", *extra_placers):
+            ratios, goodputs, unfinished = [], [], 0
             for seed in range(args.seeds):
                 market = build_market(MarketOptions(traces=[TRACE], **extra), seed)  # type: ignore[arg-type]
                 od = min(unit_price(sp) for sp in market.pools if not sp.spot)
@@ -101,12 +111,20 @@ def main() -> int:
                 # cheapest spot pool (under Bamboo's flat prices that leaves p4d out: 2.8x the price per step)
                 spot = [sp for sp in market.pools if sp.spot and unit_price(sp) <= 1.2 * limit]
                 dead = market.boot_s + job.restore_s() - NOTICE_S  # launched at the notice
-                cost, trained, paid = walk(placer, spot, args.nodes, dead, args.job_hours * 3600.0,
-                                           seed * 0.7 * 86400.0, args.min_life * 60.0)
+                got = walk(placer, spot, args.nodes, dead, args.job_hours * 3600.0, seed * 0.7 * 86400.0,
+                           args.min_life * 60.0)
+                if got is None:
+                    unfinished += 1
+                    continue
+                cost, trained, paid = got
                 ratios.append(cost / trained / od)
                 goodputs.append(trained / paid)
+            if unfinished:
+                print(f"  {name:8} {placer:12} does not finish on {unfinished} of {args.seeds} seed(s) within "
+                      f"{HORIZON_S / 86400:.0f} days: no spot pool holds the gang long enough (no bound)")
+                continue
             ratio = statistics.fmean(ratios)
-            print(f"  {name:8} {placer:10} vs on-demand {ratio:.3f}  ({1 / ratio:.2f}x cheaper)  captured "
+            print(f"  {name:8} {placer:12} vs on-demand {ratio:.3f}  ({1 / ratio:.2f}x cheaper)  captured "
                   f"{(1 - ratio) / (1 - limit / od):.3f}  goodput {statistics.fmean(goodputs):.3f}")
     return 0
 
