@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -12,6 +13,7 @@ from rich.table import Table
 from spotrelay.sim.assumptions import summary
 from spotrelay.sim.losses import CATEGORIES
 from spotrelay.sim.runner import Report
+from spotrelay.sim.timeline import BOOT, TRAIN, bars
 
 COLUMNS = (
     ("$/useful GPU-h", "cost_per_useful_gpu_hour", "{:.3f}"), ("vs on-demand", "vs_on_demand", "{:.3f}"),
@@ -65,6 +67,26 @@ def write_json(report: Report, path: Path) -> None:
     path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
 
 
+def _draw_timeline(ax: Any, timeline: list[tuple[float, str, str]], seed: int) -> None:
+    """One run as bars per pool: booting (grey), training (green); red ticks where the market took a node."""
+    drawn = bars(timeline)
+    pools = drawn.pools()
+    colors = {BOOT: "silver", TRAIN: "tab:green"}
+    for row, pool in enumerate(pools):
+        spans = drawn.spans[pool]
+        ax.broken_barh([(a / 3600.0, (b - a) / 3600.0) for a, b, _ in spans], (row - 0.35, 0.7),
+                       facecolors=[colors[phase] for _, _, phase in spans], linewidth=0)
+    ticks = [(t / 3600.0, pools.index(p)) for t, p in drawn.losses if p in pools]
+    if ticks:
+        ax.scatter([x for x, _ in ticks], [y for _, y in ticks], marker="|", c="red", s=25, linewidths=0.5, zorder=3)
+    ax.set_yticks(range(len(pools)), [p.replace("/spot", " s").replace("/on-demand", " od") for p in pools],
+                  fontsize=6)
+    ax.set_ylim(-0.7, max(1, len(pools)) - 0.3)
+    ax.invert_yaxis()  # the first pool used on top
+    ax.set_xlabel("hours")
+    ax.set_title(f"spotrelay, seed {seed}: booting (grey), training (green), nodes lost (red)")
+
+
 def write_plot(report: Report, path: Path) -> None:
     import matplotlib
 
@@ -81,16 +103,7 @@ def write_plot(report: Report, path: Path) -> None:
     left.legend()
     run = next((r for r in report.runs if r.policy == "spotrelay" and r.timeline), None)
     if run is not None:
-        pools = sorted({p for _, p, _ in run.timeline if p})
-        for t, pool, what in run.timeline:
-            if not pool:
-                continue
-            color = "red" if "notice" in what or "lost" in what else "green" if "training" in what else "grey"
-            right.scatter(t / 3600.0, pools.index(pool), c=color, s=8)
-        right.set_yticks(range(len(pools)), [p.replace("/spot", " s").replace("/on-demand", " od") for p in pools],
-                         fontsize=6)
-        right.set_xlabel("hours")
-        right.set_title("spotrelay, seed 0: launches (grey), training (green), losses (red)")
+        _draw_timeline(right, run.timeline, run.seed)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
