@@ -9,7 +9,8 @@ Markets: ``g4dn`` (the shipped trace, capacity semantics, catalog prices, 300 s 
 Bamboo's published prices and 45 s boot), ``synthetic`` (Spot Advisor bands and a seed). For every
 (market, nodes) it prints each variant's captured saving (mean and worst seed), goodput, on-demand
 share, recoveries, its cost per useful GPU-hour over the default's (mean of per-seed ratios) and over
-on-demand's, and its wall hours (``spot wait N``: ``recovery.spot_wait_minutes``, waiting costs wall time;
+on-demand's, its wall hours, and how many of its runs did not finish (a failed job's means are not a
+result; ``spot wait N``: ``recovery.spot_wait_minutes``, waiting costs wall time;
 ``elastic n/2 wX``: ``resources.min_nodes`` = half the gang with ``resources.wall_time_weight`` X).
 """
 
@@ -83,7 +84,7 @@ def main() -> int:
         return 2
     rows: list[tuple[str, int, str, float]] = []
     print(f"{'market':10} {'nodes':>5} {'variant':20} {'captured':>8} {'worst':>6} {'goodput':>7} {'on-dem':>6} "
-          f"{'recov':>6} {'cost/default':>12} {'vs od':>6} {'wall h':>6}")
+          f"{'recov':>6} {'cost/default':>12} {'vs od':>6} {'wall h':>6} {'unfin':>5}")
     for market in args.markets.split(","):
         for nodes in [int(n) for n in args.nodes.split(",")]:
             base: list[float] = []
@@ -94,13 +95,16 @@ def main() -> int:
                 ratio = statistics.fmean(c / b for c, b in zip(cost, base, strict=True)
                                          if math.isfinite(c) and math.isfinite(b) and b > 0)
                 captured = report.series("spotrelay", "captured_saving")
+                # a run cut off unfinished (a failed job: the stall budget, max_placing_minutes) has
+                # cheap-looking numbers over the little it trained: count them beside the means
+                unfinished = sum(not r.finished for r in report.runs if r.policy == "spotrelay")
                 rows.append((market, nodes, name, report.mean("spotrelay", "captured_saving")))
                 print(f"{market:10} {nodes:>5} {name:20} {report.mean('spotrelay', 'captured_saving'):>8.3f} "
                       f"{min(captured):>6.2f} {report.mean('spotrelay', 'goodput'):>7.3f} "
                       f"{report.mean('spotrelay', 'on_demand_share'):>6.0%} "
                       f"{report.mean('spotrelay', 'recoveries'):>6.0f} {ratio:>12.3f} "
                       f"{report.mean('spotrelay', 'vs_on_demand'):>6.3f} "
-                      f"{report.mean('spotrelay', 'wall_hours'):>6.1f}",
+                      f"{report.mean('spotrelay', 'wall_hours'):>6.1f} {unfinished:>5}",
                       flush=True)
     if args.plot:
         plot(rows, names, args)

@@ -172,9 +172,10 @@ def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict
         best_pool(spec, quotes, stats, now, excluded)  # raises NoPlacementError with the reasons
         raise NoPlacementError(f"no candidate pool for job {job.job_id}")
     view = view or plan_view(spec, job, quotes, now)  # the bounds and the verdict, once per Plan
-    if view.did_not_pay and any(c.pool.market != "spot" for c in ranked):
-        ranked = [c for c in ranked if c.pool.market != "spot"]  # its own spot attempts cost more per step
-    if wait_left_s(spec, job, quotes, now, view, time_scale) > 0:  # spot_wait_minutes: spot's saving
+    given_up = view.did_not_pay and any(c.pool.market != "spot" for c in ranked)
+    if given_up:  # its own spot attempts cost more per step, or the stall budget has one gang left:
+        ranked = [c for c in ranked if c.pool.market != "spot"]  # no spot, and so no wait for spot
+    elif wait_left_s(spec, job, quotes, now, view, time_scale) > 0:  # spot_wait_minutes: spot's saving
         saving = [c for c in ranked if view.saves(c.quote)]  # (no on-demand fallback for provision either)
         if not saving and excluded:  # every spot pool worth it failed this run: those no longer cooling again
             saving = [c for c in rank_pools(spec, quotes, stats, now, frozenset(), gang_sizes=True, sized=sized)

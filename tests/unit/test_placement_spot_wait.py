@@ -187,3 +187,19 @@ def test_a_wait_is_cut_to_end_at_max_placing_minutes() -> None:
     assert within_bound(_bounded(60), _stopped(3000), waiting, NOW, time_scale=0.01).wait_s == 1
     launch = LaunchPlan(candidates=[], launch_ranks=[0, 1])
     assert within_bound(_bounded(60), _stopped(3000), launch, NOW) is launch
+
+
+def test_a_stated_wait_never_bets_the_stall_budgets_last_gang_on_spot() -> None:
+    """One stalled recovery from the budget (spot_evidence.last_chance), a job that states
+    spot_wait_minutes still gets on-demand at once: the wait must neither hold the job for spot it will
+    not take nor, once every spot pool failed this run, offer those pools again (a job on a stormy
+    market then failed at its budget, unfinished, where the default went on-demand and finished)."""
+    s = _waiting(60)
+    quotes = _scored(quotes_for(s), 9.0)
+    last = _stopped(60).model_copy(update={"stalled_recoveries": s.recovery.max_stalled_recoveries})
+    plan = _new_gang_plan(s, last, quotes, {}, NOW)
+    assert plan.wait_s == 0 and plan.candidates and {c.pool.market for c in plan.candidates} == {"on-demand"}
+    failed = last.model_copy(update={"excluded_pools": [q.pool.key for q in quotes if q.pool.market == "spot"]})
+    plan = _new_gang_plan(s, failed, quotes, {}, NOW)
+    assert plan.wait_s == 0 and {c.pool.market for c in plan.candidates} == {"on-demand"}
+    assert {c.pool.market for c in _new_gang_plan(s, _stopped(60), quotes, {}, NOW).candidates} == {"spot"}
