@@ -108,6 +108,7 @@ class SpotrelayRun(Run):
         self.wait_epoch = 0
         self.ready_pending = 0
         self.short_starts = 0  # trainings started with fewer ranks than the gang (should stay 0)
+        self.ready_attempt = 0  # the attempt whose gang the ready wait last found READY (its START sent)
         self.decisions: list[dict[str, Any]] = []  # attempt, pool, resumed_from (calibration)
         self._node_template: Node | None = None
         self.shortlist = Shortlist()  # sim/shortlist.py's per-pool score bounds for reviews
@@ -194,6 +195,7 @@ class SpotrelayRun(Run):
             return
         self.waiting = None
         if verdict.outcome is Verdict.READY:
+            self.ready_attempt = self.attempt
             self.at(self.now + self.job.restore_s(), self._train, self.epoch)
         self._handle(self.walker.resume(verdict.model_dump(mode="json")))
 
@@ -278,8 +280,11 @@ class SpotrelayRun(Run):
         self._settle()
 
     def _start_ready_gang(self, attempt: int) -> None:
-        """The new gang was ready before ``attempt``'s ranks were done: it trains after its restore."""
-        if attempt != self.attempt and not self.running and self.gang and all(
+        """The new gang was ready before ``attempt``'s ranks were done: it trains after its restore.
+        Only a gang the ready wait found READY: survivors a recovery kept while Plan or Provision is
+        still getting their replacements are READY too, but nothing told them to start (they started
+        short of ranks: a gang that would hang at its rendezvous)."""
+        if attempt != self.attempt and self.ready_attempt == self.attempt and not self.running and self.gang and all(
                 n.state == "READY" for n in self.gang.values()):
             self.at(self.now + self.job.restore_s(), self._train, self.epoch)
 

@@ -18,7 +18,7 @@ from spotrelay.sim.controller import SpotrelayRun
 from spotrelay.sim.job import REF_NODES, JobModel
 from spotrelay.sim.market import from_quotes
 from spotrelay.sim.records import Fault, SimNode
-from spotrelay.sim.runner import SimOptions, make_run
+from spotrelay.sim.runner import SimOptions, job_starts, make_run
 from spotrelay.spec.load import load_spec
 from tests.unit.test_sim_calibration import TINY
 from tests.unit.test_sim_pinned import TRACE as TRACE_PATH
@@ -139,3 +139,16 @@ def test_a_rebalance_on_the_new_gangs_node_forces_no_save_of_the_last_gang() -> 
     extra checkpoint for it."""
     run, seen = _run("rebalanced")
     assert seen == {"old_trains": True, "forced": []} and run.metrics.finished
+
+
+def test_survivors_waiting_for_their_replacement_do_not_start_when_the_last_gang_saves() -> None:
+    """The node reading at 8 nodes, seed 0: a notice's replacement (launch at notice) is itself noticed at
+    its launch; recover keeps the 7 survivors and Plan waits before launching the rank again. The noticed
+    gang's save then lands: only a gang the ready wait found READY may start on it, not the survivors
+    (they started short of a rank once: flagged ``inconsistent``, a gang that would hang at rendezvous)."""
+    opts = SimOptions(market=MarketOptions(traces=[str(TRACE_FILE)], trace_semantics="nodes"),
+                      job=JobModel(nodes=8, job_hours=72), policies=("spotrelay",))
+    run = make_run("spotrelay", opts, build_market(opts.market, 0), 0, job_starts(0, 1)[0])
+    run.start()  # type: ignore[attr-defined]
+    run.loop()
+    assert run.metrics.finished and run.short_starts == 0  # type: ignore[attr-defined]
