@@ -65,6 +65,9 @@ class Attempt(Record):
     nodes: int = 0  # instances billed for this attempt (hot spares included)
     spares: int = 0  # of those, hot spares out of training (resources.spares)
     world_size: int = 0  # ranks training (an elastic gang: resources.min_nodes..nodes; 0 in old records)
+    # of ``nodes``, instances carried over from the attempt before (survivors kept, spares promoted): billed
+    # before this attempt started in that one's record (spot_evidence.billed counts them once)
+    kept: int = 0
 
 
 class AnomalyRecord(Record):

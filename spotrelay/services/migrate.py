@@ -95,11 +95,12 @@ def migrate(ctl: Controller, job_id: str, move: AttemptEnd, now: float,
     nodes = [Node(job_id=job_id, node_id=node_id_for(attempt, i.rank), attempt=attempt, rank=i.rank,
                   instance_id=i.instance_id, pool=target.pool, private_ip=i.private_ip, launched_at=now)
              for i in instances]
-    nodes += _carry_survivors(ctl, job, [n.instance_id for n in staying], attempt, now, world)
+    carried = _carry_survivors(ctl, job, [n.instance_id for n in staying], attempt, now, world)
+    nodes += carried
     for node in nodes:
         ctl.store.put_node(node)
     record = Attempt(number=attempt, pool=target.pool, price_per_hour=target.price_per_hour, nodes=len(nodes),
-                     started_at=now, world_size=world)  # resumed_from_step: what the trainers report
+                     started_at=now, world_size=world, kept=len(carried))  # resumed_from_step: the trainers report
     moved = _walk(ctl, job_id, now, record)
     log.info("moved", extra={"job_id": job_id, "attempt": attempt, "pool": target.pool.key, "world": world,
                              "deadline": deadline})

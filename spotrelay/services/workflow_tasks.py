@@ -95,8 +95,9 @@ def provision(ctl: Controller, job_id: str, plan_result: LaunchPlan, now: float,
                       instance_id=i.instance_id, pool=pool, private_ip=i.private_ip, launched_at=now,
                       spare=i.rank in spare_ranks)
                  for i in instances]
-        nodes += _carry_survivors(ctl, job, keep, attempt, now, world)
-        nodes += promote_spares(ctl, job, plan_result.promoted, attempt, now, world)
+        carried = _carry_survivors(ctl, job, keep, attempt, now, world)
+        carried += promote_spares(ctl, job, plan_result.promoted, attempt, now, world)
+        nodes += carried
         for node in nodes:
             ctl.store.put_node(node)
         spares = len(spare_nodes(ctl.store, job))  # the new ones and those still standing by
@@ -104,7 +105,7 @@ def provision(ctl: Controller, job_id: str, plan_result: LaunchPlan, now: float,
         # report what they restored (TrainingResumed): a notice's final save commits after this launch
         record = Attempt(number=attempt, pool=pool, price_per_hour=candidate.price_per_hour,
                          nodes=len([n for n in nodes if not n.spare]) + spares, spares=spares, world_size=world,
-                         started_at=now)
+                         started_at=now, kept=len(carried))
 
         def started(current: Job, record: Attempt = record) -> Job:
             return current.model_copy(update={

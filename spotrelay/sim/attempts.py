@@ -15,9 +15,10 @@ if TYPE_CHECKING:
     from spotrelay.sim.controller import SpotrelayRun
 
 
-def opened(run: SpotrelayRun, number: int, pool: Any, price: float, nodes: int, world: int) -> None:
+def opened(run: SpotrelayRun, number: int, pool: Any, price: float, nodes: int, world: int, kept: int = 0) -> None:
+    """``kept``: of ``nodes``, those carried over from the attempt before (survivors, promoted spares)."""
     run.attempts.append(Attempt(number=number, pool=pool, started_at=run.now, price_per_hour=price,
-                                nodes=nodes, world_size=world))
+                                nodes=nodes, world_size=world, kept=kept))
 
 
 def close(run: SpotrelayRun, noticed: bool = False) -> None:

@@ -138,7 +138,7 @@ def migrate(self: SpotrelayRun, move: AttemptEnd) -> dict[str, Any]:
     self.gang = {**{n.rank: n for n in staying}, **{n.rank: n for n in nodes}}
     self.attempt, self.excluded = attempt, set()
     self.attempt_pool, self.attempt_start = sp, self.now
-    attempts.opened(self, attempt, sp.pool, target.price_per_hour, len(self.gang), world)
+    attempts.opened(self, attempt, sp.pool, target.price_per_hour, len(self.gang), world, len(staying))
     self.decisions.append({"attempt": attempt, "pool": sp.key, "resumed_from_step": self.ckpt_step})
     self.metrics.moves += 1
     self.note(sp.key, f"move x{world} ({move.reason[:60]})")

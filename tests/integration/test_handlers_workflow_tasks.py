@@ -111,6 +111,7 @@ def test_a_shrunk_gang_grows_back_in_place_and_the_kept_rank_restarts_at_the_new
     moved = env.store.get_job(job.job_id)
     assert moved.status is JobStatus.STARTING and moved.recoveries == 0
     assert moved.attempts[0].end_reason == "migrate" and moved.attempts[1].world_size == 2
+    assert moved.attempts[1].kept == 1  # rank 0 carried over: the spot evidence bills it once
 
 
 def test_a_survivor_noticed_after_recover_joins_the_new_attempt_doomed(env: Env) -> None:
@@ -133,6 +134,7 @@ def test_a_survivor_noticed_after_recover_joins_the_new_attempt_doomed(env: Env)
         update={"state": NodeState.DOOMED, "reclaim_at": reclaim}))
     launched = sfn_provision.handler({"job_id": job.job_id, "plan": plan}, ctx())
     assert launched["attempt"] == 2
+    assert env.store.get_job(job.job_id).attempts[-1].kept == 1  # rank 1 carried, rank 0 launched
     carried = env.store.get_node(job.job_id, "a2-r1")
     assert carried.instance_id == gang[1].instance_id
     assert carried.state is NodeState.DOOMED and carried.reclaim_at == reclaim

@@ -66,6 +66,7 @@ def test_a_spare_takes_the_doomed_rank_at_the_notice(wf: Harness) -> None:
     assert [n.spare for n in second if n.rank == 2] == [True]
     assert wf.store.get_node("job-under-test", spare.node_id).state is NodeState.EXITED  # off the bench
     assert (wf.job().attempts[1].nodes, wf.job().attempts[1].spares) == (3, 1)
+    assert wf.job().attempts[1].kept == 2  # the survivor and the promoted spare: billed in attempt 1 before
     wf.exit_all([survivor, doomed], 75, last_step=8, last_committed_step=8)
     _finish(wf, arn, second)
 

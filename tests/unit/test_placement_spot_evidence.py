@@ -87,11 +87,17 @@ def test_an_attempt_still_saving_is_not_judged_yet() -> None:
 
 
 def test_billed_counts_the_final_save_and_survivors_kept_for_the_next_attempt() -> None:
-    a = _attempt(1, SPOT, NOW, 1.0, 10, 40.0, saved_late_s=360.0)  # 4 nodes at 10 USD/h
+    """After the close: the ranks the next attempt did not carry over are billed to their final save, those
+    it carried (``kept``) until it started and no longer: from then on its own cost holds them."""
+    a = _attempt(1, SPOT, NOW, 1.0, 10, 40.0, saved_late_s=360.0)  # 4 nodes at 10 USD/h, saved 0.1 h late
     assert abs(se.billed(a) - (40.0 + 4 * 10.0 * 0.1)) < 1e-9
-    kept = Attempt(number=2, pool=SPOT, started_at=a.ended_at + 1800)  # the lost ranks came after a backoff
-    assert abs(se.billed(a, kept) - (40.0 + 4 * 10.0 * 0.5)) < 1e-9
-    elsewhere = kept.model_copy(update={"pool": OD})
+    kept = Attempt(number=2, pool=SPOT, started_at=a.ended_at + 1800, kept=3)  # the lost rank came after a backoff
+    assert abs(se.billed(a, kept) - (40.0 + 3 * 10.0 * 0.5 + 1 * 10.0 * 0.1)) < 1e-9
+    at_once = kept.model_copy(update={"started_at": a.ended_at})  # launched at the notice: 3 billed in it already
+    assert abs(se.billed(a, at_once) - (40.0 + 1 * 10.0 * 0.1)) < 1e-9
+    new_gang = kept.model_copy(update={"kept": 0})  # a new gang, even in the same pool: every rank drains
+    assert abs(se.billed(a, new_gang) - se.billed(a)) < 1e-9
+    elsewhere = kept.model_copy(update={"pool": OD, "kept": 0})
     assert abs(se.billed(a, elsewhere) - se.billed(a)) < 1e-9
 
 

@@ -152,3 +152,6 @@ def test_survivors_waiting_for_their_replacement_do_not_start_when_the_last_gang
     run.start()  # type: ignore[attr-defined]
     run.loop()
     assert run.metrics.finished and run.short_starts == 0  # type: ignore[attr-defined]
+    # the attempts that kept survivors say how many (spot_evidence.billed bills them once)
+    kept = [a.kept for a in run.attempts]  # type: ignore[attr-defined]
+    assert any(0 < k < 8 for k in kept) and all(0 <= k <= 8 for k in kept)
