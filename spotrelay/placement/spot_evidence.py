@@ -15,8 +15,10 @@ trainers' TrainingResumed) and the newest checkpoint its ranks committed (``save
   on-demand pool's price per unit of work (``spot_wait.work_price``).
 
 Spot *paid* when the settled spot attempts among the job's last ``EVIDENCE_ATTEMPTS`` attempts cost
-at most what on-demand would have charged for their useful steps. Boots, restores, short gangs, lost
-work and failed saves are all in it: it is the realized cost per useful step, not the score's model.
+at most ``PAID_SHARE`` of what on-demand would have charged for their useful steps, and *lost* when
+they cost more than ``LOST_SHARE`` of it (between the two: no verdict either way). Boots, restores,
+short gangs, lost work and failed saves are all in it: it is the realized cost per useful step, not the
+score's model.
 """
 
 from __future__ import annotations
@@ -35,8 +37,12 @@ EVIDENCE_ATTEMPTS = 48  # the job's last this many attempts are weighed (the spo
 MIN_SPOT_ATTEMPTS = 10  # fewer settled spot attempts than this: no verdict
 PAID_SHARE = 0.8  # spot paid when it cost at most this share of on-demand's price for the same steps: the
 #                  rest pays each return to on-demand (a new on-demand gang's boot and restore) and the noise
-HOLD_HOURS = 12.0  # after spot did not pay, a gang on on-demand stays there this long after its last spot
-#                    attempt, doubled for each earlier return to on-demand (up to HOLD_DOUBLINGS times)
+LOST_SHARE = 1.1  # spot lost when it cost more than this share: a window of a stormy market's attempts swings
+#                   by a tenth around parity, and a verdict of "lost" on noise parks the job on on-demand for
+#                   the hold, while one more spot spell near parity costs at most this margin
+HOLD_HOURS = 6.0  # after spot did not pay, a gang on on-demand stays there this long after its last spot
+#                   attempt, doubled for each earlier return to on-demand (up to HOLD_DOUBLINGS times); a
+#                   retry is cheap (the window remembers: one settled spot attempt that loses again ends it)
 HOLD_DOUBLINGS = 3
 # the job's last this many ended attempts all spot and none trained a step: spot lost, no price needed
 # (``stall_limit`` of the default spec: one less than the stall budget, so a market whose gangs die before
@@ -59,8 +65,8 @@ class SpotEvidence:
 
     @property
     def lost(self) -> bool:
-        """Spot cost more than on-demand would have for the same steps, before any return's cost."""
-        return self.cost > self.on_demand_cost
+        """Spot cost clearly more than on-demand would have for the same steps (past ``LOST_SHARE``)."""
+        return self.cost > LOST_SHARE * self.on_demand_cost
 
 
 def _throughput(instance_type: str, config: PlacementConfig) -> float:
@@ -164,7 +170,8 @@ def stalled_on_spot(attempts: Sequence[Attempt], count: int = STALLED_SPOT_ATTEM
 def spot_did_not_pay(attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
                      config: PlacementConfig = DEFAULT_CONFIG, stalled: int = STALLED_SPOT_ATTEMPTS) -> bool:
     """The job's own evidence says spot cost more than on-demand per useful step: its spot attempts
-    were billed more than on-demand would have charged for their steps, or its last ``stalled``
+    were billed more than ``LOST_SHARE`` of what on-demand would have charged for their steps
+    (``SpotEvidence.lost``), or its last ``stalled``
     (``stall_limit``) trained none (False without a verdict: a job that has not measured it yet keeps
     trying spot)."""
     if stalled_on_spot(attempts, stalled):

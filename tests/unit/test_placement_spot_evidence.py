@@ -69,6 +69,17 @@ def test_spot_paid_or_lost_against_on_demand_for_the_same_steps() -> None:
     assert dear is not None and dear.lost and se.spot_did_not_pay(_spot_run(1.2), _od_quotes(), NOW)
 
 
+def test_near_parity_is_no_verdict_of_lost() -> None:
+    """A window that swings a little past on-demand's price (a stormy spell) does not park the job on
+    on-demand: lost needs more than LOST_SHARE of on-demand's price for the same steps."""
+    assert 1.0 < se.LOST_SHARE < 1.2
+    near = se.spot_evidence(_spot_run(1.05), _od_quotes(), NOW)
+    assert near is not None and not near.lost and not near.paid
+    assert not se.spot_did_not_pay(_spot_run(1.05), _od_quotes(), NOW)
+    past = se.spot_evidence(_spot_run(se.LOST_SHARE + 0.02), _od_quotes(), NOW)
+    assert past is not None and past.lost
+
+
 def test_no_verdict_without_enough_attempts_a_rate_or_on_demand() -> None:
     assert se.spot_evidence(_spot_run(2.0, se.MIN_SPOT_ATTEMPTS - 1), _od_quotes(), NOW) is None
     unrated = [a.model_copy(update={"resumed_at": None}) for a in _spot_run(2.0)]
@@ -150,7 +161,7 @@ def test_the_review_holds_on_demand_after_spot_did_not_pay_then_tries_again() ->
 
 def _stalled(count: int) -> list[Attempt]:
     """``count`` spot gangs in a row reclaimed before they trained (no resume, nothing committed)."""
-    return [Attempt(number=i + 1, pool=SPOT, started_at=NOW - 10 * H + i * 900, ended_at=NOW - 10 * H + i * 900 + 400,
+    return [Attempt(number=i + 1, pool=SPOT, started_at=NOW - 4 * H + i * 900, ended_at=NOW - 4 * H + i * 900 + 400,
                     cost=50.0, nodes=4, world_size=4) for i in range(count)]
 
 
