@@ -41,6 +41,7 @@ from spotrelay.sim.scores import SCORE_WINDOW_S, gang_score
 NOTICE_S = 120.0  # EC2 spot interruption notice
 _CACHE_MARGIN_S = 1e-3  # a slot lookup is kept for times this far inside the slot (SlotCapacity.locate)
 _EXACT = 2.0**52  # whole numbers below it add and subtract exactly
+_SNAP_S = 1e-6  # a trace time read back within this of a whole millisecond is that millisecond
 
 
 @dataclass(slots=True)
@@ -74,28 +75,39 @@ class TraceCapacity:
         self._forward = all(r >= a for a, r in zip(self.adds, self.removes, strict=True)) and self.adds == sorted(
             self.adds)
 
-    def next_drop(self, t: float) -> float:
-        """The next time after ``t`` when the trace removes nodes (absolute seconds)."""
+    def _tau(self, t: float) -> tuple[int, float]:
+        """(cycle, time into the trace's period) of ``t``. The trace's times are whole milliseconds, and
+        ``t + offset - cycle * period`` lands a few 1e-10 s off them (a removal's own time read back
+        as just before it): within a microsecond of a millisecond, tau is that millisecond. Before,
+        a node removed "now" still looked alive, a launch got it with a reclaim at ``t`` itself and a
+        policy that relaunches at once never moved the clock again."""
         x = t + self.offset
         cycle = int(x // self.period)
         tau = x - cycle * self.period
+        ms = round(tau * 1000.0) / 1000.0
+        if abs(tau - ms) < _SNAP_S:
+            tau = ms
+            if tau >= self.period:
+                cycle, tau = cycle + 1, tau - self.period
+        return cycle, tau
+
+    def next_drop(self, t: float) -> float:
+        """The next time after ``t`` when the trace removes nodes (absolute seconds)."""
+        _, tau = self._tau(t)
         i = bisect.bisect_right(self.drops, tau)
         if i < len(self.drops):
             return t + self.drops[i] - tau
         return t + self.period - tau + self.drops[0]
 
     def _alive(self, t: float) -> tuple[int, float, list[int]]:
-        x = t + self.offset
-        cycle = int(x // self.period)
-        tau = x - cycle * self.period
+        cycle, tau = self._tau(t)
         upto = bisect.bisect_right(self.adds, tau)
         return cycle, tau, [i for i in range(upto) if self.removes[i] > tau]
 
     def capacity(self, t: float) -> int:
         if not self._forward:
             return len(self._alive(t)[2])
-        x = t + self.offset
-        tau = x - int(x // self.period) * self.period
+        _, tau = self._tau(t)
         return bisect.bisect_right(self.adds, tau) - bisect.bisect_right(self._sorted_removes, tau)
 
     def offered(self, t: float) -> int:

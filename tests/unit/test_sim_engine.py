@@ -146,3 +146,22 @@ def test_a_stormy_run_keeps_only_the_nodes_it_may_still_bill() -> None:
     assert r.metrics.finished and r.metrics.recoveries > 50
     assert len(r.launched) <= 2 * _LAUNCHED_KEEP < created / 2
     assert all(n.end_t is not None for n in r.launched)  # (the leftovers were billed at the end)
+
+
+def test_a_trace_time_read_back_in_floating_point_is_that_time() -> None:
+    """At a removal's own time (computed as the engine computes it: launch time plus what is left of the
+    node's life, with a seeded offset and many periods in), the node is gone: capacity counts it out,
+    a launch never gets it with a reclaim "now" (a baseline that relaunches at once then never moved
+    the clock again), and the next drop is the one after."""
+    rng = random.Random(7)
+    for _ in range(2000):
+        offset = rng.uniform(0.0, TRACE.period_s)
+        nodes, capacity = TraceCapacity(TRACE, offset, "nodes"), TraceCapacity(TRACE, offset)
+        cycle = rng.randrange(1, 200)
+        launched = cycle * TRACE.period_s + rng.uniform(0.0, 7000.0) - offset
+        left = 7200.0 - ((launched + offset) - cycle * TRACE.period_s)
+        t = launched + left  # the drop at 2 h of this period, as a grant's removal_t
+        assert capacity.capacity(t) == 2 and nodes.capacity(t) == 2, (offset, cycle, t)
+        got = nodes.grant(t, 2, set(), random.Random(1))
+        assert got is not None and all(g.removal_t > t + 1.0 for g in got), (offset, cycle, t)
+        assert capacity.next_drop(t) > t + 1.0

@@ -19,6 +19,9 @@ spotrelay case but g4dn-32 changed (its gang never runs on spot). Re-pinned for 
 charging the running gang's own pool a launch's capacity risk (``score_pool(staying=True)``).
 Re-pinned for a new gang's loss no longer voiding the last gang's save (tests/unit/test_sim_overlap.py):
 the three g4dn spotrelay cases on spot changed (cheaper); g4dn-32 and the synthetic ones did not.
+Re-pinned for trace times read back exactly (sim/market.py ``TraceCapacity._tau``: at a drop's own time
+the dropped nodes are gone; before, floating point sometimes read the time just before it): g4dn-16-all
+(spotrelay and both relaunching baselines) and g4dn-32-elastic changed; the rest did not.
 """
 
 from __future__ import annotations
@@ -67,17 +70,17 @@ PINNED: dict[str, dict[str, list[Any]]] = {  # python -m tests.unit.test_sim_pin
         "spotrelay/0": [709, 50063.585515, "e8d345ed2acf0410"],
     },
     "g4dn-16-all": {
-        "spotrelay/0": [10424, 36553.022961, "5ba914868da85077"],
+        "spotrelay/0": [10222, 36515.317201, "f9fd3503a1e68427"],
         "on-demand/0": [19, 63550.06621, "a870882ca864a16c"],
-        "skypilot-like/0": [21785, 77999.374701, "527f88cf4779a193"],
-        "sagemaker-like/0": [17596, 62887.270201, "cecc7b305b7673db"],
+        "skypilot-like/0": [21988, 77964.855779, "097965aa2d7a23dc"],
+        "sagemaker-like/0": [17928, 63223.172267, "1ab4edfcee59cb50"],
         "price-limit/0": [19, 25420.166539, "dc58a0e9c36912f2"],
     },
     "g4dn-16-elastic": {
         "spotrelay/0": [3876, 21300.033735, "36ccefc982108f49"],
     },
     "g4dn-32-elastic": {
-        "spotrelay/0": [24797, 75595.033002, "0b853f2bac6e6de6"],
+        "spotrelay/0": [25466, 76756.818627, "07dc0cd8d0259b5d"],
     },
     "synthetic-16-switches": {
         "spotrelay/0": [911, 87890.724916, "7e1861e693971c56"],
