@@ -23,6 +23,10 @@ from spotrelay.sim.job import REF_TYPE, JobModel
 from spotrelay.sim.market import Market, SimPool, TraceCapacity
 from spotrelay.sim.records import INF, Fault, Metrics, SimNode
 
+# events in a row at one simulated time before a run is failed as stuck (a policy that answers an event
+# with another at the same instant for ever, which the horizon never ends); a gang's launch, boots and
+# notices at one time are a few hundred
+STUCK_EVENTS = 1_000_000
 _LAUNCHED_KEEP = 1024  # Run.launched is pruned of ended nodes when it grows past this (or twice what it kept)
 
 
@@ -75,12 +79,20 @@ class Run:
     def loop(self) -> None:
         heap, pop, metrics, horizon = self._heap, heapq.heappop, self.metrics, self.horizon
         events = 0  # (counted here, stored once: the loop runs millions of times a sweep)
+        same, last = 0, self.now  # events in a row at one simulated time: the horizon cannot end a loop
         while heap and not metrics.finished and metrics.failed_reason is None:
             t, _, fn, arg = pop(heap)
             if t > horizon:
                 metrics.failed_reason = "did not finish within the simulated horizon"
                 self.now = horizon
                 break
+            if t == last:
+                same += 1
+                if same > STUCK_EVENTS:
+                    metrics.failed_reason = f"no progress: {same:,} events in a row at one simulated time"
+                    break
+            else:
+                same, last = 0, t
             self.now = t
             events += 1
             fn(arg)

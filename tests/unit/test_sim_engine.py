@@ -5,8 +5,12 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
+
 from spotrelay.domain.models import Pool
+from spotrelay.sim import engine
 from spotrelay.sim.baselines import BaselineRun
+from spotrelay.sim.engine import Run
 from spotrelay.sim.inputs import Slot, Trace, TraceNode
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.market import Market, SimPool, SlotCapacity, TraceCapacity
@@ -165,3 +169,19 @@ def test_a_trace_time_read_back_in_floating_point_is_that_time() -> None:
         got = nodes.grant(t, 2, set(), random.Random(1))
         assert got is not None and all(g.removal_t > t + 1.0 for g in got), (offset, cycle, t)
         assert capacity.next_drop(t) > t + 1.0
+
+
+def test_a_run_that_answers_each_event_with_another_at_the_same_time_is_failed_not_hung(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    class Echo(Run):  # every event schedules the next one now: simulated time never reaches the horizon
+        def tick(self, _: object) -> None:
+            self.at(self.now, self.tick, None)
+
+    monkeypatch.setattr(engine, "STUCK_EVENTS", 1000)
+    r = Echo(market(), job(2), 0)
+    r.at(60.0, r.tick, None)
+    r.loop()
+    assert r.metrics.failed_reason is not None and r.metrics.failed_reason.startswith("no progress")
+    assert not r.metrics.finished and r.now == 60.0
+    ok = run("sagemaker-like", 2, market())  # launches, boots and notices share times: never near the bound
+    assert ok.metrics.finished and ok.metrics.failed_reason is None
