@@ -35,6 +35,9 @@ from spotrelay.spec.models import JobSpec, Recovery
 
 EVIDENCE_ATTEMPTS = 48  # the job's last this many attempts are weighed (the spot ones among them)
 MIN_SPOT_ATTEMPTS = 10  # fewer settled spot attempts than this: no verdict
+MIN_SPOT_SPAN_HOURS = 3.0  # nor when they span less than this (first start to last end): a stormy market's
+#                           first ten gangs can all die within 3 h on a bad start (the g4dn trace at 16 nodes,
+#                           seed 3: 42 steps in 2.7 h, then on-demand for 13 h of a market spot saves 44% on)
 PAID_SHARE = 0.8  # spot paid when it cost at most this share of on-demand's price for the same steps: the
 #                  rest pays each return to on-demand (a new on-demand gang's boot and restore) and the noise
 LOST_SHARE = 1.1  # spot lost when it cost more than this share: a window of a stormy market's attempts swings
@@ -128,20 +131,28 @@ def _settled(a: Attempt, now: float) -> bool:
 def spot_evidence(attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
                   config: PlacementConfig = DEFAULT_CONFIG, last: int = EVIDENCE_ATTEMPTS) -> SpotEvidence | None:
     """The job's settled spot attempts among its last ``last`` against on-demand's price for their
-    useful steps; None without on-demand to compare with, a measured step, or ``MIN_SPOT_ATTEMPTS``."""
+    useful steps; None without on-demand to compare with, a measured step, ``MIN_SPOT_ATTEMPTS`` or
+    ``MIN_SPOT_SPAN_HOURS`` of them."""
     od_price = on_demand_work_price(quotes, config)
     per_step = step_node_hours(attempts, config)
     if od_price is None or per_step is None:
         return None
     recent = list(attempts[-last:])
     count, cost, steps = 0, 0.0, 0  # (one pass: Plan asks this on every call of a stormy job)
+    first: float | None = None  # the first weighed attempt's start, the last one's end
+    last_end: float | None = None
     for i, a in enumerate(recent):
         if a.pool is None or a.pool.market != "spot" or not _settled(a, now):
             continue
+        if first is None:
+            first = a.started_at
+        last_end = a.ended_at
         count += 1
         cost += billed(a, recent[i + 1] if i + 1 < len(recent) else None)
         steps += useful_steps(a)
     if count < MIN_SPOT_ATTEMPTS:
+        return None
+    if first is None or last_end is None or last_end - first < MIN_SPOT_SPAN_HOURS * 3600.0:
         return None
     return SpotEvidence(attempts=count, cost=cost, on_demand_cost=steps * per_step * od_price)
 

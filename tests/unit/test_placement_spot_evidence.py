@@ -80,6 +80,18 @@ def test_near_parity_is_no_verdict_of_lost() -> None:
     assert past is not None and past.lost
 
 
+def test_no_verdict_on_attempts_that_span_less_than_the_minimum() -> None:
+    """Ten spot gangs that all died within an hour of a bad start are not a market's verdict yet."""
+    cost = 2.0 * 10 * _per_step_usd()
+    quick = [_rated(), *[_attempt(i + 1, SPOT, NOW - 5 * H + i * H / 12, 0.2, 10, cost, trained_h=0.1)
+                         for i in range(se.MIN_SPOT_ATTEMPTS)]]
+    assert se.spot_evidence(quick, _od_quotes(), NOW) is None and not se.spot_did_not_pay(quick, _od_quotes(), NOW)
+    spread = [_rated(), *[_attempt(i + 1, SPOT, NOW - 9 * H + i * H * se.MIN_SPOT_SPAN_HOURS / 8, 0.2, 10, cost,
+                                   trained_h=0.1) for i in range(se.MIN_SPOT_ATTEMPTS)]]
+    verdict = se.spot_evidence(spread, _od_quotes(), NOW)
+    assert verdict is not None and verdict.lost
+
+
 def test_no_verdict_without_enough_attempts_a_rate_or_on_demand() -> None:
     assert se.spot_evidence(_spot_run(2.0, se.MIN_SPOT_ATTEMPTS - 1), _od_quotes(), NOW) is None
     unrated = [a.model_copy(update={"resumed_at": None}) for a in _spot_run(2.0)]
