@@ -52,6 +52,14 @@ def print_report(report: Report, console: Console) -> None:
     if bad:
         console.print(f"[yellow]warning:[/] {bad} run(s) counted more useful than paid GPU-hours "
                       "(a known accounting gap in notice-window runs; see docs/simulator.md)")
+    for policy in report.policies():  # a failed run's means cover only what it trained: cheap-looking
+        runs = [r for r in report.runs if r.policy == policy]
+        failed = [r for r in runs if not r.finished]
+        if failed:
+            reasons = sorted({r.failed or "did not finish" for r in failed})
+            console.print(f"[yellow]warning:[/] {policy}: {len(failed)} of {len(runs)} run(s) did not finish "
+                          f"({'; '.join(reasons[:3])}); its numbers cover only what they trained",
+                          highlight=False, soft_wrap=True)
     console.print("where paid GPU-hours went (share, mean over seeds; useful = goodput):")
     for policy in report.policies():
         parts = [(c, report.loss(policy, c)) for c in CATEGORIES]

@@ -73,6 +73,7 @@ class RunResult:
     timeline: list[tuple[float, str, str]]
     decisions: list[dict[str, Any]]
     losses: dict[str, float] = field(default_factory=dict)  # share of paid GPU-hours per phase (sim/losses.py)
+    failed: str | None = None  # why a run did not finish (the stall budget, the horizon, no pool holds it)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -139,7 +140,8 @@ def measure(policy: str, seed: int, run: Run) -> RunResult:
         "inconsistent": 1.0 if useful > paid * 1.000001 + 1e-9 or int(getattr(run, "short_starts", 0)) else 0.0,
     }
     return RunResult(policy, seed, values, m.finished, m.events, m.timeline,
-                     list(getattr(run, "decisions", [])), shares(run))
+                     list(getattr(run, "decisions", [])), shares(run),
+                     None if m.finished else m.failed_reason or "did not finish")
 
 
 def job_starts(seed: int, jobs: int) -> list[float]:
@@ -203,7 +205,8 @@ def _sum(parts: list[RunResult]) -> RunResult:
     losses = {c: statistics.fmean(p.losses.get(c, 0.0) for p in parts) for c in CATEGORIES
               if any(c in p.losses for p in parts)}
     return RunResult(parts[0].policy, parts[0].seed, values, all(p.finished for p in parts),
-                     sum(p.events for p in parts), parts[0].timeline, parts[0].decisions, losses)
+                     sum(p.events for p in parts), parts[0].timeline, parts[0].decisions, losses,
+                     next((p.failed for p in parts if p.failed), None))
 
 
 def _captured(results: list[RunResult]) -> None:

@@ -129,3 +129,14 @@ def test_simulate_switches_reach_spotrelays_spec(tmp_path: Path) -> None:
     spared = CliRunner().invoke(app, [*args, "--switch", "spares=2", "--switch", "launch_at_notice=false"])
     assert spared.exit_code == 0, spared.output
     assert json.loads(out.read_text())["policies"]["spotrelay"]["cost_usd"] > cost  # two more nodes billed
+
+
+def test_simulate_says_which_runs_did_not_finish_and_why() -> None:
+    """No g4dn pool ever holds 32 nodes: the relaunching baselines never start. The table shows their
+    cost as "-", and a warning names them and the reason (a failed run's means are not a result)."""
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(TRACE), "--nodes", "32", "--job-hours", "1",
+                                      "--policies", "spotrelay,on-demand,skypilot-like,price-limit"])
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert "skypilot-like: 1 of 1 run(s) did not finish (no pool skypilot-like may use ever holds 32 nodes)" in out
+    assert "spotrelay: " not in out.split("where paid GPU-hours went")[0]  # it finished: no warning
