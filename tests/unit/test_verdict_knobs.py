@@ -1,0 +1,52 @@
+"""bench/verdict_knobs.py: variants of the spot verdict's constants, each run in its own fork."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.sim_sweep import MARKETS
+from bench.verdict_knobs import KNOBS, _one, parse_variant
+from spotrelay.placement import spot_evidence
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "verdict_knobs.py"), *args], capture_output=True,
+                          text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "MLFLOW_DISABLE_TELEMETRY": "true"},
+                          timeout=300)
+
+
+def test_variants_parse_and_name_what_is_wrong() -> None:
+    assert parse_variant("default") == {}
+    assert parse_variant("LOST_SHARE=1.0, HOLD_HOURS=12") == {"LOST_SHARE": 1.0, "HOLD_HOURS": 12.0}
+    for bad, named in (("EVIDENCE_ATTEMPTS=96", "EVIDENCE_ATTEMPTS"), ("LOST_SHARE", "LOST_SHARE"),
+                       ("HOLD_HOURS=soon", "soon")):
+        with pytest.raises(ValueError, match=named):
+            parse_variant(bad)
+    for name in KNOBS:  # each knob is a module constant the verdict reads when asked
+        assert isinstance(getattr(spot_evidence, name), int | float)
+
+
+def test_a_variant_changes_the_run_and_the_sweep_prints_it_against_the_first() -> None:
+    # the node reading at 8 nodes, seed 0: the old verdict (lost at parity, a 12 h hold, no span) parks the
+    # job on on-demand (docs/simulator-tuning.md, "Spot verdict: a margin before lost")
+    values = (spot_evidence.LOST_SHARE, spot_evidence.HOLD_HOURS, spot_evidence.MIN_SPOT_SPAN_HOURS)
+    shipped = _one(({}, MARKETS["g4dn-nodes"], 8, 0, 72.0, {}))["spotrelay"]
+    knobs = {"LOST_SHARE": 1.0, "HOLD_HOURS": 12.0, "MIN_SPOT_SPAN_HOURS": 0.0}
+    old = _one((knobs, MARKETS["g4dn-nodes"], 8, 0, 72.0, {}))["spotrelay"]
+    assert old["on_demand_share"] > shipped["on_demand_share"]
+    assert old["cost_per_useful_gpu_hour"] > shipped["cost_per_useful_gpu_hour"]
+    assert values == (spot_evidence.LOST_SHARE, spot_evidence.HOLD_HOURS, spot_evidence.MIN_SPOT_SPAN_HOURS)
+    out = _run("--variants", "default;LOST_SHARE=100", "--markets", "g4dn", "--nodes", "4", "--seeds", "1",
+               "--job-hours", "6", "--workers", "1")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[1] == "g4dn 4 nodes, 1 seed(s)" and lines[2].split()[:2] == ["default", "1.000"]
+    assert lines[3].split()[0] == "LOST_SHARE=100"
+    bad = _run("--variants", "default;BOGUS=1")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "BOGUS" in bad.stderr
