@@ -27,7 +27,7 @@ from bench.sim_sweep import MARKETS
 from spotrelay.placement import spot_evidence
 from spotrelay.sim.build import MarketOptions
 from spotrelay.sim.job import JobModel
-from spotrelay.sim.runner import SimOptions, run_seed
+from spotrelay.sim.runner import SimOptions, parse_switch, run_seed
 
 # constants the verdict reads at call time (a default argument bound at import would not follow a patch)
 KNOBS = ("LOST_SHARE", "PAID_SHARE", "HOLD_HOURS", "HOLD_DOUBLINGS", "MIN_SPOT_ATTEMPTS", "MIN_SPOT_SPAN_HOURS")
@@ -85,7 +85,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--job-hours", type=float, default=72.0)
     parser.add_argument("--trace-dir", type=Path)
-    parser.add_argument("--switch", action="append", default=[], help="a spotrelay switch, NAME=VALUE (int)")
+    parser.add_argument("--switch", action="append", default=[], help="NAME=VALUE, as simulate --switch")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     markets = dict(MARKETS)
@@ -99,7 +99,7 @@ def main() -> int:
     try:
         names = [v.strip() for v in args.variants.split(";") if v.strip()]
         variants = [parse_variant(v) for v in names]
-        switches = {k: int(v) for k, _, v in (s.partition("=") for s in args.switch)}
+        switches = dict(parse_switch(s) for s in args.switch)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

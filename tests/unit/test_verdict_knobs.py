@@ -50,3 +50,5 @@ def test_a_variant_changes_the_run_and_the_sweep_prints_it_against_the_first() -
     assert lines[3].split()[0] == "LOST_SHARE=100"
     bad = _run("--variants", "default;BOGUS=1")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "BOGUS" in bad.stderr
+    bad = _run("--switch", "sparez=1")  # switches are simulate's (runner.parse_switch), named when wrong
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "sparez" in bad.stderr
