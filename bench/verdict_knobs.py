@@ -100,6 +100,7 @@ def main() -> int:
         names = [v.strip() for v in args.variants.split(";") if v.strip()]
         variants = [parse_variant(v) for v in names]
         switches = dict(parse_switch(s) for s in args.switch)
+        sizes = [int(n) for n in args.nodes.split(",")]
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -108,12 +109,16 @@ def main() -> int:
         print(f"error: unknown market {unknown[0]!r}" if unknown else "error: need a variant, seeds >= 1, workers >= 1",
               file=sys.stderr)
         return 2
-    cells = [(m, int(n)) for m in args.markets.split(",") for n in args.nodes.split(",")]
+    cells = [(m, n) for m in args.markets.split(",") for n in sizes]
     tasks = [(knobs, markets[m], n, seed, args.job_hours, switches)
              for m, n in cells for knobs in variants for seed in range(args.seeds)]
     # a fresh fork per run: the constants one run sets never reach another
-    with multiprocessing.get_context("fork").Pool(args.workers, maxtasksperchild=1) as pool:
-        results = pool.map(_one, tasks, chunksize=1)
+    try:
+        with multiprocessing.get_context("fork").Pool(args.workers, maxtasksperchild=1) as pool:
+            results = pool.map(_one, tasks, chunksize=1)
+    except ValueError as exc:  # a trace or CSV that does not read (SimInputError names the file and line)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     width = max(32, *(len(n) for n in names))
     print(f"{'':2} {'variant':{width}} {'cost/first':>19} {'captured':>8} {'goodput':>7} {'on-dem':>6} {'wall h':>6} "
           f"{'od miss':>7} {'unfin':>5}")

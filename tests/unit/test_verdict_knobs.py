@@ -32,6 +32,12 @@ def test_variants_parse_and_name_what_is_wrong() -> None:
         assert isinstance(getattr(spot_evidence, name), int | float)
 
 
+def test_a_trace_that_does_not_read_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    (tmp_path / "bad.csv").write_text("ms,what,node\n10,add,a\nxx,remove,a\n")
+    bad = _run("--trace-dir", str(tmp_path), "--markets", "bad", "--nodes", "4", "--seeds", "1", "--workers", "1")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "bad.csv" in bad.stderr
+
+
 def test_a_variant_changes_the_run_and_the_sweep_prints_it_against_the_first() -> None:
     # the node reading at 8 nodes, seed 0: the old verdict (lost at parity, a 12 h hold, no span) parks the
     # job on on-demand (docs/simulator-tuning.md, "Spot verdict: a margin before lost")
@@ -50,5 +56,7 @@ def test_a_variant_changes_the_run_and_the_sweep_prints_it_against_the_first() -
     assert lines[3].split()[0] == "LOST_SHARE=100"
     bad = _run("--variants", "default;BOGUS=1")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "BOGUS" in bad.stderr
+    bad = _run("--nodes", "8,x")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "'x'" in bad.stderr
     bad = _run("--switch", "sparez=1")  # switches are simulate's (runner.parse_switch), named when wrong
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "sparez" in bad.stderr
