@@ -26,6 +26,13 @@ _GONE = (NodeState.DOOMED, NodeState.LOST, NodeState.TERMINATED)
 _AGENT_LEFT = (int(ExitCode.DONE), int(ExitCode.CANCELLED))
 
 
+# spot survivors are kept through a recovery's backoff of at most this (a 30 s backoff doubling per short
+# attempt: up to three in a row). Past it they would be billed idle through the wait, in the pool whose
+# gangs keep dying, and often be reclaimed before their replacements come; the next gang is placed anew.
+# Measured in docs/simulator-tuning.md, "Survivors through a backoff" (0 and 60 s: close; never: worse).
+KEEP_BACKOFF_MAX_S = 120.0
+
+
 class RecoveryContext(BaseModel):
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
     spec: JobSpec
@@ -44,6 +51,9 @@ class RecoveryContext(BaseModel):
     # the stall budget has one recovery left (placement/spot_evidence.last_chance): survivors on spot
     # are not kept, so Plan, which then offers on-demand, places the next gang
     last_chance: bool = False
+    # seconds the workflow waits before its next launch (recovery_flow.recovery_backoff_s: 0 after a
+    # notice, else the failure streak's backoff)
+    backoff_s: float = Field(0.0, ge=0)
 
     def survivors(self) -> list[Node]:
         lost = set(self.outcome.lost_ranks)
@@ -146,6 +156,9 @@ class ReplaceLostNodes(ReplaceCluster):
         home = pools.pop()
         if ctx.last_chance and home.market == "spot":
             return self._fallback(ctx, "one stalled recovery from the budget: not again on spot")
+        if home.market == "spot" and ctx.backoff_s > KEEP_BACKOFF_MAX_S:
+            return self._fallback(ctx, f"the next launch waits {ctx.backoff_s:g} s (gangs keep dying here): "
+                                       "survivors would idle through it")
         ranking = evaluate_pools(ctx.spec, ctx.quotes, ctx.stats, ctx.now, ctx.excluded, quotas=ctx.quotas,
                                  config=ctx.config, running=frozenset({home.key}))
         if home.key in ranking.dropped:

@@ -42,17 +42,27 @@ _SAVING = (NodeState.READY, NodeState.RUNNING, NodeState.DOOMED)  # may still co
 DRAIN_GRACE_S = 30.0  # after the reclaim time, a draining node is released whatever it says
 
 
-def failure_streak(job: Job, timings: WorkflowTimings) -> int:
+def failure_streak(job: Job, timings: WorkflowTimings, now: float | None = None) -> int:
     """Recoveries since the last healthy stretch: the trailing attempts that ran shorter than
-    ``timings.healthy_s`` (the one just closed included). A long healthy run resets the backoff."""
+    ``timings.healthy_s`` (the one just closed included; with ``now``, an attempt still open counts as
+    ending then). A long healthy run resets the backoff."""
     streak = 0
     for attempt in reversed(job.attempts):
-        if attempt.started_at is None or attempt.ended_at is None:
+        ended = attempt.ended_at if attempt.ended_at is not None else now
+        if attempt.started_at is None or ended is None:
             continue
-        if attempt.ended_at - attempt.started_at >= timings.healthy_s:
+        if ended - attempt.started_at >= timings.healthy_s:
             break
         streak += 1
     return max(1, streak)
+
+
+def recovery_backoff_s(job: Job, timings: WorkflowTimings, end: AttemptEnd, now: float | None = None) -> int:
+    """How long the workflow waits after this recovery before its next launch: nothing after a notice
+    (the replacements are wanted while the window lasts), else the failure streak's backoff (``now``:
+    the ending attempt may still be open in ``job``). The strategy reads it too: survivors would idle
+    through it."""
+    return 0 if end.deadline is not None else backoff_seconds(timings, failure_streak(job, timings, now))
 
 
 def _world_after(job: Job, fallback: int) -> int:
@@ -136,7 +146,8 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
     if current is not None and current.pool is not None and current.started_at is not None:
         hours = max(0.0, now - current.started_at) / 3600.0 * max(1, current.nodes)
         ctl.pool_stats.record(current.pool.key, PoolEvent.OBSERVED, now, hours=hours)
-    keep, action, reason, plan_pool = _strategy(ctl, job, spec, outcome, nodes, now, last_chance(spec, stalled + 1))
+    keep, action, reason, plan_pool = _strategy(ctl, job, spec, outcome, nodes, now, last_chance(spec, stalled + 1),
+                                                recovery_backoff_s(job, timings, outcome, now))
     if outcome.outcome is Verdict.USER_ERROR and action is not RecoveryAction.NEW_CLUSTER:
         keep = []  # a user restart relaunches in place only through a new gang (simple and clean)
         action = RecoveryAction.NEW_CLUSTER
@@ -183,8 +194,10 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
 
 
 def _strategy(ctl: Controller, job: Job, spec: JobSpec, outcome: AttemptEnd, nodes: list[Node],
-              now: float, chance: bool = False) -> tuple[list[str], RecoveryAction, str, Pool | None]:
-    """The spec's recovery strategy (plan_recovery): which nodes stay, the action, why, their pool."""
+              now: float, chance: bool = False,
+              backoff_s: int = 0) -> tuple[list[str], RecoveryAction, str, Pool | None]:
+    """The spec's recovery strategy (plan_recovery): which nodes stay, the action, why, their pool
+    (``backoff_s``: the wait before the next launch)."""
     try:
         assert ctl.market is not None
         res = spec.resources
@@ -196,7 +209,7 @@ def _strategy(ctl: Controller, job: Job, spec: JobSpec, outcome: AttemptEnd, nod
                                              now=now, excluded=frozenset(job.excluded_pools),
                                              quotes_for=lambda k: market.quotes(res.regions, res.instance_types,
                                                                                 markets, capacity=k),
-                                             last_chance=chance))
+                                             last_chance=chance, backoff_s=backoff_s))
         return list(plan.keep_instance_ids), RecoveryAction(plan.action), plan.reason, plan.pool
     except NoPlacementError as exc:  # every pool cools down right now; Plan decides after the backoff
         log.info("no pool to recover into yet", extra={"job_id": job.job_id, "why": str(exc)})
@@ -267,7 +280,7 @@ def _result(job: Job, nodes: list[Node], timings: WorkflowTimings, end: AttemptE
         action=action, outcome=end.outcome, reason=reason,
         deadline=None if end.deadline is None else end.deadline + DRAIN_GRACE_S,
         # after a notice the replacements are wanted now: the window is the time they have to boot
-        backoff_s=0 if end.deadline is not None else backoff_seconds(timings, failure_streak(job, timings)),
+        backoff_s=recovery_backoff_s(job, timings, end),
         recoveries=job.recoveries, user_restarts=job.user_restarts,
         pool=pool if action is not RecoveryAction.NEW_CLUSTER else None,
         keep_instance_ids=[n.instance_id for n in keep] if action is not RecoveryAction.NEW_CLUSTER else [],

@@ -18,6 +18,7 @@ from spotrelay.placement.spot_wait import plan_view, wait_left_s
 from spotrelay.recovery import RecoveryContext, check_retry_budget, classify_nodes, plan_recovery, stall
 from spotrelay.services.plan import MAX_CANDIDATES, _keeping_plan, _new_gang_plan, placing_overdue, within_bound
 from spotrelay.services.recovery_flow import _result as recovery_result
+from spotrelay.services.recovery_flow import recovery_backoff_s
 from spotrelay.services.review import review_seconds
 from spotrelay.sim import attempts, moves, spares
 from spotrelay.sim.asl import TaskFailed
@@ -187,7 +188,8 @@ def recover(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
         plan = plan_recovery(RecoveryContext(spec=self.spec, outcome=end, nodes=nodes, quotes=quotes,
                                              stats=stats, now=self.now, excluded=excluded,
                                              config=self.config, quotes_for=self._quotes_for,
-                                             last_chance=chance, **self.context_extra))
+                                             last_chance=chance, backoff_s=_backoff_s(self, end),
+                                             **self.context_extra))
         keep, action, home = list(plan.keep_instance_ids), RecoveryAction(plan.action), plan.pool
     except NoPlacementError:
         pass
@@ -217,6 +219,11 @@ def recover(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     return result.model_dump(mode="json")
 
 
+def _backoff_s(self: SpotrelayRun, end: AttemptEnd) -> int:
+    """recovery_flow.recovery_backoff_s (the ending attempt is closed here already)."""
+    return recovery_backoff_s(self._light_job(), self.timings, end)
+
+
 def _verify_recovery(self: SpotrelayRun, end: AttemptEnd, nodes: list[Any], stats: dict[str, Any],
                      excluded: frozenset[str], got: tuple[list[str], RecoveryAction, Any], chance: bool) -> None:
     want: tuple[list[str], RecoveryAction, Any]
@@ -224,6 +231,7 @@ def _verify_recovery(self: SpotrelayRun, end: AttemptEnd, nodes: list[Any], stat
         every = plan_recovery(RecoveryContext(spec=self.spec, outcome=end, nodes=nodes, quotes=self._quotes(),
                                               stats=stats, now=self.now, excluded=excluded, config=self.config,
                                               quotes_for=self._quotes_for, last_chance=chance,
+                                              backoff_s=_backoff_s(self, end),
                                               **self.context_extra))
         want = (list(every.keep_instance_ids), RecoveryAction(every.action), every.pool)
     except NoPlacementError:

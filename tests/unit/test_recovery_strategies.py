@@ -19,7 +19,7 @@ from spotrelay.recovery import (
     register,
     strategy_names,
 )
-from spotrelay.recovery.strategies import _REGISTRY
+from spotrelay.recovery.strategies import _REGISTRY, KEEP_BACKOFF_MAX_S
 from spotrelay.spec.models import JobSpec
 
 NOW = 1_800_000_000.0
@@ -69,6 +69,22 @@ def test_one_stall_from_the_budget_keeps_no_spot_survivors() -> None:
     on_demand = spec(markets=["on-demand"])
     kept = plan_recovery(ctx(on_demand, gang({2: NodeState.LOST}, od)).model_copy(update={"last_chance": True}))
     assert kept.action == "replace-lost" and kept.pool == od  # survivors on on-demand: not spot's doing
+
+
+def test_survivors_are_not_kept_through_a_backoff() -> None:
+    # a recovery that waits before its next launch (the failure streak's backoff) would bill the spot
+    # survivors idle through the wait, in the pool whose losses caused it: the next gang is placed anew
+    waits = ctx(spec(), gang({2: NodeState.LOST})).model_copy(update={"backoff_s": 240.0})
+    plan = plan_recovery(waits)
+    assert plan.action == "new-cluster" and plan.keep_instance_ids == [] and "waits 240 s" in plan.reason
+    assert plan.terminate_instance_ids == ["i-0", "i-1", "i-2", "i-3"]
+    for short in (0.0, KEEP_BACKOFF_MAX_S):  # none (after a notice: always), or a short streak's
+        at_once = plan_recovery(ctx(spec(), gang({2: NodeState.LOST})).model_copy(update={"backoff_s": short}))
+        assert at_once.action == "replace-lost" and at_once.keep_instance_ids == ["i-0", "i-1", "i-3"]
+    od = Pool(region="us-east-1", az="us-east-1c", instance_type="p5.48xlarge", market="on-demand")
+    kept = plan_recovery(ctx(spec(markets=["on-demand"]), gang({2: NodeState.LOST}, od)).model_copy(
+        update={"backoff_s": 240.0}))
+    assert kept.action == "replace-lost" and kept.pool == od  # on-demand survivors are not reclaimed
 
 
 def test_a_cooldown_does_not_evict_the_survivors() -> None:
