@@ -18,6 +18,11 @@ class WorkflowTimings(BaseModel):
     backoff_max_s: int = Field(600, ge=0)
     healthy_s: int = Field(3600, ge=1, description="an attempt that ran this long resets the recovery backoff")
     provision_retry_s: int = Field(20, ge=0, description="wait before trying the next plan on capacity errors")
+    # EC2 reclaims several nodes of a pool at once and their notices (or state changes) arrive within
+    # seconds: recovering on the first alone kept survivors that were already going. Out of a notice's
+    # 120 s: the replacements boot this much later (the old ranks' save is timed by the deadline)
+    loss_settle_s: int = Field(5, ge=0, description="after a notice or a loss, wait this long for the rest "
+                                                     "of its wave before recovering (GatherLosses)")
     # Plan measures its waits (the wait for spot, its re-checks) on the clock: a twin that runs modeled
     # time faster must shorten them where Plan computes them, not in the ASL's Wait (docs/local-twin.md)
     time_scale: float = Field(

@@ -35,6 +35,7 @@ TWIN_TIMINGS = {
     "backoff_s": 1,
     "backoff_max_s": 5,
     "provision_retry_s": 2,
+    "loss_settle_s": 1,
 }
 
 # The agents' polling in the twin: a real node polls IMDS every 2 s against a 120 s window; the twin's

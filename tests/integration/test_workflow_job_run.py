@@ -39,7 +39,7 @@ from tests.integration.controller_doubles import (
 # sends (ReadyTimedOut, an extra attempt) or 30 s between two events of one outcome wait (a missed
 # heartbeat). 120 s is far above that and still ends a wait nobody answers well inside a test's 300 s
 FAST = WorkflowTimings(ready_timeout_s=120, heartbeat_s=120, outcome_timeout_s=300, backoff_s=0, backoff_max_s=1,
-                       provision_retry_s=0)
+                       provision_retry_s=0, loss_settle_s=1)
 
 
 @dataclass

@@ -75,6 +75,27 @@ def test_replace_lost_nodes_keeps_the_survivor(wf: Harness) -> None:
     assert wf.compute.running(job.job_id) == []
 
 
+def test_a_wave_of_losses_is_one_recovery(wf: Harness) -> None:
+    # EC2 takes two nodes of the pool within seconds: the first loss ends the outcome wait, the second
+    # lands while GatherLosses waits, and Recover sees both: one new attempt replaces ranks 1 and 2
+    # (recovering on the first alone kept rank 2 as a survivor that was already gone)
+    job = new_job(wf.store, strategy="replace-lost-nodes", nodes=3)
+    arn = wf.start(job, FAST.model_copy(update={"loss_settle_s": 5}))
+    first = wf.agents_ready(1)
+    on_instance_state.handler(ec2_event("ec2_instance_state_terminated.json", first[1].instance_id), ctx())
+    wait_until(lambda: "GatherLosses" in wf.states_entered(arn), what="the wait for the rest of the wave")
+    assert "Recover" not in wf.states_entered(arn)
+    on_instance_state.handler(ec2_event("ec2_instance_state_terminated.json", first[2].instance_id), ctx())
+    second = wf.gang(2)
+    assert second[0].instance_id == first[0].instance_id  # the survivor joins attempt 2
+    assert [r.ranks for r in wf.compute.launched] == [[0, 1, 2], [1, 2]]
+    for node in second:
+        on_agent_event.handler(agent_event("NodeReady", node), ctx())
+    wait_until(lambda: wf.job().status is JobStatus.RUNNING, what="RUNNING again")
+    wf.exit_all(second, 0)
+    assert wf.finished(arn)["status"] == "SUCCEEDED" and wf.job().recoveries == 1
+
+
 def test_survivors_are_released_when_their_pool_has_no_capacity(wf: Harness) -> None:
     job = new_job(wf.store, strategy="replace-lost-nodes")
     arn = wf.start(job)

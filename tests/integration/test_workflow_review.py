@@ -20,7 +20,7 @@ DEAR_SPOT = {pool("p5.48xlarge", "spot").key: 150.0, pool("p4d.24xlarge", "spot"
              pool("p5.48xlarge", "on-demand").key: 98.0, pool("p4d.24xlarge", "on-demand").key: 32.0}
 CHEAP_SPOT = {pool("p5.48xlarge", "spot").key: 20.0, pool("p4d.24xlarge", "spot").key: 8.0}
 TIMINGS = WorkflowTimings(ready_timeout_s=120, heartbeat_s=120, outcome_timeout_s=600, backoff_s=0, backoff_max_s=1,
-                          provision_retry_s=0)
+                          provision_retry_s=0, loss_settle_s=1)
 REVIEW = {"review_minutes": 0.05, "launch_at_notice": True}  # a review every 3 s
 
 

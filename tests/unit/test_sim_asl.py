@@ -15,9 +15,9 @@ from tests.unit.test_sim_calibration import demo_run
 def test_simulated_job_takes_the_asl_states_in_order() -> None:
     run = demo_run((Fault("notice", rank=1, step=20, attempt=1),))
     visited = run.walker.visited
-    first = ["Init", "Plan", "Placed", "Provision", "WaitReady", "IsReady", "WaitOutcome", "Outcome", "Recover",
-             "Backoff", "Plan", "Placed", "Provision", "WaitReady", "IsReady", "WaitOutcome", "Outcome", "Teardown",
-             "Finalize", "Succeeded"]
+    first = ["Init", "Plan", "Placed", "Provision", "WaitReady", "IsReady", "WaitOutcome", "Outcome", "GatherLosses",
+             "Recover", "Backoff", "Plan", "Placed", "Provision", "WaitReady", "IsReady", "WaitOutcome", "Outcome",
+             "Teardown", "Finalize", "Succeeded"]
     assert visited == first
 
 
@@ -58,12 +58,15 @@ def test_walker_catches_task_errors_by_name_and_waits_on_tokens() -> None:
 def test_wait_states_and_token_tasks_yield_to_the_event_loop() -> None:
     asl = load_asl()
     handlers = {"fn_sfn_plan": lambda p: {"candidates": []}, "fn_sfn_provision": lambda p: {"attempt": 1}}
-    walker = Walker(asl, handlers, {"job_id": "j", "timings": {"ready_timeout_s": 7, "provision_retry_s": 3}})
+    walker = Walker(asl, handlers, {"job_id": "j", "timings": {"ready_timeout_s": 7, "provision_retry_s": 3,
+                                                              "loss_settle_s": 4}})
     waiting = walker.advance()
     assert waiting == Await("ready", 7.0)
     assert "Placed" in walker.visited and "PoolCooldown" not in walker.visited  # no wait_s: straight on
     handlers["fn_sfn_recover"] = lambda p: {"backoff_s": 11}
-    assert walker.resume({"outcome": "node-lost"}) == Sleep(11.0)  # IsReady's Default -> Recover -> Backoff
+    assert walker.resume({"outcome": "node-lost"}) == Sleep(4.0)  # IsReady -> GatherLosses (the rest of a wave)
+    assert walker.resume() == Sleep(11.0)  # -> Recover -> Backoff
+    assert walker.visited[-3:] == ["GatherLosses", "Recover", "Backoff"]
 
 
 def test_a_plan_that_must_wait_for_a_cooldown_sleeps_then_plans_again() -> None:

@@ -22,6 +22,8 @@ the three g4dn spotrelay cases on spot changed (cheaper); g4dn-32 and the synthe
 Re-pinned for trace times read back exactly (sim/market.py ``TraceCapacity._tau``: at a drop's own time
 the dropped nodes are gone; before, floating point sometimes read the time just before it): g4dn-16-all
 (spotrelay and both relaunching baselines) and g4dn-32-elastic changed; the rest did not.
+Re-pinned for the workflow's GatherLosses wait (5 s after a notice or a loss, so one recovery sees a
+whole reclaim wave; functions/workflows/job_run.asl.json): every spotrelay case on spot changed.
 """
 
 from __future__ import annotations
@@ -67,23 +69,23 @@ PINNED: dict[str, dict[str, list[Any]]] = {  # python -m tests.unit.test_sim_pin
         "spotrelay/0": [158, 423257.801649, "06b7cd7d6e78de59"],
     },
     "synthetic-32": {
-        "spotrelay/0": [709, 50063.585515, "e8d345ed2acf0410"],
+        "spotrelay/0": [779, 50065.10122, "92dad85bef73ab0c"],
     },
     "g4dn-16-all": {
-        "spotrelay/0": [10222, 36515.317201, "f9fd3503a1e68427"],
+        "spotrelay/0": [10842, 36439.14873, "53f16d78b37893e1"],
         "on-demand/0": [19, 63550.06621, "a870882ca864a16c"],
         "skypilot-like/0": [21988, 77964.855779, "097965aa2d7a23dc"],
         "sagemaker-like/0": [17928, 63223.172267, "1ab4edfcee59cb50"],
         "price-limit/0": [19, 25420.166539, "dc58a0e9c36912f2"],
     },
     "g4dn-16-elastic": {
-        "spotrelay/0": [3876, 21300.033735, "36ccefc982108f49"],
+        "spotrelay/0": [4444, 21485.760503, "fb26fe7d404dcc00"],
     },
     "g4dn-32-elastic": {
-        "spotrelay/0": [25466, 76756.818627, "07dc0cd8d0259b5d"],
+        "spotrelay/0": [25508, 75400.294514, "33232eef806c86f9"],
     },
     "synthetic-16-switches": {
-        "spotrelay/0": [911, 87890.724916, "7e1861e693971c56"],
+        "spotrelay/0": [923, 87892.023231, "f32ae8fb81c6c40f"],
     },
 }
 

@@ -39,13 +39,13 @@ def test_a_trace_that_does_not_read_is_one_line_naming_the_file(tmp_path: Path) 
 
 
 def test_a_variant_changes_the_run_and_the_sweep_prints_it_against_the_first() -> None:
-    # the node reading at 8 nodes, seed 5: the old verdict (lost at parity, a 12 h hold, no span) parks the
-    # job on on-demand (docs/simulator-tuning.md, "Spot verdict: a margin before lost"; seed 0 did until
-    # survivors stopped idling through backoffs)
+    # the node reading at 16 nodes, seed 5: the old verdict (lost at parity, a 12 h hold, no span) parks the
+    # job on on-demand longer (docs/simulator-tuning.md, "Spot verdict: a margin before lost"; at 8 nodes it
+    # did until survivors stopped idling through backoffs and a reclaim wave became one recovery)
     values = (spot_evidence.LOST_SHARE, spot_evidence.HOLD_HOURS, spot_evidence.MIN_SPOT_SPAN_HOURS)
-    shipped = _one(({}, MARKETS["g4dn-nodes"], 8, 5, 72.0, {}))["spotrelay"]
+    shipped = _one(({}, MARKETS["g4dn-nodes"], 16, 5, 72.0, {}))["spotrelay"]
     knobs = {"LOST_SHARE": 1.0, "HOLD_HOURS": 12.0, "MIN_SPOT_SPAN_HOURS": 0.0}
-    old = _one((knobs, MARKETS["g4dn-nodes"], 8, 5, 72.0, {}))["spotrelay"]
+    old = _one((knobs, MARKETS["g4dn-nodes"], 16, 5, 72.0, {}))["spotrelay"]
     assert old["on_demand_share"] > shipped["on_demand_share"]
     assert old["cost_per_useful_gpu_hour"] > shipped["cost_per_useful_gpu_hour"]
     assert values == (spot_evidence.LOST_SHARE, spot_evidence.HOLD_HOURS, spot_evidence.MIN_SPOT_SPAN_HOURS)
