@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.cost import CostLedger
 from spotrelay.sim.assumptions import assumptions
 from spotrelay.sim.baselines import BASELINES, BaselineRun
@@ -28,8 +29,11 @@ from spotrelay.sim.losses import CATEGORIES, shares
 SPEC_SWITCHES = {"spares": "resources", "min_nodes": "resources", "wall_time_weight": "resources",
                  "launch_at_notice": "recovery", "prewarm_on_rebalance": "recovery", "prewarm_wait_s": "recovery",
                  "review_minutes": "recovery", "spot_wait_minutes": "recovery", "max_placing_minutes": "recovery"}
+# the job-run workflow's waits (WorkflowTimings, the execution's input) a sweep may change: loss_settle_s,
+# backoff_s, ... (not time_scale: the twin's clock)
+TIMING_SWITCHES = tuple(name for name in WorkflowTimings.model_fields if name != "time_scale")
 # every spotrelay switch the CLI's --switch NAME=VALUE takes (SimOptions.spotrelay_switches)
-SWITCHES = ("strategy", *SPEC_SWITCHES, "rebalance_checkpoint", "keep_margin")
+SWITCHES = ("strategy", *SPEC_SWITCHES, "rebalance_checkpoint", "keep_margin", *TIMING_SWITCHES)
 
 
 def parse_switch(text: str) -> tuple[str, Any]:
@@ -105,6 +109,13 @@ def make_run(policy: str, opts: SimOptions, market: Any, seed: int, start_t: flo
                 overrides.setdefault(section, {})[name] = switches.pop(name)
         if overrides:
             switches["spec_overrides"] = overrides
+        timed = {name: switches.pop(name) for name in TIMING_SWITCHES if name in switches}
+        if timed:
+            try:
+                switches["timings"] = WorkflowTimings.model_validate(timed)
+            except ValidationError as exc:  # one line naming the switch, as for the spec's
+                first = exc.errors()[0]
+                raise ValueError(f"switch {first['loc'][0]}: {first['msg']}") from None
         try:
             run: Run = SpotrelayRun(market, job, seed, regions=regions, instance_types=types, **switches, **common)
         except ValidationError as exc:  # a spec switch the spec refuses: name it (the CLI prints one line)

@@ -131,6 +131,31 @@ def test_simulate_switches_reach_spotrelays_spec(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["policies"]["spotrelay"]["cost_usd"] > cost  # two more nodes billed
 
 
+def test_simulate_timing_switches_reach_the_workflow() -> None:
+    # the execution's input (WorkflowTimings) is sweepable: GatherLosses' wait, the backoff, ...
+    from spotrelay.sim.build import MarketOptions, build_market
+    from spotrelay.sim.job import JobModel
+    from spotrelay.sim.runner import SimOptions, make_run, parse_switch
+
+    def first_recovery(switch: str) -> float:
+        opts = SimOptions(market=MarketOptions(traces=[str(TRACE)]), job=JobModel(nodes=8, job_hours=24),
+                          policies=("spotrelay",), spotrelay_switches=dict([parse_switch(switch)]), timeline=True)
+        run = make_run("spotrelay", opts, build_market(opts.market, 0), 0, 0.0)
+        run.start()  # type: ignore[attr-defined]
+        run.loop()
+        assert run.metrics.finished
+        return next(t for t, _, what in run.metrics.timeline if what.startswith("recover:"))
+
+    # the same history up to the first loss; Recover runs loss_settle_s after it
+    assert first_recovery("loss_settle_s=60") - first_recovery("loss_settle_s=0") == pytest.approx(60.0)
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(TRACE), "--nodes", "4", "--job-hours", "1",
+                                      "--policies", "spotrelay", "--switch", "loss_settle_s=-1"])
+    assert result.exit_code == 2 and result.output.strip().count("\n") == 0, result.output
+    assert "switch loss_settle_s" in result.output
+    with pytest.raises(ValueError, match="time_scale"):  # the twin's clock is not a simulator switch
+        parse_switch("time_scale=2")
+
+
 def test_simulate_says_which_runs_did_not_finish_and_why() -> None:
     """No g4dn pool ever holds 32 nodes: the relaunching baselines never start. The table shows their
     cost as "-", and a warning names them and the reason (a failed run's means are not a result)."""
