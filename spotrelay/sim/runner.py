@@ -110,15 +110,11 @@ def make_run(policy: str, opts: SimOptions, market: Any, seed: int, start_t: flo
         if overrides:
             switches["spec_overrides"] = overrides
         timed = {name: switches.pop(name) for name in TIMING_SWITCHES if name in switches}
-        if timed:
-            try:
-                switches["timings"] = WorkflowTimings.model_validate(timed)
-            except ValidationError as exc:  # one line naming the switch, as for the spec's
-                first = exc.errors()[0]
-                raise ValueError(f"switch {first['loc'][0]}: {first['msg']}") from None
         try:
+            if timed:
+                switches["timings"] = WorkflowTimings.model_validate(timed)
             run: Run = SpotrelayRun(market, job, seed, regions=regions, instance_types=types, **switches, **common)
-        except ValidationError as exc:  # a spec switch the spec refuses: name it (the CLI prints one line)
+        except ValidationError as exc:  # a switch the spec or the timings refuse: name it (the CLI prints one line)
             first = exc.errors()[0]
             field_name = ".".join(str(p) for p in first["loc"])
             raise ValueError(f"switch {field_name.rsplit('.', 1)[-1]}: {field_name}: {first['msg']}") from None
