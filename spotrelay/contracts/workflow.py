@@ -7,22 +7,30 @@ import os
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# A Standard execution lasts at most a year: a wait, timeout or duration longer than that can never end
+# its state (and Step Functions refuses a Wait over 99,999,999 s at run time, failing the execution there).
+# Refused here, where the value is read, so a bad SPOTRELAY_WF_* or --switch names its field instead.
+MAX_WAIT_S = 365 * 24 * 3600
+
 
 class WorkflowTimings(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    ready_timeout_s: int = Field(1200, ge=1, description="all nodes must report NodeReady within this")
-    heartbeat_s: int = Field(600, ge=1, description="outcome wait fails if no heartbeat this long")
-    outcome_timeout_s: int = Field(
-        7 * 24 * 3600, ge=1, description="longest outcome wait before a placement review (which waits again)")
-    backoff_s: int = Field(30, ge=0, description="first wait before re-placing after a failure")
-    backoff_max_s: int = Field(600, ge=0)
-    healthy_s: int = Field(3600, ge=1, description="an attempt that ran this long resets the recovery backoff")
-    provision_retry_s: int = Field(20, ge=0, description="wait before trying the next plan on capacity errors")
+    ready_timeout_s: int = Field(1200, ge=1, le=MAX_WAIT_S, description="all nodes must report NodeReady within this")
+    heartbeat_s: int = Field(600, ge=1, le=MAX_WAIT_S, description="outcome wait fails if no heartbeat this long")
+    outcome_timeout_s: int = Field(7 * 24 * 3600, ge=1, le=MAX_WAIT_S,
+                                   description="longest outcome wait before a placement review (which waits again)")
+    backoff_s: int = Field(30, ge=0, le=MAX_WAIT_S, description="first wait before re-placing after a failure")
+    backoff_max_s: int = Field(600, ge=0, le=MAX_WAIT_S)
+    healthy_s: int = Field(3600, ge=1, le=MAX_WAIT_S,
+                           description="an attempt that ran this long resets the recovery backoff")
+    provision_retry_s: int = Field(20, ge=0, le=MAX_WAIT_S,
+                                   description="wait before trying the next plan on capacity errors")
     # EC2 reclaims several nodes of a pool at once and their notices (or state changes) arrive within
     # seconds: recovering on the first alone kept survivors that were already going. Out of a notice's
     # 120 s: the replacements boot this much later (the old ranks' save is timed by the deadline)
-    loss_settle_s: int = Field(5, ge=0, description="after a notice or a loss, wait this long for the rest "
-                                                     "of its wave before recovering (GatherLosses)")
+    loss_settle_s: int = Field(5, ge=0, le=MAX_WAIT_S,
+                               description="after a notice or a loss, wait this long for the rest of its wave "
+                                           "before recovering (GatherLosses)")
     # Plan measures its waits (the wait for spot, its re-checks) on the clock: a twin that runs modeled
     # time faster must shorten them where Plan computes them, not in the ASL's Wait (docs/local-twin.md)
     time_scale: float = Field(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from spotrelay.contracts.workflow import WorkflowTimings
+import pytest
+from pydantic import ValidationError
+
+from spotrelay.contracts.workflow import MAX_WAIT_S, WorkflowTimings
 from spotrelay.domain.models import Job, Node, NodeState, Pool
 from spotrelay.domain.status import JobStatus
 from spotrelay.services.recovery_flow import backoff_seconds
@@ -67,6 +70,18 @@ def test_backoff_doubles_up_to_the_cap() -> None:
     t = WorkflowTimings(backoff_s=30, backoff_max_s=100)
     assert [backoff_seconds(t, n) for n in (1, 2, 3, 4)] == [30, 60, 100, 100]
     assert backoff_seconds(WorkflowTimings(backoff_s=0, backoff_max_s=0), 5) == 0
+
+
+def test_no_wait_outlasts_an_execution(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a Standard execution ends within a year; Step Functions fails a Wait over 99,999,999 s at run
+    # time, so a longer value is refused where it is read, naming its field
+    assert WorkflowTimings(loss_settle_s=MAX_WAIT_S, outcome_timeout_s=MAX_WAIT_S).loss_settle_s == MAX_WAIT_S
+    for field in ("loss_settle_s", "backoff_max_s", "outcome_timeout_s", "provision_retry_s", "heartbeat_s"):
+        with pytest.raises(ValidationError, match=field):
+            WorkflowTimings.model_validate({field: 100_000_000})
+    monkeypatch.setenv("SPOTRELAY_WF_BACKOFF_S", str(MAX_WAIT_S + 1))
+    with pytest.raises(ValidationError, match="backoff_s"):
+        WorkflowTimings.from_env()
 
 
 def test_error_reason_reads_the_lambda_cause() -> None:
