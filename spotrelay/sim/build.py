@@ -104,8 +104,17 @@ def _check_catalog(opts: MarketOptions) -> None:
         raise SimInputError(f"the catalog offers no {' or '.join(opts.instance_types)} in {', '.join(opts.regions)}")
 
 
+def _check_prices(opts: MarketOptions) -> None:
+    """A price override is a price: finite and above 0 (at 0 every pool of the market ties, price-limit's
+    cost is 0 and every captured saving reads 1.0)."""
+    for flag, price in (("--on-demand-price", opts.on_demand_price), ("--spot-price", opts.spot_price)):
+        if price is not None and not (math.isfinite(price) and price > 0):
+            raise SimInputError(f"{flag} {price:g}: a price must be above 0 (USD per node-hour)")
+
+
 def build_market(opts: MarketOptions, seed: int) -> Market:
     _check_catalog(opts)
+    _check_prices(opts)
     default, mapping = (None, []) if opts.trace_format != "bamboo" else _load_traces(opts)
     if opts.trace_format == "bamboo" and default is None and not mapping:
         raise SimInputError("--trace FILE (or POOL=FILE) is required with --trace-format bamboo")

@@ -83,6 +83,8 @@ def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
     (["--boot-s", "inf"], "--boot-s"),
     (["--on-demand-price", "inf"], "--on-demand-price"),
     (["--spot-price", "nan"], "--spot-price"),
+    (["--spot-price", "0"], "--spot-price 0: a price must be above 0"),  # every pool tied, captured 1.0 for all
+    (["--on-demand-price", "0"], "--on-demand-price 0: a price must be above 0"),
     (["--regions", "us-east-1,mars-1"], "'mars-1'"),
     (["--trace-format", "synthetic"], "synthetic reads no file"),  # the --trace was silently not read
     (["--trace-format", "pools-csv", "--spot-price", "1"], "--spot-price: a pools CSV prices each slot"),
