@@ -14,6 +14,7 @@ from spotrelay.sim.engine import Run
 from spotrelay.sim.inputs import Slot, Trace, TraceNode
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.market import Market, SimPool, SlotCapacity, TraceCapacity
+from spotrelay.sim.records import SimNode
 from spotrelay.sim.runner import measure
 
 POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
@@ -185,3 +186,28 @@ def test_a_run_that_answers_each_event_with_another_at_the_same_time_is_failed_n
     assert not r.metrics.finished and r.now == 60.0
     ok = run("sagemaker-like", 2, market())  # launches, boots and notices share times: never near the bound
     assert ok.metrics.finished and ok.metrics.failed_reason is None
+
+
+def test_a_nodes_market_events_come_one_at_a_time_in_order() -> None:
+    """Run.reclaim keeps a node's rebalance, notice and removal as a chain: one in the heap at a time,
+    the next pushed as one fires (in time order, each with its own sequence number); a node ended
+    first pushes none of the rest."""
+    m = Market(pools=[SimPool(pool=POOL, key=POOL.key, on_demand_price=10.0, spot_price=4.0, band=1, gpus=8,
+                              capacity=TraceCapacity(TRACE, 0.0))],
+               unannounced_share=0.0, rebalance_share=1.0, boot_s=300.0, boot_spread=0.0)
+    r = Run(m, job(2), 0)
+    seen: list[tuple[float, str, int]] = []
+    r.on_rebalance = lambda n: seen.append((r.now, "rebalance", n.rank))  # type: ignore[method-assign]
+    r.on_notice = lambda n: seen.append((r.now, "notice", n.rank))  # type: ignore[method-assign]
+    r.on_removed = lambda n, announced: seen.append((r.now, "removed", n.rank))  # type: ignore[method-assign]
+    kept, ended = r.launch(m.pools[0], [0, 1], 1) or []
+    for node in (kept, ended):
+        r.reclaim(node, 7200.0)
+    pending = [e for e in r._heap if e[3] is not None and not isinstance(e[3], SimNode) and e[3][0] is kept]
+    assert len(pending) == 1  # the chain's next link only (the boot is its own event)
+    r.end_node(ended)
+    r.at(9000.0, lambda _: r.metrics.__setattr__("finished", True))
+    r.loop()
+    kinds = [(what, rank) for _, what, rank in seen]
+    assert kinds == [("rebalance", 0), ("notice", 0), ("removed", 0)], seen  # the ended node: nothing
+    assert [t for t, _, _ in seen][1:] == [7200.0 - 120.0, 7200.0]
