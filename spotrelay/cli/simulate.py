@@ -79,6 +79,14 @@ def simulate(
         check_writable(plot, "--plot")
         _plot_format(plot)
     chosen = POLICIES if policies == "all" else tuple(_split([policies]))
+    # an option given with nothing in it (an empty shell variable) would run nothing, or every default
+    empty = [flag for flag, given, names in (("--policies", True, chosen), ("--regions", regions, _split(regions)),
+                                             ("--instance-types", instance_types, _split(instance_types)))
+             if given is not None and not names]
+    if empty:
+        err.print(f"[red]error:[/] {empty[0]} names nothing (give NAME,... or leave the option out)",
+                  soft_wrap=True, highlight=False)
+        raise typer.Exit(2)
     bad = [p for p in chosen if p not in POLICIES]
     if bad or trace_format not in ("bamboo", "pools-csv", "synthetic"):
         what = f"policy {bad[0]!r} (known: {', '.join(POLICIES)})" if bad else f"--trace-format {trace_format!r}"

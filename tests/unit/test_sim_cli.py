@@ -91,6 +91,9 @@ def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
     (["--trace", "p5.48xlarge=" + str(TRACE)], "'p5.48xlarge' matches no spot pool"),  # a typo drove nothing
     (["--trace", "us-east-1/*="], "expected POOL=FILE"),  # was ".: cannot read the trace (Is a directory)"
     (["--instance-types", "p5.48xlarge,g9.huge"], "'g9.huge'"),
+    (["--policies", ","], "--policies names nothing"),  # ran no policy and exited 0
+    (["--regions", " , "], "--regions names nothing"),  # silently every default region
+    (["--instance-types", ""], "--instance-types names nothing"),
     (["--instance-types", "p5e.48xlarge", "--regions", "us-west-2"], "no p5e.48xlarge in us-west-2"),
 ])
 def test_simulate_refuses_values_that_cannot_run_naming_them(args: list[str], named: str) -> None:
