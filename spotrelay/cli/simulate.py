@@ -25,6 +25,20 @@ def _split(values: list[str] | None) -> list[str]:
     return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
 
 
+def _boots(values: list[str] | None) -> dict[str, float]:
+    """``--boot-s-for TYPE=S`` (repeatable) -> {type: seconds}; ValueError names the value."""
+    out: dict[str, float] = {}
+    for text in values or []:
+        itype, sep, raw = text.partition("=")
+        try:
+            if not sep or not itype.strip():
+                raise ValueError
+            out[itype.strip()] = float(raw)
+        except ValueError:
+            raise ValueError(f"--boot-s-for {text!r}: expected TYPE=SECONDS (p5.48xlarge=420)") from None
+    return out
+
+
 def _plot_format(plot: Path) -> None:
     """A usage problem unless matplotlib writes ``--plot``'s suffix (checked before the runs)."""
     if not plot.suffix:
@@ -55,7 +69,9 @@ def simulate(
     switch: Annotated[list[str] | None, typer.Option(
         "--switch", help="a spotrelay variant, NAME=VALUE: spares=1, min_nodes=12, launch_at_notice=false, "
         "prewarm_on_rebalance=true, rebalance_checkpoint=false, keep_margin=0.2")] = None,
-    boot_s: Annotated[float, typer.Option("--boot-s", min=0, max=86400)] = 300.0,
+    boot_s: Annotated[float, typer.Option("--boot-s", min=0, max=86400, help="every type's boot (s)")] = 300.0,
+    boot_s_for: Annotated[list[str] | None, typer.Option(
+        "--boot-s-for", help="TYPE=S: one instance type's boot instead (p5.48xlarge=420)")] = None,
     on_demand_price: Annotated[float | None, typer.Option("--on-demand-price", min=0, max=MAX_USD_PER_HOUR)] = None,
     spot_price: Annotated[float | None, typer.Option("--spot-price", min=0, max=MAX_USD_PER_HOUR)] = None,
     json_path: Annotated[Path | None, typer.Option("--json")] = None,
@@ -97,7 +113,8 @@ def simulate(
             market=MarketOptions(traces=list(trace or []), trace_format=trace_format,  # type: ignore[arg-type]
                                  regions=_split(regions) or list(catalog.DEFAULT_REGIONS),
                                  instance_types=_split(instance_types) or ["p5.48xlarge", "p4d.24xlarge"],
-                                 boot_s=boot_s, on_demand_price=on_demand_price, spot_price=spot_price),
+                                 boot_s=boot_s, boot_s_by_type=_boots(boot_s_for),
+                                 on_demand_price=on_demand_price, spot_price=spot_price),
             job=JobModel(nodes=nodes, job_hours=job_hours, checkpoint_minutes=checkpoint_minutes, strategy=strategy),
             policies=chosen, seeds=seeds, jobs=jobs, timeline=plot is not None,
             spotrelay_switches=dict(parse_switch(s) for s in switch or []),

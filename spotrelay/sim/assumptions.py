@@ -45,7 +45,8 @@ def assumptions(opts: SimOptions) -> dict[str, Any]:
                 "step_s": {t: round(job.step_s(t), 3) for t in types if catalog.instance(t)},
                 "checkpoint_minutes": job.checkpoint_minutes,
                 "checkpoint_gb_per_node": round(job.bytes_per_node() / 1e9, 3)},
-        "times_s": {"boot": m.boot_s, "boot_spread": BOOT_SPREAD, "bringup": job.bringup_s,
+        "times_s": {"boot": m.boot_s, "boot_by_type": {t: m.boot_s_by_type.get(t, m.boot_s) for t in types},
+                    "boot_spread": BOOT_SPREAD, "bringup": job.bringup_s,
                     "restore": round(job.restore_s(), 3), "notice": job.notice_s,
                     "notice_flush": round(job.flush_s(), 3), "persist": round(job.persist_s(), 3),
                     "stall": {t: round(job.stall_s(t), 3) for t in types if catalog.instance(t)}},
@@ -77,8 +78,11 @@ def summary(a: dict[str, Any]) -> list[str]:
     prices = "; ".join(
         f"{itype} on-demand {_text(p['on_demand'])}, spot {_text(p['spot'])}"
         for itype, p in mk["usd_per_node_hour"].items())
+    boots = t.get("boot_by_type") or {}
+    boot = (f"{t['boot']:g} s" if len(set(boots.values()) | {t["boot"]}) == 1
+            else ", ".join(f"{itype} {s:g} s" for itype, s in boots.items()))
     return [
-        f"assumed: boot {t['boot']:g} s (+-{t['boot_spread']:.0%}), bring-up {t['bringup']:g} s, restore "
+        f"assumed: boot {boot} (+-{t['boot_spread']:.0%}), bring-up {t['bringup']:g} s, restore "
         f"{t['restore']:g} s ({j['checkpoint_gb_per_node']:g} GB per node from S3 at {b['s3_per_node']:g} GB/s), "
         f"notice {t['notice']:g} s (flush {t['notice_flush']:g} s), checkpoint every {j['checkpoint_minutes']:g} min, "
         f"{mk['unannounced_share']:.0%} of reclaims unannounced, {mk['rebalance_share']:.0%} with a rebalance "

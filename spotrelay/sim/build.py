@@ -26,6 +26,7 @@ from spotrelay.sim.market import (
 )
 
 TraceFormat = Literal["bamboo", "pools-csv", "synthetic"]
+MAX_BOOT_S = 86400.0  # (--boot-s's own bound: a day)
 
 
 @dataclass
@@ -35,6 +36,7 @@ class MarketOptions:
     regions: list[str] = field(default_factory=lambda: list(catalog.DEFAULT_REGIONS))
     instance_types: list[str] = field(default_factory=lambda: ["p5.48xlarge", "p4d.24xlarge"])
     boot_s: float = 300.0
+    boot_s_by_type: dict[str, float] = field(default_factory=dict)  # instance type -> its boot (else boot_s)
     on_demand_price: float | None = None  # overrides the catalog for every pool
     spot_price: float | None = None  # overrides the catalog for every spot pool
     unannounced_share: float = DEFAULT_CONFIG.unannounced_share
@@ -112,9 +114,20 @@ def _check_prices(opts: MarketOptions) -> None:
             raise SimInputError(f"{flag} {price:g}: a price must be above 0 (USD per node-hour)")
 
 
+def _check_boots(opts: MarketOptions) -> None:
+    """A boot per type names a type the run simulates, and is a time a node can take (0 s to a day)."""
+    for itype, boot in opts.boot_s_by_type.items():
+        if itype not in opts.instance_types:
+            raise SimInputError(f"--boot-s-for {itype}=...: {itype!r} is not an instance type of this run "
+                                f"({', '.join(opts.instance_types)})")
+        if not (math.isfinite(boot) and 0 <= boot <= MAX_BOOT_S):
+            raise SimInputError(f"--boot-s-for {itype}={boot:g}: a boot takes 0 to {MAX_BOOT_S:g} s")
+
+
 def build_market(opts: MarketOptions, seed: int) -> Market:
     _check_catalog(opts)
     _check_prices(opts)
+    _check_boots(opts)
     default, mapping = (None, []) if opts.trace_format != "bamboo" else _load_traces(opts)
     if opts.trace_format == "bamboo" and default is None and not mapping:
         raise SimInputError("--trace FILE (or POOL=FILE) is required with --trace-format bamboo")
@@ -163,7 +176,8 @@ def build_market(opts: MarketOptions, seed: int) -> Market:
     if not any(p.spot for p in pools):
         raise SimInputError("no spot pool of the given regions and instance types is driven by the input")
     return Market(pools=pools, unannounced_share=opts.unannounced_share, rebalance_share=opts.rebalance_share,
-                  boot_s=opts.boot_s, seed=seed, gang_scores=opts.gang_scores)
+                  boot_s=opts.boot_s, boot_by_type=dict(opts.boot_s_by_type), seed=seed,
+                  gang_scores=opts.gang_scores)
 
 
 def trace_label(opts: MarketOptions) -> str:

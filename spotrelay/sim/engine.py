@@ -118,7 +118,7 @@ class Run:
                 return None
             grants = [(g.key, g.removal_t) for g in got]
         nodes = []
-        boot = self.market.boot_s
+        boot = self.market.boot_mean(sp.pool.instance_type)
         spread = self.market.boot_spread
         for rank, (key, removal) in zip(ranks, grants, strict=True):
             held.add(key)

@@ -300,7 +300,8 @@ class Market:
     unannounced_share: float = 0.1
     rebalance_share: float = 0.5
     boot_s: float = 300.0
-    boot_spread: float = 0.15  # each node boots in boot_s x U(1 - spread, 1 + spread)
+    boot_spread: float = 0.15  # each node boots in its type's mean x U(1 - spread, 1 + spread)
+    boot_by_type: dict[str, float] = field(default_factory=dict)  # instance type -> mean boot (else boot_s)
     seed: int = 0  # draws the derived placement scores' noise
     gang_scores: bool = True  # placement scores sized for the launch where capacity is known
     _static_quotes: list[PoolQuote] | None = field(default=None, repr=False)
@@ -310,10 +311,16 @@ class Market:
         self._varies = any(isinstance(p.capacity, SlotCapacity) for p in self.pools)
         self.book = QuoteBook()  # the quotes made so far (sim/quotes.py)
 
+    def boot_mean(self, instance_type: str) -> float:
+        """Seconds from launch to NodeReady an ``instance_type`` node takes on average (a p5 attaches
+        32 EFA interfaces, a p4d 4: recovery/boot.py's table is the product's own estimate)."""
+        return self.boot_by_type.get(instance_type, self.boot_s)
+
     def expected_boot_s(self, pool: Pool) -> float:
-        """``Compute.expected_boot_s`` of the simulated compute: the boot model's mean (each node boots
-        in ``boot_s`` x U(1 - spread, 1 + spread)); a move's old gang saves by then (services/migrate.py)."""
-        return self.boot_s
+        """``Compute.expected_boot_s`` of the simulated compute: the boot model's mean for the pool's
+        type (each node boots in it x U(1 - spread, 1 + spread)); a move's old gang saves by then
+        (services/migrate.py)."""
+        return self.boot_mean(pool.instance_type)
 
     def quotes(self, t: float, capacity: int = 0, held: dict[str, int] | None = None) -> list[PoolQuote]:
         """What the MarketData port would answer now for a launch of ``capacity`` nodes (0: scores

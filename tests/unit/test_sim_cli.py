@@ -56,6 +56,13 @@ def test_simulate_states_the_assumptions_its_flags_set(tmp_path: Path) -> None:
     assert a["times_s"]["boot"] == 45.0 and a["market"]["price_source"] == "flags"
     assert a["market"]["usd_per_node_hour"]["p5.48xlarge"] == {"on_demand": [3.06, 3.06], "spot": [0.91, 0.91]}
     assert "prices USD per node-hour (flags): p5.48xlarge on-demand 3.06, spot 0.91" in result.output
+    # one instance type's boot instead of every type's (recovery/boot.py's p5 estimate)
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(TRACE), "--nodes", "4", "--job-hours", "2",
+                                      "--policies", "spotrelay", "--boot-s-for", "p5.48xlarge=420", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    a = json.loads(out.read_text())["assumptions"]
+    assert a["times_s"]["boot_by_type"] == {"p5.48xlarge": 420.0, "p4d.24xlarge": 300.0}
+    assert "assumed: boot p5.48xlarge 420 s, p4d.24xlarge 300 s (+-15%)" in result.output
 
 
 def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
@@ -91,6 +98,9 @@ def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
     (["--trace", "p5.48xlarge=" + str(TRACE)], "'p5.48xlarge' matches no spot pool"),  # a typo drove nothing
     (["--trace", "us-east-1/*="], "expected POOL=FILE"),  # was ".: cannot read the trace (Is a directory)"
     (["--instance-types", "p5.48xlarge,g9.huge"], "'g9.huge'"),
+    (["--boot-s-for", "g9.huge=30"], "'g9.huge' is not an instance type of this run"),  # a typo did nothing
+    (["--boot-s-for", "p5.48xlarge"], "expected TYPE=SECONDS"),
+    (["--boot-s-for", "p5.48xlarge=-1"], "a boot takes 0 to 86400 s"),
     (["--policies", ","], "--policies names nothing"),  # ran no policy and exited 0
     (["--regions", " , "], "--regions names nothing"),  # silently every default region
     (["--instance-types", ""], "--instance-types names nothing"),

@@ -211,3 +211,18 @@ def test_a_nodes_market_events_come_one_at_a_time_in_order() -> None:
     kinds = [(what, rank) for _, what, rank in seen]
     assert kinds == [("rebalance", 0), ("notice", 0), ("removed", 0)], seen  # the ended node: nothing
     assert [t for t, _, _ in seen][1:] == [7200.0 - 120.0, 7200.0]
+
+
+def test_each_instance_type_boots_in_its_own_time() -> None:
+    """Market.boot_by_type: a p5 node boots in its type's mean (x U(0.85, 1.15)), a p4d in the default;
+    a move's deadline (expected_boot_s) reads the same."""
+    p4d = Pool(region="us-east-1", az="us-east-1a", instance_type="p4d.24xlarge", market="spot")
+    pools = [SimPool(pool=p, key=p.key, on_demand_price=10.0, spot_price=4.0, band=1, gpus=8,
+                     capacity=TraceCapacity(TRACE, 0.0)) for p in (POOL, p4d)]
+    m = Market(pools=pools, unannounced_share=0.0, rebalance_share=0.0, boot_s=300.0,
+               boot_by_type={"p5.48xlarge": 420.0})
+    r = Run(m, job(2), 0)
+    slow, fast = r.launch(pools[0], [0, 1], 1) or [], r.launch(pools[1], [0, 1], 1) or []
+    assert all(420.0 * 0.85 <= n.boot_t - n.launch_t <= 420.0 * 1.15 for n in slow)
+    assert all(300.0 * 0.85 <= n.boot_t - n.launch_t <= 300.0 * 1.15 for n in fast)
+    assert (m.expected_boot_s(POOL), m.expected_boot_s(p4d)) == (420.0, 300.0)
