@@ -6,7 +6,8 @@ For each gang size it runs every policy on the same markets and seeds (spotrelay
 sets of assumptions and prints each policy's cost per useful GPU-hour relative to on-demand and to
 the price limit, its captured saving and its goodput (mean and min over seeds):
 
-- catalog: the catalog's P5/P4d prices (spot at the catalog's typical fraction) and a 300 s boot;
+- catalog: the catalog's P5/P4d prices (spot at the catalog's typical fraction) and a 300 s boot
+  (``--boot-s-for p5.48xlarge=420`` gives one type its own: the product's EC2 estimate for a p5);
 - bamboo: Bamboo's published assumptions, 45 s to add a node, $3.06 on-demand and $0.91 spot per
   node-hour for every pool (``--boot-s 45 --on-demand-price 3.06 --spot-price 0.91``).
 
@@ -30,6 +31,7 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from spotrelay.sim.build import MarketOptions
 from spotrelay.sim.inputs import SimInputError, read_bamboo
@@ -39,7 +41,7 @@ from spotrelay.sim.parallel import default_workers
 from spotrelay.sim.runner import POLICIES, Report, SimOptions, simulate
 
 TRACE = Path(__file__).resolve().parents[1] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv"
-SETTINGS = {
+SETTINGS: dict[str, dict[str, Any]] = {
     "catalog": {"boot_s": 300.0},
     "bamboo": {"boot_s": 45.0, "on_demand_price": 3.06, "spot_price": 0.91},
 }
@@ -50,7 +52,7 @@ ELASTIC_NODES = (16, 32)
 
 def run(nodes: int, setting: str, seeds: int, job_hours: float, trace: Path,
         switches: dict[str, object] | None = None, policies: tuple[str, ...] = POLICIES, workers: int = 1) -> Report:
-    market = MarketOptions(traces=[str(trace)], **SETTINGS[setting])  # type: ignore[arg-type]
+    market = MarketOptions(traces=[str(trace)], **SETTINGS[setting])
     return simulate(SimOptions(market=market, job=JobModel(nodes=nodes, job_hours=job_hours), seeds=seeds,
                                policies=policies, spotrelay_switches=dict(switches or {}), workers=workers))
 
@@ -100,7 +102,16 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--workers", type=int, default=default_workers(),
                         help="processes for the runs (default: the CPU count); the numbers do not depend on it")
+    parser.add_argument("--boot-s-for", action="append", default=[], metavar="TYPE=S",
+                        help="one instance type's boot under the catalog settings (p5.48xlarge=420: the product's "
+                             "EC2 estimate, recovery/boot.py), instead of 300 s; the targets state 300 s")
     args = parser.parse_args()
+    for text in args.boot_s_for:
+        itype, _, raw = text.partition("=")
+        try:
+            SETTINGS["catalog"].setdefault("boot_s_by_type", {})[itype.strip()] = float(raw)
+        except ValueError:
+            parser.error(f"--boot-s-for {text!r}: expected TYPE=SECONDS")
     if args.json is not None and (args.json.is_dir() or not args.json.parent.is_dir()):
         parser.error(f"--json {args.json}: not a file in an existing folder")  # before the minutes of runs
     try:
