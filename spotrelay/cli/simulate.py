@@ -64,6 +64,9 @@ def simulate(
     job_hours: Annotated[float, typer.Option(
         "--job-hours", min=0.01, max=MAX_JOB_HOURS, help="training hours at full speed")] = 168.0,
     checkpoint_minutes: Annotated[float, typer.Option("--checkpoint-minutes", min=0.1, max=7 * 24 * 60)] = 30.0,
+    deadline_hours: Annotated[float | None, typer.Option(
+        "--deadline-hours", min=0.01, max=MAX_JOB_HOURS,
+        help="stop each job this many wall hours after its start, done or not (a time-boxed run)")] = None,
     strategy: Annotated[str | None, typer.Option(
         "--strategy", help="spotrelay's recovery strategy (default: the spec's)")] = None,
     switch: Annotated[list[str] | None, typer.Option(
@@ -115,7 +118,8 @@ def simulate(
                                  instance_types=_split(instance_types) or ["p5.48xlarge", "p4d.24xlarge"],
                                  boot_s=boot_s, boot_s_by_type=_boots(boot_s_for),
                                  on_demand_price=on_demand_price, spot_price=spot_price),
-            job=JobModel(nodes=nodes, job_hours=job_hours, checkpoint_minutes=checkpoint_minutes, strategy=strategy),
+            job=JobModel(nodes=nodes, job_hours=job_hours, checkpoint_minutes=checkpoint_minutes, strategy=strategy,
+                         deadline_hours=deadline_hours),
             policies=chosen, seeds=seeds, jobs=jobs, timeline=plot is not None,
             spotrelay_switches=dict(parse_switch(s) for s in switch or []),
             workers=workers or 1,

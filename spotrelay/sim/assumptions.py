@@ -43,7 +43,7 @@ def assumptions(opts: SimOptions) -> dict[str, Any]:
     return {
         "job": {"nodes": job.nodes, "job_hours": job.job_hours, "total_steps": job.total_steps,
                 "step_s": {t: round(job.step_s(t), 3) for t in types if catalog.instance(t)},
-                "checkpoint_minutes": job.checkpoint_minutes,
+                "checkpoint_minutes": job.checkpoint_minutes, "deadline_hours": job.deadline_hours,
                 "checkpoint_gb_per_node": round(job.bytes_per_node() / 1e9, 3)},
         "times_s": {"boot": m.boot_s, "boot_by_type": {t: m.boot_s_by_type.get(t, m.boot_s) for t in types},
                     "boot_spread": BOOT_SPREAD, "bringup": job.bringup_s,

@@ -77,6 +77,8 @@ class Run:
         heapq.heappush(self._heap, (t, next(self._seq), fn, arg))
 
     def loop(self) -> None:
+        if self.job.deadline_hours is not None:
+            self.at(self.start_t + self.job.deadline_hours * 3600.0, self._deadline)
         heap, pop, metrics, horizon = self._heap, heapq.heappop, self.metrics, self.horizon
         events = 0  # (counted here, stored once: the loop runs millions of times a sweep)
         same, last = 0, self.now  # events in a row at one simulated time: the horizon cannot end a loop
@@ -99,6 +101,17 @@ class Run:
         metrics.events += events
         self.release_all()
         self.bill_leftovers()
+
+    def _deadline(self, _: Any) -> None:
+        """The job's deadline (``JobModel.deadline_hours``): training stops where it is, its ranks save
+        that step (a planned stop: nothing is lost), and the run ends; every node stops billing now."""
+        if self.metrics.finished or self.metrics.failed_reason is not None:
+            return
+        if self.running:
+            self.stop_training(int(self.step_at(self.now) + 1e-6))
+        self.metrics.deadline_cut = self.ckpt_step < self.total
+        self.note("", f"deadline: step {self.ckpt_step} of {self.total}")
+        self.finish()
 
     def note(self, pool: str, what: str) -> None:
         if self.keep_timeline:

@@ -35,6 +35,9 @@ class JobModel:
     notice_s: float = 120.0
     strategy: str | None = None  # None: the spec's default (recovery.strategy)
     steps: int | None = None  # total steps (overrides job_hours)
+    # a time-boxed job: it stops this many wall hours after its start, done or not, and its model is the
+    # steps it reached (its last save is taken then); None: it runs until its steps are done
+    deadline_hours: float | None = None
     ref_step_s: float = REF_STEP_S  # step time of REF_NODES x REF_TYPE
     checkpoint_bytes: float = CHECKPOINT_BYTES
     max_recoveries: int | None = None  # the spec's default: no lifetime cap (max_stalled_recoveries stays)

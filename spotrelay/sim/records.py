@@ -58,6 +58,7 @@ class Metrics:
     cross_region_moves: int = 0
     capacity_failures: int = 0
     finished: bool = False
+    deadline_cut: bool = False  # the job's deadline stopped it before its steps were done
     failed_reason: str | None = None
     events: int = 0
     timeline: list[tuple[float, str, str]] = field(default_factory=list)  # (t, pool key, what)

@@ -144,6 +144,7 @@ def measure(policy: str, seed: int, run: Run) -> RunResult:
         # a gang it did not bill (the gap once seen in notice-window runs: a kept survivor EC2 had taken
         # was revived, fixed in a9b62eb), and a gang that reported ready short of ranks (it would hang
         # at its rendezvous); flagged in the JSON, the table and bench/economics.py
+        "deadline_cut": 1.0 if m.deadline_cut else 0.0,  # (JobModel.deadline_hours stopped it short)
         "inconsistent": 1.0 if useful > paid * 1.000001 + 1e-9 or int(getattr(run, "short_starts", 0)) else 0.0,
     }
     return RunResult(policy, seed, values, m.finished, m.events, m.timeline,
@@ -207,7 +208,7 @@ def _sum(parts: list[RunResult]) -> RunResult:
     values = {k: sum(p.values[k] for p in parts) for k in add}
     values["cost_per_useful_gpu_hour"] = (values["cost_usd"] / values["useful_gpu_hours"]
                                           if values["useful_gpu_hours"] else math.inf)
-    for k in ("goodput", "recovery_s_p50", "recovery_s_p95", "on_demand_share"):
+    for k in ("goodput", "recovery_s_p50", "recovery_s_p95", "on_demand_share", "deadline_cut"):
         values[k] = statistics.fmean(p.values[k] for p in parts)
     losses = {c: statistics.fmean(p.losses.get(c, 0.0) for p in parts) for c in CATEGORIES
               if any(c in p.losses for p in parts)}
@@ -272,7 +273,9 @@ class Report:
                              "inconsistent_runs": int(sum(r.values.get("inconsistent", 0.0)
                                                           for r in self.runs if r.policy == p)),
                              "finished_share": clean(statistics.fmean(
-                                 1.0 if r.finished else 0.0 for r in self.runs if r.policy == p))}
+                                 1.0 if r.finished else 0.0 for r in self.runs if r.policy == p)),
+                             # jobs the deadline stopped before their steps were done (--deadline-hours)
+                             "deadline_cut_share": clean(self.mean(p, "deadline_cut"))}
                          for p in self.policies()},
             # shares of paid GPU-hours per phase (sim/losses.py; "useful" is goodput), mean over seeds
             "losses": {p: {c: clean(self.loss(p, c)) for c in CATEGORIES} for p in self.policies()},

@@ -27,6 +27,8 @@ whole reclaim wave; functions/workflows/job_run.asl.json): every spotrelay case 
 Re-pinned for a node's market events pushed as a chain (sim/engine.py ``Run.reclaim``: a node that ends
 first never pushes its later ones): the event counts of the synthetic cases only, and their digests with
 them (which hash the count); values without the count, decisions, timelines and losses unchanged.
+Re-pinned for a new result value, ``deadline_cut`` (0.0 in every case: none has a deadline): every digest
+changed with it; without that key each is the same as before (checked).
 """
 
 from __future__ import annotations
@@ -69,26 +71,26 @@ CASES: dict[str, SimOptions] = {
 
 PINNED: dict[str, dict[str, list[Any]]] = {  # python -m tests.unit.test_sim_pinned prints these
     "g4dn-32": {
-        "spotrelay/0": [158, 423257.801649, "06b7cd7d6e78de59"],
+        "spotrelay/0": [158, 423257.801649, "39a623b3e6a9ea03"],
     },
     "synthetic-32": {
-        "spotrelay/0": [663, 50065.10122, "e802e03ef6697c9a"],
+        "spotrelay/0": [663, 50065.10122, "57f3c497c4090b28"],
     },
     "g4dn-16-all": {
-        "spotrelay/0": [10842, 36439.14873, "53f16d78b37893e1"],
-        "on-demand/0": [19, 63550.06621, "a870882ca864a16c"],
-        "skypilot-like/0": [21988, 77964.855779, "097965aa2d7a23dc"],
-        "sagemaker-like/0": [17928, 63223.172267, "1ab4edfcee59cb50"],
-        "price-limit/0": [19, 25420.166539, "dc58a0e9c36912f2"],
+        "spotrelay/0": [10842, 36439.14873, "9403001f5c4163c4"],
+        "on-demand/0": [19, 63550.06621, "ac9780a6af3830d9"],
+        "skypilot-like/0": [21988, 77964.855779, "b6ed94a080b271fa"],
+        "sagemaker-like/0": [17928, 63223.172267, "d7cef4bcb800f5a6"],
+        "price-limit/0": [19, 25420.166539, "97c9c669f84609af"],
     },
     "g4dn-16-elastic": {
-        "spotrelay/0": [4444, 21485.760503, "fb26fe7d404dcc00"],
+        "spotrelay/0": [4444, 21485.760503, "096a7a13d4c8a139"],
     },
     "g4dn-32-elastic": {
-        "spotrelay/0": [25508, 75400.294514, "33232eef806c86f9"],
+        "spotrelay/0": [25508, 75400.294514, "35be4d49f87be07a"],
     },
     "synthetic-16-switches": {
-        "spotrelay/0": [717, 87892.023231, "83cee7c4b6ae6ee8"],
+        "spotrelay/0": [717, 87892.023231, "5460031abf5ba6ad"],
     },
 }
 
