@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -23,6 +23,11 @@ err = Console(stderr=True)
 
 def _split(values: list[str] | None) -> list[str]:
     return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
+
+
+def _given(**values: float | None) -> dict[str, Any]:
+    """The options the user set (the others keep the model's own default: one copy of each)."""
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def _boots(values: list[str] | None) -> dict[str, float]:
@@ -75,6 +80,15 @@ def simulate(
     boot_s: Annotated[float, typer.Option("--boot-s", min=0, max=86400, help="every type's boot (s)")] = 300.0,
     boot_s_for: Annotated[list[str] | None, typer.Option(
         "--boot-s-for", help="TYPE=S: one instance type's boot instead (p5.48xlarge=420)")] = None,
+    # the physics a result depends on, for its sensitivity (unset: the stated job's and market's defaults)
+    s3_gbps: Annotated[float | None, typer.Option(
+        "--s3-gbps", min=0.01, max=1000, help="GB/s per node to or from S3 (restores, persists, the notice's "
+        "flush; default 5)")] = None,
+    unannounced_share: Annotated[float | None, typer.Option(
+        "--unannounced-share", min=0, max=1, help="share of reclaims without the notice (default 0.1)")] = None,
+    rebalance_share: Annotated[float | None, typer.Option(
+        "--rebalance-share", min=0, max=1, help="share of reclaims a rebalance recommendation precedes "
+        "(default 0.5)")] = None,
     on_demand_price: Annotated[float | None, typer.Option("--on-demand-price", min=0, max=MAX_USD_PER_HOUR)] = None,
     spot_price: Annotated[float | None, typer.Option("--spot-price", min=0, max=MAX_USD_PER_HOUR)] = None,
     json_path: Annotated[Path | None, typer.Option("--json")] = None,
@@ -117,9 +131,10 @@ def simulate(
                                  regions=_split(regions) or list(catalog.DEFAULT_REGIONS),
                                  instance_types=_split(instance_types) or ["p5.48xlarge", "p4d.24xlarge"],
                                  boot_s=boot_s, boot_s_by_type=_boots(boot_s_for),
-                                 on_demand_price=on_demand_price, spot_price=spot_price),
+                                 on_demand_price=on_demand_price, spot_price=spot_price,
+                                 **_given(unannounced_share=unannounced_share, rebalance_share=rebalance_share)),
             job=JobModel(nodes=nodes, job_hours=job_hours, checkpoint_minutes=checkpoint_minutes, strategy=strategy,
-                         deadline_hours=deadline_hours),
+                         deadline_hours=deadline_hours, **_given(s3_gbps=s3_gbps)),
             policies=chosen, seeds=seeds, jobs=jobs, timeline=plot is not None,
             spotrelay_switches=dict(parse_switch(s) for s in switch or []),
             workers=workers or 1,

@@ -65,6 +65,27 @@ def test_simulate_states_the_assumptions_its_flags_set(tmp_path: Path) -> None:
     assert "assumed: boot p5.48xlarge 420 s, p4d.24xlarge 300 s (+-15%)" in result.output
 
 
+def test_simulate_physics_flags_reach_the_run_and_its_assumptions(tmp_path: Path) -> None:
+    """--s3-gbps, --unannounced-share, --rebalance-share: a result's sensitivity to its physics; the
+    assumptions state what ran, and a slower restore costs goodput."""
+    out = tmp_path / "sim.json"
+    base = ["simulate", "--trace", str(TRACE), "--nodes", "8", "--job-hours", "24", "--policies",
+            "spotrelay,on-demand", "--json", str(out)]
+    assert CliRunner().invoke(app, base).exit_code == 0
+    plain = json.loads(out.read_text())
+    result = CliRunner().invoke(app, [*base, "--s3-gbps", "1", "--unannounced-share", "0.5", "--rebalance-share", "0"])
+    assert result.exit_code == 0, result.output
+    slow = json.loads(out.read_text())
+    assert slow["assumptions"]["bandwidth_gb_per_s"]["s3_per_node"] == 1.0
+    assert (slow["assumptions"]["market"]["unannounced_share"], slow["assumptions"]["market"]["rebalance_share"]) == (
+        0.5, 0.0)
+    assert slow["assumptions"]["times_s"]["restore"] > plain["assumptions"]["times_s"]["restore"]
+    assert slow["policies"]["spotrelay"]["goodput"] < plain["policies"]["spotrelay"]["goodput"]
+    assert "50% of reclaims unannounced, 0% with a rebalance" in result.output
+    bad = CliRunner().invoke(app, [*base, "--unannounced-share", "1.5"])
+    assert bad.exit_code == 2 and "--unannounced-share" in bad.output
+
+
 def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.csv"
     bad.write_text("10,add,a\n20,vanish,a\n")
