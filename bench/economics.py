@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from spotrelay.sim.build import MarketOptions
-from spotrelay.sim.inputs import SimInputError, read_bamboo
+from spotrelay.sim.build import MarketOptions, build_market, parse_boot_for
+from spotrelay.sim.inputs import SimInputError
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.losses import CATEGORIES
 from spotrelay.sim.parallel import default_workers
@@ -106,16 +106,16 @@ def main() -> int:
                         help="one instance type's boot under the catalog settings (p5.48xlarge=420: the product's "
                              "EC2 estimate, recovery/boot.py), instead of 300 s; the targets state 300 s")
     args = parser.parse_args()
-    for text in args.boot_s_for:
-        itype, _, raw = text.partition("=")
-        try:
-            SETTINGS["catalog"].setdefault("boot_s_by_type", {})[itype.strip()] = float(raw)
-        except ValueError:
-            parser.error(f"--boot-s-for {text!r}: expected TYPE=SECONDS")
+    try:
+        if args.boot_s_for:
+            SETTINGS["catalog"]["boot_s_by_type"] = parse_boot_for(args.boot_s_for)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.json is not None and (args.json.is_dir() or not args.json.parent.is_dir()):
         parser.error(f"--json {args.json}: not a file in an existing folder")  # before the minutes of runs
-    try:
-        read_bamboo(args.trace)
+    try:  # the trace and the settings (a --boot-s-for type this run lacks), before the minutes of runs
+        for options in SETTINGS.values():
+            build_market(MarketOptions(traces=[str(args.trace)], **options), 0)
     except SimInputError as exc:
         parser.error(str(exc))
     out: dict[str, object] = {}

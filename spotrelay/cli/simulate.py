@@ -30,20 +30,6 @@ def _given(**values: float | None) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _boots(values: list[str] | None) -> dict[str, float]:
-    """``--boot-s-for TYPE=S`` (repeatable) -> {type: seconds}; ValueError names the value."""
-    out: dict[str, float] = {}
-    for text in values or []:
-        itype, sep, raw = text.partition("=")
-        try:
-            if not sep or not itype.strip():
-                raise ValueError
-            out[itype.strip()] = float(raw)
-        except ValueError:
-            raise ValueError(f"--boot-s-for {text!r}: expected TYPE=SECONDS (p5.48xlarge=420)") from None
-    return out
-
-
 def _plot_format(plot: Path) -> None:
     """A usage problem unless matplotlib writes ``--plot``'s suffix (checked before the runs)."""
     if not plot.suffix:
@@ -98,7 +84,7 @@ def simulate(
         "run; 1: in this process); the results do not depend on it")] = None,
 ) -> None:
     """Replay spotrelay's decisions and the baselines over a spot market; compare cost and goodput."""
-    from spotrelay.sim.build import MarketOptions
+    from spotrelay.sim.build import MarketOptions, parse_boot_for
     from spotrelay.sim.inputs import SimInputError
     from spotrelay.sim.job import JobModel
     from spotrelay.sim.parallel import default_workers
@@ -112,9 +98,10 @@ def simulate(
         check_writable(plot, "--plot")
         _plot_format(plot)
     chosen = POLICIES if policies == "all" else tuple(_split([policies]))
+    named_regions, named_types = _split(regions), _split(instance_types)
     # an option given with nothing in it (an empty shell variable) would run nothing, or every default
-    empty = [flag for flag, given, names in (("--policies", True, chosen), ("--regions", regions, _split(regions)),
-                                             ("--instance-types", instance_types, _split(instance_types)))
+    empty = [flag for flag, given, names in (("--policies", policies, chosen), ("--regions", regions, named_regions),
+                                             ("--instance-types", instance_types, named_types))
              if given is not None and not names]
     if empty:
         err.print(f"[red]error:[/] {empty[0]} names nothing (give NAME,... or leave the option out)",
@@ -128,9 +115,9 @@ def simulate(
     try:
         opts = SimOptions(
             market=MarketOptions(traces=list(trace or []), trace_format=trace_format,  # type: ignore[arg-type]
-                                 regions=_split(regions) or list(catalog.DEFAULT_REGIONS),
-                                 instance_types=_split(instance_types) or ["p5.48xlarge", "p4d.24xlarge"],
-                                 boot_s=boot_s, boot_s_by_type=_boots(boot_s_for),
+                                 regions=named_regions or list(catalog.DEFAULT_REGIONS),
+                                 instance_types=named_types or ["p5.48xlarge", "p4d.24xlarge"],
+                                 boot_s=boot_s, boot_s_by_type=parse_boot_for(boot_s_for),
                                  on_demand_price=on_demand_price, spot_price=spot_price,
                                  **_given(unannounced_share=unannounced_share, rebalance_share=rebalance_share)),
             job=JobModel(nodes=nodes, job_hours=job_hours, checkpoint_minutes=checkpoint_minutes, strategy=strategy,

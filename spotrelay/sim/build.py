@@ -114,6 +114,21 @@ def _check_prices(opts: MarketOptions) -> None:
             raise SimInputError(f"{flag} {price:g}: a price must be above 0 (USD per node-hour)")
 
 
+def parse_boot_for(texts: list[str] | None) -> dict[str, float]:
+    """``--boot-s-for TYPE=S`` values (``simulate``'s and bench/economics.py's) -> {type: seconds};
+    ValueError names the value. ``_check_boots`` judges the types and times when the market is built."""
+    out: dict[str, float] = {}
+    for text in texts or []:
+        itype, sep, raw = text.partition("=")
+        try:
+            if not sep or not itype.strip():
+                raise ValueError
+            out[itype.strip()] = float(raw)
+        except ValueError:
+            raise ValueError(f"--boot-s-for {text!r}: expected TYPE=SECONDS (p5.48xlarge=420)") from None
+    return out
+
+
 def _check_boots(opts: MarketOptions) -> None:
     """A boot per type names a type the run simulates, and is a time a node can take (0 s to a day)."""
     for itype, boot in opts.boot_s_by_type.items():

@@ -41,6 +41,8 @@ class Run:
         self.horizon = start_t + horizon_s
         self._heap: list[tuple[float, int, Callable[..., None], Any]] = []
         self._seq = itertools.count()
+        if job.deadline_hours is not None:  # (a time-boxed job: every policy stops then)
+            self.at(start_t + job.deadline_hours * 3600.0, self._deadline)
         self.held: dict[str, set[object]] = {}
         self.gang: dict[int, SimNode] = {}  # rank -> node of the current attempt
         self.bench: dict[str, SimNode] = {}  # instance id -> hot spare standing by (policies that have them)
@@ -77,8 +79,6 @@ class Run:
         heapq.heappush(self._heap, (t, next(self._seq), fn, arg))
 
     def loop(self) -> None:
-        if self.job.deadline_hours is not None:
-            self.at(self.start_t + self.job.deadline_hours * 3600.0, self._deadline)
         heap, pop, metrics, horizon = self._heap, heapq.heappop, self.metrics, self.horizon
         events = 0  # (counted here, stored once: the loop runs millions of times a sweep)
         same, last = 0, self.now  # events in a row at one simulated time: the horizon cannot end a loop

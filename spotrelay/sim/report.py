@@ -60,7 +60,7 @@ def print_report(report: Report, console: Console) -> None:
             console.print(f"[yellow]warning:[/] {policy}: {len(failed)} of {len(runs)} run(s) did not finish "
                           f"({'; '.join(reasons[:3])}); its numbers cover only what they trained",
                           highlight=False, soft_wrap=True)
-        cut = report.mean(policy, "deadline_cut") if runs and "deadline_cut" in runs[0].values else 0.0
+        cut = report.mean(policy, "deadline_cut")
         if cut > 0:
             console.print(f"{policy}: the deadline stopped {cut:.0%} of its jobs before their steps were done; "
                           "they count the steps they reached", highlight=False, soft_wrap=True)
