@@ -1,6 +1,7 @@
 """The event loop and the physics every policy shares: nodes boot, train, checkpoint, get reclaimed
-and are billed. Policies (``controller.py`` for spotrelay, ``baselines.py``) decide what to launch
-where and react to what happens; nothing here decides.
+and are billed (the training progress is ``training.py``, which ``Run`` inherits). Policies
+(``controller.py`` for spotrelay, ``baselines.py``) decide what to launch where and react to what
+happens; nothing here decides.
 
 Training is not simulated step by step: while a gang runs, the step reached at time t is
 ``start_step + (t - start) / step_eff`` (``step_eff`` = step time + the periodic snapshot stall
@@ -19,9 +20,10 @@ from typing import Any
 
 from spotrelay.domain.cost import CostEntry, interruption_is_free
 from spotrelay.sim import billing, losses
-from spotrelay.sim.job import REF_TYPE, JobModel
+from spotrelay.sim.job import JobModel
 from spotrelay.sim.market import Market, SimPool, TraceCapacity
 from spotrelay.sim.records import INF, Fault, Metrics, SimNode
+from spotrelay.sim.training import Training
 
 # events in a row at one simulated time before a run is failed as stuck (a policy that answers an event
 # with another at the same instant for ever, which the horizon never ends); a gang's launch, boots and
@@ -30,11 +32,12 @@ STUCK_EVENTS = 1_000_000
 _LAUNCHED_KEEP = 1024  # Run.launched is pruned of ended nodes when it grows past this (or twice what it kept)
 
 
-class Run:
+class Run(Training):
     """One job under one policy on one market and seed."""
 
     def __init__(self, market: Market, job: JobModel, seed: int, start_t: float = 0.0,
                  horizon_s: float = 400 * 86400.0, timeline: bool = False, faults: tuple[Fault, ...] = ()) -> None:
+        super().__init__(job)  # (the training state: sim/training.py)
         self.market, self.job = market, job
         self.rng = random.Random(f"{seed}/run")
         self.now = self.start_t = start_t
@@ -53,24 +56,10 @@ class Run:
         self.keep_timeline = timeline
         self.faults = faults
         self._ids = itertools.count(1)
-        # training progress
-        self.total = job.total_steps
-        self.ckpt_step = 0  # newest committed checkpoint
-        self.running = False
-        self.epoch = 0  # bumps whenever a training segment starts or stops (stale timers die)
-        self.seg_t0 = self.seg_step0 = 0.0
-        self.step_eff = self.step_pure = self.step_pure_eff = 1.0
-        self.every = 1
-        self.seg_gpus = 0
-        self.forced: list[tuple[float, int]] = []  # (commit time, step) of notice/rebalance saves
-        self.useful: list[list[float]] = []  # [start_step, end_step, step_s, gpus] that still count
-        self.stopped_at: float | None = None  # training stopped at (for the recovery time)
         self.last_region: str | None = None
         self._watched: set[str] = set()
         self.launched: list[SimNode] = []  # every node launched that may still be billed (in launch order)
         self._launched_keep = _LAUNCHED_KEEP
-        self.seg_nodes: list[SimNode] = []
-        self._speed: dict[str, float] = {}  # instance type -> job.speed (end_node's billing)
         self._bills: dict[tuple[str, float, float, int], list[CostEntry]] = {}  # end_node's last node's entries
         self.loss_gpu_s: dict[str, float] = {}  # paid GPU-s per phase (sim/losses.py): "train", "boot", ...
 
@@ -282,26 +271,13 @@ class Run:
             self.end_node(node, "TERMINATED" if announced or node.state == "EXITED" else "LOST", by_ec2=True)
             self.on_removed(node, announced)
 
-    # --- training -------------------------------------------------------------------------------
+    # --- training (the rest is sim/training.py) ------------------------------------------------
     def start_training(self, instance_type: str, gpus: int, world: int | None = None) -> None:
-        """``world`` ranks (an elastic gang, default the job's nodes) keep the global batch: a step
-        takes nodes / world times longer and is worth the same useful GPU-hours."""
-        self.running = True
-        self.epoch += 1
-        self.seg_t0, self.seg_step0 = self.now, float(self.ckpt_step)
-        self.step_pure = self.job.step_s(REF_TYPE)  # useful hours in reference (H100) GPU-hours
-        scale = self.job.nodes / world if world else 1.0
-        self.every = max(1, round(self.job.every_steps(instance_type) / scale))
-        self.step_eff = (self.job.step_s(instance_type) + self.job.stall_s(instance_type) / self.every) * scale
-        self.step_pure_eff = self.job.step_s(instance_type) * scale  # the same without the snapshot stall
-        self.seg_gpus = self.job.nodes * self.job.ref_gpus()
-        self.seg_nodes = list(self.gang.values())
-        losses.segment_started(self.seg_nodes, self.now, self.job.restore_s())
-        if self.stopped_at is not None:
-            self.metrics.recovery_s.append(self.now - self.stopped_at)
-            self.metrics.recoveries += 1
-            self.stopped_at = None
-        self.at(self.now + (self.total - self.seg_step0) * self.step_eff, self._done, self.epoch)
+        super().start_training(instance_type, gpus, world)
+        self._scripted_faults()
+
+    def _scripted_faults(self) -> None:
+        """A scenario's faults (``Fault``) due in this attempt are scheduled when its training starts."""
         attempt = max((n.attempt for n in self.gang.values()), default=0)
         for fault in self.faults:
             if fault.attempt == attempt and fault.step > self.seg_step0 and fault.rank in self.gang:
@@ -313,75 +289,6 @@ class Run:
                     when += fault.lead_s
                 self.reclaim(node, when + (self.job.notice_s if node.announced else 0.0), rebalance=False)
 
-    def step_at(self, t: float) -> float:
-        if not self.running:
-            return float(self.ckpt_step)
-        return min(float(self.total), self.seg_step0 + max(0.0, t - self.seg_t0) / self.step_eff)
-
-    def committed(self, t: float) -> int:
-        """The newest checkpoint durable in S3 at ``t``."""
-        best = self.ckpt_step
-        if self.running:
-            reached = self.step_at(t - self.job.persist_s())
-            periodic = int(reached // self.every) * self.every
-            if periodic > best and periodic > self.seg_step0:
-                best = periodic
-        for when, step in self.forced:
-            if when <= t and step > best:
-                best = step
-        return best
-
-    def force_checkpoint(self, t: float, commit_t: float) -> int:
-        step = int(self.step_at(t) + 1e-6)
-        self.forced.append((commit_t, step))
-        return step
-
-    def stop_training(self, resume_from: int) -> None:
-        """Training stops now and will resume from ``resume_from`` (work after it is lost)."""
-        reached = int(self.step_at(self.now) + 1e-6) if self.running else self.ckpt_step
-        if self.running:
-            self.useful.append([self.seg_step0, float(reached), self.step_pure, float(self.seg_gpus)])
-            self.stopped_at = self.now
-            self._segment_ended()
-        self.running = False
-        self.epoch += 1
-        self.forced.clear()
-        resume_from = min(resume_from, reached)
-        self.metrics.steps_lost += max(0, reached - resume_from)
-        while self.useful and self.useful[-1][1] > resume_from:  # redone work does not count
-            seg = self.useful[-1]
-            if seg[0] >= resume_from:
-                self.useful.pop()
-            else:
-                seg[1] = float(resume_from)
-                break
-        self.ckpt_step = resume_from
-
-    def _done(self, epoch: int) -> None:
-        if epoch != self.epoch or not self.running:
-            return
-        self.useful.append([self.seg_step0, float(self.total), self.step_pure, float(self.seg_gpus)])
-        self._segment_ended()
-        self.running = False
-        self.ckpt_step = self.total
-        self.on_training_done()
-
-    def _segment_ended(self) -> None:
-        """The training segment's nodes trained until now; the snapshot stall's share of it is counted."""
-        took = self.now - self.seg_t0
-        stall = took * (1.0 - self.step_pure_eff / self.step_eff) if self.step_eff > 0 else 0.0
-        losses.segment_ended(self.loss_gpu_s, self.seg_nodes, self.now, took, stall, self._node_speed)
-
-    def _node_speed(self, node: SimNode) -> float:
-        """The job's speed on ``node``'s instance type (kept per type: billing asks for every node)."""
-        itype = node.pool.pool.instance_type
-        speed = self._speed.get(itype)
-        if speed is None:
-            speed = self._speed[itype] = self.job.speed(itype)
-        return speed
-
-    def useful_gpu_hours(self) -> float:
-        return sum((e - s) * step_s * gpus for s, e, step_s, gpus in self.useful) / 3600.0
 
     # --- policy hooks ---------------------------------------------------------------------------
     def on_booted(self, node: SimNode) -> None: ...
@@ -391,8 +298,6 @@ class Run:
     def on_rebalance(self, node: SimNode) -> None: ...
 
     def on_removed(self, node: SimNode, announced: bool) -> None: ...
-
-    def on_training_done(self) -> None: ...
 
     def finish(self) -> None:
         self.metrics.finished = True
