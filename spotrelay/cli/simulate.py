@@ -10,12 +10,7 @@ from rich.console import Console
 
 from spotrelay.cli.errors import UsageProblem, check_writable
 from spotrelay.placement import catalog
-
-# bounds that keep every input finite and every run ending: ten years of training (the run's horizon is
-# runner.HORIZON_JOBS times the job plus 30 days), a day to boot, a checkpoint at least weekly, USD
-# 10,000 per node-hour
-MAX_JOB_HOURS = 10 * 8760.0
-MAX_USD_PER_HOUR = 10_000.0
+from spotrelay.sim.bounds import MAX_BOOT_S, MAX_JOB_HOURS, MAX_USD_PER_HOUR
 
 out = Console()
 err = Console(stderr=True)
@@ -63,7 +58,7 @@ def simulate(
     switch: Annotated[list[str] | None, typer.Option(
         "--switch", help="a spotrelay variant, NAME=VALUE: spares=1, min_nodes=12, launch_at_notice=false, "
         "prewarm_on_rebalance=true, rebalance_checkpoint=false, keep_margin=0.2")] = None,
-    boot_s: Annotated[float, typer.Option("--boot-s", min=0, max=86400, help="every type's boot (s)")] = 300.0,
+    boot_s: Annotated[float, typer.Option("--boot-s", min=0, max=MAX_BOOT_S, help="every type's boot (s)")] = 300.0,
     boot_s_for: Annotated[list[str] | None, typer.Option(
         "--boot-s-for", help="TYPE=S: one instance type's boot instead (p5.48xlarge=420)")] = None,
     # the physics a result depends on, for its sensitivity (unset: the stated job's and market's defaults)

@@ -14,6 +14,7 @@ from typing import Literal
 
 from spotrelay.placement import catalog
 from spotrelay.placement.policy import DEFAULT_CONFIG, band_rate
+from spotrelay.sim.bounds import MAX_BOOT_S
 from spotrelay.sim.inputs import SimInputError, Slot, Trace, read_bamboo, read_pools_csv
 from spotrelay.sim.market import (
     Market,
@@ -26,7 +27,6 @@ from spotrelay.sim.market import (
 )
 
 TraceFormat = Literal["bamboo", "pools-csv", "synthetic"]
-MAX_BOOT_S = 86400.0  # (--boot-s's own bound: a day)
 
 
 @dataclass

@@ -1,0 +1,9 @@
+"""The simulator's input bounds: every input finite and every run ending.
+
+Kept apart (no imports) so the CLI states them in its options without importing the simulator at
+start-up, and the library judges the same numbers where a value arrives another way (``--boot-s-for``).
+"""
+
+MAX_JOB_HOURS = 10 * 8760.0  # ten years of training (the horizon is runner.HORIZON_JOBS jobs plus 30 days)
+MAX_BOOT_S = 86400.0  # a day to boot
+MAX_USD_PER_HOUR = 10_000.0  # per node-hour
