@@ -127,10 +127,12 @@ def cost(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, 
     out.print(f"total ${report.total:.2f}{budget}")
 
 
-def logs(job_id: str, attempt: Annotated[int | None, typer.Option("--attempt", help="default: the latest")] = None,
-         rank: Annotated[int | None, typer.Option("--rank", help="node rank; default: every node")] = None,
+def logs(job_id: str, attempt: Annotated[int | None, typer.Option(
+             "--attempt", min=0, help="default: the latest")] = None,
+         rank: Annotated[int | None, typer.Option("--rank", min=0, help="node rank; default: every node")] = None,
          follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new lines")] = False,
-         local_dir: Annotated[Path | None, typer.Option("--dir", help="the twin's work dir (node files)")] = None,
+         local_dir: Annotated[Path | None, typer.Option(
+             "--dir", exists=True, file_okay=False, help="the twin's work dir (node files)")] = None,
          log_group: Annotated[str | None, typer.Option("--log-group", help="CloudWatch Logs group")] = None,
          endpoint_url: EndpointOpt = None, region: RegionOpt = None, as_json: JsonOpt = False) -> None:
     """The training output of a job's nodes: the twin's files (--dir), else CloudWatch Logs."""

@@ -90,6 +90,17 @@ def test_logs_from_the_twins_node_files(aws: dict[str, str], tmp_path: Path) -> 
     assert none.exit_code == 1 and none.output.startswith("error: no training logs")
 
 
+
+def test_logs_refuses_a_missing_dir_and_negative_numbers(aws: dict[str, str], tmp_path: Path) -> None:
+    """A typo in --dir named as such (it read as "no training logs yet"); no attempt or rank below 0."""
+    for args, says in ((["--dir", str(tmp_path / "nope")], "does not exist"),
+                       (["--dir", str(tmp_path / "f")], "is a file"),
+                       (["--attempt", "-1"], "'--attempt'"), (["--rank", "-2"], "'--rank'")):
+        (tmp_path / "f").write_text("")
+        result = runner.invoke(app, ["logs", "j-seen", *args])
+        assert result.exit_code == 2 and says in result.output, result.output
+        assert "Traceback" not in result.output
+
 def test_logs_from_cloudwatch(aws: dict[str, str]) -> None:
     client("logs").create_log_group(logGroupName="/spotrelay/training")
     shipped = CloudWatchTrainingLogs("/spotrelay/training")
