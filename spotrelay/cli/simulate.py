@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -35,6 +37,21 @@ def _plot_format(plot: Path) -> None:
     if plot.suffix[1:].lower() not in kinds:
         raise UsageProblem(f"--plot {plot}: format {plot.suffix!r} is not one matplotlib writes "
                            f"({', '.join(sorted(kinds))})")
+
+
+@contextmanager
+def _progress(total: int) -> Iterator[Callable[[int], None] | None]:
+    """A progress line on stderr while a sweep of ``total`` runs runs, when stderr is a terminal (a pipe,
+    a file or CI gets none); it disappears when the sweep ends."""
+    if total < 2 or not err.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
+
+    with Progress("simulating", BarColumn(), MofNCompleteColumn(), "runs,", TimeElapsedColumn(), "elapsed,",
+                  TimeRemainingColumn(), "left", console=err, transient=True) as bar:
+        task = bar.add_task("runs", total=total)
+        yield lambda done: bar.advance(task, done)
 
 
 def simulate(
@@ -84,7 +101,7 @@ def simulate(
     from spotrelay.sim.job import JobModel
     from spotrelay.sim.parallel import default_workers
     from spotrelay.sim.report import print_report, write_json, write_plot
-    from spotrelay.sim.runner import POLICIES, SimOptions, parse_switch
+    from spotrelay.sim.runner import POLICIES, SimOptions, parse_switch, run_count
     from spotrelay.sim.runner import simulate as run_simulation
 
     if json_path is not None:
@@ -123,7 +140,8 @@ def simulate(
         )
         if workers is None:
             opts.workers = default_workers(opts)
-        report = run_simulation(opts)
+        with _progress(run_count(opts)) as told:
+            report = run_simulation(opts, told)
     except (SimInputError, ValueError) as exc:
         err.print(f"[red]error:[/] {str(exc).splitlines()[0]}", soft_wrap=True, highlight=False, markup=True)
         raise typer.Exit(2) from None

@@ -25,7 +25,7 @@ from multiprocessing import resource_tracker
 from typing import Any
 
 from spotrelay.sim.job import REF_TYPE
-from spotrelay.sim.runner import RunResult, SimOptions, job_starts, merge_seed, run_one
+from spotrelay.sim.runner import Progress, RunResult, SimOptions, job_starts, merge_seed, run_one
 
 Task = tuple[int, str, int, float]  # seed, policy, job index, start time
 _OPTS: SimOptions | None = None
@@ -57,8 +57,8 @@ def _init(opts: SimOptions) -> None:
     _MARKETS.clear()
 
 
-def _work(task: Task) -> tuple[str, Any]:
-    """One run in a worker: ("ok", RunResult) or ("error", one-line message); never raises."""
+def _work(task: Task) -> tuple[Task, str, Any]:
+    """One run in a worker: (task, "ok", RunResult) or (task, "error", one-line message); never raises."""
     from spotrelay.sim.build import build_market
 
     seed, policy, job, start = task
@@ -67,11 +67,11 @@ def _work(task: Task) -> tuple[str, Any]:
         if seed not in _MARKETS:
             _MARKETS.clear()  # tasks come in seed order: one market held at a time
             _MARKETS[seed] = build_market(_OPTS.market, seed)
-        return "ok", run_one(_OPTS, _MARKETS[seed], policy, seed, job, start)
+        return task, "ok", run_one(_OPTS, _MARKETS[seed], policy, seed, job, start)
     except Exception as exc:  # sent back as text: an exception's pickling is not to be relied on
         text = str(exc).splitlines()[0] if str(exc) else ""
         prefix = "" if isinstance(exc, ValueError) else f"{type(exc).__name__}: "
-        return "error", f"{policy} seed {seed} job {job}: {prefix}{text}"
+        return task, "error", f"{policy} seed {seed} job {job}: {prefix}{text}"
 
 
 @contextmanager
@@ -93,8 +93,9 @@ def _pool_pids() -> set[int | None]:
     return {p.pid for p in multiprocessing.active_children() if p.name.startswith("SpawnPoolWorker")}
 
 
-def run_parallel(opts: SimOptions, workers: int) -> list[RunResult]:
-    """Every seed's runs over ``workers`` processes; the same list ``runner.run_seed`` gives in turn."""
+def run_parallel(opts: SimOptions, workers: int, progress: Progress | None = None) -> list[RunResult]:
+    """Every seed's runs over ``workers`` processes; the same list ``runner.run_seed`` gives in turn.
+    Runs are taken as they end (in any order: ``progress`` counts each then) and merged in task order."""
     tasks: list[Task] = [(seed, policy, j, start) for seed in range(opts.seeds)
                          for policy in opts.policies for j, start in enumerate(job_starts(seed, opts.jobs))]
     results: dict[Task, RunResult] = {}
@@ -106,11 +107,11 @@ def run_parallel(opts: SimOptions, workers: int) -> list[RunResult]:
         with _sigint_blocked():
             pool = ctx.Pool(processes=min(workers, len(tasks)), initializer=_init, initargs=(opts,))
         started = _pool_pids()
-        answers = pool.imap(_work, tasks, chunksize=1)
-        for task in tasks:
+        answers = pool.imap_unordered(_work, tasks, chunksize=1)
+        for _ in tasks:
             while True:
                 try:
-                    status, value = answers.next(timeout=_POLL_S)
+                    task, status, value = answers.next(timeout=_POLL_S)
                     break
                 except multiprocessing.TimeoutError:
                     # a worker killed (out of memory, a signal) takes its run with it and the pool starts
@@ -121,6 +122,8 @@ def run_parallel(opts: SimOptions, workers: int) -> list[RunResult]:
             if status == "error":
                 raise ValueError(value)
             results[task] = value
+            if progress is not None:
+                progress(1)
         pool.close()
     finally:
         if pool is not None:  # after close() the workers are done; else (an error, Ctrl-C) they are stopped

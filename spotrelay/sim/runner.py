@@ -8,7 +8,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -48,6 +48,7 @@ def parse_switch(text: str) -> tuple[str, Any]:
         return name, raw.strip()
 
 
+Progress = Callable[[int], None]  # told how many more runs of a sweep are done
 POLICIES = ("spotrelay", "on-demand", "skypilot-like", "sagemaker-like", "price-limit")
 METRICS = ("cost_usd", "useful_gpu_hours", "cost_per_useful_gpu_hour", "goodput", "wall_hours", "steps_lost",
            "interruptions", "recoveries", "recovery_s_p50", "recovery_s_p95", "on_demand_share",
@@ -194,12 +195,20 @@ def merge_seed(per_policy: list[list[RunResult]]) -> list[RunResult]:
     return out
 
 
-def run_seed(opts: SimOptions, seed: int) -> list[RunResult]:
-    """Every policy on seed ``seed``'s market, ``opts.jobs`` jobs each (summed per policy)."""
+def run_seed(opts: SimOptions, seed: int, progress: Progress | None = None) -> list[RunResult]:
+    """Every policy on seed ``seed``'s market, ``opts.jobs`` jobs each (summed per policy); ``progress``
+    is told of each run done."""
     market = build_market(opts.market, seed)
     starts = job_starts(seed, opts.jobs)
-    return merge_seed([[run_one(opts, market, policy, seed, j, start) for j, start in enumerate(starts)]
-                       for policy in opts.policies])
+    per_policy = []
+    for policy in opts.policies:
+        jobs = []
+        for j, start in enumerate(starts):
+            jobs.append(run_one(opts, market, policy, seed, j, start))
+            if progress is not None:
+                progress(1)
+        per_policy.append(jobs)
+    return merge_seed(per_policy)
 
 
 def _sum(parts: list[RunResult]) -> RunResult:
@@ -284,15 +293,22 @@ class Report:
         }
 
 
-def simulate(opts: SimOptions) -> Report:
+def run_count(opts: SimOptions) -> int:
+    """How many runs a sweep of ``opts`` makes (one per seed, policy and job)."""
+    return opts.seeds * opts.jobs * len(opts.policies)
+
+
+def simulate(opts: SimOptions, progress: Progress | None = None) -> Report:
+    """Every run of ``opts``; ``progress(n)``: n more runs are done (of ``run_count(opts)``), for a
+    sweep's progress line. The report does not depend on it, nor on the worker count."""
     started = time.perf_counter()
     runs: list[RunResult] = []
-    if opts.workers > 1 and opts.seeds * opts.jobs * len(opts.policies) > 1:
+    if opts.workers > 1 and run_count(opts) > 1:
         from spotrelay.sim.parallel import run_parallel
 
-        runs = run_parallel(opts, opts.workers)
+        runs = run_parallel(opts, opts.workers, progress)
     else:
         for seed in range(opts.seeds):
-            runs.extend(run_seed(opts, seed))
+            runs.extend(run_seed(opts, seed, progress))
     return Report(nodes=opts.job.nodes, seeds=opts.seeds, trace=trace_label(opts.market), runs=runs,
                   seconds=time.perf_counter() - started, assumptions=assumptions(opts))

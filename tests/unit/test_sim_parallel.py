@@ -57,6 +57,32 @@ def test_any_number_of_workers_writes_the_same_json(tmp_path: Path) -> None:
     assert set(_workers_of(os.getpid())) <= before
 
 
+
+def test_a_sweep_on_a_terminal_shows_its_progress_and_the_same_result(tmp_path: Path, monkeypatch) -> None:
+    """stderr a terminal: a progress line counts every run (in this process and from workers, which end
+    in any order); a pipe gets none; the JSON is the same either way."""
+    import io
+
+    from rich.console import Console
+
+    import spotrelay.cli.simulate as cli
+
+    args = ["simulate", "--trace-format", "synthetic", "--nodes", "8", "--job-hours", "24", "--jobs", "2",
+            "--seeds", "2", "--policies", "spotrelay,on-demand,price-limit"]  # 12 runs
+    docs = []
+    for workers, terminal in (("1", True), ("2", True), ("2", False)):
+        shown = io.StringIO()
+        monkeypatch.setattr(cli, "err", Console(file=shown, force_terminal=terminal, color_system=None, width=120))
+        out = tmp_path / f"w{workers}{terminal}.json"
+        result = CliRunner().invoke(app, [*args, "--workers", workers, "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        docs.append(out.read_bytes())
+        if terminal:
+            assert "simulating" in shown.getvalue() and "12/12 runs" in shown.getvalue(), shown.getvalue()
+        else:
+            assert shown.getvalue() == ""
+    assert docs[0] == docs[1] == docs[2]
+
 def test_a_run_failing_in_a_worker_is_one_line_and_ends_the_workers() -> None:
     before = set(_workers_of(os.getpid()))
     result = CliRunner().invoke(app, ["simulate", "--trace", str(TRACE), "--nodes", "4", "--job-hours", "1",
