@@ -5,13 +5,15 @@ how docs/simulator-tuning.md, "Spot verdict: a margin before lost", was measured
         [--markets g4dn,g4dn-nodes] [--nodes 8,16] [--seeds 10] [--job-hours 72] [--trace-dir bench-traces] \\
         [--switch min_nodes=8] [--workers 2]
 
-A variant is ``default`` or comma-separated ``NAME=VALUE`` overrides of the module's constants that are
-read when the verdict is asked (``KNOBS``); each run is a forked process that sets them first, so the
-shipped code is what runs. ``--trace-dir``: every ``*.csv`` there (bench/trace_variants.py writes some)
-is added as market ``STEM`` (capacity reading) and ``STEM-nodes`` (the job's nodes are trace nodes).
-Markets also: those of bench/sim_sweep.py. Per (market, nodes) it prints each variant's spotrelay cost per
-useful GPU-hour over the first variant's (mean, min-max over seeds), captured saving, goodput, on-demand
-share, wall hours, seeds where on-demand was cheaper than spotrelay ("od miss") and unfinished runs.
+A variant is ``default`` or comma-separated ``NAME=VALUE`` overrides of the module's constants that are read
+when the verdict is asked (``VERDICT_KNOBS``) or of the catalog's restore minutes per family
+(``P5_RESTORE_MINUTES``, ``P4D_RESTORE_MINUTES``: placement's loss per interruption); each run is a forked
+process that sets them first, so the shipped code is what runs. ``--trace-dir``: every ``*.csv`` there
+(bench/trace_variants.py writes some) is added as market ``STEM`` (capacity reading) and ``STEM-nodes`` (the
+job's nodes are trace nodes). Markets also: those of bench/sim_sweep.py. Per (market, nodes) it prints each
+variant's spotrelay cost per useful GPU-hour over the first variant's (mean, min-max over seeds), captured
+saving, goodput, on-demand share, wall hours, seeds where on-demand was cheaper than spotrelay ("od miss")
+and unfinished runs.
 """
 
 from __future__ import annotations
@@ -24,13 +26,18 @@ from pathlib import Path
 from typing import Any
 
 from bench.sim_sweep import MARKETS
-from spotrelay.placement import spot_evidence
+from spotrelay.placement import catalog, spot_evidence
 from spotrelay.sim.build import MarketOptions
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.runner import SimOptions, parse_switch, run_seed
 
 # constants the verdict reads at call time (a default argument bound at import would not follow a patch)
-KNOBS = ("LOST_SHARE", "PAID_SHARE", "HOLD_HOURS", "HOLD_DOUBLINGS", "MIN_SPOT_ATTEMPTS", "MIN_SPOT_SPAN_HOURS")
+VERDICT_KNOBS = ("LOST_SHARE", "PAID_SHARE", "HOLD_HOURS", "HOLD_DOUBLINGS", "MIN_SPOT_ATTEMPTS",
+                 "MIN_SPOT_SPAN_HOURS")
+# the catalog's restore minutes (placement's loss per interruption), per family: the types each sets
+CATALOG_KNOBS = {"P5_RESTORE_MINUTES": ("p5.48xlarge", "p5e.48xlarge"),
+                 "P4D_RESTORE_MINUTES": ("p4d.24xlarge", "p4de.24xlarge")}
+KNOBS = (*VERDICT_KNOBS, *CATALOG_KNOBS)
 
 
 def parse_variant(text: str) -> dict[str, float]:
@@ -52,16 +59,24 @@ def parse_variant(text: str) -> dict[str, float]:
 
 def _one(task: tuple[dict[str, float], dict[str, Any], int, int, float, dict[str, Any]]) -> dict[str, Any]:
     knobs, market, nodes, seed, hours, switches = task
-    shipped = {name: getattr(spot_evidence, name) for name in knobs}
+    verdict = {name: value for name, value in knobs.items() if name in VERDICT_KNOBS}
+    shipped = {name: getattr(spot_evidence, name) for name in verdict}
+    catalog_shipped = dict(catalog.INSTANCES)
     try:
-        for name, value in knobs.items():
+        for name, value in verdict.items():
             setattr(spot_evidence, name, type(shipped[name])(value))
+        for name, types in CATALOG_KNOBS.items():
+            if name in knobs:
+                for itype in types:
+                    catalog.INSTANCES[itype] = catalog.INSTANCES[itype].model_copy(
+                        update={"restore_minutes": knobs[name]})
         opts = SimOptions(market=MarketOptions(**market), job=JobModel(nodes=nodes, job_hours=hours),
                           policies=("spotrelay", "on-demand", "price-limit"), spotrelay_switches=switches)
         return {r.policy: {**r.values, "finished": r.finished} for r in run_seed(opts, seed)}
     finally:  # (a forked worker dies after its run; in-process callers get the shipped values back)
         for name, value in shipped.items():
             setattr(spot_evidence, name, value)
+        catalog.INSTANCES.update(catalog_shipped)
 
 
 def _row(name: str, runs: list[dict[str, Any]], base: list[dict[str, Any]], width: int) -> str:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from bench.sim_sweep import MARKETS
-from bench.verdict_knobs import KNOBS, _one, parse_variant
-from spotrelay.placement import spot_evidence
+from bench.verdict_knobs import VERDICT_KNOBS, _one, parse_variant
+from spotrelay.placement import catalog, spot_evidence
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ def test_variants_parse_and_name_what_is_wrong() -> None:
                        ("HOLD_HOURS=soon", "soon")):
         with pytest.raises(ValueError, match=named):
             parse_variant(bad)
-    for name in KNOBS:  # each knob is a module constant the verdict reads when asked
+    for name in VERDICT_KNOBS:  # each verdict knob is a module constant the verdict reads when asked
         assert isinstance(getattr(spot_evidence, name), int | float)
 
 
@@ -61,3 +61,15 @@ def test_a_variant_changes_the_run_and_the_sweep_prints_it_against_the_first() -
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "'x'" in bad.stderr
     bad = _run("--switch", "sparez=1")  # switches are simulate's (runner.parse_switch), named when wrong
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "sparez" in bad.stderr
+
+
+def test_a_restore_minutes_variant_reaches_placement_and_is_undone() -> None:
+    """P5_RESTORE_MINUTES / P4D_RESTORE_MINUTES set the catalog's loss per interruption for the run: a
+    10 h one ranks the spot pools otherwise (spot first stays: on-demand is the verdict's, not the score's),
+    so the run costs otherwise; the catalog is the shipped one after."""
+    shipped = dict(catalog.INSTANCES)
+    base = _one(({}, MARKETS["g4dn"], 8, 0, 12.0, {}))["spotrelay"]
+    dear = _one(({"P5_RESTORE_MINUTES": 600.0, "P4D_RESTORE_MINUTES": 600.0}, MARKETS["g4dn"], 8, 0, 12.0, {}))
+    assert dear["spotrelay"]["cost_per_useful_gpu_hour"] != base["cost_per_useful_gpu_hour"]
+    assert shipped == catalog.INSTANCES
+    assert parse_variant("P5_RESTORE_MINUTES=9") == {"P5_RESTORE_MINUTES": 9.0}
