@@ -22,11 +22,11 @@ one, and grow a shrunk gang back to ``resources.nodes`` (in the same pool: only 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from spotrelay.domain.models import Attempt
+from spotrelay.domain.models import Attempt, Pool
 from spotrelay.placement import catalog
 from spotrelay.placement.gang_fit import SizedScores
 from spotrelay.placement.payback import round_trip_cost
@@ -40,7 +40,8 @@ class ReviewConfig(BaseModel):
     """Assumptions of the move decision (docs/placement.md, "Review")."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    boot_minutes: float = Field(5.0, ge=0, description="launch -> NodeReady; the old gang saves by then")
+    boot_minutes: float = Field(5.0, ge=0, description="launch -> NodeReady, where the caller has no "
+                                "per-pool estimate (better_placement's boot_s: the compute's)")
     save_minutes: float = Field(2.0, ge=0, description="the old gang's last save (inside a notice window)")
     horizon_hours: float = Field(24.0, gt=0, description="longest a move is counted on to pay back")
     margin: float = Field(0.5, ge=0, description="the gain must beat the move's cost by this share")
@@ -56,7 +57,6 @@ class Move(BaseModel):
     gain_per_hour: float  # USD per hour after the move
     move_cost: float  # USD
     horizon_hours: float
-    ready_s: float  # the new gang is expected ready this long after the launch: the old one saves by then
 
     @property
     def in_place(self) -> bool:
@@ -138,12 +138,14 @@ def better_placement(
     spec: JobSpec, current: PoolQuote, world: int, quotes: list[PoolQuote], stats: Mapping[str, PoolStats],
     now: float, excluded: frozenset[str] = frozenset(), *, config: PlacementConfig = DEFAULT_CONFIG,
     review: ReviewConfig = DEFAULT_REVIEW, spot_hours: float | None = None, sized: SizedScores | None = None,
-    stint_hours: float | None = None,
+    stint_hours: float | None = None, boot_s: Callable[[Pool], float] | None = None,
 ) -> Move | None:
     """The move worth making now, or None (stay). ``current``: the quote of the pool the gang of
     ``world`` ranks runs in. ``spot_hours``: how long this job's recent spot attempts lasted (mean;
     ``spot_attempt_hours``): a spot move is not counted on to last longer than the job's own spot
-    attempts did, whatever the pool's prior says."""
+    attempts did, whatever the pool's prior says. ``boot_s``: seconds from a launch in a pool to
+    NodeReady (``Compute.expected_boot_s``, the estimate a move's save deadline uses too; without it
+    ``review.boot_minutes``): the new nodes' boot, of the catalog's restore minutes."""
     now_scored = score_pool(spec, current, stats.get(current.pool.key), config, nodes=world, staying=True)
     ranked = evaluate_pools(spec, quotes, stats, now, excluded, config=config, gang_sizes=True, sized=sized).ranked
     best = next((s for s in ranked if not (s.pool == current.pool and s.nodes <= world)), None)
@@ -156,11 +158,12 @@ def better_placement(
     if best.score >= now_scored.score:
         return None
     info = catalog.instance(best.pool.instance_type)
-    restore_min = max(0.0, (info.restore_minutes if info else config.default_restore_minutes) - review.boot_minutes)
+    boot_min = boot_s(best.pool) / 60 if boot_s is not None else review.boot_minutes
+    restore_min = max(0.0, (info.restore_minutes if info else config.default_restore_minutes) - boot_min)
     same = best.pool == current.pool
     new_nodes = best.nodes - world if same else best.nodes
     price = best.quote.price_per_hour
-    boot_h, restore_h, save_h = review.boot_minutes / 60, restore_min / 60, review.save_minutes / 60
+    boot_h, restore_h, save_h = boot_min / 60, restore_min / 60, review.save_minutes / 60
     move_cost = (new_nodes * price * boot_h + best.nodes * price * restore_h
                  + world * current.price_per_hour * save_h)
     gain = (now_scored.score - best.score) * work_rate(best)
@@ -180,5 +183,4 @@ def better_placement(
             cost = round_trip_cost(move_cost, world * current.price_per_hour, restore_h, back_h)
     if gain * horizon <= cost * (1.0 + review.margin):
         return None
-    return Move(target=best, current=now_scored, gain_per_hour=gain, move_cost=move_cost, horizon_hours=horizon,
-                ready_s=review.boot_minutes * 60)
+    return Move(target=best, current=now_scored, gain_per_hour=gain, move_cost=move_cost, horizon_hours=horizon)

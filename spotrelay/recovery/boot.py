@@ -9,7 +9,8 @@ this table, by instance type.
 
 Our own estimates for the GPU AMIs (launch -> running -> user data -> agent up and registered), not
 measured here: a p5 attaches 32 EFA interfaces and loads a larger driver stack than a p4d (4).
-Unknown types get ``DEFAULT_BOOT_S`` (the placement review's ``ReviewConfig.boot_minutes``).
+Unknown types get ``DEFAULT_BOOT_S``. The placement review splits a move's cost with the same
+estimate (``better_placement``'s ``boot_s``).
 """
 
 from __future__ import annotations

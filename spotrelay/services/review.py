@@ -79,7 +79,8 @@ def decide(ctl: Controller, job: Job, now: float) -> Move | None:
                                              capacity=m)) for m in probe_sizes(spec)}  # elastic sizes
     move = better_placement(spec, here, world, quotes, stats, now, frozenset(job.excluded_pools),
                             spot_hours=review_spot_hours(job.attempts, current.pool.market, now), sized=sized,
-                            stint_hours=spot_stint_hours(job.attempts))
+                            stint_hours=spot_stint_hours(job.attempts),
+                            boot_s=ctl.compute.expected_boot_s if ctl.compute is not None else None)
     if move is not None and not off_on_demand_allowed(move.target.pool.market, current.pool.market,
                                                       job.attempts, quotes, now, stalled=stall_limit(spec)):
         return None  # the job's spot attempts cost more per useful step than on-demand (spot_evidence)

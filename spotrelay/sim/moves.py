@@ -82,7 +82,7 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     if VERIFY_SHORTLIST:  # tests: the same decision as from every quote
         every = better_placement(self.spec, here, len(gang), self._quotes(), stats, self.now, excluded,
                                  config=self.config, spot_hours=_spot_hours(self),
-                                 sized=sized, stint_hours=stints)
+                                 sized=sized, stint_hours=stints, boot_s=self.market.expected_boot_s)
         assert every == move and spot_hours == _spot_hours(self) and stints == spot_stint_hours(self.attempts), (
             every, move)
     if move is not None and not off_on_demand_allowed(move.target.pool.market, current.pool.market,

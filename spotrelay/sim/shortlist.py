@@ -259,6 +259,7 @@ def same_review(run: SpotrelayRun, here: PoolQuote, world: int, quotes: list[Poo
             and all(a is b for a, b in zip(last[3], records, strict=False)) and last[6] == cooling):
         return last[7]
     move = better_placement(run.spec, here, world, quotes, stats, run.now, excluded, config=run.config,
-                            spot_hours=spot_hours, sized=sized, stint_hours=stint_hours)
+                            spot_hours=spot_hours, sized=sized, stint_hours=stint_hours,
+                            boot_s=run.market.expected_boot_s)
     run.last_review = (here, world, quotes, records, excluded, spot_hours, cooling, move, sized, stint_hours)
     return move

@@ -78,6 +78,25 @@ def test_a_shrunk_gang_grows_back_in_its_own_pool() -> None:
     assert work_rate(move.target) > 0
 
 
+
+def test_a_moves_cost_splits_the_catalogs_restore_at_the_computes_boot() -> None:
+    """``boot_s`` (the compute's per-pool estimate, what the move's save deadline uses): a whole-gang move
+    costs the catalog's restore minutes on every new node whatever the boot; growing in place, only the new
+    ranks boot, so a longer boot moves cost off the staying ranks (before, 5 min for every type)."""
+    spec = make_spec(markets=["spot", "on-demand"])
+    quotes = quotes_for(spec)
+    od = _pick(quotes, "on-demand")
+    moves = [better_placement(spec, od, 4, quotes, {}, NOW, boot_s=lambda pool, b=b: b) for b in (300.0, 420.0)]
+    assert moves[0] is not None and moves[1] is not None and not moves[0].in_place
+    assert moves[0].move_cost == pytest.approx(moves[1].move_cost)
+    assert better_placement(spec, od, 4, quotes, {}, NOW).move_cost == pytest.approx(moves[0].move_cost)
+    spec = make_spec(min_nodes=2, markets=["spot"], instance_types=["p5.48xlarge"])
+    quotes = quotes_for(spec)
+    home = rank_pools(spec, quotes, {}, NOW)[0].quote
+    grows = [better_placement(spec, home, 2, quotes, {}, NOW, boot_s=lambda pool, b=b: b) for b in (300.0, 420.0)]
+    assert all(g is not None and g.in_place for g in grows)
+    assert grows[1].move_cost < grows[0].move_cost  # type: ignore[union-attr]
+
 def test_ranks_for_a_new_gang_follows_the_candidate_size_and_a_keeping_plan_its_world() -> None:
     pool = quotes_for(make_spec())[0].pool
     small = Candidate(pool=pool, price_per_hour=1.0, score=1.0, nodes=3)
