@@ -17,10 +17,11 @@ trains. Ask placement whether a clearly better placement exists now (``placement
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from spotrelay.contracts.recovery import AttemptEnd, Candidate, Verdict
 from spotrelay.contracts.workflow import WorkflowTimings
-from spotrelay.domain.models import Attempt, Job, Node, NodeState
+from spotrelay.domain.models import Attempt, Job, Node, NodeState, Pool
 from spotrelay.domain.status import JobStatus
 from spotrelay.placement.cadence import base_review_s, next_review_s
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
@@ -57,8 +58,10 @@ def _stay(job: Job, why: str, timings: WorkflowTimings | None, current_s: int | 
                       review_s=next_review_seconds(spec_of(job), timings, current_s, job.attempts, now))
 
 
-def decide(ctl: Controller, job: Job, now: float) -> Move | None:
-    """The move placement recommends for this job's running attempt (None: stay)."""
+def decide(ctl: Controller, job: Job, now: float, time_scale: float = 1.0) -> Move | None:
+    """The move placement recommends for this job's running attempt (None: stay). ``time_scale``: clock
+    seconds per modeled second (``WorkflowTimings.time_scale``): the compute's boot estimate is on the
+    clock (the twin's boots run faster), the move's cost in modeled hours."""
     spec = spec_of(job)
     current = job.attempts[-1] if job.attempts else None
     if spec.recovery.review_minutes <= 0 or current is None or current.pool is None:
@@ -80,11 +83,19 @@ def decide(ctl: Controller, job: Job, now: float) -> Move | None:
     move = better_placement(spec, here, world, quotes, stats, now, frozenset(job.excluded_pools),
                             spot_hours=review_spot_hours(job.attempts, current.pool.market, now), sized=sized,
                             stint_hours=spot_stint_hours(job.attempts),
-                            boot_s=ctl.compute.expected_boot_s if ctl.compute is not None else None)
+                            boot_s=_modeled_boot(ctl, time_scale))
     if move is not None and not off_on_demand_allowed(move.target.pool.market, current.pool.market,
                                                       job.attempts, quotes, now, stalled=stall_limit(spec)):
         return None  # the job's spot attempts cost more per useful step than on-demand (spot_evidence)
     return move
+
+
+def _modeled_boot(ctl: Controller, time_scale: float) -> Callable[[Pool], float] | None:
+    """Seconds from a launch in a pool to NodeReady, modeled (None without a compute: the review's default)."""
+    compute = ctl.compute
+    if compute is None:
+        return None
+    return lambda pool: compute.expected_boot_s(pool) / time_scale
 
 
 def silent(nodes: list[Node], heartbeat_s: float, now: float) -> bool:
@@ -103,7 +114,7 @@ def review(ctl: Controller, job_id: str, attempt: int, now: float,
     timings = timings or WorkflowTimings()
     if silent(attempt_nodes(ctl.store, job), timings.heartbeat_s, now):
         return AttemptEnd(outcome=Verdict.HEARTBEAT_TIMEOUT, attempt=attempt, reason="the gang went silent")
-    move = decide(ctl, job, now)
+    move = decide(ctl, job, now, timings.time_scale)
     if move is None:
         return _stay(job, "no better placement", timings, review_s, now)
     target = move.target

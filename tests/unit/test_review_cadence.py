@@ -145,3 +145,21 @@ def test_a_new_attempt_is_reviewed_after_review_minutes_capped_by_the_outcome_ti
     assert base_review_s(0, 3600) == 3600  # reviews off: only the timeout
     assert review_seconds(_spec(30), WorkflowTimings(outcome_timeout_s=900)) == 900
     assert review_seconds(_spec(30), None) == 1800
+
+
+def test_the_review_prices_a_move_at_the_computes_boot_in_modeled_time(tmp_path: Any) -> None:
+    """The twin's compute answers its boot on the twin's clock (300 s modeled -> 3 s at time_scale 0.01);
+    the review's move cost is in modeled hours, so it divides the scale back out. EC2 (scale 1) is as is."""
+    from spotrelay.adapters.memory_job_store import MemoryJobStore
+    from spotrelay.local.compute import LocalCompute
+    from spotrelay.local.market import MarketModel
+    from spotrelay.services.controller import Controller
+    from spotrelay.services.review import _modeled_boot
+
+    pool = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
+    compute = LocalCompute(MarketModel(regions=["us-east-1"], boot_time_s=300, time_scale=0.01), tmp_path)
+    ctl = Controller(store=MemoryJobStore(), compute=compute)
+    assert compute.expected_boot_s(pool) == pytest.approx(3.0)
+    boot = _modeled_boot(ctl, 0.01)
+    assert boot is not None and boot(pool) == pytest.approx(300.0)
+    assert _modeled_boot(Controller(store=MemoryJobStore()), 1.0) is None  # no compute: ReviewConfig's 5 min
