@@ -12,7 +12,7 @@ from rich.console import Console
 
 from spotrelay.cli.errors import UsageProblem, check_writable
 from spotrelay.placement import catalog
-from spotrelay.sim.bounds import MAX_BOOT_S, MAX_JOB_HOURS, MAX_USD_PER_HOUR
+from spotrelay.sim.bounds import MAX_BOOT_S, MAX_CHECKPOINT_MINUTES, MAX_JOB_HOURS, MAX_USD_PER_HOUR
 
 out = Console()
 err = Console(stderr=True)
@@ -66,7 +66,8 @@ def simulate(
     jobs: Annotated[int, typer.Option("--jobs", min=1, help="independent jobs per seed")] = 1,
     job_hours: Annotated[float, typer.Option(
         "--job-hours", min=0.01, max=MAX_JOB_HOURS, help="training hours at full speed")] = 168.0,
-    checkpoint_minutes: Annotated[float, typer.Option("--checkpoint-minutes", min=0.1, max=7 * 24 * 60)] = 30.0,
+    checkpoint_minutes: Annotated[float, typer.Option(
+        "--checkpoint-minutes", min=0.1, max=MAX_CHECKPOINT_MINUTES)] = 30.0,
     deadline_hours: Annotated[float | None, typer.Option(
         "--deadline-hours", min=0.01, max=MAX_JOB_HOURS,
         help="stop each job this many wall hours after its start, done or not (a time-boxed run)")] = None,

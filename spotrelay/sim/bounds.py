@@ -6,4 +6,5 @@ start-up, and the library judges the same numbers where a value arrives another 
 
 MAX_JOB_HOURS = 10 * 8760.0  # ten years of training (the horizon is runner.HORIZON_JOBS jobs plus 30 days)
 MAX_BOOT_S = 86400.0  # a day to boot
+MAX_CHECKPOINT_MINUTES = 7 * 24 * 60.0  # a checkpoint at least weekly
 MAX_USD_PER_HOUR = 10_000.0  # per node-hour

@@ -289,7 +289,6 @@ class Run(Training):
                     when += fault.lead_s
                 self.reclaim(node, when + (self.job.notice_s if node.announced else 0.0), rebalance=False)
 
-
     # --- policy hooks ---------------------------------------------------------------------------
     def on_booted(self, node: SimNode) -> None: ...
 

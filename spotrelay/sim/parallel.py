@@ -25,7 +25,7 @@ from multiprocessing import resource_tracker
 from typing import Any
 
 from spotrelay.sim.job import REF_TYPE
-from spotrelay.sim.runner import Progress, RunResult, SimOptions, job_starts, merge_seed, run_one
+from spotrelay.sim.runner import Progress, RunResult, SimOptions, job_starts, merge_seed, run_count, run_one
 
 Task = tuple[int, str, int, float]  # seed, policy, job index, start time
 _OPTS: SimOptions | None = None
@@ -41,7 +41,7 @@ AUTO_MIN_NODE_HOURS = 200_000
 def default_workers(opts: SimOptions | None = None) -> int:
     """The CPU count; 1 (this process) for a sweep of ``opts`` too small to repay starting workers."""
     if opts is not None:
-        runs = opts.seeds * opts.jobs * len(opts.policies)
+        runs = run_count(opts)
         hours = opts.job.total_steps * opts.job.step_s(REF_TYPE) / 3600
         if runs < 2 or runs * opts.job.nodes * hours < AUTO_MIN_NODE_HOURS:
             return 1
