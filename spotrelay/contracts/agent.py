@@ -75,6 +75,7 @@ class AttemptView(BaseModel):
     ended_at: float | None = None
     end_reason: str | None = None
     nodes: int = 0
+    loss_interval_s: float | None = None  # the auto checkpoint cadence's input (domain/cadence.py)
 
 
 class JobView(BaseModel):

@@ -70,6 +70,9 @@ class Candidate(BaseModel):
     price_per_hour: float = Field(..., ge=0)
     score: float
     nodes: int | None = Field(None, ge=1, description="world size if launched here; None: the plan's")
+    loss_interval_s: float | None = Field(
+        None, gt=0, description="placement's mean seconds between the gang's losses without a notice here "
+        "(the auto checkpoint cadence's input, domain/cadence.py); None: none expected")
 
 
 class AttemptEnd(BaseModel):

@@ -68,6 +68,9 @@ class Attempt(Record):
     # of ``nodes``, instances carried over from the attempt before (survivors kept, spares promoted): billed
     # before this attempt started in that one's record (spot_evidence.billed counts them once)
     kept: int = 0
+    # placement's mean seconds between this gang's losses without a notice (None: none expected or an
+    # old record): what ``checkpoint.every_minutes: auto`` reads (domain/cadence.py)
+    loss_interval_s: float | None = None
 
 
 class AnomalyRecord(Record):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -156,19 +157,52 @@ class Dataset(Strict):
         return values
 
 
+AUTO = "auto"
+
+
 class Checkpoint(Strict):
     every_steps: int | None = Field(None, ge=1)
-    every_minutes: float | None = Field(None, gt=0)
+    every_minutes: Annotated[float, Field(gt=0)] | Literal["auto"] | None = Field(
+        None, description="minutes between periodic saves, or 'auto': from the market and the measured "
+        "save stall (spotrelay/domain/cadence.py), within auto_min_minutes..auto_max_minutes")
+    auto_min_minutes: float = Field(2.0, gt=0, le=24 * 60)
+    auto_max_minutes: float = Field(60.0, gt=0, le=24 * 60)
     keep_local: int = Field(2, ge=1, le=100)
     keep_s3: int = Field(5, ge=1, le=1000)
     s3_prefix: S3_URI | None = Field(None, description="default: the jobs bucket's checkpoints/<job>/")
     local_dir: str = Field("/opt/spotrelay/checkpoints", description="fast tier: NVMe or FSx path")
 
+    @field_validator("every_minutes", mode="before")
+    @classmethod
+    def _minutes_or_auto(cls, value: Any) -> Any:
+        """One clear error for a value that is neither (the union would give one per branch)."""
+        if value is None or value == AUTO:
+            return value
+        try:
+            minutes = float(value) if isinstance(value, int | float | str) and not isinstance(value, bool) else None
+        except ValueError:
+            minutes = None
+        if minutes is not None and math.isfinite(minutes) and minutes > 0:
+            return minutes
+        raise ValueError(f"minutes above 0, or 'auto' (got {value!r})")
+
     @model_validator(mode="after")
     def _interval(self) -> Checkpoint:
         if self.every_steps is None and self.every_minutes is None:
-            raise ValueError("give 'every_steps', 'every_minutes' or both")
+            raise ValueError("give 'every_steps', 'every_minutes' (a number or 'auto') or both")
+        if self.auto_min_minutes > self.auto_max_minutes:
+            raise ValueError("auto_min_minutes is above auto_max_minutes")
         return self
+
+    @property
+    def auto(self) -> bool:
+        """The cadence comes from the market (``every_minutes: auto``)."""
+        return self.every_minutes == AUTO
+
+    @property
+    def fixed_minutes(self) -> float | None:
+        """``every_minutes`` when it is a number."""
+        return None if isinstance(self.every_minutes, str) else self.every_minutes
 
 
 class Recovery(Strict):
