@@ -32,3 +32,11 @@ def auto_interval_s(stall_s: float, loss_interval: float | None, floor_s: float,
         return ceiling_s
     optimum = math.sqrt(2.0 * max(stall_s, 0.0) * loss_interval)
     return min(max(optimum, floor_s), ceiling_s)
+
+
+def trainer_interval_s(stall_s: float, upload_s: float, loss_interval: float | None, min_minutes: float,
+                       max_minutes: float) -> float:
+    """What a trainer with ``every_minutes: auto`` keeps (agent/training.py; the simulator's trainers):
+    Young's optimum, no shorter than the spec's minimum nor than one upload of its checkpoint, no
+    longer than the spec's maximum."""
+    return auto_interval_s(stall_s, loss_interval, max(min_minutes * 60.0, upload_s), max_minutes * 60.0)

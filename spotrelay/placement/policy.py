@@ -28,6 +28,7 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from spotrelay.domain.cadence import auto_interval_s, loss_interval_s
 from spotrelay.domain.models import Pool
 from spotrelay.errors import NoPlacementError
 from spotrelay.placement import catalog
@@ -49,6 +50,8 @@ class PlacementConfig(BaseModel):
     node_failure_rate: float = Field(2e-5, ge=0, description="hardware losses per instance-hour, any market")
     unannounced_share: float = Field(0.1, ge=0, le=1, description="losses that come without a notice")
     assumed_checkpoint_minutes: float = Field(30.0, gt=0, description="when the spec gives only steps")
+    assumed_stall_s: float = Field(  # the stated job's is 0.8 s (docs/simulator.md); a small DDP job's far less
+        5.0, ge=0, description="a periodic save's snapshot stall, for the cadence 'auto' will choose")
     default_restore_minutes: float = Field(12.0, ge=0)
     spare_takeover_minutes: float = Field(1.0, ge=0, description="a hot spare restarts a lost rank from its local tier")
     remote_data_slowdown: float = Field(0.9, gt=0, le=1, description="speed factor without a replica")
@@ -123,9 +126,20 @@ def delay_weight(spec: JobSpec, config: PlacementConfig) -> float:
     return config.shrink_delay_weight if stated is None else stated
 
 
-def checkpoint_hours(spec: JobSpec, config: PlacementConfig) -> float:
-    minutes = spec.checkpoint.every_minutes or config.assumed_checkpoint_minutes
-    return minutes / 60.0
+def checkpoint_hours(spec: JobSpec, config: PlacementConfig, gang_rate: float) -> float:
+    """The periodic interval the gang will keep: the spec's, or with ``every_minutes: auto`` the one the
+    trainers will choose at this pool's rate (with the assumed stall; they measure their own)."""
+    ckpt = spec.checkpoint
+    if ckpt.auto:
+        return auto_interval_s(config.assumed_stall_s, loss_interval_s(gang_rate, config.unannounced_share),
+                               ckpt.auto_min_minutes * 60.0, ckpt.auto_max_minutes * 60.0) / 3600.0
+    return (ckpt.fixed_minutes or config.assumed_checkpoint_minutes) / 60.0
+
+
+def loss_interval(scored: ScoredPool, config: PlacementConfig = DEFAULT_CONFIG) -> float | None:
+    """Mean seconds between the scored gang's losses without a notice (the attempt record's
+    ``loss_interval_s``: what the trainers' auto cadence reads)."""
+    return loss_interval_s(scored.breakdown["gang_interruptions_per_hour"], config.unannounced_share)
 
 
 def score_pool(
@@ -143,9 +157,9 @@ def score_pool(
         restore_h = config.spare_takeover_minutes / 60.0
     prior, spot_rate = interruption_rate(quote, stats, config)
     rate = spot_rate + config.node_failure_rate
-    # announced losses keep the work (emergency checkpoint); unannounced ones lose half an interval
-    loss_h = restore_h + config.unannounced_share * checkpoint_hours(spec, config) / 2.0
     gang_rate = n * rate
+    # announced losses keep the work (emergency checkpoint); unannounced ones lose half an interval
+    loss_h = restore_h + config.unannounced_share * checkpoint_hours(spec, config, gang_rate) / 2.0
     useful = 1.0 / (1.0 + gang_rate * loss_h)
     remote = (
         spec.dataset is not None and bool(spec.dataset.replicas) and pool.region not in spec.dataset.replicas

@@ -100,7 +100,8 @@ def migrate(ctl: Controller, job_id: str, move: AttemptEnd, now: float,
     for node in nodes:
         ctl.store.put_node(node)
     record = Attempt(number=attempt, pool=target.pool, price_per_hour=target.price_per_hour, nodes=len(nodes),
-                     started_at=now, world_size=world, kept=len(carried))  # resumed_from_step: the trainers report
+                     started_at=now, world_size=world, kept=len(carried),
+                     loss_interval_s=target.loss_interval_s)  # resumed_from_step: the trainers report
     moved = _walk(ctl, job_id, now, record)
     log.info("moved", extra={"job_id": job_id, "attempt": attempt, "pool": target.pool.key, "world": world,
                              "deadline": deadline})

@@ -14,7 +14,7 @@ from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import BudgetExceededError, JobCancelledError, NoPlacementError
 from spotrelay.placement import best_pool, rank_pools
 from spotrelay.placement.gang_fit import SizedScores, probe_sizes, scores_of
-from spotrelay.placement.policy import GANG_FIT_REASON, evaluate_pools, score_pool
+from spotrelay.placement.policy import GANG_FIT_REASON, evaluate_pools, loss_interval, score_pool
 from spotrelay.placement.pool_stats import PoolStats
 from spotrelay.placement.spot_wait import PlanView, plan_view, spot_wait_s, stopped_at, wait_left_s
 from spotrelay.ports.market import PoolQuote
@@ -142,7 +142,8 @@ def _keeping_plan(spec: JobSpec, recovery: RecoveryPlan, job: Job, quotes: list[
     world = len(recovery.keep_instance_ids) + len(recovery.promoted) + len(recovery.launch_ranks)
     scored = score_pool(spec, quote, stats.get(home.key), nodes=world)
     return LaunchPlan(candidates=[Candidate(pool=home, price_per_hour=quote.price_per_hour,
-                                            score=round(scored.score, 4), nodes=world)],
+                                            score=round(scored.score, 4), nodes=world,
+                                            loss_interval_s=loss_interval(scored))],
                       launch_ranks=list(recovery.launch_ranks), keep_instance_ids=list(recovery.keep_instance_ids),
                       promoted=list(recovery.promoted), world_size=world)
 
@@ -188,7 +189,8 @@ def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict
         ranked = saving
     # (ordered first, then only the offered ones built: a ranking holds every pool at every gang size)
     candidates = [Candidate(pool=c.pool, price_per_hour=c.quote.price_per_hour, score=round(c.score, 4),
-                            nodes=c.nodes or spec.resources.nodes) for c in _one_size_per_pool(ranked)[:MAX_CANDIDATES]]
+                            nodes=c.nodes or spec.resources.nodes, loss_interval_s=loss_interval(c))
+                  for c in _one_size_per_pool(ranked)[:MAX_CANDIDATES]]
     return LaunchPlan(candidates=candidates, launch_ranks=list(range(spec.resources.nodes)))
 
 

@@ -26,6 +26,7 @@ from spotrelay.domain.status import JobStatus
 from spotrelay.placement.cadence import base_review_s, next_review_s
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.payback import spot_stint_hours
+from spotrelay.placement.policy import loss_interval
 from spotrelay.placement.review import Move, better_placement, evidence_expires_at, review_spot_hours
 from spotrelay.placement.spot_evidence import off_on_demand_allowed, stall_limit
 from spotrelay.services.controller import Controller, attempt_nodes, spec_of
@@ -125,4 +126,5 @@ def review(ctl: Controller, job_id: str, attempt: int, now: float,
     return AttemptEnd(outcome=Verdict.MIGRATE, attempt=attempt, reason=move.reason,
                       lost_ranks=tuple(sorted(n.rank for n in leaving)),
                       target=Candidate(pool=target.pool, price_per_hour=target.quote.price_per_hour,
-                                       score=round(target.score, 4), nodes=target.nodes))
+                                       score=round(target.score, 4), nodes=target.nodes,
+                                       loss_interval_s=loss_interval(target)))

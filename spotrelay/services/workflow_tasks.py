@@ -105,7 +105,7 @@ def provision(ctl: Controller, job_id: str, plan_result: LaunchPlan, now: float,
         # report what they restored (TrainingResumed): a notice's final save commits after this launch
         record = Attempt(number=attempt, pool=pool, price_per_hour=candidate.price_per_hour,
                          nodes=len([n for n in nodes if not n.spare]) + spares, spares=spares, world_size=world,
-                         started_at=now, kept=len(carried))
+                         started_at=now, kept=len(carried), loss_interval_s=candidate.loss_interval_s)
 
         def started(current: Job, record: Attempt = record) -> Job:
             return current.model_copy(update={

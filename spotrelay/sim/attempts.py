@@ -15,10 +15,12 @@ if TYPE_CHECKING:
     from spotrelay.sim.controller import SpotrelayRun
 
 
-def opened(run: SpotrelayRun, number: int, pool: Any, price: float, nodes: int, world: int, kept: int = 0) -> None:
-    """``kept``: of ``nodes``, those carried over from the attempt before (survivors, promoted spares)."""
+def opened(run: SpotrelayRun, number: int, pool: Any, price: float, nodes: int, world: int, kept: int = 0,
+           loss_interval_s: float | None = None) -> None:
+    """``kept``: of ``nodes``, those carried over from the attempt before (survivors, promoted spares);
+    ``loss_interval_s``: the launch candidate's (the auto checkpoint cadence's input)."""
     run.attempts.append(Attempt(number=number, pool=pool, started_at=run.now, price_per_hour=price,
-                                nodes=nodes, world_size=world, kept=kept))
+                                nodes=nodes, world_size=world, kept=kept, loss_interval_s=loss_interval_s))
 
 
 def close(run: SpotrelayRun, noticed: bool = False) -> None:

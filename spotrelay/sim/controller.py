@@ -200,6 +200,11 @@ class SpotrelayRun(Run):
         self._handle(self.walker.resume(verdict.model_dump(mode="json")))
 
     # --- market and agent events (the event handlers' effect on the records) --------------------
+    def checkpoint_every_steps(self, instance_type: str) -> int:
+        """The spec's cadence (``every_minutes: auto``: from the attempt's loss interval)."""
+        loss = self.attempts[-1].loss_interval_s if self.attempts else None
+        return self.job.spec_every_steps(self.spec.checkpoint, instance_type, loss)
+
     def _train(self, epoch: int) -> None:
         if epoch != self.epoch or self.running or not self.gang:
             return

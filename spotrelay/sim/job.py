@@ -9,10 +9,12 @@ parameter, 1.12 TB of checkpoint), 2M tokens per step, 16 x p5.48xlarge (128 H10
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from spotrelay.domain.cadence import trainer_interval_s
 from spotrelay.placement import catalog
-from spotrelay.spec.models import JobSpec
+from spotrelay.spec.models import Checkpoint, JobSpec
 
 CHECKPOINT_BYTES = 70e9 * 16  # ZeRO-3 model + optimizer state
 REF_NODES, REF_TYPE, REF_STEP_S = 16, "p5.48xlarge", 17.0
@@ -83,6 +85,20 @@ class JobModel:
 
     def every_steps(self, instance_type: str) -> int:
         return max(1, round(self.checkpoint_minutes * 60 / self.step_s(instance_type)))
+
+    def spec_every_steps(self, ckpt: Checkpoint, instance_type: str, loss_interval: float | None) -> int:
+        """Steps between periodic saves under the spec's checkpoint section: ``every_steps`` or
+        ``every_minutes``, whichever first; with ``every_minutes: auto``, what the trainers choose from the
+        attempt's ``loss_interval`` and this job's stall and upload (the agent's rule, domain/cadence.py)."""
+        step_s = self.step_s(instance_type)
+        if ckpt.auto:
+            seconds = trainer_interval_s(self.stall_s(instance_type), self.persist_s(), loss_interval,
+                                         ckpt.auto_min_minutes, ckpt.auto_max_minutes)
+        else:
+            seconds = (ckpt.fixed_minutes or math.inf) * 60.0
+        steps = [max(1, round(seconds / step_s))] if math.isfinite(seconds) else []
+        steps += [ckpt.every_steps] if ckpt.every_steps is not None else []
+        return min(steps) if steps else self.every_steps(instance_type)
 
     def spec(self, regions: list[str], instance_types: list[str], markets: list[str]) -> JobSpec:
         """The job spec the controller's decisions read (placement, strategy, retry budget)."""

@@ -10,6 +10,7 @@ from spotrelay.contracts.recovery import AttemptEnd, Candidate, Launched, Verdic
 from spotrelay.placement import PoolEvent
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.payback import spot_stint_hours
+from spotrelay.placement.policy import loss_interval
 from spotrelay.placement.review import better_placement, review_spot_hours
 from spotrelay.placement.spot_evidence import off_on_demand_allowed, stall_limit
 from spotrelay.services.review import next_review_seconds, review_seconds
@@ -96,7 +97,7 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     return AttemptEnd(outcome=Verdict.MIGRATE, attempt=self.attempt, reason=move.reason,
                       lost_ranks=tuple(sorted(n.rank for n in leaving)),
                       target=Candidate(pool=t.pool, price_per_hour=t.quote.price_per_hour, score=round(t.score, 4),
-                                       nodes=t.nodes)).model_dump(mode="json")
+                                       nodes=t.nodes, loss_interval_s=loss_interval(t))).model_dump(mode="json")
 
 
 def migrate(self: SpotrelayRun, move: AttemptEnd) -> dict[str, Any]:
@@ -138,7 +139,8 @@ def migrate(self: SpotrelayRun, move: AttemptEnd) -> dict[str, Any]:
     self.gang = {**{n.rank: n for n in staying}, **{n.rank: n for n in nodes}}
     self.attempt, self.excluded = attempt, set()
     self.attempt_pool, self.attempt_start = sp, self.now
-    attempts.opened(self, attempt, sp.pool, target.price_per_hour, len(self.gang), world, len(staying))
+    attempts.opened(self, attempt, sp.pool, target.price_per_hour, len(self.gang), world, len(staying),
+                    target.loss_interval_s)
     self.decisions.append({"attempt": attempt, "pool": sp.key, "resumed_from_step": self.ckpt_step})
     self.metrics.moves += 1
     self.note(sp.key, f"move x{world} ({move.reason[:60]})")

@@ -131,7 +131,8 @@ def provision(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
         self.attempt, self.excluded = attempt, set()
         self.attempt_pool, self.attempt_start = sp, self.now
         fresh = sum(1 for n in nodes if n.rank not in spare_ranks)  # (the gang but for these: carried over)
-        attempts.opened(self, attempt, sp.pool, candidate.price_per_hour, len(self.gang), world, len(self.gang) - fresh)
+        attempts.opened(self, attempt, sp.pool, candidate.price_per_hour, len(self.gang), world,
+                        len(self.gang) - fresh, candidate.loss_interval_s)
         self.decisions.append({"attempt": attempt, "pool": sp.key, "resumed_from_step": self.ckpt_step})
         return Launched(attempt=attempt, pool=sp.pool, price_per_hour=candidate.price_per_hour,
                         nodes=len(self.gang), world_size=world,

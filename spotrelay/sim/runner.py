@@ -28,7 +28,8 @@ from spotrelay.sim.losses import CATEGORIES, shares
 # spotrelay switches that are spec fields: switch name -> the spec section that holds it
 SPEC_SWITCHES = {"spares": "resources", "min_nodes": "resources", "wall_time_weight": "resources",
                  "launch_at_notice": "recovery", "prewarm_on_rebalance": "recovery", "prewarm_wait_s": "recovery",
-                 "review_minutes": "recovery", "spot_wait_minutes": "recovery", "max_placing_minutes": "recovery"}
+                 "review_minutes": "recovery", "spot_wait_minutes": "recovery", "max_placing_minutes": "recovery",
+                 "every_minutes": "checkpoint", "auto_min_minutes": "checkpoint", "auto_max_minutes": "checkpoint"}
 # the job-run workflow's waits (WorkflowTimings, the execution's input) a sweep may change: loss_settle_s,
 # backoff_s, ... (not time_scale: the twin's clock)
 TIMING_SWITCHES = tuple(name for name in WorkflowTimings.model_fields if name != "time_scale")

@@ -51,7 +51,7 @@ class Training:
         self.seg_t0, self.seg_step0 = self.now, float(self.ckpt_step)
         self.step_pure = self.job.step_s(REF_TYPE)  # useful hours in reference (H100) GPU-hours
         scale = self.job.nodes / world if world else 1.0
-        self.every = max(1, round(self.job.every_steps(instance_type) / scale))
+        self.every = max(1, round(self.checkpoint_every_steps(instance_type) / scale))
         self.step_eff = (self.job.step_s(instance_type) + self.job.stall_s(instance_type) / self.every) * scale
         self.step_pure_eff = self.job.step_s(instance_type) * scale  # the same without the snapshot stall
         self.seg_gpus = self.job.nodes * self.job.ref_gpus()
@@ -62,6 +62,11 @@ class Training:
             self.metrics.recoveries += 1
             self.stopped_at = None
         self.at(self.now + (self.total - self.seg_step0) * self.step_eff, self._done, self.epoch)
+
+    def checkpoint_every_steps(self, instance_type: str) -> int:
+        """Full-gang steps between periodic checkpoints in this segment: the job's cadence (spotrelay's
+        trainers may choose their own: ``checkpoint.every_minutes: auto``)."""
+        return self.job.every_steps(instance_type)
 
     def step_at(self, t: float) -> float:
         if not self.running:

@@ -142,3 +142,18 @@ def test_a_survivor_noticed_after_recover_joins_the_new_attempt_doomed(env: Env)
     nodes = [n for n in env.store.nodes_of(job.job_id) if n.attempt == 2]
     verdict = ready_verdict(now, nodes)
     assert verdict is not None and verdict.outcome.value == "interrupted" and 1 in verdict.lost_ranks
+
+
+def test_the_attempt_record_carries_placements_loss_interval_for_the_trainers(env: Env) -> None:
+    """``checkpoint.every_minutes: auto``: the agent reads its attempt's loss interval (AttemptView)."""
+    from spotrelay.contracts.agent import JobView
+
+    job = new_job(env.store)
+    plan = sfn_plan.handler({"job_id": job.job_id, "timings": TIMINGS}, ctx())
+    chosen = plan["candidates"][0]
+    assert chosen["loss_interval_s"] > 0  # every pool fails now and then (spot reclaims, hardware)
+    sfn_provision.handler({"job_id": job.job_id, "plan": plan}, ctx())
+    record = env.store.get_job(job.job_id)
+    assert record.attempts[-1].loss_interval_s == chosen["loss_interval_s"]
+    view = JobView.model_validate(record.model_dump(mode="json"))
+    assert view.attempts[-1].loss_interval_s == chosen["loss_interval_s"]
