@@ -75,7 +75,7 @@ def simulate(
         "--strategy", help="spotrelay's recovery strategy (default: the spec's)")] = None,
     switch: Annotated[list[str] | None, typer.Option(
         "--switch", help="a spotrelay variant, NAME=VALUE: spares=1, min_nodes=12, launch_at_notice=false, "
-        "prewarm_on_rebalance=true, rebalance_checkpoint=false, keep_margin=0.2")] = None,
+        "prewarm_on_rebalance=true, rebalance_checkpoint=false, keep_margin=0.2, every_minutes=auto")] = None,
     boot_s: Annotated[float, typer.Option("--boot-s", min=0, max=MAX_BOOT_S, help="every type's boot (s)")] = 300.0,
     boot_s_for: Annotated[list[str] | None, typer.Option(
         "--boot-s-for", help="TYPE=S: one instance type's boot instead (p5.48xlarge=420)")] = None,
