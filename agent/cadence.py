@@ -3,7 +3,7 @@
 The controller gives the mean time between the gang's losses without a notice (the environment's
 SPOTRELAY_CHECKPOINT_LOSS_INTERVAL_S); this rank gives what a save costs it: the snapshot stall the
 loop waited for, and how long its last periodic save took to commit (a floor: saving faster than
-that only queues uploads). spotrelay/domain/cadence.py turns them into the interval. Each rank may
+that only queues uploads). spotrelay/contracts/cadence.py turns them into the interval. Each rank may
 measure its own: the due flag is agreed with an all-reduce (MAX), so the shortest interval wins.
 
 Pure: no clock, no torch. The session feeds it its saves (``AutoCadence``).
@@ -12,7 +12,7 @@ Pure: no clock, no torch. The session feeds it its saves (``AutoCadence``).
 from __future__ import annotations
 
 from agent.notice_window import SaveLike
-from spotrelay.domain.cadence import auto_interval_s
+from spotrelay.contracts.cadence import auto_interval_s
 
 # Before this rank's first save: small, so the first save comes early and measures the real stall
 # (erring short costs one snapshot; erring long risks the work of a loss that comes meanwhile).

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import math
 
+# the interval itself is a contract: the agent computes it and may not import the domain
+from spotrelay.contracts.cadence import auto_interval_s as auto_interval_s
+
 
 def loss_interval_s(gang_interruptions_per_hour: float, unannounced_share: float) -> float | None:
     """Mean seconds between the gang's losses that come without a notice; None when none are expected.
@@ -21,14 +24,3 @@ def loss_interval_s(gang_interruptions_per_hour: float, unannounced_share: float
     ``unannounced_share``: placement's assumption of how many of them give no notice."""
     rate = gang_interruptions_per_hour * unannounced_share
     return 3600.0 / rate if rate > 0 and math.isfinite(rate) else None
-
-
-def auto_interval_s(stall_s: float, loss_interval: float | None, floor_s: float, ceiling_s: float) -> float:
-    """Seconds between periodic checkpoints: ``sqrt(2 x stall x loss interval)`` within
-    ``[floor_s, ceiling_s]`` (the ceiling when no loss is expected). A caller puts the upload time of
-    one checkpoint in the floor: saving faster than the last one reaches S3 only queues uploads."""
-    ceiling_s = max(ceiling_s, floor_s)  # (an upload slower than the ceiling: the floor wins)
-    if loss_interval is None or not math.isfinite(loss_interval) or loss_interval <= 0:
-        return ceiling_s
-    optimum = math.sqrt(2.0 * max(stall_s, 0.0) * loss_interval)
-    return min(max(optimum, floor_s), ceiling_s)
