@@ -139,6 +139,25 @@ def checkpoint_uri(config: AgentConfig, spec: JobSpec) -> str:
     raise AgentConfigError("no durable tier: set checkpoint_uri, the spec's checkpoint.s3_prefix or durable_root")
 
 
+def _cadence_env(config: AgentConfig, job: JobView, spec: JobSpec) -> dict[str, str]:
+    """The time-based cadence: the spec's minutes, or "auto" with its bounds and this attempt's loss
+    interval from the controller (none: no loss expected, or a record from before auto)."""
+    from spotrelay.spec.models import AUTO
+
+    ckpt = spec.checkpoint
+    if not ckpt.auto:
+        return {control.ENV_CHECKPOINT_EVERY_MINUTES: str(ckpt.fixed_minutes)}
+    env = {
+        control.ENV_CHECKPOINT_EVERY_MINUTES: AUTO,
+        control.ENV_CHECKPOINT_AUTO_MIN_MINUTES: str(ckpt.auto_min_minutes),
+        control.ENV_CHECKPOINT_AUTO_MAX_MINUTES: str(ckpt.auto_max_minutes),
+    }
+    attempt = next((a for a in job.attempts if a.number == config.attempt), None)
+    if attempt is not None and attempt.loss_interval_s is not None:
+        env[control.ENV_CHECKPOINT_LOSS_INTERVAL_S] = repr(attempt.loss_interval_s)
+    return env
+
+
 def contract_env(config: AgentConfig, job: JobView, spec: JobSpec, mlflow_run_id: str | None) -> dict[str, str]:
     """What the training API reads (spotrelay.contracts.control): control dir, tiers, cadence."""
     from spotrelay.contracts.health import ENV_HEALTH
@@ -157,7 +176,7 @@ def contract_env(config: AgentConfig, job: JobView, spec: JobSpec, mlflow_run_id
     if ckpt.every_steps is not None:
         env[control.ENV_CHECKPOINT_EVERY_STEPS] = str(ckpt.every_steps)
     if ckpt.every_minutes is not None:
-        env[control.ENV_CHECKPOINT_EVERY_MINUTES] = str(ckpt.every_minutes)
+        env.update(_cadence_env(config, job, spec))
     if mlflow_run_id:
         env[control.ENV_MLFLOW_RUN_ID] = mlflow_run_id
     if spec.tracking.tracking_uri:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from agent.batching import BatchPlan, GlobalBatchSampler
+from agent.cadence import AutoCadence
 from agent.checkpoint.compat import check_global_batch, check_manifest
 from agent.checkpoint.config import SessionConfig
 from agent.checkpoint.engines import Engine
@@ -45,6 +46,7 @@ log = logging.getLogger("spotrelay.training")
 # attempt ends as an infrastructure failure (a blip should not cost the gang a relaunch)
 RESUME_RETRY_S = (10.0, 30.0)
 _sleep = time.sleep  # (the tests' seam: patching time.sleep would reach every thread)
+_monotonic = time.monotonic  # (the tests' seam for the periodic cadence)
 
 
 def _topology() -> Topology:
@@ -102,7 +104,9 @@ class Session(SessionData):
         self._last_saved = -1
         self._save_requested = False
         self.last_job: SaveJob | None = None
-        self._last_save_time = time.monotonic()
+        self._last_save_time = _monotonic()
+        self.cadence = (AutoCadence(config.loss_interval_s, config.auto_min_minutes * 60, config.auto_max_minutes * 60)
+                        if config.auto else None)  # fmt: skip
         self._iter: Iterator[Any] | None = None
         self._skip = 0  # batches to draw and drop before the next step (a rollback's bad window)
         self._device = "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
@@ -221,7 +225,8 @@ class Session(SessionData):
             self._event(TrainerEvent(kind="first_step", step=self.step, time=now))
         self.notice.boundary(now)
         request = self.poller.poll()
-        due = bool(cfg.every_minutes and time.monotonic() - self._last_save_time >= cfg.every_minutes * 60)
+        interval = self._interval_s()
+        due = interval is not None and _monotonic() - self._last_save_time >= interval
         decision = agree(request, due, self._device, self.health.extra(self.step), self.notice.final_due(now))
         request_id = None
         if decision.kind is not None:  # every rank learns the ids, so none acts on them again
@@ -255,6 +260,19 @@ class Session(SessionData):
             self._save_requested = False
             self.save(request_id=request_id)
         return False
+
+    def _interval_s(self) -> float | None:
+        """Seconds between time-based saves: the spec's, or from the market (auto); None: by steps only."""
+        if self.cadence is None:
+            minutes = self.config.fixed_minutes
+            return minutes * 60 if minutes else None
+        moved = self.cadence.boundary()
+        if moved is not None and self.topo.local_rank == 0:
+            c, loss = self.cadence, self.config.loss_interval_s
+            log.info("checkpoint cadence (auto): every %.1f min (stall %.2f s, a loss without notice every %s, "
+                     "floor %.1f min)", moved / 60, c.stall_s, f"{loss / 3600:.1f} h" if loss else "never",
+                     c.floor_s / 60)  # fmt: skip
+        return self.cadence.interval_s
 
     # --- health ------------------------------------------------------------------------------------
     def _on_anomaly(self, finding: HealthAnomaly) -> bool:
@@ -336,7 +354,9 @@ class Session(SessionData):
             emergency=emergency, started=started, deadline=deadline, request_id=request_id,
         )  # fmt: skip
         job.timings["snapshot_s"] = time.time() - started  # what the training loop waited for
-        self._last_saved, self._last_save_time = self.step, time.monotonic()
+        self._last_saved, self._last_save_time = self.step, _monotonic()
+        if self.cadence is not None:
+            self.cadence.saved(job, job.timings["snapshot_s"])
         self.last_job = job
         self.notice.saved(job)
         return self.pipeline.submit(job)

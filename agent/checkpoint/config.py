@@ -6,22 +6,40 @@ import hashlib
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from spotrelay.contracts import control as c
 from spotrelay.contracts.health import ENV_HEALTH, HealthPolicy
+from spotrelay.spec.models import AUTO, Checkpoint
+
+_SPEC = Checkpoint.model_fields  # the auto bounds' defaults are the spec's
 
 
-def _float(name: str) -> float | None:
+def _float(name: str, expected: str = "a number") -> float | None:
     value = os.environ.get(name)
-    return float(value) if value else None
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: expected {expected}") from None
 
 
 def _int(name: str, default: int | None) -> int | None:
     value = os.environ.get(name)
-    return int(value) if value else default
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: expected a whole number") from None
+
+
+def _minutes(name: str) -> float | str | None:
+    """A number of minutes, or ``auto`` (the cadence from the market)."""
+    return AUTO if os.environ.get(name, "").strip().lower() == AUTO else _float(name, f"minutes or {AUTO!r}")
 
 
 def _bool(name: str) -> bool | None:
@@ -53,7 +71,12 @@ class SessionConfig(BaseModel):
     spec_hash: str = ""
     code_hash: str = ""
     every_steps: int | None = Field(None, ge=1)
-    every_minutes: float | None = Field(None, gt=0)
+    every_minutes: Annotated[float, Field(gt=0)] | Literal["auto"] | None = None
+    # with "auto" (agent/cadence.py): the controller's mean seconds between the gang's losses without
+    # a notice (None: none expected, the interval is the ceiling) and the bounds on the interval
+    loss_interval_s: float | None = Field(None, gt=0)
+    auto_min_minutes: float = Field(_SPEC["auto_min_minutes"].default, gt=0)
+    auto_max_minutes: float = Field(_SPEC["auto_max_minutes"].default, gt=0)
     keep_local: int = Field(2, ge=1)
     keep_s3: int = Field(5, ge=1)
     save_final: bool = True
@@ -72,6 +95,12 @@ class SessionConfig(BaseModel):
     notice_margin_share: float = Field(0.25, ge=0)
     flush_prior_mb_s: float = Field(100.0, gt=0)  # before this rank has timed a save of its own
 
+    @model_validator(mode="after")
+    def _bounds(self) -> SessionConfig:
+        if self.auto_min_minutes > self.auto_max_minutes:
+            raise ValueError("auto_min_minutes is above auto_max_minutes")
+        return self
+
     @classmethod
     def from_env(cls, **defaults: Any) -> SessionConfig:
         """``defaults`` from the script (None ignored); the agent's environment wins where set."""
@@ -84,7 +113,10 @@ class SessionConfig(BaseModel):
             "job_id": os.environ.get(c.ENV_JOB_ID) or None,
             "spec_hash": os.environ.get(c.ENV_SPEC_HASH) or None,
             "every_steps": _int(c.ENV_CHECKPOINT_EVERY_STEPS, None),
-            "every_minutes": _float(c.ENV_CHECKPOINT_EVERY_MINUTES),
+            "every_minutes": _minutes(c.ENV_CHECKPOINT_EVERY_MINUTES),
+            "loss_interval_s": _float(c.ENV_CHECKPOINT_LOSS_INTERVAL_S),
+            "auto_min_minutes": _float(c.ENV_CHECKPOINT_AUTO_MIN_MINUTES),
+            "auto_max_minutes": _float(c.ENV_CHECKPOINT_AUTO_MAX_MINUTES),
             "keep_local": _int(c.ENV_KEEP_LOCAL, None),
             "keep_s3": _int(c.ENV_KEEP_S3, None),
             "notice_training": _bool(c.ENV_NOTICE_TRAINING),
@@ -96,3 +128,12 @@ class SessionConfig(BaseModel):
         if os.environ.get(ENV_HEALTH):
             values["health"] = HealthPolicy.from_env()
         return cls(**values)
+
+    @property
+    def auto(self) -> bool:
+        """The periodic cadence comes from the market and this rank's measured saves."""
+        return self.every_minutes == AUTO
+
+    @property
+    def fixed_minutes(self) -> float | None:
+        return None if isinstance(self.every_minutes, str) else self.every_minutes

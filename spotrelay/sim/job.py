@@ -93,7 +93,7 @@ class JobModel:
         step_s = self.step_s(instance_type)
         if ckpt.auto:
             seconds = trainer_interval_s(self.stall_s(instance_type), self.persist_s(), loss_interval,
-                                         ckpt.auto_min_minutes, ckpt.auto_max_minutes)
+                                         ckpt.auto_min_minutes * 60.0, ckpt.auto_max_minutes * 60.0)
         else:
             seconds = (ckpt.fixed_minutes or math.inf) * 60.0
         steps = [max(1, round(seconds / step_s))] if math.isfinite(seconds) else []

@@ -16,7 +16,7 @@ import pytest
 from agent.config import AgentConfig
 from agent.launcher import LaunchPlan, Rendezvous, TrainingProcess, build_plan, contract_env, read_exit_records
 from spotrelay.contracts import control
-from spotrelay.contracts.agent import JobView
+from spotrelay.contracts.agent import AttemptView, JobView
 from spotrelay.errors import AgentConfigError
 from spotrelay.spec.models import JobSpec
 
@@ -94,6 +94,24 @@ def test_contract_environment(tmp_path: Path) -> None:
     spec = _spec(entrypoint={"script": "t.py", "env": {control.ENV_CONTROL_DIR: "/elsewhere"}})
     plan = build_plan(spec, RDZV, env, None, "/py")
     assert plan.env[control.ENV_CONTROL_DIR] == str(tmp_path / "control")
+
+
+def test_an_auto_cadence_carries_this_attempts_loss_interval_and_the_bounds(tmp_path: Path) -> None:
+    config = AgentConfig(job_id="j-1", attempt=3, rank=0, work_dir=tmp_path, checkpoint_uri="s3://b/c/j-1")
+    attempts = [AttemptView(number=2, loss_interval_s=900.0), AttemptView(number=3, loss_interval_s=14400.25)]
+    spec = _spec(checkpoint={"every_steps": 10, "every_minutes": "auto", "auto_max_minutes": 30})
+    env = contract_env(config, JobView(job_id="j-1", attempts=attempts), spec, None)
+    assert env[control.ENV_CHECKPOINT_EVERY_MINUTES] == "auto" and env[control.ENV_CHECKPOINT_EVERY_STEPS] == "10"
+    assert float(env[control.ENV_CHECKPOINT_LOSS_INTERVAL_S]) == 14400.25  # attempt 3's, not attempt 2's
+    bounds = (env[control.ENV_CHECKPOINT_AUTO_MIN_MINUTES], env[control.ENV_CHECKPOINT_AUTO_MAX_MINUTES])
+    assert bounds == ("2.0", "30.0")
+    # no loss expected on attempt 3, or no record of it: unset, the trainer saves at the ceiling
+    for attempts in ([AttemptView(number=3)], [AttemptView(number=2, loss_interval_s=900.0)]):
+        env = contract_env(config, JobView(job_id="j-1", attempts=attempts), spec, None)
+        assert control.ENV_CHECKPOINT_LOSS_INTERVAL_S not in env and env[control.ENV_CHECKPOINT_EVERY_MINUTES] == "auto"
+    fixed = contract_env(config, JobView(job_id="j-1"), _spec(checkpoint={"every_minutes": 20}), None)
+    assert fixed[control.ENV_CHECKPOINT_EVERY_MINUTES] == "20.0"
+    assert not {control.ENV_CHECKPOINT_LOSS_INTERVAL_S, control.ENV_CHECKPOINT_AUTO_MIN_MINUTES} & fixed.keys()
 
 
 def test_durable_tier_default_comes_from_the_port_not_the_controllers_settings(tmp_path: Path) -> None:

@@ -38,14 +38,14 @@ def test_loss_interval_counts_only_losses_without_a_notice() -> None:
     assert loss_interval_s(2.0, 0.1) == pytest.approx(3600.0 / 0.2)
     assert loss_interval_s(2.0, 0.0) is None and loss_interval_s(0.0, 0.1) is None
     # the trainer's floor is one upload of its checkpoint
-    assert trainer_interval_s(0.01, 400.0, 1000.0, 2.0, 60.0) == 400.0
+    assert trainer_interval_s(0.01, 400.0, 1000.0, 120.0, 3600.0) == 400.0
 
 
 @given(st.floats(0.0, 600.0), st.floats(1.0, 1e7), st.floats(1.0, 1e7))
 def test_a_stormier_market_never_checkpoints_less_often(stall: float, a: float, b: float) -> None:
     short, long_ = sorted((a, b))
-    assert trainer_interval_s(stall, 0.0, short, 1.0, 60.0) <= trainer_interval_s(stall, 0.0, long_, 1.0, 60.0)
-    assert 60.0 <= trainer_interval_s(stall, 0.0, short, 1.0, 60.0) <= 3600.0
+    assert trainer_interval_s(stall, 0.0, short, 60.0, 3600.0) <= trainer_interval_s(stall, 0.0, long_, 60.0, 3600.0)
+    assert 60.0 <= trainer_interval_s(stall, 0.0, short, 60.0, 3600.0) <= 3600.0
 
 
 def test_spec_takes_auto_or_minutes_and_names_the_field() -> None:
