@@ -39,6 +39,7 @@ class AttemptView(_View):
     exit_codes: dict[int, int | None]  # node rank -> exit code
     price_per_hour: float
     cost: float
+    loss_interval_s: float | None = None  # placement's, for every_minutes: auto (why the trainers saved so often)
 
 
 class CheckpointView(_View):
@@ -156,6 +157,7 @@ def describe_job(job: Job, nodes: list[Node], now: float, ckpts: list[Checkpoint
             end_reason=a.end_reason, resumed_from_step=a.resumed_from_step, steps=steps,
             reached_step=a.reached_step, lost_steps=a.lost_steps,
             exit_codes={n.rank: n.exit_code for n in mine}, price_per_hour=a.price_per_hour, cost=round(a.cost, 4),
+            loss_interval_s=a.loss_interval_s,
         ))  # fmt: skip
     recoveries = [
         RecoveryView(after_attempt=a.number, reason=a.end_reason, stopped_at=a.ended_at, resumed_at=b.started_at,

@@ -157,3 +157,7 @@ def test_the_attempt_record_carries_placements_loss_interval_for_the_trainers(en
     assert record.attempts[-1].loss_interval_s == chosen["loss_interval_s"]
     view = JobView.model_validate(record.model_dump(mode="json"))
     assert view.attempts[-1].loss_interval_s == chosen["loss_interval_s"]
+    from spotrelay.services.describe import describe_job  # and `spotrelay describe --json` shows it
+
+    report = describe_job(record, env.store.nodes_of(job.job_id), 2000.0)
+    assert report.attempts[-1].loss_interval_s == chosen["loss_interval_s"]
