@@ -85,7 +85,8 @@ class JobTracking:
         parent = self.client.get_run(self.run_id)
         params = {"job_id": config.job_id, "nodes": spec.resources.nodes, "launcher": spec.launcher.type,
                   "gpus_per_node": spec.resources.gpus_per_node,
-                  "checkpoint_every_steps": spec.checkpoint.every_steps}  # fmt: skip
+                  "checkpoint_every_steps": spec.checkpoint.every_steps,
+                  "checkpoint_every_minutes": spec.checkpoint.every_minutes}  # a number or "auto"  # fmt: skip
         for key, value in params.items():
             if key not in parent.data.params:
                 self.client.log_param(self.run_id, key, value)

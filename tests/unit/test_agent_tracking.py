@@ -79,6 +79,8 @@ def test_parent_run_with_a_child_per_attempt_metrics_and_the_final_model(tmp_pat
     client = MlflowClient(tracking_uri=uri)
     parent = client.get_run(first.run_id)
     assert parent.data.params["nodes"] == "2" and parent.data.tags["team"] == "ml"
+    assert parent.data.params["checkpoint_every_steps"] == "5"
+    assert parent.data.params["checkpoint_every_minutes"] == "None"  # (a number or auto when the spec has one)
     assert parent.info.status == "FINISHED"
     loss = client.get_metric_history(first.run_id, "loss")
     assert [(m.step, m.value) for m in loss] == [(1, 3.0), (2, 2.5), (3, 2.0)]
