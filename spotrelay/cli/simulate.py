@@ -54,11 +54,39 @@ def _progress(total: int) -> Iterator[Callable[[int], None] | None]:
         yield lambda done: bar.advance(task, done)
 
 
+def _user_spec(path: Path | None, **flags: Any) -> Any:
+    """``--spec``'s JobSpec (None without one). It states what the flags it replaces would: giving both
+    is a usage problem, not a silent choice. A bad spec is reported field by field (cli/errors.py)."""
+    if path is None:
+        return None
+    both = [f"--{name.replace('_', '-')}" for name, value in flags.items() if value is not None]
+    if both:
+        raise UsageProblem(f"--spec states the job: leave out {', '.join(both)} (or change the spec)")
+    from spotrelay.spec.load import load_spec, suffix_problem
+
+    problem = suffix_problem(path.name)
+    if problem is not None:
+        raise UsageProblem(f"--spec {path}: {problem}")
+    return load_spec(path)
+
+
+def _baseline_minutes(spec: Any, flag: float | None) -> float:
+    """The job's fixed cadence, which the baselines keep: the flag's, the spec's minutes, else 30 (placement's
+    assumed default; a spec with ``auto`` or only steps gives the baselines none of its own)."""
+    if spec is None:
+        return flag or 30.0
+    return spec.checkpoint.fixed_minutes or 30.0
+
+
 def simulate(
     trace: Annotated[list[str] | None, typer.Option(
         "--trace", help="FILE, or POOL=FILE (POOL: a glob over pool keys)")] = None,
     trace_format: Annotated[str, typer.Option("--trace-format", help="bamboo | pools-csv | synthetic")] = "bamboo",
-    nodes: Annotated[int, typer.Option("--nodes", min=1, max=512)] = 16,
+    spec_file: Annotated[Path | None, typer.Option(
+        "--spec", help="your job spec: spotrelay runs its gang sizes, regions, instance types, markets, checkpoint "
+        "and recovery settings (the stated job's model and step times stay; the baselines take its sizes and "
+        "places)")] = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", min=1, max=512, help="gang size (default 16)")] = None,
     instance_types: Annotated[list[str] | None, typer.Option("--instance-types")] = None,
     regions: Annotated[list[str] | None, typer.Option("--regions")] = None,
     policies: Annotated[str, typer.Option("--policies", help="all or NAME,...")] = "all",
@@ -66,8 +94,8 @@ def simulate(
     jobs: Annotated[int, typer.Option("--jobs", min=1, help="independent jobs per seed")] = 1,
     job_hours: Annotated[float, typer.Option(
         "--job-hours", min=0.01, max=MAX_JOB_HOURS, help="training hours at full speed")] = 168.0,
-    checkpoint_minutes: Annotated[float, typer.Option(
-        "--checkpoint-minutes", min=0.1, max=MAX_CHECKPOINT_MINUTES)] = 30.0,
+    checkpoint_minutes: Annotated[float | None, typer.Option(
+        "--checkpoint-minutes", min=0.1, max=MAX_CHECKPOINT_MINUTES, help="the job's cadence (default 30)")] = None,
     deadline_hours: Annotated[float | None, typer.Option(
         "--deadline-hours", min=0.01, max=MAX_JOB_HOURS,
         help="stop each job this many wall hours after its start, done or not (a time-boxed run)")] = None,
@@ -112,6 +140,8 @@ def simulate(
         _plot_format(plot)
     chosen = POLICIES if policies == "all" else tuple(_split([policies]))
     named_regions, named_types = _split(regions), _split(instance_types)
+    spec = _user_spec(spec_file, nodes=nodes, regions=regions, instance_types=instance_types,
+                      checkpoint_minutes=checkpoint_minutes, strategy=strategy)
     # an option given with nothing in it (an empty shell variable) would run nothing, or every default
     empty = [flag for flag, given, names in (("--policies", policies, chosen), ("--regions", regions, named_regions),
                                              ("--instance-types", instance_types, named_types))
@@ -128,15 +158,18 @@ def simulate(
     try:
         opts = SimOptions(
             market=MarketOptions(traces=list(trace or []), trace_format=trace_format,  # type: ignore[arg-type]
-                                 regions=named_regions or list(catalog.DEFAULT_REGIONS),
-                                 instance_types=named_types or ["p5.48xlarge", "p4d.24xlarge"],
+                                 regions=spec.resources.regions if spec else named_regions or list(
+                                     catalog.DEFAULT_REGIONS),
+                                 instance_types=spec.resources.instance_types if spec else named_types or [
+                                     "p5.48xlarge", "p4d.24xlarge"],
                                  boot_s=boot_s, boot_s_by_type=parse_boot_for(boot_s_for),
                                  on_demand_price=on_demand_price, spot_price=spot_price,
                                  **_given(unannounced_share=unannounced_share, rebalance_share=rebalance_share)),
-            job=JobModel(nodes=nodes, job_hours=job_hours, checkpoint_minutes=checkpoint_minutes, strategy=strategy,
+            job=JobModel(nodes=spec.resources.nodes if spec else nodes or 16, job_hours=job_hours,
+                         checkpoint_minutes=_baseline_minutes(spec, checkpoint_minutes), strategy=strategy,
                          deadline_hours=deadline_hours, **_given(s3_gbps=s3_gbps)),
             policies=chosen, seeds=seeds, jobs=jobs, timeline=plot is not None,
-            spotrelay_switches=dict(parse_switch(s) for s in switch or []),
+            spotrelay_switches={**({"spec": spec} if spec else {}), **dict(parse_switch(s) for s in switch or [])},
             workers=workers or 1,
         )
         if workers is None:
@@ -144,7 +177,13 @@ def simulate(
         with _progress(run_count(opts)) as told:
             report = run_simulation(opts, told)
     except (SimInputError, ValueError) as exc:
-        err.print(f"[red]error:[/] {str(exc).splitlines()[0]}", soft_wrap=True, highlight=False, markup=True)
+        message = str(exc).splitlines()[0]
+        if spec_file is not None:  # the spec gave the regions and types: name its fields, not the flags
+            for flag, field_name in (("--regions:", "resources.regions:"), ("--instance-types:",
+                                                                            "resources.instance_types:")):
+                if message.startswith(flag):
+                    message = f"--spec {spec_file}: {field_name}{message[len(flag):]}"
+        err.print(f"[red]error:[/] {message}", soft_wrap=True, highlight=False, markup=True)
         raise typer.Exit(2) from None
     print_report(report, out if out.is_terminal else Console(width=200))
     if json_path is not None:

@@ -61,7 +61,19 @@ def assumptions(opts: SimOptions) -> dict[str, Any]:
         # how EC2 bills (engine.end_node): per second from the launch call (pending included), except a
         # spot node EC2 interrupts within this long of its launch, which costs nothing (EC2 User Guide)
         "billing": {"per_second_from": "launch", "spot_interrupted_free_within_s": SPOT_FREE_INTERRUPTION_S},
+        "spotrelay": _spotrelay(opts.spotrelay_switches),
     }
+
+
+def _spotrelay(switches: dict[str, Any]) -> dict[str, Any]:
+    """Which spec spotrelay ran: a user's (``--spec``: its name and hash) or the stated job's, and the
+    switches on top of it."""
+    from spotrelay.spec.load import spec_hash
+
+    given = switches.get("spec")
+    return {"spec": {"name": given.name, "spec_hash": spec_hash(given)} if given is not None else "the stated job's",
+            "switches": {k: v if isinstance(v, int | float | str | bool) else repr(v)
+                         for k, v in sorted(switches.items()) if k != "spec"}}
 
 
 def _text(price: Any) -> str:
@@ -89,4 +101,16 @@ def summary(a: dict[str, Any]) -> list[str]:
         f"recommendation",
         f"prices USD per node-hour ({mk['price_source']}): {prices}; billed per second from launch, a spot "
         f"node EC2 interrupts in its first {a['billing']['spot_interrupted_free_within_s'] / 3600:g} h not billed",
+        *_spotrelay_line(a.get("spotrelay") or {}),
     ]
+
+
+def _spotrelay_line(sr: dict[str, Any]) -> list[str]:
+    """A line only when spotrelay ran something else than the stated job's defaults."""
+    spec, switches = sr.get("spec"), sr.get("switches") or {}
+    if not isinstance(spec, dict) and not switches:
+        return []
+    what = f"spec '{spec['name']}' ({spec['spec_hash'][:12]})" if isinstance(spec, dict) else "the stated job's spec"
+    more = ", ".join(f"{k}={v}" for k, v in switches.items())
+    tail = "; the baselines its gang size, regions and types at the cadence above" if isinstance(spec, dict) else ""
+    return [f"spotrelay ran {what}{' with ' + more if more else ''}{tail}"]

@@ -202,3 +202,50 @@ def test_simulate_says_which_runs_did_not_finish_and_why() -> None:
     out = " ".join(result.output.split())
     assert "skypilot-like: 1 of 1 run(s) did not finish (no pool skypilot-like may use ever holds 32 nodes)" in out
     assert "spotrelay: " not in out.split("where paid GPU-hours went")[0]  # it finished: no warning
+
+
+def _spec_file(tmp_path: Path, **resources: object) -> Path:
+    doc = {"version": 1, "name": "my-llm", "entrypoint": {"command": ["python", "train.py"]},
+           "resources": {"nodes": 6, "regions": ["us-east-1", "us-west-2"], "instance_types": ["p4d.24xlarge"],
+                         **resources},
+           "checkpoint": {"every_minutes": "auto"}}
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(doc))  # (JSON is YAML)
+    return path
+
+
+def test_simulate_runs_the_users_spec(tmp_path: Path) -> None:
+    """``--spec``: spotrelay decides with the user's spec (its sizes, places, markets and cadence)."""
+    out = tmp_path / "sim.json"
+    spec = _spec_file(tmp_path, markets=["on-demand"])
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(TRACE), "--spec", str(spec), "--job-hours", "3",
+                                      "--policies", "spotrelay,on-demand,price-limit", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    a = doc["assumptions"]
+    assert doc["nodes"] == 6 and a["market"]["regions"] == ["us-east-1", "us-west-2"]
+    assert a["market"]["instance_types"] == ["p4d.24xlarge"] and a["job"]["checkpoint_minutes"] == 30.0
+    assert a["spotrelay"]["spec"]["name"] == "my-llm"
+    assert doc["policies"]["spotrelay"]["on_demand_share"] == 1.0  # the spec allows on-demand only
+    assert "spotrelay ran spec 'my-llm'" in result.output
+    # the same without the market restriction runs on spot
+    spot = _spec_file(tmp_path)
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(TRACE), "--spec", str(spot), "--job-hours", "3",
+                                      "--policies", "spotrelay,on-demand,price-limit", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["policies"]["spotrelay"]["on_demand_share"] < 1.0
+
+
+@pytest.mark.parametrize(("extra", "resources", "expected"), [
+    (["--nodes", "8"], {}, "--spec states the job: leave out --nodes"),
+    (["--regions", "us-east-1", "--checkpoint-minutes", "5"], {}, "leave out --regions, --checkpoint-minutes"),
+    ([], {"nodes": 0}, "resources.nodes"),
+    ([], {"regions": ["eu-north-1"]}, "resources.regions: unknown region 'eu-north-1'"),
+])
+def test_simulate_spec_errors_name_the_flag_or_the_field(tmp_path: Path, extra: list[str],
+                                                         resources: dict[str, object], expected: str) -> None:
+    spec = _spec_file(tmp_path, **resources)
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(TRACE), "--spec", str(spec), "--job-hours", "1",
+                                      *extra])
+    assert result.exit_code == 2 and expected in result.output, result.output
+    assert "Traceback" not in result.output
