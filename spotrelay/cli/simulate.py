@@ -12,7 +12,14 @@ from rich.console import Console
 
 from spotrelay.cli.errors import UsageProblem, check_writable
 from spotrelay.placement import catalog
-from spotrelay.sim.bounds import MAX_BOOT_S, MAX_CHECKPOINT_MINUTES, MAX_JOB_HOURS, MAX_USD_PER_HOUR
+from spotrelay.sim.bounds import (
+    MAX_BOOT_S,
+    MAX_CHECKPOINT_GB,
+    MAX_CHECKPOINT_MINUTES,
+    MAX_JOB_HOURS,
+    MAX_STEP_S,
+    MAX_USD_PER_HOUR,
+)
 
 out = Console()
 err = Console(stderr=True)
@@ -78,6 +85,18 @@ def _baseline_minutes(spec: Any, flag: float | None) -> float:
     return spec.checkpoint.fixed_minutes or 30.0
 
 
+def _job_model(model: Any, nodes: int, checkpoint_gb: float | None, step_s: float | None, **fields: Any) -> Any:
+    """The simulated job (``model``: sim.job.JobModel, imported late): the stated one, or your model's
+    checkpoint size and your gang's step time on p5.48xlarge (the model keeps it for its reference gang)."""
+    from spotrelay.sim.job import REF_NODES
+
+    if checkpoint_gb is not None:
+        fields["checkpoint_bytes"] = checkpoint_gb * 1e9
+    if step_s is not None:
+        fields["ref_step_s"] = step_s * nodes / REF_NODES  # (step time scales with 1 / nodes: one global batch)
+    return model(nodes=nodes, **fields)
+
+
 def simulate(
     trace: Annotated[list[str] | None, typer.Option(
         "--trace", help="FILE, or POOL=FILE (POOL: a glob over pool keys)")] = None,
@@ -107,6 +126,13 @@ def simulate(
     boot_s: Annotated[float, typer.Option("--boot-s", min=0, max=MAX_BOOT_S, help="every type's boot (s)")] = 300.0,
     boot_s_for: Annotated[list[str] | None, typer.Option(
         "--boot-s-for", help="TYPE=S: one instance type's boot instead (p5.48xlarge=420)")] = None,
+    # the model: your job's instead of the stated 70B one (unset: the stated job's)
+    checkpoint_gb: Annotated[float | None, typer.Option(
+        "--checkpoint-gb", min=0.001, max=MAX_CHECKPOINT_GB, help="the whole checkpoint, every rank's shards "
+        "(default 1120: 70B parameters x 16 bytes)")] = None,
+    step_s: Annotated[float | None, typer.Option(
+        "--step-s", min=0.001, max=MAX_STEP_S, help="seconds per training step of the whole gang on p5.48xlarge "
+        "(default: 17 s at 16 nodes, scaled by 16 / nodes)")] = None,
     # the physics a result depends on, for its sensitivity (unset: the stated job's and market's defaults)
     s3_gbps: Annotated[float | None, typer.Option(
         "--s3-gbps", min=0.01, max=1000, help="GB/s per node to or from S3 (restores, persists, the notice's "
@@ -165,9 +191,9 @@ def simulate(
                                  boot_s=boot_s, boot_s_by_type=parse_boot_for(boot_s_for),
                                  on_demand_price=on_demand_price, spot_price=spot_price,
                                  **_given(unannounced_share=unannounced_share, rebalance_share=rebalance_share)),
-            job=JobModel(nodes=spec.resources.nodes if spec else nodes or 16, job_hours=job_hours,
-                         checkpoint_minutes=_baseline_minutes(spec, checkpoint_minutes), strategy=strategy,
-                         deadline_hours=deadline_hours, **_given(s3_gbps=s3_gbps)),
+            job=_job_model(JobModel, spec.resources.nodes if spec else nodes or 16, checkpoint_gb, step_s,
+                           job_hours=job_hours, checkpoint_minutes=_baseline_minutes(spec, checkpoint_minutes),
+                           strategy=strategy, deadline_hours=deadline_hours, **_given(s3_gbps=s3_gbps)),
             policies=chosen, seeds=seeds, jobs=jobs, timeline=plot is not None,
             spotrelay_switches={**({"spec": spec} if spec else {}), **dict(parse_switch(s) for s in switch or [])},
             workers=workers or 1,

@@ -8,3 +8,5 @@ MAX_JOB_HOURS = 10 * 8760.0  # ten years of training (the horizon is runner.HORI
 MAX_BOOT_S = 86400.0  # a day to boot
 MAX_CHECKPOINT_MINUTES = 7 * 24 * 60.0  # a checkpoint at least weekly
 MAX_USD_PER_HOUR = 10_000.0  # per node-hour
+MAX_CHECKPOINT_GB = 1_000_000.0  # a petabyte of checkpoint
+MAX_STEP_S = 86400.0  # a day per training step

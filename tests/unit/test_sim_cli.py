@@ -249,3 +249,19 @@ def test_simulate_spec_errors_name_the_flag_or_the_field(tmp_path: Path, extra: 
                                       *extra])
     assert result.exit_code == 2 and expected in result.output, result.output
     assert "Traceback" not in result.output
+
+
+def test_simulate_takes_your_models_checkpoint_size_and_step_time(tmp_path: Path) -> None:
+    out = tmp_path / "sim.json"
+    base = ["simulate", "--trace", str(TRACE), "--nodes", "4", "--job-hours", "2", "--policies", "spotrelay",
+            "--json", str(out)]
+    assert CliRunner().invoke(app, base).exit_code == 0
+    stated = json.loads(out.read_text())["assumptions"]
+    result = CliRunner().invoke(app, [*base, "--checkpoint-gb", "112", "--step-s", "4"])
+    assert result.exit_code == 0, result.output
+    a = json.loads(out.read_text())["assumptions"]
+    assert a["job"]["step_s"]["p5.48xlarge"] == 4.0 and a["job"]["checkpoint_gb_per_node"] == 28.0
+    assert a["times_s"]["restore"] < stated["times_s"]["restore"]  # a tenth of the bytes to load
+    assert a["job"]["total_steps"] == 2 * 3600 / 4
+    bad = CliRunner().invoke(app, [*base, "--step-s", "0"])
+    assert bad.exit_code == 2 and "--step-s" in bad.output
