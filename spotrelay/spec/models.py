@@ -186,10 +186,16 @@ class Checkpoint(Strict):
             return minutes
         raise ValueError(f"minutes above 0, or 'auto' (got {value!r})")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_unless_stated(cls, data: Any) -> Any:
+        """A spec that states no cadence gets the market's (``auto``): every job saves periodically."""
+        if isinstance(data, dict) and data.get("every_steps") is None and data.get("every_minutes") is None:
+            return {**data, "every_minutes": AUTO}
+        return data
+
     @model_validator(mode="after")
     def _interval(self) -> Checkpoint:
-        if self.every_steps is None and self.every_minutes is None:
-            raise ValueError("give 'every_steps', 'every_minutes' (a number or 'auto') or both")
         if self.auto_min_minutes > self.auto_max_minutes:
             raise ValueError("auto_min_minutes is above auto_max_minutes")
         return self

@@ -55,6 +55,9 @@ def test_spec_takes_auto_or_minutes_and_names_the_field() -> None:
         with pytest.raises(ValidationError, match="minutes above 0, or 'auto'") as err:
             Checkpoint(every_minutes=bad)
         assert len(err.value.errors()) == 1  # one message, not one per branch of the union
+    # no cadence stated: the market's; steps alone stay steps alone
+    assert Checkpoint().auto and Checkpoint(every_minutes=None).auto
+    assert Checkpoint(every_steps=100).every_minutes is None
     with pytest.raises(ValidationError, match="auto_min_minutes is above auto_max_minutes"):
         Checkpoint(every_minutes="auto", auto_min_minutes=30, auto_max_minutes=10)
 
