@@ -152,9 +152,12 @@ def _cadence_env(config: AgentConfig, job: JobView, spec: JobSpec) -> dict[str, 
         control.ENV_CHECKPOINT_AUTO_MIN_MINUTES: str(ckpt.auto_min_minutes),
         control.ENV_CHECKPOINT_AUTO_MAX_MINUTES: str(ckpt.auto_max_minutes),
     }
-    attempt = next((a for a in job.attempts if a.number == config.attempt), None)
-    if attempt is not None and attempt.loss_interval_s is not None:
-        env[control.ENV_CHECKPOINT_LOSS_INTERVAL_S] = repr(attempt.loss_interval_s)
+    # this attempt's; a survivor carried into a new attempt may read the job before the controller wrote
+    # that attempt (its node record comes first): the newest attempt before it then (the same pool, usually)
+    mine = [a for a in job.attempts if a.number == config.attempt]
+    known = mine or sorted((a for a in job.attempts if a.number < config.attempt), key=lambda a: a.number)[-1:]
+    if known and known[0].loss_interval_s is not None:
+        env[control.ENV_CHECKPOINT_LOSS_INTERVAL_S] = repr(known[0].loss_interval_s)
     return env
 
 

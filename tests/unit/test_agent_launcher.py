@@ -105,10 +105,15 @@ def test_an_auto_cadence_carries_this_attempts_loss_interval_and_the_bounds(tmp_
     assert float(env[control.ENV_CHECKPOINT_LOSS_INTERVAL_S]) == 14400.25  # attempt 3's, not attempt 2's
     bounds = (env[control.ENV_CHECKPOINT_AUTO_MIN_MINUTES], env[control.ENV_CHECKPOINT_AUTO_MAX_MINUTES])
     assert bounds == ("2.0", "30.0")
-    # no loss expected on attempt 3, or no record of it: unset, the trainer saves at the ceiling
-    for attempts in ([AttemptView(number=3)], [AttemptView(number=2, loss_interval_s=900.0)]):
+    # no loss expected on attempt 3, or no attempt at all yet: unset, the trainer saves at the ceiling
+    for attempts in ([AttemptView(number=3)], [AttemptView(number=2, loss_interval_s=900.0), AttemptView(number=3)],
+                     []):
         env = contract_env(config, JobView(job_id="j-1", attempts=attempts), spec, None)
         assert control.ENV_CHECKPOINT_LOSS_INTERVAL_S not in env and env[control.ENV_CHECKPOINT_EVERY_MINUTES] == "auto"
+    # a survivor carried into attempt 3 before its record was written: the newest earlier attempt's
+    early = [AttemptView(number=1, loss_interval_s=60.0), AttemptView(number=2, loss_interval_s=900.0)]
+    env = contract_env(config, JobView(job_id="j-1", attempts=early), spec, None)
+    assert float(env[control.ENV_CHECKPOINT_LOSS_INTERVAL_S]) == 900.0
     fixed = contract_env(config, JobView(job_id="j-1"), _spec(checkpoint={"every_minutes": 20}), None)
     assert fixed[control.ENV_CHECKPOINT_EVERY_MINUTES] == "20.0"
     assert not {control.ENV_CHECKPOINT_LOSS_INTERVAL_S, control.ENV_CHECKPOINT_AUTO_MIN_MINUTES} & fixed.keys()
