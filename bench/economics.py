@@ -11,7 +11,9 @@ the price limit, its captured saving and its goodput (mean and min over seeds):
 - bamboo: Bamboo's published assumptions, 45 s to add a node, $3.06 on-demand and $0.91 spot per
   node-hour for every pool (``--boot-s 45 --on-demand-price 3.06 --spot-price 0.91``).
 
-At 16 and 32 nodes it also runs spotrelay with elastic gang sizes (``resources.min_nodes`` = half the
+At 16 and 32 nodes it also runs the fixed gang with the cadence from the market
+(``checkpoint.every_minutes: auto``, ``--switch every_minutes=auto``) as ``spotrelay-auto``, and
+spotrelay with elastic gang sizes (``resources.min_nodes`` = half the
 gang, ``--switch min_nodes=N``) on the same markets and seeds, prints it as ``spotrelay-elastic`` and
 its cost per useful GPU-hour over the fixed gang's (issue 13: elastic must lower it), and the same
 with ``resources.wall_time_weight`` 0 (``wall_time_w 0``: ranked by cost alone) for the wall-time trade.
@@ -61,7 +63,12 @@ def elastic(report: Report, nodes: int, setting: str, args: argparse.Namespace,
             extra: dict[str, object] | None = None) -> tuple[Report, float]:
     """spotrelay with min_nodes = nodes // 2 (and ``extra`` switches) on the same seeds; (its report, its
     cost per useful GPU-hour over the fixed gang's, mean of the per-seed ratios)."""
-    switches = {"min_nodes": nodes // 2, **(extra or {})}
+    return variant(report, nodes, setting, args, {"min_nodes": nodes // 2, **(extra or {})})
+
+
+def variant(report: Report, nodes: int, setting: str, args: argparse.Namespace,
+            switches: dict[str, object]) -> tuple[Report, float]:
+    """spotrelay with ``switches`` on the same seeds, its ratios against the same baselines' runs."""
     other = run(nodes, setting, args.seeds, args.job_hours, args.trace, switches, ("spotrelay",), args.workers)
     fixed = report.series("spotrelay", "cost_per_useful_gpu_hour")
     flex = other.series("spotrelay", "cost_per_useful_gpu_hour")
@@ -142,7 +149,12 @@ def main() -> int:
                 cost_first, ratio0 = elastic(report, nodes, setting, args, {"wall_time_weight": 0.0})
                 events += cost_first.events
                 out[f"{setting}/{nodes}/elastic-w0"] = {**cost_first.to_json(), "cost_ratio_vs_fixed": ratio0}
-                rows[1:1] = [("spotrelay", flex, "spotrelay-elastic"), ("spotrelay", cost_first, "  wall_time_w 0")]
+                # the fixed gang with the cadence from the market (checkpoint.every_minutes: auto)
+                auto, ratio_auto = variant(report, nodes, setting, args, {"every_minutes": "auto"})
+                events += auto.events
+                out[f"{setting}/{nodes}/auto"] = {**auto.to_json(), "cost_ratio_vs_fixed": ratio_auto}
+                rows[1:1] = [("spotrelay", auto, "spotrelay-auto"), ("spotrelay", flex, "spotrelay-elastic"),
+                             ("spotrelay", cost_first, "  wall_time_w 0")]
                 walls = (f"wall {flex.mean('spotrelay', 'wall_hours'):.0f} h vs "
                          f"{report.mean('spotrelay', 'wall_hours'):.0f} h; wall_time_weight 0: {ratio0:.3f} in "
                          f"{cost_first.mean('spotrelay', 'wall_hours'):.0f} h")
@@ -165,7 +177,11 @@ def main() -> int:
                 cs, gp = report.mean("spotrelay", "captured_saving"), report.mean("spotrelay", "goodput")
                 checks.append(("catalog 16 nodes: captured saving >= 0.8 with goodput >= 0.8",
                                cs >= 0.8 and gp >= 0.8, f"captured {cs:.3f}, goodput {gp:.3f}"))
-                if nodes in ELASTIC_NODES:  # the same target for a job that states elastic sizes (not the default)
+                if nodes in ELASTIC_NODES:  # the same target for a job that states auto or elastic (not the default)
+                    cs, gp = auto.mean("spotrelay", "captured_saving"), auto.mean("spotrelay", "goodput")
+                    checks.append(("catalog 16 nodes, a spec stating every_minutes: auto: captured saving >= 0.8 "
+                                   "with goodput >= 0.8", cs >= 0.8 and gp >= 0.8,
+                                   f"captured {cs:.3f}, goodput {gp:.3f}"))
                     cs, gp = flex.mean("spotrelay", "captured_saving"), flex.mean("spotrelay", "goodput")
                     checks.append((f"catalog 16 nodes, a spec stating min_nodes {nodes // 2} (elastic): captured "
                                    "saving >= 0.8 with goodput >= 0.8", cs >= 0.8 and gp >= 0.8,
