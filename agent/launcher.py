@@ -142,7 +142,7 @@ def checkpoint_uri(config: AgentConfig, spec: JobSpec) -> str:
 def _cadence_env(config: AgentConfig, job: JobView, spec: JobSpec) -> dict[str, str]:
     """The time-based cadence: the spec's minutes, or "auto" with its bounds and this attempt's loss
     interval from the controller (none: no loss expected, or a record from before auto)."""
-    from spotrelay.spec.models import AUTO
+    from spotrelay.contracts.cadence import AUTO
 
     ckpt = spec.checkpoint
     if not ckpt.auto:

@@ -11,8 +11,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from spotrelay.contracts import control as c
+from spotrelay.contracts.cadence import AUTO, MinutesOrAuto
 from spotrelay.contracts.health import ENV_HEALTH, HealthPolicy
-from spotrelay.spec.models import AUTO, Checkpoint
+from spotrelay.spec.models import Checkpoint
 
 _SPEC = Checkpoint.model_fields  # the auto bounds' defaults are the spec's
 
@@ -62,7 +63,7 @@ def code_hash(path: str | None = None) -> str:
         return ""
 
 
-class SessionConfig(BaseModel):
+class SessionConfig(BaseModel, MinutesOrAuto):
     model_config = ConfigDict(extra="forbid")
     checkpoint_dir: Path = Path("checkpoints")
     checkpoint_uri: str | None = None  # s3://bucket/checkpoints/<job>; None: local tier only
@@ -128,12 +129,3 @@ class SessionConfig(BaseModel):
         if os.environ.get(ENV_HEALTH):
             values["health"] = HealthPolicy.from_env()
         return cls(**values)
-
-    @property
-    def auto(self) -> bool:
-        """The periodic cadence comes from the market and this rank's measured saves."""
-        return self.every_minutes == AUTO
-
-    @property
-    def fixed_minutes(self) -> float | None:
-        return None if isinstance(self.every_minutes, str) else self.every_minutes

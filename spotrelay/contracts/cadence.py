@@ -9,6 +9,24 @@ from __future__ import annotations
 
 import math
 
+AUTO = "auto"  # ``every_minutes: auto``: the cadence from the market
+
+
+class MinutesOrAuto:
+    """``every_minutes`` read both ways, for the spec's checkpoint section and the trainer's settings."""
+
+    every_minutes: float | str | None
+
+    @property
+    def auto(self) -> bool:
+        """The cadence comes from the market and the trainers' measured saves."""
+        return self.every_minutes == AUTO
+
+    @property
+    def fixed_minutes(self) -> float | None:
+        """``every_minutes`` when it is a number."""
+        return None if isinstance(self.every_minutes, str) else self.every_minutes
+
 
 def auto_interval_s(stall_s: float, loss_interval: float | None, floor_s: float, ceiling_s: float) -> float:
     """Seconds between periodic checkpoints: ``sqrt(2 x stall x loss interval)`` within

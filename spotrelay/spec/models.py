@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from spotrelay.contracts.cadence import AUTO, MinutesOrAuto
 from spotrelay.contracts.health import HealthPolicy
 
 REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
@@ -157,14 +158,12 @@ class Dataset(Strict):
         return values
 
 
-AUTO = "auto"
-
-
-class Checkpoint(Strict):
+class Checkpoint(Strict, MinutesOrAuto):
     every_steps: int | None = Field(None, ge=1)
     every_minutes: Annotated[float, Field(gt=0)] | Literal["auto"] | None = Field(
         None, description="minutes between periodic saves, or 'auto': from the market and the measured "
-        "save stall (spotrelay/domain/cadence.py), within auto_min_minutes..auto_max_minutes")
+        "save stall (spotrelay/domain/cadence.py), within auto_min_minutes..auto_max_minutes; auto when neither "
+        "this nor every_steps is given")
     auto_min_minutes: float = Field(2.0, gt=0, le=24 * 60)
     auto_max_minutes: float = Field(60.0, gt=0, le=24 * 60)
     keep_local: int = Field(2, ge=1, le=100)
@@ -199,16 +198,6 @@ class Checkpoint(Strict):
         if self.auto_min_minutes > self.auto_max_minutes:
             raise ValueError("auto_min_minutes is above auto_max_minutes")
         return self
-
-    @property
-    def auto(self) -> bool:
-        """The cadence comes from the market (``every_minutes: auto``)."""
-        return self.every_minutes == AUTO
-
-    @property
-    def fixed_minutes(self) -> float | None:
-        """``every_minutes`` when it is a number."""
-        return None if isinstance(self.every_minutes, str) else self.every_minutes
 
 
 class Recovery(Strict):
