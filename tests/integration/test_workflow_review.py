@@ -38,6 +38,9 @@ def test_a_gang_on_on_demand_moves_to_spot_make_before_break(wf: Harness) -> Non
     moved = wf.job()
     assert moved.attempts[1].pool.market == "spot" and moved.attempts[1].world_size == 2
     assert moved.attempts[0].end_reason == "migrate" and moved.recoveries == 0 and moved.excluded_pools == []
+    # the move's target carries placement's loss interval into the new attempt (every_minutes: auto's input):
+    # spot loses a gang far more often than on-demand's hardware does
+    assert 0 < moved.attempts[1].loss_interval_s < moved.attempts[0].loss_interval_s
     old = [wf.store.get_node(job.job_id, n.node_id) for n in first]
     assert all(n.state is NodeState.DOOMED and n.release_after is not None for n in old)
     assert all(n.directive and n.directive["kind"] == "CHECKPOINT_NOW" and n.directive["deadline"] for n in old)
