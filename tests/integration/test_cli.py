@@ -23,10 +23,11 @@ def test_validate_good_and_bad(tmp_path: object) -> None:
     assert good.exit_code == 0, good.output
     bad_file = os.path.join(str(tmp_path), "bad.yaml")
     with open(bad_file, "w") as fh:
-        fh.write("version: 1\nname: x\nentrypoint: {script: a.py}\nresources: {nodes: -1}\ncheckpoint: {}\n")
+        fh.write("version: 1\nname: x\nentrypoint: {script: a.py}\nresources: {nodes: -1}\n"
+                 "checkpoint: {every_minutes: never}\n")
     bad = runner.invoke(app, ["validate", bad_file])
     assert bad.exit_code == 2
-    assert "resources.nodes" in bad.output and "checkpoint" in bad.output
+    assert "resources.nodes" in bad.output and "checkpoint.every_minutes: minutes above 0, or 'auto'" in bad.output
 
 
 def test_schema_is_json_schema() -> None:
