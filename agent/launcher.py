@@ -154,10 +154,10 @@ def _cadence_env(config: AgentConfig, job: JobView, spec: JobSpec) -> dict[str, 
     }
     # this attempt's; a survivor carried into a new attempt may read the job before the controller wrote
     # that attempt (its node record comes first): the newest attempt before it then (the same pool, usually)
-    mine = [a for a in job.attempts if a.number == config.attempt]
-    known = mine or sorted((a for a in job.attempts if a.number < config.attempt), key=lambda a: a.number)[-1:]
-    if known and known[0].loss_interval_s is not None:
-        env[control.ENV_CHECKPOINT_LOSS_INTERVAL_S] = repr(known[0].loss_interval_s)
+    known = next((a for a in job.attempts if a.number == config.attempt), None) or max(
+        (a for a in job.attempts if a.number < config.attempt), key=lambda a: a.number, default=None)
+    if known is not None and known.loss_interval_s is not None:
+        env[control.ENV_CHECKPOINT_LOSS_INTERVAL_S] = repr(known.loss_interval_s)
     return env
 
 

@@ -98,8 +98,7 @@ class SessionConfig(BaseModel, MinutesOrAuto):
 
     @model_validator(mode="after")
     def _bounds(self) -> SessionConfig:
-        if self.auto_min_minutes > self.auto_max_minutes:
-            raise ValueError("auto_min_minutes is above auto_max_minutes")
+        self.check_auto_bounds()
         return self
 
     @classmethod

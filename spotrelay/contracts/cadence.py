@@ -16,6 +16,12 @@ class MinutesOrAuto:
     """``every_minutes`` read both ways, for the spec's checkpoint section and the trainer's settings."""
 
     every_minutes: float | str | None
+    auto_min_minutes: float
+    auto_max_minutes: float
+
+    def check_auto_bounds(self) -> None:
+        if self.auto_min_minutes > self.auto_max_minutes:
+            raise ValueError("auto_min_minutes is above auto_max_minutes")
 
     @property
     def auto(self) -> bool:

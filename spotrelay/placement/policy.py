@@ -28,7 +28,7 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from spotrelay.domain.cadence import auto_interval_s, loss_interval_s
+from spotrelay.domain.cadence import loss_interval_s, trainer_interval_s
 from spotrelay.domain.models import Pool
 from spotrelay.errors import NoPlacementError
 from spotrelay.placement import catalog
@@ -131,8 +131,9 @@ def checkpoint_hours(spec: JobSpec, config: PlacementConfig, gang_rate: float) -
     trainers will choose at this pool's rate (with the assumed stall; they measure their own)."""
     ckpt = spec.checkpoint
     if ckpt.auto:
-        return auto_interval_s(config.assumed_stall_s, loss_interval_s(gang_rate, config.unannounced_share),
-                               ckpt.auto_min_minutes * 60.0, ckpt.auto_max_minutes * 60.0) / 3600.0
+        # the trainers' rule, with no upload measured yet: the floor is the spec's minimum
+        return trainer_interval_s(config.assumed_stall_s, 0.0, loss_interval_s(gang_rate, config.unannounced_share),
+                                  ckpt.auto_min_minutes * 60.0, ckpt.auto_max_minutes * 60.0) / 3600.0
     return (ckpt.fixed_minutes or config.assumed_checkpoint_minutes) / 60.0
 
 

@@ -84,19 +84,21 @@ class JobModel:
         return self.bringup_s + self.bytes_per_node() / (self.s3_gbps * 1e9)
 
     def every_steps(self, instance_type: str) -> int:
-        return max(1, round(self.checkpoint_minutes * 60 / self.step_s(instance_type)))
+        return self._steps_in(self.checkpoint_minutes * 60, instance_type)
+
+    def _steps_in(self, seconds: float, instance_type: str) -> int:
+        return max(1, round(seconds / self.step_s(instance_type)))
 
     def spec_every_steps(self, ckpt: Checkpoint, instance_type: str, loss_interval: float | None) -> int:
         """Steps between periodic saves under the spec's checkpoint section: ``every_steps`` or
         ``every_minutes``, whichever first; with ``every_minutes: auto``, what the trainers choose from the
         attempt's ``loss_interval`` and this job's stall and upload (the agent's rule, domain/cadence.py)."""
-        step_s = self.step_s(instance_type)
         if ckpt.auto:
             seconds = trainer_interval_s(self.stall_s(instance_type), self.persist_s(), loss_interval,
                                          ckpt.auto_min_minutes * 60.0, ckpt.auto_max_minutes * 60.0)
         else:
             seconds = (ckpt.fixed_minutes or math.inf) * 60.0
-        steps = [max(1, round(seconds / step_s))] if math.isfinite(seconds) else []
+        steps = [self._steps_in(seconds, instance_type)] if math.isfinite(seconds) else []
         steps += [ckpt.every_steps] if ckpt.every_steps is not None else []
         return min(steps) if steps else self.every_steps(instance_type)
 

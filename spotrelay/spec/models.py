@@ -195,8 +195,7 @@ class Checkpoint(Strict, MinutesOrAuto):
 
     @model_validator(mode="after")
     def _interval(self) -> Checkpoint:
-        if self.auto_min_minutes > self.auto_max_minutes:
-            raise ValueError("auto_min_minutes is above auto_max_minutes")
+        self.check_auto_bounds()
         return self
 
 
