@@ -133,5 +133,33 @@ class CostLedger(BaseModel):
 
 def check_budget(spent: float, max_total_cost: float | None) -> None:
     """``BudgetExceededError`` once ``spent`` reaches the spec's ``budget.max_total_cost``."""
-    if max_total_cost is not None and spent >= max_total_cost:
-        raise BudgetExceededError(f"cost ${spent:,.2f} reached the budget of ${max_total_cost:,.2f}")
+    reason = over_budget(spent, max_total_cost)
+    if reason is not None:
+        raise BudgetExceededError(reason)
+
+
+def over_budget(spent: float, max_total_cost: float | None) -> str | None:
+    """Why the job stops (``spent`` reached the spec's ``budget.max_total_cost``), else None. Plan refuses
+    a new gang and the reconcile sweep fails a running one with it; the simulator asks the same."""
+    if max_total_cost is None or spent < max_total_cost:
+        return None
+    return f"spent ${spent:,.2f} of the ${max_total_cost:,.2f} budget"
+
+
+def spent_at(cost_so_far: float, current: Attempt | None, now: float) -> float:
+    """What the job record says the job has spent at ``now``: its closed attempts (``cost_so_far``) and
+    the clock of the one still open (an estimate at launch prices, like every ledger figure)."""
+    if current is None or current.ended_at is not None:
+        return cost_so_far
+    return cost_so_far + attempt_cost(current.price_per_hour, current.nodes, current.started_at or now, now)
+
+
+def budget_reached_at(cost_so_far: float, current: Attempt | None, max_total_cost: float) -> float | None:
+    """The moment the open attempt's clock brings ``spent_at`` to ``max_total_cost`` (its start when the
+    closed attempts reached it already); None without an open attempt, or one that costs nothing."""
+    if current is None or current.ended_at is not None or current.started_at is None:
+        return None
+    if cost_so_far >= max_total_cost:
+        return current.started_at
+    rate = current.price_per_hour * current.nodes / 3600.0  # USD per second
+    return None if rate <= 0 else current.started_at + (max_total_cost - cost_so_far) / rate

@@ -9,6 +9,7 @@ import math
 from typing import Protocol, TypeVar
 
 from spotrelay.contracts.recovery import Candidate, LaunchPlan, RecoveryPlan
+from spotrelay.domain.cost import over_budget
 from spotrelay.domain.models import Job, Node, NodeState, Pool
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import BudgetExceededError, JobCancelledError, NoPlacementError
@@ -84,9 +85,9 @@ def plan(ctl: Controller, job_id: str, now: float, recovery: RecoveryPlan | None
     recovery = recovery or RecoveryPlan()
     job = live(ctl.store.get_job(job_id))
     spec = spec_of(job)
-    budget = spec.budget.max_total_cost
-    if budget is not None and job.cost_so_far >= budget:
-        raise BudgetExceededError(f"job {job_id} spent ${job.cost_so_far:.2f} of its ${budget:.2f} budget")
+    spent = over_budget(job.cost_so_far, spec.budget.max_total_cost)
+    if spent is not None:
+        raise BudgetExceededError(f"job {job_id} {spent}")
     overdue = placing_overdue(spec, job, now, time_scale)
     if overdue:
         raise NoPlacementError(overdue)

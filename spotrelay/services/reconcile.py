@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from spotrelay.domain.cost import attempt_cost, leave_to_ec2
+from spotrelay.domain.cost import leave_to_ec2, over_budget, spent_at
 from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import BudgetExceededError, ConflictError, NotFoundError
@@ -93,13 +93,9 @@ def _over_budget(ctl: Controller, job: Job, now: float) -> bool:
     token = job.task_tokens.get("outcome")
     if budget is None or not token or not job.attempts:
         return False
-    current = job.attempts[-1]
-    running = 0.0 if current.ended_at is not None else attempt_cost(
-        current.price_per_hour, current.nodes, current.started_at or now, now)
-    spent = job.cost_so_far + running
-    if spent < float(budget):
+    reason = over_budget(spent_at(job.cost_so_far, job.attempts[-1], now), float(budget))
+    if reason is None:
         return False
-    reason = f"spent ${spent:,.2f} of the ${float(budget):,.2f} budget"
     claimed = ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={
         "task_tokens": {k: v for k, v in j.task_tokens.items() if k != "outcome"}, "updated_at": now,
         "reasons": [*j.reasons, f"budget: {reason}"]})  # kept here too: not every runtime relays the cause

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from spotrelay.domain.cost import closed_attempt
 from spotrelay.domain.models import Attempt
+from spotrelay.sim import budget
 
 if TYPE_CHECKING:
     from spotrelay.sim.controller import SpotrelayRun
@@ -21,6 +22,7 @@ def opened(run: SpotrelayRun, number: int, pool: Any, price: float, nodes: int, 
     ``loss_interval_s``: the launch candidate's (the auto checkpoint cadence's input)."""
     run.attempts.append(Attempt(number=number, pool=pool, started_at=run.now, price_per_hour=price,
                                 nodes=nodes, world_size=world, kept=kept, loss_interval_s=loss_interval_s))
+    budget.watch(run)
 
 
 def close(run: SpotrelayRun, noticed: bool = False) -> None:
@@ -32,6 +34,7 @@ def close(run: SpotrelayRun, noticed: bool = False) -> None:
         seen = [(n.launch_t, n.removal_t) for n in run.gang.values() if n.instance_id in run.ec2_noticed] \
             if noticed else []
         run.attempts[-1] = closed_attempt(run.attempts[-1], run.now, None, seen)
+        run.cost_so_far += run.attempts[-1].cost  # (the job record's cost_so_far)
 
 
 def _update(run: SpotrelayRun, number: int, update: dict[str, Any]) -> None:

@@ -99,6 +99,7 @@ class SpotrelayRun(Run):
         self.attempt_start = 0.0
         self.created_at = 0.0  # the job record's created_at (start)
         self.attempts: list[Attempt] = []  # what the job record's attempts say (sim/attempts.py)
+        self.cost_so_far = 0.0  # the job record's: its closed attempts' cost (sim/budget.py reads it)
         self.seg_attempt = 0  # the attempt whose ranks train the current segment
         self.noticed: set[str] = set()  # instances that got a notice (interruption_notice sets reclaim_at)
         self.ec2_noticed: set[str] = set()  # every instance EC2 noticed, in the gang or not (ec2_reclaim_at)
@@ -145,6 +146,11 @@ class SpotrelayRun(Run):
             self.metrics.failed_reason = self.metrics.failed_reason or f"job failed ({what.state})"
         else:
             self.finish()
+
+    def fail_wait(self, error: str) -> None:
+        """The registered wait's token fails with ``error`` (SendTaskFailure: the reconcile's budget)."""
+        self.wait_epoch += 1
+        self._handle(self.walker.resume(error=error))
 
     def _timeout(self, epoch: int) -> None:
         if self.waiting is not None and epoch == self.wait_epoch:

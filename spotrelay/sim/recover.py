@@ -20,7 +20,7 @@ from spotrelay.services.plan import MAX_CANDIDATES, _keeping_plan, _new_gang_pla
 from spotrelay.services.recovery_flow import _result as recovery_result
 from spotrelay.services.recovery_flow import recovery_backoff_s
 from spotrelay.services.review import review_seconds
-from spotrelay.sim import attempts, moves, spares
+from spotrelay.sim import attempts, budget, moves, spares
 from spotrelay.sim.asl import TaskFailed
 from spotrelay.sim.shortlist import plan_quotes, recovery_quotes
 
@@ -33,6 +33,7 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     recovery = RecoveryPlan.model_validate(payload.get("recovery") or {})
     stats = self.stats.get_many(p.key for p in self.market.pools)
     job = self._light_job()
+    budget.check_plan(self)  # plan.plan: the closed attempts spent the budget
     overdue = placing_overdue(self.spec, job, self.now)
     if overdue:  # plan.plan: recovery.max_placing_minutes without a gang
         self.metrics.failed_reason = overdue

@@ -64,7 +64,7 @@ def test_budget_check() -> None:
     ledger = CostLedger().opened(entry(1, 2, T0))
     ledger.check_budget(None, T0 + 10 * 3600)
     ledger.check_budget(100.0, T0 + 3600)  # 44 spent
-    with pytest.raises(BudgetExceededError, match=r"\$132.00 reached the budget of \$100.00"):
+    with pytest.raises(BudgetExceededError, match=r"spent \$132.00 of the \$100.00 budget"):
         ledger.check_budget(100.0, T0 + 3 * 3600)
     with pytest.raises(BudgetExceededError):
         check_budget(100.0, 100.0)

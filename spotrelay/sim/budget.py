@@ -1,0 +1,69 @@
+"""The job's ``budget.max_total_cost`` in the simulator, enforced where the services enforce it.
+
+- Plan refuses a new gang once the closed attempts' cost reached it (``services/plan.py``: the same
+  ``over_budget``): ``BudgetExceededError``, the ASL's FailJob.
+- The reconcile sweep (every ``RECONCILE_S``, cdk/config.py's ``reconcile_minutes``) fails the outcome
+  wait of a running attempt whose ledger, its open clock included (``spent_at``), reached it. The sweep
+  is not simulated minute by minute: the run asks when the open attempt's clock reaches the budget
+  (``budget_reached_at``) and looks at the first sweep from then; not in the outcome wait then (the
+  gang boots, a review or a move runs), it looks again a sweep later, as the reconcile does.
+
+The ledger is the job record's (launch prices x nodes x time, what ``describe``/``cost`` show), not
+the market's billing the result reports: the job stops when its *record* says it spent the budget.
+The trainers are torn down without a save: work after the newest committed checkpoint is lost.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import TYPE_CHECKING
+
+from spotrelay.domain.cost import budget_reached_at, over_budget, spent_at
+from spotrelay.errors import BudgetExceededError
+from spotrelay.sim.asl import TaskFailed
+
+if TYPE_CHECKING:
+    from spotrelay.sim.controller import SpotrelayRun
+
+RECONCILE_S = 60.0  # the reconcile schedule's default (cdk/config.py: reconcile_minutes = 1)
+
+
+def _limit(run: SpotrelayRun) -> float | None:
+    return run.spec.budget.max_total_cost
+
+
+def check_plan(run: SpotrelayRun) -> None:
+    """plan.plan: no new gang once the closed attempts spent the budget."""
+    reason = over_budget(run.cost_so_far, _limit(run))
+    if reason is not None:
+        run.metrics.failed_reason = f"budget: {reason}"
+        raise TaskFailed(BudgetExceededError.__name__, reason)
+
+
+def watch(run: SpotrelayRun) -> None:
+    """An attempt opened: look at the first reconcile sweep after its clock reaches the budget."""
+    limit = _limit(run)
+    if limit is None or not run.attempts:
+        return
+    at = budget_reached_at(run.cost_so_far, run.attempts[-1], limit)
+    if at is not None:
+        run.at(math.ceil(max(at, run.now) / RECONCILE_S) * RECONCILE_S, partial(_sweep, run), run.attempts[-1].number)
+
+
+def _sweep(run: SpotrelayRun, number: int) -> None:
+    current = run.attempts[-1] if run.attempts else None
+    if current is None or current.number != number or current.ended_at is not None:
+        return  # that attempt ended (its cost is closed: Plan or the next attempt's watch decides)
+    if run.metrics.finished or run.metrics.failed_reason is not None:
+        return
+    reason = over_budget(spent_at(run.cost_so_far, current, run.now), _limit(run))
+    if reason is None or run.waiting != "outcome":  # (a launch price of 0 never gets here)
+        run.at(run.now + RECONCILE_S, partial(_sweep, run), number)  # reconcile._over_budget: only an outcome wait
+        return
+    if run.running:  # torn down without a save
+        run.stop_training(run.committed(run.now))
+    run.metrics.failed_reason = f"budget: {reason}"
+    run.waiting = None
+    run.note("", f"budget: {reason}")
+    run.fail_wait(BudgetExceededError.__name__)

@@ -1,0 +1,129 @@
+"""``budget.max_total_cost``: the services and the simulator stop a job at the same ledger figure.
+
+The decision is one copy (domain/cost.py: ``over_budget``, ``spent_at``, ``budget_reached_at``): Plan
+and the reconcile sweep call it in the services (tests/integration/test_handlers_reconcile.py), and
+sim/budget.py calls it at the sweeps the simulator would see."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from spotrelay.cli.main import app
+from spotrelay.domain.cost import budget_reached_at, over_budget, spent_at
+from spotrelay.domain.models import Attempt, Pool
+from spotrelay.errors import BudgetExceededError
+from spotrelay.services.plan import plan
+from spotrelay.sim import budget as sim_budget
+from spotrelay.sim.build import MarketOptions, build_market
+from spotrelay.sim.job import JobModel
+from spotrelay.sim.runner import SimOptions, make_run
+
+TRACE = str(Path(__file__).resolve().parents[2] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv")
+POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
+
+
+def _open(price: float = 24.0, nodes: int = 4, started_at: float = 1000.0) -> Attempt:
+    return Attempt(number=2, pool=POOL, started_at=started_at, price_per_hour=price, nodes=nodes)
+
+
+def test_the_ledger_counts_the_open_attempts_clock() -> None:
+    a = _open()
+    assert spent_at(100.0, a, 1000.0 + 1800) == pytest.approx(100.0 + 24.0 * 4 / 2)
+    assert spent_at(100.0, a.model_copy(update={"ended_at": 1500.0}), 9e9) == 100.0  # closed: in cost_so_far
+    assert spent_at(100.0, None, 9e9) == 100.0
+    assert over_budget(99.99, 100.0) is None and over_budget(1e9, None) is None
+    assert over_budget(100.0, 100.0) == "spent $100.00 of the $100.00 budget"
+
+
+@given(spent=st.floats(0, 1e5), limit=st.floats(1, 1e6), price=st.floats(0.01, 100), nodes=st.integers(1, 64))
+def test_the_budget_is_reached_when_the_ledger_says_so(spent: float, limit: float, price: float, nodes: int) -> None:
+    a = _open(price, nodes)
+    at = budget_reached_at(spent, a, limit)
+    assert at is not None and at >= 1000.0
+    if spent < limit:
+        assert spent_at(spent, a, at) == pytest.approx(limit, rel=1e-9)
+        assert over_budget(spent_at(spent, a, at - 1.0), limit) is None  # a second before: not yet
+    else:
+        assert at == 1000.0  # the closed attempts spent it already
+    assert budget_reached_at(spent, _open(price=0.0), limit) in (None, a.started_at)  # costs nothing
+    assert budget_reached_at(spent, a.model_copy(update={"ended_at": 2000.0}), limit) is None
+
+
+def _run(limit: float | None, nodes: int = 8, hours: float = 240.0) -> Any:
+    job = JobModel(nodes=nodes, job_hours=hours)
+    opts = SimOptions(market=MarketOptions(traces=[TRACE]), job=job, policies=("spotrelay",), timeline=True)
+    spec = job.spec(opts.market.regions, opts.market.instance_types, ["spot", "on-demand"])
+    spec = spec.model_copy(update={"budget": spec.budget.model_copy(update={"max_total_cost": limit})})
+    opts = SimOptions(market=opts.market, job=job, policies=("spotrelay",), timeline=True,
+                      spotrelay_switches={"spec": spec})
+    run: Any = make_run("spotrelay", opts, build_market(opts.market, 0), 0, 0.0)
+    run.start()
+    run.loop()
+    return run
+
+
+def test_the_simulated_job_stops_at_the_first_sweep_past_its_budget() -> None:
+    free = _run(None)
+    assert free.metrics.finished
+    limit = free.cost_so_far / 2  # half of what the job's record says it cost to finish
+    run = _run(limit)
+    assert not run.metrics.finished and run.metrics.failed_reason.startswith("budget: spent $")
+    stopped = run.attempts[-1]  # the open attempt the sweep failed (the ASL's FailJob closes no attempt)
+    assert stopped.ended_at is None
+    rate = stopped.price_per_hour * stopped.nodes / 3600.0
+    reached = spent_at(run.cost_so_far, stopped, run.now)
+    # the sweep runs every minute: the job stops within one sweep of its ledger reaching the budget
+    assert limit <= reached < limit + rate * sim_budget.RECONCILE_S * 1.001 + 1e-6
+    assert run.now % sim_budget.RECONCILE_S == 0
+    # the job's model is its newest committed checkpoint; the trainers' work after it is lost
+    assert run.ckpt_step < run.total and not run.running
+    assert run.useful_gpu_hours() < free.useful_gpu_hours()
+    assert any(what.startswith("budget: spent") for _, _, what in run.metrics.timeline)
+    # the outcome wait failed with BudgetExceededError: the ASL's catch-all, as in the services
+    assert run.walker.visited[-4:] == ["WaitOutcome", "FailJob", "FinalizeFailed", "JobFailed"]
+
+
+def test_a_budget_the_job_never_reaches_changes_nothing() -> None:
+    free = _run(None, hours=48.0)
+    rich = _run(free.cost_so_far * 3, hours=48.0)
+    assert rich.metrics.finished and rich.now == free.now and rich.cost_so_far == free.cost_so_far
+
+
+def test_plan_refuses_a_new_gang_once_the_closed_attempts_spent_it() -> None:
+    """A budget below one attempt's cost: the first attempt's sweep stops it (not in the outcome wait
+    while it boots: the sweep looks again each minute); a plan after a spent budget fails at once."""
+    run = _run(1.0)
+    assert run.metrics.failed_reason.startswith("budget: ")
+    # (an attempt before it, lost while booting in its first hour, cost nothing: EC2 does not bill it,
+    # so Plan launched again; the sweep stopped the first attempt that reached its outcome wait)
+    assert run.cost_so_far < 1.0 and run.attempts[-1].ended_at is None
+    assert run.walker.visited[-5:-2] == ["IsReady", "WaitOutcome", "FailJob"]  # not while it booted
+    assert run.useful_gpu_hours() == 0.0
+    run.cost_so_far, run.metrics.failed_reason = 5.0, None
+    with pytest.raises(sim_budget.TaskFailed) as failed:
+        sim_budget.check_plan(run)
+    assert failed.value.error == BudgetExceededError.__name__
+    assert plan.__module__ == "spotrelay.services.plan"  # (the services' Plan: test_handlers_workflow_tasks)
+
+
+def test_simulate_spec_with_a_budget_says_the_job_stopped(tmp_path: Path) -> None:
+    doc = {"version": 1, "name": "capped", "entrypoint": {"command": ["python", "train.py"]},
+           "resources": {"nodes": 4, "instance_types": ["p4d.24xlarge"], "regions": ["us-east-1"]},
+           "checkpoint": {}, "budget": {"max_total_cost": 2000}}
+    spec = tmp_path / "job.yaml"
+    spec.write_text(json.dumps(doc))
+    out = tmp_path / "sim.json"
+    result = CliRunner().invoke(app, ["simulate", "--trace", TRACE, "--spec", str(spec), "--job-hours", "48",
+                                      "--policies", "spotrelay,on-demand", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "spotrelay: 1 of 1 run(s) did not finish (budget: spent $2,0" in text
+    relative = json.loads(out.read_text())["relative"]
+    assert relative["spotrelay"]["finished_share"] == 0.0 and relative["on-demand"]["finished_share"] == 1.0
