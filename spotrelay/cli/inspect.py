@@ -120,11 +120,13 @@ def cost(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, 
         return
     grid = Table("attempt", "pool", "nodes", "hours", "$/instance-h", "cost $")
     for line in report.lines:
-        grid.add_row(str(line.attempt), line.pool or "-", str(line.nodes), f"{line.hours:.3f}",
-                     f"{line.price_per_hour:.2f}", f"{line.cost:.2f}")
+        grid.add_row(f"{line.attempt}{' (running)' if line.running else ''}", line.pool or "-", str(line.nodes),
+                     f"{line.hours:.3f}", f"{line.price_per_hour:.2f}", f"{line.cost:.2f}")
     out.print(grid)
-    budget = f" of ${report.budget:.2f} budget" if report.budget else ""
-    out.print(f"total ${report.total:.2f}{budget}")
+    budget = f" of ${report.budget:.2f} budget ({report.total / report.budget:.0%})" if report.budget else ""
+    warned = (f"; told it was nearly spent at {_when(report.budget_warned_at)} UTC"
+              if report.budget_warned_at is not None else "")
+    out.print(f"total ${report.total:.2f}{budget}{warned}")
 
 
 def logs(job_id: str, attempt: Annotated[int | None, typer.Option(

@@ -146,6 +146,15 @@ def over_budget(spent: float, max_total_cost: float | None) -> str | None:
     return f"spent ${spent:,.2f} of the ${max_total_cost:,.2f} budget"
 
 
+def budget_warning(spent: float, max_total_cost: float | None, warn_at: float | None) -> str | None:
+    """What to tell people once ``spent`` reached ``warn_at`` of the budget (and not the budget itself:
+    then the job stops, with ``over_budget``'s reason), else None."""
+    if max_total_cost is None or warn_at is None or not warn_at * max_total_cost <= spent < max_total_cost:
+        return None
+    return (f"spent ${spent:,.2f} of the ${max_total_cost:,.2f} budget ({spent / max_total_cost:.0%}); "
+            f"the job stops at ${max_total_cost:,.2f}")
+
+
 def spent_at(cost_so_far: float, current: Attempt | None, now: float) -> float:
     """What the job record says the job has spent at ``now``: its closed attempts (``cost_so_far``) and
     the clock of the one still open (an estimate at launch prices, like every ledger figure)."""

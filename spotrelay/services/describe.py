@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from spotrelay.domain.cost import spent_at
 from spotrelay.domain.models import AnomalyRecord, Job, Node
 from spotrelay.ports.object_store import ObjectStore
 
@@ -66,13 +67,15 @@ class CostLine(_View):
     hours: float
     price_per_hour: float
     cost: float
+    running: bool = False  # still open: its cost is its clock so far at the launch price
 
 
 class CostReport(_View):
     job_id: str
-    total: float
+    total: float  # the closed attempts and the open one's clock (what the budget is checked against)
     budget: float | None
     lines: list[CostLine]
+    budget_warned_at: float | None = None  # when people were told the budget is nearly spent
 
 
 class JobReport(_View):
@@ -100,12 +103,20 @@ def _hours(start: float | None, end: float | None, now: float) -> float:
 
 
 def cost_report(job: Job, now: float) -> CostReport:
-    lines = [CostLine(attempt=a.number, pool=a.pool.key if a.pool else None, nodes=a.nodes,
-                      hours=round(_hours(a.started_at, a.ended_at, now), 4), price_per_hour=a.price_per_hour,
-                      cost=round(a.cost, 4))
-             for a in job.attempts]  # fmt: skip
+    """Per attempt and in total, on the job record's ledger; the open attempt counts its clock so far
+    (domain/cost.py's ``spent_at``, the figure the budget is checked against)."""
+    # (an ended job's attempts are closed; one a failure left open stopped costing when the job ended)
+    current = job.attempts[-1] if job.attempts and not job.status.terminal else None
+    lines = []
+    for a in job.attempts:
+        running = a is current and a.ended_at is None and a.started_at is not None
+        cost = spent_at(0.0, a, now) if running else a.cost
+        lines.append(CostLine(attempt=a.number, pool=a.pool.key if a.pool else None, nodes=a.nodes,
+                              hours=round(_hours(a.started_at, a.ended_at, now), 4), price_per_hour=a.price_per_hour,
+                              cost=round(cost, 4), running=running))
     budget = (job.spec.get("budget") or {}).get("max_total_cost") if job.spec else None
-    return CostReport(job_id=job.job_id, total=round(job.cost_so_far, 4), budget=budget, lines=lines)
+    return CostReport(job_id=job.job_id, total=round(spent_at(job.cost_so_far, current, now), 4), budget=budget,
+                      lines=lines, budget_warned_at=job.budget_warned_at)
 
 
 def checkpoint_location(job: Job, bucket: str, default_prefix: str) -> tuple[str, str]:

@@ -1,6 +1,7 @@
 """Notifications with context: what happened to a job and what it cost (SNS; Slack subscribes).
 
-Kinds: submitted, started, interrupted, recovered, succeeded, failed, rejected, cancelled.
+Kinds: submitted, started, interrupted, recovered, succeeded, failed, rejected, cancelled, anomaly,
+budget (the budget is nearly spent: services/budget.py).
 A failed publish is logged, never raised: telling people must not break the job.
 """
 
@@ -15,7 +16,7 @@ from spotrelay.ports.notifier import Notifier
 log = logging.getLogger(__name__)
 
 KINDS = ("submitted", "started", "interrupted", "recovered", "succeeded", "failed", "rejected", "cancelled",
-         "anomaly")
+         "anomaly", "budget")
 
 _SUBJECTS = {
     "started": "job {name} is running (attempt {attempt})",
@@ -27,6 +28,7 @@ _SUBJECTS = {
     "submitted": "job {name} submitted",
     "rejected": "job {name} rejected",
     "anomaly": "job {name}: {reason}",
+    "budget": "job {name} budget: {reason}",
 }
 
 
@@ -100,7 +102,7 @@ def announce(notifier: Notifier | None, kind: str, job: Job, now: float, **extra
 
 _EMOJI = {"succeeded": ":white_check_mark:", "failed": ":x:", "rejected": ":no_entry:", "interrupted": ":warning:",
           "recovered": ":arrows_counterclockwise:", "started": ":rocket:", "submitted": ":inbox_tray:",
-          "cancelled": ":octagonal_sign:", "anomaly": ":stethoscope:"}
+          "cancelled": ":octagonal_sign:", "anomaly": ":stethoscope:", "budget": ":moneybag:"}
 _FIELDS = (("attempt", "Attempt"), ("pool", "Pool"), ("steps_lost", "Steps lost"),
            ("checkpoint_step", "Checkpoint step"), ("checkpoint_age_s", "Checkpoint age (s)"),
            ("downtime_s", "Downtime (s)"), ("cost_so_far", "Cost so far (USD)"), ("reason", "Reason"))

@@ -7,9 +7,10 @@
 3. Stuck executions: a live job whose execution is no longer RUNNING (failed, timed out, aborted),
    or that sat in a passing status (PLACING, PROVISIONING, RECOVERING, CANCELLING) longer than
    ``stuck_after_s``, is marked FAILED (its execution stopped) and its instances terminated.
-4. Budget: a running job whose cost so far, the running attempt included, reached the spec's
-   ``budget.max_total_cost`` has its outcome wait failed with ``BudgetExceededError``; the
-   workflow's catch-all tears it down and records FAILED with that reason.
+4. Budget (``services/budget.py``): a running job whose cost so far, the running attempt included,
+   reached the spec's ``budget.max_total_cost`` has its outcome wait failed with
+   ``BudgetExceededError``; the workflow's catch-all tears it down and records FAILED with that
+   reason. A live job that reached ``budget.warn_at`` of it (0.8) is announced once (``budget``).
 5. Rebalance standbys whose bounded wait ran out without a notice are released, their cost added
    (services/prewarm.py); an instance draining its emergency save after a notice, a hot spare
    standing by, or one released in its first hour after EC2's notice and left for EC2 to take (not
@@ -25,10 +26,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from spotrelay.domain.cost import leave_to_ec2, over_budget, spent_at
+from spotrelay.domain.cost import leave_to_ec2
 from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.domain.status import JobStatus, transition
-from spotrelay.errors import BudgetExceededError, ConflictError, NotFoundError
+from spotrelay.errors import NotFoundError
+from spotrelay.services import budget
 from spotrelay.services.controller import SPARE_LIVE, Controller, attempt_nodes, end_records, regions_of
 from spotrelay.services.notify import announce
 from spotrelay.services.prewarm import release_expired
@@ -44,7 +46,8 @@ _PASSING = (JobStatus.PLACING, JobStatus.PROVISIONING, JobStatus.RECOVERING, Job
 
 def reconcile(ctl: Controller, now: float, stale_after_s: float = 300.0, regions: list[str] | None = None,
               stuck_after_s: float = 3600.0, heal_after_s: float = 180.0) -> dict[str, Any]:
-    report: dict[str, Any] = {"lost": [], "orphans": [], "stuck": [], "over_budget": [], "profiles": [],
+    report: dict[str, Any] = {"lost": [], "orphans": [], "stuck": [], "over_budget": [], "budget_warned": [],
+                              "profiles": [],
                               "standbys": [], "healed": _heal(ctl, now, heal_after_s)}
     jobs = [job for status in LIVE for job in ctl.store.jobs_by_status(status)]
     report["jobs"] = len(jobs)
@@ -53,8 +56,11 @@ def reconcile(ctl: Controller, now: float, stale_after_s: float = 300.0, regions
     for job in jobs:
         if job.status in (JobStatus.RUNNING, JobStatus.CHECKPOINTING):
             report["lost"] += _stale(ctl, job, now, stale_after_s)
-            if _over_budget(ctl, job, now):
+            if budget.stop_if_spent(ctl, job, now):
                 report["over_budget"].append(job.job_id)
+    for job in jobs:
+        if budget.warn(ctl, job, now):
+            report["budget_warned"].append(job.job_id)
     for job in jobs:
         if job.execution_arn and _stuck(ctl, job, now, stuck_after_s):
             report["stuck"].append(job.job_id)
@@ -86,28 +92,6 @@ def _stale(ctl: Controller, job: Job, now: float, stale_after_s: float) -> list[
     if lost:
         settle(ctl, job.job_id, now)
     return lost
-
-
-def _over_budget(ctl: Controller, job: Job, now: float) -> bool:
-    budget = job.spec.get("budget", {}).get("max_total_cost")
-    token = job.task_tokens.get("outcome")
-    if budget is None or not token or not job.attempts:
-        return False
-    reason = over_budget(spent_at(job.cost_so_far, job.attempts[-1], now), float(budget))
-    if reason is None:
-        return False
-    claimed = ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={
-        "task_tokens": {k: v for k, v in j.task_tokens.items() if k != "outcome"}, "updated_at": now,
-        "reasons": [*j.reasons, f"budget: {reason}"]})  # kept here too: not every runtime relays the cause
-        if j.task_tokens.get("outcome") == token else None)
-    if claimed is None:
-        return False
-    try:
-        ctl.need_workflow().send_failure(token, BudgetExceededError.__name__, reason)
-    except ConflictError:
-        return False
-    log.warning("over budget", extra={"job_id": job.job_id, "reason": reason})
-    return True
 
 
 def _stuck(ctl: Controller, job: Job, now: float, stuck_after_s: float) -> bool:

@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from spotrelay.adapters.aws import client
@@ -67,6 +68,23 @@ def test_describe_and_cost_as_json_and_tables(aws: dict[str, str]) -> None:
     assert costs["total"] == 90.0 and costs["budget"] == 500 and [ln["cost"] for ln in costs["lines"]] == [60.0, 30.0]
     assert costs["lines"][0]["hours"] == 1.0
     assert "total $90.00 of $500.00 budget" in runner.invoke(app, ["cost", "j-seen"]).output
+
+
+def test_cost_of_a_running_job_counts_its_open_attempt(aws: dict[str, str]) -> None:
+    """The open attempt costs its clock so far (the figure the budget is checked against), not 0."""
+    now = time.time()
+    attempts = [Attempt(number=1, pool=POOL, started_at=now - 7200, ended_at=now - 3600, nodes=2,
+                        price_per_hour=30.0, cost=60.0),
+                Attempt(number=2, pool=POOL, started_at=now - 7200 + 5400, nodes=2, price_per_hour=30.0)]
+    DynamoDBJobStore().create_job(Job(
+        job_id="j-live", name="llm", status=JobStatus.RUNNING, attempt=2, attempts=attempts, cost_so_far=60.0,
+        created_at=now - 7200, updated_at=now, budget_warned_at=now - 60, spec={"budget": {"max_total_cost": 100}}))
+    costs = json.loads(runner.invoke(app, ["cost", "j-live", "--json"]).stdout)
+    assert [ln["running"] for ln in costs["lines"]] == [False, True]
+    assert costs["lines"][1]["cost"] == pytest.approx(30.0, abs=0.5)  # 2 nodes x $30/h x 30 min
+    assert costs["total"] == pytest.approx(90.0, abs=0.5) and costs["budget_warned_at"] == pytest.approx(now - 60)
+    table = " ".join(runner.invoke(app, ["cost", "j-live"]).output.split())
+    assert "2 (running)" in table and "of $100.00 budget (90%); told it was nearly spent at" in table
 
 
 def test_unknown_job_is_one_line(aws: dict[str, str]) -> None:

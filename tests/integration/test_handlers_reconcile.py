@@ -4,9 +4,11 @@ executions; a redelivered run changes nothing twice."""
 from __future__ import annotations
 
 import copy
+import json
 import time
 
 from functions import reconcile
+from spotrelay.adapters.aws import client
 from spotrelay.domain.models import NodeState
 from spotrelay.domain.status import JobStatus
 from spotrelay.ports.compute import LaunchRequest
@@ -72,8 +74,8 @@ def test_healthy_jobs_are_left_alone(env: Env) -> None:
         env.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update={"last_heartbeat": time.time()}))
     before = env.store.get_job(job.job_id)
     report = _run(5)
-    assert report == {"jobs": 1, "lost": [], "orphans": [], "stuck": [], "over_budget": [], "profiles": [],
-                      "standbys": [], "healed": []}
+    assert report == {"jobs": 1, "lost": [], "orphans": [], "stuck": [], "over_budget": [], "budget_warned": [],
+                      "profiles": [], "standbys": [], "healed": []}
     assert env.store.get_job(job.job_id) == before and len(env.compute.running(job.job_id)) == 2
 
 
@@ -103,6 +105,38 @@ def test_over_budget_fails_the_outcome_wait_once(env: Env) -> None:
     kind, token, detail = env.workflow.completed[0]
     assert (kind, token, detail["error"]) == ("failure", "tok-out", "BudgetExceededError")
     assert "of the $500.00 budget" in detail["cause"]
+
+
+def test_a_nearly_spent_budget_is_announced_once(env: Env, aws: dict[str, str]) -> None:
+    sqs = client("sqs")
+    url = sqs.create_queue(QueueName="budget-probe")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    client("sns").subscribe(TopicArn=aws["topic_arn"], Protocol="sqs", Endpoint=arn)
+    job, _gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    assert job.execution_arn is not None
+    env.workflow.executions[job.execution_arn] = "RUNNING"
+
+    def spent_hours(hours: float) -> None:  # 2 nodes x $30/h: $60 an hour on a $500 budget
+        env.store.update_job(job.job_id, lambda j: j.model_copy(update={
+            "spec": {**j.spec, "budget": {"max_total_cost": 500}},
+            "attempts": [j.attempts[0].model_copy(update={"started_at": time.time() - hours * 3600})]}))
+
+    spent_hours(6.0)  # $360: 72%, under the default warn_at of 0.8
+    assert _run(9)["budget_warned"] == []
+    spent_hours(7.0)  # $420: 84%
+    assert _run(10)["budget_warned"] == [job.job_id]
+    assert _run(10)["budget_warned"] == [job.job_id]  # a redelivered event answers as its first run did
+    assert _run(11)["budget_warned"] == []  # the next minute: told already
+    warned = env.store.get_job(job.job_id)
+    assert warned.budget_warned_at is not None and warned.status is JobStatus.RUNNING
+    assert env.workflow.completed == []  # a warning stops nothing
+    bodies = [json.loads(m["Body"]) for m in sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10,
+                                                                   WaitTimeSeconds=1).get("Messages", [])]
+    assert len(bodies) == 1 and bodies[0]["MessageAttributes"]["kind"]["Value"] == "budget"
+    assert bodies[0]["Subject"].startswith("spotrelay: job ")
+    assert "of the $500.00 budget (8" in bodies[0]["Subject"]
+    message = json.loads(bodies[0]["Message"])
+    assert message["context"]["reason"].endswith("the job stops at $500.00")
 
 
 def test_agent_roles_a_failed_teardown_left_are_deleted(env: Env) -> None:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from spotrelay.cli.main import app
-from spotrelay.domain.cost import budget_reached_at, over_budget, spent_at
+from spotrelay.domain.cost import budget_reached_at, budget_warning, over_budget, spent_at
 from spotrelay.domain.models import Attempt, Pool
 from spotrelay.errors import BudgetExceededError
 from spotrelay.services.plan import plan
@@ -40,6 +40,13 @@ def test_the_ledger_counts_the_open_attempts_clock() -> None:
     assert spent_at(100.0, None, 9e9) == 100.0
     assert over_budget(99.99, 100.0) is None and over_budget(1e9, None) is None
     assert over_budget(100.0, 100.0) == "spent $100.00 of the $100.00 budget"
+
+
+def test_the_warning_comes_between_its_share_and_the_budget() -> None:
+    assert budget_warning(79.0, 100.0, 0.8) is None and budget_warning(80.0, 100.0, None) is None
+    assert budget_warning(80.0, 100.0, 0.8) == "spent $80.00 of the $100.00 budget (80%); the job stops at $100.00"
+    assert budget_warning(100.0, 100.0, 0.8) is None  # spent: the job stops, with over_budget's reason
+    assert budget_warning(1e9, None, 0.8) is None
 
 
 @given(spent=st.floats(0, 1e5), limit=st.floats(1, 1e6), price=st.floats(0.01, 100), nodes=st.integers(1, 64))

@@ -78,6 +78,8 @@ def test_minimal_defaults() -> None:
         ("name", "has spaces", "name", "pattern"),
         ("version", 2, "version", "1"),
         ("notifications.sns_topic_arn", "topic", "notifications.sns_topic_arn", "pattern"),
+        ("budget.warn_at", 1.0, "budget.warn_at", "less than 1"),
+        ("budget.warn_at", 0, "budget.warn_at", "greater than 0"),
     ],
 )
 def test_bad_fields_are_named(path: str, value: object, field: str, needle: str) -> None:

@@ -1,0 +1,66 @@
+"""The reconcile sweep's budget checks (``budget`` in the spec), on the job record's ledger.
+
+- Warning: once the ledger, the open attempt's clock included, reaches ``budget.warn_at`` of
+  ``max_total_cost`` (default 0.8), people are told once (``budget`` notification, SNS/Slack) and the
+  job record keeps when (``budget_warned_at``), so a redelivered or later sweep does not tell them again.
+- Stop: once it reaches ``max_total_cost``, the running attempt's outcome wait fails with
+  ``BudgetExceededError``; the workflow's catch-all tears the job down and records FAILED. Plan refuses
+  a new gang on the closed attempts alone (services/plan.py). The rule is domain/cost.py's, which the
+  simulator calls too (sim/budget.py).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from spotrelay.domain.cost import budget_warning, over_budget, spent_at
+from spotrelay.domain.models import Job
+from spotrelay.errors import BudgetExceededError, ConflictError
+from spotrelay.services.controller import Controller, spec_of
+from spotrelay.services.notify import announce
+
+log = logging.getLogger(__name__)
+
+
+def _spent(job: Job, now: float) -> float:
+    return spent_at(job.cost_so_far, job.attempts[-1] if job.attempts else None, now)
+
+
+def warn(ctl: Controller, job: Job, now: float) -> bool:
+    """Tell people once that the budget is nearly spent; True when this sweep told them."""
+    if job.budget_warned_at is not None or not job.spec:
+        return False
+    budget = spec_of(job).budget
+    reason = budget_warning(_spent(job, now), budget.max_total_cost, budget.warn_at)
+    if reason is None:
+        return False
+    claimed = ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={"budget_warned_at": now})
+                                   if j.budget_warned_at is None else None)
+    if claimed is None:
+        return False  # another sweep told them
+    announce(ctl.notifier, "budget", claimed, now, reason=reason)
+    log.warning("budget nearly spent", extra={"job_id": job.job_id, "reason": reason})
+    return True
+
+
+def stop_if_spent(ctl: Controller, job: Job, now: float) -> bool:
+    """Fail the running attempt's outcome wait once the ledger reached ``max_total_cost``."""
+    budget = job.spec.get("budget", {}).get("max_total_cost")
+    token = job.task_tokens.get("outcome")
+    if budget is None or not token or not job.attempts:
+        return False
+    reason = over_budget(_spent(job, now), float(budget))
+    if reason is None:
+        return False
+    claimed = ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={
+        "task_tokens": {k: v for k, v in j.task_tokens.items() if k != "outcome"}, "updated_at": now,
+        "reasons": [*j.reasons, f"budget: {reason}"]})  # kept here too: not every runtime relays the cause
+        if j.task_tokens.get("outcome") == token else None)
+    if claimed is None:
+        return False
+    try:
+        ctl.need_workflow().send_failure(token, BudgetExceededError.__name__, reason)
+    except ConflictError:
+        return False
+    log.warning("over budget", extra={"job_id": job.job_id, "reason": reason})
+    return True
