@@ -154,6 +154,8 @@ def checkpoints(objects: ObjectStore | None, prefix: str) -> list[CheckpointView
 
 
 def describe_job(job: Job, nodes: list[Node], now: float, ckpts: list[CheckpointView] | None = None) -> JobReport:
+    costs = cost_report(job, now)
+    cost_of = {line.attempt: line.cost for line in costs.lines}  # (the running attempt's clock so far)
     attempts: list[AttemptView] = []
     for i, a in enumerate(job.attempts):
         mine = sorted((n for n in nodes if n.attempt == a.number), key=lambda n: n.rank)
@@ -167,7 +169,7 @@ def describe_job(job: Job, nodes: list[Node], now: float, ckpts: list[Checkpoint
             instances=[n.instance_id for n in mine], started_at=a.started_at, ended_at=a.ended_at,
             end_reason=a.end_reason, resumed_from_step=a.resumed_from_step, steps=steps,
             reached_step=a.reached_step, lost_steps=a.lost_steps,
-            exit_codes={n.rank: n.exit_code for n in mine}, price_per_hour=a.price_per_hour, cost=round(a.cost, 4),
+            exit_codes={n.rank: n.exit_code for n in mine}, price_per_hour=a.price_per_hour, cost=cost_of[a.number],
             loss_interval_s=a.loss_interval_s,
         ))  # fmt: skip
     recoveries = [
@@ -180,5 +182,5 @@ def describe_job(job: Job, nodes: list[Node], now: float, ckpts: list[Checkpoint
         job_id=job.job_id, name=job.name, status=job.status.value, attempt=job.attempt, last_step=job.last_step,
         steps_lost=job.steps_lost, recoveries=job.recoveries, reasons=list(job.reasons), attempts=attempts,
         checkpoints=ckpts or [], recoveries_detail=recoveries, anomalies=list(job.anomalies),
-        cost=cost_report(job, now), mlflow_run_id=job.mlflow_run_id, execution_arn=job.execution_arn,
+        cost=costs, mlflow_run_id=job.mlflow_run_id, execution_arn=job.execution_arn,
     )  # fmt: skip

@@ -81,6 +81,8 @@ def test_cost_of_a_running_job_counts_its_open_attempt(aws: dict[str, str]) -> N
         created_at=now - 7200, updated_at=now, budget_warned_at=now - 60, spec={"budget": {"max_total_cost": 100}}))
     costs = json.loads(runner.invoke(app, ["cost", "j-live", "--json"]).stdout)
     assert [ln["running"] for ln in costs["lines"]] == [False, True]
+    described = json.loads(runner.invoke(app, ["describe", "j-live", "--json"]).stdout)
+    assert [a["cost"] for a in described["attempts"]] == pytest.approx([ln["cost"] for ln in costs["lines"]], abs=0.1)
     assert costs["lines"][1]["cost"] == pytest.approx(30.0, abs=0.5)  # 2 nodes x $30/h x 30 min
     assert costs["total"] == pytest.approx(90.0, abs=0.5) and costs["budget_warned_at"] == pytest.approx(now - 60)
     table = " ".join(runner.invoke(app, ["cost", "j-live"]).output.split())
