@@ -176,6 +176,8 @@ def contract_env(config: AgentConfig, job: JobView, spec: JobSpec, mlflow_run_id
         control.ENV_KEEP_LOCAL: str(ckpt.keep_local),
         control.ENV_KEEP_S3: str(ckpt.keep_s3),
     }
+    if job.training_hash:  # the controller's hash of the submitted spec's training definition
+        env[control.ENV_TRAINING_HASH] = job.training_hash
     if ckpt.every_steps is not None:
         env[control.ENV_CHECKPOINT_EVERY_STEPS] = str(ckpt.every_steps)
     if ckpt.every_minutes is not None:

@@ -131,7 +131,8 @@ class Session(SessionData):
         saved_world = manifest.world_size
         own = self.topo.rank < saved_world  # a rank the saved world did not have takes rank 0's counters
         with refusals(cfg.control_dir, self.topo.world_size):  # checked before anything loads
-            check_manifest(manifest, step_dir, self.engine.kind, cfg.spec_hash, cfg.code_hash, cfg.allow_spec_change)
+            check_manifest(manifest, step_dir, self.engine.kind, cfg.spec_hash, cfg.code_hash, cfg.allow_spec_change,
+                           training_hash=cfg.training_hash)
             if self.plan is not None:
                 check_global_batch(step_dir, manifest.data_state.get("global_batch"), self.plan.global_batch,
                                    cfg.allow_global_batch_change or self.plan.allow_change)  # fmt: skip
@@ -347,7 +348,8 @@ class Session(SessionData):
             "data_state": {"epoch": self.epoch, "step": self.step, "samples": self.samples, "cursor": self.cursor,
                            "global_batch": self.plan.global_batch if self.plan else None,
                            "micro_batch": self.plan.micro_batch if self.plan else None},
-            "spec_hash": self.config.spec_hash, "code_hash": self.config.code_hash, **self.engine.describe(),
+            "spec_hash": self.config.training_hash or self.config.spec_hash, "code_hash": self.config.code_hash,
+            **self.engine.describe(),
         }  # fmt: skip
         job = SaveJob(
             step=self.step, snapshot=snapshot, trainer_state=self._trainer_state(request_id), manifest_fields=fields,

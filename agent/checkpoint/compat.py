@@ -23,21 +23,29 @@ ENGINE_NAMES = {"dcp": "torch DDP/FSDP (torch.distributed.checkpoint)", "deepspe
 
 
 def check_manifest(
-    manifest: Manifest, step_dir: Path, engine: str, spec_hash: str, code_hash: str, allow_spec_change: bool
+    manifest: Manifest, step_dir: Path, engine: str, spec_hash: str, code_hash: str, allow_spec_change: bool,
+    training_hash: str = "",
 ) -> None:
+    """The manifest's ``spec_hash`` is the training hash of the spec that saved it (spotrelay.spec.
+    training_hash: the training definition); a checkpoint from before 5 December recorded the whole
+    spec's hash. Either of this run's matching is the same run; neither is another one, refused unless
+    allowed. (One field for both keeps older agents able to read newer manifests.)"""
     if manifest.engine != engine:
         saved, now = ENGINE_NAMES.get(manifest.engine, manifest.engine), ENGINE_NAMES.get(engine, engine)
         raise IncompatibleCheckpointError(
             f"{step_dir}: written by a {saved} session, this run is a {now} session; resume it with the "
             f"engine that wrote it, or give this run an empty checkpoint location"
         )
-    if manifest.spec_hash and spec_hash and manifest.spec_hash != spec_hash:
+    ours = {h for h in (training_hash, spec_hash) if h}
+    if manifest.spec_hash and ours and manifest.spec_hash not in ours:
+        now = training_hash or spec_hash
         if not allow_spec_change:
             raise IncompatibleCheckpointError(
-                f"{step_dir}: saved under job spec {manifest.spec_hash}, this run's spec is {spec_hash}; "
-                f"resume with the spec that wrote it, or {ALLOW_SPEC_CHANGE_HINT}"
+                f"{step_dir}: saved under spec {manifest.spec_hash[:12]}, this run's is {now[:12]} (its training "
+                f"definition: entrypoint, launcher, dataset); resume with the spec that wrote it, or "
+                f"{ALLOW_SPEC_CHANGE_HINT}"
             )
-        log.warning("resuming %s saved under spec %s, now %s (allowed)", step_dir, manifest.spec_hash, spec_hash)
+        log.warning("resuming %s saved under spec %s, now %s (allowed)", step_dir, manifest.spec_hash[:12], now[:12])
     if manifest.code_hash and code_hash and manifest.code_hash != code_hash:  # code fixes are normal: warn
         log.warning("resuming %s saved by another script (%s, now %s)", step_dir, manifest.code_hash, code_hash)
     layout = manifest.layout or {}

@@ -70,6 +70,7 @@ class SessionConfig(BaseModel, MinutesOrAuto):
     control_dir: Path | None = None
     job_id: str = "local"
     spec_hash: str = ""
+    training_hash: str = ""  # the spec's training definition: what a resume is checked against
     code_hash: str = ""
     every_steps: int | None = Field(None, ge=1)
     every_minutes: Annotated[float, Field(gt=0)] | Literal["auto"] | None = None
@@ -112,6 +113,7 @@ class SessionConfig(BaseModel, MinutesOrAuto):
             "control_dir": os.environ.get(c.ENV_CONTROL_DIR) or None,
             "job_id": os.environ.get(c.ENV_JOB_ID) or None,
             "spec_hash": os.environ.get(c.ENV_SPEC_HASH) or None,
+            "training_hash": os.environ.get(c.ENV_TRAINING_HASH) or None,
             "every_steps": _int(c.ENV_CHECKPOINT_EVERY_STEPS, None),
             "every_minutes": _minutes(c.ENV_CHECKPOINT_EVERY_MINUTES),
             "loss_interval_s": _float(c.ENV_CHECKPOINT_LOSS_INTERVAL_S),

@@ -100,6 +100,8 @@ class Manifest(BaseModel):
     layout: dict[str, Annotated[int, Field(ge=1, le=MAX_WORLD)]] = Field(default_factory=dict)  # dp/tp/pp sizes
     zero_stage: int = Field(0, ge=0, le=3)
     data_state: dict[str, Any] = Field(default_factory=dict)
+    # the spec's training hash (spotrelay.spec.training_hash; the whole spec's before 5 December, or
+    # when the session was given no training hash): what a resume is checked against (compat.py)
     spec_hash: str = ""
     code_hash: str = ""
     request_id: str | None = None

@@ -87,6 +87,7 @@ class JobView(BaseModel):
     attempt: int = 0
     spec: dict[str, Any] = Field(default_factory=dict)
     spec_hash: str = ""
+    training_hash: str = ""  # what a resume is checked against (a record from before it: none)
     mlflow_run_id: str | None = None
     attempts: list[AttemptView] = Field(default_factory=list)
     steps_lost: int = 0

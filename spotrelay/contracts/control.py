@@ -37,6 +37,8 @@ ENV_ATTEMPT = "SPOTRELAY_ATTEMPT"
 ENV_CHECKPOINT_DIR = "SPOTRELAY_CHECKPOINT_DIR"  # local fast tier
 ENV_CHECKPOINT_URI = "SPOTRELAY_CHECKPOINT_URI"  # durable tier, s3://bucket/checkpoints/<job>
 ENV_SPEC_HASH = "SPOTRELAY_SPEC_HASH"
+# the spec's training definition (spotrelay.spec.training_hash): what a resume is checked against
+ENV_TRAINING_HASH = "SPOTRELAY_TRAINING_HASH"
 ENV_CHECKPOINT_EVERY_STEPS = "SPOTRELAY_CHECKPOINT_EVERY_STEPS"
 ENV_CHECKPOINT_EVERY_MINUTES = "SPOTRELAY_CHECKPOINT_EVERY_MINUTES"  # a number, or "auto" (domain/cadence.py)
 # with "auto": the controller's mean seconds between the gang's losses without a notice (unset: none

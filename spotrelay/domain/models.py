@@ -93,6 +93,7 @@ class Job(Record):
     version: int = 0  # bumped on every write; conditional writes check it
     spec: dict[str, Any] = Field(default_factory=dict)
     spec_hash: str = ""
+    training_hash: str = ""  # the spec's training definition (spec.training_hash): what checkpoints record
     submission_key: str = ""
     submission_etag: str = ""
     submission_sequencer: str | None = None  # S3's per-write sequencer: a redrop differs, a redelivery does not

@@ -30,7 +30,7 @@ from spotrelay.ports.object_store import ObjectStore
 from spotrelay.ports.workflow import Workflow
 from spotrelay.resources import RESOURCES
 from spotrelay.spec.checks import dropped_problems
-from spotrelay.spec.load import MAX_SPEC_BYTES, parse_spec, spec_hash, suffix_problem
+from spotrelay.spec.load import MAX_SPEC_BYTES, parse_spec, spec_hash, suffix_problem, training_hash
 
 log = logging.getLogger(__name__)
 REJECTED_SUFFIX = ".rejected.json"
@@ -105,7 +105,8 @@ def advance(job: Job, ports: Ports, now: float, size: int | None = None) -> Subm
                 return _reject(job, exc.errors, ports, now)
             job = ports.store.save_job(job.model_copy(update={
                 "status": transition(job.status, JobStatus.VALIDATED), "name": spec.name,
-                "spec": spec.model_dump(mode="json"), "spec_hash": spec_hash(spec), "updated_at": now,
+                "spec": spec.model_dump(mode="json"), "spec_hash": spec_hash(spec),
+                "training_hash": training_hash(spec), "updated_at": now,
             }), JobStatus.SUBMITTED, job.version)
         return _start(job, ports)
     except ConflictError:  # another delivery moved the job meanwhile; it finishes the work

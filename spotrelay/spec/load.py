@@ -99,3 +99,21 @@ def _canonical(spec: JobSpec) -> bytes:
 def spec_hash(spec: JobSpec) -> str:
     """A stable hash of the spec's content (key order and formatting do not matter)."""
     return hashlib.sha256(_canonical(spec)).hexdigest()
+
+
+# What defines the training a checkpoint belongs to: the program, its arguments and environment, the
+# launcher and its DeepSpeed config, the dataset. Not: where and how it runs (resources, recovery),
+# how it is saved (cadence, retention, tiers), who is told and what it may cost (tracking,
+# notifications, budget), health policy, the name, or the code's location (the trainer's code hash
+# covers the script: a code fix is normal). Raising a budget or adding a region and resubmitting
+# resumes; changing the learning rate does not without the opt-in.
+_TRAINING_FIELDS: dict[str, bool | set[str]] = {
+    "version": True, "entrypoint": {"command", "script", "args", "working_dir", "env"}, "launcher": True,
+    "dataset": {"uri"}}
+
+
+def training_hash(spec: JobSpec) -> str:
+    """A stable hash of the spec's training definition (``_TRAINING_FIELDS``): what a checkpoint's
+    manifest records, and a resume under another one is refused unless allowed."""
+    doc = spec.model_dump(mode="json", include=_TRAINING_FIELDS)
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -12,6 +12,7 @@ import pytest
 from spotrelay.adapters.aws import client
 from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
 from spotrelay.domain.status import JobStatus
+from spotrelay.spec import JobSpec, training_hash
 from tests.conftest import ROOT, load_event
 
 PASS_MACHINE = {"StartAt": "Done", "States": {"Done": {"Type": "Pass", "End": True}}}
@@ -62,6 +63,7 @@ def test_valid_submission_creates_job_and_starts_one_execution(env: dict[str, st
     assert job.status is JobStatus.VALIDATED
     assert job.execution_arn == first["execution_arn"]
     assert job.spec["name"] == "tiny-demo" and len(job.spec_hash) == 64
+    assert job.training_hash == training_hash(JobSpec.model_validate(job.spec)) != job.spec_hash
     executions = _executions(env["state_machine_arn"])
     assert [e["name"] for e in executions] == [first["job_id"]]
     exec_input = json.loads(client("stepfunctions").describe_execution(

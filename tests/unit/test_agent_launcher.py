@@ -88,6 +88,9 @@ def test_contract_environment(tmp_path: Path) -> None:
     env = contract_env(config, job, _spec(), "run-9")
     assert env[control.ENV_CONTROL_DIR] == str(tmp_path / "control")
     assert env[control.ENV_ATTEMPT] == "3" and env[control.ENV_SPEC_HASH] == "abc"
+    assert control.ENV_TRAINING_HASH not in env  # a job record from before the training hash
+    hashed = contract_env(config, job.model_copy(update={"training_hash": "t9"}), _spec(), None)
+    assert hashed[control.ENV_TRAINING_HASH] == "t9"  # what a resume is checked against
     assert env[control.ENV_CHECKPOINT_URI] == "s3://b/c/j-1" and env[control.ENV_CHECKPOINT_EVERY_STEPS] == "10"
     assert env[control.ENV_MLFLOW_RUN_ID] == "run-9"
     # user env cannot redirect the control channel

@@ -31,10 +31,25 @@ def test_a_checkpoint_of_another_engine_is_refused_with_what_to_do() -> None:
 
 def test_another_spec_is_refused_unless_allowed() -> None:
     manifest = _manifest(spec_hash="aaa")
-    with pytest.raises(IncompatibleCheckpointError, match="saved under job spec aaa, this run's spec is bbb"):
+    with pytest.raises(IncompatibleCheckpointError) as err:
         check_manifest(manifest, Path("/c/step-00000004"), "dcp", "bbb", "", False)
+    assert str(err.value).startswith("/c/step-00000004: saved under spec aaa, this run's is bbb (its training "
+                                     "definition: entrypoint, launcher, dataset); resume with the spec that wrote it")
     check_manifest(manifest, Path("/c/step-00000004"), "dcp", "bbb", "", True)  # logged, resumed
     check_manifest(manifest, Path("/c/step-00000004"), "dcp", "", "", False)  # no spec given: a local run
+
+
+def test_only_another_training_definition_is_refused() -> None:
+    """The manifest records the training hash: a resubmission that raised the budget or added a region
+    (another spec hash, the same training hash) resumes; another learning rate is refused unless
+    allowed. A checkpoint from before the training hash recorded the whole spec's: that one matches too."""
+    manifest = _manifest(spec_hash="t1")
+    check_manifest(manifest, Path("/c/step-00000004"), "dcp", "bbb", "", False, training_hash="t1")
+    with pytest.raises(IncompatibleCheckpointError, match="saved under spec t1, this run's is t2"):
+        check_manifest(manifest, Path("/c/step-00000004"), "dcp", "bbb", "", False, training_hash="t2")
+    check_manifest(manifest, Path("/c/step-00000004"), "dcp", "bbb", "", True, training_hash="t2")
+    legacy = _manifest(spec_hash="aaa")  # the whole spec's hash, written before 5 December
+    check_manifest(legacy, Path("/c/step-00000004"), "dcp", "aaa", "", False, training_hash="t1")
 
 
 def test_tensor_or_pipeline_parallel_layouts_cannot_change() -> None:
@@ -108,9 +123,32 @@ def test_a_refusal_is_recorded_for_the_agent_and_changes_nothing(tmp_path: Path)
     other.close()
     events, _ = read_events(control_dir)
     [refused] = [e for e in events if e.kind == "refused"]
-    assert refused.detail == str(err.value) and "saved under job spec aaa" in refused.detail
+    assert refused.detail == str(err.value) and "saved under spec aaa" in refused.detail
     assert [e.kind for e in events if e.kind in ("resumed", "first_step")] == ["first_step"]  # the first run's only
     assert _digest(ckpt) == before
+
+
+def test_a_resubmission_with_the_same_training_definition_resumes(tmp_path: Path) -> None:
+    """The manifest records the training hash; a session under another spec hash but the same training
+    definition (the budget raised, a region added) resumes from it, another definition is refused."""
+    torch.manual_seed(0)
+    ckpt, control_dir = tmp_path / "ckpt", tmp_path / "control"
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    first = spotrelay_session(model, optimizer, checkpoint_dir=ckpt, spec_hash="aaa", training_hash="t1",
+                              control_dir=control_dir)
+    for _ in first.steps(1):
+        optimizer.step()
+    assert first.close() == 0
+    raised = spotrelay_session(model, optimizer, checkpoint_dir=ckpt, spec_hash="bbb", training_hash="t1",
+                               control_dir=control_dir)
+    assert raised.resume() == 1
+    raised.close()
+    other = spotrelay_session(model, optimizer, checkpoint_dir=ckpt, spec_hash="bbb", training_hash="t2",
+                              control_dir=control_dir)
+    with pytest.raises(IncompatibleCheckpointError, match="saved under spec t1, this run's is t2"):
+        other.resume()
+    other.close()
 
 
 def test_a_world_that_cannot_split_the_recorded_global_batch_names_the_checkpoint(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from spotrelay.errors import SpecError
-from spotrelay.spec import JobSpec, load_spec, parse_spec, spec_hash
+from spotrelay.spec import JobSpec, load_spec, parse_spec, spec_hash, training_hash
 from tests.conftest import ROOT
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -135,3 +135,24 @@ def test_hash_ignores_formatting_but_not_content() -> None:
     b = parse_spec(yaml.safe_dump(MINIMAL, sort_keys=False))
     assert spec_hash(a) == spec_hash(b)
     assert spec_hash(a) != spec_hash(parse_spec(json.dumps(_with("resources.nodes", 3))))
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    ("budget.max_total_cost", 900), ("notifications.slack_channel", "#runs"), ("resources.nodes", 3),
+    ("resources.regions", ["us-east-1", "us-west-2"]), ("recovery.max_user_restarts", 2),
+    ("checkpoint.every_minutes", 10), ("tracking.mlflow_experiment", "x"), ("name", "renamed"),
+    ("entrypoint.code", "s3://acme-code/train.tar.gz"), ("health.enabled", False)])
+def test_the_training_hash_ignores_how_and_where_it_runs(path: str, value: object) -> None:
+    """What a checkpoint is checked against on resume: raising a budget or adding a region keeps it."""
+    base = parse_spec(json.dumps(MINIMAL))
+    changed = parse_spec(json.dumps(_with(path, value)))
+    assert spec_hash(changed) != spec_hash(base)
+    assert training_hash(changed) == training_hash(base)
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    ("entrypoint.args", ["--lr", "3e-4"]), ("entrypoint.env", {"LR": "1"}), ("entrypoint.script", "other.py"),
+    ("launcher", {"type": "deepspeed", "deepspeed_config": {"train_micro_batch_size_per_gpu": 2}}),
+    ("dataset", {"uri": "s3://data/v2/"})])
+def test_the_training_hash_follows_the_training_definition(path: str, value: object) -> None:
+    assert training_hash(parse_spec(json.dumps(_with(path, value)))) != training_hash(parse_spec(json.dumps(MINIMAL)))
