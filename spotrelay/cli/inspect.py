@@ -127,6 +127,10 @@ def cost(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, 
     warned = (f"; told it was nearly spent at {_when(report.budget_warned_at)} UTC"
               if report.budget_warned_at is not None else "")
     out.print(f"total ${report.total:.2f}{budget}{warned}")
+    if report.budget_spent_at is not None:  # (a running attempt: the reconcile stops it then)
+        left_h = max(0.0, report.budget_spent_at - time.time()) / 3600
+        out.print(f"at the running attempt's rate the budget is spent at {_when(report.budget_spent_at)} UTC "
+                  f"(in {left_h:.1f} h); the job stops then")
 
 
 def logs(job_id: str, attempt: Annotated[int | None, typer.Option(

@@ -12,8 +12,9 @@
 from __future__ import annotations
 
 import logging
+import time
 
-from spotrelay.domain.cost import budget_warning, over_budget, spent_at
+from spotrelay.domain.cost import budget_reached_at, budget_warning, over_budget, spent_at
 from spotrelay.domain.models import Job
 from spotrelay.errors import BudgetExceededError, ConflictError
 from spotrelay.services.controller import Controller, spec_of
@@ -34,6 +35,10 @@ def warn(ctl: Controller, job: Job, now: float) -> bool:
     reason = budget_warning(_spent(job, now), budget.max_total_cost, budget.warn_at)
     if reason is None:
         return False
+    assert budget.max_total_cost is not None
+    at = budget_reached_at(job.cost_so_far, job.attempts[-1] if job.attempts else None, budget.max_total_cost)
+    if at is not None:  # the running attempt's rate says when
+        reason += time.strftime(", at %Y-%m-%d %H:%M UTC at the running attempt's rate", time.gmtime(at))
     claimed = ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={"budget_warned_at": now})
                                    if j.budget_warned_at is None else None)
     if claimed is None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from spotrelay.domain.cost import spent_at
+from spotrelay.domain.cost import budget_reached_at, spent_at
 from spotrelay.domain.models import AnomalyRecord, Job, Node
 from spotrelay.ports.object_store import ObjectStore
 
@@ -76,6 +76,7 @@ class CostReport(_View):
     budget: float | None
     lines: list[CostLine]
     budget_warned_at: float | None = None  # when people were told the budget is nearly spent
+    budget_spent_at: float | None = None  # when the running attempt's clock reaches the budget (its rate now)
 
 
 class JobReport(_View):
@@ -115,8 +116,10 @@ def cost_report(job: Job, now: float) -> CostReport:
                               hours=round(_hours(a.started_at, a.ended_at, now), 4), price_per_hour=a.price_per_hour,
                               cost=round(cost, 4), running=running))
     budget = (job.spec.get("budget") or {}).get("max_total_cost") if job.spec else None
+    runs_out = budget_reached_at(job.cost_so_far, current, float(budget)) if budget is not None else None
     return CostReport(job_id=job.job_id, total=round(spent_at(job.cost_so_far, current, now), 4), budget=budget,
-                      lines=lines, budget_warned_at=job.budget_warned_at)
+                      lines=lines, budget_warned_at=job.budget_warned_at,
+                      budget_spent_at=None if runs_out is None else round(runs_out, 1))
 
 
 def checkpoint_location(job: Job, bucket: str, default_prefix: str) -> tuple[str, str]:

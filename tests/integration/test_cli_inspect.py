@@ -87,6 +87,9 @@ def test_cost_of_a_running_job_counts_its_open_attempt(aws: dict[str, str]) -> N
     assert costs["total"] == pytest.approx(90.0, abs=0.5) and costs["budget_warned_at"] == pytest.approx(now - 60)
     table = " ".join(runner.invoke(app, ["cost", "j-live"]).output.split())
     assert "2 (running)" in table and "of $100.00 budget (90%); told it was nearly spent at" in table
+    # $10 left at $60 an hour: 10 minutes
+    assert costs["budget_spent_at"] == pytest.approx(now + 600, abs=5)
+    assert "the budget is spent at" in table and "(in 0.2 h); the job stops then" in table
 
 
 def test_unknown_job_is_one_line(aws: dict[str, str]) -> None:

@@ -136,7 +136,8 @@ def test_a_nearly_spent_budget_is_announced_once(env: Env, aws: dict[str, str]) 
     assert bodies[0]["Subject"].startswith("spotrelay: job ")
     assert "of the $500.00 budget (8" in bodies[0]["Subject"]
     message = json.loads(bodies[0]["Message"])
-    assert message["context"]["reason"].endswith("the job stops at $500.00")
+    assert "the job stops at $500.00, at 20" in message["context"]["reason"]  # (when, at this rate)
+    assert message["context"]["reason"].endswith("UTC at the running attempt's rate")
 
 
 def test_agent_roles_a_failed_teardown_left_are_deleted(env: Env) -> None:
