@@ -164,6 +164,11 @@ def cancel(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None
     out.print(f"{job.job_id}: {job.status.value}")
 
 
+# Go on from a stopped job's newest checkpoint (spotrelay/cli/resume.py): `spotrelay resume JOB`.
+from spotrelay.cli.resume import resume  # noqa: E402
+
+app.command()(resume)
+
 # What happened to a job (spotrelay/cli/inspect.py): `spotrelay describe|logs|cost JOB`.
 from spotrelay.cli.inspect import cost, describe, logs  # noqa: E402
 

@@ -256,7 +256,7 @@ class Notifications(Strict):
 
 
 class Budget(Strict):
-    max_total_cost: float | None = Field(None, gt=0, description="USD for the whole job")
+    max_total_cost: float | None = Field(None, gt=0, allow_inf_nan=False, description="USD for the whole job")
     warn_at: float | None = Field(0.8, gt=0, lt=1, description=(
         "share of max_total_cost at which the job's people are told once (SNS/Slack), before it stops; "
         "null: no warning"))

@@ -1,0 +1,59 @@
+"""``spotrelay resume JOB [--budget USD]``: go on from a stopped job's newest checkpoint as a new job
+(services/resume.py). Prints the new job id on stdout, as ``submit`` does."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from spotrelay.cli.errors import UsageProblem
+
+out = Console()
+
+BudgetOpt = Annotated[float | None, typer.Option(
+    "--budget", help="the new job's budget.max_total_cost in USD (default: the old spec's, for the new job alone)")]
+
+
+def resume(job_id: str, budget: BudgetOpt = None,
+           endpoint_url: Annotated[str | None, typer.Option("--endpoint-url", help="AWS endpoint")] = None,
+           bucket: Annotated[str | None, typer.Option("--bucket", help="jobs bucket")] = None,
+           table: Annotated[str | None, typer.Option("--table", help="jobs table")] = None,
+           region: Annotated[str | None, typer.Option("--region", help="home region")] = None) -> None:
+    """Go on from a failed or cancelled job's newest checkpoint as a new job (same spec; --budget to raise it)."""
+    from pydantic import ValidationError
+
+    from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+    from spotrelay.adapters.s3_object_store import S3ObjectStore
+    from spotrelay.cli.main import _connect, submission_key
+    from spotrelay.domain.models import job_id_for
+    from spotrelay.resources import RESOURCES
+    from spotrelay.services.describe import checkpoint_location, checkpoints
+    from spotrelay.services.resume import resume_spec
+    from spotrelay.settings import settings
+
+    _connect(endpoint_url, bucket, table, region)
+    store = DynamoDBJobStore()
+    job = store.get_job(job_id)
+    where, prefix = checkpoint_location(job, settings().bucket, RESOURCES.checkpoints_prefix)
+    location = f"s3://{where}/{prefix}".rstrip("/")
+    live = [j for j in store.all_jobs() if not j.status.terminal]
+    try:
+        plan = resume_spec(job, location, live, budget)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise UsageProblem(f"--budget: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+    saved = checkpoints(S3ObjectStore(where), prefix)
+    start = f"from step {saved[-1].step} (its newest checkpoint)" if saved else "from step 0: no checkpoint was saved"
+    key = submission_key(plan.spec.name, ".json", time.time())
+    body = json.dumps(plan.spec.model_dump(mode="json"), indent=2).encode()  # (an explicit null stays null)
+    etag = S3ObjectStore().put(key, body, "application/json")
+    limit = plan.spec.budget.max_total_cost
+    out.print(f"resuming {job_id} {start}, checkpoints in {location}"
+              + (f"; budget ${limit:,.2f} for the new job (the stopped one spent ${job.cost_so_far:,.2f})"
+                 if limit is not None else ""), highlight=False, soft_wrap=True)
+    sys.stdout.write(job_id_for(key, etag) + "\n")

@@ -1,0 +1,55 @@
+"""``spotrelay resume JOB``: a stopped job (failed, cancelled) goes on from its newest checkpoint as a
+new job, with the same spec pointed at the old job's durable tier.
+
+Pure: the CLI reads the record, lists the checkpoints and uploads what this returns. The new job is
+an ordinary submission (it is validated, placed and budgeted like any other); the agent resumes from
+the newest committed checkpoint under ``checkpoint.s3_prefix``, which its training hash lets it use
+(checkpoints.md: a raised budget or other regions change where and how it runs, not what it trains).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spotrelay.domain.models import Job
+from spotrelay.domain.status import JobStatus
+from spotrelay.errors import InvalidTransitionError
+from spotrelay.spec.load import training_hash
+from spotrelay.spec.models import JobSpec
+
+RESUMED_FROM_TAG = "spotrelay.resumed_from"  # the MLflow tag naming the job a resumed one continues
+
+
+@dataclass(frozen=True)
+class Resumption:
+    spec: JobSpec
+    location: str  # s3://... the old job's checkpoints, the new job's durable tier
+
+
+def resume_spec(job: Job, location: str, live: list[Job], budget: float | None = None) -> Resumption:
+    """The spec of the job that continues ``job`` from ``location`` (its durable tier); ``budget``: the
+    new job's own ``max_total_cost`` (else the old spec's: it applies to the new job's spend alone).
+    ``InvalidTransitionError`` names why not: the job is still live, finished, rejected, or another
+    live job already writes to that location."""
+    if job.status is JobStatus.SUCCEEDED:
+        raise InvalidTransitionError(f"job {job.job_id} succeeded; nothing to resume (submit a new spec to "
+                                     "train further)")
+    if job.status is JobStatus.REJECTED or not job.spec:
+        raise InvalidTransitionError(f"job {job.job_id} was rejected, it never trained; fix its spec and submit it")
+    if not job.status.terminal:
+        raise InvalidTransitionError(f"job {job.job_id} is {job.status.value}; cancel it first (two jobs must not "
+                                     "write one checkpoint location)")
+    spec = JobSpec.model_validate(job.spec)
+    for other in live:
+        ckpt = (other.spec.get("checkpoint") or {}) if other.spec else {}
+        if other.job_id != job.job_id and (ckpt.get("s3_prefix") or "").rstrip("/") == location:
+            raise InvalidTransitionError(f"job {other.job_id} ({other.status.value}) already resumes {job.job_id} "
+                                         f"from {location}")
+    doc = spec.model_dump(mode="json")
+    doc["checkpoint"]["s3_prefix"] = location
+    if budget is not None:
+        doc["budget"]["max_total_cost"] = budget
+    doc["tracking"]["tags"] = {**doc["tracking"]["tags"], RESUMED_FROM_TAG: job.job_id}
+    resumed = JobSpec.model_validate(doc)  # (a bad budget is named by its field: budget.max_total_cost)
+    assert training_hash(resumed) == training_hash(spec)  # what lets the new job's agent resume it
+    return Resumption(resumed, location)

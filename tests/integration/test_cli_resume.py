@@ -1,0 +1,92 @@
+"""``spotrelay resume JOB``: a stopped job goes on from its newest checkpoint as a new submission that
+the controller takes like any other (moto: the CLI's upload, then on_submission on that object)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from typer.testing import CliRunner
+
+from spotrelay.adapters.aws import client
+from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+from spotrelay.cli.main import app
+from spotrelay.domain.status import JobStatus
+from spotrelay.resources import RESOURCES
+from spotrelay.services.resume import RESUMED_FROM_TAG
+from tests.conftest import ROOT, load_event
+from tests.integration.test_on_submission import _drop, _invoke, env
+
+__all__ = ["env"]
+runner = CliRunner()
+
+
+def _submitted(bucket: str, key: str = "tiny.yaml") -> str:
+    body = (ROOT / "examples" / "tiny.yaml").read_bytes()
+    result = _invoke(_drop(bucket, f"{RESOURCES.submissions_prefix}{key}", body))
+    assert result["outcome"] == "started"
+    return str(result["job_id"])
+
+
+def _stop(job_id: str, status: JobStatus = JobStatus.FAILED, cost: float = 412.5) -> None:
+    DynamoDBJobStore().update_job(job_id, lambda j: j.model_copy(update={
+        "status": status, "cost_so_far": cost, "reasons": ["budget: spent $412.50 of the $400.00 budget"]}))
+
+
+def _new_objects(bucket: str, seen: set[str]) -> list[dict[str, Any]]:
+    listed = client("s3").list_objects_v2(Bucket=bucket, Prefix=RESOURCES.submissions_prefix).get("Contents", [])
+    return [o for o in listed if o["Key"] not in seen]
+
+
+def test_a_stopped_job_goes_on_from_its_checkpoints_as_a_new_job(env: dict[str, str]) -> None:
+    bucket = env["bucket"]
+    old_id = _submitted(bucket)
+    old = DynamoDBJobStore().get_job(old_id)
+    _stop(old_id)
+    location = f"s3://{bucket}/{RESOURCES.checkpoints_prefix}{old_id}"
+    client("s3").put_object(Bucket=bucket, Key=f"{RESOURCES.checkpoints_prefix}{old_id}/step-00000040/manifest.json",
+                            Body=json.dumps({"step": 40, "shards": []}).encode())
+    seen = {o["Key"] for o in _new_objects(bucket, set())}
+    result = runner.invoke(app, ["resume", old_id, "--budget", "900"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert f"resuming {old_id} from step 40 (its newest checkpoint), checkpoints in {location}" in text
+    assert "budget $900.00 for the new job (the stopped one spent $412.50)" in text
+    [obj] = _new_objects(bucket, seen)
+    spec = json.loads(client("s3").get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
+    assert spec["checkpoint"]["s3_prefix"] == location and spec["budget"]["max_total_cost"] == 900
+    assert spec["tracking"]["tags"][RESUMED_FROM_TAG] == old_id
+    # the controller takes it like any submission; its training definition is the stopped job's, so its
+    # agent resumes the checkpoints there (checkpoints.md)
+    event = copy.deepcopy(load_event("s3_object_created_submission.json"))  # S3's event for the CLI's upload
+    event["detail"]["bucket"]["name"] = bucket
+    event["detail"]["object"].update({"key": obj["Key"], "etag": obj["ETag"].strip('"'), "size": obj["Size"]})
+    taken = _invoke(event)
+    assert taken["outcome"] == "started" and result.stdout.strip().splitlines()[-1] == taken["job_id"]
+    new = DynamoDBJobStore().get_job(taken["job_id"])
+    assert new.training_hash == old.training_hash and new.spec_hash != old.spec_hash
+    # a second resume of the same job while the first one lives is refused: one writer per location
+    again = runner.invoke(app, ["resume", old_id])
+    assert again.exit_code == 1 and len(again.output.strip().splitlines()) == 1
+    assert f"job {taken['job_id']} (VALIDATED) already resumes {old_id}" in again.output
+
+
+def test_what_cannot_be_resumed_is_one_line(env: dict[str, str]) -> None:
+    bucket = env["bucket"]
+    live = _submitted(bucket)
+    result = runner.invoke(app, ["resume", live])
+    assert result.exit_code == 1 and "is VALIDATED; cancel it first" in result.output
+    _stop(live, JobStatus.SUCCEEDED)
+    result = runner.invoke(app, ["resume", live])
+    assert result.exit_code == 1 and "succeeded; nothing to resume" in result.output
+    stopped = _submitted(bucket, "other.yaml")
+    _stop(stopped, JobStatus.CANCELLED)
+    for bad in ("0", "-5", "nan", "inf"):
+        result = runner.invoke(app, ["resume", stopped, "--budget", bad])
+        assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+        assert "--budget: budget.max_total_cost" in result.output
+    result = runner.invoke(app, ["resume", "no-such-job"])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+    # nothing was submitted by any refusal (the two tiny jobs' own objects only)
+    assert len(_new_objects(bucket, set())) == 2
