@@ -105,6 +105,7 @@ def jobs(endpoint_url: EndpointOpt = None, table: TableOpt = None, region: Regio
          as_json: JsonOpt = False) -> None:
     """List jobs, newest last."""
     from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+    from spotrelay.services.describe import cost_report
 
     _connect(endpoint_url, None, table, region)
     found = DynamoDBJobStore().all_jobs()
@@ -117,10 +118,11 @@ def jobs(endpoint_url: EndpointOpt = None, table: TableOpt = None, region: Regio
     grid.add_column("job", no_wrap=True, min_width=max((len(j.job_id) for j in found), default=3))
     for header in ("name", "status", "attempt", "step", "last checkpoint", "cost $"):
         grid.add_column(header)
+    now = time.time()
     for job in found:
         ckpt = f"step {job.last_checkpoint.step}" if job.last_checkpoint else "-"
         grid.add_row(job.job_id, job.name, job.status.value, str(job.attempt), str(job.last_step), ckpt,
-                     f"{job.cost_so_far:.2f}")
+                     f"{cost_report(job, now).total:.2f}")  # (a running attempt: its clock so far)
     needed = Measurement.get(out, out.options.update(width=10_000), grid).maximum
     out.print(grid, width=max(out.width, needed), crop=False)  # wider than the terminal beats a cut id
 

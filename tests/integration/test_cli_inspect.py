@@ -90,6 +90,8 @@ def test_cost_of_a_running_job_counts_its_open_attempt(aws: dict[str, str]) -> N
     # $10 left at $60 an hour: 10 minutes
     assert costs["budget_spent_at"] == pytest.approx(now + 600, abs=5)
     assert "the budget is spent at" in table and "(in 0.2 h); the job stops then" in table
+    listed = runner.invoke(app, ["jobs"]).output
+    assert "90.0" in listed and "60.00" not in listed  # the list counts the running attempt too
 
 
 def test_unknown_job_is_one_line(aws: dict[str, str]) -> None:
