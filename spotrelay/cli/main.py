@@ -133,6 +133,7 @@ def status(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None
     """Show one job: status, attempts, checkpoint, nodes, reasons."""
     from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
     from spotrelay.cli.views import attempts_table, nodes_table
+    from spotrelay.services.describe import cost_report
 
     _connect(endpoint_url, None, table, region)
     store = DynamoDBJobStore()
@@ -143,7 +144,7 @@ def status(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None
                                      "nodes": [n.model_dump(mode="json") for n in nodes]}, indent=2) + "\n")
         return
     out.print(f"[bold]{job.name}[/] ({job.job_id}) [cyan]{job.status.value}[/] attempt {job.attempt}, "
-              f"step {job.last_step}, recoveries {job.recoveries}, cost ${job.cost_so_far:.2f}")
+              f"step {job.last_step}, recoveries {job.recoveries}, cost ${cost_report(job, time.time()).total:.2f}")
     if job.last_checkpoint:
         out.print(f"last checkpoint: step {job.last_checkpoint.step} at {job.last_checkpoint.uri}")
     for reason in job.reasons:

@@ -18,12 +18,15 @@ def attempts_table(job: Job) -> Table:
     trained and how many of those steps no checkpoint kept."""
     grid = Table("attempt", "pool", "nodes", "started (UTC)", "ended (UTC)", "end reason", "resumed from", "reached",
                  "lost", "cost $", title="attempts", title_justify="left")
+    from spotrelay.services.describe import cost_report
+
+    cost_of = {line.attempt: line.cost for line in cost_report(job, time.time()).lines}  # (running: its clock)
     for a in job.attempts:
         grid.add_row(str(a.number), a.pool.key if a.pool else "-", str(a.nodes or "-"), _when(a.started_at),
                      _when(a.ended_at), a.end_reason or ("running" if a.ended_at is None else "-"),
                      f"step {a.resumed_from_step}" if a.resumed_from_step is not None else "start",
                      "-" if a.reached_step is None else str(a.reached_step),
-                     "-" if a.lost_steps is None else str(a.lost_steps), f"{a.cost:.2f}")
+                     "-" if a.lost_steps is None else str(a.lost_steps), f"{cost_of[a.number]:.2f}")
     return grid
 
 

@@ -92,6 +92,8 @@ def test_cost_of_a_running_job_counts_its_open_attempt(aws: dict[str, str]) -> N
     assert "the budget is spent at" in table and "(in 0.2 h); the job stops then" in table
     listed = runner.invoke(app, ["jobs"]).output
     assert "90.0" in listed and "60.00" not in listed  # the list counts the running attempt too
+    shown = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["status", "j-live"]).output
+    assert "cost $90.0" in shown and "running" in shown and "30.0" in shown  # and status, its attempts too
 
 
 def test_unknown_job_is_one_line(aws: dict[str, str]) -> None:
