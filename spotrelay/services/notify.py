@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from spotrelay.domain.cost import spent_at
 from spotrelay.domain.models import Job
 from spotrelay.ports.notifier import Notifier
 
@@ -71,7 +72,8 @@ def job_context(job: Job, now: float, **extra: Any) -> dict[str, Any]:
         "downtime_s": total_downtime(job),
         "checkpoint_step": ckpt.step if ckpt else None,
         "checkpoint_age_s": round(now - ckpt.committed_at, 1) if ckpt else None,
-        "cost_so_far": round(job.cost_so_far, 2),
+        # a live job's running attempt counts its clock so far (describe.cost_report, the budget's figure)
+        "cost_so_far": round(job.cost_so_far if job.status.terminal else spent_at(job.cost_so_far, current, now), 2),
         "console_url": console_url(job.execution_arn),
     }
     if job.reasons:

@@ -7,6 +7,8 @@ import copy
 import json
 import time
 
+import pytest
+
 from functions import reconcile
 from spotrelay.adapters.aws import client
 from spotrelay.domain.models import NodeState
@@ -138,6 +140,7 @@ def test_a_nearly_spent_budget_is_announced_once(env: Env, aws: dict[str, str]) 
     message = json.loads(bodies[0]["Message"])
     assert "the job stops at $500.00, at 20" in message["context"]["reason"]  # (when, at this rate)
     assert message["context"]["reason"].endswith("UTC at the running attempt's rate")
+    assert message["context"]["cost_so_far"] == pytest.approx(420.0, abs=1.0)  # the running attempt's clock
 
 
 def test_agent_roles_a_failed_teardown_left_are_deleted(env: Env) -> None:
