@@ -17,10 +17,24 @@ import time
 from spotrelay.domain.cost import budget_reached_at, budget_warning, over_budget, spent_at
 from spotrelay.domain.models import Job
 from spotrelay.errors import BudgetExceededError, ConflictError
-from spotrelay.services.controller import Controller, spec_of
+from spotrelay.services.controller import Controller
 from spotrelay.services.notify import announce
+from spotrelay.spec.models import Budget
 
 log = logging.getLogger(__name__)
+WARN_AT_DEFAULT = Budget.model_fields["warn_at"].default
+
+
+def _limits(job: Job) -> tuple[float | None, float | None]:
+    """(max_total_cost, warn_at) from the stored spec as a dict: one job's odd record (from an older
+    release, or edited by hand) must not stop the sweep of every other job."""
+    section = (job.spec or {}).get("budget") or {}
+    try:
+        limit, share = section.get("max_total_cost"), section.get("warn_at", WARN_AT_DEFAULT)
+        return (None if limit is None else float(limit)), (None if share is None else float(share))
+    except (TypeError, ValueError, AttributeError):
+        log.warning("unreadable budget in the job record", extra={"job_id": job.job_id, "budget": section})
+        return None, None
 
 
 def _spent(job: Job, now: float) -> float:
@@ -31,12 +45,13 @@ def warn(ctl: Controller, job: Job, now: float) -> bool:
     """Tell people once that the budget is nearly spent; True when this sweep told them."""
     if job.budget_warned_at is not None or not job.spec:
         return False
-    budget = spec_of(job).budget
-    reason = budget_warning(_spent(job, now), budget.max_total_cost, budget.warn_at)
+    limit, share = _limits(job)
+    if limit is None:
+        return False
+    reason = budget_warning(_spent(job, now), limit, share)
     if reason is None:
         return False
-    assert budget.max_total_cost is not None
-    at = budget_reached_at(job.cost_so_far, job.attempts[-1] if job.attempts else None, budget.max_total_cost)
+    at = budget_reached_at(job.cost_so_far, job.attempts[-1] if job.attempts else None, limit)
     if at is not None:  # the running attempt's rate says when
         reason += time.strftime(", at %Y-%m-%d %H:%M UTC at the running attempt's rate", time.gmtime(at))
     claimed = ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={"budget_warned_at": now})
@@ -50,11 +65,11 @@ def warn(ctl: Controller, job: Job, now: float) -> bool:
 
 def stop_if_spent(ctl: Controller, job: Job, now: float) -> bool:
     """Fail the running attempt's outcome wait once the ledger reached ``max_total_cost``."""
-    budget = job.spec.get("budget", {}).get("max_total_cost")
+    budget, _ = _limits(job)
     token = job.task_tokens.get("outcome")
     if budget is None or not token or not job.attempts:
         return False
-    reason = over_budget(_spent(job, now), float(budget))
+    reason = over_budget(_spent(job, now), budget)
     if reason is None:
         return False
     claimed = ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={

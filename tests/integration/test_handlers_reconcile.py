@@ -143,6 +143,17 @@ def test_a_nearly_spent_budget_is_announced_once(env: Env, aws: dict[str, str]) 
     assert message["context"]["cost_so_far"] == pytest.approx(420.0, abs=1.0)  # the running attempt's clock
 
 
+def test_an_unreadable_budget_in_one_record_does_not_stop_the_sweep(env: Env) -> None:
+    odd, _ = running_job(env.store, env.compute, job_id="job-odd")
+    good, _ = running_job(env.store, env.compute, job_id="job-good")
+    for job_id, budget in (("job-odd", {"max_total_cost": "lots"}), ("job-good", {"max_total_cost": 100})):
+        env.store.update_job(job_id, lambda j, b=budget: j.model_copy(update={
+            "spec": {**j.spec, "budget": b},
+            "attempts": [j.attempts[0].model_copy(update={"started_at": time.time() - 5400})]}))  # $90 spent
+    report = _run(12)
+    assert report["budget_warned"] == ["job-good"] and odd.job_id != good.job_id
+
+
 def test_agent_roles_a_failed_teardown_left_are_deleted(env: Env) -> None:
     live, gang = running_job(env.store, env.compute)
     assert live.execution_arn is not None
