@@ -59,7 +59,7 @@ def _sweep(run: SpotrelayRun, number: int) -> None:
         return
     reason = over_budget(spent_at(run.cost_so_far, current, run.now), _limit(run))
     if reason is None or run.waiting != "outcome":  # (a launch price of 0 never gets here)
-        run.at(run.now + RECONCILE_S, partial(_sweep, run), number)  # reconcile._over_budget: only an outcome wait
+        run.at(run.now + RECONCILE_S, partial(_sweep, run), number)  # services/budget.stop_if_spent: outcome waits only
         return
     if run.running:  # torn down without a save
         run.stop_training(run.committed(run.now))
