@@ -1,0 +1,82 @@
+"""``spotrelay resume`` in the local twin: a job cancelled after it saved goes on as a new job from its
+newest checkpoint in S3 (the new nodes' local disks are empty), and ends with the model an
+uninterrupted run ends with, bit for bit. The new job's spec differs from the old one's (its
+checkpoint location, a budget, a tag): the training hash lets its trainers take the checkpoint."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+from spotrelay.adapters.sfn_workflow import SfnWorkflow
+from spotrelay.local.code_delivery import deliver_script_dir
+from spotrelay.local.market import MarketModel
+from spotrelay.local.reference import read_results
+from spotrelay.local.twin import Twin, TwinOptions
+from spotrelay.resources import RESOURCES
+from spotrelay.services.cancel import request_cancel
+from spotrelay.services.describe import checkpoint_location
+from spotrelay.services.resume import RESUMED_FROM_TAG, resume_spec
+from spotrelay.settings import settings
+from tests.e2e.waits import wait_for, wait_terminal
+from tests.integration.torchrun import result, torchrun
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS, EVERY = 60, 5
+
+pytestmark = pytest.mark.slow
+
+
+def _spec() -> str:
+    data = yaml.safe_load((ROOT / "examples" / "tiny.yaml").read_text())
+    data["entrypoint"]["args"] = ["--engine", "ddp", "--steps", str(STEPS), "--step-sleep", "0.2", "--out", "result"]
+    data["checkpoint"]["every_steps"] = EVERY
+    data.pop("tracking", None)
+    return yaml.safe_dump(data)
+
+
+@pytest.fixture
+def twin(moto_server: object, tmp_path: Path) -> Iterator[Twin]:
+    market = MarketModel(regions=["us-east-1", "us-west-2"], boot_time_s=100, time_scale=0.01, notice_window_s=40)
+    (tmp_path / "ami").mkdir()
+    t = Twin(TwinOptions(root=tmp_path, market=market, moto=moto_server,  # type: ignore[arg-type]
+                         code_dir=tmp_path / "ami", reconcile_every_s=5)).start()
+    yield t
+    t.stop()
+
+
+def test_a_cancelled_job_resumes_as_a_new_job_bit_identical(twin: Twin, tmp_path: Path) -> None:
+    assert twin.compute is not None
+    store = DynamoDBJobStore()
+    key = twin.submit(deliver_script_dir(_spec(), ROOT), "first.yaml")
+    # a checkpoint past the first one is committed: then the user cancels (no save at the cancel)
+    first = wait_for(lambda: (j := twin.job_for_key(key)) is not None and j.last_checkpoint is not None
+                     and j.last_checkpoint.step >= 2 * EVERY and j, "the first job did not save twice")
+    request_cancel(first.job_id, store=store, workflow=SfnWorkflow(), now=time.time(), reason="test")
+    stopped = wait_terminal(twin, key)
+    assert stopped.status.value == "CANCELLED" and stopped.last_checkpoint is not None
+    saved = stopped.last_checkpoint.step
+    assert 0 < saved < STEPS
+
+    bucket, prefix = checkpoint_location(stopped, settings().bucket, RESOURCES.checkpoints_prefix)
+    plan = resume_spec(stopped, f"s3://{bucket}/{prefix}".rstrip("/"), [], budget=500.0)
+    again = twin.submit(json.dumps(plan.spec.model_dump(mode="json")), "resumed.json")
+    job = wait_terminal(twin, again)
+    assert job.status.value == "SUCCEEDED", (job.reasons, job.attempts)
+    assert job.spec["tracking"]["tags"][RESUMED_FROM_TAG] == stopped.job_id and job.spec_hash != stopped.spec_hash
+    assert job.training_hash == stopped.training_hash
+    # it went on from the stopped job's newest checkpoint (or a newer one the cancel's drain committed)
+    assert job.attempts[0].resumed_from_step is not None and job.attempts[0].resumed_from_step >= saved
+
+    torchrun(ROOT / "examples" / "tiny" / "train.py", tmp_path, "reference", tmp_path / "ckpt-ref",
+             ["--engine", "ddp", "--steps", str(STEPS)])
+    served = {(n.attempt, n.rank): n.instance_id for n in store.nodes_of(job.job_id) if not n.spare}
+    disks = {li.instance.instance_id: li.work_dir for li in twin.compute.instances()}
+    final = read_results(disks[served[(job.attempt, 0)]] / "result")[0]
+    assert final["exit"] == 0 and final["state_sha256"] == result(tmp_path, "reference", 0)["state_sha256"]
