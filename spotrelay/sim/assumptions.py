@@ -71,7 +71,9 @@ def _spotrelay(switches: dict[str, Any]) -> dict[str, Any]:
     from spotrelay.spec.load import spec_hash
 
     given = switches.get("spec")
-    return {"spec": {"name": given.name, "spec_hash": spec_hash(given)} if given is not None else "the stated job's",
+    named = None if given is None else {"name": given.name, "spec_hash": spec_hash(given),
+                                        "budget_usd": given.budget.max_total_cost}  # (sim/budget.py: stops it)
+    return {"spec": named if named is not None else "the stated job's",
             "switches": {k: v if isinstance(v, int | float | str | bool) else repr(v)
                          for k, v in sorted(switches.items()) if k != "spec"}}
 
@@ -110,7 +112,11 @@ def _spotrelay_line(sr: dict[str, Any]) -> list[str]:
     spec, switches = sr.get("spec"), sr.get("switches") or {}
     if not isinstance(spec, dict) and not switches:
         return []
-    what = f"spec '{spec['name']}' ({spec['spec_hash'][:12]})" if isinstance(spec, dict) else "the stated job's spec"
+    what = "the stated job's spec"
+    if isinstance(spec, dict):
+        budget = spec.get("budget_usd")
+        what = (f"spec '{spec['name']}' ({spec['spec_hash'][:12]}"
+                f"{'' if budget is None else f', its ${budget:,.0f} budget for spotrelay only'})")
     more = ", ".join(f"{k}={v}" for k, v in switches.items())
     tail = "; the baselines its gang size, regions and types at the cadence above" if isinstance(spec, dict) else ""
     return [f"spotrelay ran {what}{' with ' + more if more else ''}{tail}"]

@@ -132,5 +132,7 @@ def test_simulate_spec_with_a_budget_says_the_job_stopped(tmp_path: Path) -> Non
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "spotrelay: 1 of 1 run(s) did not finish (budget: spent $2,0" in text
+    assert "spotrelay ran spec 'capped' (" in text and ", its $2,000 budget for spotrelay only);" in text
+    assert json.loads(out.read_text())["assumptions"]["spotrelay"]["spec"]["budget_usd"] == 2000
     relative = json.loads(out.read_text())["relative"]
     assert relative["spotrelay"]["finished_share"] == 0.0 and relative["on-demand"]["finished_share"] == 1.0
