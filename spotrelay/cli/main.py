@@ -156,15 +156,26 @@ def status(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None
 
 @app.command()
 def cancel(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None,
-           reason: Annotated[str, typer.Option(help="recorded on the job")] = "") -> None:
-    """Cancel a job; its workflow tears the cluster down."""
+           reason: Annotated[str, typer.Option(help="recorded on the job")] = "",
+           save: Annotated[bool, typer.Option("--save", help="a training job saves a checkpoint first")] = False,
+           save_minutes: Annotated[float, typer.Option(
+               "--save-minutes", help="with --save: how long the ranks may take (then it is torn down)")] = 10.0,
+           ) -> None:
+    """Cancel a job; its workflow tears the cluster down (--save: after a checkpoint, for spotrelay resume)."""
     from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
     from spotrelay.adapters.sfn_workflow import SfnWorkflow
-    from spotrelay.services.cancel import request_cancel
+    from spotrelay.services.cancel import MAX_SAVE_S, request_cancel
 
+    if save and not 0 < save_minutes * 60 <= MAX_SAVE_S:
+        raise UsageProblem(f"--save-minutes: 0 to {MAX_SAVE_S / 60:.0f} (got {save_minutes:g})")
     _connect(endpoint_url, None, table, region)
-    job = request_cancel(job_id, store=DynamoDBJobStore(), workflow=SfnWorkflow(), now=time.time(), reason=reason)
-    out.print(f"{job.job_id}: {job.status.value}")
+    job = request_cancel(job_id, store=DynamoDBJobStore(), workflow=SfnWorkflow(), now=time.time(), reason=reason,
+                         save_s=save_minutes * 60 if save else None)
+    if job.cancel_save_by is not None:
+        by = time.strftime("%H:%M:%S UTC", time.gmtime(job.cancel_save_by))
+        out.print(f"{job.job_id}: {job.status.value}, saving first (by {by}); then torn down")
+    else:
+        out.print(f"{job.job_id}: {job.status.value}" + ("; nothing to save (not training)" if save else ""))
 
 
 # Go on from a stopped job's newest checkpoint (spotrelay/cli/resume.py): `spotrelay resume JOB`.

@@ -114,6 +114,7 @@ class Job(Record):
     steps_lost: int = 0
     cost_so_far: float = 0.0
     budget_warned_at: float | None = None  # when people were told the budget is nearly spent (once)
+    cancel_save_by: float | None = None  # a cancel that saves first: the ranks' deadline (services/cancel.py)
     task_tokens: dict[str, str] = Field(default_factory=dict)  # wait name -> Step Functions token
     mlflow_run_id: str | None = None
     anomalies: list[AnomalyRecord] = Field(default_factory=list)  # newest last, at most MAX_ANOMALIES

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from spotrelay.contracts.events import Directive
 from spotrelay.domain.cost import leave_to_ec2
 from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.ports.compute import Compute
@@ -81,6 +82,22 @@ def current_node(store: JobStore, instance_id: str) -> tuple[Job, Node] | None:
 def attempt_nodes(store: JobStore, job: Job) -> list[Node]:
     """The gang of the current attempt (hot spares are not in it)."""
     return [n for n in store.nodes_of(job.job_id) if n.attempt == job.attempt and not n.spare]
+
+
+def direct_nodes(store: JobStore, job: Job, directive: Directive) -> int:
+    """Give every live rank of the current attempt ``directive`` (the agents poll their node item);
+    how many took it (a node that has it already, exited or is gone is skipped)."""
+    sent = 0
+    body = directive.model_dump(mode="json")
+    gone = (NodeState.LOST, NodeState.TERMINATED)
+    for node in attempt_nodes(store, job):
+        if node.state in gone or node.state is NodeState.EXITED:
+            continue
+        changed = store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(
+            update={"directive": body}) if (n.directive or {}).get("directive_id") != directive.directive_id
+            and n.state not in gone else None)
+        sent += changed is not None
+    return sent
 
 
 def spare_nodes(store: JobStore, job: Job) -> list[Node]:

@@ -22,7 +22,7 @@ from spotrelay.contracts.events import Directive, DirectiveKind
 from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.placement import PoolEvent
-from spotrelay.services.controller import Controller, attempt_nodes, current_node
+from spotrelay.services.controller import Controller, current_node, direct_nodes
 from spotrelay.services.prewarm import request_standby
 from spotrelay.services.waits import settle
 
@@ -50,16 +50,7 @@ def _ours(ctl: Controller, instance_id: str) -> tuple[Job, Node] | dict[str, Any
 
 def _direct(ctl: Controller, job: Job, directive: Directive) -> int:
     """Give every live rank of the attempt the directive (the agents poll their node item)."""
-    sent = 0
-    body = directive.model_dump(mode="json")
-    for node in attempt_nodes(ctl.store, job):
-        if node.state in _GONE or node.state is NodeState.EXITED:
-            continue
-        changed = ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(
-            update={"directive": body}) if (n.directive or {}).get("directive_id") != directive.directive_id
-            and n.state not in _GONE else None)
-        sent += changed is not None
-    return sent
+    return direct_nodes(ctl.store, job, directive)
 
 
 def _directive_id(kind: str, instance_id: str, when: float) -> str:

@@ -1,7 +1,8 @@
-"""``spotrelay resume`` in the local twin: a job cancelled after it saved goes on as a new job from its
-newest checkpoint in S3 (the new nodes' local disks are empty), and ends with the model an
-uninterrupted run ends with, bit for bit. The new job's spec differs from the old one's (its
-checkpoint location, a budget, a tag): the training hash lets its trainers take the checkpoint."""
+"""``spotrelay cancel --save`` then ``spotrelay resume`` in the local twin: a training job cancelled
+with a save stops at that step; it goes on as a new job from that checkpoint in S3 (the new nodes'
+local disks are empty) and ends with the model an uninterrupted run ends with, bit for bit. The new
+job's spec differs from the old one's (its checkpoint location, a budget, a tag): the training hash
+lets its trainers take the checkpoint."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 import yaml
 
 from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+from spotrelay.adapters.s3_object_store import S3ObjectStore
 from spotrelay.adapters.sfn_workflow import SfnWorkflow
 from spotrelay.local.code_delivery import deliver_script_dir
 from spotrelay.local.market import MarketModel
@@ -21,7 +23,7 @@ from spotrelay.local.reference import read_results
 from spotrelay.local.twin import Twin, TwinOptions
 from spotrelay.resources import RESOURCES
 from spotrelay.services.cancel import request_cancel
-from spotrelay.services.describe import checkpoint_location
+from spotrelay.services.describe import checkpoint_location, checkpoints
 from spotrelay.services.resume import RESUMED_FROM_TAG, resume_spec
 from spotrelay.settings import settings
 from tests.e2e.waits import wait_for, wait_terminal
@@ -35,7 +37,8 @@ pytestmark = pytest.mark.slow
 
 def _spec() -> str:
     data = yaml.safe_load((ROOT / "examples" / "tiny.yaml").read_text())
-    data["entrypoint"]["args"] = ["--engine", "ddp", "--steps", str(STEPS), "--step-sleep", "0.2", "--out", "result"]
+    # slow enough that the cancel (a directive the agents poll every 5 s) comes long before the last step
+    data["entrypoint"]["args"] = ["--engine", "ddp", "--steps", str(STEPS), "--step-sleep", "1.0", "--out", "result"]
     data["checkpoint"]["every_steps"] = EVERY
     data.pop("tracking", None)
     return yaml.safe_dump(data)
@@ -55,24 +58,28 @@ def test_a_cancelled_job_resumes_as_a_new_job_bit_identical(twin: Twin, tmp_path
     assert twin.compute is not None
     store = DynamoDBJobStore()
     key = twin.submit(deliver_script_dir(_spec(), ROOT), "first.yaml")
-    # a checkpoint past the first one is committed: then the user cancels (no save at the cancel)
+    # a periodic checkpoint is committed: then the user cancels with a save
     first = wait_for(lambda: (j := twin.job_for_key(key)) is not None and j.last_checkpoint is not None
-                     and j.last_checkpoint.step >= 2 * EVERY and j, "the first job did not save twice")
-    request_cancel(first.job_id, store=store, workflow=SfnWorkflow(), now=time.time(), reason="test")
+                     and j.last_checkpoint.step >= EVERY and j, "the first job did not save")
+    asked = request_cancel(first.job_id, store=store, workflow=SfnWorkflow(), now=time.time(), reason="test",
+                           save_s=600)
+    assert asked.cancel_save_by is not None
     stopped = wait_terminal(twin, key)
     assert stopped.status.value == "CANCELLED" and stopped.last_checkpoint is not None
     saved = stopped.last_checkpoint.step
     assert 0 < saved < STEPS
-
     bucket, prefix = checkpoint_location(stopped, settings().bucket, RESOURCES.checkpoints_prefix)
+    # the newest is the save the cancel asked for (a request id; the periodic ones have none)
+    newest = checkpoints(S3ObjectStore(bucket), prefix)[-1]
+    assert newest.step == saved and newest.requested
     plan = resume_spec(stopped, f"s3://{bucket}/{prefix}".rstrip("/"), [], budget=500.0)
     again = twin.submit(json.dumps(plan.spec.model_dump(mode="json")), "resumed.json")
     job = wait_terminal(twin, again)
     assert job.status.value == "SUCCEEDED", (job.reasons, job.attempts)
     assert job.spec["tracking"]["tags"][RESUMED_FROM_TAG] == stopped.job_id and job.spec_hash != stopped.spec_hash
     assert job.training_hash == stopped.training_hash
-    # it went on from the stopped job's newest checkpoint (or a newer one the cancel's drain committed)
-    assert job.attempts[0].resumed_from_step is not None and job.attempts[0].resumed_from_step >= saved
+    # it went on from the cancel's save: no step of the stopped job is trained again
+    assert job.attempts[0].resumed_from_step == saved
 
     torchrun(ROOT / "examples" / "tiny" / "train.py", tmp_path, "reference", tmp_path / "ckpt-ref",
              ["--engine", "ddp", "--steps", str(STEPS)])

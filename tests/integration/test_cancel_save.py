@@ -1,0 +1,76 @@
+"""``spotrelay cancel --save``: the ranks save first (CHECKPOINT_NOW with a deadline), and the workflow's
+waits are woken once every rank exited, or by the reconcile sweep once the deadline passed (moto job
+store, the real handlers)."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import pytest
+
+from functions import on_agent_event, reconcile
+from spotrelay.contracts.events import DirectiveKind, parse_directive
+from spotrelay.domain.status import JobStatus
+from spotrelay.services.cancel import request_cancel
+from tests.integration.controller_doubles import Env, agent_event, ctx, env, load_event, running_job
+
+__all__ = ["env"]
+
+
+def _sweep(minute: int) -> dict[str, object]:
+    event = copy.deepcopy(load_event("scheduled_event.json"))
+    event["time"] = f"2026-11-30T04:{minute:02d}:00Z"
+    return reconcile.handler(event, ctx())
+
+
+def test_the_ranks_save_then_the_workflow_tears_down(env: Env) -> None:
+    job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    now = time.time()
+    asked = request_cancel(job.job_id, store=env.store, workflow=env.workflow, now=now, reason="new lr", save_s=600)
+    assert asked.status is JobStatus.CANCELLING and asked.cancel_save_by == pytest.approx(now + 600)
+    assert "cancelled: new lr; saving first" in asked.reasons
+    for node in gang:
+        directive = parse_directive(env.store.get_node(job.job_id, node.node_id).directive)
+        # no deadline: save at the next step (with one the ranks would train on until just before it)
+        assert directive.kind is DirectiveKind.CHECKPOINT_NOW and directive.deadline is None
+    assert env.workflow.completed == []  # the waits stay until the ranks saved
+    again = request_cancel(job.job_id, store=env.store, workflow=env.workflow, now=now + 1, save_s=600)
+    assert again.cancel_save_by == asked.cancel_save_by and env.workflow.completed == []  # asked again: no change
+
+    on_agent_event.handler(agent_event("TrainingExited", gang[0], exit_code=75, reason="saved"), ctx())
+    assert env.workflow.completed == []  # one rank still saving
+    on_agent_event.handler(agent_event("TrainingExited", gang[1], exit_code=75, reason="saved"), ctx())
+    assert [(kind, token, out["error"]) for kind, token, out in env.workflow.completed] == [
+        ("failure", "tok-out", "JobCancelledError")]
+
+
+def test_a_save_past_its_deadline_is_not_waited_for(env: Env) -> None:
+    job, _gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    assert job.execution_arn is not None
+    env.workflow.executions[job.execution_arn] = "RUNNING"
+    request_cancel(job.job_id, store=env.store, workflow=env.workflow, now=time.time() - 700, save_s=600)
+    assert env.workflow.completed == []
+    report = _sweep(1)  # one rank never exited: the sweep wakes the waits past the deadline
+    assert report["cancelled"] == [job.job_id]
+    assert [c[2]["error"] for c in env.workflow.completed] == ["JobCancelledError"]
+
+
+def test_a_second_cancel_without_save_does_not_wait_for_it(env: Env) -> None:
+    job, _gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    request_cancel(job.job_id, store=env.store, workflow=env.workflow, now=time.time(), save_s=600)
+    assert env.workflow.completed == []
+    request_cancel(job.job_id, store=env.store, workflow=env.workflow, now=time.time())
+    assert [c[2]["error"] for c in env.workflow.completed] == ["JobCancelledError"]
+
+
+def test_without_save_or_training_the_cancel_is_immediate(env: Env) -> None:
+    job, _ = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    done = request_cancel(job.job_id, store=env.store, workflow=env.workflow, now=time.time())
+    assert done.cancel_save_by is None and len(env.workflow.completed) == 1
+    placing, _ = running_job(env.store, env.compute, job_id="job-placing", status=JobStatus.PLACING,
+                             tokens={"outcome": "tok-2"})
+    asked = request_cancel(placing.job_id, store=env.store, workflow=env.workflow, now=time.time(), save_s=600)
+    assert asked.cancel_save_by is None and len(env.workflow.completed) == 2  # nothing trains: no save
+    with pytest.raises(ValueError, match="the save may take 0 to 3600 s"):
+        request_cancel(job.job_id, store=env.store, workflow=env.workflow, now=time.time(), save_s=0)
