@@ -74,3 +74,14 @@ def test_without_save_or_training_the_cancel_is_immediate(env: Env) -> None:
     assert asked.cancel_save_by is None and len(env.workflow.completed) == 2  # nothing trains: no save
     with pytest.raises(ValueError, match="the save may take 0 to 3600 s"):
         request_cancel(job.job_id, store=env.store, workflow=env.workflow, now=time.time(), save_s=0)
+
+
+def test_the_cli_refuses_a_save_time_it_cannot_wait_for() -> None:
+    from typer.testing import CliRunner
+
+    from spotrelay.cli.main import app
+
+    for bad in ("0", "-1", "61", "nan"):
+        result = CliRunner().invoke(app, ["cancel", "job-x", "--save", "--save-minutes", bad])
+        assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+        assert "--save-minutes: 0 to 60" in result.output
