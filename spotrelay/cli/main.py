@@ -171,8 +171,8 @@ def cancel(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None
     _connect(endpoint_url, None, table, region)
     job = request_cancel(job_id, store=DynamoDBJobStore(), workflow=SfnWorkflow(), now=time.time(), reason=reason,
                          save_s=save_minutes * 60 if save else None)
-    if job.cancel_save_by is not None:
-        by = time.strftime("%H:%M:%S UTC", time.gmtime(job.cancel_save_by))
+    if job.stop_save_by is not None:
+        by = time.strftime("%H:%M:%S UTC", time.gmtime(job.stop_save_by))
         out.print(f"{job.job_id}: {job.status.value}, saving first (by {by}); then torn down")
     else:
         out.print(f"{job.job_id}: {job.status.value}" + ("; nothing to save (not training)" if save else ""))

@@ -114,7 +114,11 @@ class Job(Record):
     steps_lost: int = 0
     cost_so_far: float = 0.0
     budget_warned_at: float | None = None  # when people were told the budget is nearly spent (once)
-    cancel_save_by: float | None = None  # a cancel that saves first: the ranks' deadline (services/cancel.py)
+    # a stop that waits for the ranks' save (services/stop.py: cancel --save, the budget): until when,
+    # and the error and cause the workflow's waits get then
+    stop_save_by: float | None = None
+    stop_error: str | None = None
+    stop_reason: str | None = None
     task_tokens: dict[str, str] = Field(default_factory=dict)  # wait name -> Step Functions token
     mlflow_run_id: str | None = None
     anomalies: list[AnomalyRecord] = Field(default_factory=list)  # newest last, at most MAX_ANOMALIES

@@ -3,9 +3,11 @@
 - Warning: once the ledger, the open attempt's clock included, reaches ``budget.warn_at`` of
   ``max_total_cost`` (default 0.8), people are told once (``budget`` notification, SNS/Slack) and the
   job record keeps when (``budget_warned_at``), so a redelivered or later sweep does not tell them again.
-- Stop: once it reaches ``max_total_cost``, the running attempt's outcome wait fails with
-  ``BudgetExceededError``; the workflow's catch-all tears the job down and records FAILED. Plan refuses
-  a new gang on the closed attempts alone (services/plan.py). The rule is domain/cost.py's, which the
+- Stop: once it reaches ``max_total_cost``, the running attempt's ranks save at their next step
+  (services/stop.py) and its outcome wait then fails with ``BudgetExceededError`` (at once when no
+  rank trains); the workflow's catch-all tears the job down and records FAILED, and ``spotrelay
+  resume`` goes on from that save. The save's minutes are spent past the budget. Plan refuses a new
+  gang on the closed attempts alone (services/plan.py). The rule is domain/cost.py's, which the
   simulator calls too (sim/budget.py).
 """
 
@@ -19,10 +21,12 @@ from spotrelay.domain.models import Job
 from spotrelay.errors import BudgetExceededError, ConflictError
 from spotrelay.services.controller import Controller
 from spotrelay.services.notify import announce
+from spotrelay.services.stop import save_first
 from spotrelay.spec.models import Budget
 
 log = logging.getLogger(__name__)
 WARN_AT_DEFAULT = Budget.model_fields["warn_at"].default
+SAVE_S = 600.0  # how long the budget's final save may take before the job is stopped without it
 
 
 def _limits(job: Job) -> tuple[float | None, float | None]:
@@ -64,17 +68,25 @@ def warn(ctl: Controller, job: Job, now: float) -> bool:
 
 
 def stop_if_spent(ctl: Controller, job: Job, now: float) -> bool:
-    """Fail the running attempt's outcome wait once the ledger reached ``max_total_cost``."""
+    """Once the ledger reached ``max_total_cost``: the running attempt's ranks save (services/stop.py:
+    its outcome wait fails with ``BudgetExceededError`` once they exited, or ``SAVE_S`` later), or,
+    with no rank training, the wait fails now."""
     budget, _ = _limits(job)
     token = job.task_tokens.get("outcome")
-    if budget is None or not token or not job.attempts:
+    if budget is None or not token or not job.attempts or job.stop_save_by is not None:
         return False
     reason = over_budget(_spent(job, now), budget)
     if reason is None:
         return False
+    noted = ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={
+        "reasons": [*j.reasons, f"budget: {reason}"]}) if j.task_tokens.get("outcome") == token else None)
+    if noted is not None and save_first(ctl.store, noted, now, BudgetExceededError.__name__, reason, SAVE_S):
+        log.warning("over budget: the ranks save, then the job stops", extra={"job_id": job.job_id,
+                                                                              "reason": reason})
+        return True
+    # no rank to save: the wait fails now (the reason is on the record: not every runtime relays the cause)
     claimed = ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={
-        "task_tokens": {k: v for k, v in j.task_tokens.items() if k != "outcome"}, "updated_at": now,
-        "reasons": [*j.reasons, f"budget: {reason}"]})  # kept here too: not every runtime relays the cause
+        "task_tokens": {k: v for k, v in j.task_tokens.items() if k != "outcome"}, "updated_at": now})
         if j.task_tokens.get("outcome") == token else None)
     if claimed is None:
         return False

@@ -32,10 +32,10 @@ from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.domain.models import CheckpointRef, Job, Node, NodeState
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import NotFoundError
-from spotrelay.services.cancel import finish_if_saved
 from spotrelay.services.controller import Controller, attempt_nodes, release_nodes
 from spotrelay.services.health import on_health_anomaly
 from spotrelay.services.interruptions import notice_seen
+from spotrelay.services.stop import finish_if_saved
 from spotrelay.services.waits import heartbeat, settle
 
 log = logging.getLogger(__name__)
@@ -88,8 +88,8 @@ def handle_agent_event(ctl: Controller, event: AgentEvent, now: float) -> dict[s
     # settle (a crash after the write), and settle is idempotent.
     decides = isinstance(event, (NodeReady, TrainingStarted, TrainingExited))
     verdict = settle(ctl, job.job_id, now) if decides else None
-    if isinstance(event, TrainingExited) and job.status is JobStatus.CANCELLING:
-        finish_if_saved(ctl.store, ctl.need_workflow(), job.job_id)  # a cancel that saved first
+    if isinstance(event, TrainingExited) and job.stop_save_by is not None:
+        finish_if_saved(ctl.store, ctl.need_workflow(), job.job_id)  # a stop that waited for the save
     return {"result": "applied" if changed else "no-op", "kind": event.kind,
             "settled": verdict.outcome.value if verdict else None}
 

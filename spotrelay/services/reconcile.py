@@ -11,8 +11,8 @@
    reached the spec's ``budget.max_total_cost`` has its outcome wait failed with
    ``BudgetExceededError``; the workflow's catch-all tears it down and records FAILED with that
    reason. A live job that reached ``budget.warn_at`` of it (0.8) is announced once (``budget``).
-   A cancel that saves first (``cancel --save``) whose ranks did not all exit by its deadline has its
-   waits woken now (``services/cancel.py``), so the workflow tears it down.
+   The budget's stop, and a cancel's with ``--save``, waits for the ranks' save (``services/stop.py``);
+   one whose ranks did not all exit by its deadline is stopped now.
 5. Rebalance standbys whose bounded wait ran out without a notice are released, their cost added
    (services/prewarm.py); an instance draining its emergency save after a notice, a hot spare
    standing by, or one released in its first hour after EC2's notice and left for EC2 to take (not
@@ -33,10 +33,10 @@ from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import NotFoundError
 from spotrelay.services import budget
-from spotrelay.services.cancel import finish_overdue
 from spotrelay.services.controller import SPARE_LIVE, Controller, attempt_nodes, end_records, regions_of
 from spotrelay.services.notify import announce
 from spotrelay.services.prewarm import release_expired
+from spotrelay.services.stop import finish_overdue
 from spotrelay.services.waits import settle
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ _PASSING = (JobStatus.PLACING, JobStatus.PROVISIONING, JobStatus.RECOVERING, Job
 def reconcile(ctl: Controller, now: float, stale_after_s: float = 300.0, regions: list[str] | None = None,
               stuck_after_s: float = 3600.0, heal_after_s: float = 180.0) -> dict[str, Any]:
     report: dict[str, Any] = {"lost": [], "orphans": [], "stuck": [], "over_budget": [], "budget_warned": [],
-                              "cancelled": [], "profiles": [],
+                              "stopped": [], "profiles": [],
                               "standbys": [], "healed": _heal(ctl, now, heal_after_s)}
     jobs = [job for status in LIVE for job in ctl.store.jobs_by_status(status)]
     report["jobs"] = len(jobs)
@@ -64,9 +64,9 @@ def reconcile(ctl: Controller, now: float, stale_after_s: float = 300.0, regions
     for job in jobs:
         if budget.warn(ctl, job, now):
             report["budget_warned"].append(job.job_id)
-    for job in jobs:  # a cancel that saves first and whose save is past its deadline: tear down now
-        if job.status is JobStatus.CANCELLING and finish_overdue(ctl.store, ctl.need_workflow(), job, now):
-            report["cancelled"].append(job.job_id)
+    for job in jobs:  # a stop that waits for the ranks' save, past its deadline: stop now
+        if job.stop_save_by is not None and finish_overdue(ctl.store, ctl.need_workflow(), job, now):
+            report["stopped"].append(job.job_id)
     for job in jobs:
         if job.execution_arn and _stuck(ctl, job, now, stuck_after_s):
             report["stuck"].append(job.job_id)

@@ -88,6 +88,8 @@ def settle(ctl: Controller, job_id: str, now: float) -> AttemptEnd | None:
     job = ctl.store.find_job(job_id)
     if job is None or job.status.terminal or job.status is JobStatus.CANCELLING:
         return None
+    if job.stop_save_by is not None:  # the ranks save for a stop (services/stop.py): their exits are its
+        return None
     nodes = attempt_nodes(ctl.store, job)
     for wait, decide in ((READY, ready_verdict), (OUTCOME, outcome_verdict)):
         token = job.task_tokens.get(wait)

@@ -10,7 +10,9 @@
 
 The ledger is the job record's (launch prices x nodes x time, what ``describe``/``cost`` show), not
 the market's billing the result reports: the job stops when its *record* says it spent the budget.
-The trainers are torn down without a save: work after the newest committed checkpoint is lost.
+The ranks save first (services/stop.py): training stops at the sweep's step, the save commits
+``JobModel.flush_s`` later (billed), and then the wait fails; nothing trained is lost. A review that
+falls due inside that flush is not run (the services run it and it stays: the ranks are exiting).
 """
 
 from __future__ import annotations
@@ -61,9 +63,24 @@ def _sweep(run: SpotrelayRun, number: int) -> None:
     if reason is None or run.waiting != "outcome":  # (a launch price of 0 never gets here)
         run.at(run.now + RECONCILE_S, partial(_sweep, run), number)  # services/budget.stop_if_spent: outcome waits only
         return
-    if run.running:  # torn down without a save
-        run.stop_training(run.committed(run.now))
-    run.metrics.failed_reason = f"budget: {reason}"
-    run.waiting = None
     run.note("", f"budget: {reason}")
+    if not run.running:  # no rank trains (booting, restoring): nothing to save, the wait fails now
+        _stop(run, (number, reason))
+        return
+    # services/stop.py: every rank saves at its next step (CHECKPOINT_NOW, no deadline) and exits once
+    # it is committed; the outcome wait fails then. The nodes are billed through the flush.
+    flush = run.job.flush_s()
+    step = run.force_checkpoint(run.now, run.now + flush)
+    run.stop_training(step)  # nothing trained after the save is lost: the ranks stop at it
+    run.stop_pending = True  # the waits deliver no verdict meanwhile (services/waits.settle)
+    run.at(run.now + flush, partial(_stop, run), (number, reason))
+
+
+def _stop(run: SpotrelayRun, arg: tuple[int, str]) -> None:
+    number, reason = arg
+    if run.metrics.finished or run.metrics.failed_reason is not None or run.attempt != number:
+        return
+    run.metrics.failed_reason = f"budget: {reason}"
+    run.stop_pending = False
+    run.waiting = None
     run.fail_wait(BudgetExceededError.__name__)

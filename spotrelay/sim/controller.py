@@ -100,6 +100,7 @@ class SpotrelayRun(Run):
         self.created_at = 0.0  # the job record's created_at (start)
         self.attempts: list[Attempt] = []  # what the job record's attempts say (sim/attempts.py)
         self.cost_so_far = 0.0  # the job record's: its closed attempts' cost (sim/budget.py reads it)
+        self.stop_pending = False  # the ranks save for the budget's stop (sim/budget.py): no verdicts meanwhile
         self.seg_attempt = 0  # the attempt whose ranks train the current segment
         self.noticed: set[str] = set()  # instances that got a notice (interruption_notice sets reclaim_at)
         self.ec2_noticed: set[str] = set()  # every instance EC2 noticed, in the gang or not (ec2_reclaim_at)
@@ -153,7 +154,7 @@ class SpotrelayRun(Run):
         self._handle(self.walker.resume(error=error))
 
     def _timeout(self, epoch: int) -> None:
-        if self.waiting is not None and epoch == self.wait_epoch:
+        if self.waiting is not None and epoch == self.wait_epoch and not self.stop_pending:
             self.waiting = None
             self._handle(self.walker.resume(error="States.Timeout"))
 
@@ -186,7 +187,7 @@ class SpotrelayRun(Run):
 
     def _settle(self) -> None:
         """waits.settle: deliver the verdict of the registered wait once the node records give one."""
-        if self.waiting is None:
+        if self.waiting is None or self.stop_pending:  # (the ranks save for a stop: sim/budget.py)
             return
         states = {n.state for n in self.gang.values()}  # (a boot of each of 32 nodes asks: one pass)
         if self.waiting == "ready":

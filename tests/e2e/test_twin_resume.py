@@ -63,7 +63,7 @@ def test_a_cancelled_job_resumes_as_a_new_job_bit_identical(twin: Twin, tmp_path
                      and j.last_checkpoint.step >= EVERY and j, "the first job did not save")
     asked = request_cancel(first.job_id, store=store, workflow=SfnWorkflow(), now=time.time(), reason="test",
                            save_s=600)
-    assert asked.cancel_save_by is not None
+    assert asked.stop_save_by is not None
     stopped = wait_terminal(twin, key)
     assert stopped.status.value == "CANCELLED" and stopped.last_checkpoint is not None
     saved = stopped.last_checkpoint.step

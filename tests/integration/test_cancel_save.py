@@ -28,15 +28,15 @@ def test_the_ranks_save_then_the_workflow_tears_down(env: Env) -> None:
     job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
     now = time.time()
     asked = request_cancel(job.job_id, store=env.store, workflow=env.workflow, now=now, reason="new lr", save_s=600)
-    assert asked.status is JobStatus.CANCELLING and asked.cancel_save_by == pytest.approx(now + 600)
-    assert "cancelled: new lr; saving first" in asked.reasons
+    assert asked.status is JobStatus.CANCELLING and asked.stop_save_by == pytest.approx(now + 600)
+    assert "cancelled: new lr" in asked.reasons and asked.stop_error == "JobCancelledError"
     for node in gang:
         directive = parse_directive(env.store.get_node(job.job_id, node.node_id).directive)
         # no deadline: save at the next step (with one the ranks would train on until just before it)
         assert directive.kind is DirectiveKind.CHECKPOINT_NOW and directive.deadline is None
     assert env.workflow.completed == []  # the waits stay until the ranks saved
     again = request_cancel(job.job_id, store=env.store, workflow=env.workflow, now=now + 1, save_s=600)
-    assert again.cancel_save_by == asked.cancel_save_by and env.workflow.completed == []  # asked again: no change
+    assert again.stop_save_by == asked.stop_save_by and env.workflow.completed == []  # asked again: no change
 
     on_agent_event.handler(agent_event("TrainingExited", gang[0], exit_code=75, reason="saved"), ctx())
     assert env.workflow.completed == []  # one rank still saving
@@ -52,7 +52,7 @@ def test_a_save_past_its_deadline_is_not_waited_for(env: Env) -> None:
     request_cancel(job.job_id, store=env.store, workflow=env.workflow, now=time.time() - 700, save_s=600)
     assert env.workflow.completed == []
     report = _sweep(1)  # one rank never exited: the sweep wakes the waits past the deadline
-    assert report["cancelled"] == [job.job_id]
+    assert report["stopped"] == [job.job_id]
     assert [c[2]["error"] for c in env.workflow.completed] == ["JobCancelledError"]
 
 
@@ -67,11 +67,11 @@ def test_a_second_cancel_without_save_does_not_wait_for_it(env: Env) -> None:
 def test_without_save_or_training_the_cancel_is_immediate(env: Env) -> None:
     job, _ = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
     done = request_cancel(job.job_id, store=env.store, workflow=env.workflow, now=time.time())
-    assert done.cancel_save_by is None and len(env.workflow.completed) == 1
+    assert done.stop_save_by is None and len(env.workflow.completed) == 1
     placing, _ = running_job(env.store, env.compute, job_id="job-placing", status=JobStatus.PLACING,
                              tokens={"outcome": "tok-2"})
     asked = request_cancel(placing.job_id, store=env.store, workflow=env.workflow, now=time.time(), save_s=600)
-    assert asked.cancel_save_by is None and len(env.workflow.completed) == 2  # nothing trains: no save
+    assert asked.stop_save_by is None and len(env.workflow.completed) == 2  # nothing trains: no save
     with pytest.raises(ValueError, match="the save may take 0 to 3600 s"):
         request_cancel(job.job_id, store=env.store, workflow=env.workflow, now=time.time(), save_s=0)
 

@@ -9,12 +9,13 @@ import time
 
 import pytest
 
-from functions import reconcile
+from functions import on_agent_event, reconcile
 from spotrelay.adapters.aws import client
+from spotrelay.contracts.events import DirectiveKind, parse_directive
 from spotrelay.domain.models import NodeState
 from spotrelay.domain.status import JobStatus
 from spotrelay.ports.compute import LaunchRequest
-from tests.integration.controller_doubles import Env, ctx, env, load_event, pool, running_job
+from tests.integration.controller_doubles import Env, agent_event, ctx, env, load_event, pool, running_job
 
 __all__ = ["env"]
 
@@ -77,7 +78,7 @@ def test_healthy_jobs_are_left_alone(env: Env) -> None:
     before = env.store.get_job(job.job_id)
     report = _run(5)
     assert report == {"jobs": 1, "lost": [], "orphans": [], "stuck": [], "over_budget": [], "budget_warned": [],
-                      "cancelled": [], "profiles": [], "standbys": [], "healed": []}
+                      "stopped": [], "profiles": [], "standbys": [], "healed": []}
     assert env.store.get_job(job.job_id) == before and len(env.compute.running(job.job_id)) == 2
 
 
@@ -93,8 +94,8 @@ def test_job_stuck_in_a_passing_status_is_stopped_and_failed(env: Env) -> None:
     assert env.compute.running(job.job_id) == []
 
 
-def test_over_budget_fails_the_outcome_wait_once(env: Env) -> None:
-    job, _gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+def test_over_budget_saves_then_fails_the_outcome_wait_once(env: Env) -> None:
+    job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
     assert job.execution_arn is not None
     env.workflow.executions[job.execution_arn] = "RUNNING"
     # 2 nodes x $30/h for 10 hours = $600 on a $500 budget
@@ -102,11 +103,32 @@ def test_over_budget_fails_the_outcome_wait_once(env: Env) -> None:
         "spec": {**j.spec, "budget": {"max_total_cost": 500}},
         "attempts": [j.attempts[0].model_copy(update={"started_at": time.time() - 36000})]}))
     assert _run(7)["over_budget"] == [job.job_id]
-    assert _run(8)["over_budget"] == []  # the wait is already failed
+    # the ranks save first (services/stop.py): CHECKPOINT_NOW without a deadline, the wait untouched
+    saving = env.store.get_job(job.job_id)
+    assert saving.stop_save_by is not None and saving.stop_error == "BudgetExceededError"
+    for node in gang:
+        directive = parse_directive(env.store.get_node(job.job_id, node.node_id).directive)
+        assert directive.kind is DirectiveKind.CHECKPOINT_NOW and directive.deadline is None
+    assert _run(8)["over_budget"] == [] and env.workflow.completed == []
+    for node in gang:  # saved and stopped: a rank's exit 75 is the stop's, not an end to recover from
+        on_agent_event.handler(agent_event("TrainingExited", node, exit_code=75, reason="saved"), ctx())
     assert len(env.workflow.completed) == 1
     kind, token, detail = env.workflow.completed[0]
     assert (kind, token, detail["error"]) == ("failure", "tok-out", "BudgetExceededError")
     assert "of the $500.00 budget" in detail["cause"]
+    assert env.store.get_job(job.job_id).reasons[-1].startswith("budget: spent $")
+
+
+def test_over_budget_with_no_rank_training_fails_at_once(env: Env) -> None:
+    job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    for node in gang:
+        env.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update={"state": NodeState.LOST}))
+    env.store.update_job(job.job_id, lambda j: j.model_copy(update={
+        "spec": {**j.spec, "budget": {"max_total_cost": 500}},
+        "attempts": [j.attempts[0].model_copy(update={"started_at": time.time() - 36000})]}))
+    assert _run(13)["over_budget"] == [job.job_id]
+    assert [c[2]["error"] for c in env.workflow.completed] == ["BudgetExceededError"]
+    assert env.store.get_job(job.job_id).stop_save_by is None
 
 
 def test_a_nearly_spent_budget_is_announced_once(env: Env, aws: dict[str, str]) -> None:

@@ -190,12 +190,13 @@ def test_over_budget_job_is_torn_down_and_failed(wf: Harness) -> None:
 
     job = new_job(wf.store)
     arn = wf.start(job)
-    wf.agents_ready(1)
+    gang = wf.agents_ready(1)
     wait_until(lambda: "outcome" in wf.job().task_tokens, what="outcome wait registered")
     wf.store.update_job(job.job_id, lambda j: j.model_copy(update={
         "spec": {**j.spec, "budget": {"max_total_cost": 1}}, "cost_so_far": 5.0}))
     report = reconcile.handler(load_event("scheduled_event.json"), ctx())
     assert report["over_budget"] == [job.job_id]
+    wf.exit_all(gang, 75)  # the ranks saved (services/stop.py); then the workflow fails the job
     assert wf.finished(arn)["status"] == "FAILED"
     final = wf.job()
     assert final.status is JobStatus.FAILED and final.reasons[-1].startswith("BudgetExceededError")
