@@ -46,8 +46,11 @@ def request_cancel(job_id: str, *, store: JobStore, workflow: Workflow, now: flo
     job = store.get_job(job_id)
     if not job.execution_arn:
         return _finish_without_cluster(job, store, now)
-    if job.stop_save_by is not None and save_s is not None:
-        return job  # its save is under way: asked again, nothing changes
+    if job.stop_save_by is not None and save_s is not None:  # a save is under way: wait for it
+        if job.stop_error != JobCancelledError.__name__:  # (the budget's): the user's cancel is how it ends
+            job = store.update_job(job_id, lambda j: j.model_copy(update={
+                "stop_error": JobCancelledError.__name__, "stop_reason": why})) or job
+        return job
     if asked and save_s is not None and before.status is JobStatus.RUNNING:
         saving = save_first(store, job, now, JobCancelledError.__name__, why, save_s)
         if saving is not None:

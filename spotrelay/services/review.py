@@ -65,8 +65,8 @@ def decide(ctl: Controller, job: Job, now: float, time_scale: float = 1.0) -> Mo
     clock (the twin's boots run faster), the move's cost in modeled hours."""
     spec = spec_of(job)
     current = job.attempts[-1] if job.attempts else None
-    if spec.recovery.review_minutes <= 0 or current is None or current.pool is None:
-        return None
+    if spec.recovery.review_minutes <= 0 or current is None or current.pool is None or job.stop_save_by is not None:
+        return None  # (a pending stop: the ranks save to end the job, services/stop.py)
     nodes = attempt_nodes(ctl.store, job)
     if job.status is not JobStatus.RUNNING or not nodes or any(n.state not in _TRAINING for n in nodes):
         return None  # something is already happening to the attempt: the outcome wait decides

@@ -85,3 +85,20 @@ def test_the_cli_refuses_a_save_time_it_cannot_wait_for() -> None:
         result = CliRunner().invoke(app, ["cancel", "job-x", "--save", "--save-minutes", bad])
         assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
         assert "--save-minutes: 0 to 60" in result.output
+
+
+def test_a_cancel_during_the_budgets_save_ends_as_cancelled(env: Env) -> None:
+    job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    assert job.execution_arn is not None
+    env.workflow.executions[job.execution_arn] = "RUNNING"  # (not stuck)
+    env.store.update_job(job.job_id, lambda j: j.model_copy(update={
+        "spec": {**j.spec, "budget": {"max_total_cost": 500}},
+        "attempts": [j.attempts[0].model_copy(update={"started_at": time.time() - 36000})]}))
+    assert _sweep(2)["over_budget"] == [job.job_id]
+    assert env.store.get_job(job.job_id).stop_error == "BudgetExceededError"
+    asked = request_cancel(job.job_id, store=env.store, workflow=env.workflow, now=time.time(), save_s=600)
+    assert asked.status is JobStatus.CANCELLING and asked.stop_error == "JobCancelledError"
+    assert env.workflow.completed == []  # still waiting for the save already under way
+    for node in gang:
+        on_agent_event.handler(agent_event("TrainingExited", node, exit_code=75, reason="saved"), ctx())
+    assert [c[2]["error"] for c in env.workflow.completed] == ["JobCancelledError"]

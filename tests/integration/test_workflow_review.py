@@ -110,3 +110,27 @@ def test_reviews_that_stay_back_off_in_the_workflow(wf: Harness) -> None:
     wf.exit_all(first, 0)
     assert wf.finished(arn)["status"] == "SUCCEEDED"
     assert "Migrate" not in wf.states_entered(arn)
+
+
+def test_a_pending_stop_is_not_moved(wf: Harness) -> None:
+    """The budget's stop waits for the ranks' save (services/stop.py): a review meanwhile stays, even
+    where a move would pay, and the job then ends FAILED on the budget without a second gang."""
+    from functions import reconcile
+    from tests.integration.controller_doubles import load_event
+
+    wf.market.prices = dict(DEAR_SPOT)
+    job = new_job(wf.store, **REVIEW)
+    arn = wf.start(job, TIMINGS)
+    first = wf.agents_ready(1)
+    wait_until(lambda: "outcome" in wf.job().task_tokens, what="outcome wait registered")
+    wf.store.update_job(job.job_id, lambda j: j.model_copy(update={
+        "spec": {**j.spec, "budget": {"max_total_cost": 1}}, "cost_so_far": 5.0}))
+    assert reconcile.handler(load_event("scheduled_event.json"), ctx())["over_budget"] == [job.job_id]
+    assert wf.job().stop_save_by is not None
+    wf.market.prices.update(CHEAP_SPOT)  # a move to spot would pay now
+    reviews = wf.states_entered(arn).count("Review")
+    wait_until(lambda: wf.states_entered(arn).count("Review") >= reviews + 2, what="two reviews during the save")
+    assert "Migrate" not in wf.states_entered(arn) and len(wf.compute.launched) == 1
+    wf.exit_all(first, 75)
+    assert wf.finished(arn)["status"] == "FAILED"
+    assert wf.job().status is JobStatus.FAILED and len(wf.compute.launched) == 1
