@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,20 +17,21 @@ from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
 from spotrelay.adapters.s3_object_store import S3ObjectStore
 from spotrelay.adapters.sfn_workflow import SfnWorkflow
 from spotrelay.local.code_delivery import deliver_script_dir
-from spotrelay.local.market import MarketModel
 from spotrelay.local.reference import read_results
-from spotrelay.local.twin import Twin, TwinOptions
+from spotrelay.local.twin import Twin
 from spotrelay.resources import RESOURCES
 from spotrelay.services.cancel import request_cancel
 from spotrelay.services.describe import checkpoint_location, checkpoints
 from spotrelay.services.resume import RESUMED_FROM_TAG, resume_spec
 from spotrelay.settings import settings
+from tests.e2e.test_twin_health import twin  # the same small twin: code through S3, reconcile every 5 s
 from tests.e2e.waits import wait_for, wait_terminal
 from tests.integration.torchrun import result, torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, EVERY = 60, 5
 
+__all__ = ["twin"]
 pytestmark = pytest.mark.slow
 
 
@@ -42,16 +42,6 @@ def _spec() -> str:
     data["checkpoint"]["every_steps"] = EVERY
     data.pop("tracking", None)
     return yaml.safe_dump(data)
-
-
-@pytest.fixture
-def twin(moto_server: object, tmp_path: Path) -> Iterator[Twin]:
-    market = MarketModel(regions=["us-east-1", "us-west-2"], boot_time_s=100, time_scale=0.01, notice_window_s=40)
-    (tmp_path / "ami").mkdir()
-    t = Twin(TwinOptions(root=tmp_path, market=market, moto=moto_server,  # type: ignore[arg-type]
-                         code_dir=tmp_path / "ami", reconcile_every_s=5)).start()
-    yield t
-    t.stop()
 
 
 def test_a_cancelled_job_resumes_as_a_new_job_bit_identical(twin: Twin, tmp_path: Path) -> None:
