@@ -79,6 +79,8 @@ def describe(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = No
               f"step {report.last_step}, steps lost {report.steps_lost}, cost ${report.cost.total:.2f}")
     for reason in report.reasons:
         out.print(f"  [yellow]{reason}[/]", highlight=False)
+    if report.stopping:
+        out.print(f"  [yellow]{report.stopping}[/]", highlight=False)
     grid = Table("attempt", "pool", "nodes", "started", "ended", "end reason", "from step", "steps", "cost $",
                  title="attempts")
     for a in report.attempts:

@@ -133,7 +133,7 @@ def status(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None
     """Show one job: status, attempts, checkpoint, nodes, reasons."""
     from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
     from spotrelay.cli.views import attempts_table, nodes_table
-    from spotrelay.services.describe import cost_report
+    from spotrelay.services.describe import cost_report, stopping
 
     _connect(endpoint_url, None, table, region)
     store = DynamoDBJobStore()
@@ -147,6 +147,8 @@ def status(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None
               f"step {job.last_step}, recoveries {job.recoveries}, cost ${cost_report(job, time.time()).total:.2f}")
     if job.last_checkpoint:
         out.print(f"last checkpoint: step {job.last_checkpoint.step} at {job.last_checkpoint.uri}")
+    if (pending := stopping(job)) is not None:
+        out.print(f"[yellow]{pending}[/]", highlight=False)
     for reason in job.reasons:
         out.print(f"  [yellow]{reason}[/]", markup=True, highlight=False)
     if job.attempts:

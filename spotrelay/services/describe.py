@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -95,12 +96,22 @@ class JobReport(_View):
     cost: CostReport
     mlflow_run_id: str | None = None
     execution_arn: str | None = None
+    stopping: str | None = None  # a pending stop (services/stop.py): why, and by when the ranks save
 
 
 def _hours(start: float | None, end: float | None, now: float) -> float:
     if start is None:
         return 0.0
     return max(0.0, (end if end is not None else now) - start) / 3600.0
+
+
+def stopping(job: Job) -> str | None:
+    """A pending stop in words: the ranks save, then the job ends (None when none is pending)."""
+    if job.stop_save_by is None:
+        return None
+    by = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(job.stop_save_by))
+    ends = "cancelled" if job.stop_error == "JobCancelledError" else "failed"
+    return f"stopping: the ranks save, then the job ends {ends} (by {by}): {job.stop_reason or '-'}"
 
 
 def cost_report(job: Job, now: float) -> CostReport:
@@ -185,5 +196,5 @@ def describe_job(job: Job, nodes: list[Node], now: float, ckpts: list[Checkpoint
         job_id=job.job_id, name=job.name, status=job.status.value, attempt=job.attempt, last_step=job.last_step,
         steps_lost=job.steps_lost, recoveries=job.recoveries, reasons=list(job.reasons), attempts=attempts,
         checkpoints=ckpts or [], recoveries_detail=recoveries, anomalies=list(job.anomalies),
-        cost=costs, mlflow_run_id=job.mlflow_run_id, execution_arn=job.execution_arn,
+        cost=costs, mlflow_run_id=job.mlflow_run_id, execution_arn=job.execution_arn, stopping=stopping(job),
     )  # fmt: skip

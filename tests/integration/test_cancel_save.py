@@ -5,6 +5,7 @@ store, the real handlers)."""
 from __future__ import annotations
 
 import copy
+import json
 import time
 
 import pytest
@@ -35,6 +36,14 @@ def test_the_ranks_save_then_the_workflow_tears_down(env: Env) -> None:
         # no deadline: save at the next step (with one the ranks would train on until just before it)
         assert directive.kind is DirectiveKind.CHECKPOINT_NOW and directive.deadline is None
     assert env.workflow.completed == []  # the waits stay until the ranks saved
+    from typer.testing import CliRunner
+
+    from spotrelay.cli.main import app
+
+    shown = " ".join(CliRunner(env={"COLUMNS": "200"}).invoke(app, ["status", job.job_id]).output.split())
+    assert "stopping: the ranks save, then the job ends cancelled (by " in shown and "): new lr" in shown
+    described = json.loads(CliRunner().invoke(app, ["describe", job.job_id, "--json"]).stdout)
+    assert described["stopping"].startswith("stopping: the ranks save")
     again = request_cancel(job.job_id, store=env.store, workflow=env.workflow, now=now + 1, save_s=600)
     assert again.stop_save_by == asked.stop_save_by and env.workflow.completed == []  # asked again: no change
 
