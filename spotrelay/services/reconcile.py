@@ -8,11 +8,11 @@
    or that sat in a passing status (PLACING, PROVISIONING, RECOVERING, CANCELLING) longer than
    ``stuck_after_s``, is marked FAILED (its execution stopped) and its instances terminated.
 4. Budget (``services/budget.py``): a running job whose cost so far, the running attempt included,
-   reached the spec's ``budget.max_total_cost`` has its outcome wait failed with
-   ``BudgetExceededError``; the workflow's catch-all tears it down and records FAILED with that
-   reason. A live job that reached ``budget.warn_at`` of it (0.8) is announced once (``budget``).
-   The budget's stop, and a cancel's with ``--save``, waits for the ranks' save (``services/stop.py``);
-   one whose ranks did not all exit by its deadline is stopped now.
+   reached the spec's ``budget.max_total_cost`` has its ranks save, then its outcome wait failed
+   with ``BudgetExceededError`` (``services/stop.py``); the workflow's catch-all tears it down and
+   records FAILED with that reason. A live job that reached ``budget.warn_at`` of it (0.8) is
+   announced once (``budget``). A stop that waits for the ranks' save (the budget's, a cancel's with
+   ``--save``) whose ranks did not all exit by its deadline is stopped now.
 5. Rebalance standbys whose bounded wait ran out without a notice are released, their cost added
    (services/prewarm.py); an instance draining its emergency save after a notice, a hot spare
    standing by, or one released in its first hour after EC2's notice and left for EC2 to take (not
