@@ -16,6 +16,7 @@ import yaml
 from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
 from spotrelay.adapters.s3_object_store import S3ObjectStore
 from spotrelay.adapters.sfn_workflow import SfnWorkflow
+from spotrelay.domain.models import Job
 from spotrelay.local.code_delivery import deliver_script_dir
 from spotrelay.local.reference import read_results
 from spotrelay.local.twin import Twin
@@ -55,20 +56,41 @@ def test_a_cancelled_job_resumes_as_a_new_job_bit_identical(twin: Twin, tmp_path
                            save_s=600)
     assert asked.stop_save_by is not None
     stopped = wait_terminal(twin, key)
-    assert stopped.status.value == "CANCELLED" and stopped.last_checkpoint is not None
+    assert stopped.status.value == "CANCELLED"
+    _resume_bit_identical(twin, stopped, tmp_path)
+
+
+def test_a_job_its_budget_stopped_saved_first_and_resumes_bit_identical(twin: Twin, tmp_path: Path) -> None:
+    """A budget of a few cents: the reconcile sweep (every 5 s here) finds it spent once the gang
+    trains; the ranks save at their next step, the job ends FAILED on the budget, and a resume with a
+    new budget goes on from that save."""
+    data = yaml.safe_load(_spec())
+    data["budget"] = {"max_total_cost": 0.05}
+    key = twin.submit(deliver_script_dir(yaml.safe_dump(data), ROOT), "capped.yaml")
+    stopped = wait_terminal(twin, key)
+    assert stopped.status.value == "FAILED", (stopped.reasons, stopped.attempts)
+    assert any(r.startswith("budget: spent $") for r in stopped.reasons), stopped.reasons
+    _resume_bit_identical(twin, stopped, tmp_path)
+
+
+def _resume_bit_identical(twin: Twin, stopped: Job, tmp_path: Path) -> None:
+    """The stopped job's newest checkpoint is the save its stop asked for; ``resume`` goes on from it on
+    fresh nodes and ends with the uninterrupted run's model, bit for bit."""
+    assert twin.compute is not None and stopped.last_checkpoint is not None
+    store = DynamoDBJobStore()
     saved = stopped.last_checkpoint.step
     assert 0 < saved < STEPS
     bucket, prefix = checkpoint_location(stopped, settings().bucket, RESOURCES.checkpoints_prefix)
-    # the newest is the save the cancel asked for (a request id; the periodic ones have none)
+    # the newest is the save the stop asked for (a request id; the periodic ones have none)
     newest = checkpoints(S3ObjectStore(bucket), prefix)[-1]
     assert newest.step == saved and newest.requested
     plan = resume_spec(stopped, f"s3://{bucket}/{prefix}".rstrip("/"), [], budget=500.0)
-    again = twin.submit(json.dumps(plan.spec.model_dump(mode="json")), "resumed.json")
+    again = twin.submit(json.dumps(plan.spec.model_dump(mode="json")), f"resumed-{stopped.job_id}.json")
     job = wait_terminal(twin, again)
     assert job.status.value == "SUCCEEDED", (job.reasons, job.attempts)
     assert job.spec["tracking"]["tags"][RESUMED_FROM_TAG] == stopped.job_id and job.spec_hash != stopped.spec_hash
     assert job.training_hash == stopped.training_hash
-    # it went on from the cancel's save: no step of the stopped job is trained again
+    # it went on from the stop's save: no step of the stopped job is trained again
     assert job.attempts[0].resumed_from_step == saved
 
     torchrun(ROOT / "examples" / "tiny" / "train.py", tmp_path, "reference", tmp_path / "ckpt-ref",
