@@ -56,7 +56,9 @@ ACTIONS: dict[str, frozenset[str]] = {
     "on_submission": frozenset({"dynamodb:GetItem", "s3:GetObject", "s3:PutObject", "states:StartExecution"})
     | _WRITE | NOTIFY,
     "on_agent_event": IDEMPOTENCY | _READ | NOTIFY | {"states:SendTaskSuccess", "states:SendTaskHeartbeat",
-                                                      "ec2:TerminateInstances"},  # releases a drained rank
+                                                      "ec2:TerminateInstances",  # releases a drained rank
+                                                      # ends a stop once its ranks saved (services/stop.py)
+                                                      "states:SendTaskFailure"},
     "on_instance_state": IDEMPOTENCY | _READ | NOTIFY | {"states:SendTaskSuccess"},
     "on_interruption_notice": IDEMPOTENCY | _READ | NOTIFY | {"states:SendTaskSuccess"},
     "on_rebalance": IDEMPOTENCY | _READ | {"states:SendTaskSuccess"},  # asks the workflow for a standby
