@@ -18,8 +18,7 @@ from spotrelay.contracts.events import Anomaly, Directive, DirectiveKind
 from spotrelay.contracts.health import HealthAction
 from spotrelay.domain.models import MAX_ANOMALIES, AnomalyRecord, Job, Node, NodeState
 from spotrelay.domain.status import JobStatus, transition
-from spotrelay.services.controller import Controller, attempt_nodes
-from spotrelay.services.interruptions import _direct
+from spotrelay.services.controller import Controller, attempt_nodes, direct_nodes
 from spotrelay.services.notify import announce
 
 log = logging.getLogger(__name__)
@@ -71,7 +70,7 @@ def _replace(ctl: Controller, job: Job, node_rank: int, reason: str, now: float)
     # through a spot notice's window, at the straggler's pace, and the job could end before the swap.
     directive = Directive(directive_id=f"replace-{job.attempt}-{node_rank}", kind=DirectiveKind.CHECKPOINT_NOW,
                           deadline=None, issued_at=now, reason=f"replace node {node_rank}: {reason}")
-    _direct(ctl, job, directive)
+    direct_nodes(ctl.store, job, directive)
     ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={
         "status": transition(j.status, JobStatus.CHECKPOINTING), "updated_at": now})
         if j.status is JobStatus.RUNNING else None)  # fmt: skip

@@ -48,11 +48,6 @@ def _ours(ctl: Controller, instance_id: str) -> tuple[Job, Node] | dict[str, Any
     return job, node
 
 
-def _direct(ctl: Controller, job: Job, directive: Directive) -> int:
-    """Give every live rank of the attempt the directive (the agents poll their node item)."""
-    return direct_nodes(ctl.store, job, directive)
-
-
 def _directive_id(kind: str, instance_id: str, when: float) -> str:
     return f"{kind.lower()}-" + hashlib.sha256(f"{instance_id}:{when}".encode()).hexdigest()[:12]
 
@@ -124,7 +119,7 @@ def _doom(ctl: Controller, job: Job, node: Node, notice_time: float, now: float)
     directive = Directive(directive_id=_directive_id("checkpoint-now", instance_id, notice_time),
                           kind=DirectiveKind.CHECKPOINT_NOW, deadline=deadline, issued_at=now,
                           reason=f"spot interruption of {instance_id} (rank {node.rank})")
-    sent = _direct(ctl, job, directive)
+    sent = direct_nodes(ctl.store, job, directive)
     ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={
         "status": transition(j.status, JobStatus.CHECKPOINTING), "updated_at": now})
         if j.status is JobStatus.RUNNING else None)
@@ -151,7 +146,7 @@ def rebalance(ctl: Controller, instance_id: str, event_time: float, now: float) 
     changed = ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={
         "status": transition(j.status, JobStatus.CHECKPOINTING), "updated_at": now})
         if j.status is JobStatus.RUNNING else None)
-    sent = _direct(ctl, job, directive) if changed is not None else 0
+    sent = direct_nodes(ctl.store, job, directive) if changed is not None else 0
     standby = changed is not None and request_standby(ctl, changed, node, now)  # the workflow launches it
     return {"result": "applied" if changed else "no-op", "job_id": job.job_id, "directives": sent,
             "standby": standby}

@@ -30,8 +30,7 @@ from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import InsufficientCapacityError, MoveCancelledError, QuotaExceededError
 from spotrelay.placement import PoolEvent
 from spotrelay.ports.compute import LaunchRequest
-from spotrelay.services.controller import Controller, attempt_nodes, spec_of
-from spotrelay.services.interruptions import _direct
+from spotrelay.services.controller import Controller, attempt_nodes, direct_nodes, spec_of
 from spotrelay.services.recovery_flow import DRAIN_GRACE_S
 from spotrelay.services.workflow_tasks import _carry_survivors, _close_attempt, _launch_result
 from spotrelay.settings import settings
@@ -116,4 +115,4 @@ def _notice_self(ctl: Controller, job: Job, leaving: list[Node], deadline: float
             if n.state in _TRAINING else None)
     directive = Directive(directive_id=f"move-{job.job_id}-a{job.attempt}", kind=DirectiveKind.CHECKPOINT_NOW,
                           deadline=deadline, issued_at=now, reason=reason)
-    _direct(ctl, job, directive)
+    direct_nodes(ctl.store, job, directive)
