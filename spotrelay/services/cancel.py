@@ -30,36 +30,35 @@ def request_cancel(job_id: str, *, store: JobStore, workflow: Workflow, now: flo
     if save_s is not None and not 0 < save_s <= MAX_SAVE_S:
         raise ValueError(f"the save may take 0 to {MAX_SAVE_S:.0f} s (got {save_s:g})")
     why = reason or "cancelled by user"
+    was: list[JobStatus] = []  # the status this call moved from (none: it was CANCELLING already)
 
     def change(job: Job) -> Job | None:
         if job.status is JobStatus.CANCELLING:
             return None  # already asked: idempotent
         if job.status.terminal:
             raise InvalidTransitionError(f"job {job_id} already ended as {job.status}")
+        was[:] = [job.status]
         return job.model_copy(update={
             "status": transition(job.status, JobStatus.CANCELLING), "updated_at": now,
             "reasons": [*job.reasons, f"cancelled: {reason or 'by user'}"],
         })
 
-    before = store.get_job(job_id)
     asked = store.update_job(job_id, change) is not None
     job = store.get_job(job_id)
     if not job.execution_arn:
         return _finish_without_cluster(job, store, now)
-    if job.stop_save_by is not None and save_s is not None:  # a save is under way: wait for it
-        if job.stop_error != JobCancelledError.__name__:  # (the budget's): the user's cancel is how it ends
+    if job.stop_save_by is not None:  # a save under way (a cancel's or the budget's): the cancel is how it ends
+        if job.stop_error != JobCancelledError.__name__ or save_s is None:  # (ending now: this call's reason)
             job = store.update_job(job_id, lambda j: j.model_copy(update={
                 "stop_error": JobCancelledError.__name__, "stop_reason": why})) or job
-        return job
-    if asked and save_s is not None and before.status is JobStatus.RUNNING:
+        if save_s is not None:
+            return job  # wait for it
+        finish(store, workflow, job_id)  # not waited for any longer
+        return store.get_job(job_id)
+    if asked and save_s is not None and was == [JobStatus.RUNNING]:
         saving = save_first(store, job, now, JobCancelledError.__name__, why, save_s)
         if saving is not None:
             return saving  # the ranks save; their exits (or the sweep at the deadline) wake the waits
-    if job.stop_save_by is not None:  # a pending save (cancel's or the budget's): not waited for any longer
-        store.update_job(job_id, lambda j: j.model_copy(update={"stop_error": JobCancelledError.__name__,
-                                                                "stop_reason": why}))
-        finish(store, workflow, job_id)
-        return store.get_job(job_id)
     for name, token in job.task_tokens.items():
         try:
             workflow.send_failure(token, JobCancelledError.__name__, why)
