@@ -29,7 +29,7 @@ WARN_AT_DEFAULT = Budget.model_fields["warn_at"].default
 SAVE_S = 600.0  # how long the budget's final save may take before the job is stopped without it
 
 
-def _limits(job: Job) -> tuple[float | None, float | None]:
+def limits(job: Job) -> tuple[float | None, float | None]:
     """(max_total_cost, warn_at) from the stored spec as a dict: one job's odd record (from an older
     release, or edited by hand) must not stop the sweep of every other job."""
     section = (job.spec or {}).get("budget") or {}
@@ -49,7 +49,7 @@ def warn(ctl: Controller, job: Job, now: float) -> bool:
     """Tell people once that the budget is nearly spent; True when this sweep told them."""
     if job.budget_warned_at is not None or not job.spec:
         return False
-    limit, share = _limits(job)
+    limit, share = limits(job)
     if limit is None:
         return False
     reason = budget_warning(_spent(job, now), limit, share)
@@ -71,7 +71,7 @@ def stop_if_spent(ctl: Controller, job: Job, now: float) -> bool:
     """Once the ledger reached ``max_total_cost``: the running attempt's ranks save (services/stop.py:
     its outcome wait fails with ``BudgetExceededError`` once they exited, or ``SAVE_S`` later), or,
     with no rank training, the wait fails now."""
-    budget, _ = _limits(job)
+    budget, _ = limits(job)
     token = job.task_tokens.get("outcome")
     if budget is None or not token or not job.attempts or job.stop_save_by is not None:
         return False

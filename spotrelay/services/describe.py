@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from spotrelay.domain.cost import budget_reached_at, spent_at
 from spotrelay.domain.models import AnomalyRecord, Job, Node
 from spotrelay.ports.object_store import ObjectStore
+from spotrelay.services.budget import limits
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +127,8 @@ def cost_report(job: Job, now: float) -> CostReport:
         lines.append(CostLine(attempt=a.number, pool=a.pool.key if a.pool else None, nodes=a.nodes,
                               hours=round(_hours(a.started_at, a.ended_at, now), 4), price_per_hour=a.price_per_hour,
                               cost=round(cost, 4), running=running))
-    budget = (job.spec.get("budget") or {}).get("max_total_cost") if job.spec else None
-    runs_out = budget_reached_at(job.cost_so_far, current, float(budget)) if budget is not None else None
+    budget, _ = limits(job)  # (as the reconcile sweep reads it: an odd record shows no budget)
+    runs_out = budget_reached_at(job.cost_so_far, current, budget) if budget is not None else None
     return CostReport(job_id=job.job_id, total=round(spent_at(job.cost_so_far, current, now), 4), budget=budget,
                       lines=lines, budget_warned_at=job.budget_warned_at,
                       budget_spent_at=None if runs_out is None else round(runs_out, 1))
