@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from spotrelay.domain.cost import budget_reached_at, spent_at
 from spotrelay.domain.models import AnomalyRecord, Job, Node
+from spotrelay.errors import JobCancelledError
 from spotrelay.ports.object_store import ObjectStore
 from spotrelay.services.budget import limits
 
@@ -111,7 +112,7 @@ def stopping(job: Job) -> str | None:
     if job.stop_save_by is None:
         return None
     by = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(job.stop_save_by))
-    ends = "cancelled" if job.stop_error == "JobCancelledError" else "failed"
+    ends = "cancelled" if job.stop_error == JobCancelledError.__name__ else "failed"
     return f"stopping: the ranks save, then the job ends {ends} (by {by}): {job.stop_reason or '-'}"
 
 

@@ -17,7 +17,7 @@ import logging
 
 from spotrelay.contracts.events import Directive, DirectiveKind
 from spotrelay.domain.models import Job, NodeState
-from spotrelay.errors import ConflictError
+from spotrelay.errors import ConflictError, JobCancelledError
 from spotrelay.ports.job_store import JobStore
 from spotrelay.ports.workflow import Workflow
 from spotrelay.services.controller import attempt_nodes, direct_nodes
@@ -59,7 +59,7 @@ def finish(store: JobStore, workflow: Workflow, job_id: str) -> bool:
     job = before[-1]
     for name, token in job.task_tokens.items():
         try:
-            workflow.send_failure(token, job.stop_error or "JobCancelledError", job.stop_reason or "stopped")
+            workflow.send_failure(token, job.stop_error or JobCancelledError.__name__, job.stop_reason or "stopped")
         except ConflictError:
             log.info("wait %s already ended", name, extra={"job_id": job_id})
     log.info("stopped after the save", extra={"job_id": job_id, "error": job.stop_error})
