@@ -43,16 +43,16 @@ def resume(job_id: str, budget: BudgetOpt = None,
     location = f"s3://{where}/{prefix}".rstrip("/")
     live = [j for j in store.all_jobs() if not j.status.terminal]
     try:
-        plan = resume_spec(job, location, live, budget)
+        spec = resume_spec(job, location, live, budget)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise UsageProblem(f"--budget: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
     saved = checkpoints(S3ObjectStore(where), prefix)
     start = f"from step {saved[-1].step} (its newest checkpoint)" if saved else "from step 0: no checkpoint was saved"
-    key = submission_key(plan.spec.name, ".json", time.time())
-    body = json.dumps(plan.spec.model_dump(mode="json"), indent=2).encode()  # (an explicit null stays null)
+    key = submission_key(spec.name, ".json", time.time())
+    body = json.dumps(spec.model_dump(mode="json"), indent=2).encode()  # (an explicit null stays null)
     etag = S3ObjectStore().put(key, body, "application/json")
-    limit = plan.spec.budget.max_total_cost
+    limit = spec.budget.max_total_cost
     out.print(f"resuming {job_id} {start}, checkpoints in {location}"
               + (f"; budget ${limit:,.2f} for the new job (the stopped one spent ${job.cost_so_far:,.2f})"
                  if limit is not None else ""), highlight=False, soft_wrap=True)

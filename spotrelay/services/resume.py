@@ -9,8 +9,6 @@ the newest committed checkpoint under ``checkpoint.s3_prefix``, which its traini
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from spotrelay.domain.models import Job
 from spotrelay.domain.status import JobStatus
 from spotrelay.errors import InvalidTransitionError
@@ -20,13 +18,7 @@ from spotrelay.spec.models import JobSpec
 RESUMED_FROM_TAG = "spotrelay.resumed_from"  # the MLflow tag naming the job a resumed one continues
 
 
-@dataclass(frozen=True)
-class Resumption:
-    spec: JobSpec
-    location: str  # s3://... the old job's checkpoints, the new job's durable tier
-
-
-def resume_spec(job: Job, location: str, live: list[Job], budget: float | None = None) -> Resumption:
+def resume_spec(job: Job, location: str, live: list[Job], budget: float | None = None) -> JobSpec:
     """The spec of the job that continues ``job`` from ``location`` (its durable tier); ``budget``: the
     new job's own ``max_total_cost`` (else the old spec's: it applies to the new job's spend alone).
     ``InvalidTransitionError`` names why not: the job is still live, finished, rejected, or another
@@ -52,4 +44,4 @@ def resume_spec(job: Job, location: str, live: list[Job], budget: float | None =
     doc["tracking"]["tags"] = {**doc["tracking"]["tags"], RESUMED_FROM_TAG: job.job_id}
     resumed = JobSpec.model_validate(doc)  # (a bad budget is named by its field: budget.max_total_cost)
     assert training_hash(resumed) == training_hash(spec)  # what lets the new job's agent resume it
-    return Resumption(resumed, location)
+    return resumed

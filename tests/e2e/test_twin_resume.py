@@ -84,8 +84,8 @@ def _resume_bit_identical(twin: Twin, stopped: Job, tmp_path: Path) -> None:
     # the newest is the save the stop asked for (a request id; the periodic ones have none)
     newest = checkpoints(S3ObjectStore(bucket), prefix)[-1]
     assert newest.step == saved and newest.requested
-    plan = resume_spec(stopped, f"s3://{bucket}/{prefix}".rstrip("/"), [], budget=500.0)
-    again = twin.submit(json.dumps(plan.spec.model_dump(mode="json")), f"resumed-{stopped.job_id}.json")
+    spec = resume_spec(stopped, f"s3://{bucket}/{prefix}".rstrip("/"), [], budget=500.0)
+    again = twin.submit(json.dumps(spec.model_dump(mode="json")), f"resumed-{stopped.job_id}.json")
     job = wait_terminal(twin, again)
     assert job.status.value == "SUCCEEDED", (job.reasons, job.attempts)
     assert job.spec["tracking"]["tags"][RESUMED_FROM_TAG] == stopped.job_id and job.spec_hash != stopped.spec_hash
