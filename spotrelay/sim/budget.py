@@ -70,8 +70,7 @@ def _sweep(run: SpotrelayRun, number: int) -> None:
     # services/stop.py: every rank saves at its next step (CHECKPOINT_NOW, no deadline) and exits once
     # it is committed; the outcome wait fails then. The nodes are billed through the flush.
     flush = run.job.flush_s()
-    step = run.force_checkpoint(run.now, run.now + flush)
-    run.stop_training(step)  # nothing trained after the save is lost: the ranks stop at it
+    run.stop_training(int(run.step_at(run.now) + 1e-6))  # the ranks stop at the save: nothing trained is lost
     run.stop_pending = True  # the waits deliver no verdict meanwhile (services/waits.settle)
     run.at(run.now + flush, partial(_stop, run), (number, reason))
 
