@@ -23,29 +23,21 @@ import torch.distributed as dist
 
 from agent.batching import BatchPlan, GlobalBatchSampler
 from agent.cadence import AutoCadence
-from agent.checkpoint.compat import check_global_batch, check_manifest
 from agent.checkpoint.config import SessionConfig
 from agent.checkpoint.engines import Engine
 from agent.checkpoint.local_tier import LocalTier
 from agent.checkpoint.pipeline import Pipeline, SaveJob, Topology
-from agent.checkpoint.restore import Refusal, agree_on_step
 from agent.checkpoint.s3_tier import S3Tier
-from agent.checkpoint.state import load_trainer_state, trainer_file
 from agent.notice_window import Margin, NoticeTraining, SaveLike
-from agent.refusal import refusals
-from agent.session_data import SessionData
 from agent.session_health import SessionHealth
+from agent.session_resume import SessionResume, barrier
 from agent.stop import RequestPoller, agree, all_ok, any_rank, gather_ids
 from spotrelay.contracts.control import ENV_ATTEMPT, RequestKind, TrainerEvent, append_event, write_progress
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.contracts.health import HealthAction, HealthAnomaly
-from spotrelay.errors import BatchPlanError, CheckpointUnavailableError
+from spotrelay.errors import BatchPlanError
 
 log = logging.getLogger("spotrelay.training")
-# checkpoints S3 would not give (CheckpointUnavailableError): asked again after these waits before the
-# attempt ends as an infrastructure failure (a blip should not cost the gang a relaunch)
-RESUME_RETRY_S = (10.0, 30.0)
-_sleep = time.sleep  # (the tests' seam: patching time.sleep would reach every thread)
 _monotonic = time.monotonic  # (the tests' seam for the periodic cadence)
 
 
@@ -59,12 +51,7 @@ def _topology() -> Topology:
     return Topology(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world)
 
 
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
-class Session(SessionData):
+class Session(SessionResume):
     _attempt: int | None = None  # SPOTRELAY_ATTEMPT, stamped on every trainer event
     _first_step_seen = False
     def __init__(
@@ -115,60 +102,6 @@ class Session(SessionData):
         # training through a spot notice: this rank's flush and step times, the agreed window
         margin = Margin(config.notice_margin_s, config.notice_margin_share)
         self.notice = NoticeTraining(margin, config.flush_prior_mb_s)
-
-    # --- resume ------------------------------------------------------------------------------------
-    def resume(self, before: int | None = None) -> int | None:
-        """Load the newest valid checkpoint (every rank the same step, older than ``before`` when
-        given); return its step or None."""
-        started = time.monotonic()
-        step = self._agree_on_checkpoint(before)
-        if step is None:
-            return None
-        _barrier()
-        manifest = self.local.manifest(step)
-        step_dir = self.local.step_dir(step)
-        cfg = self.config
-        saved_world = manifest.world_size
-        own = self.topo.rank < saved_world  # a rank the saved world did not have takes rank 0's counters
-        with refusals(cfg.control_dir, self.topo.world_size):  # checked before anything loads
-            check_manifest(manifest, step_dir, self.engine.kind, cfg.spec_hash, cfg.code_hash, cfg.allow_spec_change,
-                           training_hash=cfg.training_hash)
-            if self.plan is not None:
-                check_global_batch(step_dir, manifest.data_state.get("global_batch"), self.plan.global_batch,
-                                   cfg.allow_global_batch_change or self.plan.allow_change)  # fmt: skip
-            if saved_world != self.topo.world_size:
-                self._check_resizable(step_dir, saved_world)
-            self.engine.load(self.local.root, step_dir, manifest)
-            state = load_trainer_state(trainer_file(step_dir, self.topo.rank if own else 0), self.stateful)
-        self._load_trainer_state(state, own, saved_world)
-        self.resumed_from = self._last_saved = step
-        self.resume_seconds = time.monotonic() - started
-        log.info("resumed from step %d (%s), saved by %d ranks, now %d", step, step_dir, saved_world,
-                 self.topo.world_size)  # fmt: skip
-        self._event(TrainerEvent(kind="resumed", step=step, uri=str(step_dir), time=time.time()))
-        return step
-
-    def _agree_on_checkpoint(self, before: int | None) -> int | None:
-        def share(step: int | Refusal | None) -> int | Refusal | None:
-            chosen = [step]
-            if dist.is_initialized():
-                dist.broadcast_object_list(chosen, src=0)
-            return chosen[0]
-
-        fetch_here = self.topo.local_rank == 0 and self.topo.rank != 0  # another node: fetch from S3
-
-        def agree() -> int | None:
-            return agree_on_step(self.topo.rank == 0, fetch_here, self.local, self.s3, before, share,
-                                 lambda ok: all_ok(ok, self._device))
-
-        with refusals(self.config.control_dir, self.topo.world_size):  # a newer format; none usable or readable
-            for wait in RESUME_RETRY_S:
-                try:
-                    return agree()
-                except CheckpointUnavailableError as exc:  # raised on every rank alike: they retry together
-                    log.warning("checkpoints unreadable now, asking again in %.0f s: %s", wait, exc)
-                    _sleep(wait)
-            return agree()  # the last try: its CheckpointUnavailableError ends the attempt
 
     # --- the loop ----------------------------------------------------------------------------------
     def steps(self, max_steps: int) -> Iterator[tuple[int, Any]]:
@@ -367,7 +300,7 @@ class Session(SessionData):
         """Wait for pending uploads (the final checkpoint included); return the exit code."""
         self.pipeline.close()
         self.health.close()
-        _barrier()  # ranks leave together: torchrun stops the group when the first one exits
+        barrier()  # ranks leave together: torchrun stops the group when the first one exits
         self.engine.close()
         return int(self.exit_code)
 

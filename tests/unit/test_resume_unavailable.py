@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-import agent.training as training
+import agent.session_resume as training
 from agent.training import spotrelay_session
 from spotrelay.contracts.control import read_events
 from spotrelay.errors import CheckpointUnavailableError
