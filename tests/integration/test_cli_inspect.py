@@ -8,11 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from spotrelay.adapters.aws import client
 from spotrelay.adapters.cloudwatch_logs import CloudWatchTrainingLogs
 from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+from spotrelay.cli import main as cli_main
 from spotrelay.cli.main import app
 from spotrelay.domain.models import AnomalyRecord, Attempt, CheckpointRef, Job, Node, NodeState, Pool
 from spotrelay.domain.status import JobStatus
@@ -70,7 +72,7 @@ def test_describe_and_cost_as_json_and_tables(aws: dict[str, str]) -> None:
     assert "total $90.00 of $500.00 budget" in runner.invoke(app, ["cost", "j-seen"]).output
 
 
-def test_cost_of_a_running_job_counts_its_open_attempt(aws: dict[str, str]) -> None:
+def test_cost_of_a_running_job_counts_its_open_attempt(aws: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """The open attempt costs its clock so far (the figure the budget is checked against), not 0."""
     now = time.time()
     attempts = [Attempt(number=1, pool=POOL, started_at=now - 7200, ended_at=now - 3600, nodes=2,
@@ -92,7 +94,10 @@ def test_cost_of_a_running_job_counts_its_open_attempt(aws: dict[str, str]) -> N
     assert "the budget is spent at" in table and "(in 0.2 h); the job stops then" in table
     listed = runner.invoke(app, ["jobs"]).output
     assert "90.0" in listed and "60.00" not in listed  # the list counts the running attempt too
-    shown = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["status", "j-live"]).output
+    # a wide terminal: the module's console took its width when first imported (COLUMNS then), and
+    # the attempts table wraps "running" at 80 columns
+    monkeypatch.setattr(cli_main, "out", Console(width=200))
+    shown = runner.invoke(app, ["status", "j-live"]).output
     assert "cost $90.0" in shown and "running" in shown and "30.0" in shown  # and status, its attempts too
 
 
