@@ -149,6 +149,7 @@ def handler_env(
             "SPOTRELAY_TRAINING_REGIONS": ",".join(config.training_regions),
             "SPOTRELAY_INSTANCE_TYPES": ",".join(config.instance_types),
             "SPOTRELAY_REGIONS": ",".join(config.training_regions),  # reconcile sweeps these
+            "SPOTRELAY_RECONCILE_S": str(config.reconcile_minutes * 60),  # the budget stops a sweep ahead
             # the compute adapter reads subnets, security group and launch template from the training
             # stacks' SSM parameters (spotrelay/adapters/ec2_discovery.py), and gives each job its own
             # instance profile (spotrelay/adapters/iam_job_profile.py, cdk/agent_boundary.py)

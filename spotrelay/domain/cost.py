@@ -146,6 +146,36 @@ def over_budget(spent: float, max_total_cost: float | None) -> str | None:
     return f"spent ${spent:,.2f} of the ${max_total_cost:,.2f} budget"
 
 
+# The reconcile stops a job this far ahead of its budget, so that what the stop still spends fits in it:
+# the sweep that sees the crossing may come a whole period late, then the ranks save (their minutes are
+# billed). The save is the job's newest measured one (a periodic save writes what a stop's save writes)
+# with headroom for S3's variance; before any, the notice window every spot save must fit in.
+DEFAULT_SAVE_S = 120.0
+SAVE_HEADROOM = 1.5
+
+
+def stop_lead_s(sweep_s: float, save_s: float | None) -> float:
+    """Seconds before the ledger reaches the budget at which the reconcile sweep stops the job."""
+    save = DEFAULT_SAVE_S if save_s is None or save_s <= 0 else SAVE_HEADROOM * save_s
+    return max(0.0, sweep_s) + save
+
+
+def budget_stop(cost_so_far: float, current: Attempt | None, now: float, max_total_cost: float | None,
+                lead_s: float) -> str | None:
+    """Why the reconcile sweep stops a running job now, else None: the ledger ``lead_s`` from now
+    (``stop_lead_s``: the next sweep and the ranks' save) reaches the budget, so the job ends within it."""
+    if max_total_cost is None:
+        return None
+    spent = spent_at(cost_so_far, current, now)
+    if spent >= max_total_cost:
+        return over_budget(spent, max_total_cost)
+    ahead = spent_at(cost_so_far, current, now + lead_s)
+    if ahead < max_total_cost:
+        return None
+    return (f"spent ${spent:,.2f} of the ${max_total_cost:,.2f} budget; the ranks' save and the next sweep "
+            f"({lead_s / 60:.1f} min at the running attempt's rate) would spend the rest")
+
+
 def budget_warning(spent: float, max_total_cost: float | None, warn_at: float | None) -> str | None:
     """What to tell people once ``spent`` reached ``warn_at`` of the budget (and not the budget itself:
     then the job stops, with ``over_budget``'s reason), else None."""

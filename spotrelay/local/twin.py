@@ -105,6 +105,7 @@ class Twin:
         self.root.mkdir(parents=True, exist_ok=True)
         self._saved_env = dict(os.environ)
         os.environ.update(self.workflow_env())
+        os.environ["SPOTRELAY_RECONCILE_S"] = str(self.options.reconcile_every_s)  # the budget stops a sweep ahead
         os.environ.update(self.options.extra_env)
         if self.options.moto is not None:
             self.moto = self.options.moto

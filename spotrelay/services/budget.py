@@ -3,12 +3,13 @@
 - Warning: once the ledger, the open attempt's clock included, reaches ``budget.warn_at`` of
   ``max_total_cost`` (default 0.8), people are told once (``budget`` notification, SNS/Slack) and the
   job record keeps when (``budget_warned_at``), so a redelivered or later sweep does not tell them again.
-- Stop: once it reaches ``max_total_cost``, the running attempt's ranks save at their next step
-  (services/stop.py) and its outcome wait then fails with ``BudgetExceededError`` (at once when no
-  rank trains); the workflow's catch-all tears the job down and records FAILED, and ``spotrelay
-  resume`` goes on from that save. The save's minutes are spent past the budget. Plan refuses a new
-  gang on the closed attempts alone (services/plan.py). The rule is domain/cost.py's, which the
-  simulator calls too (sim/budget.py).
+- Stop: once the ledger a sweep and a save from now (``stop_lead_s``: the sweep period and the job's
+  newest measured save, with headroom) reaches ``max_total_cost``, the running attempt's ranks save at
+  their next step (services/stop.py) and its outcome wait then fails with ``BudgetExceededError`` (at
+  once when no rank trains); the workflow's catch-all tears the job down and records FAILED, and
+  ``spotrelay resume`` goes on from that save. Stopping that far ahead is what keeps the save's
+  minutes within the budget. Plan refuses a new gang on the closed attempts alone (services/plan.py).
+  The rule is domain/cost.py's, which the simulator calls too (sim/budget.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 
-from spotrelay.domain.cost import budget_reached_at, budget_warning, over_budget, spent_at
+from spotrelay.domain.cost import budget_reached_at, budget_stop, budget_warning, spent_at, stop_lead_s
 from spotrelay.domain.models import Job
 from spotrelay.errors import BudgetExceededError, ConflictError
 from spotrelay.services.controller import Controller
@@ -27,6 +28,7 @@ from spotrelay.spec.models import Budget
 log = logging.getLogger(__name__)
 WARN_AT_DEFAULT = Budget.model_fields["warn_at"].default
 SAVE_S = 600.0  # how long the budget's final save may take before the job is stopped without it
+SWEEP_S = 60.0  # the reconcile schedule's default period (cdk/config.py: reconcile_minutes)
 
 
 def limits(job: Job) -> tuple[float | None, float | None]:
@@ -45,7 +47,12 @@ def _spent(job: Job, now: float) -> float:
     return spent_at(job.cost_so_far, job.attempts[-1] if job.attempts else None, now)
 
 
-def warn(ctl: Controller, job: Job, now: float) -> bool:
+def lead_s(job: Job, sweep_s: float) -> float:
+    """How far ahead of its budget this job is stopped: a sweep and its newest measured save."""
+    return stop_lead_s(sweep_s, job.last_checkpoint.duration_s if job.last_checkpoint else None)
+
+
+def warn(ctl: Controller, job: Job, now: float, sweep_s: float = SWEEP_S) -> bool:
     """Tell people once that the budget is nearly spent; True when this sweep told them."""
     if job.budget_warned_at is not None or not job.spec:
         return False
@@ -56,7 +63,8 @@ def warn(ctl: Controller, job: Job, now: float) -> bool:
     if reason is None:
         return False
     at = budget_reached_at(job.cost_so_far, job.attempts[-1] if job.attempts else None, limit)
-    if at is not None:  # the running attempt's rate says when
+    if at is not None:  # the running attempt's rate says when (a sweep and a save ahead of the budget)
+        at -= lead_s(job, sweep_s)
         reason += time.strftime(", at %Y-%m-%d %H:%M UTC at the running attempt's rate", time.gmtime(at))
     claimed = ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={"budget_warned_at": now})
                                    if j.budget_warned_at is None else None)
@@ -67,15 +75,15 @@ def warn(ctl: Controller, job: Job, now: float) -> bool:
     return True
 
 
-def stop_if_spent(ctl: Controller, job: Job, now: float) -> bool:
-    """Once the ledger reached ``max_total_cost``: the running attempt's ranks save (services/stop.py:
-    its outcome wait fails with ``BudgetExceededError`` once they exited, or ``SAVE_S`` later), or,
-    with no rank training, the wait fails now."""
+def stop_if_spent(ctl: Controller, job: Job, now: float, sweep_s: float = SWEEP_S) -> bool:
+    """Once the ledger a sweep and a save ahead (``lead_s``) reaches ``max_total_cost``: the running
+    attempt's ranks save (services/stop.py: its outcome wait fails with ``BudgetExceededError`` once
+    they exited, or ``SAVE_S`` later), or, with no rank training, the wait fails now."""
     budget, _ = limits(job)
     token = job.task_tokens.get("outcome")
     if budget is None or not token or not job.attempts or job.stop_save_by is not None:
         return False
-    reason = over_budget(_spent(job, now), budget)
+    reason = budget_stop(job.cost_so_far, job.attempts[-1], now, budget, lead_s(job, sweep_s))
     if reason is None:
         return False
     noted = ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={

@@ -48,7 +48,9 @@ _PASSING = (JobStatus.PLACING, JobStatus.PROVISIONING, JobStatus.RECOVERING, Job
 
 
 def reconcile(ctl: Controller, now: float, stale_after_s: float = 300.0, regions: list[str] | None = None,
-              stuck_after_s: float = 3600.0, heal_after_s: float = 180.0) -> dict[str, Any]:
+              stuck_after_s: float = 3600.0, heal_after_s: float = 180.0,
+              sweep_s: float = budget.SWEEP_S) -> dict[str, Any]:
+    """One sweep; ``sweep_s`` is how often the schedule runs it (the budget stops a sweep ahead)."""
     report: dict[str, Any] = {"lost": [], "orphans": [], "stuck": [], "over_budget": [], "budget_warned": [],
                               "stopped": [], "profiles": [],
                               "standbys": [], "healed": _heal(ctl, now, heal_after_s)}
@@ -59,10 +61,10 @@ def reconcile(ctl: Controller, now: float, stale_after_s: float = 300.0, regions
     for job in jobs:
         if job.status in (JobStatus.RUNNING, JobStatus.CHECKPOINTING):
             report["lost"] += _stale(ctl, job, now, stale_after_s)
-            if budget.stop_if_spent(ctl, job, now):
+            if budget.stop_if_spent(ctl, job, now, sweep_s):
                 report["over_budget"].append(job.job_id)
     for job in jobs:
-        if budget.warn(ctl, job, now):
+        if job.job_id not in report["over_budget"] and budget.warn(ctl, job, now, sweep_s):
             report["budget_warned"].append(job.job_id)
     for job in jobs:  # a stop that waits for the ranks' save, past its deadline: stop now
         if job.stop_save_by is not None and finish_overdue(ctl.store, ctl.need_workflow(), job, now):

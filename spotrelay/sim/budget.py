@@ -3,10 +3,12 @@
 - Plan refuses a new gang once the closed attempts' cost reached it (``services/plan.py``: the same
   ``over_budget``): ``BudgetExceededError``, the ASL's FailJob.
 - The reconcile sweep (every ``RECONCILE_S``, cdk/config.py's ``reconcile_minutes``) fails the outcome
-  wait of a running attempt whose ledger, its open clock included (``spent_at``), reached it. The sweep
-  is not simulated minute by minute: the run asks when the open attempt's clock reaches the budget
-  (``budget_reached_at``) and looks at the first sweep from then; not in the outcome wait then (the
-  gang boots, a review or a move runs), it looks again a sweep later, as the reconcile does.
+  wait of a running attempt whose ledger, its open clock included (``spent_at``), reaches it a sweep
+  and a save from now (``budget_stop``, ``stop_lead_s``: the save the controller has measured is the
+  newest periodic one, its stall and upload). The sweep is not simulated minute by minute: the run
+  asks when the open attempt's clock comes that close to the budget (``budget_reached_at`` less the
+  lead) and looks at the first sweep from then; not in the outcome wait then (the gang boots, a review
+  or a move runs), it looks again a sweep later, as the reconcile does.
 
 The ledger is the job record's (launch prices x nodes x time, what ``describe``/``cost`` show), not
 the market's billing the result reports: the job stops when its *record* says it spent the budget.
@@ -21,7 +23,7 @@ import math
 from functools import partial
 from typing import TYPE_CHECKING
 
-from spotrelay.domain.cost import budget_reached_at, over_budget, spent_at
+from spotrelay.domain.cost import budget_reached_at, budget_stop, over_budget, stop_lead_s
 from spotrelay.errors import BudgetExceededError
 from spotrelay.sim.asl import TaskFailed
 
@@ -43,6 +45,16 @@ def check_plan(run: SpotrelayRun) -> None:
         raise TaskFailed(BudgetExceededError.__name__, reason)
 
 
+def _lead_s(run: SpotrelayRun, saved: bool | None = None) -> float:
+    """services/budget.lead_s: a sweep and the newest periodic save's stall and upload, once one committed
+    (``saved``: as if one had, or not)."""
+    pool = run.attempt_pool
+    if saved is None:
+        saved = run.committed(run.now) > 0
+    save = run.job.stall_s(pool.pool.instance_type) + run.job.persist_s() if saved and pool is not None else None
+    return stop_lead_s(RECONCILE_S, save)
+
+
 def watch(run: SpotrelayRun) -> None:
     """An attempt opened: look at the first reconcile sweep after its clock reaches the budget."""
     limit = _limit(run)
@@ -50,6 +62,7 @@ def watch(run: SpotrelayRun) -> None:
         return
     at = budget_reached_at(run.cost_so_far, run.attempts[-1], limit)
     if at is not None:
+        at -= min(_lead_s(run, True), _lead_s(run, False))  # (a save may commit before then: never late)
         run.at(math.ceil(max(at, run.now) / RECONCILE_S) * RECONCILE_S, partial(_sweep, run), run.attempts[-1].number)
 
 
@@ -59,7 +72,7 @@ def _sweep(run: SpotrelayRun, number: int) -> None:
         return  # that attempt ended (its cost is closed: Plan or the next attempt's watch decides)
     if run.metrics.finished or run.metrics.failed_reason is not None:
         return
-    reason = over_budget(spent_at(run.cost_so_far, current, run.now), _limit(run))
+    reason = budget_stop(run.cost_so_far, current, run.now, _limit(run), _lead_s(run))
     if reason is None or run.waiting != "outcome":  # (a launch price of 0 never gets here)
         run.at(run.now + RECONCILE_S, partial(_sweep, run), number)  # services/budget.stop_if_spent: outcome waits only
         return

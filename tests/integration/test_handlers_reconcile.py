@@ -12,7 +12,7 @@ import pytest
 from functions import on_agent_event, reconcile
 from spotrelay.adapters.aws import client
 from spotrelay.contracts.events import DirectiveKind, parse_directive
-from spotrelay.domain.models import NodeState
+from spotrelay.domain.models import CheckpointRef, NodeState
 from spotrelay.domain.status import JobStatus
 from spotrelay.ports.compute import LaunchRequest
 from tests.integration.controller_doubles import Env, agent_event, ctx, env, load_event, pool, running_job
@@ -117,6 +117,37 @@ def test_over_budget_saves_then_fails_the_outcome_wait_once(env: Env) -> None:
     assert (kind, token, detail["error"]) == ("failure", "tok-out", "BudgetExceededError")
     assert "of the $500.00 budget" in detail["cause"]
     assert env.store.get_job(job.job_id).reasons[-1].startswith("budget: spent $")
+
+
+def test_the_budget_stops_a_job_a_sweep_and_its_measured_save_ahead(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A budget is a cap: the sweep stops the job while the next sweep and the ranks' save (the newest
+    measured one, 1.5x) still fit in it, so what the stop spends does not pass it."""
+    job, _gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    assert job.execution_arn is not None
+    env.workflow.executions[job.execution_arn] = "RUNNING"
+
+    def spent_minutes(minutes: float) -> None:  # 2 nodes x $30/h: $1 a minute on a $500 budget
+        env.store.update_job(job.job_id, lambda j: j.model_copy(update={
+            "spec": {**j.spec, "budget": {"max_total_cost": 500}},
+            "last_checkpoint": CheckpointRef(step=10, uri="s3://b/ckpt/10", committed_at=time.time(), duration_s=60.0),
+            "attempts": [j.attempts[0].model_copy(update={"started_at": time.time() - minutes * 60})]}))
+
+    spent_minutes(496.5)  # a minute's sweep and a 90 s save ahead: $499, within it
+    assert _run(14)["over_budget"] == []
+    spent_minutes(498)  # $500.50 by the save's end: stop now
+    assert _run(15)["over_budget"] == [job.job_id]
+    reason = env.store.get_job(job.job_id).reasons[-1]
+    assert reason.startswith("budget: spent $498.0") and "of the $500.00 budget; the ranks' save and the next " \
+        "sweep (2.5 min at the running attempt's rate) would spend the rest" in reason
+
+    monkeypatch.setenv("SPOTRELAY_RECONCILE_S", "600")  # a ten-minute schedule: ten minutes further ahead
+    other, _ = running_job(env.store, env.compute, job_id="job-slow-sweep", tokens={"outcome": "tok-2"})
+    assert other.execution_arn is not None
+    env.workflow.executions[other.execution_arn] = "RUNNING"
+    env.store.update_job(other.job_id, lambda j: j.model_copy(update={
+        "spec": {**j.spec, "budget": {"max_total_cost": 500}},
+        "attempts": [j.attempts[0].model_copy(update={"started_at": time.time() - 489 * 60})]}))
+    assert _run(16)["over_budget"] == [other.job_id]  # $489 + 10 min + 2 min (no save measured yet)
 
 
 def test_over_budget_with_no_rank_training_fails_at_once(env: Env) -> None:

@@ -1,6 +1,7 @@
 """``budget.max_total_cost``: the services and the simulator stop a job at the same ledger figure.
 
-The decision is one copy (domain/cost.py: ``over_budget``, ``spent_at``, ``budget_reached_at``): Plan
+The decision is one copy (domain/cost.py: ``over_budget``, ``budget_stop``, ``spent_at``,
+``budget_reached_at``): Plan
 and the reconcile sweep call it in the services (tests/integration/test_handlers_reconcile.py), and
 sim/budget.py calls it at the sweeps the simulator would see."""
 
@@ -16,7 +17,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from spotrelay.cli.main import app
-from spotrelay.domain.cost import budget_reached_at, budget_warning, over_budget, spent_at
+from spotrelay.domain.cost import (DEFAULT_SAVE_S, budget_reached_at, budget_stop, budget_warning, over_budget,
+                                   spent_at, stop_lead_s)
 from spotrelay.domain.models import Attempt, Pool
 from spotrelay.errors import BudgetExceededError
 from spotrelay.services.plan import plan
@@ -63,6 +65,27 @@ def test_the_budget_is_reached_when_the_ledger_says_so(spent: float, limit: floa
     assert budget_reached_at(spent, a.model_copy(update={"ended_at": 2000.0}), limit) is None
 
 
+@given(spent=st.floats(0, 1e5), limit=st.floats(1, 1e6), price=st.floats(0.01, 100), nodes=st.integers(1, 64),
+       now=st.floats(1000.0, 1e6), lead=st.floats(0.0, 3600.0))
+def test_the_sweep_stops_a_job_once_a_sweep_and_a_save_would_spend_the_rest(
+    spent: float, limit: float, price: float, nodes: int, now: float, lead: float
+) -> None:
+    a = _open(price, nodes)
+    reason = budget_stop(spent, a, now, limit, lead)
+    assert (reason is not None) == (spent_at(spent, a, now + lead) >= limit)
+    if reason is not None and spent_at(spent, a, now) < limit:  # ahead of the ledger: says why
+        assert reason.startswith(f"spent ${spent_at(spent, a, now):,.2f} of the ${limit:,.2f} budget; the ranks' save")
+    assert budget_stop(spent, a, now, None, lead) is None
+    assert budget_stop(spent, a, now, limit, 0.0) == over_budget(spent_at(spent, a, now), limit)
+
+
+def test_the_lead_is_a_sweep_and_the_newest_save_with_headroom() -> None:
+    assert stop_lead_s(60.0, None) == 60.0 + DEFAULT_SAVE_S  # no save measured yet: the notice window
+    assert stop_lead_s(60.0, 0.0) == 60.0 + DEFAULT_SAVE_S
+    assert stop_lead_s(60.0, 100.0) == pytest.approx(60.0 + 150.0)
+    assert stop_lead_s(600.0, 10.0) == pytest.approx(615.0)
+
+
 def _run(limit: float | None, nodes: int = 8, hours: float = 240.0) -> Any:
     job = JobModel(nodes=nodes, job_hours=hours)
     opts = SimOptions(market=MarketOptions(traces=[TRACE]), job=job, policies=("spotrelay",), timeline=True)
@@ -76,7 +99,7 @@ def _run(limit: float | None, nodes: int = 8, hours: float = 240.0) -> Any:
     return run
 
 
-def test_the_simulated_job_stops_at_the_first_sweep_past_its_budget() -> None:
+def test_the_simulated_job_stops_within_its_budget_at_the_first_sweep_a_sweep_and_a_save_ahead() -> None:
     free = _run(None)
     assert free.metrics.finished
     limit = free.cost_so_far / 2  # half of what the job's record says it cost to finish
@@ -86,10 +109,12 @@ def test_the_simulated_job_stops_at_the_first_sweep_past_its_budget() -> None:
     assert stopped.ended_at is None
     rate = stopped.price_per_hour * stopped.nodes / 3600.0
     reached = spent_at(run.cost_so_far, stopped, run.now)
-    # the sweep runs every minute: it finds the ledger past the budget within a minute; the ranks then
-    # save (services/stop.py) and the job stops when that save is committed, flush_s later
+    # the sweep runs every minute: the first whose ledger a sweep and a save ahead reaches the budget
+    # stops the job; the ranks then save (services/stop.py) and the job stops when that save is
+    # committed, flush_s later: within the budget, and not more than a sweep early
     flush = run.job.flush_s()
-    assert limit <= reached < limit + rate * (sim_budget.RECONCILE_S + flush) * 1.001 + 1e-6
+    lead = stop_lead_s(sim_budget.RECONCILE_S, run.job.stall_s(stopped.pool.instance_type) + run.job.persist_s())
+    assert limit - rate * (lead + sim_budget.RECONCILE_S - flush) * 1.001 - 1e-6 < reached <= limit
     assert (run.now - flush) % sim_budget.RECONCILE_S == pytest.approx(0.0, abs=1e-6)
     # the job's model is that save: training stopped at it, nothing trained is lost to the stop
     [at] = [t for t, _, w in run.metrics.timeline if w.startswith("budget: spent")]
@@ -134,7 +159,8 @@ def test_simulate_spec_with_a_budget_says_the_job_stopped(tmp_path: Path) -> Non
                                       "--policies", "spotrelay,on-demand", "--json", str(out)])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
-    assert "spotrelay: 1 of 1 run(s) did not finish (budget: spent $2,0" in text
+    assert "spotrelay: 1 of 1 run(s) did not finish (budget: spent $1,9" in text  # stopped ahead of it
+    assert "of the $2,000.00 budget; the ranks' save and the next sweep (" in text
     assert "spotrelay ran spec 'capped' (" in text and ", its $2,000 budget for spotrelay only);" in text
     assert json.loads(out.read_text())["assumptions"]["spotrelay"]["spec"]["budget_usd"] == 2000
     relative = json.loads(out.read_text())["relative"]
