@@ -1,17 +1,22 @@
-"""``spotrelay resume JOB [--budget USD]``: go on from a stopped job's newest checkpoint as a new job
-(services/resume.py). Prints the new job id on stdout, as ``submit`` does."""
+"""``spotrelay resume JOB [--budget USD] [--spec FILE]``: go on from a stopped job's newest checkpoint as
+a new job (services/resume.py), with its spec or an edited one that trains the same. Prints the new job
+id on stdout, as ``submit`` does."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from spotrelay.cli.errors import UsageProblem
+
+if TYPE_CHECKING:
+    from spotrelay.spec.models import JobSpec
 
 out = Console()
 
@@ -19,31 +24,42 @@ BudgetOpt = Annotated[float | None, typer.Option(
     "--budget", help="the new job's budget.max_total_cost in USD (default: the old spec's, for the new job alone)")]
 
 
-def resume(job_id: str, budget: BudgetOpt = None,
+SpecOpt = Annotated[Path | None, typer.Option(
+    "--spec", help="run this spec instead (other regions, types, cadence, budget); it must train the same")]
+
+
+def resume(job_id: str, budget: BudgetOpt = None, spec_file: SpecOpt = None,
            endpoint_url: Annotated[str | None, typer.Option("--endpoint-url", help="AWS endpoint")] = None,
            bucket: Annotated[str | None, typer.Option("--bucket", help="jobs bucket")] = None,
            table: Annotated[str | None, typer.Option("--table", help="jobs table")] = None,
            region: Annotated[str | None, typer.Option("--region", help="home region")] = None) -> None:
-    """Go on from a failed or cancelled job's newest checkpoint as a new job (same spec; --budget to raise it)."""
+    """Go on from a failed or cancelled job's newest checkpoint as a new job (same spec, or --spec; --budget)."""
     from pydantic import ValidationError
 
     from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
     from spotrelay.adapters.s3_object_store import S3ObjectStore
-    from spotrelay.cli.main import _connect, submission_key
+    from spotrelay.cli.main import _connect, _spec_file, submission_key
     from spotrelay.domain.models import job_id_for
     from spotrelay.resources import RESOURCES
     from spotrelay.services.describe import checkpoint_location, checkpoints
     from spotrelay.services.resume import resume_spec
     from spotrelay.settings import settings
+    from spotrelay.spec import load_spec
 
+    edited = None
+    if spec_file is not None:  # checked before anything is read or written: a bad file names itself
+        _spec_file(spec_file)
+        edited = load_spec(spec_file)
     _connect(endpoint_url, bucket, table, region)
+    if edited is not None and spec_file is not None:
+        edited = _with_code(edited, spec_file)
     store = DynamoDBJobStore()
     job = store.get_job(job_id)
     where, prefix = checkpoint_location(job, settings().bucket, RESOURCES.checkpoints_prefix)
     location = f"s3://{where}/{prefix}".rstrip("/")
     live = [j for j in store.all_jobs() if not j.status.terminal]
     try:
-        spec = resume_spec(job, location, live, budget)
+        spec = resume_spec(job, location, live, budget, edited)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise UsageProblem(f"--budget: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
@@ -57,3 +73,16 @@ def resume(job_id: str, budget: BudgetOpt = None,
               + (f"; budget ${limit:,.2f} for the new job (the stopped one spent ${job.cost_so_far:,.2f})"
                  if limit is not None else ""), highlight=False, soft_wrap=True)
     sys.stdout.write(job_id_for(key, etag) + "\n")
+
+
+def _with_code(spec: JobSpec, spec_file: Path) -> JobSpec:
+    """A spec whose ``entrypoint.code`` is a local directory: uploaded as ``submit`` does, then named."""
+    from spotrelay.cli.code import local_code_dir, upload
+    from spotrelay.spec.load import parse_spec
+
+    code_dir = local_code_dir(spec, spec_file)
+    if code_dir is None:
+        return spec
+    body, uri = upload(spec, spec_file, code_dir)
+    out.print(f"code {code_dir} uploaded as {uri}", highlight=False)
+    return parse_spec(body, str(spec_file))

@@ -12,17 +12,21 @@ from __future__ import annotations
 from spotrelay.domain.models import Job
 from spotrelay.domain.status import JobStatus
 from spotrelay.errors import InvalidTransitionError
-from spotrelay.spec.load import training_hash
+from spotrelay.spec.load import training_differences, training_hash
 from spotrelay.spec.models import JobSpec
 
 RESUMED_FROM_TAG = "spotrelay.resumed_from"  # the MLflow tag naming the job a resumed one continues
 
 
-def resume_spec(job: Job, location: str, live: list[Job], budget: float | None = None) -> JobSpec:
+def resume_spec(job: Job, location: str, live: list[Job], budget: float | None = None,
+                edited: JobSpec | None = None) -> JobSpec:
     """The spec of the job that continues ``job`` from ``location`` (its durable tier); ``budget``: the
-    new job's own ``max_total_cost`` (else the old spec's: it applies to the new job's spend alone).
-    ``InvalidTransitionError`` names why not: the job is still live, finished, rejected, or another
-    live job already writes to that location."""
+    new job's own ``max_total_cost`` (else the spec's: it applies to the new job's spend alone);
+    ``edited``: a spec to run instead of the stopped job's (other regions, types, cadence, retries,
+    budget), whose training definition must be the stopped job's: its agent would refuse the checkpoints
+    otherwise. ``InvalidTransitionError`` names why not: the job is still live, finished, rejected,
+    another live job already writes to that location, or ``edited`` trains something else or saves
+    elsewhere."""
     if job.status is JobStatus.SUCCEEDED:
         raise InvalidTransitionError(f"job {job.job_id} succeeded; nothing to resume (submit a new spec to "
                                      "train further)")
@@ -32,12 +36,14 @@ def resume_spec(job: Job, location: str, live: list[Job], budget: float | None =
         raise InvalidTransitionError(f"job {job.job_id} is {job.status.value}; cancel it first (two jobs must not "
                                      "write one checkpoint location)")
     spec = JobSpec.model_validate(job.spec)
+    if edited is not None:
+        _check_edited(job, spec, edited, location)
     for other in live:
         ckpt = (other.spec.get("checkpoint") or {}) if other.spec else {}
         if other.job_id != job.job_id and (ckpt.get("s3_prefix") or "").rstrip("/") == location:
             raise InvalidTransitionError(f"job {other.job_id} ({other.status.value}) already resumes {job.job_id} "
                                          f"from {location}")
-    doc = spec.model_dump(mode="json")
+    doc = (edited or spec).model_dump(mode="json")
     doc["checkpoint"]["s3_prefix"] = location
     if budget is not None:
         doc["budget"]["max_total_cost"] = budget
@@ -45,3 +51,15 @@ def resume_spec(job: Job, location: str, live: list[Job], budget: float | None =
     resumed = JobSpec.model_validate(doc)  # (a bad budget is named by its field: budget.max_total_cost)
     assert training_hash(resumed) == training_hash(spec)  # what lets the new job's agent resume it
     return resumed
+
+
+def _check_edited(job: Job, spec: JobSpec, edited: JobSpec, location: str) -> None:
+    differs = training_differences(spec, edited)
+    if differs:
+        raise InvalidTransitionError(
+            f"the spec trains something else than job {job.job_id} ({', '.join(differs)} differ): its checkpoints "
+            "would be refused; keep those fields, or submit it as a new job")
+    prefix = edited.checkpoint.s3_prefix
+    if prefix is not None and prefix.rstrip("/") != location:
+        raise InvalidTransitionError(f"checkpoint.s3_prefix: resume goes on from {location}, not {prefix}; "
+                                     "leave it out of the spec")

@@ -112,6 +112,19 @@ _TRAINING_FIELDS: dict[str, bool | set[str]] = {
     "dataset": {"uri"}}
 
 
+def training_differences(a: JobSpec, b: JobSpec) -> list[str]:
+    """The fields of the training definition (``_TRAINING_FIELDS``) in which ``a`` and ``b`` differ."""
+    left, right = (s.model_dump(mode="json", include=_TRAINING_FIELDS) for s in (a, b))
+    out = []
+    for key in sorted(set(left) | set(right)):
+        x, y = left.get(key), right.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += [f"{key}.{k}" for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)]
+        elif x != y:
+            out.append(key)
+    return out
+
+
 def training_hash(spec: JobSpec) -> str:
     """A stable hash of the spec's training definition (``_TRAINING_FIELDS``): what a checkpoint's
     manifest records, and a resume under another one is refused unless allowed."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from typer.testing import CliRunner
@@ -90,3 +92,58 @@ def test_what_cannot_be_resumed_is_one_line(env: dict[str, str]) -> None:
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
     # nothing was submitted by any refusal (the two tiny jobs' own objects only)
     assert len(_new_objects(bucket, set())) == 2
+
+
+def _edited(tmp_path: Path, change: Callable[[str], str], name: str = "edited.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(change((ROOT / "examples" / "tiny.yaml").read_text()))
+    return path
+
+
+def test_resume_with_an_edited_spec_that_trains_the_same(env: dict[str, str], tmp_path: Path) -> None:
+    """--spec: more regions, a new cadence and budget run on; the training definition is the stopped job's."""
+    bucket = env["bucket"]
+    old_id = _submitted(bucket)
+    old = DynamoDBJobStore().get_job(old_id)
+    _stop(old_id, JobStatus.CANCELLED)
+    location = f"s3://{bucket}/{RESOURCES.checkpoints_prefix}{old_id}"
+    wider = _edited(tmp_path, lambda s: s.replace("regions: [us-east-1, us-west-2]",
+                                                  "regions: [us-east-1, us-west-2, eu-west-1]")
+                    .replace("every_steps: 10", "every_steps: 5").replace("max_total_cost: 500", "max_total_cost: 800"))
+    seen = {o["Key"] for o in _new_objects(bucket, set())}
+    result = runner.invoke(app, ["resume", old_id, "--spec", str(wider)])
+    assert result.exit_code == 0, result.output
+    assert "budget $800.00 for the new job" in " ".join(result.output.split())
+    [obj] = _new_objects(bucket, seen)
+    spec = json.loads(client("s3").get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
+    assert spec["resources"]["regions"] == ["us-east-1", "us-west-2", "eu-west-1"]
+    assert spec["checkpoint"]["every_steps"] == 5 and spec["checkpoint"]["s3_prefix"] == location
+    assert spec["budget"]["max_total_cost"] == 800 and spec["tracking"]["tags"][RESUMED_FROM_TAG] == old_id
+    event = copy.deepcopy(load_event("s3_object_created_submission.json"))
+    event["detail"]["bucket"]["name"] = bucket
+    event["detail"]["object"].update({"key": obj["Key"], "etag": obj["ETag"].strip('"'), "size": obj["Size"]})
+    taken = _invoke(event)
+    assert taken["outcome"] == "started"
+    assert DynamoDBJobStore().get_job(taken["job_id"]).training_hash == old.training_hash
+
+
+def test_an_edited_spec_that_trains_something_else_is_refused_in_one_line(env: dict[str, str], tmp_path: Path) -> None:
+    bucket = env["bucket"]
+    old_id = _submitted(bucket)
+    _stop(old_id)
+    other_steps = _edited(tmp_path, lambda s: s.replace('--steps, "60"', '--steps, "90"'))
+    result = runner.invoke(app, ["resume", old_id, "--spec", str(other_steps)])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+    assert f"trains something else than job {old_id} (entrypoint.args differ)" in " ".join(result.output.split())
+    elsewhere = _edited(tmp_path, lambda s: s.replace("  local_dir: .cache/twin-checkpoints",
+                                                      "  local_dir: .cache/twin-checkpoints\n"
+                                                      "  s3_prefix: s3://other-bucket/ckpt"), "elsewhere.yaml")
+    result = runner.invoke(app, ["resume", old_id, "--spec", str(elsewhere)])
+    assert result.exit_code == 1 and "checkpoint.s3_prefix: resume goes on from s3://" in result.output
+    broken = _edited(tmp_path, lambda s: s.replace("nodes: 2", "nodes: two"), "broken.yaml")
+    result = runner.invoke(app, ["resume", old_id, "--spec", str(broken)])
+    assert result.exit_code == 2 and "broken.yaml" in result.output and "resources.nodes" in result.output
+    assert "Traceback" not in result.output
+    result = runner.invoke(app, ["resume", old_id, "--spec", str(tmp_path / "job.txt")])
+    assert result.exit_code != 0 and len(result.output.strip().splitlines()) == 1, result.output
+    assert len(_new_objects(bucket, set())) == 1  # nothing was submitted by any refusal
