@@ -2,8 +2,13 @@
 
 Only node rank 0's agent writes. The parent run id lives on the job record (``mlflow_run_id``, which
 the controller records from the agent's ``TrackingStarted`` event; a run tagged ``spotrelay.job_id``
-is found again if that event was lost); a child is found again by
-its ``spotrelay.attempt`` tag, so a restarted agent does not make a second one.
+is found again if that event was lost); a child is found again by its ``spotrelay.job_id`` and
+``spotrelay.attempt`` tags, so a restarted agent does not make a second one.
+
+A job ``spotrelay resume`` started (its spec's ``spotrelay.resumed_run`` tag) continues the stopped
+job's parent run: one loss curve across both, the new job's attempts as children named
+``attempt-N (JOB)``, its lifecycle metrics at steps after the earlier jobs' attempts (the offset is
+kept on the parent as ``spotrelay.attempts_before.JOB``, so a restarted agent finds it again).
 
 - parent: the job's params (once), lifecycle metrics with the attempt as their step (steps lost,
   downtime before the attempt, cost so far, recoveries), the per-step training metrics as one curve
@@ -25,7 +30,7 @@ from typing import Any
 
 from agent.config import AgentConfig
 from agent.reporting import warn
-from spotrelay.contracts.agent import JobView
+from spotrelay.contracts.agent import RESUMED_RUN_TAG, JobView
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.spec.models import JobSpec
 
@@ -36,6 +41,8 @@ STEP_METRICS = ("loss", "lr", "grad_norm", "samples_s", "step_s")
 class JobTracking:
     def __init__(self, client: Any, run_id: str, attempt: int, clock: Callable[[], float] = time.time) -> None:
         self.client, self.run_id, self.attempt, self.clock = client, run_id, attempt, clock
+        self.offset = 0  # attempts earlier jobs logged on this run (a resumed job continues it)
+        self.continuing = False
         self.child_id: str | None = None
         self._pending: list[Any] = []
         self._flushed = clock()
@@ -53,7 +60,7 @@ class JobTracking:
             from mlflow.tracking import MlflowClient
 
             client = MlflowClient(tracking_uri=uri)
-            run_id = job.mlflow_run_id or cls._find_or_create(client, config, spec)
+            run_id = job.mlflow_run_id or cls._continued(client, spec) or cls._find_or_create(client, config, spec)
             if job.mlflow_run_id != run_id:
                 record_run(run_id)
             tracking = cls(client, run_id, config.attempt)
@@ -62,6 +69,34 @@ class JobTracking:
         except Exception as exc:  # tracking must never stop training
             warn("MLflow unavailable; not tracking", error=str(exc))
             return None
+
+    @staticmethod
+    def _continued(client: Any, spec: JobSpec) -> str | None:
+        """The stopped job's run a resumed one continues, if the tracking server still has it."""
+        run_id = spec.tracking.tags.get(RESUMED_RUN_TAG)
+        if not run_id:
+            return None
+        try:
+            return str(client.get_run(run_id).info.run_id)
+        except Exception as exc:  # another server, or the run was deleted: a run of its own
+            warn("the resumed job's run is not on this tracking server; starting a new one", run_id=run_id,
+                 error=str(exc))
+            return None
+
+    def _attempts_before(self, parent: Any, job_id: str) -> int:
+        """0 on the job's own run; on a run it continues, the attempts logged before it first attached."""
+        if parent.data.tags.get("spotrelay.job_id") == job_id:
+            return 0
+        self.continuing = True
+        key = f"spotrelay.attempts_before.{job_id}"
+        if key in parent.data.tags:
+            return int(parent.data.tags[key])
+        logged = self.client.get_metric_history(self.run_id, "attempt")
+        before = max((int(m.step) for m in logged), default=0)
+        self.client.set_tag(self.run_id, key, str(before))
+        self.client.set_tag(self.run_id, "spotrelay.continued_by", job_id)
+        self._safe(self.client.update_run, self.run_id, status="RUNNING")  # the stopped job's run goes on
+        return before
 
     @staticmethod
     def _find_or_create(client: Any, config: AgentConfig, spec: JobSpec) -> str:
@@ -83,6 +118,7 @@ class JobTracking:
         """Parent params (once) and lifecycle metrics; this attempt's child run."""
         self.attempt = config.attempt
         parent = self.client.get_run(self.run_id)
+        self.offset = self._attempts_before(parent, config.job_id)
         params = {"job_id": config.job_id, "nodes": spec.resources.nodes, "launcher": spec.launcher.type,
                   "gpus_per_node": spec.resources.gpus_per_node,
                   "checkpoint_every_steps": spec.checkpoint.every_steps,
@@ -91,11 +127,11 @@ class JobTracking:
             if key not in parent.data.params:
                 self.client.log_param(self.run_id, key, value)
         self.client.set_tag(self.run_id, "spotrelay.attempt", str(config.attempt))
-        self.client.log_metric(self.run_id, "attempt", config.attempt, step=config.attempt)
+        self.client.log_metric(self.run_id, "attempt", config.attempt, step=self.step)
         if job is not None:
             self._lifecycle(job)
         self.child_id = self._child(config, parent.info.experiment_id, job)
-        self._close_orphans(parent.info.experiment_id, job)
+        self._close_orphans(parent.info.experiment_id, config.job_id, job)
 
     def _lifecycle(self, job: JobView) -> None:
         now = self.clock()
@@ -104,16 +140,23 @@ class JobTracking:
         if previous:
             values["downtime_s"] = max(0.0, now - max(a.ended_at or 0.0 for a in previous))
         for key, value in values.items():
-            self._safe(self.client.log_metric, self.run_id, key, float(value), step=self.attempt)
+            self._safe(self.client.log_metric, self.run_id, key, float(value), step=self.step)
+
+    @property
+    def step(self) -> int:
+        """The step of the parent's lifecycle metrics: this attempt, after earlier jobs' (resumed)."""
+        return self.offset + self.attempt
 
     def _child(self, config: AgentConfig, experiment_id: str, job: JobView | None) -> str:
-        mine = f"tags.`mlflow.parentRunId` = '{self.run_id}' and tags.`spotrelay.attempt` = '{self.attempt}'"
+        mine = (f"tags.`mlflow.parentRunId` = '{self.run_id}' and tags.`spotrelay.attempt` = '{self.attempt}' "
+                f"and tags.`spotrelay.job_id` = '{config.job_id}'")
         found = self.client.search_runs([experiment_id], filter_string=mine, max_results=1)
         if found:
             return str(found[0].info.run_id)
         record = next((a for a in (job.attempts if job else []) if a.number == self.attempt), None)
         pool = record.pool if record is not None else None
-        tags = {"mlflow.parentRunId": self.run_id, "mlflow.runName": f"attempt-{self.attempt}",
+        name = f"attempt-{self.attempt}" + (f" ({config.job_id})" if self.continuing else "")
+        tags = {"mlflow.parentRunId": self.run_id, "mlflow.runName": name,
                 "spotrelay.job_id": config.job_id, "spotrelay.role": "attempt", "spotrelay.attempt": str(self.attempt),
                 "spotrelay.instance_type": config.instance_type or (pool.instance_type if pool else ""),
                 "spotrelay.pool": pool.key if pool else f"{config.region or '?'}/{config.az or '?'}"}  # fmt: skip
@@ -125,13 +168,14 @@ class JobTracking:
             self._safe(self.client.log_param, child, key, value)
         return child
 
-    def _close_orphans(self, experiment_id: str, job: JobView | None) -> None:
+    def _close_orphans(self, experiment_id: str, job_id: str, job: JobView | None) -> None:
         """End earlier attempts' runs still RUNNING: their rank 0 was lost before it could report, so
         the next attempt's agent closes them (KILLED, with the reason the controller recorded)."""
         try:
             stale = self.client.search_runs(
                 [experiment_id],
-                filter_string=f"tags.`mlflow.parentRunId` = '{self.run_id}' and attributes.status = 'RUNNING'",
+                filter_string=f"tags.`mlflow.parentRunId` = '{self.run_id}' and attributes.status = 'RUNNING' "
+                              f"and tags.`spotrelay.job_id` = '{job_id}'",  # (a continued run: this job's)
             )
         except Exception as exc:
             warn("MLflow search failed", error=str(exc))
@@ -177,17 +221,17 @@ class JobTracking:
             if stall_s is not None:
                 self._safe(self.client.log_metric, run, "checkpoint_stall_s", stall_s, step=step)
         if emergency:
-            self._safe(self.client.log_metric, self.run_id, "emergency_checkpoint_step", step, step=self.attempt)
+            self._safe(self.client.log_metric, self.run_id, "emergency_checkpoint_step", step, step=self.step)
 
     # --- the end -----------------------------------------------------------------------------------
     def attempt_ended(self, exit_code: int, last_committed_step: int | None, reason: str = "",
                       manifest: Path | None = None, final_uri: str | None = None,
                       register_model: str | None = None) -> None:  # fmt: skip
         self.flush()
-        self._safe(self.client.log_metric, self.run_id, "exit_code", exit_code, step=self.attempt)
+        self._safe(self.client.log_metric, self.run_id, "exit_code", exit_code, step=self.step)
         if last_committed_step is not None:
             self._safe(self.client.log_metric, self.run_id, "last_committed_step", last_committed_step,
-                       step=self.attempt)  # fmt: skip
+                       step=self.step)  # fmt: skip
         if self.child_id:
             why = reason or ExitCode.describe(exit_code)
             self._safe(self.client.set_tag, self.child_id, "spotrelay.end_reason", why)

@@ -22,6 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from spotrelay.contracts.events import AgentEventModel
 
+# MLflow tags a resumed job's spec carries (services/resume.py writes them; agent/tracking.py reads the run)
+RESUMED_FROM_TAG = "spotrelay.resumed_from"  # the job it goes on from
+RESUMED_RUN_TAG = "spotrelay.resumed_run"  # that job's parent run, which the resumed job continues
+
 # Node states as the controller writes them (spotrelay.domain.models.NodeState values).
 PENDING, READY, RUNNING, DOOMED, EXITED = "PENDING", "READY", "RUNNING", "DOOMED", "EXITED"
 UP = (READY, RUNNING)  # registered and (about to be) training

@@ -9,13 +9,12 @@ the newest committed checkpoint under ``checkpoint.s3_prefix``, which its traini
 
 from __future__ import annotations
 
+from spotrelay.contracts.agent import RESUMED_FROM_TAG, RESUMED_RUN_TAG
 from spotrelay.domain.models import Job
 from spotrelay.domain.status import JobStatus
 from spotrelay.errors import InvalidTransitionError
 from spotrelay.spec.load import training_differences, training_hash
 from spotrelay.spec.models import JobSpec
-
-RESUMED_FROM_TAG = "spotrelay.resumed_from"  # the MLflow tag naming the job a resumed one continues
 
 
 def resume_spec(job: Job, location: str, live: list[Job], budget: float | None = None,
@@ -47,7 +46,10 @@ def resume_spec(job: Job, location: str, live: list[Job], budget: float | None =
     doc["checkpoint"]["s3_prefix"] = location
     if budget is not None:
         doc["budget"]["max_total_cost"] = budget
-    doc["tracking"]["tags"] = {**doc["tracking"]["tags"], RESUMED_FROM_TAG: job.job_id}
+    tags = {**doc["tracking"]["tags"], RESUMED_FROM_TAG: job.job_id}
+    if job.mlflow_run_id:  # its agent continues that run: one loss curve (agent/tracking.py)
+        tags[RESUMED_RUN_TAG] = job.mlflow_run_id
+    doc["tracking"]["tags"] = tags
     resumed = JobSpec.model_validate(doc)  # (a bad budget is named by its field: budget.max_total_cost)
     assert training_hash(resumed) == training_hash(spec)  # what lets the new job's agent resume it
     return resumed

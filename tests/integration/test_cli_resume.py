@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 from spotrelay.adapters.aws import client
 from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
 from spotrelay.cli.main import app
+from spotrelay.contracts.agent import RESUMED_FROM_TAG, RESUMED_RUN_TAG
 from spotrelay.domain.status import JobStatus
 from spotrelay.resources import RESOURCES
-from spotrelay.services.resume import RESUMED_FROM_TAG
 from tests.conftest import ROOT, load_event
 from tests.integration.test_on_submission import _drop, _invoke, env
 
@@ -33,7 +33,8 @@ def _submitted(bucket: str, key: str = "tiny.yaml") -> str:
 
 def _stop(job_id: str, status: JobStatus = JobStatus.FAILED, cost: float = 412.5) -> None:
     DynamoDBJobStore().update_job(job_id, lambda j: j.model_copy(update={
-        "status": status, "cost_so_far": cost, "reasons": ["budget: spent $412.50 of the $400.00 budget"]}))
+        "status": status, "cost_so_far": cost, "reasons": ["budget: spent $412.50 of the $400.00 budget"],
+        "mlflow_run_id": "run-of-the-stopped-job"}))
 
 
 def _new_objects(bucket: str, seen: set[str]) -> list[dict[str, Any]]:
@@ -59,6 +60,7 @@ def test_a_stopped_job_goes_on_from_its_checkpoints_as_a_new_job(env: dict[str, 
     spec = json.loads(client("s3").get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
     assert spec["checkpoint"]["s3_prefix"] == location and spec["budget"]["max_total_cost"] == 900
     assert spec["tracking"]["tags"][RESUMED_FROM_TAG] == old_id
+    assert spec["tracking"]["tags"][RESUMED_RUN_TAG] == "run-of-the-stopped-job"  # its agent continues that run
     # the controller takes it like any submission; its training definition is the stopped job's, so its
     # agent resumes the checkpoints there (checkpoints.md)
     event = copy.deepcopy(load_event("s3_object_created_submission.json"))  # S3's event for the CLI's upload

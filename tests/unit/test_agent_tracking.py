@@ -159,3 +159,64 @@ def test_a_lost_rank_0s_attempt_run_is_closed_by_the_next_attempt(tmp_path: Path
     assert orphan.info.status == "KILLED" and orphan.info.end_time == 250_000
     assert orphan.data.tags["spotrelay.end_reason"] == "node-lost (closed by a later attempt)"
     assert current.info.status == "RUNNING"  # its own run is left alone
+
+
+def test_a_resumed_job_continues_the_stopped_jobs_run(tmp_path: Path, mlflow_uri: str) -> None:
+    """``spotrelay resume`` puts the stopped job's run in the new spec's tags: the new job's agent logs
+    on that run (one loss curve), its attempts are children named for it, and its lifecycle metrics
+    come after the stopped job's attempts."""
+    from mlflow.tracking import MlflowClient
+
+    from spotrelay.contracts.agent import RESUMED_FROM_TAG, RESUMED_RUN_TAG
+
+    uri = mlflow_uri
+    MlflowClient(tracking_uri=uri).create_experiment("exp", artifact_location=(tmp_path / "artifacts").as_uri())
+    one = Attempt(number=1, pool=POOL, started_at=100.0, ended_at=200.0, nodes=2)
+    a = JobOnly(Job(job_id="j-1", name="tracked", status=JobStatus.RUNNING, attempts=[one]))
+    first = JobTracking.for_job(_config(1), a.view, _spec(uri), a.record)
+    assert first is not None
+    first.add_metrics([{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.5}])
+    first.attempt_ended(75, 2, "preempted-saved")
+    two = Attempt(number=2, pool=POOL, started_at=300.0, nodes=2)
+    a2 = JobOnly(a.job.model_copy(update={"attempts": [one, two]}))
+    second = JobTracking.for_job(_config(2), a2.view, _spec(uri), a2.record)
+    assert second is not None and second.child_id
+    second.add_metrics([{"step": 3, "loss": 2.2}])
+    second.flush()  # then its rank 0 is lost: the job fails on its budget, its attempt-2 run stays RUNNING
+
+    spec = _spec(uri).model_copy(deep=True)
+    spec.tracking.tags.update({RESUMED_FROM_TAG: "j-1", RESUMED_RUN_TAG: first.run_id})
+    b = JobOnly(Job(job_id="j-2", name="tracked", status=JobStatus.RUNNING,
+                    attempts=[Attempt(number=1, pool=POOL, started_at=900.0, nodes=2)]))
+    config = AgentConfig(job_id="j-2", attempt=1, rank=0, nodes=2, instance_type="p4d.24xlarge")
+    resumed = JobTracking.for_job(config, b.view, spec, b.record)
+    assert resumed is not None and resumed.run_id == first.run_id and b.job.mlflow_run_id == first.run_id
+    assert resumed.child_id not in (first.child_id, second.child_id)
+    resumed.resumed(3)
+    resumed.add_metrics([{"step": 4, "loss": 2.0}])
+    # its agent restarts mid-attempt: the same child, the same offset
+    again = JobTracking.for_job(config, b.view, spec, b.record)
+    assert again is not None and again.child_id == resumed.child_id and again.step == 3
+    resumed.attempt_ended(0, 4, "done")
+
+    client = MlflowClient(tracking_uri=uri)
+    parent = client.get_run(first.run_id)
+    assert parent.info.status == "FINISHED" and parent.data.tags["spotrelay.attempts_before.j-2"] == "2"
+    assert parent.data.params["job_id"] == "j-1" and parent.data.tags["spotrelay.continued_by"] == "j-2"
+    loss = client.get_metric_history(first.run_id, "loss")
+    assert sorted((m.step, m.value) for m in loss) == [(1, 3.0), (2, 2.5), (3, 2.2), (4, 2.0)]
+    attempts = sorted({(m.step, m.value) for m in client.get_metric_history(first.run_id, "attempt")})  # (a set:
+    # the restarted agent logged its attempt again)
+    assert attempts == [(1, 1.0), (2, 2.0), (3, 1.0)]  # j-2's attempt 1 is the run's third
+    assert [(m.step, m.value) for m in client.get_metric_history(first.run_id, "exit_code")] == [(1, 75.0), (3, 0.0)]
+    children = {c.data.tags["mlflow.runName"]: c for c in client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{first.run_id}'")}
+    assert set(children) == {"attempt-1", "attempt-2", "attempt-1 (j-2)"}
+    assert children["attempt-1 (j-2)"].info.status == "FINISHED"
+    assert children["attempt-2"].info.status == "RUNNING"  # j-1's, as j-1 left it
+
+    # a run the tracking server does not have (another server, deleted): the job gets its own
+    spec.tracking.tags[RESUMED_RUN_TAG] = "0123456789abcdef"
+    c = JobOnly(Job(job_id="j-3", name="tracked", status=JobStatus.RUNNING))
+    own = JobTracking.for_job(AgentConfig(job_id="j-3", attempt=1, rank=0, nodes=2), c.view, spec, c.record)
+    assert own is not None and own.run_id != first.run_id and own.step == 1

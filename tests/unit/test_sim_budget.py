@@ -17,8 +17,15 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from spotrelay.cli.main import app
-from spotrelay.domain.cost import (DEFAULT_SAVE_S, budget_reached_at, budget_stop, budget_warning, over_budget,
-                                   spent_at, stop_lead_s)
+from spotrelay.domain.cost import (
+    DEFAULT_SAVE_S,
+    budget_reached_at,
+    budget_stop,
+    budget_warning,
+    over_budget,
+    spent_at,
+    stop_lead_s,
+)
 from spotrelay.domain.models import Attempt, Pool
 from spotrelay.errors import BudgetExceededError
 from spotrelay.services.plan import plan
