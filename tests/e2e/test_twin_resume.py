@@ -2,7 +2,8 @@
 with a save stops at that step; it goes on as a new job from that checkpoint in S3 (the new nodes'
 local disks are empty) and ends with the model an uninterrupted run ends with, bit for bit. The new
 job's spec differs from the old one's (its checkpoint location, a budget, a tag): the training hash
-lets its trainers take the checkpoint."""
+lets its trainers take the checkpoint. The cancelled job is tracked in MLflow (a SQLite store): the
+resumed job continues its run, one loss curve from step 1 to the last."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from spotrelay.adapters.s3_object_store import S3ObjectStore
 from spotrelay.adapters.sfn_workflow import SfnWorkflow
 from spotrelay.domain.models import Job
 from spotrelay.local.code_delivery import deliver_script_dir
+from spotrelay.local.demo_report import ensure_experiment, mlflow_lineage
 from spotrelay.local.reference import read_results
 from spotrelay.local.twin import Twin
 from spotrelay.resources import RESOURCES
@@ -36,19 +38,23 @@ __all__ = ["twin"]
 pytestmark = pytest.mark.slow
 
 
-def _spec() -> str:
+def _spec(tracking_uri: str | None = None) -> str:
     data = yaml.safe_load((ROOT / "examples" / "tiny.yaml").read_text())
     # slow enough that the cancel (a directive the agents poll every 5 s) comes long before the last step
     data["entrypoint"]["args"] = ["--engine", "ddp", "--steps", str(STEPS), "--step-sleep", "1.0", "--out", "result"]
     data["checkpoint"]["every_steps"] = EVERY
     data.pop("tracking", None)
+    if tracking_uri is not None:
+        data["tracking"] = {"tracking_uri": tracking_uri, "mlflow_experiment": "resume"}
     return yaml.safe_dump(data)
 
 
 def test_a_cancelled_job_resumes_as_a_new_job_bit_identical(twin: Twin, tmp_path: Path) -> None:
     assert twin.compute is not None
     store = DynamoDBJobStore()
-    key = twin.submit(deliver_script_dir(_spec(), ROOT), "first.yaml")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ensure_experiment(uri, "resume", tmp_path / "mlartifacts")
+    key = twin.submit(deliver_script_dir(_spec(uri), ROOT), "first.yaml")
     # a periodic checkpoint is committed: then the user cancels with a save
     first = wait_for(lambda: (j := twin.job_for_key(key)) is not None and j.last_checkpoint is not None
                      and j.last_checkpoint.step >= EVERY and j, "the first job did not save")
@@ -57,7 +63,13 @@ def test_a_cancelled_job_resumes_as_a_new_job_bit_identical(twin: Twin, tmp_path
     assert asked.stop_save_by is not None
     stopped = wait_terminal(twin, key)
     assert stopped.status.value == "CANCELLED"
-    _resume_bit_identical(twin, stopped, tmp_path)
+    resumed = _resume_bit_identical(twin, stopped, tmp_path)
+    # one MLflow run across both jobs: the resumed job's agent continued the cancelled job's
+    assert stopped.mlflow_run_id and resumed.mlflow_run_id == stopped.mlflow_run_id
+    lineage = mlflow_lineage(uri, stopped.mlflow_run_id)
+    assert lineage["loss_steps"] == [1, STEPS] and lineage["final_manifest_logged"]
+    names = [name for name, _ in lineage["attempt_runs"]]
+    assert "attempt-1" in names and f"attempt-1 ({resumed.job_id})" in names
 
 
 def test_a_job_its_budget_stopped_saved_first_and_resumes_bit_identical(twin: Twin, tmp_path: Path) -> None:
@@ -73,7 +85,7 @@ def test_a_job_its_budget_stopped_saved_first_and_resumes_bit_identical(twin: Tw
     _resume_bit_identical(twin, stopped, tmp_path)
 
 
-def _resume_bit_identical(twin: Twin, stopped: Job, tmp_path: Path) -> None:
+def _resume_bit_identical(twin: Twin, stopped: Job, tmp_path: Path) -> Job:
     """The stopped job's newest checkpoint is the save its stop asked for; ``resume`` goes on from it on
     fresh nodes and ends with the uninterrupted run's model, bit for bit."""
     assert twin.compute is not None and stopped.last_checkpoint is not None
@@ -99,3 +111,4 @@ def _resume_bit_identical(twin: Twin, stopped: Job, tmp_path: Path) -> None:
     disks = {li.instance.instance_id: li.work_dir for li in twin.compute.instances()}
     final = read_results(disks[served[(job.attempt, 0)]] / "result")[0]
     assert final["exit"] == 0 and final["state_sha256"] == result(tmp_path, "reference", 0)["state_sha256"]
+    return job

@@ -184,6 +184,7 @@ def test_a_resumed_job_continues_the_stopped_jobs_run(tmp_path: Path, mlflow_uri
     second.add_metrics([{"step": 3, "loss": 2.2}])
     second.flush()  # then its rank 0 is lost: the job fails on its budget, its attempt-2 run stays RUNNING
 
+    MlflowClient(tracking_uri=uri).set_terminated(first.run_id, "FAILED")  # (someone closed the failed job's run)
     spec = _spec(uri).model_copy(deep=True)
     spec.tracking.tags.update({RESUMED_FROM_TAG: "j-1", RESUMED_RUN_TAG: first.run_id})
     b = JobOnly(Job(job_id="j-2", name="tracked", status=JobStatus.RUNNING,
@@ -192,6 +193,7 @@ def test_a_resumed_job_continues_the_stopped_jobs_run(tmp_path: Path, mlflow_uri
     resumed = JobTracking.for_job(config, b.view, spec, b.record)
     assert resumed is not None and resumed.run_id == first.run_id and b.job.mlflow_run_id == first.run_id
     assert resumed.child_id not in (first.child_id, second.child_id)
+    assert MlflowClient(tracking_uri=uri).get_run(first.run_id).info.status == "RUNNING"  # going on again
     resumed.resumed(3)
     resumed.add_metrics([{"step": 4, "loss": 2.0}])
     # its agent restarts mid-attempt: the same child, the same offset
