@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -17,5 +18,6 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     logger.append_keys(job_id=task.job_id)
     from spotrelay.services.plan import plan
 
+    sweep = float(os.environ.get("SPOTRELAY_RECONCILE_S") or 60)  # the budget's stop comes a sweep ahead
     return plan(controller(), task.job_id, time.time(), recovery=task.recovery,
-                time_scale=task.timings.time_scale).model_dump(mode="json")
+                time_scale=task.timings.time_scale, sweep_s=sweep).model_dump(mode="json")

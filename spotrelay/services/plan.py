@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from spotrelay.contracts.recovery import Candidate, LaunchPlan, RecoveryPlan
-from spotrelay.domain.cost import over_budget
+from spotrelay.domain.cost import attempt_cost, over_budget, stop_lead_s
 from spotrelay.domain.models import Job, Node, NodeState, Pool
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import BudgetExceededError, JobCancelledError, NoPlacementError
@@ -72,8 +73,31 @@ def live(job: Job) -> Job:
     return job
 
 
+def affordable(spec: JobSpec, job: Job, spent: float, launch: LaunchPlan, boot_s: Callable[[Pool], float],
+               lead_s: float) -> LaunchPlan:
+    """``launch``'s candidates whose gang the budget left can pay to boot and then save (the reconcile
+    stops a job ``lead_s`` ahead of its budget: ``budget_stop``). Near the end of a budget a gang it
+    cannot pay would be stopped by the first sweep after its boot, having trained nothing: none left
+    is ``BudgetExceededError`` now, within the budget. ``spent``: the closed attempts' cost."""
+    limit = spec.budget.max_total_cost
+    if limit is None or not launch.candidates:
+        return launch
+    left = limit - spent
+
+    def cost(c: Candidate) -> float:
+        return attempt_cost(c.price_per_hour, c.nodes or spec.resources.nodes, 0.0, boot_s(c.pool) + lead_s)
+
+    kept = [c for c in launch.candidates if cost(c) < left]
+    if not kept:
+        cheapest = min(launch.candidates, key=cost)
+        raise BudgetExceededError(
+            f"job {job.job_id}: the ${left:,.2f} left of the ${limit:,.2f} budget would not pay for a gang to boot "
+            f"and save (${cost(cheapest):,.2f} in {cheapest.pool.key})")
+    return launch if len(kept) == len(launch.candidates) else launch.model_copy(update={"candidates": kept})
+
+
 def plan(ctl: Controller, job_id: str, now: float, recovery: RecoveryPlan | None = None,
-         time_scale: float = 1.0) -> LaunchPlan:
+         time_scale: float = 1.0, sweep_s: float = 60.0) -> LaunchPlan:
     """Move the job to PLACING and say where provision launches which ranks.
 
     A keeping ``recovery`` (replace-lost / restart-in-place, decided by recover) is executed as is:
@@ -81,6 +105,7 @@ def plan(ctl: Controller, job_id: str, now: float, recovery: RecoveryPlan | None
     new gangs; it does not evict survivors running there). Only a launch that failed in that pool
     since (provision excluded it) releases the survivors for a whole new gang. ``time_scale``: clock
     seconds per second of Plan's own waits (``WorkflowTimings.time_scale``; the twin runs them faster).
+    ``sweep_s``: the reconcile schedule's period (a budget's stop comes a sweep and a save ahead of it).
     """
     recovery = recovery or RecoveryPlan()
     job = live(ctl.store.get_job(job_id))
@@ -106,6 +131,9 @@ def plan(ctl: Controller, job_id: str, now: float, recovery: RecoveryPlan | None
                                                  capacity=m)) for m in probe_sizes(spec)}  # elastic sizes
         launch = _new_gang_plan(spec, job, quotes, stats, now, sized, time_scale=time_scale)
     launch = within_bound(spec, job, launch, now, time_scale)
+    saved = job.last_checkpoint.duration_s if job.last_checkpoint else None
+    launch = affordable(spec, job, job.cost_so_far, launch, lambda pool: ctl.need_compute().expected_boot_s(pool),
+                        stop_lead_s(sweep_s, saved))
 
     def to_placing(current: Job) -> Job | None:
         live(current)

@@ -1,7 +1,8 @@
 """The job's ``budget.max_total_cost`` in the simulator, enforced where the services enforce it.
 
 - Plan refuses a new gang once the closed attempts' cost reached it (``services/plan.py``: the same
-  ``over_budget``): ``BudgetExceededError``, the ASL's FailJob.
+  ``over_budget``), or when what is left would not pay for any candidate gang to boot and save
+  (``affordable``; a candidate it cannot pay is dropped): ``BudgetExceededError``, the ASL's FailJob.
 - The reconcile sweep (every ``RECONCILE_S``, cdk/config.py's ``reconcile_minutes``) fails the outcome
   wait of a running attempt whose ledger, its open clock included (``spent_at``), reaches it a sweep
   and a save from now (``budget_stop``, ``stop_lead_s``: the save the controller has measured is the
@@ -23,8 +24,11 @@ import math
 from functools import partial
 from typing import TYPE_CHECKING
 
+from spotrelay.contracts.recovery import LaunchPlan
 from spotrelay.domain.cost import budget_reached_at, budget_stop, over_budget, stop_lead_s
+from spotrelay.domain.models import Job
 from spotrelay.errors import BudgetExceededError
+from spotrelay.services.plan import affordable
 from spotrelay.sim.asl import TaskFailed
 
 if TYPE_CHECKING:
@@ -53,6 +57,15 @@ def _lead_s(run: SpotrelayRun, saved: bool | None = None) -> float:
         saved = run.committed(run.now) > 0
     save = run.job.stall_s(pool.pool.instance_type) + run.job.persist_s() if saved and pool is not None else None
     return stop_lead_s(RECONCILE_S, save)
+
+
+def check_launch(run: SpotrelayRun, job: Job, launch: LaunchPlan) -> LaunchPlan:
+    """plan.affordable: near the budget's end, only gangs the rest pays to boot and save."""
+    try:
+        return affordable(run.spec, job, run.cost_so_far, launch, run.market.expected_boot_s, _lead_s(run))
+    except BudgetExceededError as exc:
+        run.metrics.failed_reason = f"budget: {exc}"
+        raise TaskFailed(BudgetExceededError.__name__, str(exc)) from None
 
 
 def watch(run: SpotrelayRun) -> None:

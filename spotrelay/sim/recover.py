@@ -83,7 +83,8 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
             raise TaskFailed("NoPlacementError", str(exc)) from None
         if moves.VERIFY_SHORTLIST and short is not None:  # tests: the same plan as from every quote
             assert _new_gang_plan(self.spec, job, short, stats, self.now, sized, view) == launch
-    return within_bound(self.spec, job, launch, self.now).model_dump(mode="json")
+    launch = budget.check_launch(self, job, within_bound(self.spec, job, launch, self.now))
+    return launch.model_dump(mode="json")
 
 
 

@@ -3,9 +3,15 @@ second call finds the first one's work and changes nothing."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from functions import sfn_finalize, sfn_plan, sfn_provision, sfn_recover, sfn_teardown
-from spotrelay.domain.models import NodeState
+from spotrelay.domain.cost import stop_lead_s
+from spotrelay.domain.models import NodeState, Pool
 from spotrelay.domain.status import JobStatus
+from spotrelay.errors import BudgetExceededError
 from tests.integration.controller_doubles import Env, ctx, env, new_job, running_job
 
 __all__ = ["env"]
@@ -161,3 +167,30 @@ def test_the_attempt_record_carries_placements_loss_interval_for_the_trainers(en
 
     report = describe_job(record, env.store.nodes_of(job.job_id), 2000.0)
     assert report.attempts[-1].loss_interval_s == chosen["loss_interval_s"]
+
+
+def test_plan_offers_only_gangs_the_budget_left_pays_to_boot_and_save(env: Env) -> None:
+    """Near its budget's end a gang the rest cannot pay to boot and save would be stopped by the first
+    sweep after its boot, having trained nothing: Plan drops it, and with none left fails the job now."""
+    job = new_job(env.store)
+    free = sfn_plan.handler({"job_id": job.job_id, "timings": TIMINGS}, ctx())["candidates"]
+    lead = stop_lead_s(60.0, None)  # the reconcile's minute and a save before one is measured
+
+    def cost(c: dict[str, Any]) -> float:
+        boot = env.compute.expected_boot_s(Pool(**c["pool"]))
+        return float(c["price_per_hour"]) * int(c["nodes"]) * (boot + lead) / 3600
+
+    costs = sorted(cost(c) for c in free)
+    assert costs[0] < costs[-1]  # (the doubles' market prices its pools apart)
+
+    def budget(left: float) -> None:
+        env.store.update_job(job.job_id, lambda j: j.model_copy(update={
+            "spec": {**j.spec, "budget": {"max_total_cost": 40.0 + left}}, "cost_so_far": 40.0}))
+
+    budget((costs[0] + costs[-1]) / 2)
+    kept = sfn_plan.handler({"job_id": job.job_id, "timings": TIMINGS}, ctx())["candidates"]
+    assert kept and all(cost(c) < (costs[0] + costs[-1]) / 2 for c in kept) and len(kept) < len(free)
+    budget(costs[0] * 0.99)
+    with pytest.raises(BudgetExceededError, match=r"the \$[\d.,]+ left of the \$[\d.,]+ budget would not pay for "
+                                                  r"a gang to boot and save"):
+        sfn_plan.handler({"job_id": job.job_id, "timings": TIMINGS}, ctx())

@@ -139,14 +139,13 @@ def test_a_budget_the_job_never_reaches_changes_nothing() -> None:
 
 
 def test_plan_refuses_a_new_gang_once_the_closed_attempts_spent_it() -> None:
-    """A budget below one attempt's cost: the first attempt's sweep stops it (not in the outcome wait
-    while it boots: the sweep looks again each minute); a plan after a spent budget fails at once."""
+    """A budget below what any gang costs to boot and save: the first Plan fails the job, nothing is
+    launched or spent (plan.affordable); a plan after a spent budget fails at once (over_budget)."""
     run = _run(1.0)
-    assert run.metrics.failed_reason.startswith("budget: ")
-    # (an attempt before it, lost while booting in its first hour, cost nothing: EC2 does not bill it,
-    # so Plan launched again; the sweep stopped the first attempt that reached its outcome wait)
-    assert run.cost_so_far < 1.0 and run.attempts[-1].ended_at is None
-    assert run.walker.visited[-5:-2] == ["IsReady", "WaitOutcome", "FailJob"]  # not while it booted
+    assert run.metrics.failed_reason.startswith("budget: job sim: the $1.00 left of the $1.00 budget would not "
+                                                "pay for a gang to boot and save ($")
+    assert run.attempts == [] and run.cost_so_far == 0.0 and run.entries == []
+    assert run.walker.visited[-4:] == ["Plan", "FailJob", "FinalizeFailed", "JobFailed"]
     assert run.useful_gpu_hours() == 0.0
     run.cost_so_far, run.metrics.failed_reason = 5.0, None
     with pytest.raises(sim_budget.TaskFailed) as failed:
