@@ -73,12 +73,18 @@ def test_a_cancelled_job_resumes_as_a_new_job_bit_identical(twin: Twin, tmp_path
 
 
 def test_a_job_its_budget_stopped_saved_first_and_resumes_bit_identical(twin: Twin, tmp_path: Path) -> None:
-    """A budget of a few cents: the reconcile sweep (every 5 s here) finds it spent once the gang
-    trains; the ranks save at their next step, the job ends FAILED on the budget, and a resume with a
-    new budget goes on from that save."""
+    """The budget is spent while the gang trains: the reconcile sweep (every 5 s here) stops it, the
+    ranks save at their next step, the job ends FAILED on the budget, and a resume with a new budget
+    goes on from that save. (Plan launches only a gang the budget pays to boot and save, and the
+    twin's prices are a model: the test lowers the job record's budget below what it has spent once a
+    checkpoint is committed, so the moment does not hang on the machine's speed.)"""
     data = yaml.safe_load(_spec())
-    data["budget"] = {"max_total_cost": 0.05}
+    data["budget"] = {"max_total_cost": 1000.0}
     key = twin.submit(deliver_script_dir(yaml.safe_dump(data), ROOT), "capped.yaml")
+    running = wait_for(lambda: (j := twin.job_for_key(key)) is not None and j.last_checkpoint is not None
+                       and j.last_checkpoint.step >= EVERY and j, "the job did not save")
+    DynamoDBJobStore().update_job(running.job_id, lambda j: j.model_copy(update={
+        "spec": {**j.spec, "budget": {**j.spec["budget"], "max_total_cost": 0.01}}}))
     stopped = wait_terminal(twin, key)
     assert stopped.status.value == "FAILED", (stopped.reasons, stopped.attempts)
     assert any(r.startswith("budget: spent $") for r in stopped.reasons), stopped.reasons
