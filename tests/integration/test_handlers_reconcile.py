@@ -119,6 +119,13 @@ def test_over_budget_saves_then_fails_the_outcome_wait_once(env: Env) -> None:
     assert env.store.get_job(job.job_id).reasons[-1].startswith("budget: spent $")
 
 
+def _open_for(env: Env, job_id: str, seconds: float, saved: CheckpointRef | None = None) -> None:
+    """A $500 budget and the open attempt (2 nodes x $30/h: $1 a minute) started ``seconds`` ago."""
+    env.store.update_job(job_id, lambda j: j.model_copy(update={
+        "spec": {**j.spec, "budget": {"max_total_cost": 500}}, "last_checkpoint": saved or j.last_checkpoint,
+        "attempts": [j.attempts[0].model_copy(update={"started_at": time.time() - seconds})]}))
+
+
 def test_the_budget_stops_a_job_a_sweep_and_its_measured_save_ahead(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     """A budget is a cap: the sweep stops the job while the next sweep and the ranks' save (the newest
     measured one, 1.5x) still fit in it, so what the stop spends does not pass it."""
@@ -126,11 +133,9 @@ def test_the_budget_stops_a_job_a_sweep_and_its_measured_save_ahead(env: Env, mo
     assert job.execution_arn is not None
     env.workflow.executions[job.execution_arn] = "RUNNING"
 
-    def spent_minutes(minutes: float) -> None:  # 2 nodes x $30/h: $1 a minute on a $500 budget
-        env.store.update_job(job.job_id, lambda j: j.model_copy(update={
-            "spec": {**j.spec, "budget": {"max_total_cost": 500}},
-            "last_checkpoint": CheckpointRef(step=10, uri="s3://b/ckpt/10", committed_at=time.time(), duration_s=60.0),
-            "attempts": [j.attempts[0].model_copy(update={"started_at": time.time() - minutes * 60})]}))
+    def spent_minutes(minutes: float) -> None:  # $1 a minute, a 60 s save measured
+        _open_for(env, job.job_id, minutes * 60, CheckpointRef(step=10, uri="s3://b/ckpt/10",
+                                                              committed_at=time.time(), duration_s=60.0))
 
     spent_minutes(496.5)  # a minute's sweep and a 90 s save ahead: $499, within it
     assert _run(14)["over_budget"] == []
@@ -144,9 +149,7 @@ def test_the_budget_stops_a_job_a_sweep_and_its_measured_save_ahead(env: Env, mo
     other, _ = running_job(env.store, env.compute, job_id="job-slow-sweep", tokens={"outcome": "tok-2"})
     assert other.execution_arn is not None
     env.workflow.executions[other.execution_arn] = "RUNNING"
-    env.store.update_job(other.job_id, lambda j: j.model_copy(update={
-        "spec": {**j.spec, "budget": {"max_total_cost": 500}},
-        "attempts": [j.attempts[0].model_copy(update={"started_at": time.time() - 489 * 60})]}))
+    _open_for(env, other.job_id, 489 * 60)
     assert _run(16)["over_budget"] == [other.job_id]  # $489 + 10 min + 2 min (no save measured yet)
 
 
@@ -171,10 +174,8 @@ def test_a_nearly_spent_budget_is_announced_once(env: Env, aws: dict[str, str]) 
     assert job.execution_arn is not None
     env.workflow.executions[job.execution_arn] = "RUNNING"
 
-    def spent_hours(hours: float) -> None:  # 2 nodes x $30/h: $60 an hour on a $500 budget
-        env.store.update_job(job.job_id, lambda j: j.model_copy(update={
-            "spec": {**j.spec, "budget": {"max_total_cost": 500}},
-            "attempts": [j.attempts[0].model_copy(update={"started_at": time.time() - hours * 3600})]}))
+    def spent_hours(hours: float) -> None:  # $60 an hour
+        _open_for(env, job.job_id, hours * 3600)
 
     spent_hours(6.0)  # $360: 72%, under the default warn_at of 0.8
     assert _run(9)["budget_warned"] == []
