@@ -45,6 +45,7 @@ def resume(job_id: str, budget: BudgetOpt = None, spec_file: SpecOpt = None,
     from spotrelay.services.resume import resume_spec
     from spotrelay.settings import settings
     from spotrelay.spec import load_spec
+    from spotrelay.spec.load import first_error
 
     edited = None
     if spec_file is not None:  # checked before anything is read or written: a bad file names itself
@@ -60,9 +61,9 @@ def resume(job_id: str, budget: BudgetOpt = None, spec_file: SpecOpt = None,
     live = [j for j in store.all_jobs() if not j.status.terminal]
     try:
         spec = resume_spec(job, location, live, budget, edited)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise UsageProblem(f"--budget: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+    except ValidationError as exc:  # (only --budget is validated there now: the specs were before)
+        field, msg = first_error(exc)
+        raise UsageProblem(f"--budget: {field}: {msg}") from None
     saved = checkpoints(S3ObjectStore(where), prefix)
     start = f"from step {saved[-1].step} (its newest checkpoint)" if saved else "from step 0: no checkpoint was saved"
     key = submission_key(spec.name, ".json", time.time())

@@ -9,11 +9,13 @@ the newest committed checkpoint under ``checkpoint.s3_prefix``, which its traini
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 from spotrelay.contracts.agent import RESUMED_FROM_TAG, RESUMED_RUN_TAG
 from spotrelay.domain.models import Job
 from spotrelay.domain.status import JobStatus
 from spotrelay.errors import InvalidTransitionError
-from spotrelay.spec.load import training_differences, training_hash
+from spotrelay.spec.load import first_error, training_differences, training_hash
 from spotrelay.spec.models import JobSpec
 
 
@@ -34,15 +36,25 @@ def resume_spec(job: Job, location: str, live: list[Job], budget: float | None =
     if not job.status.terminal:
         raise InvalidTransitionError(f"job {job.job_id} is {job.status.value}; cancel it first (two jobs must not "
                                      "write one checkpoint location)")
-    spec = JobSpec.model_validate(job.spec)
+    try:
+        stored: JobSpec | None = JobSpec.model_validate(job.spec)
+    except ValidationError as exc:  # a record from an older release: the user's spec file is the way on
+        if edited is None:
+            field, msg = first_error(exc)
+            raise InvalidTransitionError(f"job {job.job_id}'s stored spec no longer validates ({field}: {msg}); "
+                                         "resume it with --spec FILE") from None
+        stored = None
+    trains = job.training_hash or (training_hash(stored) if stored is not None else "")
     if edited is not None:
-        _check_edited(job, spec, edited, location)
+        _check_edited(job, stored, trains, edited, location)
+    spec = edited or stored
+    assert spec is not None
     for other in live:
         ckpt = (other.spec.get("checkpoint") or {}) if other.spec else {}
         if other.job_id != job.job_id and (ckpt.get("s3_prefix") or "").rstrip("/") == location:
             raise InvalidTransitionError(f"job {other.job_id} ({other.status.value}) already resumes {job.job_id} "
                                          f"from {location}")
-    doc = (edited or spec).model_dump(mode="json")
+    doc = spec.model_dump(mode="json")
     doc["checkpoint"]["s3_prefix"] = location
     if budget is not None:
         doc["budget"]["max_total_cost"] = budget
@@ -51,12 +63,18 @@ def resume_spec(job: Job, location: str, live: list[Job], budget: float | None =
         tags[RESUMED_RUN_TAG] = job.mlflow_run_id
     doc["tracking"]["tags"] = tags
     resumed = JobSpec.model_validate(doc)  # (a bad budget is named by its field: budget.max_total_cost)
-    assert training_hash(resumed) == training_hash(spec)  # what lets the new job's agent resume it
+    assert training_hash(resumed) == training_hash(spec)  # (what lets the new job's agent resume it)
     return resumed
 
 
-def _check_edited(job: Job, spec: JobSpec, edited: JobSpec, location: str) -> None:
-    differs = training_differences(spec, edited)
+def _check_edited(job: Job, stored: JobSpec | None, trains: str, edited: JobSpec, location: str) -> None:
+    """``edited`` trains what the stopped job trained (``trains``: its training hash; ``stored``: its
+    spec, which names the fields that differ, when it still validates)."""
+    if stored is None and (not trains or training_hash(edited) != trains):
+        raise InvalidTransitionError(
+            f"the spec trains something else than job {job.job_id} (its training definition differs; the stopped "
+            "job's stored spec no longer validates to name the fields): its checkpoints would be refused")
+    differs = training_differences(stored, edited) if stored is not None else []
     if differs:
         raise InvalidTransitionError(
             f"the spec trains something else than job {job.job_id} ({', '.join(differs)} differ): its checkpoints "

@@ -59,6 +59,11 @@ def _errors(exc: ValidationError) -> list[tuple[str, str]]:
     return out
 
 
+def first_error(exc: ValidationError) -> tuple[str, str]:
+    """(field path, message) of a validation error's first problem, as the spec's errors name them."""
+    return (_errors(exc) or [("(root)", str(exc))])[0]
+
+
 def parse_spec(text: str | bytes, source: str = "<spec>") -> JobSpec:
     """Parse YAML (a superset of JSON) with the bounded loader and validate it; raise ``SpecError``
     naming fields. The one entry point for ``validate``, ``submit``, the handler and the agent."""

@@ -149,3 +149,27 @@ def test_an_edited_spec_that_trains_something_else_is_refused_in_one_line(env: d
     result = runner.invoke(app, ["resume", old_id, "--spec", str(tmp_path / "job.txt")])
     assert result.exit_code != 0 and len(result.output.strip().splitlines()) == 1, result.output
     assert len(_new_objects(bucket, set())) == 1  # nothing was submitted by any refusal
+
+
+def test_a_stored_spec_that_no_longer_validates_resumes_with_the_users_file(env: dict[str, str],
+                                                                            tmp_path: Path) -> None:
+    """A record from another release whose spec this one refuses: resume says so in one line and points
+    at --spec; with the user's file it goes on when that trains what the job's training hash says."""
+    bucket = env["bucket"]
+    old_id = _submitted(bucket)
+    _stop(old_id, JobStatus.CANCELLED)
+    DynamoDBJobStore().update_job(old_id, lambda j: j.model_copy(update={
+        "spec": {**j.spec, "resources": {**j.spec["resources"], "gpu_kind": "h100"}}}))  # (a field from elsewhere)
+    result = runner.invoke(app, ["resume", old_id])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+    assert (f"job {old_id}'s stored spec no longer validates (resources.gpu_kind: unknown field); resume it with "
+            "--spec FILE") in " ".join(result.output.split())
+    other_steps = _edited(tmp_path, lambda s: s.replace('--steps, "60"', '--steps, "90"'))
+    result = runner.invoke(app, ["resume", old_id, "--spec", str(other_steps)])  # checked by the training hash
+    assert result.exit_code == 1 and f"trains something else than job {old_id}" in result.output
+    seen = {o["Key"] for o in _new_objects(bucket, set())}
+    result = runner.invoke(app, ["resume", old_id, "--spec", str(ROOT / "examples" / "tiny.yaml")])
+    assert result.exit_code == 0, result.output
+    [obj] = _new_objects(bucket, seen)
+    spec = json.loads(client("s3").get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
+    assert spec["tracking"]["tags"][RESUMED_FROM_TAG] == old_id and "gpu_kind" not in spec["resources"]
