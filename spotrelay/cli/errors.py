@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from typer import _click as click  # typer vendors click: its exceptions, not the click package's
 from typer.core import TyperGroup
 
@@ -76,7 +77,8 @@ def _network(exc: BaseException) -> bool:
 
 def print_spec_error(exc: SpecError) -> None:
     """Spec errors list every field, one per line, under the file's name."""
-    err.print(f"[red]invalid spec[/] {exc.source}", highlight=False)
+    # the file's name whole on its line (not wrapped at the terminal's width) and as written ([ ] kept)
+    err.print(f"[red]invalid spec[/] {escape(str(exc.source))}", highlight=False, soft_wrap=True)
     for path, msg in exc.errors:
         err.print(f"  {path}: {msg}", highlight=False, markup=False, soft_wrap=True)
 

@@ -130,6 +130,16 @@ def test_validate_refuses_the_whole_hostile_corpus_with_exit_2(tmp_path: Path) -
         assert isinstance(result.exception, SystemExit) and EXPECT[name] in " ".join(result.output.split()), name
 
 
+def test_an_invalid_spec_is_named_whole_and_as_written(tmp_path: Path) -> None:
+    """A long path is not wrapped at the terminal's width, and brackets in it are not read as markup."""
+    folder = tmp_path / ("runs-" * 20)
+    folder.mkdir()
+    path = folder / "job[1].yaml"
+    path.write_text(Path(TINY).read_text().replace("nodes: 2", "nodes: two"))
+    result = CliRunner().invoke(app, ["validate", str(path)])
+    assert result.exit_code == 2 and result.output.splitlines()[0] == f"invalid spec {path}", result.output
+
+
 def test_validate_of_a_missing_file_is_a_usage_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["validate", str(tmp_path / "gone.yaml")])
     assert result.exit_code == 2 and "cannot be read" in result.output
