@@ -130,6 +130,14 @@ def objects() -> ObjectStore:
 
 
 # --- idempotency -------------------------------------------------------------------------------
+def reconcile_s() -> float:
+    """The reconcile schedule's period (``SPOTRELAY_RECONCILE_S``, set by cdk/functions.py from
+    ``reconcile_minutes``): a budget's stop comes a sweep and a save ahead of it."""
+    from spotrelay.domain.cost import SWEEP_S
+
+    return float(os.environ.get("SPOTRELAY_RECONCILE_S") or SWEEP_S)
+
+
 def _persistence() -> DynamoDBPersistenceLayer:
     """One layer per thread: Powertools keeps the running function's name on the layer (its key
     prefix, set by every call), so two handlers sharing one at the same time (the twin serves its

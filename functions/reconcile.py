@@ -18,7 +18,7 @@ from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from functions._runtime import controller, logger, once
+from functions._runtime import controller, logger, once, reconcile_s
 
 
 @logger.inject_lambda_context(clear_state=True)
@@ -30,8 +30,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     stale = float(os.environ.get("SPOTRELAY_STALE_HEARTBEAT_S") or 300)
     stuck = float(os.environ.get("SPOTRELAY_STUCK_AFTER_S") or 3600)
     heal = float(os.environ.get("SPOTRELAY_HEAL_AFTER_S") or 180)
-    sweep = float(os.environ.get("SPOTRELAY_RECONCILE_S") or 60)  # the schedule's period (cdk/functions.py)
     regions = [r for r in (os.environ.get("SPOTRELAY_REGIONS") or settings().region).split(",") if r]
     return once("reconcile", {"time": run.time.isoformat()},
                 lambda: reconcile(controller(), time.time(), stale_after_s=stale, regions=regions,
-                                          stuck_after_s=stuck, heal_after_s=heal, sweep_s=sweep), context)
+                                          stuck_after_s=stuck, heal_after_s=heal, sweep_s=reconcile_s()), context)

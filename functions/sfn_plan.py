@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from functions._runtime import controller, logger
+from functions._runtime import controller, logger, reconcile_s
 from spotrelay.services.task_payloads import PlanTask
 
 
@@ -18,6 +17,5 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     logger.append_keys(job_id=task.job_id)
     from spotrelay.services.plan import plan
 
-    sweep = float(os.environ.get("SPOTRELAY_RECONCILE_S") or 60)  # the budget's stop comes a sweep ahead
     return plan(controller(), task.job_id, time.time(), recovery=task.recovery,
-                time_scale=task.timings.time_scale, sweep_s=sweep).model_dump(mode="json")
+                time_scale=task.timings.time_scale, sweep_s=reconcile_s()).model_dump(mode="json")

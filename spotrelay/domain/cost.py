@@ -152,6 +152,7 @@ def over_budget(spent: float, max_total_cost: float | None) -> str | None:
 # with headroom for S3's variance; before any, the notice window every spot save must fit in.
 DEFAULT_SAVE_S = 120.0
 SAVE_HEADROOM = 1.5
+SWEEP_S = 60.0  # the reconcile schedule's default period (cdk/config.py: reconcile_minutes = 1)
 
 
 def stop_lead_s(sweep_s: float, save_s: float | None) -> float:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 
-from spotrelay.domain.cost import budget_reached_at, budget_stop, budget_warning, spent_at, stop_lead_s
+from spotrelay.domain.cost import SWEEP_S, budget_reached_at, budget_stop, budget_warning, spent_at, stop_lead_s
 from spotrelay.domain.models import Job
 from spotrelay.errors import BudgetExceededError, ConflictError
 from spotrelay.services.controller import Controller
@@ -28,7 +28,6 @@ from spotrelay.spec.models import Budget
 log = logging.getLogger(__name__)
 WARN_AT_DEFAULT = Budget.model_fields["warn_at"].default
 SAVE_S = 600.0  # how long the budget's final save may take before the job is stopped without it
-SWEEP_S = 60.0  # the reconcile schedule's default period (cdk/config.py: reconcile_minutes)
 
 
 def limits(job: Job) -> tuple[float | None, float | None]:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from spotrelay.contracts.recovery import Candidate, LaunchPlan, RecoveryPlan
-from spotrelay.domain.cost import attempt_cost, over_budget, stop_lead_s
+from spotrelay.domain.cost import SWEEP_S, attempt_cost, over_budget
 from spotrelay.domain.models import Job, Node, NodeState, Pool
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import BudgetExceededError, JobCancelledError, NoPlacementError
@@ -20,6 +20,7 @@ from spotrelay.placement.policy import GANG_FIT_REASON, evaluate_pools, loss_int
 from spotrelay.placement.pool_stats import PoolStats
 from spotrelay.placement.spot_wait import PlanView, plan_view, spot_wait_s, stopped_at, wait_left_s
 from spotrelay.ports.market import PoolQuote
+from spotrelay.services.budget import lead_s
 from spotrelay.services.controller import Controller, release_nodes, spec_of
 from spotrelay.spec.models import JobSpec
 
@@ -97,7 +98,7 @@ def affordable(spec: JobSpec, job: Job, spent: float, launch: LaunchPlan, boot_s
 
 
 def plan(ctl: Controller, job_id: str, now: float, recovery: RecoveryPlan | None = None,
-         time_scale: float = 1.0, sweep_s: float = 60.0) -> LaunchPlan:
+         time_scale: float = 1.0, sweep_s: float = SWEEP_S) -> LaunchPlan:
     """Move the job to PLACING and say where provision launches which ranks.
 
     A keeping ``recovery`` (replace-lost / restart-in-place, decided by recover) is executed as is:
@@ -131,9 +132,8 @@ def plan(ctl: Controller, job_id: str, now: float, recovery: RecoveryPlan | None
                                                  capacity=m)) for m in probe_sizes(spec)}  # elastic sizes
         launch = _new_gang_plan(spec, job, quotes, stats, now, sized, time_scale=time_scale)
     launch = within_bound(spec, job, launch, now, time_scale)
-    saved = job.last_checkpoint.duration_s if job.last_checkpoint else None
     launch = affordable(spec, job, job.cost_so_far, launch, lambda pool: ctl.need_compute().expected_boot_s(pool),
-                        stop_lead_s(sweep_s, saved))
+                        lead_s(job, sweep_s))
 
     def to_placing(current: Job) -> Job | None:
         live(current)

@@ -25,7 +25,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from spotrelay.contracts.recovery import LaunchPlan
-from spotrelay.domain.cost import budget_reached_at, budget_stop, over_budget, stop_lead_s
+from spotrelay.domain.cost import SWEEP_S, budget_reached_at, budget_stop, over_budget, stop_lead_s
 from spotrelay.domain.models import Job
 from spotrelay.errors import BudgetExceededError
 from spotrelay.services.plan import affordable
@@ -34,7 +34,7 @@ from spotrelay.sim.asl import TaskFailed
 if TYPE_CHECKING:
     from spotrelay.sim.controller import SpotrelayRun
 
-RECONCILE_S = 60.0  # the reconcile schedule's default (cdk/config.py: reconcile_minutes = 1)
+RECONCILE_S = SWEEP_S  # the reconcile schedule's default period, as the services assume it
 
 
 def _limit(run: SpotrelayRun) -> float | None:
