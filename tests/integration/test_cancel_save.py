@@ -25,7 +25,7 @@ def _sweep(minute: int) -> dict[str, object]:
     return reconcile.handler(event, ctx())
 
 
-def test_the_ranks_save_then_the_workflow_tears_down(env: Env) -> None:
+def test_the_ranks_save_then_the_workflow_tears_down(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
     now = time.time()
     asked = request_cancel(job.job_id, store=env.store, workflow=env.workflow, now=now, reason="new lr", save_s=600)
@@ -36,11 +36,14 @@ def test_the_ranks_save_then_the_workflow_tears_down(env: Env) -> None:
         # no deadline: save at the next step (with one the ranks would train on until just before it)
         assert directive.kind is DirectiveKind.CHECKPOINT_NOW and directive.deadline is None
     assert env.workflow.completed == []  # the waits stay until the ranks saved
+    from rich.console import Console
     from typer.testing import CliRunner
 
+    from spotrelay.cli import main as cli_main
     from spotrelay.cli.main import app
 
-    shown = " ".join(CliRunner(env={"COLUMNS": "200"}).invoke(app, ["status", job.job_id]).output.split())
+    monkeypatch.setattr(cli_main, "out", Console(width=200))  # (its console's width was set at import)
+    shown = " ".join(CliRunner().invoke(app, ["status", job.job_id]).output.split())
     assert "stopping: the ranks save, then the job ends cancelled (by " in shown and "): new lr" in shown
     described = json.loads(CliRunner().invoke(app, ["describe", job.job_id, "--json"]).stdout)
     assert described["stopping"].startswith("stopping: the ranks save")

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from spotrelay.adapters.aws import client
 from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+from spotrelay.cli import main as cli_main
 from spotrelay.cli.main import app
 from spotrelay.domain.models import Job
 from spotrelay.domain.status import JobStatus
@@ -98,7 +101,7 @@ def test_jobs_prints_ids_whole_and_json(aws: dict[str, str]) -> None:
     assert [j["job_id"] for j in listed] == [long_id] and listed[0]["status"] == "SUBMITTED"
 
 
-def test_status_shows_the_attempts(aws: dict[str, str]) -> None:
+def test_status_shows_the_attempts(aws: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     from spotrelay.domain.models import Attempt, Pool
 
     pool = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
@@ -106,6 +109,9 @@ def test_status_shows_the_attempts(aws: dict[str, str]) -> None:
                 Attempt(number=2, pool=pool, started_at=300, resumed_from_step=40, nodes=2)]
     DynamoDBJobStore().create_job(Job(job_id="j-att", name="llm", status=JobStatus.RUNNING, attempt=2,
                                       attempts=attempts, created_at=1, updated_at=1))
-    shown = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["status", "j-att"])
+    # the module's console took its width when first imported (COLUMNS then: 60 when the narrow jobs
+    # test ran first under xdist), and the attempts table then dropped its columns' contents
+    monkeypatch.setattr(cli_main, "out", Console(width=200))
+    shown = CliRunner().invoke(app, ["status", "j-att"])
     assert shown.exit_code == 0, shown.output
     assert "interrupted" in shown.output and "step 40" in shown.output and pool.key in shown.output
