@@ -8,7 +8,7 @@ ledger is an estimate, AWS billing is the truth). EC2 bills P instances per seco
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -63,12 +63,52 @@ def closed_attempt(attempt: Attempt, now: float, reason: str | None = None,
     price x nodes from its start, 0 if it never started, less what EC2 will not bill of its ``noticed``
     instances: ``unbilled_node_seconds``). The services and the simulator close attempts with it; a
     caller adds the cost to the job's total once (an open attempt only)."""
-    start = attempt.started_at or now
+    start = attempt.started_at if attempt.started_at is not None else now
     cost = attempt_cost(attempt.price_per_hour, attempt.nodes, start, now)
     free = unbilled_node_seconds(attempt, now, noticed)
     if free:
         cost = max(0.0, cost - attempt.price_per_hour * free / 3600.0)
     return attempt.model_copy(update={"ended_at": now, "end_reason": reason, "cost": cost})
+
+
+def outlived_cost(closed: Attempt, launched_at: float, now: float) -> float:
+    """USD one instance of ``closed`` was billed past the attempt's close, to ``now``: a rank left to
+    finish a notice's or a move's save, released at its exit, or a survivor kept while its replacements
+    were placed, until it joins the next attempt. 0 while the attempt's own clock runs (open)."""
+    if closed.ended_at is None:
+        return 0.0
+    return attempt_cost(closed.price_per_hour, 1, max(closed.ended_at, launched_at), now)
+
+
+def charge_outlived(attempts: Sequence[Attempt], outlived: Iterable[tuple[int, float]],
+                    now: float) -> tuple[list[Attempt], float]:
+    """``attempts`` with what the instances in ``outlived`` ((attempt number, launched_at), one per
+    instance, once: the caller marks them released or carried) cost past their attempt's close added to
+    its ``drain_cost``, and that sum (for the job's ``cost_so_far``). The ledger's close stops an
+    attempt's clock when the workflow moves on; AWS bills each instance until it is terminated."""
+    extra: dict[int, float] = {}
+    by_number = {a.number: a for a in attempts}
+    for number, launched_at in outlived:
+        closed = by_number.get(number)
+        if closed is not None:
+            extra[number] = extra.get(number, 0.0) + outlived_cost(closed, launched_at, now)
+    charged = [a.model_copy(update={"drain_cost": a.drain_cost + extra[a.number]}) if extra.get(a.number) else a
+               for a in attempts]
+    return charged, sum(extra.values())
+
+
+def drains(attempts: Sequence[Attempt], running: Iterable[tuple[int, float]], now: float) -> tuple[float, float]:
+    """(USD, USD per second) of the instances in ``running`` ((attempt number, launched_at), each still
+    billed) whose attempt is closed: ranks still finishing their final save. What they cost past the
+    close by ``now``, and how fast that grows: the budget counts it before their release charges it."""
+    by_number = {a.number: a for a in attempts}
+    accrued = rate = 0.0
+    for number, launched_at in running:
+        closed = by_number.get(number)
+        if closed is not None and closed.ended_at is not None:
+            accrued += outlived_cost(closed, launched_at, now)
+            rate += closed.price_per_hour / 3600.0
+    return accrued, rate
 
 
 class CostEntry(BaseModel):
@@ -162,15 +202,17 @@ def stop_lead_s(sweep_s: float, save_s: float | None) -> float:
 
 
 def budget_stop(cost_so_far: float, current: Attempt | None, now: float, max_total_cost: float | None,
-                lead_s: float) -> str | None:
+                lead_s: float, draining: tuple[float, float] = (0.0, 0.0)) -> str | None:
     """Why the reconcile sweep stops a running job now, else None: the ledger ``lead_s`` from now
-    (``stop_lead_s``: the next sweep and the ranks' save) reaches the budget, so the job ends within it."""
+    (``stop_lead_s``: the next sweep and the ranks' save) reaches the budget, so the job ends within it.
+    ``draining``: ``drains``' (USD so far, USD per second) of a closed attempt's ranks still saving."""
     if max_total_cost is None:
         return None
-    spent = spent_at(cost_so_far, current, now)
+    accrued, rate = draining
+    spent = spent_at(cost_so_far, current, now) + accrued
     if spent >= max_total_cost:
         return over_budget(spent, max_total_cost)
-    ahead = spent_at(cost_so_far, current, now + lead_s)
+    ahead = spent_at(cost_so_far, current, now + lead_s) + accrued + rate * lead_s
     if ahead < max_total_cost:
         return None
     return (f"spent ${spent:,.2f} of the ${max_total_cost:,.2f} budget; the ranks' save and the next sweep "
@@ -191,7 +233,8 @@ def spent_at(cost_so_far: float, current: Attempt | None, now: float) -> float:
     the clock of the one still open (an estimate at launch prices, like every ledger figure)."""
     if current is None or current.ended_at is not None:
         return cost_so_far
-    return cost_so_far + attempt_cost(current.price_per_hour, current.nodes, current.started_at or now, now)
+    return cost_so_far + attempt_cost(current.price_per_hour, current.nodes,
+                                       current.started_at if current.started_at is not None else now, now)
 
 
 def budget_reached_at(cost_so_far: float, current: Attempt | None, max_total_cost: float) -> float | None:

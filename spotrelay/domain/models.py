@@ -60,7 +60,10 @@ class Attempt(Record):
     saved_at: float | None = None  # when that commit happened (with resumed_at: the job's measured step rate)
     reached_step: int | None = None  # the furthest step its ranks reported (heartbeat, exit, its own save)
     lost_steps: int | None = None  # its steps no checkpoint kept, once known (counted in Job.steps_lost once)
-    cost: float = 0.0
+    cost: float = 0.0  # launch to close (closed_attempt); billed past the close: ``drain_cost``
+    # USD its instances were billed past its close (ranks finishing a notice's or a move's save, survivors
+    # kept through the replacements' backoff), charged as each is released or joins the next attempt
+    drain_cost: float = 0.0
     price_per_hour: float = 0.0  # USD per instance-hour at launch (the cost ledger's price)
     nodes: int = 0  # instances billed for this attempt (hot spares included)
     spares: int = 0  # of those, hot spares out of training (resources.spares)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 import time
 
-from spotrelay.domain.cost import SWEEP_S, budget_reached_at, budget_stop, budget_warning, spent_at, stop_lead_s
-from spotrelay.domain.models import Job
+from spotrelay.domain.cost import SWEEP_S, budget_reached_at, budget_stop, budget_warning, drains, spent_at, stop_lead_s
+from spotrelay.domain.models import Job, NodeState
 from spotrelay.errors import BudgetExceededError, ConflictError
 from spotrelay.services.controller import Controller
 from spotrelay.services.notify import announce
@@ -27,6 +27,7 @@ from spotrelay.spec.models import Budget
 
 log = logging.getLogger(__name__)
 WARN_AT_DEFAULT = Budget.model_fields["warn_at"].default
+_GONE = (NodeState.TERMINATED, NodeState.LOST)  # no longer billed (an EXITED one runs until released)
 SAVE_S = 600.0  # how long the budget's final save may take before the job is stopped without it
 
 
@@ -44,6 +45,13 @@ def limits(job: Job) -> tuple[float | None, float | None]:
 
 def _spent(job: Job, now: float) -> float:
     return spent_at(job.cost_so_far, job.attempts[-1] if job.attempts else None, now)
+
+
+def draining(ctl: Controller, job: Job, now: float) -> tuple[float, float]:
+    """``domain/cost.drains`` of the job's ranks still finishing a closed attempt's save (``release_after``):
+    billed, and charged to the ledger only at their release."""
+    return drains(job.attempts, [(n.attempt, n.launched_at) for n in ctl.store.nodes_of(job.job_id)
+                                 if n.release_after is not None and not n.spare and n.state not in _GONE], now)
 
 
 def lead_s(job: Job, sweep_s: float) -> float:
@@ -82,7 +90,7 @@ def stop_if_spent(ctl: Controller, job: Job, now: float, sweep_s: float = SWEEP_
     token = job.task_tokens.get("outcome")
     if budget is None or not token or not job.attempts or job.stop_save_by is not None:
         return False
-    reason = budget_stop(job.cost_so_far, job.attempts[-1], now, budget, lead_s(job, sweep_s))
+    reason = budget_stop(job.cost_so_far, job.attempts[-1], now, budget, lead_s(job, sweep_s), draining(ctl, job, now))
     if reason is None:
         return False
     noted = ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={

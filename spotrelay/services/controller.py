@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spotrelay.contracts.events import Directive
-from spotrelay.domain.cost import leave_to_ec2
+from spotrelay.domain.cost import charge_outlived, leave_to_ec2
 from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.ports.compute import Compute
 from spotrelay.ports.job_store import JobStore
@@ -128,19 +128,41 @@ def end_records(store: JobStore, job_id: str, nodes: list[Node],
     return marked
 
 
-def release_nodes(ctl: Controller, job: Job, nodes: list[Node]) -> list[str]:
+def release_nodes(ctl: Controller, job: Job, nodes: list[Node], now: float) -> list[str]:
     """Mark the nodes TERMINATED, then terminate their instances (so the state-change events that
     follow are recognised as ours). Already terminated nodes are skipped; returns instance ids.
     A spot instance EC2 has noticed in its first hour is left for EC2 to take (``leave_to_ec2``:
     EC2's interruption of it is not billed, our termination would be); reconcile terminates it if
-    it outlives its reclaim (``reconcile._left_to_ec2``)."""
+    it outlives its reclaim (``reconcile._left_to_ec2``). One that outlived its attempt's close (a
+    drained rank) is charged to the ledger for that time (``charge_outlived_nodes``)."""
     by_region: dict[str, list[str]] = {}
+    billed: list[Node] = []
     for node in end_records(ctl.store, job.job_id, nodes, keep=()):
         if leave_to_ec2(node.pool.market, node.launched_at, node.ec2_reclaim_at):
             log.info("left to EC2's reclaim (not billed in its first hour)",
                      extra={"job_id": job.job_id, "instance_id": node.instance_id, "reclaim_at": node.ec2_reclaim_at})
             continue
         by_region.setdefault(node.pool.region, []).append(node.instance_id)
+        billed.append(node)
     for region, ids in by_region.items():
         ctl.need_compute().terminate(ids, region)
+    charge_outlived_nodes(ctl, job.job_id, billed, now)
     return sorted(i for ids in by_region.values() for i in ids)
+
+
+def charge_outlived_nodes(ctl: Controller, job_id: str, nodes: list[Node], now: float) -> None:
+    """Add to the ledger what ``nodes`` (released now, each once: ``end_records`` marked it) were billed
+    past their attempt's close (``domain/cost.charge_outlived``): a move's leaving ranks and survivors
+    dropped mid-save run on to their final save after the workflow closed their attempt. A hot spare's
+    own cost is counted apart (services/prewarm.py)."""
+    outlived = [(n.attempt, n.launched_at) for n in nodes if not n.spare]
+    if not outlived:
+        return
+
+    def charge(cur: Job) -> Job | None:
+        attempts, extra = charge_outlived(cur.attempts, outlived, now)
+        if not extra:
+            return None
+        return cur.model_copy(update={"attempts": attempts, "cost_so_far": cur.cost_so_far + extra})
+
+    ctl.store.update_job(job_id, charge)

@@ -124,7 +124,7 @@ def cost_report(job: Job, now: float) -> CostReport:
     lines = []
     for a in job.attempts:
         running = a is current and a.ended_at is None and a.started_at is not None
-        cost = spent_at(0.0, a, now) if running else a.cost
+        cost = spent_at(0.0, a, now) if running else a.cost + a.drain_cost  # (billed past its close too)
         lines.append(CostLine(attempt=a.number, pool=a.pool.key if a.pool else None, nodes=a.nodes,
                               hours=round(_hours(a.started_at, a.ended_at, now), 4), price_per_hour=a.price_per_hour,
                               cost=round(cost, 4), running=running))

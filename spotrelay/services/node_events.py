@@ -166,7 +166,7 @@ def _from_earlier_attempt(ctl: Controller, job: Job, event: CheckpointCommitted 
     if event.exit_code == ExitCode.PREEMPTED_UNSAVED:
         log.warning("emergency save missed its deadline", extra={"job_id": job.job_id, "rank": event.rank})
         _count_unsaved(ctl, job, event, now)
-    release_nodes(ctl, job, [ctl.store.get_node(job.job_id, node.node_id)])
+    release_nodes(ctl, job, [ctl.store.get_node(job.job_id, node.node_id)], now)
     return {"result": "applied" if changed else "no-op", "kind": event.kind, "settled": None}
 
 

@@ -158,7 +158,7 @@ def drop_survivors(ctl: Controller, job: Job, nodes: list[Node], deadline: float
             ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(
                 update={"release_after": deadline}) if n.state in saving and n.release_after is None else None)
         nodes = [n for n in nodes if n.state not in saving]
-    release_nodes(ctl, job, nodes)
+    release_nodes(ctl, job, nodes, now)
 
 
 def _keeping_plan(spec: JobSpec, recovery: RecoveryPlan, job: Job, quotes: list[PoolQuote],

@@ -82,7 +82,7 @@ def release_expired(ctl: Controller, job: Job, now: float) -> list[str]:
     if not expired:
         return []
     cost = sum(standby_cost(job, n, now) for n in expired)
-    released = release_nodes(ctl, job, expired)
+    released = release_nodes(ctl, job, expired, now)
     ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={"cost_so_far": j.cost_so_far + cost,
                                                                      "updated_at": now}))
     log.info("standby released", extra={"job_id": job.job_id, "instances": released, "cost": round(cost, 4)})

@@ -33,7 +33,14 @@ from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import NotFoundError
 from spotrelay.services import budget
-from spotrelay.services.controller import SPARE_LIVE, Controller, attempt_nodes, end_records, regions_of
+from spotrelay.services.controller import (
+    SPARE_LIVE,
+    Controller,
+    attempt_nodes,
+    charge_outlived_nodes,
+    end_records,
+    regions_of,
+)
 from spotrelay.services.notify import announce
 from spotrelay.services.prewarm import release_expired
 from spotrelay.services.stop import finish_overdue
@@ -175,6 +182,7 @@ def _orphans(ctl: Controller, live: list[Job], regions: list[str], now: float) -
         scan.update(regions_of(each))
     by_id = {each.job_id: each for each in live}
     doomed: dict[str, list[str]] = {}
+    outlived: dict[str, set[str]] = {}  # a live job's instances of a closed attempt: charged past its close
     for inst in ctl.need_compute().list_tagged(sorted(scan)):
         job: Job | None = by_id.get(inst.job_id or "")
         if job is None and inst.job_id:
@@ -186,8 +194,12 @@ def _orphans(ctl: Controller, live: list[Job], regions: list[str], now: float) -
                 continue  # a survivor carried into the current attempt
             if _draining(ctl, job, inst.instance_id, now):
                 continue  # finishing its emergency save after a notice (recovery.launch_at_notice)
+            outlived.setdefault(job.job_id, set()).add(inst.instance_id)
         doomed.setdefault(inst.pool.region, []).append(inst.instance_id)
     for region, ids in doomed.items():
         ctl.need_compute().terminate(ids, region)
         log.warning("orphans terminated", extra={"region": region, "instance_ids": ids})
+    for job_id, instances in outlived.items():  # (a drained rank whose exit never released it)
+        records = [n for n in ctl.store.nodes_of(job_id) if n.instance_id in instances]
+        charge_outlived_nodes(ctl, job_id, end_records(ctl.store, job_id, records, keep=()), now)
     return sorted(i for ids in doomed.values() for i in ids)

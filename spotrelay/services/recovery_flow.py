@@ -156,7 +156,7 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
     dropped = [n for n in nodes if n.instance_id not in keep] + spares
     if outcome.deadline is not None:  # a notice: ranks still saving drain; their replacements boot now
         dropped = _drain(ctl, job, dropped, outcome.deadline + DRAIN_GRACE_S)
-    release_nodes(ctl, job, dropped)
+    release_nodes(ctl, job, dropped, now)
 
     excluded = set(job.excluded_pools)
     if action is RecoveryAction.NEW_CLUSTER and current is not None and current.pool is not None and \

@@ -11,7 +11,7 @@ from typing import Any
 from spotrelay.contracts.events import Directive
 from spotrelay.contracts.recovery import Launched, LaunchPlan, Promotion
 from spotrelay.contracts.workflow import WorkflowTimings
-from spotrelay.domain.cost import closed_attempt
+from spotrelay.domain.cost import charge_outlived, closed_attempt
 from spotrelay.domain.models import Attempt, Job, Node, NodeState, node_id_for
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import (
@@ -23,6 +23,7 @@ from spotrelay.placement.policy import gang_key, spare_count
 from spotrelay.ports.compute import Compute, Instance, LaunchRequest
 from spotrelay.recovery.spares import spare_ranks_to_launch
 from spotrelay.services.controller import (
+    ENDED,
     SPARE_LIVE,
     Controller,
     end_records,
@@ -96,6 +97,9 @@ def provision(ctl: Controller, job_id: str, plan_result: LaunchPlan, now: float,
                       spare=i.rank in spare_ranks)
                  for i in instances]
         carried = _carry_survivors(ctl, job, keep, attempt, now, world)
+        # the survivors were billed since recover closed their attempt (a backoff, Plan, this launch)
+        outlived = [(n.attempt, n.launched_at) for n in ctl.store.nodes_of(job_id)
+                    if n.attempt == job.attempt and n.instance_id in keep and n.state not in ENDED] if keep else []
         carried += promote_spares(ctl, job, plan_result.promoted, attempt, now, world)
         nodes += carried
         for node in nodes:
@@ -107,11 +111,12 @@ def provision(ctl: Controller, job_id: str, plan_result: LaunchPlan, now: float,
                          nodes=len([n for n in nodes if not n.spare]) + spares, spares=spares, world_size=world,
                          started_at=now, kept=len(carried), loss_interval_s=candidate.loss_interval_s)
 
-        def started(current: Job, record: Attempt = record) -> Job:
+        def started(current: Job, record: Attempt = record, outlived: list[tuple[int, float]] = outlived) -> Job:
+            charged, extra = charge_outlived(current.attempts, outlived, now)
             return current.model_copy(update={
                 "status": transition(current.status, JobStatus.STARTING), "attempt": attempt,
-                "attempts": [*current.attempts, record], "excluded_pools": [], "task_tokens": {},
-                "updated_at": now})
+                "attempts": [*charged, record], "cost_so_far": current.cost_so_far + extra,
+                "excluded_pools": [], "task_tokens": {}, "updated_at": now})
 
         launched = ctl.store.update_job(job_id, started)
         assert launched is not None

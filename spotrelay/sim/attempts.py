@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from spotrelay.domain.cost import closed_attempt
+from spotrelay.domain.cost import charge_outlived, closed_attempt
 from spotrelay.domain.models import Attempt
 from spotrelay.sim import budget
 
 if TYPE_CHECKING:
     from spotrelay.sim.controller import SpotrelayRun
+    from spotrelay.sim.records import SimNode
 
 
 def opened(run: SpotrelayRun, number: int, pool: Any, price: float, nodes: int, world: int, kept: int = 0,
@@ -35,6 +36,21 @@ def close(run: SpotrelayRun, noticed: bool = False) -> None:
             if noticed else []
         run.attempts[-1] = closed_attempt(run.attempts[-1], run.now, None, seen)
         run.cost_so_far += run.attempts[-1].cost  # (the job record's cost_so_far)
+
+
+def outlived(run: SpotrelayRun, node: SimNode) -> None:
+    """``controller.charge_outlived_nodes``: ``node``, released now or carried into the next attempt,
+    was billed past its attempt's close (a rank finishing a notice's or a move's save, a survivor kept
+    while its replacements were placed): that time goes into the ledger, once (the caller's moment)."""
+    for i in range(len(run.attempts) - 1, -1, -1):
+        a = run.attempts[i]
+        if a.number == node.attempt:
+            if a.ended_at is not None and run.now > a.ended_at and not node.spare:
+                (run.attempts[i],), extra = charge_outlived((a,), ((a.number, node.launch_t),), run.now)
+                run.cost_so_far += extra
+            return
+        if a.number < node.attempt:
+            return
 
 
 def _update(run: SpotrelayRun, number: int, update: dict[str, Any]) -> None:

@@ -25,7 +25,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from spotrelay.contracts.recovery import LaunchPlan
-from spotrelay.domain.cost import SWEEP_S, budget_reached_at, budget_stop, over_budget, stop_lead_s
+from spotrelay.domain.cost import SWEEP_S, budget_reached_at, budget_stop, drains, over_budget, stop_lead_s
 from spotrelay.domain.models import Job
 from spotrelay.errors import BudgetExceededError
 from spotrelay.services.plan import affordable
@@ -68,12 +68,21 @@ def check_launch(run: SpotrelayRun, job: Job, launch: LaunchPlan) -> LaunchPlan:
         raise TaskFailed(BudgetExceededError.__name__, str(exc)) from None
 
 
+def _draining(run: SpotrelayRun) -> tuple[float, float]:
+    """services/budget.draining: a closed attempt's ranks still saving (released, and charged, at their exit)."""
+    return drains(run.attempts, [(n.attempt, n.launch_t) for n in run.draining
+                                 if n.end_t is None and not n.left_to_ec2 and not n.spare], run.now)
+
+
 def watch(run: SpotrelayRun) -> None:
-    """An attempt opened: look at the first reconcile sweep after its clock reaches the budget."""
+    """An attempt opened: look at the first reconcile sweep after its clock reaches the budget (every
+    sweep while a closed attempt's ranks drain: their release adds to the ledger)."""
     limit = _limit(run)
     if limit is None or not run.attempts:
         return
     at = budget_reached_at(run.cost_so_far, run.attempts[-1], limit)
+    if _draining(run)[1] > 0:
+        at = run.now
     if at is not None:
         at -= min(_lead_s(run, True), _lead_s(run, False))  # (a save may commit before then: never late)
         run.at(math.ceil(max(at, run.now) / RECONCILE_S) * RECONCILE_S, partial(_sweep, run), run.attempts[-1].number)
@@ -85,9 +94,12 @@ def _sweep(run: SpotrelayRun, number: int) -> None:
         return  # that attempt ended (its cost is closed: Plan or the next attempt's watch decides)
     if run.metrics.finished or run.metrics.failed_reason is not None:
         return
-    reason = budget_stop(run.cost_so_far, current, run.now, _limit(run), _lead_s(run))
+    reason = budget_stop(run.cost_so_far, current, run.now, _limit(run), _lead_s(run), _draining(run))
     if reason is None or run.waiting != "outcome":  # (a launch price of 0 never gets here)
-        run.at(run.now + RECONCILE_S, partial(_sweep, run), number)  # services/budget.stop_if_spent: outcome waits only
+        if reason is None and _draining(run)[1] == 0:
+            watch(run)  # the drains were charged: the next sweep that can stop the job, from the ledger now
+        else:
+            run.at(run.now + RECONCILE_S, partial(_sweep, run), number)  # stop_if_spent: outcome waits only
         return
     run.note("", f"budget: {reason}")
     if not run.running:  # no rank trains (booting, restoring): nothing to save, the wait fails now

@@ -124,6 +124,8 @@ def provision(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
             if n.instance_id not in keep:
                 self.release(n)
         for n in survivors.values():  # the RESTART directive: they rejoin and report ready
+            if n.end_t is None:  # billed since recover closed their attempt (workflow_tasks.provision)
+                attempts.outlived(self, n)
             n.attempt = attempt
             if n.end_t is None:  # one EC2 took meanwhile stays gone: the ready wait sees it
                 # workflow_tasks._carry_survivors: one EC2 noticed since recover stays doomed

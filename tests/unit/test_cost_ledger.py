@@ -9,10 +9,14 @@ from spotrelay.domain.cost import (
     CostEntry,
     CostLedger,
     attempt_cost,
+    budget_stop,
+    charge_outlived,
     check_budget,
     closed_attempt,
+    drains,
     interruption_is_free,
     leave_to_ec2,
+    outlived_cost,
     unbilled_node_seconds,
 )
 from spotrelay.domain.models import Attempt, Pool
@@ -111,3 +115,32 @@ def test_an_attempt_closes_without_the_first_hour_of_the_instances_ec2_noticed()
     assert closed_attempt(a, T0 + 1800, noticed=[(T0 - 3000, T0 + 1900)]).cost == pytest.approx(22.0 * 4 * 0.5)
     od = a.model_copy(update={"pool": P5.model_copy(update={"market": "on-demand"})})
     assert closed_attempt(od, T0 + 1800, noticed=[(T0, T0 + 1900)]).cost == pytest.approx(22.0 * 4 * 0.5)
+
+
+def test_an_instance_that_outlives_its_attempts_close_is_charged_from_the_close_to_its_release() -> None:
+    """A rank left to finish its save (a notice's, a move's) runs on after the workflow closed its attempt:
+    AWS bills it until it is terminated, so its release charges that time, to its own attempt."""
+    closed = closed_attempt(Attempt(number=3, pool=P5, started_at=T0, price_per_hour=36.0, nodes=4), T0 + 3600, "x")
+    running = Attempt(number=4, pool=P5, started_at=T0 + 3600, price_per_hour=30.0, nodes=4)
+    assert outlived_cost(closed, T0, T0 + 3600 + 100) == pytest.approx(1.0)  # 36 $/h x 100 s
+    assert outlived_cost(running, T0, T0 + 9000) == 0.0  # its own clock still runs
+    assert outlived_cost(closed, T0 + 3650, T0 + 3700) == pytest.approx(0.5)  # (launched after the close)
+    attempts, added = charge_outlived([closed, running], [(3, T0), (3, T0), (4, T0 + 3600), (9, T0)], T0 + 3700)
+    assert added == pytest.approx(2.0)  # two of attempt 3's for 100 s each; the open one and an unknown: none
+    assert attempts[0].drain_cost == pytest.approx(2.0) and attempts[0].cost == closed.cost
+    assert attempts[1] is running
+    again, more = charge_outlived(attempts, [(3, T0)], T0 + 3700 + 36)
+    assert more == pytest.approx(0.36 + 1.0) and again[0].drain_cost == pytest.approx(3.36)
+
+
+def test_the_budget_counts_a_closed_attempts_ranks_still_saving_before_their_release_charges_them() -> None:
+    current = Attempt(number=2, pool=P5, started_at=T0, price_per_hour=36.0, nodes=1)
+    closed = closed_attempt(Attempt(number=1, pool=P5, started_at=T0 - 3600, price_per_hour=36.0, nodes=8), T0)
+    accrued, rate = drains([closed, current], [(1, T0 - 3600)] * 8 + [(2, T0)], T0 + 60)
+    assert accrued == pytest.approx(8 * 36.0 * 60 / 3600) and rate == pytest.approx(8 * 36.0 / 3600)
+    spent = closed.cost  # 288: the record's cost_so_far; the open attempt adds $0.60 a minute
+    lead = 120.0
+    limit = spent + 36.0 * (60 + lead) / 3600 + 1.0  # a sweep and a save ahead: the open attempt alone fits
+    assert budget_stop(spent, current, T0 + 60, limit, lead) is None
+    reason = budget_stop(spent, current, T0 + 60, limit, lead, (accrued, rate))  # the drains do not fit
+    assert reason is not None and reason.startswith(f"spent ${spent + 0.6 + accrued:,.2f} of the")
