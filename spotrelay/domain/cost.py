@@ -219,6 +219,13 @@ def budget_stop(cost_so_far: float, current: Attempt | None, now: float, max_tot
             f"({lead_s / 60:.1f} min at the running attempt's rate) would spend the rest")
 
 
+def spent_with_drains(cost_so_far: float, draining: tuple[float, float], lead_s: float) -> float:
+    """The closed attempts' cost and the ranks still draining (``drains``) billed for ``lead_s`` more:
+    what Plan counts as spent before a launch (those ranks run on while the new gang boots)."""
+    accrued, rate = draining
+    return cost_so_far + accrued + rate * lead_s
+
+
 def budget_warning(spent: float, max_total_cost: float | None, warn_at: float | None) -> str | None:
     """What to tell people once ``spent`` reached ``warn_at`` of the budget (and not the budget itself:
     then the job stops, with ``over_budget``'s reason), else None."""

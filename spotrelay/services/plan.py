@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from spotrelay.contracts.recovery import Candidate, LaunchPlan, RecoveryPlan
-from spotrelay.domain.cost import SWEEP_S, attempt_cost, over_budget
+from spotrelay.domain.cost import SWEEP_S, attempt_cost, over_budget, spent_with_drains
 from spotrelay.domain.models import Job, Node, NodeState, Pool
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import BudgetExceededError, JobCancelledError, NoPlacementError
@@ -20,7 +20,7 @@ from spotrelay.placement.policy import GANG_FIT_REASON, evaluate_pools, loss_int
 from spotrelay.placement.pool_stats import PoolStats
 from spotrelay.placement.spot_wait import PlanView, plan_view, spot_wait_s, stopped_at, wait_left_s
 from spotrelay.ports.market import PoolQuote
-from spotrelay.services.budget import lead_s
+from spotrelay.services.budget import draining, lead_s
 from spotrelay.services.controller import Controller, release_nodes, spec_of
 from spotrelay.spec.models import JobSpec
 
@@ -79,7 +79,8 @@ def affordable(spec: JobSpec, job: Job, spent: float, launch: LaunchPlan, boot_s
     """``launch``'s candidates whose gang the budget left can pay to boot and then save (the reconcile
     stops a job ``lead_s`` ahead of its budget: ``budget_stop``). Near the end of a budget a gang it
     cannot pay would be stopped by the first sweep after its boot, having trained nothing: none left
-    is ``BudgetExceededError`` now, within the budget. ``spent``: the closed attempts' cost."""
+    is ``BudgetExceededError`` now, within the budget. ``spent``: the closed attempts' cost and the ranks
+    of one still draining its save (``spent_with_drains``)."""
     limit = spec.budget.max_total_cost
     if limit is None or not launch.candidates:
         return launch
@@ -132,8 +133,10 @@ def plan(ctl: Controller, job_id: str, now: float, recovery: RecoveryPlan | None
                                                  capacity=m)) for m in probe_sizes(spec)}  # elastic sizes
         launch = _new_gang_plan(spec, job, quotes, stats, now, sized, time_scale=time_scale)
     launch = within_bound(spec, job, launch, now, time_scale)
-    launch = affordable(spec, job, job.cost_so_far, launch, lambda pool: ctl.need_compute().expected_boot_s(pool),
-                        lead_s(job, sweep_s))
+    if spec.budget.max_total_cost is not None:
+        lead = lead_s(job, sweep_s)
+        launch = affordable(spec, job, spent_with_drains(job.cost_so_far, draining(ctl, job, now), lead), launch,
+                            lambda pool: ctl.need_compute().expected_boot_s(pool), lead)
 
     def to_placing(current: Job) -> Job | None:
         live(current)

@@ -25,7 +25,15 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from spotrelay.contracts.recovery import LaunchPlan
-from spotrelay.domain.cost import SWEEP_S, budget_reached_at, budget_stop, drains, over_budget, stop_lead_s
+from spotrelay.domain.cost import (
+    SWEEP_S,
+    budget_reached_at,
+    budget_stop,
+    drains,
+    over_budget,
+    spent_with_drains,
+    stop_lead_s,
+)
 from spotrelay.domain.models import Job
 from spotrelay.errors import BudgetExceededError
 from spotrelay.services.plan import affordable
@@ -62,7 +70,11 @@ def _lead_s(run: SpotrelayRun, saved: bool | None = None) -> float:
 def check_launch(run: SpotrelayRun, job: Job, launch: LaunchPlan) -> LaunchPlan:
     """plan.affordable: near the budget's end, only gangs the rest pays to boot and save."""
     try:
-        return affordable(run.spec, job, run.cost_so_far, launch, run.market.expected_boot_s, _lead_s(run))
+        if _limit(run) is None:
+            return launch
+        lead = _lead_s(run)
+        return affordable(run.spec, job, spent_with_drains(run.cost_so_far, _draining(run), lead), launch,
+                          run.market.expected_boot_s, lead)
     except BudgetExceededError as exc:
         run.metrics.failed_reason = f"budget: {exc}"
         raise TaskFailed(BudgetExceededError.__name__, str(exc)) from None

@@ -15,12 +15,14 @@ from spotrelay.contracts.events import TrainingExited
 from spotrelay.contracts.recovery import AttemptEnd, Verdict
 from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.models import NodeState
+from spotrelay.errors import BudgetExceededError
 from spotrelay.services import budget
 from spotrelay.services.node_events import handle_agent_event
 from spotrelay.services.plan import plan
 from spotrelay.services.reconcile import reconcile
 from spotrelay.services.recovery_flow import DRAIN_GRACE_S, recover
 from spotrelay.services.workflow_tasks import provision
+from tests.integration.controller_doubles import QuotedMarket
 from tests.integration.test_steps_lost import JOB, Gangs, _ids
 
 PRICE_S = 30.0 / 3600.0  # the test gangs' price per instance-second
@@ -81,3 +83,21 @@ def test_a_drained_rank_that_exited_before_the_relaunch_is_charged_when_the_swee
     assert job.attempts[0].drain_cost == pytest.approx(2 * (swept - g.now) * PRICE_S) == job.cost_so_far
     reconcile(g.ctl, swept + 60, regions=["us-east-1"])  # terminated and charged once
     assert g.job().cost_so_far == job.cost_so_far
+
+
+@pytest.mark.parametrize("limit", [10.0, 12.0])
+def test_plan_counts_the_ranks_still_draining_before_it_launches_a_gang_the_budget_pays(limit: float) -> None:
+    """A new gang here costs $8.00 to boot (300 s) and save (the stop's 180 s lead) at $30 x 2 nodes;
+    the two ranks draining the notice's save bill $3.00 over that lead: a $10 budget pays the gang alone
+    but not both (refused now, within the budget), a $12 one pays both."""
+    g = Gangs()
+    g.ctl.market = QuotedMarket({"us-east-1/us-east-1b/p5.48xlarge/spot": 30.0})
+    g.store.update_job(JOB, lambda j: j.model_copy(update={"spec": {**j.spec, "budget": {"max_total_cost": limit}}}))
+    first = g.start(1)
+    g.lose(first[1], 1, deadline=g.now + 120)
+    if limit == 12.0:
+        assert [c.pool.az for c in plan(g.ctl, JOB, g.now).candidates] == ["us-east-1b"]
+        return
+    with pytest.raises(BudgetExceededError, match=r"the \$7.00 left of the \$10.00 budget would not pay for a gang "
+                                                  r"to boot and save \(\$8.00 in us-east-1/us-east-1b"):
+        plan(g.ctl, JOB, g.now)
