@@ -275,6 +275,11 @@ def _on_exit(ctl: Controller, job: Job, node: Node, event: TrainingExited, now: 
         if n.state not in _FINAL else None)
     if changed and event.last_step is not None:
         _record_step(ctl, job, event.attempt, event.last_step, now)
+    fresh = ctl.store.get_node(job.job_id, node.node_id)
+    if fresh.release_after is not None and not fresh.spare and fresh.state is NodeState.EXITED:
+        # dropped by recover (or Plan) while it saved, and the relaunch has not happened yet (capacity,
+        # a backoff): its save is done, so it goes now instead of idling, billed, until the relaunch
+        release_nodes(ctl, job, [fresh], now)
     log.info("training exited", extra={"job_id": job.job_id, "rank": event.rank, "exit_code": event.exit_code,
                                        "reason": event.reason})
     return changed

@@ -65,23 +65,33 @@ def test_a_survivor_kept_through_the_replacements_placement_is_charged_when_it_j
     assert job.cost_so_far == pytest.approx(job.attempts[0].cost + 600 * PRICE_S)
 
 
-def test_a_drained_rank_that_exited_before_the_relaunch_is_charged_when_the_sweep_terminates_it() -> None:
-    """Its exit came while the job was still on its attempt (nothing released it then); the reconcile
-    terminates it once its drain ran out, and charges it from the close to then."""
+def test_a_drained_rank_that_exits_before_the_relaunch_is_released_at_its_exit() -> None:
+    """Its exit comes while the job is still on its attempt (the relaunch waits for capacity): its save is
+    done, so it is released then (it idled, billed, until the relaunch and its drain's end before)."""
     g = Gangs()
     first = g.start(1)
     g.lose(first[1], 1, deadline=g.now + 120)
     for node in first:
         handle_agent_event(g.ctl, TrainingExited(**_ids(node), exit_code=75, reason="saved",  # type: ignore[arg-type]
                                                  last_step=40), g.now + 50)
+    assert {n.instance_id for n in first} <= set(g.compute.terminated)
+    assert g.job().attempt == 1 and g.job().cost_so_far == pytest.approx(2 * 50 * PRICE_S)
+
+
+def test_a_drained_rank_that_never_reports_its_exit_is_charged_when_the_sweep_terminates_it() -> None:
+    """No exit event (its agent died mid-save): the reconcile terminates it once its drain ran out and the
+    job moved on, and charges it from the close to then, once."""
+    g = Gangs()
+    first = g.start(1)
+    g.lose(first[1], 1, deadline=g.now + 120)
     provision(g.ctl, JOB, plan(g.ctl, JOB, g.now + 60), g.now + 60)
     assert g.job().cost_so_far == 0.0 and budget.draining(g.ctl, g.job(), g.now + 60)[1] == pytest.approx(2 * PRICE_S)
     swept = g.now + 120 + DRAIN_GRACE_S + 5
-    report = reconcile(g.ctl, swept, regions=["us-east-1"])
+    report = reconcile(g.ctl, swept, regions=["us-east-1"], stale_after_s=1e9)
     assert set(report["orphans"]) == {n.instance_id for n in first}
     job = g.job()
     assert job.attempts[0].drain_cost == pytest.approx(2 * (swept - g.now) * PRICE_S) == job.cost_so_far
-    reconcile(g.ctl, swept + 60, regions=["us-east-1"])  # terminated and charged once
+    reconcile(g.ctl, swept + 60, regions=["us-east-1"], stale_after_s=1e9)  # terminated and charged once
     assert g.job().cost_so_far == job.cost_so_far
 
 
