@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from spotrelay.domain.cost import charge_outlived, closed_attempt
+from spotrelay.domain.cost import closed_attempt, outlived_cost
 from spotrelay.domain.models import Attempt
 from spotrelay.sim import budget
 
@@ -45,9 +45,12 @@ def outlived(run: SpotrelayRun, node: SimNode) -> None:
     for i in range(len(run.attempts) - 1, -1, -1):
         a = run.attempts[i]
         if a.number == node.attempt:
-            if a.ended_at is not None and run.now > a.ended_at and not node.spare:
-                (run.attempts[i],), extra = charge_outlived((a,), ((a.number, node.launch_t),), run.now)
+            if not node.spare:
+                # (the record's drain_cost is not copied per node: a stormy run releases thousands of drained
+                # ranks a job-month, no decision reads it, and ``drained_usd`` keeps the sum)
+                extra = outlived_cost(a, node.launch_t, run.now)
                 run.cost_so_far += extra
+                run.drained_usd += extra
             return
         if a.number < node.attempt:
             return

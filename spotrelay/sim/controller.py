@@ -100,6 +100,7 @@ class SpotrelayRun(Run):
         self.created_at = 0.0  # the job record's created_at (start)
         self.attempts: list[Attempt] = []  # what the job record's attempts say (sim/attempts.py)
         self.cost_so_far = 0.0  # the job record's: its closed attempts' cost (sim/budget.py reads it)
+        self.drained_usd = 0.0  # of which, instances billed past their attempt's close (sim/attempts.outlived)
         self.stop_pending = False  # the ranks save for the budget's stop (sim/budget.py): no verdicts meanwhile
         self.seg_attempt = 0  # the attempt whose ranks train the current segment
         self.noticed: set[str] = set()  # instances that got a notice (interruption_notice sets reclaim_at)
