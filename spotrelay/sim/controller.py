@@ -319,8 +319,8 @@ class SpotrelayRun(Run):
                 node.pool.pool.market, node.launch_t, node.removal_t if node.instance_id in self.ec2_noticed else None):
             node.left_to_ec2, node.state = True, state
             return
-        if node.end_t is None:
-            attempts.outlived(self, node)
+        if node.end_t is None and (node.attempt != self.attempt or self.attempts[-1].ended_at is not None):
+            attempts.outlived(self, node)  # (a node of the open attempt: its clock runs, nothing to charge)
         self.end_node(node, state)
 
     def on_rebalance(self, node: SimNode) -> None:
