@@ -118,3 +118,15 @@ def test_node_replace_is_conditional_on_version(store: JobStore) -> None:
     assert store.get_node("a", "a1-r0").version == 2
     with pytest.raises(NotFoundError):
         store.get_node("a", "a9-r9")
+
+
+def test_an_attempts_ledger_figures_round_trip(store: JobStore) -> None:
+    """Cost and the minutes billed past the close (``drain_cost``) come back as written, floats."""
+    from spotrelay.domain.models import Attempt
+
+    attempt = Attempt(number=1, pool=POOL, started_at=1000.5, ended_at=4600.25, cost=123.456789,
+                      drain_cost=1.0000001, price_per_hour=36.12, nodes=16)
+    store.create_job(_job().model_copy(update={"attempts": [attempt], "cost_so_far": 124.4567891}))
+    back = store.get_job("j-1")
+    assert back.attempts == [attempt] and back.cost_so_far == 124.4567891
+    assert isinstance(back.attempts[0].drain_cost, float)
