@@ -208,11 +208,10 @@ def budget_stop(cost_so_far: float, current: Attempt | None, now: float, max_tot
     ``draining``: ``drains``' (USD so far, USD per second) of a closed attempt's ranks still saving."""
     if max_total_cost is None:
         return None
-    accrued, rate = draining
-    spent = spent_at(cost_so_far, current, now) + accrued
+    spent = spent_with_drains(spent_at(cost_so_far, current, now), draining, 0.0)
     if spent >= max_total_cost:
         return over_budget(spent, max_total_cost)
-    ahead = spent_at(cost_so_far, current, now + lead_s) + accrued + rate * lead_s
+    ahead = spent_with_drains(spent_at(cost_so_far, current, now + lead_s), draining, lead_s)
     if ahead < max_total_cost:
         return None
     return (f"spent ${spent:,.2f} of the ${max_total_cost:,.2f} budget; the ranks' save and the next sweep "
