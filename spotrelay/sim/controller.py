@@ -17,7 +17,6 @@ by the shipped decisions through in-memory state.
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 from spotrelay.contracts.exit_codes import ExitCode
@@ -27,7 +26,7 @@ from spotrelay.contracts.recovery import (
 )
 from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.cost import leave_to_ec2
-from spotrelay.domain.models import Attempt, Job, Node, NodeState
+from spotrelay.domain.models import Attempt, Job, Node
 from spotrelay.domain.status import JobStatus
 from spotrelay.placement import CooldownPolicy, PoolEvent
 from spotrelay.placement.policy import DEFAULT_CONFIG
@@ -38,6 +37,7 @@ from spotrelay.sim.engine import Run
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.market import Market
 from spotrelay.sim.moves import SAVE_MARGIN_S
+from spotrelay.sim.node_records import gang_records, template_for
 from spotrelay.sim.quotes import LazyQuotes
 from spotrelay.sim.records import SimNode
 from spotrelay.sim.shortlist import Shortlist, SimPoolStats
@@ -46,28 +46,6 @@ from spotrelay.spec.models import JobSpec
 _ASL_CACHE: dict[str, Any] = {}
 _GONE = frozenset({"DOOMED", "LOST", "TERMINATED", "EXITED"})  # a node that went away (no ready verdict waits)
 _WORKING = frozenset({"READY", "RUNNING"})  # every node so: the outcome wait has no verdict
-_STATES = {s.value: s for s in NodeState}  # NodeState(value), looked up
-_RANK = operator.attrgetter("rank")
-_RECORD_FIELDS = frozenset({"node_id", "attempt", "rank", "instance_id", "pool", "state", "exit_code", "reclaim_at"})
-
-
-_new_node = Node.__new__
-_set = object.__setattr__
-
-
-def _copy(template: Node, update: dict[str, Any], fields: set[str] | None = None) -> Node:
-    """``template.model_copy(update=update)`` for a record without extra or private attributes (a Node),
-    minus pydantic's generic copy: the records of a stormy run's gangs are rebuilt ~70 times a recovery.
-    ``fields``: the template's set fields and the update's keys, when the caller has them already."""
-    node = _new_node(Node)
-    values = template.__dict__.copy()
-    values.update(update)
-    _set(node, "__dict__", values)
-    _set(node, "__pydantic_fields_set__", set(fields) if fields is not None
-         else template.__pydantic_fields_set__ | update.keys())
-    _set(node, "__pydantic_extra__", None)
-    _set(node, "__pydantic_private__", None)
-    return node
 
 
 class SpotrelayRun(Run):
@@ -160,28 +138,9 @@ class SpotrelayRun(Run):
             self._handle(self.walker.resume(error="States.Timeout"))
 
     def _records(self) -> list[Node]:
-        # copies of one validated record: the values are typed already, and validating each record
-        # was a third of a stormy run's CPU
         if self._node_template is None:
-            self._node_template = Node(job_id="sim", node_id="a0-r0", attempt=0, rank=0, instance_id="i-0",
-                                       pool=self.market.pools[0].pool, state=NodeState.PENDING)
-        make = self._node_template
-        fields = make.__pydantic_fields_set__ | _RECORD_FIELDS
-        noticed_ids, voluntary, attempt = self.noticed, self.voluntary, self.attempt
-        out = []
-        for n in sorted(self.gang.values(), key=_RANK):
-            # a node's record is built again only when a field of it changed (the services only read records)
-            noticed = n.state == "DOOMED" or n.instance_id in noticed_ids  # reclaim_at stays after the exit
-            reclaim_at = voluntary.get(n.instance_id, n.removal_t) if noticed else None
-            built_from = (n.attempt, attempt, n.rank, n.state, n.exit_code, reclaim_at)
-            record = n.record
-            if record is None or record[0] != built_from:
-                record = n.record = (built_from, _copy(make, {
-                    "node_id": f"a{n.attempt}-r{n.rank}", "attempt": attempt, "rank": n.rank,
-                    "instance_id": n.instance_id, "pool": n.pool.pool, "state": _STATES[n.state],
-                    "exit_code": n.exit_code, "reclaim_at": reclaim_at}, fields))
-            out.append(record[1])
-        return out
+            self._node_template = template_for(self.market.pools[0].pool)
+        return gang_records(self._node_template, self.gang.values(), self.attempt, self.noticed, self.voluntary)
 
     def _job(self) -> Job:
         return Job(job_id="sim", name="sim", status=JobStatus.RUNNING, attempt=self.attempt, spec=self._spec_doc)
