@@ -115,14 +115,15 @@ def cost(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, 
     from spotrelay.services.describe import cost_report
 
     _connect(endpoint_url, table, region)
-    job, _ = _load(job_id)
-    report = cost_report(job, time.time())
+    job, nodes = _load(job_id)
+    report = cost_report(job, time.time(), nodes)
     if as_json:
         _emit(report)
         return
     grid = Table("attempt", "pool", "nodes", "hours", "$/instance-h", "cost $")
     for line in report.lines:
-        grid.add_row(f"{line.attempt}{' (running)' if line.running else ''}", line.pool or "-", str(line.nodes),
+        state = " (running)" if line.running else f" ({line.draining} draining)" if line.draining else ""
+        grid.add_row(f"{line.attempt}{state}", line.pool or "-", str(line.nodes),
                      f"{line.hours:.3f}", f"{line.price_per_hour:.2f}", f"{line.cost:.2f}")
     out.print(grid)
     budget = f" of ${report.budget:.2f} budget ({report.total / report.budget:.0%})" if report.budget else ""

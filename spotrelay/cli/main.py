@@ -108,7 +108,8 @@ def jobs(endpoint_url: EndpointOpt = None, table: TableOpt = None, region: Regio
     from spotrelay.services.describe import cost_report
 
     _connect(endpoint_url, None, table, region)
-    found = DynamoDBJobStore().all_jobs()
+    store = DynamoDBJobStore()
+    found = store.all_jobs()
     if as_json:
         sys.stdout.write(json.dumps([j.model_dump(mode="json", exclude={"task_tokens", "spec"}) for j in found],
                                     indent=2) + "\n")
@@ -121,8 +122,11 @@ def jobs(endpoint_url: EndpointOpt = None, table: TableOpt = None, region: Regio
     now = time.time()
     for job in found:
         ckpt = f"step {job.last_checkpoint.step}" if job.last_checkpoint else "-"
+        # a live job past its first attempt may have ranks draining a save: their nodes' cost so far counts
+        drains = not job.status.terminal and any(a.ended_at is not None for a in job.attempts)
+        spent = cost_report(job, now, store.nodes_of(job.job_id) if drains else ()).total
         grid.add_row(job.job_id, job.name, job.status.value, str(job.attempt), str(job.last_step), ckpt,
-                     f"{cost_report(job, now).total:.2f}")  # (a running attempt: its clock so far)
+                     f"{spent:.2f}")  # (a running attempt: its clock so far)
     needed = Measurement.get(out, out.options.update(width=10_000), grid).maximum
     out.print(grid, width=max(out.width, needed), crop=False)  # wider than the terminal beats a cut id
 
@@ -143,8 +147,9 @@ def status(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None
         sys.stdout.write(json.dumps({"job": job.model_dump(mode="json", exclude={"task_tokens"}),
                                      "nodes": [n.model_dump(mode="json") for n in nodes]}, indent=2) + "\n")
         return
+    spent = cost_report(job, time.time(), nodes).total
     out.print(f"[bold]{job.name}[/] ({job.job_id}) [cyan]{job.status.value}[/] attempt {job.attempt}, "
-              f"step {job.last_step}, recoveries {job.recoveries}, cost ${cost_report(job, time.time()).total:.2f}")
+              f"step {job.last_step}, recoveries {job.recoveries}, cost ${spent:.2f}")
     if job.last_checkpoint:
         out.print(f"last checkpoint: step {job.last_checkpoint.step} at {job.last_checkpoint.uri}")
     if (pending := stopping(job)) is not None:
@@ -152,7 +157,7 @@ def status(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None
     for reason in job.reasons:
         out.print(f"  [yellow]{reason}[/]", markup=True, highlight=False)
     if job.attempts:
-        out.print(attempts_table(job))
+        out.print(attempts_table(job, nodes))
     out.print(nodes_table(nodes))
 
 

@@ -13,14 +13,16 @@ def _when(at: float | None) -> str:
     return time.strftime("%m-%d %H:%M:%S", time.gmtime(at)) if at else "-"
 
 
-def attempts_table(job: Job) -> Table:
+def attempts_table(job: Job, nodes: list[Node] | None = None) -> Table:
     """One row per launch: where, how many nodes, how it ended, which step it resumed from, how far it
-    trained and how many of those steps no checkpoint kept."""
+    trained and how many of those steps no checkpoint kept. With the job's ``nodes``, a closed attempt's
+    cost counts its ranks still draining their save."""
     grid = Table("attempt", "pool", "nodes", "started (UTC)", "ended (UTC)", "end reason", "resumed from", "reached",
                  "lost", "cost $", title="attempts", title_justify="left")
     from spotrelay.services.describe import cost_report
 
-    cost_of = {line.attempt: line.cost for line in cost_report(job, time.time()).lines}  # (running: its clock)
+    lines = cost_report(job, time.time(), nodes or ()).lines
+    cost_of = {line.attempt: line.cost for line in lines}  # (running: its clock)
     for a in job.attempts:
         grid.add_row(str(a.number), a.pool.key if a.pool else "-", str(a.nodes or "-"), _when(a.started_at),
                      _when(a.ended_at), a.end_reason or ("running" if a.ended_at is None else "-"),

@@ -97,6 +97,19 @@ def charge_outlived(attempts: Sequence[Attempt], outlived: Iterable[tuple[int, f
     return charged, sum(extra.values())
 
 
+def outlived_so_far(attempts: Sequence[Attempt], running: Iterable[tuple[int, float]], now: float) -> dict[int, float]:
+    """Per attempt number: what the instances in ``running`` ((attempt number, launched_at), each still
+    billed) have cost past their attempt's close by ``now``; their release will charge it to
+    ``drain_cost`` (``charge_outlived``). What a report shows before then."""
+    by_number = {a.number: a for a in attempts}
+    out: dict[int, float] = {}
+    for number, launched_at in running:
+        closed = by_number.get(number)
+        if closed is not None and closed.ended_at is not None:
+            out[number] = out.get(number, 0.0) + outlived_cost(closed, launched_at, now)
+    return out
+
+
 def drains(attempts: Sequence[Attempt], running: Iterable[tuple[int, float]], now: float) -> tuple[float, float]:
     """(USD, USD per second) of the instances in ``running`` ((attempt number, launched_at), each still
     billed) whose attempt is closed: ranks still finishing their final save. What they cost past the

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 
 from spotrelay.domain.cost import SWEEP_S, budget_reached_at, budget_stop, budget_warning, drains, spent_at, stop_lead_s
-from spotrelay.domain.models import Job, NodeState
+from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.errors import BudgetExceededError, ConflictError
 from spotrelay.services.controller import Controller
 from spotrelay.services.notify import announce
@@ -47,11 +48,16 @@ def _spent(job: Job, now: float) -> float:
     return spent_at(job.cost_so_far, job.attempts[-1] if job.attempts else None, now)
 
 
-def draining(ctl: Controller, job: Job, now: float) -> tuple[float, float]:
-    """``domain/cost.drains`` of the job's ranks still finishing a closed attempt's save (``release_after``):
+def draining_ranks(nodes: Iterable[Node]) -> list[tuple[int, float]]:
+    """(attempt, launched_at) of the ranks still finishing a closed attempt's save (``release_after``):
     billed, and charged to the ledger only at their release."""
-    return drains(job.attempts, [(n.attempt, n.launched_at) for n in ctl.store.nodes_of(job.job_id)
-                                 if n.release_after is not None and not n.spare and n.state not in _GONE], now)
+    return [(n.attempt, n.launched_at) for n in nodes
+            if n.release_after is not None and not n.spare and n.state not in _GONE]
+
+
+def draining(ctl: Controller, job: Job, now: float) -> tuple[float, float]:
+    """``domain/cost.drains`` of the job's ranks still draining (``draining_ranks``)."""
+    return drains(job.attempts, draining_ranks(ctl.store.nodes_of(job.job_id)), now)
 
 
 def lead_s(job: Job, sweep_s: float) -> float:

@@ -9,15 +9,16 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from spotrelay.domain.cost import budget_reached_at, spent_at
+from spotrelay.domain.cost import budget_reached_at, outlived_so_far, spent_at
 from spotrelay.domain.models import AnomalyRecord, Job, Node
 from spotrelay.errors import JobCancelledError
 from spotrelay.ports.object_store import ObjectStore
-from spotrelay.services.budget import limits
+from spotrelay.services.budget import draining_ranks, limits
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class CostLine(_View):
     price_per_hour: float
     cost: float
     running: bool = False  # still open: its cost is its clock so far at the launch price
+    draining: int = 0  # its ranks still finishing its final save, billed: their cost so far is in ``cost``
 
 
 class CostReport(_View):
@@ -116,21 +118,27 @@ def stopping(job: Job) -> str | None:
     return f"stopping: the ranks save, then the job ends {ends} (by {by}): {job.stop_reason or '-'}"
 
 
-def cost_report(job: Job, now: float) -> CostReport:
+def cost_report(job: Job, now: float, nodes: Iterable[Node] = ()) -> CostReport:
     """Per attempt and in total, on the job record's ledger; the open attempt counts its clock so far
-    (domain/cost.py's ``spent_at``, the figure the budget is checked against)."""
+    (domain/cost.py's ``spent_at``, the figure the budget is checked against). With the job's node
+    records (``nodes``), a closed attempt's ranks still draining its save count what they have cost
+    past its close so far, as the budget sweep counts them (their release charges it to the ledger)."""
     # (an ended job's attempts are closed; one a failure left open stopped costing when the job ended)
     current = job.attempts[-1] if job.attempts and not job.status.terminal else None
+    ranks = draining_ranks(nodes) if current is not None else []  # (an ended job's teardown charged them)
+    outlived = outlived_so_far(job.attempts, ranks, now)
     lines = []
     for a in job.attempts:
         running = a is current and a.ended_at is None and a.started_at is not None
         cost = spent_at(0.0, a, now) if running else a.cost + a.drain_cost  # (billed past its close too)
         lines.append(CostLine(attempt=a.number, pool=a.pool.key if a.pool else None, nodes=a.nodes,
                               hours=round(_hours(a.started_at, a.ended_at, now), 4), price_per_hour=a.price_per_hour,
-                              cost=round(cost, 4), running=running))
+                              cost=round(cost + outlived.get(a.number, 0.0), 4), running=running,
+                              draining=sum(1 for number, _ in ranks if number == a.number and a.ended_at is not None)))
     budget, _ = limits(job)  # (as the reconcile sweep reads it: an odd record shows no budget)
     runs_out = budget_reached_at(job.cost_so_far, current, budget) if budget is not None else None
-    return CostReport(job_id=job.job_id, total=round(spent_at(job.cost_so_far, current, now), 4), budget=budget,
+    total = spent_at(job.cost_so_far, current, now) + sum(outlived.values())
+    return CostReport(job_id=job.job_id, total=round(total, 4), budget=budget,
                       lines=lines, budget_warned_at=job.budget_warned_at,
                       budget_spent_at=None if runs_out is None else round(runs_out, 1))
 
@@ -170,7 +178,7 @@ def checkpoints(objects: ObjectStore | None, prefix: str) -> list[CheckpointView
 
 
 def describe_job(job: Job, nodes: list[Node], now: float, ckpts: list[CheckpointView] | None = None) -> JobReport:
-    costs = cost_report(job, now)
+    costs = cost_report(job, now, nodes)
     cost_of = {line.attempt: line.cost for line in costs.lines}  # (the running attempt's clock so far)
     attempts: list[AttemptView] = []
     for i, a in enumerate(job.attempts):

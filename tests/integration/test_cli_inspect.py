@@ -101,6 +101,33 @@ def test_cost_of_a_running_job_counts_its_open_attempt(aws: dict[str, str], monk
     assert "cost $90.0" in shown and "running" in shown and "30.0" in shown  # and status, its attempts too
 
 
+def test_cost_status_and_jobs_count_a_closed_attempts_rank_still_draining(aws: dict[str, str],
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank of attempt 1 still finishing its save 30 minutes after the close (billed; the ledger charges
+    it at its release): every view counts its $15 so far, as the budget sweep does."""
+    now = time.time()
+    attempts = [Attempt(number=1, pool=POOL, started_at=now - 7200, ended_at=now - 1800, nodes=2,
+                        price_per_hour=30.0, cost=45.0),
+                Attempt(number=2, pool=POOL, started_at=now - 1800, nodes=2, price_per_hour=30.0)]
+    store = DynamoDBJobStore()
+    store.create_job(Job(job_id="j-drain", name="llm", status=JobStatus.RUNNING, attempt=2, attempts=attempts,
+                         cost_so_far=45.0, created_at=now - 7200, updated_at=now))
+    store.put_node(Node(job_id="j-drain", node_id="a1-r1", attempt=1, rank=1, instance_id="i-11", pool=POOL,
+                        state=NodeState.DOOMED, launched_at=now - 7200, release_after=now + 60))
+    costs = json.loads(runner.invoke(app, ["cost", "j-drain", "--json"]).stdout)
+    assert [(ln["cost"], ln["draining"]) for ln in costs["lines"]] == [(pytest.approx(60.0, abs=0.1), 1),
+                                                                      (pytest.approx(30.0, abs=0.1), 0)]
+    assert costs["total"] == pytest.approx(90.0, abs=0.1)
+    assert "1 (1 draining)" in " ".join(runner.invoke(app, ["cost", "j-drain"]).output.split())
+    described = json.loads(runner.invoke(app, ["describe", "j-drain", "--json"]).stdout)
+    assert described["cost"]["total"] == pytest.approx(90.0, abs=0.1)
+    assert described["attempts"][0]["cost"] == pytest.approx(60.0, abs=0.1)
+    row = next(line for line in runner.invoke(app, ["jobs"]).output.splitlines() if "j-drain" in line)
+    assert "90.0" in row
+    monkeypatch.setattr(cli_main, "out", Console(width=200))
+    assert "cost $90.0" in runner.invoke(app, ["status", "j-drain"]).output
+
+
 def test_unknown_job_is_one_line(aws: dict[str, str]) -> None:
     for command in ("describe", "cost"):
         result = runner.invoke(app, [command, "no-such-job"])

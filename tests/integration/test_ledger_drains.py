@@ -17,6 +17,7 @@ from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.models import NodeState
 from spotrelay.errors import BudgetExceededError
 from spotrelay.services import budget
+from spotrelay.services.describe import cost_report, describe_job
 from spotrelay.services.node_events import handle_agent_event
 from spotrelay.services.plan import plan
 from spotrelay.services.reconcile import reconcile
@@ -46,6 +47,32 @@ def test_ranks_draining_a_notices_save_are_charged_from_the_attempts_close_to_th
     assert job.cost_so_far == pytest.approx(2 * 100 * PRICE_S)
     assert {n.instance_id for n in first} <= set(g.compute.terminated)
     assert budget.draining(g.ctl, job, g.now + 200) == (0.0, 0.0)  # released: in the ledger now
+
+
+def test_the_cost_report_counts_the_ranks_still_draining_as_the_budget_does_and_their_release_keeps_it() -> None:
+    """describe / cost / jobs while the notice's ranks save: their node-seconds since the close show on
+    the closed attempt's line and in the total (the figure the budget sweep counts); once their exit
+    charges them the report reads the same from the ledger alone."""
+    g = Gangs()
+    first = g.start(1)
+    g.lose(first[1], 1, deadline=g.now + 120)
+    provision(g.ctl, JOB, plan(g.ctl, JOB, g.now), g.now)
+    job, nodes = g.job(), g.store.nodes_of(JOB)
+    during = cost_report(job, g.now + 60, nodes)
+    closed = during.lines[0]
+    assert closed.draining == 2 and closed.cost == pytest.approx(2 * 60 * PRICE_S, abs=1e-4)
+    assert during.total == pytest.approx(cost_report(job, g.now + 60).total + 2 * 60 * PRICE_S, abs=1e-4)
+    swept = budget._spent(job, g.now + 60) + budget.draining(g.ctl, job, g.now + 60)[0]  # the sweep's figure
+    assert during.total == pytest.approx(swept, abs=1e-4)
+    assert describe_job(job, nodes, g.now + 60).attempts[0].cost == closed.cost
+
+    for node in first:
+        handle_agent_event(g.ctl, TrainingExited(**_ids(node), exit_code=75, reason="saved",  # type: ignore[arg-type]
+                                                 last_step=40), g.now + 100)
+    job, nodes = g.job(), g.store.nodes_of(JOB)
+    after = cost_report(job, g.now + 100, nodes)
+    assert after.lines[0].draining == 0 and after.lines[0].cost == pytest.approx(2 * 100 * PRICE_S, abs=1e-4)
+    assert after.total == cost_report(job, g.now + 100).total  # in the ledger: counted once
 
 
 def test_a_survivor_kept_through_the_replacements_placement_is_charged_when_it_joins_the_next_attempt() -> None:
