@@ -73,6 +73,8 @@ class AgentConfig(BaseModel):
     rank0_wait_s: float = Field(900.0, gt=0, description="give up waiting for rank 0's address")
     stop_grace_s: float = Field(30.0, gt=0, description="after a deadline, wait this long before killing")
     linger_s: float = Field(600.0, ge=0, description="a surviving node waits this long to join the next gang")
+    track_end_s: float = Field(20.0, ge=0, description="rank 0 waits at most this long for MLflow to record "
+                               "the attempt's end before it reports the exit")
     imds_failures_anomaly: int = Field(3, ge=1, description="consecutive failed polls before an Anomaly")
 
     @property

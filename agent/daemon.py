@@ -202,6 +202,14 @@ class Agent(Succession):
             exit_code, reason = ExitCode.INFRA_ERROR, f"infra-error: {self.unavailable}"
             tail = bound(self.unavailable)
         last = self.responder.last_committed
+        if self.tracking:  # first: the controller may terminate this instance once it hears the exit
+            ckpt_dir = Path(env[control.ENV_CHECKPOINT_DIR])
+            manifest = ckpt_dir / f"step-{last.step:08d}" / "manifest.json" if last else None
+            if not self.tracking.end_within(self.config.track_end_s, exit_code, last.step if last else None,
+                                            reason, manifest, last.uri if last else None,
+                                            spec.tracking.register_model):
+                warn("MLflow did not record the attempt's end in time; reporting the exit first",
+                     bound_s=self.config.track_end_s)
         self.reporter.training_exited(
             exit_code,
             reason,
@@ -209,11 +217,6 @@ class Agent(Succession):
             last.step if last else None,
             tail,
         )
-        if self.tracking:
-            ckpt_dir = Path(env[control.ENV_CHECKPOINT_DIR])
-            manifest = ckpt_dir / f"step-{last.step:08d}" / "manifest.json" if last else None
-            self.tracking.attempt_ended(exit_code, last.step if last else None, reason, manifest,
-                                        last.uri if last else None, spec.tracking.register_model)
         info("training exited", exit_code=exit_code, reason=reason)
         return exit_code
 

@@ -23,6 +23,7 @@ logged, never raised.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -245,6 +246,17 @@ class JobTracking:
         if register_model and final_uri:
             self._register(register_model, final_uri)
         self._safe(self.client.set_terminated, self.run_id, "FINISHED")
+
+    def end_within(self, bound_s: float, *args: Any, **kwargs: Any) -> bool:
+        """``attempt_ended`` before the exit is reported, waiting at most ``bound_s``: the controller may
+        terminate this instance once it hears the exit (a drained rank, a finished job's teardown), and a
+        slow or unreachable server (MLflow's client retries for minutes) must not hold the node, billed.
+        False when the bound ran out: the call goes on in a daemon thread while the node lives."""
+        done = threading.Thread(target=self.attempt_ended, args=args, kwargs=kwargs, daemon=True,
+                                name="mlflow-attempt-end")
+        done.start()
+        done.join(bound_s)
+        return not done.is_alive()
 
     def _register(self, name: str, source: str) -> None:
         """A model version whose source is the final checkpoint (its manifest lists the files)."""

@@ -17,7 +17,7 @@ from agent.imds import ImdsClient
 from agent.launcher import Rendezvous
 from agent.reporting import Reporter
 from spotrelay.adapters.memory_job_store import MemoryJobStore
-from spotrelay.contracts.events import Directive, DirectiveKind
+from spotrelay.contracts.events import AgentEventModel, Directive, DirectiveKind
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.domain.models import Job, NodeState
 from spotrelay.domain.status import JobStatus
@@ -211,11 +211,23 @@ def test_rank1_waits_for_rank0_address_and_port_and_stops_on_sigterm(tmp_path: P
 
 
 def test_mlflow_run_created_after_ready_and_handed_to_the_trainer(tmp_path: Path, mlflow_uri: str,
-                                                                  imds: FakeImds) -> None:
+                                                                  imds: FakeImds,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from mlflow.tracking import MlflowClient
 
     uri = mlflow_uri
     spec = SPEC.model_copy(update={"tracking": SPEC.tracking.model_copy(update={"tracking_uri": uri})})
+    tracked_at_exit: list[list[float]] = []  # the exit code MLflow had when the controller heard the exit
+    report = InProcessAgentPort.report
+
+    def reporting(port: InProcessAgentPort, event: AgentEventModel) -> None:
+        if event.kind == "TrainingExited":  # the controller may terminate the instance from here on
+            run = port.store.get_job("j-1").mlflow_run_id
+            tracked_at_exit.append([m.value for m in MlflowClient(tracking_uri=uri).get_metric_history(
+                run, "exit_code")] if run else [])
+        report(port, event)
+
+    monkeypatch.setattr(InProcessAgentPort, "report", reporting)
     _, store, recorder, thread, result = run_agent(tmp_path, imds, steps=8, spec=spec)
     assert finish(thread, result) == ExitCode.DONE
     run_id = store.get_job("j-1").mlflow_run_id  # recorded by the controller from TrackingStarted
@@ -224,6 +236,8 @@ def test_mlflow_run_created_after_ready_and_handed_to_the_trainer(tmp_path: Path
     assert recorder.kinds()[0] == "NodeReady"
     history = MlflowClient(tracking_uri=uri).get_metric_history(run_id, "exit_code")
     assert [m.value for m in history] == [0]
+    assert tracked_at_exit == [[0]]  # the attempt's end was recorded before the exit was reported
+    assert MlflowClient(tracking_uri=uri).get_run(run_id).info.status == "FINISHED"
 
 
 def _with_hang(action: str) -> JobSpec:

@@ -222,3 +222,25 @@ def test_a_resumed_job_continues_the_stopped_jobs_run(tmp_path: Path, mlflow_uri
     c = JobOnly(Job(job_id="j-3", name="tracked", status=JobStatus.RUNNING))
     own = JobTracking.for_job(AgentConfig(job_id="j-3", attempt=1, rank=0, nodes=2), c.view, spec, c.record)
     assert own is not None and own.run_id != first.run_id and own.step == 1
+
+
+def test_the_attempts_end_is_recorded_within_a_bound_and_a_hung_server_does_not_hold_the_exit(
+        monkeypatch: pytest.MonkeyPatch, mlflow_uri: str) -> None:
+    """rank 0 records the attempt's end before it reports the exit (the controller may terminate the
+    instance at the exit); a server that accepts and never answers gives up the wait at the bound."""
+    import socket
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    run_id = client.create_run(client.create_experiment("bound")).info.run_id
+    assert JobTracking(client, run_id, 1).end_within(60.0, 75, 40, "saved")
+    assert [m.value for m in client.get_metric_history(run_id, "exit_code")] == [75]
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+    with socket.socket() as hung:  # listens, never accepts: each request waits for its timeout
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(8)
+        slow = JobTracking(MlflowClient(tracking_uri=f"http://127.0.0.1:{hung.getsockname()[1]}"), "r-1", 1)
+        assert slow.end_within(0.5, 75, 40, "saved") is False
