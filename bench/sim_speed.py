@@ -18,8 +18,10 @@ average at each line, and a last line with both markets and worker counts side b
 after, the CPU seconds of a fixed pure-Python loop (the "reference loop", best of three): this shared
 host's speed moves by half within an hour, so a result is read against the reference beside it.
 The jobs are what the workers share out: ``--jobs`` should be a multiple of the worker count
-(``--jobs 10`` measures a tenth of the default and scales it). Wall time on a shared machine moves
-with its load: read it with the load printed.
+(``--jobs 10`` measures a tenth of the default and scales it). A line whose jobs would take longer than
+``--max-line-s`` (default 600 s; a probe of one job per worker says) times as many as fit and says so:
+the g4dn trace at 16 nodes, a whole-gang restart every ~28 minutes, would take hours for 100 jobs.
+Wall time on a shared machine moves with its load: read it with the load printed.
 
 ``--against REV``: before/after side by side in one run. The simulator of git revision REV (its
 ``spotrelay/`` and ``functions/``, exported to a temporary directory) and this tree's are timed in
@@ -132,6 +134,26 @@ def _against(args: argparse.Namespace, markets: list[str]) -> int:
     return 0
 
 
+def _jobs_that_fit(args: argparse.Namespace, market: str, nodes: int, policies: tuple[str, ...],
+                   workers: list[int]) -> int:
+    """``--jobs``, or fewer when the line (every worker count in turn) would run past ``--max-line-s``:
+    a probe of one job per worker, timed with the most workers, says how long each job takes. The
+    figures per 1,000 job-months are per month simulated, so fewer jobs change the sample, not the unit
+    (a stormy market's jobs all see the same kind of market: the g4dn trace at 16 nodes takes ~25x the
+    time of 32 nodes, and its 100 jobs would take hours)."""
+    most = max(workers)
+    if args.max_line_s <= 0 or args.jobs <= most:
+        return int(args.jobs)
+    probe = _measure(market, nodes, args.months, most, policies, most)["wall"]
+    per_job = probe / most * sum(most / n for n in workers)  # a job's share of the line's wall time
+    if per_job * args.jobs <= args.max_line_s:
+        return int(args.jobs)
+    fit = max(most, int(args.max_line_s / per_job) // most * most)
+    print(f"{market:9} {nodes:>2} nodes: {args.jobs} jobs would take ~{per_job * args.jobs:,.0f} s "
+          f"(a probe of {most}: {probe:.1f} s); timing {fit} (--max-line-s {args.max_line_s:g}; 0: all)", flush=True)
+    return fit
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=100)
@@ -142,6 +164,9 @@ def main() -> int:
     parser.add_argument("--against", metavar="REV", help="also time git revision REV's simulator, alternating")
     parser.add_argument("--rounds", type=int, default=3, help="with --against: runs of each, alternated")
     parser.add_argument("--workers", default="1,2", help="worker counts to time side by side (default 1,2)")
+    parser.add_argument("--max-line-s", type=float, default=600.0,
+                        help="a line whose jobs would take longer (a probe of a few jobs says) runs fewer jobs, "
+                             "scaled to fit; 0: always --jobs (default 600)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one timed run, JSON out
     args = parser.parse_args()
     markets = ["g4dn", "synthetic"] if args.market == "both" else [args.market]
@@ -156,24 +181,25 @@ def main() -> int:
         return 0
     from spotrelay.sim.runner import POLICIES
 
-    job_months = args.jobs * args.months
-    per_k = 1000.0 / job_months
     workers = sorted({int(w) for w in args.workers.split(",")})
     print(f"{os.cpu_count()} CPUs; before: {_load()}; reference loop {_reference_s():.2f} s", flush=True)
     side: list[str] = []
     for name, nodes in [(m, n) for m in markets for n in sizes]:
         for policies in (("spotrelay",), POLICIES) if args.all_policies else (("spotrelay",),):
             what = "spotrelay" if len(policies) == 1 else f"all {len(policies)} policies"
+            jobs = _jobs_that_fit(args, name, nodes, tuple(policies), workers)
+            job_months = jobs * args.months
+            per_k = 1000.0 / job_months
             walls: dict[int, float] = {}
             for n in workers:
-                got = _measure(name, nodes, args.months, args.jobs, tuple(policies), n)
+                got = _measure(name, nodes, args.months, jobs, tuple(policies), n)
                 wall, cpu, events = got["wall"], got["cpu"], int(got["events"])
                 # per 1,000 job-months of simulated time (jobs that wait or crawl simulate more months
                 # than their work; before 2 December the jobs' retry budget ended them early, unseen)
                 k = 1000.0 / got["sim_months"] if got["sim_months"] else per_k / len(policies)
                 walls[n] = wall * k
                 per_work = wall * per_k / len(policies)  # per 1,000 job-months of work asked for
-                print(f"{name:9} {nodes:>2} nodes: {args.jobs} jobs of {args.months:g} months of work simulated "
+                print(f"{name:9} {nodes:>2} nodes: {jobs} jobs of {args.months:g} months of work simulated "
                       f"{got['sim_months']:,.1f} job-months; "
                       f"{'every job finished' if got['finished'] else 'NOT every job finished (the horizon)'}")
                 print(f"{name:9} {nodes:>2} nodes {what:16} {n} worker(s) {job_months:,.0f} job-months of work "
