@@ -210,10 +210,13 @@ class JobTracking:
             self.flush()
 
     def flush(self) -> None:
+        self._flush(self.child_id)
+
+    def _flush(self, child: str | None) -> None:
         pending, self._pending, self._flushed = self._pending, [], self.clock()
         for start in range(0, len(pending), 1000):  # MLflow takes at most 1000 metrics per batch
             chunk = pending[start : start + 1000]
-            for run in filter(None, (self.child_id, self.run_id)):  # the parent holds the curve across attempts
+            for run in filter(None, (child, self.run_id)):  # the parent holds the curve across attempts
                 self._safe(self.client.log_batch, run, metrics=chunk)
 
     def checkpoint(self, step: int, duration_s: float, emergency: bool, stall_s: float | None = None) -> None:
@@ -228,17 +231,20 @@ class JobTracking:
     def attempt_ended(self, exit_code: int, last_committed_step: int | None, reason: str = "",
                       manifest: Path | None = None, final_uri: str | None = None,
                       register_model: str | None = None) -> None:  # fmt: skip
-        self.flush()
-        self._safe(self.client.log_metric, self.run_id, "exit_code", exit_code, step=self.step)
+        # this attempt's run and step, read first: past end_within's bound the agent may go on to the
+        # next attempt (a survivor) and open its child while these calls still wait for the server
+        child, step, ended_at = self.child_id, self.step, round(self.clock(), 3)
+        self._flush(child)
+        self._safe(self.client.log_metric, self.run_id, "exit_code", exit_code, step=step)
         if last_committed_step is not None:
             self._safe(self.client.log_metric, self.run_id, "last_committed_step", last_committed_step,
-                       step=self.step)  # fmt: skip
-        if self.child_id:
+                       step=step)  # fmt: skip
+        if child:
             why = reason or ExitCode.describe(exit_code)
-            self._safe(self.client.set_tag, self.child_id, "spotrelay.end_reason", why)
-            self._safe(self.client.log_param, self.child_id, "ended_at", round(self.clock(), 3))
+            self._safe(self.client.set_tag, child, "spotrelay.end_reason", why)
+            self._safe(self.client.log_param, child, "ended_at", ended_at)
             status = "FINISHED" if exit_code == 0 else "KILLED" if exit_code in (75, 76, 78) else "FAILED"
-            self._safe(self.client.set_terminated, self.child_id, status)
+            self._safe(self.client.set_terminated, child, status)
         if exit_code != 0:
             return
         if manifest is not None and manifest.is_file():

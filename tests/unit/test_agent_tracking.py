@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from spotrelay.contracts.agent import JobView
 from spotrelay.domain.models import Attempt, Job, Pool
 from spotrelay.domain.status import JobStatus
 from spotrelay.spec.models import JobSpec
+from tests.unit.agent_harness import wait_for
 
 POOL = Pool(region="us-east-1", az="us-east-1b", instance_type="p4d.24xlarge", market="spot")
 
@@ -244,3 +246,37 @@ def test_the_attempts_end_is_recorded_within_a_bound_and_a_hung_server_does_not_
         hung.listen(8)
         slow = JobTracking(MlflowClient(tracking_uri=f"http://127.0.0.1:{hung.getsockname()[1]}"), "r-1", 1)
         assert slow.end_within(0.5, 75, 40, "saved") is False
+
+
+def test_an_attempt_end_past_the_bound_still_closes_its_own_attempt_run(mlflow_uri: str) -> None:
+    """Past end_within's bound a survivor's agent goes on to the next attempt and opens its child run
+    while the late calls still wait for the server: they close the attempt that ended, not the new one."""
+    import threading
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    experiment = client.create_experiment("late")
+    parent = client.create_run(experiment).info.run_id
+    ended, following = (client.create_run(experiment).info.run_id for _ in range(2))
+    gate = threading.Event()
+
+    class SlowServer:  # the real client, its first call held until the next attempt has begun
+        def __getattr__(self, name: str) -> Any:
+            call = getattr(client, name)
+
+            def held(*args: Any, **kwargs: Any) -> Any:
+                gate.wait(60)
+                return call(*args, **kwargs)
+            return held
+
+    tracking = JobTracking(SlowServer(), parent, 1)
+    tracking.child_id = ended
+    tracking.add_metrics([{"step": 1, "loss": 2.0}])
+    assert tracking.end_within(0.2, 75, 1, "preempted-saved") is False
+    tracking.child_id, tracking.attempt = following, 2  # attempt_started for the next gang
+    gate.set()
+    wait_for(lambda: client.get_run(ended).info.status == "KILLED")
+    assert client.get_run(ended).data.tags["spotrelay.end_reason"] == "preempted-saved"
+    assert client.get_run(following).info.status == "RUNNING"
+    assert [m.step for m in client.get_metric_history(ended, "loss")] == [1]
