@@ -18,30 +18,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from spotrelay.cli import config
-from spotrelay.cli.errors import UsageProblem
+from spotrelay.cli.common import EndpointOpt, JsonOpt, RegionOpt, TableOpt, connect
 from spotrelay.ports.logs import LOG_GROUP_DEFAULT, LOG_GROUP_ENV
 
 out = Console()
 err = Console(stderr=True)
 
-EndpointOpt = Annotated[str | None, typer.Option("--endpoint-url", help="AWS endpoint (the local twin)")]
-TableOpt = Annotated[str | None, typer.Option("--table", help="jobs table")]
-RegionOpt = Annotated[str | None, typer.Option("--region", help="home region")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
-
-
 def _fail(message: object, code: int = 1) -> typer.Exit:
     err.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
-
-
-def _connect(endpoint: str | None, table: str | None, region: str | None) -> None:
-    try:
-        config.apply({"endpoint_url": endpoint, "jobs_table": table, "region": region})
-    except ValueError as exc:
-        raise UsageProblem(str(exc)) from exc
-    os.environ.setdefault("SPOTRELAY_AWS_MAX_ATTEMPTS", "3")  # as the main commands do
 
 
 def _when(ts: float | None) -> str:
@@ -68,7 +53,7 @@ def describe(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = No
     from spotrelay.services.describe import checkpoint_location, checkpoints, describe_job
     from spotrelay.settings import settings
 
-    _connect(endpoint_url, table, region)
+    connect(endpoint_url, None, table, region)
     job, nodes = _load(job_id)
     bucket, prefix = checkpoint_location(job, settings().bucket, RESOURCES.checkpoints_prefix)
     report = describe_job(job, nodes, time.time(), checkpoints(S3ObjectStore(bucket), prefix))
@@ -114,7 +99,7 @@ def cost(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, 
     """What the job has cost so far, per attempt, against its budget."""
     from spotrelay.services.describe import cost_report
 
-    _connect(endpoint_url, table, region)
+    connect(endpoint_url, None, table, region)
     job, nodes = _load(job_id)
     report = cost_report(job, time.time(), nodes)
     if as_json:
@@ -147,7 +132,7 @@ def logs(job_id: str, attempt: Annotated[int | None, typer.Option(
     """The training output of a job's nodes: the twin's files (--dir), else CloudWatch Logs."""
     from spotrelay.ports.logs import TrainingLogs
 
-    _connect(endpoint_url, None, region)
+    connect(endpoint_url, None, None, region)
     source: TrainingLogs
     if local_dir is not None:
         from spotrelay.adapters.file_logs import FileTrainingLogs

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Annotated
 
@@ -15,7 +13,16 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from spotrelay.cli import config
+from spotrelay.cli.common import (
+    BucketOpt,
+    EndpointOpt,
+    JsonOpt,
+    RegionOpt,
+    TableOpt,
+    check_spec_suffix,
+    connect,
+    submission_key,
+)
 from spotrelay.cli.errors import SpotrelayGroup, UsageProblem
 
 app = typer.Typer(help="Train on spot capacity without losing work.", no_args_is_help=True,
@@ -23,37 +30,13 @@ app = typer.Typer(help="Train on spot capacity without losing work.", no_args_is
 out = Console()
 err = Console(stderr=True)
 
-EndpointOpt = Annotated[str | None, typer.Option("--endpoint-url", help="AWS endpoint (the local twin)")]
-BucketOpt = Annotated[str | None, typer.Option("--bucket", help="jobs bucket")]
-TableOpt = Annotated[str | None, typer.Option("--table", help="jobs table")]
-RegionOpt = Annotated[str | None, typer.Option("--region", help="home region")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
-CLI_AWS_ATTEMPTS = "3"  # a person is waiting: fail in seconds, not a minute of backoff
-
-
-def _connect(endpoint: str | None, bucket: str | None, table: str | None, region: str | None) -> None:
-    try:
-        config.apply({"endpoint_url": endpoint, "bucket": bucket, "jobs_table": table, "region": region})
-    except ValueError as exc:
-        raise UsageProblem(str(exc)) from exc
-    os.environ.setdefault("SPOTRELAY_AWS_MAX_ATTEMPTS", CLI_AWS_ATTEMPTS)
-
-
-def _spec_file(file: Path) -> None:
-    from spotrelay.spec.load import suffix_problem
-
-    problem = suffix_problem(file.name)
-    if problem is not None:
-        raise UsageProblem(f"{file}: {problem}; rename it (the controller reads only those)")
-
-
 @app.command()
 def validate(file: Path) -> None:
     """Validate a job spec; exit 0 when good, 2 with every error when not."""
     from spotrelay.cli.code import local_code_dir
     from spotrelay.spec import load_spec
 
-    _spec_file(file)
+    check_spec_suffix(file)
     spec = load_spec(file)  # a SpecError is printed field by field, exit 2 (cli/errors.py)
     local_code_dir(spec, file)
     out.print(f"[green]ok[/] {file}: job '{spec.name}', {spec.resources.nodes} node(s)")
@@ -67,14 +50,6 @@ def schema() -> None:
     sys.stdout.write(json.dumps(JobSpec.model_json_schema(), indent=2) + "\n")
 
 
-def submission_key(name: str, suffix: str, now: float) -> str:
-    """A key the controller reads (lower-case spec suffix), unique per upload: two submits, two jobs."""
-    from spotrelay.resources import RESOURCES
-
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
-    return f"{RESOURCES.submissions_prefix}{name}-{stamp}-{uuid.uuid4().hex[:8]}{suffix.lower()}"
-
-
 @app.command()
 def submit(file: Path, endpoint_url: EndpointOpt = None, bucket: BucketOpt = None, table: TableOpt = None,
            region: RegionOpt = None) -> None:
@@ -84,10 +59,10 @@ def submit(file: Path, endpoint_url: EndpointOpt = None, bucket: BucketOpt = Non
     from spotrelay.domain.models import job_id_for
     from spotrelay.spec import load_spec
 
-    _spec_file(file)
+    check_spec_suffix(file)
     spec = load_spec(file)
     code_dir = local_code_dir(spec, file)
-    _connect(endpoint_url, bucket, table, region)
+    connect(endpoint_url, bucket, table, region)
     body, suffix = file.read_bytes(), file.suffix
     if code_dir is not None:  # the spec goes up as JSON, naming the uploaded archive
         body, uri = upload(spec, file, code_dir)
@@ -107,7 +82,7 @@ def jobs(endpoint_url: EndpointOpt = None, table: TableOpt = None, region: Regio
     from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
     from spotrelay.services.describe import cost_report
 
-    _connect(endpoint_url, None, table, region)
+    connect(endpoint_url, None, table, region)
     store = DynamoDBJobStore()
     found = store.all_jobs()
     if as_json:
@@ -139,7 +114,7 @@ def status(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None
     from spotrelay.cli.views import attempts_table, nodes_table
     from spotrelay.services.describe import cost_report, stopping
 
-    _connect(endpoint_url, None, table, region)
+    connect(endpoint_url, None, table, region)
     store = DynamoDBJobStore()
     job = store.get_job(job_id)
     nodes = store.nodes_of(job_id)
@@ -175,7 +150,7 @@ def cancel(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None
 
     if save and not 0 < save_minutes * 60 <= MAX_SAVE_S:
         raise UsageProblem(f"--save-minutes: 0 to {MAX_SAVE_S / 60:.0f} (got {save_minutes:g})")
-    _connect(endpoint_url, None, table, region)
+    connect(endpoint_url, None, table, region)
     job = request_cancel(job_id, store=DynamoDBJobStore(), workflow=SfnWorkflow(), now=time.time(), reason=reason,
                          save_s=save_minutes * 60 if save else None)
     if job.stop_save_by is not None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from spotrelay.cli.common import BucketOpt, EndpointOpt, RegionOpt, TableOpt
 from spotrelay.cli.errors import UsageProblem
 
 if TYPE_CHECKING:
@@ -29,16 +30,14 @@ SpecOpt = Annotated[Path | None, typer.Option(
 
 
 def resume(job_id: str, budget: BudgetOpt = None, spec_file: SpecOpt = None,
-           endpoint_url: Annotated[str | None, typer.Option("--endpoint-url", help="AWS endpoint")] = None,
-           bucket: Annotated[str | None, typer.Option("--bucket", help="jobs bucket")] = None,
-           table: Annotated[str | None, typer.Option("--table", help="jobs table")] = None,
-           region: Annotated[str | None, typer.Option("--region", help="home region")] = None) -> None:
+           endpoint_url: EndpointOpt = None, bucket: BucketOpt = None, table: TableOpt = None,
+           region: RegionOpt = None) -> None:
     """Go on from a failed or cancelled job's newest checkpoint as a new job (same spec, or --spec; --budget)."""
     from pydantic import ValidationError
 
     from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
     from spotrelay.adapters.s3_object_store import S3ObjectStore
-    from spotrelay.cli.main import _connect, _spec_file, submission_key
+    from spotrelay.cli.common import check_spec_suffix, connect, submission_key
     from spotrelay.domain.models import job_id_for
     from spotrelay.resources import RESOURCES
     from spotrelay.services.describe import checkpoint_location, checkpoints
@@ -49,9 +48,9 @@ def resume(job_id: str, budget: BudgetOpt = None, spec_file: SpecOpt = None,
 
     edited = None
     if spec_file is not None:  # checked before anything is read or written: a bad file names itself
-        _spec_file(spec_file)
+        check_spec_suffix(spec_file)
         edited = load_spec(spec_file)
-    _connect(endpoint_url, bucket, table, region)
+    connect(endpoint_url, bucket, table, region)
     if edited is not None and spec_file is not None:
         edited = _with_code(edited, spec_file)
     store = DynamoDBJobStore()

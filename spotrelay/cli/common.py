@@ -1,0 +1,48 @@
+"""What the CLI's command modules share: the AWS options, connecting to AWS (or the twin), the spec
+file's suffix check and the submission key a spec is uploaded under."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from spotrelay.cli import config
+from spotrelay.cli.errors import UsageProblem
+
+EndpointOpt = Annotated[str | None, typer.Option("--endpoint-url", help="AWS endpoint (the local twin)")]
+BucketOpt = Annotated[str | None, typer.Option("--bucket", help="jobs bucket")]
+TableOpt = Annotated[str | None, typer.Option("--table", help="jobs table")]
+RegionOpt = Annotated[str | None, typer.Option("--region", help="home region")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+CLI_AWS_ATTEMPTS = "3"  # a person is waiting: fail in seconds, not a minute of backoff
+
+
+def connect(endpoint: str | None, bucket: str | None, table: str | None, region: str | None) -> None:
+    """Point the settings at AWS (or the twin): flags, then the environment, then the config file."""
+    try:
+        config.apply({"endpoint_url": endpoint, "bucket": bucket, "jobs_table": table, "region": region})
+    except ValueError as exc:
+        raise UsageProblem(str(exc)) from exc
+    os.environ.setdefault("SPOTRELAY_AWS_MAX_ATTEMPTS", CLI_AWS_ATTEMPTS)
+
+
+def check_spec_suffix(file: Path) -> None:
+    """Refuse a spec the controller would not read (its suffix), before anything is uploaded."""
+    from spotrelay.spec.load import suffix_problem
+
+    problem = suffix_problem(file.name)
+    if problem is not None:
+        raise UsageProblem(f"{file}: {problem}; rename it (the controller reads only those)")
+
+
+def submission_key(name: str, suffix: str, now: float) -> str:
+    """A key the controller reads (lower-case spec suffix), unique per upload: two submits, two jobs."""
+    from spotrelay.resources import RESOURCES
+
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+    return f"{RESOURCES.submissions_prefix}{name}-{stamp}-{uuid.uuid4().hex[:8]}{suffix.lower()}"
