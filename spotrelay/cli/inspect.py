@@ -105,16 +105,19 @@ def cost(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, 
     if as_json:
         _emit(report)
         return
-    grid = Table("attempt", "pool", "nodes", "hours", "$/instance-h", "cost $")
+    grid = Table("attempt", "pool", "nodes", "hours", "$/instance-h", "cost $", "on-demand $")
     for line in report.lines:
         state = " (running)" if line.running else f" ({line.draining} draining)" if line.draining else ""
         grid.add_row(f"{line.attempt}{state}", line.pool or "-", str(line.nodes),
-                     f"{line.hours:.3f}", f"{line.price_per_hour:.2f}", f"{line.cost:.2f}")
+                     f"{line.hours:.3f}", f"{line.price_per_hour:.2f}", f"{line.cost:.2f}",
+                     "-" if line.on_demand_cost is None else f"{line.on_demand_cost:.2f}")
     out.print(grid)
     budget = f" of ${report.budget:.2f} budget ({report.total / report.budget:.0%})" if report.budget else ""
     warned = (f"; told it was nearly spent at {_when(report.budget_warned_at)} UTC"
               if report.budget_warned_at is not None else "")
     out.print(f"total ${report.total:.2f}{budget}{warned}")
+    if report.on_demand:  # (what AWS's spot savings compare: the same instance-hours on on-demand)
+        out.print(f"the same instance-hours on on-demand: ${report.on_demand:.2f} (saved {report.saved:.0%})")
     if report.budget_spent_at is not None:  # (a running attempt: the reconcile stops it then)
         left_h = max(0.0, report.budget_spent_at - time.time()) / 3600
         out.print(f"at the running attempt's rate the budget is spent at {_when(report.budget_spent_at)} UTC "

@@ -14,10 +14,12 @@ from typer.testing import CliRunner
 from spotrelay.adapters.aws import client
 from spotrelay.adapters.cloudwatch_logs import CloudWatchTrainingLogs
 from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+from spotrelay.cli import inspect as cli_inspect
 from spotrelay.cli import main as cli_main
 from spotrelay.cli.main import app
 from spotrelay.domain.models import AnomalyRecord, Attempt, CheckpointRef, Job, Node, NodeState, Pool
 from spotrelay.domain.status import JobStatus
+from spotrelay.placement import catalog
 
 runner = CliRunner()
 POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
@@ -70,6 +72,13 @@ def test_describe_and_cost_as_json_and_tables(aws: dict[str, str]) -> None:
     assert costs["total"] == 90.0 and costs["budget"] == 500 and [ln["cost"] for ln in costs["lines"]] == [60.0, 30.0]
     assert costs["lines"][0]["hours"] == 1.0
     assert "total $90.00 of $500.00 budget" in runner.invoke(app, ["cost", "j-seen"]).output
+    # spot savings as AWS counts them: the same 3 instance-hours at the catalog's p5 on-demand price
+    od = catalog.on_demand_price("us-east-1", "p5.48xlarge")
+    assert od is not None and costs["on_demand"] == pytest.approx(3 * od, abs=1e-3)
+    assert [ln["on_demand_cost"] for ln in costs["lines"]] == pytest.approx([2 * od, od], abs=1e-3)
+    assert costs["saved"] == pytest.approx(1 - 90.0 / (3 * od), abs=1e-3)
+    shown = " ".join(runner.invoke(app, ["cost", "j-seen"]).output.split())
+    assert f"the same instance-hours on on-demand: ${3 * od:.2f} (saved {1 - 90.0 / (3 * od):.0%})" in shown
 
 
 def test_cost_of_a_running_job_counts_its_open_attempt(aws: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,6 +127,7 @@ def test_cost_status_and_jobs_count_a_closed_attempts_rank_still_draining(aws: d
     assert [(ln["cost"], ln["draining"]) for ln in costs["lines"]] == [(pytest.approx(60.0, abs=0.1), 1),
                                                                       (pytest.approx(30.0, abs=0.1), 0)]
     assert costs["total"] == pytest.approx(90.0, abs=0.1)
+    monkeypatch.setattr(cli_inspect, "out", Console(width=200))  # (the table wraps at 80 columns)
     assert "1 (1 draining)" in " ".join(runner.invoke(app, ["cost", "j-drain"]).output.split())
     described = json.loads(runner.invoke(app, ["describe", "j-drain", "--json"]).stdout)
     assert described["cost"]["total"] == pytest.approx(90.0, abs=0.1)

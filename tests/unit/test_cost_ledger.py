@@ -144,3 +144,19 @@ def test_the_budget_counts_a_closed_attempts_ranks_still_saving_before_their_rel
     assert budget_stop(spent, current, T0 + 60, limit, lead) is None
     reason = budget_stop(spent, current, T0 + 60, limit, lead, (accrued, rate))  # the drains do not fit
     assert reason is not None and reason.startswith(f"spent ${spent + 0.6 + accrued:,.2f} of the")
+
+
+def test_the_on_demand_comparison_prices_the_billed_instance_hours_at_the_catalogs_on_demand_price() -> None:
+    from spotrelay.placement import catalog
+    from spotrelay.services.describe import on_demand_cost
+
+    spot = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
+    od = catalog.on_demand_price("us-east-1", "p5.48xlarge")
+    assert od is not None
+    ran = Attempt(number=1, pool=spot, nodes=2, price_per_hour=22.0, started_at=0.0, ended_at=3600.0, cost=44.0)
+    assert on_demand_cost(ran, 44.0) == pytest.approx(2 * od)  # 2 instance-hours billed
+    on_demand = ran.model_copy(update={"pool": spot.model_copy(update={"market": "on-demand"}), "price_per_hour": od})
+    assert on_demand_cost(on_demand, 2 * od) == 2 * od  # itself
+    elsewhere = ran.model_copy(update={"pool": spot.model_copy(update={"region": "ap-south-1", "az": "ap-south-1a"})})
+    assert on_demand_cost(elsewhere, 44.0) is None  # no price known: no comparison, not a guess
+    assert on_demand_cost(ran.model_copy(update={"pool": None}), 0.0) == 0.0  # never launched: nothing used
