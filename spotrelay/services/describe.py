@@ -15,10 +15,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from spotrelay.domain.cost import budget_reached_at, outlived_so_far, spent_at
-from spotrelay.domain.models import AnomalyRecord, Attempt, Job, Node
+from spotrelay.domain.models import AnomalyRecord, Job, Node
 from spotrelay.errors import JobCancelledError
-from spotrelay.placement import catalog
 from spotrelay.ports.object_store import ObjectStore
+from spotrelay.services import savings
 from spotrelay.services.budget import draining_ranks, limits
 
 log = logging.getLogger(__name__)
@@ -122,20 +122,6 @@ def stopping(job: Job) -> str | None:
     return f"stopping: the ranks save, then the job ends {ends} (by {by}): {job.stop_reason or '-'}"
 
 
-def on_demand_cost(attempt: Attempt, cost: float) -> float | None:
-    """What the instance-hours ``cost`` paid for (at the attempt's launch price) would cost at the
-    on-demand price of its instance type in its region (the catalog's): the usage AWS's spot savings
-    compare. None when no on-demand price is known for them."""
-    if cost <= 0.0:
-        return 0.0
-    if attempt.pool is None or attempt.price_per_hour <= 0.0:
-        return None
-    if attempt.pool.market == "on-demand":
-        return cost
-    price = catalog.on_demand_price(attempt.pool.region, attempt.pool.instance_type)
-    return None if price is None else cost / attempt.price_per_hour * price
-
-
 def cost_report(job: Job, now: float, nodes: Iterable[Node] = ()) -> CostReport:
     """Per attempt and in total, on the job record's ledger; the open attempt counts its clock so far
     (domain/cost.py's ``spent_at``, the figure the budget is checked against). With the job's node
@@ -150,7 +136,7 @@ def cost_report(job: Job, now: float, nodes: Iterable[Node] = ()) -> CostReport:
         running = a is current and a.ended_at is None and a.started_at is not None
         cost = spent_at(0.0, a, now) if running else a.cost + a.drain_cost  # (billed past its close too)
         cost += outlived.get(a.number, 0.0)
-        od = on_demand_cost(a, cost)
+        od = savings.on_demand_cost(a, cost)
         lines.append(CostLine(attempt=a.number, pool=a.pool.key if a.pool else None, nodes=a.nodes,
                               hours=round(_hours(a.started_at, a.ended_at, now), 4), price_per_hour=a.price_per_hour,
                               cost=round(cost, 4), running=running,
@@ -159,13 +145,12 @@ def cost_report(job: Job, now: float, nodes: Iterable[Node] = ()) -> CostReport:
     budget, _ = limits(job)  # (as the reconcile sweep reads it: an odd record shows no budget)
     runs_out = budget_reached_at(job.cost_so_far, current, budget) if budget is not None else None
     total = spent_at(job.cost_so_far, current, now) + sum(outlived.values())
-    known = [line.on_demand_cost for line in lines]
-    on_demand = None if None in known else sum(c for c in known if c is not None)
+    on_demand = savings.total(line.on_demand_cost for line in lines)
     return CostReport(job_id=job.job_id, total=round(total, 4), budget=budget,
                       lines=lines, budget_warned_at=job.budget_warned_at,
                       budget_spent_at=None if runs_out is None else round(runs_out, 1),
                       on_demand=None if on_demand is None else round(on_demand, 4),
-                      saved=round(1.0 - total / on_demand, 4) if on_demand else None)
+                      saved=savings.saved_share(total, on_demand))
 
 
 def checkpoint_location(job: Job, bucket: str, default_prefix: str) -> tuple[str, str]:

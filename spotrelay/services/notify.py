@@ -13,6 +13,7 @@ from typing import Any
 from spotrelay.domain.cost import spent_at
 from spotrelay.domain.models import Job
 from spotrelay.ports.notifier import Notifier
+from spotrelay.services import savings
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,10 @@ def job_context(job: Job, now: float, **extra: Any) -> dict[str, Any]:
         "cost_so_far": round(job.cost_so_far if job.status.terminal else spent_at(job.cost_so_far, current, now), 2),
         "console_url": console_url(job.execution_arn),
     }
+    if job.status.terminal and (on_demand := savings.finished_job(job.attempts)):
+        # what its instance-hours would have cost on on-demand (services/savings.py): the job's spot saving
+        context["on_demand_usd"] = round(on_demand, 2)
+        context["saved_vs_on_demand"] = savings.saved_share(job.cost_so_far, on_demand)
     if job.reasons:
         context["reasons"] = list(job.reasons)
     context.update(extra)
@@ -107,7 +112,15 @@ _EMOJI = {"succeeded": ":white_check_mark:", "failed": ":x:", "rejected": ":no_e
           "cancelled": ":octagonal_sign:", "anomaly": ":stethoscope:", "budget": ":moneybag:"}
 _FIELDS = (("attempt", "Attempt"), ("pool", "Pool"), ("steps_lost", "Steps lost"),
            ("checkpoint_step", "Checkpoint step"), ("checkpoint_age_s", "Checkpoint age (s)"),
-           ("downtime_s", "Downtime (s)"), ("cost_so_far", "Cost so far (USD)"), ("reason", "Reason"))
+           ("downtime_s", "Downtime (s)"), ("cost_so_far", "Cost so far (USD)"),
+           ("on_demand_usd", "Same hours on on-demand (USD)"), ("saved_vs_on_demand", "Saved vs on-demand"),
+           ("reason", "Reason"))
+
+
+def _shown(key: str, value: Any) -> str:
+    if key == "saved_vs_on_demand" and isinstance(value, int | float):
+        return f"{value:.0%}"
+    return str(value)
 
 
 def slack_payload(message: dict[str, Any], channel: str | None = None) -> dict[str, Any]:
@@ -115,7 +128,7 @@ def slack_payload(message: dict[str, Any], channel: str | None = None) -> dict[s
     kind = str(message.get("kind", "event"))
     context = message.get("context") or {}
     subject = str(message.get("subject") or f"spotrelay: job {message.get('job_id')} {kind}")
-    facts = [f"*{label}:* {context[key]}" for key, label in _FIELDS if context.get(key) not in (None, "")]
+    facts = [f"*{label}:* {_shown(key, context[key])}" for key, label in _FIELDS if context.get(key) not in (None, "")]
     for reason in context.get("reasons", [])[-2:]:
         facts.append(f"*Why:* {reason}")
     text = f"{_EMOJI.get(kind, ':information_source:')} {subject}"

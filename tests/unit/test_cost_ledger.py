@@ -148,7 +148,7 @@ def test_the_budget_counts_a_closed_attempts_ranks_still_saving_before_their_rel
 
 def test_the_on_demand_comparison_prices_the_billed_instance_hours_at_the_catalogs_on_demand_price() -> None:
     from spotrelay.placement import catalog
-    from spotrelay.services.describe import on_demand_cost
+    from spotrelay.services.savings import on_demand_cost
 
     spot = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
     od = catalog.on_demand_price("us-east-1", "p5.48xlarge")

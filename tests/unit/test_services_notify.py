@@ -69,3 +69,22 @@ def test_messages_carry_downtime_and_the_execution_link() -> None:
     assert "*Downtime (s):* 100.0" in body["blocks"][1]["text"]["text"]
     assert "execution in the console" in body["blocks"][2]["elements"][0]["text"]
     assert recovery_downtime(job, now=350.0) == 50.0 and recovery_downtime(_job(attempt=1), 1.0) is None
+
+
+def test_a_finished_jobs_message_says_what_its_hours_would_have_cost_on_on_demand() -> None:
+    from spotrelay.placement import catalog
+
+    od = catalog.on_demand_price("us-west-2", "p4d.24xlarge")
+    assert od is not None
+    attempts = [Attempt(number=1, pool=POOL, nodes=2, price_per_hour=8.0, started_at=0.0, ended_at=3600.0,
+                        cost=16.0, drain_cost=0.5),
+                Attempt(number=2, pool=POOL, nodes=2, price_per_hour=8.0, started_at=4000.0, ended_at=7600.0,
+                        cost=16.0)]
+    done = _job(status=JobStatus.SUCCEEDED, attempts=attempts, cost_so_far=32.5)
+    context = job_context(done, now=8000.0)
+    hours = 32.5 / 8.0  # the billed instance-hours, drains included
+    assert context["on_demand_usd"] == round(hours * od, 2)
+    assert context["saved_vs_on_demand"] == round(1 - 32.5 / (hours * od), 4)
+    facts = slack_payload({"kind": "succeeded", "job_id": "j-1", "context": context})["blocks"][1]["text"]["text"]
+    assert f"*Saved vs on-demand:* {1 - 8.0 / od:.0%}" in facts
+    assert "on_demand_usd" not in job_context(_job(), now=160.0)  # a live job: describe / cost have it
