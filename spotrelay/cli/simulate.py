@@ -106,8 +106,10 @@ def simulate(
         "and recovery settings (the stated job's model and step times stay; the baselines take its sizes and "
         "places)")] = None,
     nodes: Annotated[int | None, typer.Option("--nodes", min=1, max=512, help="gang size (default 16)")] = None,
-    instance_types: Annotated[list[str] | None, typer.Option("--instance-types")] = None,
-    regions: Annotated[list[str] | None, typer.Option("--regions")] = None,
+    instance_types: Annotated[list[str] | None, typer.Option(
+        "--instance-types", help="comma list (default p5.48xlarge,p4d.24xlarge)")] = None,
+    regions: Annotated[list[str] | None, typer.Option(
+        "--regions", help="comma list (default the catalog's four regions)")] = None,
     policies: Annotated[str, typer.Option("--policies", help="all or NAME,...")] = "all",
     seeds: Annotated[int, typer.Option("--seeds", min=1)] = 1,
     jobs: Annotated[int, typer.Option("--jobs", min=1, help="independent jobs per seed")] = 1,
@@ -142,10 +144,15 @@ def simulate(
     rebalance_share: Annotated[float | None, typer.Option(
         "--rebalance-share", min=0, max=1, help="share of reclaims a rebalance recommendation precedes "
         "(default 0.5)")] = None,
-    on_demand_price: Annotated[float | None, typer.Option("--on-demand-price", min=0, max=MAX_USD_PER_HOUR)] = None,
-    spot_price: Annotated[float | None, typer.Option("--spot-price", min=0, max=MAX_USD_PER_HOUR)] = None,
-    json_path: Annotated[Path | None, typer.Option("--json")] = None,
-    plot: Annotated[Path | None, typer.Option("--plot")] = None,
+    on_demand_price: Annotated[float | None, typer.Option(
+        "--on-demand-price", min=0, max=MAX_USD_PER_HOUR,
+        help="USD per node-hour for every on-demand pool instead of the catalog's (Bamboo's: 3.06)")] = None,
+    spot_price: Annotated[float | None, typer.Option(
+        "--spot-price", min=0, max=MAX_USD_PER_HOUR,
+        help="USD per node-hour for every spot pool instead of the catalog's (Bamboo's: 0.91)")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="write every policy's figures as JSON")] = None,
+    plot: Annotated[Path | None, typer.Option(
+        "--plot", help="write a PNG (or another matplotlib format): cost against goodput, one run's timeline")] = None,
     workers: Annotated[int | None, typer.Option(
         "--workers", min=1, help="processes for the runs (default: the CPU count for a sweep, 1 for a small "
         "run; 1: in this process); the results do not depend on it")] = None,
