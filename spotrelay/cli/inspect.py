@@ -60,8 +60,9 @@ def describe(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = No
     if as_json:
         _emit(report)
         return
+    saved = f" (saved {report.cost.saved:.0%} against on-demand)" if report.cost.saved is not None else ""
     out.print(f"[bold]{report.name}[/] ({report.job_id}) [cyan]{report.status}[/] attempt {report.attempt}, "
-              f"step {report.last_step}, steps lost {report.steps_lost}, cost ${report.cost.total:.2f}")
+              f"step {report.last_step}, steps lost {report.steps_lost}, cost ${report.cost.total:.2f}{saved}")
     for reason in report.reasons:
         out.print(f"  [yellow]{reason}[/]", highlight=False)
     if report.stopping:

@@ -77,6 +77,8 @@ def test_describe_and_cost_as_json_and_tables(aws: dict[str, str]) -> None:
     assert od is not None and costs["on_demand"] == pytest.approx(3 * od, abs=1e-3)
     assert [ln["on_demand_cost"] for ln in costs["lines"]] == pytest.approx([2 * od, od], abs=1e-3)
     assert costs["saved"] == pytest.approx(1 - 90.0 / (3 * od), abs=1e-3)
+    assert f"cost $90.00 (saved {1 - 90.0 / (3 * od):.0%} against on-demand)" in " ".join(
+        runner.invoke(app, ["describe", "j-seen"]).output.split())
     shown = " ".join(runner.invoke(app, ["cost", "j-seen"]).output.split())
     assert f"the same instance-hours on on-demand: ${3 * od:.2f} (saved {1 - 90.0 / (3 * od):.0%})" in shown
 
