@@ -92,16 +92,17 @@ def jobs(endpoint_url: EndpointOpt = None, table: TableOpt = None, region: Regio
     grid = Table()
     # ids are what every other command takes: never cut or wrapped, whatever the terminal's width
     grid.add_column("job", no_wrap=True, min_width=max((len(j.job_id) for j in found), default=3))
-    for header in ("name", "status", "attempt", "step", "last checkpoint", "cost $"):
+    for header in ("name", "status", "attempt", "step", "last checkpoint", "cost $", "saved"):
         grid.add_column(header)
     now = time.time()
     for job in found:
         ckpt = f"step {job.last_checkpoint.step}" if job.last_checkpoint else "-"
         # a live job past its first attempt may have ranks draining a save: their nodes' cost so far counts
         drains = not job.status.terminal and any(a.ended_at is not None for a in job.attempts)
-        spent = cost_report(job, now, store.nodes_of(job.job_id) if drains else ()).total
+        report = cost_report(job, now, store.nodes_of(job.job_id) if drains else ())
+        saved = "-" if report.saved is None else f"{report.saved:.0%}"  # against on-demand, the same hours
         grid.add_row(job.job_id, job.name, job.status.value, str(job.attempt), str(job.last_step), ckpt,
-                     f"{spent:.2f}")  # (a running attempt: its clock so far)
+                     f"{report.total:.2f}", saved)  # (a running attempt: its clock so far)
     needed = Measurement.get(out, out.options.update(width=10_000), grid).maximum
     out.print(grid, width=max(out.width, needed), crop=False)  # wider than the terminal beats a cut id
 

@@ -135,7 +135,7 @@ def test_cost_status_and_jobs_count_a_closed_attempts_rank_still_draining(aws: d
     assert described["cost"]["total"] == pytest.approx(90.0, abs=0.1)
     assert described["attempts"][0]["cost"] == pytest.approx(60.0, abs=0.1)
     row = next(line for line in runner.invoke(app, ["jobs"]).output.splitlines() if "j-drain" in line)
-    assert "90.0" in row
+    assert "90.0" in row and f"{1 - 90.0 / (3 * catalog.on_demand_price('us-east-1', 'p5.48xlarge')):.0%}" in row
     monkeypatch.setattr(cli_main, "out", Console(width=200))
     assert "cost $90.0" in runner.invoke(app, ["status", "j-drain"]).output
 
