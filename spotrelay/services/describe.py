@@ -85,7 +85,7 @@ class CostReport(_View):
     budget_warned_at: float | None = None  # when people were told the budget is nearly spent
     budget_spent_at: float | None = None  # when the running attempt's clock reaches the budget (its rate now)
     on_demand: float | None = None  # every line's instance-hours at on-demand prices (None: one is unknown)
-    saved: float | None = None  # 1 - total / on_demand: spot savings as AWS counts them (the same usage)
+    saved: float | None = None  # 1 - the lines' cost / on_demand: spot savings as AWS counts them (the same usage)
 
 
 class JobReport(_View):
@@ -150,7 +150,8 @@ def cost_report(job: Job, now: float, nodes: Iterable[Node] = ()) -> CostReport:
                       lines=lines, budget_warned_at=job.budget_warned_at,
                       budget_spent_at=None if runs_out is None else round(runs_out, 1),
                       on_demand=None if on_demand is None else round(on_demand, 4),
-                      saved=savings.saved_share(total, on_demand))
+                      # the attempts' hours alone (a prewarmed standby's cost is in the total, in no line)
+                      saved=savings.saved_share(sum(line.cost for line in lines), on_demand))
 
 
 def checkpoint_location(job: Job, bucket: str, default_prefix: str) -> tuple[str, str]:

@@ -77,10 +77,12 @@ def job_context(job: Job, now: float, **extra: Any) -> dict[str, Any]:
         "cost_so_far": round(job.cost_so_far if job.status.terminal else spent_at(job.cost_so_far, current, now), 2),
         "console_url": console_url(job.execution_arn),
     }
-    if job.status.terminal and (on_demand := savings.finished_job(job.attempts)):
+    if job.status.terminal:
         # what its instance-hours would have cost on on-demand (services/savings.py): the job's spot saving
-        context["on_demand_usd"] = round(on_demand, 2)
-        context["saved_vs_on_demand"] = savings.saved_share(job.cost_so_far, on_demand)
+        paid, on_demand = savings.finished_job(job.attempts)
+        if on_demand:
+            context["on_demand_usd"] = round(on_demand, 2)
+            context["saved_vs_on_demand"] = savings.saved_share(paid, on_demand)
     if job.reasons:
         context["reasons"] = list(job.reasons)
     context.update(extra)

@@ -34,6 +34,9 @@ def saved_share(spent: float, on_demand: float | None) -> float | None:
     return round(1.0 - spent / on_demand, 4) if on_demand else None
 
 
-def finished_job(attempts: Iterable[Attempt]) -> float | None:
-    """A closed job's attempts (each its cost and what its instances were billed past its close)."""
-    return total(on_demand_cost(a, a.cost + a.drain_cost) for a in attempts)
+def finished_job(attempts: Iterable[Attempt]) -> tuple[float, float | None]:
+    """(what a closed job's attempts cost, each with what its instances were billed past its close; the
+    same instance-hours on on-demand). A prewarmed standby's cost is in the job's total but in no
+    attempt: the share saved compares the attempts' hours alone, like with like."""
+    paid = [a.cost + a.drain_cost for a in attempts]
+    return sum(paid), total(on_demand_cost(a, cost) for a, cost in zip(attempts, paid, strict=True))

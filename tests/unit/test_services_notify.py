@@ -88,3 +88,6 @@ def test_a_finished_jobs_message_says_what_its_hours_would_have_cost_on_on_deman
     facts = slack_payload({"kind": "succeeded", "job_id": "j-1", "context": context})["blocks"][1]["text"]["text"]
     assert f"*Saved vs on-demand:* {1 - 8.0 / od:.0%}" in facts
     assert "on_demand_usd" not in job_context(_job(), now=160.0)  # a live job: describe / cost have it
+    # a prewarmed standby's $7.50 is in the job's total, in no attempt: the share compares the attempts' hours
+    assert job_context(done.model_copy(update={"cost_so_far": 40.0}), 8000.0)["saved_vs_on_demand"] == \
+        context["saved_vs_on_demand"]
