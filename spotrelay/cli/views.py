@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 from rich.table import Table
 
@@ -13,7 +14,7 @@ def _when(at: float | None) -> str:
     return time.strftime("%m-%d %H:%M:%S", time.gmtime(at)) if at else "-"
 
 
-def attempts_table(job: Job, nodes: list[Node] | None = None) -> Table:
+def attempts_table(job: Job, nodes: Iterable[Node] = ()) -> Table:
     """One row per launch: where, how many nodes, how it ended, which step it resumed from, how far it
     trained and how many of those steps no checkpoint kept. With the job's ``nodes``, a closed attempt's
     cost counts its ranks still draining their save."""
@@ -21,7 +22,7 @@ def attempts_table(job: Job, nodes: list[Node] | None = None) -> Table:
                  "lost", "cost $", title="attempts", title_justify="left")
     from spotrelay.services.describe import cost_report
 
-    lines = cost_report(job, time.time(), nodes or ()).lines
+    lines = cost_report(job, time.time(), nodes).lines
     cost_of = {line.attempt: line.cost for line in lines}  # (running: its clock)
     for a in job.attempts:
         grid.add_row(str(a.number), a.pool.key if a.pool else "-", str(a.nodes or "-"), _when(a.started_at),

@@ -80,23 +80,6 @@ def outlived_cost(closed: Attempt, launched_at: float, now: float) -> float:
     return attempt_cost(closed.price_per_hour, 1, max(closed.ended_at, launched_at), now)
 
 
-def charge_outlived(attempts: Sequence[Attempt], outlived: Iterable[tuple[int, float]],
-                    now: float) -> tuple[list[Attempt], float]:
-    """``attempts`` with what the instances in ``outlived`` ((attempt number, launched_at), one per
-    instance, once: the caller marks them released or carried) cost past their attempt's close added to
-    its ``drain_cost``, and that sum (for the job's ``cost_so_far``). The ledger's close stops an
-    attempt's clock when the workflow moves on; AWS bills each instance until it is terminated."""
-    extra: dict[int, float] = {}
-    by_number = {a.number: a for a in attempts}
-    for number, launched_at in outlived:
-        closed = by_number.get(number)
-        if closed is not None:
-            extra[number] = extra.get(number, 0.0) + outlived_cost(closed, launched_at, now)
-    charged = [a.model_copy(update={"drain_cost": a.drain_cost + extra[a.number]}) if extra.get(a.number) else a
-               for a in attempts]
-    return charged, sum(extra.values())
-
-
 def outlived_so_far(attempts: Sequence[Attempt], running: Iterable[tuple[int, float]], now: float) -> dict[int, float]:
     """Per attempt number: what the instances in ``running`` ((attempt number, launched_at), each still
     billed) have cost past their attempt's close by ``now``; their release will charge it to
@@ -108,6 +91,18 @@ def outlived_so_far(attempts: Sequence[Attempt], running: Iterable[tuple[int, fl
         if closed is not None and closed.ended_at is not None:
             out[number] = out.get(number, 0.0) + outlived_cost(closed, launched_at, now)
     return out
+
+
+def charge_outlived(attempts: Sequence[Attempt], outlived: Iterable[tuple[int, float]],
+                    now: float) -> tuple[list[Attempt], float]:
+    """``attempts`` with what the instances in ``outlived`` ((attempt number, launched_at), one per
+    instance, once: the caller marks them released or carried) cost past their attempt's close added to
+    its ``drain_cost``, and that sum (for the job's ``cost_so_far``). The ledger's close stops an
+    attempt's clock when the workflow moves on; AWS bills each instance until it is terminated."""
+    extra = outlived_so_far(attempts, outlived, now)
+    charged = [a.model_copy(update={"drain_cost": a.drain_cost + extra[a.number]}) if extra.get(a.number) else a
+               for a in attempts]
+    return charged, sum(extra.values())
 
 
 def drains(attempts: Sequence[Attempt], running: Iterable[tuple[int, float]], now: float) -> tuple[float, float]:

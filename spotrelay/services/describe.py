@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -131,6 +132,7 @@ def cost_report(job: Job, now: float, nodes: Iterable[Node] = ()) -> CostReport:
     current = job.attempts[-1] if job.attempts and not job.status.terminal else None
     ranks = draining_ranks(nodes) if current is not None else []  # (an ended job's teardown charged them)
     outlived = outlived_so_far(job.attempts, ranks, now)
+    draining = Counter(number for number, _ in ranks)
     lines = []
     for a in job.attempts:
         running = a is current and a.ended_at is None and a.started_at is not None
@@ -140,7 +142,7 @@ def cost_report(job: Job, now: float, nodes: Iterable[Node] = ()) -> CostReport:
         lines.append(CostLine(attempt=a.number, pool=a.pool.key if a.pool else None, nodes=a.nodes,
                               hours=round(_hours(a.started_at, a.ended_at, now), 4), price_per_hour=a.price_per_hour,
                               cost=round(cost, 4), running=running,
-                              draining=sum(1 for number, _ in ranks if number == a.number and a.ended_at is not None),
+                              draining=draining[a.number] if a.ended_at is not None else 0,
                               on_demand_cost=None if od is None else round(od, 4)))
     budget, _ = limits(job)  # (as the reconcile sweep reads it: an odd record shows no budget)
     runs_out = budget_reached_at(job.cost_so_far, current, budget) if budget is not None else None
