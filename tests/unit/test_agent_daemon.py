@@ -24,7 +24,7 @@ from spotrelay.domain.status import JobStatus
 from spotrelay.local.fake_imds import FakeImds
 from spotrelay.spec.models import JobSpec
 from tests.agent_port import InProcessAgentPort
-from tests.unit.agent_harness import SPEC, finish, imds, rank0_node, release, run_agent, wait_for
+from tests.unit.agent_harness import HANG_S, SPEC, finish, imds, rank0_node, release, run_agent, wait_for
 
 __all__ = ["imds"]  # the fixture, imported for pytest
 
@@ -228,7 +228,8 @@ def test_mlflow_run_created_after_ready_and_handed_to_the_trainer(tmp_path: Path
         report(port, event)
 
     monkeypatch.setattr(InProcessAgentPort, "report", reporting)
-    _, store, recorder, thread, result = run_agent(tmp_path, imds, steps=8, spec=spec)
+    # (a bound that only catches a hang: a slow machine's MLflow calls must not look like a hung server)
+    _, store, recorder, thread, result = run_agent(tmp_path, imds, steps=8, spec=spec, track_end_s=HANG_S)
     assert finish(thread, result) == ExitCode.DONE
     run_id = store.get_job("j-1").mlflow_run_id  # recorded by the controller from TrackingStarted
     assert [e["mlflow_run_id"] for e in recorder.of("TrackingStarted")] == [run_id]
