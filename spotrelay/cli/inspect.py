@@ -113,6 +113,10 @@ def cost(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, 
                      f"{line.hours:.3f}", f"{line.price_per_hour:.2f}", f"{line.cost:.2f}",
                      "-" if line.on_demand_cost is None else f"{line.on_demand_cost:.2f}")
     out.print(grid)
+    if report.standby or report.standing_by:  # (in the total, in no attempt: services/prewarm.py)
+        waiting = (f"; {report.standing_by} standing by, charged when released or when it takes a rank"
+                   if report.standing_by else "")
+        out.print(f"rebalance standbys: ${report.standby:.2f}{waiting}")
     budget = f" of ${report.budget:.2f} budget ({report.total / report.budget:.0%})" if report.budget else ""
     warned = (f"; told it was nearly spent at {_when(report.budget_warned_at)} UTC"
               if report.budget_warned_at is not None else "")

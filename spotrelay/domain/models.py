@@ -116,6 +116,7 @@ class Job(Record):
     last_step: int = 0
     steps_lost: int = 0
     cost_so_far: float = 0.0
+    standby_cost: float = 0.0  # of cost_so_far: rebalance standbys' own time (services/prewarm.py)
     budget_warned_at: float | None = None  # when people were told the budget is nearly spent (once)
     # a stop that waits for the ranks' save (services/stop.py: cancel --save, the budget): until when,
     # and the error and cause the workflow's waits get then

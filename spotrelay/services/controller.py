@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +112,13 @@ SPARE_LIVE = (NodeState.PENDING, NodeState.READY, NodeState.RUNNING)
 
 # a node record in one of these says how its node ended: it is not live and keeps that state
 ENDED = (NodeState.TERMINATED, NodeState.LOST, NodeState.EXITED)
+
+
+def standing_by(nodes: Iterable[Node]) -> list[Node]:
+    """The rebalance standbys still waiting for a notice (services/prewarm.py): billed, and charged to
+    the ledger when they are released, take a rank or are torn down with the job."""
+    return [n for n in nodes if n.spare and n.release_after is not None and n.state in SPARE_LIVE
+            and n.takes_rank is None]
 
 
 def end_records(store: JobStore, job_id: str, nodes: list[Node],

@@ -21,6 +21,7 @@ from spotrelay.errors import JobCancelledError
 from spotrelay.ports.object_store import ObjectStore
 from spotrelay.services import savings
 from spotrelay.services.budget import draining_ranks, limits
+from spotrelay.services.controller import standing_by
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,8 @@ class CostReport(_View):
     budget_spent_at: float | None = None  # when the running attempt's clock reaches the budget (its rate now)
     on_demand: float | None = None  # every line's instance-hours at on-demand prices (None: one is unknown)
     saved: float | None = None  # 1 - the lines' cost / on_demand: spot savings as AWS counts them (the same usage)
+    standby: float = 0.0  # rebalance standbys' own time charged so far (in ``total``, in no line)
+    standing_by: int = 0  # standbys still waiting for a notice: billed, charged at their release or rank
 
 
 class JobReport(_View):
@@ -128,6 +131,7 @@ def cost_report(job: Job, now: float, nodes: Iterable[Node] = ()) -> CostReport:
     (domain/cost.py's ``spent_at``, the figure the budget is checked against). With the job's node
     records (``nodes``), a closed attempt's ranks still draining its save count what they have cost
     past its close so far, as the budget sweep counts them (their release charges it to the ledger)."""
+    nodes = list(nodes)
     # (an ended job's attempts are closed; one a failure left open stopped costing when the job ended)
     current = job.attempts[-1] if job.attempts and not job.status.terminal else None
     ranks = draining_ranks(nodes) if current is not None else []  # (an ended job's teardown charged them)
@@ -153,7 +157,8 @@ def cost_report(job: Job, now: float, nodes: Iterable[Node] = ()) -> CostReport:
                       budget_spent_at=None if runs_out is None else round(runs_out, 1),
                       on_demand=None if on_demand is None else round(on_demand, 4),
                       # the attempts' hours alone (a prewarmed standby's cost is in the total, in no line)
-                      saved=savings.saved_share(sum(line.cost for line in lines), on_demand))
+                      saved=savings.saved_share(sum(line.cost for line in lines), on_demand),
+                      standby=round(job.standby_cost, 4), standing_by=len(standing_by(nodes)) if current else 0)
 
 
 def checkpoint_location(job: Job, bucket: str, default_prefix: str) -> tuple[str, str]:

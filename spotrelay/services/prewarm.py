@@ -8,6 +8,11 @@ elevated risk, so that if the notice follows, the rank is taken without a boot.
   waits for the outcome again. A notice that follows promotes it like any spare (recover).
 - ``release_expired`` (reconcile): a standby whose wait ran out without a notice is released; its
   cost (the attempt's price, launch to release) goes into the ledger (``job.cost_so_far``).
+
+A standby is billed from its launch, and in no attempt until it takes a rank: its own time is charged
+to the ledger when it is released unused, when it takes a rank (recovery_flow: its time before that
+attempt) or when the job is torn down while it stands by (``charge_torn_down``), and kept apart in
+``job.standby_cost`` so the cost report shows where that money went.
 """
 
 from __future__ import annotations
@@ -21,7 +26,14 @@ from spotrelay.domain.models import Job, Node, node_id_for
 from spotrelay.domain.status import JobStatus
 from spotrelay.errors import InsufficientCapacityError, QuotaExceededError
 from spotrelay.ports.compute import LaunchRequest
-from spotrelay.services.controller import SPARE_LIVE, Controller, attempt_nodes, release_nodes, spec_of
+from spotrelay.services.controller import (
+    SPARE_LIVE,
+    Controller,
+    attempt_nodes,
+    release_nodes,
+    spec_of,
+    standing_by,
+)
 from spotrelay.services.waits import OUTCOME, deliver
 from spotrelay.settings import settings
 
@@ -29,8 +41,12 @@ log = logging.getLogger(__name__)
 
 
 def _standbys(ctl: Controller, job: Job) -> list[Node]:
-    return [n for n in ctl.store.nodes_of(job.job_id)
-            if n.spare and n.release_after is not None and n.state in SPARE_LIVE and n.takes_rank is None]
+    return standing_by(ctl.store.nodes_of(job.job_id))
+
+
+def charged(job: Job, cost: float, now: float) -> dict[str, Any]:
+    """The job record's update that charges ``cost`` of standbys' time to the ledger."""
+    return {"cost_so_far": job.cost_so_far + cost, "standby_cost": job.standby_cost + cost, "updated_at": now}
 
 
 def request_standby(ctl: Controller, job: Job, node: Node, now: float) -> bool:
@@ -83,8 +99,20 @@ def release_expired(ctl: Controller, job: Job, now: float) -> list[str]:
         return []
     cost = sum(standby_cost(job, n, now) for n in expired)
     released = release_nodes(ctl, job, expired, now)
-    ctl.store.update_job(job.job_id, lambda j: j.model_copy(update={"cost_so_far": j.cost_so_far + cost,
-                                                                     "updated_at": now}))
+    ctl.store.update_job(job.job_id, lambda j: j.model_copy(update=charged(j, cost, now)))
     log.info("standby released", extra={"job_id": job.job_id, "instances": released, "cost": round(cost, 4)})
     return released
 
+
+
+def charge_torn_down(ctl: Controller, job_id: str, ended: list[Node], now: float) -> None:
+    """The job's teardown ended these records (each once: ``end_records`` marked them): the standbys
+    among them that still stood by are charged their time to the ledger (nothing else charges it)."""
+    standbys = [n for n in ended if n.spare and n.release_after is not None and n.takes_rank is None]
+    if not standbys:
+        return
+
+    def charge(cur: Job) -> Job:
+        return cur.model_copy(update=charged(cur, sum(standby_cost(cur, n, now) for n in standbys), now))
+
+    ctl.store.update_job(job_id, charge)

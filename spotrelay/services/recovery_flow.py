@@ -176,9 +176,10 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
         update.update(_close_attempt(cur, now, outcome.outcome.value, nodes))
         update.update(_lost_steps(cur, update.get("attempts", cur.attempts), outcome.deadline, ckpt_step))
         # a rebalance standby that takes a rank: its time before this attempt goes into the ledger
-        update["cost_so_far"] = update.get("cost_so_far", cur.cost_so_far) + sum(
-            standby_cost(cur, n, now) for n in ctl.store.nodes_of(job_id)
-            if n.spare and n.takes_rank is not None and n.release_after is not None)
+        standbys = sum(standby_cost(cur, n, now) for n in ctl.store.nodes_of(job_id)
+                       if n.spare and n.takes_rank is not None and n.release_after is not None)
+        update["cost_so_far"] = update.get("cost_so_far", cur.cost_so_far) + standbys
+        update["standby_cost"] = cur.standby_cost + standbys  # (kept apart: services/prewarm.py)
         return cur.model_copy(update=update)
 
     updated = ctl.store.update_job(job_id, to_recovering)

@@ -33,6 +33,7 @@ from spotrelay.services.controller import (
 )
 from spotrelay.services.notify import announce
 from spotrelay.services.plan import live
+from spotrelay.services.prewarm import charge_torn_down
 from spotrelay.services.review import review_seconds
 from spotrelay.settings import settings
 from spotrelay.spec.models import JobSpec
@@ -210,7 +211,7 @@ def teardown(ctl: Controller, job_id: str, now: float) -> dict[str, Any]:
     record keeps how its node ended (``end_records``, as reconcile does for a stuck execution)."""
     job = ctl.store.get_job(job_id)
     nodes = ctl.store.nodes_of(job_id)
-    end_records(ctl.store, job_id, nodes)
+    charge_torn_down(ctl, job_id, end_records(ctl.store, job_id, nodes), now)  # a standby standing by
     terminated = ctl.need_compute().terminate_job(job_id, regions_of(job, nodes))
     log.info("teardown", extra={"job_id": job_id, "terminated": terminated})
     return {"terminated": sorted(terminated)}

@@ -81,6 +81,7 @@ def test_describe_and_cost_as_json_and_tables(aws: dict[str, str]) -> None:
         runner.invoke(app, ["describe", "j-seen"]).output.split())
     shown = " ".join(runner.invoke(app, ["cost", "j-seen"]).output.split())
     assert f"the same instance-hours on on-demand: ${3 * od:.2f} (saved {1 - 90.0 / (3 * od):.0%})" in shown
+    assert "rebalance standbys" not in shown  # (a job without standbys has no such line)
 
 
 def test_cost_of_a_running_job_counts_its_open_attempt(aws: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -181,3 +182,20 @@ def test_logs_from_cloudwatch(aws: dict[str, str]) -> None:
     result = runner.invoke(app, ["logs", "j-seen", "--rank", "0"])
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == ["hello", "world", "again"]
+
+
+def test_cost_shows_what_rebalance_standbys_cost_on_a_line_of_their_own(aws: dict[str, str]) -> None:
+    """A standby belongs to no attempt: the $4 of one released unused (in the ledger and the total) has
+    its own line, and one standing by now is noted (it is charged when it is released or takes a rank)."""
+    now = time.time()
+    attempts = [Attempt(number=1, pool=POOL, started_at=now - 3600, nodes=2, price_per_hour=30.0)]
+    store = DynamoDBJobStore()
+    store.create_job(Job(job_id="j-standby", name="llm", status=JobStatus.RUNNING, attempt=1, attempts=attempts,
+                         cost_so_far=4.0, standby_cost=4.0, created_at=now - 3600, updated_at=now))
+    store.put_node(Node(job_id="j-standby", node_id="a1-r2", attempt=1, rank=2, instance_id="i-12", pool=POOL,
+                        state=NodeState.READY, launched_at=now - 300, spare=True, release_after=now + 300))
+    costs = json.loads(runner.invoke(app, ["cost", "j-standby", "--json"]).stdout)
+    assert (costs["standby"], costs["standing_by"]) == (4.0, 1)
+    assert costs["total"] == pytest.approx(64.0, abs=0.1)  # the open attempt's hour and the standby's $4
+    shown = " ".join(runner.invoke(app, ["cost", "j-standby"]).output.split())
+    assert "rebalance standbys: $4.00; 1 standing by, charged when released or when it takes a rank" in shown

@@ -4,10 +4,15 @@ new spare is launched in the background, and spares and standbys are billed in t
 
 from __future__ import annotations
 
+import time
+
+import pytest
+
 from functions import on_agent_event, on_instance_state, on_interruption_notice, on_rebalance
 from spotrelay.domain.models import Node, NodeState
 from spotrelay.domain.status import JobStatus
 from spotrelay.services.controller import Controller
+from spotrelay.services.describe import cost_report
 from spotrelay.services.reconcile import reconcile
 from tests.integration.controller_doubles import agent_event, ctx, ec2_event, new_job, wait_until
 from tests.integration.test_workflow_job_run import Harness, wf
@@ -118,6 +123,7 @@ def test_a_rebalance_standby_takes_the_rank_when_the_notice_follows(wf: Harness)
     assert (ranks[0].instance_id, ranks[1].instance_id) == (survivor.instance_id, standby.instance_id)
     assert ranks[1].release_after is None  # a rank now, not a standby
     assert [r.ranks for r in wf.compute.launched] == [[0, 1], [2]]  # nothing launched for rank 1
+    assert wf.job().standby_cost > 0  # its time before the new attempt: in the ledger, kept apart
     wf.exit_all([survivor, doomed], 75, last_step=8, last_committed_step=8)
     _finish(wf, arn, second)
 
@@ -130,9 +136,29 @@ def test_an_unused_standby_is_released_and_billed(wf: Harness) -> None:
     assert reconcile(ctl, now=standby.release_after - 1)["standbys"] == []
     assert reconcile(ctl, now=standby.release_after)["standbys"] == [standby.instance_id]
     assert standby.instance_id not in wf.compute.running("job-under-test")
-    assert wf.job().cost_so_far > before  # its time is in the ledger
+    job = wf.job()
+    assert job.cost_so_far > before  # its time is in the ledger, kept apart: no attempt holds it
+    assert job.standby_cost == pytest.approx(job.cost_so_far - before) and job.standby_cost > 0
+    report = cost_report(job, standby.release_after, wf.store.nodes_of(job.job_id))
+    assert (report.standby, report.standing_by) == (round(job.standby_cost, 4), 0)
     wf.exit_all(gang, 0)
     assert wf.finished(arn)["status"] == "SUCCEEDED"
+    assert wf.job().standby_cost == job.standby_cost  # the teardown charges it once
+
+
+def test_a_standby_standing_by_when_the_job_ends_is_charged_by_the_teardown(wf: Harness) -> None:
+    arn, (*gang, standby) = _prewarm_job(wf)
+    report = cost_report(wf.job(), time.time(), wf.store.nodes_of("job-under-test"))
+    assert (report.standby, report.standing_by) == (0.0, 1)  # billed, charged at its end
+    wf.exit_all(gang, 0)  # the job finishes within the standby's wait: the teardown ends it
+    assert wf.finished(arn)["status"] == "SUCCEEDED"
+    assert standby.instance_id not in wf.compute.running("job-under-test")
+    job = wf.job()
+    assert job.standby_cost > 0  # the ledger: the attempt's instance-hours and the standby's
+    assert job.cost_so_far == pytest.approx(sum(a.cost + a.drain_cost for a in job.attempts) + job.standby_cost)
+    final = cost_report(job, time.time(), wf.store.nodes_of("job-under-test"))
+    assert (final.standby, final.standing_by) == (round(job.standby_cost, 4), 0)
+    assert final.total == pytest.approx(sum(line.cost for line in final.lines) + final.standby, abs=1e-3)
 
 
 def test_a_promoted_spare_that_left_meanwhile_gets_its_rank_launched() -> None:
