@@ -58,12 +58,13 @@ def submit(file: Path, endpoint_url: EndpointOpt = None, bucket: BucketOpt = Non
     from spotrelay.cli.code import local_code_dir, upload
     from spotrelay.domain.models import job_id_for
     from spotrelay.spec import load_spec
+    from spotrelay.spec.load import read_spec_file
 
     check_spec_suffix(file)
     spec = load_spec(file)
     code_dir = local_code_dir(spec, file)
     connect(endpoint_url, bucket, table, region)
-    body, suffix = file.read_bytes(), file.suffix
+    body, suffix = read_spec_file(file), file.suffix
     if code_dir is not None:  # the spec goes up as JSON, naming the uploaded archive
         body, uri = upload(spec, file, code_dir)
         suffix = ".json"

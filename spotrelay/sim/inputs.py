@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+MAX_INPUT_BYTES = 256 << 20  # a trace or table beyond this is refused (~13 million trace rows)
+
 
 class SimInputError(ValueError):
     """A trace or table the simulator cannot read; the message names the file and the line."""
@@ -53,11 +55,15 @@ class Trace:
 
 
 def _read_text(path: Path, what: str) -> str:
-    """The file as UTF-8 text; a file that is not (a binary, another encoding) names its line."""
+    """The file as UTF-8 text; a file that is not (a binary, another encoding) names its line. Read up
+    to ``MAX_INPUT_BYTES``: a path to a device or a pipe that never ends is refused, not read for ever."""
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            data = f.read(MAX_INPUT_BYTES + 1)
     except OSError as exc:
         raise SimInputError(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise SimInputError(f"{path}: longer than {MAX_INPUT_BYTES >> 20} MiB; is this the {what}?")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

@@ -86,15 +86,25 @@ def parse_spec(text: str | bytes, source: str = "<spec>") -> JobSpec:
     return spec
 
 
-def load_spec(path: str | Path) -> JobSpec:
+def read_spec_file(path: str | Path) -> bytes:
+    """A spec file's bytes, at most ``MAX_SPEC_BYTES``: read that far and no further (a link to a
+    device or a pipe that never ends is refused, not read for ever)."""
     p = Path(path)
     try:
         size = p.stat().st_size
+        if size > MAX_SPEC_BYTES:
+            raise SpecError(str(p), [("(file)", f"is {size} bytes; the limit is {MAX_SPEC_BYTES}")])
+        with p.open("rb") as f:
+            body = f.read(MAX_SPEC_BYTES + 1)
     except OSError as exc:
         raise SpecError(str(p), [("(file)", f"cannot be read: {exc.strerror}")]) from exc
-    if size > MAX_SPEC_BYTES:
-        raise SpecError(str(p), [("(file)", f"is {size} bytes; the limit is {MAX_SPEC_BYTES}")])
-    return parse_spec(p.read_bytes(), source=str(p))
+    if len(body) > MAX_SPEC_BYTES:
+        raise SpecError(str(p), [("(file)", f"is over the limit of {MAX_SPEC_BYTES} bytes")])
+    return body
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    return parse_spec(read_spec_file(path), source=str(path))
 
 
 def _canonical(spec: JobSpec) -> bytes:

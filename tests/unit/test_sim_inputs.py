@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from spotrelay.sim import inputs
 from spotrelay.sim.build import MarketOptions, build_market
 from spotrelay.sim.inputs import SimInputError, read_bamboo, read_pools_csv
 from spotrelay.sim.market import SlotCapacity, TraceCapacity
@@ -107,6 +108,22 @@ def test_a_trace_that_is_not_text_names_file_and_line(tmp_path: Path) -> None:
         read_bamboo(path)
     path.write_bytes(b"\xef\xbb\xbf1000,add,a\n2000,remove,a\n")  # a UTF-8 byte-order mark is text
     assert read_bamboo(path).nodes[0].add_s == 1.0
+
+
+def test_a_trace_or_table_that_never_ends_is_refused_not_read_for_ever(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A link to /dev/zero (or any file past the bound) is read up to the bound and refused by name."""
+    monkeypatch.setattr(inputs, "MAX_INPUT_BYTES", 1 << 20)
+    endless = tmp_path / "trace.csv"
+    endless.symlink_to("/dev/zero")
+    with pytest.raises(SimInputError, match=f"{endless}: longer than 1 MiB; is this the trace"):
+        read_bamboo(endless)
+    with pytest.raises(SimInputError, match=f"{endless}: longer than 1 MiB; is this the pools table"):
+        read_pools_csv(endless)
+    big = tmp_path / "big.csv"
+    big.write_bytes(b"1000,add,a\n" * (1 + (1 << 20) // 11))
+    with pytest.raises(SimInputError, match="longer than 1 MiB"):
+        read_bamboo(big)
 
 
 def test_pools_csv_header_is_checked(tmp_path: Path) -> None:
