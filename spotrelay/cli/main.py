@@ -142,14 +142,18 @@ def status(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None
 def cancel(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None,
            reason: Annotated[str, typer.Option(help="recorded on the job")] = "",
            save: Annotated[bool, typer.Option("--save", help="a training job saves a checkpoint first")] = False,
-           save_minutes: Annotated[float, typer.Option(
-               "--save-minutes", help="with --save: how long the ranks may take (then it is torn down)")] = 10.0,
+           save_minutes: Annotated[float | None, typer.Option(
+               "--save-minutes", help="with --save: how long the ranks may take (then it is torn down; "
+                                      "default 10)")] = None,
            ) -> None:
     """Cancel a job; its workflow tears the cluster down (--save: after a checkpoint, for spotrelay resume)."""
     from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
     from spotrelay.adapters.sfn_workflow import SfnWorkflow
     from spotrelay.services.cancel import MAX_SAVE_S, request_cancel
 
+    if save_minutes is not None and not save:  # (it would be ignored: the teardown would not wait)
+        raise UsageProblem("--save-minutes applies with --save only (the ranks save first, for that long at most)")
+    save_minutes = 10.0 if save_minutes is None else save_minutes
     if save and not 0 < save_minutes * 60 <= MAX_SAVE_S:
         raise UsageProblem(f"--save-minutes: 0 to {MAX_SAVE_S / 60:.0f} (got {save_minutes:g})")
     connect(endpoint_url, None, table, region)

@@ -45,7 +45,14 @@ def resume(job_id: str, budget: BudgetOpt = None, spec_file: SpecOpt = None,
     from spotrelay.settings import settings
     from spotrelay.spec import load_spec
     from spotrelay.spec.load import first_error
+    from spotrelay.spec.models import Budget
 
+    if budget is not None:  # checked before anything is read: a bad amount is not a connection problem
+        try:
+            Budget(max_total_cost=budget)
+        except ValidationError as exc:
+            field, msg = first_error(exc)
+            raise UsageProblem(f"--budget: budget.{field}: {msg}") from None
     edited = None
     if spec_file is not None:  # checked before anything is read or written: a bad file names itself
         check_spec_suffix(spec_file)

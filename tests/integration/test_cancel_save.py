@@ -97,6 +97,9 @@ def test_the_cli_refuses_a_save_time_it_cannot_wait_for() -> None:
         result = CliRunner().invoke(app, ["cancel", "job-x", "--save", "--save-minutes", bad])
         assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
         assert "--save-minutes: 0 to 60" in result.output
+    # without --save it would be ignored (the teardown would not wait): refused, before any AWS call
+    result = CliRunner().invoke(app, ["cancel", "job-x", "--save-minutes", "30", "--endpoint-url", "http://127.0.0.1:1"])
+    assert result.exit_code == 2 and "--save-minutes applies with --save only" in result.output, result.output
 
 
 def test_a_cancel_during_the_budgets_save_ends_as_cancelled(env: Env) -> None:

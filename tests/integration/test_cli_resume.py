@@ -90,6 +90,9 @@ def test_what_cannot_be_resumed_is_one_line(env: dict[str, str]) -> None:
         result = runner.invoke(app, ["resume", stopped, "--budget", bad])
         assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
         assert "--budget: budget.max_total_cost" in result.output
+    for bad in ("-5", "nan"):  # before any AWS call: a bad amount is not reported as a connection problem
+        result = runner.invoke(app, ["resume", stopped, "--budget", bad, "--endpoint-url", "http://127.0.0.1:1"])
+        assert result.exit_code == 2 and "--budget: budget.max_total_cost" in result.output, result.output
     result = runner.invoke(app, ["resume", "no-such-job"])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
     # nothing was submitted by any refusal (the two tiny jobs' own objects only)
