@@ -104,7 +104,6 @@ def release_expired(ctl: Controller, job: Job, now: float) -> list[str]:
     return released
 
 
-
 def charge_torn_down(ctl: Controller, job_id: str, ended: list[Node], now: float) -> None:
     """The job's teardown ended these records (each once: ``end_records`` marked them): the standbys
     among them that still stood by are charged their time to the ledger (nothing else charges it)."""
