@@ -59,7 +59,8 @@ ACTIONS: dict[str, frozenset[str]] = {
                                                       "ec2:TerminateInstances",  # releases a drained rank
                                                       # ends a stop once its ranks saved (services/stop.py)
                                                       "states:SendTaskFailure"},
-    "on_instance_state": IDEMPOTENCY | _READ | NOTIFY | {"states:SendTaskSuccess"},
+    "on_instance_state": IDEMPOTENCY | _READ | NOTIFY | {"states:SendTaskSuccess",
+                                                          "ec2:DescribeInstances"},  # a loss's StateReason
     "on_interruption_notice": IDEMPOTENCY | _READ | NOTIFY | {"states:SendTaskSuccess"},
     "on_rebalance": IDEMPOTENCY | _READ | {"states:SendTaskSuccess"},  # asks the workflow for a standby
     "reconcile": IDEMPOTENCY | _READ | NOTIFY | TEARDOWN | {

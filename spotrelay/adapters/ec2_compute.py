@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from spotrelay.adapters.aws import client, error_code
 from spotrelay.adapters.ec2_discovery import Ec2ComputeConfig, RegionSetup, resolve_region
@@ -52,9 +53,12 @@ CAPACITY_CODES = {
     "InsufficientInstanceCapacity", "InsufficientCapacity", "UnfulfillableCapacity",
     "InsufficientHostCapacity", "InsufficientReservedInstanceCapacity", "SpotMaxPriceTooLow",
 }
+# DescribeInstances' StateReason.Code when EC2 interrupts a spot instance (terminate, or stop/hibernate)
+SPOT_INTERRUPTION_CODES = frozenset({"Server.SpotInstanceTermination", "Server.SpotInstanceShutdown"})
 QUOTA_CODES = {"VcpuLimitExceeded", "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded",
                "MaxSpotFleetRequestCountExceeded"}
 
+log = logging.getLogger(__name__)
 ClientFactory = Callable[..., Any]
 # IAM is eventually consistent; EC2 usually sees a new instance profile within ~10 s
 PROFILE_RETRY_DELAYS = (2.0, 4.0, 8.0)
@@ -261,6 +265,18 @@ class Ec2Compute:
             if len(instance_ids) > 1:  # some are already gone: terminate the rest one by one
                 for one in instance_ids:
                     self.terminate([one], region)
+
+    def spot_reclaimed(self, instance_id: str, region: str) -> bool:
+        """EC2's StateReason for the instance (kept about an hour after it terminates). A failed call
+        answers False: the loss is then billed in the ledger as a crash would be, an over-estimate."""
+        try:
+            reservations = self._client("ec2", region).describe_instances(
+                InstanceIds=[instance_id]).get("Reservations", [])
+        except (ClientError, BotoCoreError) as exc:
+            log.warning("state reason not read", extra={"instance_id": instance_id, "error": str(exc)})
+            return False
+        return any(raw.get("StateReason", {}).get("Code") in SPOT_INTERRUPTION_CODES
+                   for r in reservations for raw in r.get("Instances", []) if raw.get("InstanceId") == instance_id)
 
     def terminate_job(self, job_id: str, regions: list[str]) -> list[str]:
         ids: list[str] = []

@@ -158,8 +158,9 @@ class Node(Record):
     exit_code: int | None = None
     output_tail: str | None = None  # the end of a failing rank's output (TrainingExited)
     reclaim_at: float | None = None  # DOOMED: when EC2 takes the instance (the notice's deadline)
-    # EC2's interruption notice (not a move's or a health check's doom): when EC2 takes the instance.
-    # Released in its first hour it is left to EC2, whose interruption is not billed (domain/cost.py)
+    # EC2's interruption notice (not a move's or a health check's doom): when EC2 takes the instance;
+    # or, for one EC2 took without a notice we saw (its StateReason), when it went. Released in its
+    # first hour it is left to EC2, whose interruption is not billed (domain/cost.py)
     ec2_reclaim_at: float | None = None
     release_after: float | None = None  # left to finish its emergency save: nobody terminates it before this
     spare: bool = False  # a hot spare: agent up, out of training, newest checkpoint local; takes a lost rank

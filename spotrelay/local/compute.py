@@ -108,6 +108,13 @@ class LocalCompute:
         for iid in instance_ids:
             self._end(iid, "terminated", graceful=True)
 
+    def spot_reclaimed(self, instance_id: str, region: str) -> bool:
+        """Taken by the market model after a notice; ``kill`` is a crash (an unannounced loss that is
+        not EC2's interruption), so the twin's unannounced losses stay billed."""
+        with self._lock:
+            li = self._instances.get(instance_id)
+            return li is not None and li.end_reason == "interrupted"
+
     def terminate_job(self, job_id: str, regions: list[str]) -> list[str]:
         with self._lock:
             ids = [i for i, li in self._instances.items() if li.alive and li.instance.job_id == job_id]

@@ -41,6 +41,11 @@ class Compute(Protocol):
 
     def terminate(self, instance_ids: list[str], region: str) -> None: ...
 
+    def spot_reclaimed(self, instance_id: str, region: str) -> bool:
+        """Whether EC2 itself took this instance back as a spot interruption (not a crash, nor our or
+        someone's terminate): a loss whose notice never reached us is still EC2's interruption, and
+        one in the instance's first hour is not billed. False when it cannot be told."""
+
     def expected_boot_s(self, pool: Pool) -> float:
         """Seconds from a launch in ``pool`` to the agent's NodeReady (a move's old gang saves by then)."""
 

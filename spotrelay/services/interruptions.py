@@ -7,7 +7,9 @@ state changes (stopping, stopped, shutting-down, terminated).
   recover launches the doomed ranks' replacements during the window (one writer: recover decides).
 - A rebalance recommendation asks for a proactive checkpoint (RUNNING -> CHECKPOINTING -> RUNNING).
 - A state change of a node we did not retire is a loss: announced (doomed) nodes become
-  TERMINATED, unannounced ones LOST, and the workflow's waits are settled.
+  TERMINATED, unannounced ones LOST, and the workflow's waits are settled. An unannounced spot loss
+  that EC2's record calls its own interruption (the notice never reached us) gets ``ec2_reclaim_at``
+  like a noticed one, so the attempt's cost leaves out what EC2 does not bill.
 
 Instances that are not ours, nodes of an older attempt, and finished jobs are no-ops.
 """
@@ -167,6 +169,14 @@ def _drained(ctl: Controller, instance_id: str) -> dict[str, Any] | None:
             "settled": None}
 
 
+def _reclaimed_unannounced(ctl: Controller, node: Node) -> bool:
+    """A spot node lost without a notice we saw: EC2's interruption (its notice is best effort) or a
+    crash. Only EC2's own record tells them apart (``Compute.spot_reclaimed``); the ledger must know,
+    as EC2 bills nothing of a spot instance it interrupts in its first hour."""
+    return node.pool.market == "spot" and ctl.compute is not None and node.ec2_reclaim_at is None and (
+        ctl.compute.spot_reclaimed(node.instance_id, node.pool.region))
+
+
 def instance_state(ctl: Controller, instance_id: str, state: str, now: float) -> dict[str, Any]:
     drained = _drained(ctl, instance_id) or _spare(ctl, instance_id, NodeState.TERMINATED)
     if drained is not None:
@@ -179,7 +189,10 @@ def instance_state(ctl: Controller, instance_id: str, state: str, now: float) ->
         return _ignored(f"node already {node.state.value}", instance_id, job.job_id)
     announced = node.state in (NodeState.DOOMED, NodeState.EXITED)
     target = NodeState.TERMINATED if announced else NodeState.LOST
-    changed = ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update={"state": target})
+    update: dict[str, Any] = {"state": target}
+    if not announced and _reclaimed_unannounced(ctl, node):
+        update["ec2_reclaim_at"] = now  # EC2's interruption: its first hour goes unbilled (the ledger)
+    changed = ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update=update)
                                     if n.state not in _GONE else None)
     if changed is None:
         return _ignored("node changed meanwhile", instance_id, job.job_id)

@@ -44,6 +44,7 @@ class ScriptedCompute:
         self.live: dict[str, Instance] = {}
         self.profiles: set[str] = set()  # jobs with an agent role (ensured at launch, deleted at teardown)
         self.terminated: list[str] = []
+        self.reclaimed: set[str] = set()  # taken by EC2 (``reclaim``): spot_reclaimed says so
         self.tried: list[str] = []  # pool keys, in launch order
         self.launched: list[LaunchRequest] = []
         self.boot_s: dict[str, float] = {}  # instance type -> expected boot (a move's save deadline)
@@ -86,6 +87,14 @@ class ScriptedCompute:
     def reclaim(self, instance_id: str) -> None:
         """EC2 takes the instance (a spot reclaim): gone, and not by our terminate."""
         self.live.pop(instance_id, None)
+        self.reclaimed.add(instance_id)
+
+    def crash(self, instance_id: str) -> None:
+        """The instance dies (hardware, a kernel panic): gone, not by EC2's interruption nor by us."""
+        self.live.pop(instance_id, None)
+
+    def spot_reclaimed(self, instance_id: str, region: str) -> bool:
+        return instance_id in self.reclaimed
 
     def terminate_job(self, job_id: str, regions: list[str]) -> list[str]:
         ids = [i.instance_id for i in self._live_now() if i.job_id == job_id and i.pool.region in regions]

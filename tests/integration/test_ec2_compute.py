@@ -124,6 +124,28 @@ def test_nothing_to_launch_calls_nothing(stubbed: tuple[Ec2Compute, Stubber]) ->
         compute.launch(LaunchRequest(job_id="j", attempt=1, pool=POOL, count=2, ranks=[0]))
 
 
+@pytest.mark.parametrize(("code", "taken"), [
+    ("Server.SpotInstanceTermination", True), ("Server.SpotInstanceShutdown", True),
+    ("Client.UserInitiatedShutdown", False), ("Server.InternalError", False), (None, False)])
+def test_spot_reclaimed_reads_the_state_reason(stubbed: tuple[Ec2Compute, Stubber], code: str | None,
+                                               taken: bool) -> None:
+    compute, stub = stubbed
+    raw: dict[str, Any] = {"InstanceId": "i-0123456789abcdef0", "InstanceLifecycle": "spot",
+                           "State": {"Code": 48, "Name": "terminated"}}
+    if code is not None:
+        raw["StateReason"] = {"Code": code, "Message": f"{code}: test"}
+    stub.add_response("describe_instances", {"Reservations": [{"Instances": [raw]}]},
+                      {"InstanceIds": ["i-0123456789abcdef0"]})
+    assert compute.spot_reclaimed("i-0123456789abcdef0", "us-east-1") is taken
+
+
+def test_spot_reclaimed_is_false_when_ec2_cannot_say(stubbed: tuple[Ec2Compute, Stubber]) -> None:
+    compute, stub = stubbed  # gone from EC2's records (about an hour after it ended), or any error
+    stub.add_client_error("describe_instances", service_error_code="InvalidInstanceID.NotFound",
+                          service_message="gone")
+    assert compute.spot_reclaimed("i-0123456789abcdef0", "us-east-1") is False
+
+
 def test_efa_layout_follows_network_cards() -> None:
     p5 = efa_interfaces("p5.48xlarge", "subnet-1", ["sg-1"])
     assert len(p5) == 32 and all(n["InterfaceType"] == "efa" for n in p5)
@@ -197,6 +219,7 @@ def test_launch_tags_ranks_lists_and_terminates_by_job(aws: dict[str, str]) -> N
 
     compute.terminate([gang[0].instance_id, "i-0123456789abcdef0"], "us-east-1")  # one already gone
     assert gang[0].instance_id not in {i.instance_id for i in compute.list_tagged(["us-east-1"])}
+    assert compute.spot_reclaimed(gang[0].instance_id, "us-east-1") is False  # we terminated it: not EC2's
     killed = compute.terminate_job("llm-1", ["us-east-1"])
     assert set(killed) == {gang[1].instance_id, gang[2].instance_id, extra[0].instance_id}
     assert compute.list_tagged(["us-east-1"]) == []

@@ -158,6 +158,35 @@ def test_one_interruption_then_success(wf: Harness) -> None:
     assert wf.stats.all()[job2.attempts[0].pool.key].interruptions == 1  # type: ignore[union-attr]
 
 
+def test_unannounced_spot_reclaim_is_not_billed_a_crash_is(wf: Harness) -> None:
+    """EC2's notice is best effort: a spot instance it takes without one is still its interruption
+    (StateReason Server.SpotInstanceTermination, ``Compute.spot_reclaimed``) and EC2 bills none of its
+    first hour; a crash is billed. The ledger tells them apart."""
+    job = new_job(wf.store)
+    arn = wf.start(job)
+    first = wf.agents_ready(1)
+    taken = first[1]
+    wf.compute.reclaim(taken.instance_id)  # no notice reached us
+    on_instance_state.handler(ec2_event("ec2_instance_state_terminated.json", taken.instance_id), ctx())
+    second = wf.agents_ready(2)
+    a, gone = wf.job().attempts[0], wf.store.get_node(job.job_id, taken.node_id)
+    assert gone.state.value in ("LOST", "TERMINATED") and gone.ec2_reclaim_at is not None
+    assert a.ended_at is not None and a.started_at is not None
+    billed_s = a.nodes * (a.ended_at - a.started_at) - (a.ended_at - max(a.started_at, gone.launched_at))
+    assert a.cost == pytest.approx(a.price_per_hour * billed_s / 3600)
+    assert a.cost < a.price_per_hour * a.nodes * (a.ended_at - a.started_at) / 3600
+    crashed = next(n for n in second if n.instance_id != taken.instance_id and n.attempt == 2)
+    wf.compute.crash(crashed.instance_id)  # not EC2's interruption: billed in full
+    on_instance_state.handler(ec2_event("ec2_instance_state_terminated.json", crashed.instance_id), ctx())
+    third = wf.agents_ready(3)
+    b = wf.job().attempts[1]
+    assert wf.store.get_node(job.job_id, crashed.node_id).ec2_reclaim_at is None
+    assert b.ended_at is not None and b.started_at is not None
+    assert b.cost == pytest.approx(b.price_per_hour * b.nodes * (b.ended_at - b.started_at) / 3600)
+    wf.exit_all(third, 0)
+    assert wf.finished(arn)["status"] == "SUCCEEDED"
+
+
 def test_capacity_errors_in_every_spot_pool_then_on_demand(wf: Harness) -> None:
     wf.compute._fail = lambda pool, n: CAPACITY if pool.market == "spot" else None
     job = new_job(wf.store, spot_wait_minutes=0)  # unset, Plan would wait up to 2 h for spot first
