@@ -82,7 +82,7 @@ class SpotrelayRun(Run):
         self.stop_pending = False  # the ranks save for the budget's stop (sim/budget.py): no verdicts meanwhile
         self.seg_attempt = 0  # the attempt whose ranks train the current segment
         self.noticed: set[str] = set()  # instances that got a notice (interruption_notice sets reclaim_at)
-        self.ec2_noticed: set[str] = set()  # every instance EC2 noticed, in the gang or not (ec2_reclaim_at)
+        self.ec2_noticed: set[str] = set()  # EC2 noticed (in the gang or not) or took unannounced: ec2_reclaim_at
         self.voluntary: dict[str, float] = {}  # instance id -> a review's save deadline (its reclaim_at)
         self.draining: list[SimNode] = []  # released by the workflow, still saving: end at their exit
         self.waiting: str | None = None
@@ -295,6 +295,16 @@ class SpotrelayRun(Run):
         if ask is not None:  # the outcome wait ends with REBALANCE: the ASL's Prewarm boots a standby
             self.waiting = None
             self._handle(self.walker.resume(ask.model_dump(mode="json")))
+
+    def _removed(self, node: SimNode) -> None:
+        """interruptions.instance_state: a spot node of the attempt lost without a notice (neither
+        DOOMED nor EXITED) that EC2 took, not a crash (its StateReason, Compute.spot_reclaimed), gets
+        EC2's reclaim time as a noticed one does: the ledger leaves out its unbilled first hour."""
+        if (node.end_t is None and not node.announced and not node.crashed and node.pool.spot
+                and node.state not in ("DOOMED", "EXITED") and self.gang.get(node.rank) is node
+                and node.attempt == self.attempt):
+            self.ec2_noticed.add(node.instance_id)
+        super()._removed(node)
 
     def on_removed(self, node: SimNode, announced: bool) -> None:
         if spares.off_bench(self, node) or self.gang.get(node.rank) is not node:

@@ -284,6 +284,7 @@ class Run(Training):
                 node = self.gang[fault.rank]
                 when = self.now + (fault.step - self.seg_step0) * self.step_eff
                 node.announced = fault.kind != "kill"
+                node.crashed = fault.kind == "kill"
                 if fault.kind == "rebalance":
                     self.at(when, self._rebalance, node)
                     when += fault.lead_s

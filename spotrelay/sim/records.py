@@ -33,6 +33,7 @@ class SimNode:
     train_end: float = 0.0  # when its last training segment ended
     restored_s: float = 0.0  # seconds of restore windows before its segments
     left_to_ec2: bool = False  # released after EC2's notice in its first hour: EC2 takes it, unbilled
+    crashed: bool = False  # a scripted kill (the twin's): a crash, not EC2's interruption (billed)
 
 
 @dataclass(frozen=True, slots=True)

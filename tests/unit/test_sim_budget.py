@@ -175,12 +175,13 @@ def test_simulate_spec_with_a_budget_says_the_job_stopped(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_the_job_records_ledger_is_what_the_market_billed_within_a_percent_on_a_stormy_trace(seed: int) -> None:
+def test_the_job_records_ledger_is_what_the_market_billed_on_a_stormy_trace(seed: int) -> None:
     """The budget caps the ledger, so the ledger must be the bill: on the g4dn trace at 16 nodes it said
     ~4% less (the ranks draining a notice's save after recover closed their attempt, ~2 minutes x 16
     nodes a recovery, were never charged); the drains are charged at each rank's release now
-    (domain/cost.charge_outlived). What remains (the ledger slightly above): a spot instance EC2 takes in
-    its first hour without a notice is not billed, and the ledger charges its attempt's clock."""
+    (domain/cost.charge_outlived). It then said ~0.4% more: a spot instance EC2 takes in its first hour
+    without a notice was charged as a crash; EC2's record tells them apart now (Compute.spot_reclaimed).
+    What remains above (<0.1%): survivors' earlier attempts, reclaims in the first hour's last minute."""
     job = JobModel(nodes=16, job_hours=48.0)
     opts = SimOptions(market=MarketOptions(traces=[TRACE]), job=job, policies=("spotrelay",))
     run: Any = make_run("spotrelay", opts, build_market(opts.market, seed), seed, 0.0)
@@ -190,4 +191,4 @@ def test_the_job_records_ledger_is_what_the_market_billed_within_a_percent_on_a_
     ledger = spent_at(run.cost_so_far, run.attempts[-1], run.now)
     assert run.metrics.finished and len(run.attempts) > 50  # stormy: a recovery every ~15 minutes
     assert run.drained_usd > 0.02 * billed
-    assert billed * 0.99 < ledger < billed * 1.01, (ledger, billed)
+    assert billed * 0.998 < ledger < billed * 1.002, (ledger, billed)

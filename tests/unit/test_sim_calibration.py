@@ -62,3 +62,38 @@ def test_without_faults_one_attempt_in_the_best_pool() -> None:
     assert [d["pool"] for d in run.decisions] == ["us-east-1/us-east-1a/p5.48xlarge/spot"]
     assert run.metrics.steps_lost == 0 and run.metrics.interruptions == 0
     assert catalog.offered("us-east-1", "p5.48xlarge")
+
+
+def _first_attempt_bill(run: SpotrelayRun) -> tuple[float, float]:
+    """(attempt 1's cost in the ledger, its price x nodes x clock: every node billed)."""
+    a = run.attempts[0]
+    assert a.ended_at is not None and a.started_at is not None
+    return a.cost, a.price_per_hour * a.nodes * (a.ended_at - a.started_at) / 3600.0
+
+
+def test_the_twins_kill_is_a_crash_billed_but_ec2s_unannounced_reclaim_is_not(monkeypatch: Any) -> None:
+    """As interruptions.instance_state: a spot node lost without a notice is EC2's interruption only when
+    EC2's record says so (Compute.spot_reclaimed). The twin's kill is a crash: attempt 1 is billed for
+    every node. A market reclaim whose notice never came (the same loss, not a crash) leaves the node's
+    share out, as EC2 bills none of a spot instance it interrupts in its first hour."""
+    kill = (Fault("kill", rank=0, step=45, attempt=1),)
+    crash = demo_run(kill)
+    cost, full = _first_attempt_bill(crash)
+    assert crash.metrics.finished and crash.ec2_noticed == set() and cost == full
+
+    scripted = SpotrelayRun._scripted_faults
+
+    def by_ec2(self: SpotrelayRun) -> None:  # the same unannounced loss, taken by EC2 (no crash)
+        scripted(self)
+        for node in self.gang.values():
+            node.crashed = False
+
+    monkeypatch.setattr(SpotrelayRun, "_scripted_faults", by_ec2)
+    taken = demo_run(kill)
+    cost, full = _first_attempt_bill(taken)
+    a = taken.attempts[0]
+    gone = [n for n in taken.launched if n.instance_id in taken.ec2_noticed]
+    assert taken.metrics.finished and len(gone) == 1 and gone[0].rank == 0 and gone[0].attempt == 1
+    assert a.ended_at is not None and a.started_at is not None
+    share = a.price_per_hour * (a.ended_at - max(a.started_at, gone[0].launch_t)) / 3600.0
+    assert share > 0 and abs(cost - (full - share)) < 1e-9 * full
