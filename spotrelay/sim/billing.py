@@ -42,3 +42,17 @@ def slot_bills(attempt: int, sp: SimPool, start: float, end: float,
         if until >= end:
             return bills
         t = until
+
+
+def billed_usd(entries: list[CostEntry], now: float) -> float:
+    """``CostLedger(entries=tuple(entries)).cost_so_far(now)``, the same float (each entry's cost added
+    in order, as ``sum`` adds), with each entry's cost computed once: a gang's nodes share their
+    entries (the same objects, ``Run.end_node``), and a long run holds hundreds of thousands."""
+    seen: dict[int, float] = {}
+    total: float = 0
+    for e in entries:
+        c = seen.get(id(e))
+        if c is None:
+            c = seen[id(e)] = e.cost(now)
+        total += c
+    return total

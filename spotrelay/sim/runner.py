@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from spotrelay.contracts.workflow import WorkflowTimings
-from spotrelay.domain.cost import CostLedger
+from spotrelay.sim import billing
 from spotrelay.sim.assumptions import assumptions
 from spotrelay.sim.baselines import BASELINES, BaselineRun
 from spotrelay.sim.build import MarketOptions, build_market, trace_label
@@ -129,7 +129,7 @@ def make_run(policy: str, opts: SimOptions, market: Any, seed: int, start_t: flo
 
 def measure(policy: str, seed: int, run: Run) -> RunResult:
     end = run.now
-    cost = CostLedger(entries=tuple(run.entries)).cost_so_far(end)
+    cost = billing.billed_usd(run.entries, end)  # (CostLedger's cost_so_far, each shared entry once)
     useful = run.useful_gpu_hours()
     paid = run.paid_gpu_s / 3600.0
     m = run.metrics
@@ -184,8 +184,8 @@ def run_one(opts: SimOptions, market: Any, policy: str, seed: int, job: int, sta
     with _rare_collections():
         run.start()  # type: ignore[attr-defined]
         run.loop()
-    result = measure(policy, seed, run)
-    run.dispose()
+        result = measure(policy, seed, run)
+        run.dispose()  # before the collector's threshold drops: its next collection scans a small heap
     return result
 
 
