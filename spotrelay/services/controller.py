@@ -136,6 +136,15 @@ def end_records(store: JobStore, job_id: str, nodes: list[Node],
     return marked
 
 
+def reclaimed_unannounced(ctl: Controller, node: Node) -> bool:
+    """A spot node lost without a notice we saw (its state-change event, or a silent heartbeat):
+    EC2's interruption (its notice is best effort) or a crash. Only EC2's own record tells them apart
+    (``Compute.spot_reclaimed``); the ledger must know, as EC2 bills nothing of a spot instance it
+    interrupts in its first hour (the caller then sets ``ec2_reclaim_at``)."""
+    return node.pool.market == "spot" and ctl.compute is not None and node.ec2_reclaim_at is None and (
+        ctl.compute.spot_reclaimed(node.instance_id, node.pool.region))
+
+
 def release_nodes(ctl: Controller, job: Job, nodes: list[Node], now: float) -> list[str]:
     """Mark the nodes TERMINATED, then terminate their instances (so the state-change events that
     follow are recognised as ours). Already terminated nodes are skipped; returns instance ids.

@@ -24,7 +24,7 @@ from spotrelay.contracts.events import Directive, DirectiveKind
 from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.placement import PoolEvent
-from spotrelay.services.controller import Controller, current_node, direct_nodes
+from spotrelay.services.controller import Controller, current_node, direct_nodes, reclaimed_unannounced
 from spotrelay.services.prewarm import request_standby
 from spotrelay.services.waits import settle
 
@@ -169,14 +169,6 @@ def _drained(ctl: Controller, instance_id: str) -> dict[str, Any] | None:
             "settled": None}
 
 
-def _reclaimed_unannounced(ctl: Controller, node: Node) -> bool:
-    """A spot node lost without a notice we saw: EC2's interruption (its notice is best effort) or a
-    crash. Only EC2's own record tells them apart (``Compute.spot_reclaimed``); the ledger must know,
-    as EC2 bills nothing of a spot instance it interrupts in its first hour."""
-    return node.pool.market == "spot" and ctl.compute is not None and node.ec2_reclaim_at is None and (
-        ctl.compute.spot_reclaimed(node.instance_id, node.pool.region))
-
-
 def instance_state(ctl: Controller, instance_id: str, state: str, now: float) -> dict[str, Any]:
     drained = _drained(ctl, instance_id) or _spare(ctl, instance_id, NodeState.TERMINATED)
     if drained is not None:
@@ -190,7 +182,7 @@ def instance_state(ctl: Controller, instance_id: str, state: str, now: float) ->
     announced = node.state in (NodeState.DOOMED, NodeState.EXITED)
     target = NodeState.TERMINATED if announced else NodeState.LOST
     update: dict[str, Any] = {"state": target}
-    if not announced and _reclaimed_unannounced(ctl, node):
+    if not announced and reclaimed_unannounced(ctl, node):
         update["ec2_reclaim_at"] = now  # EC2's interruption: its first hour goes unbilled (the ledger)
     changed = ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update=update)
                                     if n.state not in _GONE else None)

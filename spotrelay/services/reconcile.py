@@ -26,6 +26,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from spotrelay.domain.cost import leave_to_ec2
@@ -39,6 +40,7 @@ from spotrelay.services.controller import (
     attempt_nodes,
     charge_outlived_nodes,
     end_records,
+    reclaimed_unannounced,
     regions_of,
 )
 from spotrelay.services.notify import announce
@@ -98,8 +100,12 @@ def _stale(ctl: Controller, job: Job, now: float, stale_after_s: float) -> list[
     for node in attempt_nodes(ctl.store, job):
         seen = node.last_heartbeat or node.launched_at
         if node.state in _HEARTBEATING and seen < now - stale_after_s:
-            changed = ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(
-                update={"state": NodeState.LOST}) if n.state in _HEARTBEATING else None)
+            # EC2 may have taken it and its events never came: then its first hour is not billed (as
+            # interruptions.instance_state; the reclaim was at most now: the ledger's safe side)
+            update: dict[str, Any] = {"state": NodeState.LOST}
+            if reclaimed_unannounced(ctl, node):
+                update["ec2_reclaim_at"] = now
+            changed = ctl.store.update_node(job.job_id, node.node_id, _lost(update))
             if changed is not None:
                 lost.append(f"{job.job_id}/{node.node_id}")
                 log.warning("stale heartbeat: node lost", extra={"job_id": job.job_id, "node_id": node.node_id,
@@ -107,6 +113,10 @@ def _stale(ctl: Controller, job: Job, now: float, stale_after_s: float) -> list[
     if lost:
         settle(ctl, job.job_id, now)
     return lost
+
+
+def _lost(update: dict[str, Any]) -> Callable[[Node], Node | None]:
+    return lambda n: n.model_copy(update=update) if n.state in _HEARTBEATING else None
 
 
 def _stuck(ctl: Controller, job: Job, now: float, stuck_after_s: float) -> bool:

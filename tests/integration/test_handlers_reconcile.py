@@ -42,6 +42,23 @@ def test_stale_heartbeat_is_a_node_loss(env: Env) -> None:
     assert len(env.workflow.completed) == 1
 
 
+def test_a_silent_node_ec2_took_is_lost_with_its_reclaim_time_a_hung_one_without(env: Env) -> None:
+    """A stale heartbeat whose instance EC2 interrupted (its events never came: Compute.spot_reclaimed)
+    gets ec2_reclaim_at, so the ledger leaves its unbilled first hour out; a hung instance does not."""
+    job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    env.workflow.executions[job.execution_arn] = "RUNNING"
+    silent = time.time() - 3600
+    for node in gang:
+        env.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update={"last_heartbeat": silent}))
+    env.compute.reclaim(gang[1].instance_id)  # EC2 took rank 1; rank 0 hangs, still running
+    report = _run(1)
+    lost = report["lost"]
+    assert isinstance(lost, list) and sorted(lost) == [f"{job.job_id}/a1-r0", f"{job.job_id}/a1-r1"]
+    taken, hung = env.store.get_node(job.job_id, "a1-r1"), env.store.get_node(job.job_id, "a1-r0")
+    assert taken.state is hung.state is NodeState.LOST
+    assert taken.ec2_reclaim_at is not None and hung.ec2_reclaim_at is None
+
+
 def test_orphans_and_instances_of_finished_jobs_are_terminated(env: Env) -> None:
     job, gang = running_job(env.store, env.compute)
     env.workflow.start(job.job_id, {})  # its execution runs
