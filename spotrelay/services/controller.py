@@ -140,9 +140,15 @@ def reclaimed_unannounced(ctl: Controller, node: Node) -> bool:
     """A spot node lost without a notice we saw (its state-change event, or a silent heartbeat):
     EC2's interruption (its notice is best effort) or a crash. Only EC2's own record tells them apart
     (``Compute.spot_reclaimed``); the ledger must know, as EC2 bills nothing of a spot instance it
-    interrupts in its first hour (the caller then sets ``ec2_reclaim_at``)."""
-    return node.pool.market == "spot" and ctl.compute is not None and node.ec2_reclaim_at is None and (
-        ctl.compute.spot_reclaimed(node.instance_id, node.pool.region))
+    interrupts in its first hour (the caller then sets ``ec2_reclaim_at``). Never raises: the loss it
+    is asked about must be recorded whatever the answer (an error reads as a crash: billed)."""
+    if node.pool.market != "spot" or ctl.compute is None or node.ec2_reclaim_at is not None:
+        return False
+    try:
+        return bool(ctl.compute.spot_reclaimed(node.instance_id, node.pool.region))
+    except Exception:  # (a compute port that cannot be built or answer: the ledger's safe side)
+        log.exception("could not tell EC2's reclaim from a crash", extra={"instance_id": node.instance_id})
+        return False
 
 
 def release_nodes(ctl: Controller, job: Job, nodes: list[Node], now: float) -> list[str]:

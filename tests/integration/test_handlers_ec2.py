@@ -95,6 +95,21 @@ def test_unannounced_loss_settles_outcome_once_and_late_notice_is_ignored(env: E
     assert env.store.get_node(job.job_id, "a1-r1").state is NodeState.LOST
 
 
+def test_a_loss_is_recorded_when_ec2_cannot_say_why(env: Env, monkeypatch: Any) -> None:
+    """Whether EC2 took a spot node is a ledger detail: a compute port that fails to answer must not
+    stop the loss (it reads as a crash: billed, no ec2_reclaim_at)."""
+    job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    env.compute.reclaim(gang[1].instance_id)
+
+    def broken(instance_id: str, region: str) -> bool:
+        raise RuntimeError("EC2 config unreadable")
+
+    monkeypatch.setattr(env.compute, "spot_reclaimed", broken)
+    result = on_instance_state.handler(ec2_event("ec2_instance_state_terminated.json", gang[1].instance_id), ctx())
+    assert result["node_state"] == "LOST" and result["settled"] == "node-lost"
+    assert env.store.get_node(job.job_id, "a1-r1").ec2_reclaim_at is None
+
+
 def test_announced_loss_is_terminated_not_lost(env: Env) -> None:
     _job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
     on_interruption_notice.handler(_notice(gang[0].instance_id), ctx())
