@@ -117,6 +117,9 @@ def cost(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, 
         waiting = (f"; {report.standing_by} standing by, charged when released or when it takes a rank"
                    if report.standing_by else "")
         out.print(f"rebalance standbys: ${report.standby:.2f}{waiting}")
+    if report.unbilled:  # (why an attempt costs less than its price x nodes x hours)
+        out.print(f"not billed: ${report.unbilled:.2f} of the attempts' clocks, instances EC2 interrupted in "
+                  "their first hour (EC2 bills none of it; left out of the costs above)")
     budget = f" of ${report.budget:.2f} budget ({report.total / report.budget:.0%})" if report.budget else ""
     warned = (f"; told it was nearly spent at {_when(report.budget_warned_at)} UTC"
               if report.budget_warned_at is not None else "")

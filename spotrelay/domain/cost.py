@@ -64,11 +64,11 @@ def closed_attempt(attempt: Attempt, now: float, reason: str | None = None,
     instances: ``unbilled_node_seconds``). The services and the simulator close attempts with it; a
     caller adds the cost to the job's total once (an open attempt only)."""
     start = attempt.started_at if attempt.started_at is not None else now
-    cost = attempt_cost(attempt.price_per_hour, attempt.nodes, start, now)
+    clock = cost = attempt_cost(attempt.price_per_hour, attempt.nodes, start, now)
     free = unbilled_node_seconds(attempt, now, noticed)
     if free:
         cost = max(0.0, cost - attempt.price_per_hour * free / 3600.0)
-    return attempt.model_copy(update={"ended_at": now, "end_reason": reason, "cost": cost})
+    return attempt.model_copy(update={"ended_at": now, "end_reason": reason, "cost": cost, "unbilled": clock - cost})
 
 
 def outlived_cost(closed: Attempt, launched_at: float, now: float) -> float:

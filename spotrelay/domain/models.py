@@ -64,6 +64,9 @@ class Attempt(Record):
     # USD its instances were billed past its close (ranks finishing a notice's or a move's save, survivors
     # kept through the replacements' backoff), charged as each is released or joins the next attempt
     drain_cost: float = 0.0
+    # USD of its clock left out of ``cost``: instances EC2 interrupted in their first hour, which EC2 does
+    # not bill (domain/cost.unbilled_node_seconds; noticed, or taken without a notice: services/interruptions)
+    unbilled: float = 0.0
     price_per_hour: float = 0.0  # USD per instance-hour at launch (the cost ledger's price)
     nodes: int = 0  # instances billed for this attempt (hot spares included)
     spares: int = 0  # of those, hot spares out of training (resources.spares)

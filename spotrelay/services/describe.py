@@ -77,6 +77,7 @@ class CostLine(_View):
     running: bool = False  # still open: its cost is its clock so far at the launch price
     draining: int = 0  # its ranks still finishing its final save, billed: their cost so far is in ``cost``
     on_demand_cost: float | None = None  # its billed instance-hours at on-demand prices (None: no price known)
+    unbilled: float = 0.0  # its clock's USD EC2 does not bill (instances it interrupted in their first hour)
 
 
 class CostReport(_View):
@@ -90,6 +91,7 @@ class CostReport(_View):
     saved: float | None = None  # 1 - the lines' cost / on_demand: spot savings as AWS counts them (the same usage)
     standby: float = 0.0  # rebalance standbys' own time charged so far (in ``total``, in no line)
     standing_by: int = 0  # standbys still waiting for a notice: billed, charged at their release or rank
+    unbilled: float = 0.0  # the lines' ``unbilled``: left out of ``total`` (EC2's first-hour interruptions)
 
 
 class JobReport(_View):
@@ -147,7 +149,8 @@ def cost_report(job: Job, now: float, nodes: Iterable[Node] = ()) -> CostReport:
                               hours=round(_hours(a.started_at, a.ended_at, now), 4), price_per_hour=a.price_per_hour,
                               cost=round(cost, 4), running=running,
                               draining=draining[a.number] if a.ended_at is not None else 0,
-                              on_demand_cost=None if od is None else round(od, 4)))
+                              on_demand_cost=None if od is None else round(od, 4),
+                              unbilled=round(a.unbilled, 4)))
     budget, _ = limits(job)  # (as the reconcile sweep reads it: an odd record shows no budget)
     runs_out = budget_reached_at(job.cost_so_far, current, budget) if budget is not None else None
     total = spent_at(job.cost_so_far, current, now) + sum(outlived.values())
@@ -158,7 +161,8 @@ def cost_report(job: Job, now: float, nodes: Iterable[Node] = ()) -> CostReport:
                       on_demand=None if on_demand is None else round(on_demand, 4),
                       # the attempts' hours alone (a prewarmed standby's cost is in the total, in no line)
                       saved=savings.saved_share(sum(line.cost for line in lines), on_demand),
-                      standby=round(job.standby_cost, 4), standing_by=len(standing_by(nodes)) if current else 0)
+                      standby=round(job.standby_cost, 4), standing_by=len(standing_by(nodes)) if current else 0,
+                      unbilled=round(sum(a.unbilled for a in job.attempts), 4))
 
 
 def checkpoint_location(job: Job, bucket: str, default_prefix: str) -> tuple[str, str]:

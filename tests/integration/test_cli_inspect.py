@@ -82,6 +82,7 @@ def test_describe_and_cost_as_json_and_tables(aws: dict[str, str]) -> None:
     shown = " ".join(runner.invoke(app, ["cost", "j-seen"]).output.split())
     assert f"the same instance-hours on on-demand: ${3 * od:.2f} (saved {1 - 90.0 / (3 * od):.0%})" in shown
     assert "rebalance standbys" not in shown  # (a job without standbys has no such line)
+    assert "not billed" not in shown  # (nor one EC2 billed in full)
 
 
 def test_cost_of_a_running_job_counts_its_open_attempt(aws: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -199,3 +200,18 @@ def test_cost_shows_what_rebalance_standbys_cost_on_a_line_of_their_own(aws: dic
     assert costs["total"] == pytest.approx(64.0, abs=0.1)  # the open attempt's hour and the standby's $4
     shown = " ".join(runner.invoke(app, ["cost", "j-standby"]).output.split())
     assert "rebalance standbys: $4.00; 1 standing by, charged when released or when it takes a rank" in shown
+
+
+def test_cost_says_what_ec2_did_not_bill(aws: dict[str, str]) -> None:
+    """An attempt costs less than its price x nodes x hours when EC2 interrupted some of its instances in
+    their first hour (not billed): the report says how much was left out, so the ledger reads as the bill."""
+    now = time.time()
+    closed = Attempt(number=1, pool=POOL, started_at=now - 3600, ended_at=now - 1800, nodes=2, price_per_hour=30.0,
+                     cost=15.0, unbilled=15.0, end_reason="node-lost")
+    store = DynamoDBJobStore()
+    store.create_job(Job(job_id="j-unbilled", name="llm", status=JobStatus.SUCCEEDED, attempt=1, attempts=[closed],
+                         cost_so_far=15.0, created_at=now - 3600, updated_at=now))
+    costs = json.loads(runner.invoke(app, ["cost", "j-unbilled", "--json"]).stdout)
+    assert costs["unbilled"] == 15.0 and costs["lines"][0]["unbilled"] == 15.0 and costs["total"] == 15.0
+    shown = " ".join(runner.invoke(app, ["cost", "j-unbilled"]).output.split())
+    assert "not billed: $15.00 of the attempts' clocks, instances EC2 interrupted in their first hour" in shown

@@ -175,6 +175,7 @@ def test_unannounced_spot_reclaim_is_not_billed_a_crash_is(wf: Harness) -> None:
     billed_s = a.nodes * (a.ended_at - a.started_at) - (a.ended_at - max(a.started_at, gone.launched_at))
     assert a.cost == pytest.approx(a.price_per_hour * billed_s / 3600)
     assert a.cost < a.price_per_hour * a.nodes * (a.ended_at - a.started_at) / 3600
+    assert a.unbilled == pytest.approx(a.price_per_hour * a.nodes * (a.ended_at - a.started_at) / 3600 - a.cost)
     crashed = next(n for n in second if n.instance_id != taken.instance_id and n.attempt == 2)
     wf.compute.crash(crashed.instance_id)  # not EC2's interruption: billed in full
     on_instance_state.handler(ec2_event("ec2_instance_state_terminated.json", crashed.instance_id), ctx())
@@ -183,6 +184,7 @@ def test_unannounced_spot_reclaim_is_not_billed_a_crash_is(wf: Harness) -> None:
     assert wf.store.get_node(job.job_id, crashed.node_id).ec2_reclaim_at is None
     assert b.ended_at is not None and b.started_at is not None
     assert b.cost == pytest.approx(b.price_per_hour * b.nodes * (b.ended_at - b.started_at) / 3600)
+    assert b.unbilled == 0.0
     wf.exit_all(third, 0)
     assert wf.finished(arn)["status"] == "SUCCEEDED"
 

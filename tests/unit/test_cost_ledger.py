@@ -107,6 +107,7 @@ def test_an_attempt_closes_without_the_first_hour_of_the_instances_ec2_noticed()
     # one node noticed 30 min in (EC2 takes it in its first hour): 3 nodes' half hour billed
     one = closed_attempt(a, T0 + 1800, noticed=[(T0, T0 + 1800 + 120)])
     assert one.cost == pytest.approx(22.0 * 3 * 0.5)
+    assert one.unbilled == pytest.approx(22.0 * 0.5) and closed_attempt(a, T0 + 1800).unbilled == 0.0  # kept apart
     # a node launched before the attempt (a survivor): only this attempt's share is taken off
     assert unbilled_node_seconds(a, T0 + 1800, [(T0 - 600, T0 + 1900)]) == pytest.approx(1800)
     # a reclaim in the hour's last minute: we terminate it on release (billed), so it is counted
