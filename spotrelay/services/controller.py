@@ -136,19 +136,20 @@ def end_records(store: JobStore, job_id: str, nodes: list[Node],
     return marked
 
 
-def reclaimed_unannounced(ctl: Controller, node: Node) -> bool:
-    """A spot node lost without a notice we saw (its state-change event, or a silent heartbeat):
-    EC2's interruption (its notice is best effort) or a crash. Only EC2's own record tells them apart
-    (``Compute.spot_reclaimed``); the ledger must know, as EC2 bills nothing of a spot instance it
-    interrupts in its first hour (the caller then sets ``ec2_reclaim_at``). Never raises: the loss it
-    is asked about must be recorded whatever the answer (an error reads as a crash: billed)."""
+def unannounced_reclaim(ctl: Controller, node: Node, now: float) -> dict[str, Any]:
+    """The fields a node lost without a notice we saw (its state-change event, or a silent heartbeat)
+    gets besides its state: ``ec2_reclaim_at`` = ``now`` when it was EC2's interruption (its notice is
+    best effort), none for a crash. Only EC2's own record tells them apart (``Compute.spot_reclaimed``);
+    the ledger must know, as EC2 bills nothing of a spot instance it interrupts in its first hour.
+    Never raises: the loss must be recorded whatever the answer (an error reads as a crash: billed)."""
     if node.pool.market != "spot" or ctl.compute is None or node.ec2_reclaim_at is not None:
-        return False
+        return {}
     try:
-        return bool(ctl.compute.spot_reclaimed(node.instance_id, node.pool.region))
+        taken = ctl.compute.spot_reclaimed(node.instance_id, node.pool.region)
     except Exception:  # (a compute port that cannot be built or answer: the ledger's safe side)
         log.exception("could not tell EC2's reclaim from a crash", extra={"instance_id": node.instance_id})
-        return False
+        return {}
+    return {"ec2_reclaim_at": now} if taken else {}
 
 
 def release_nodes(ctl: Controller, job: Job, nodes: list[Node], now: float) -> list[str]:

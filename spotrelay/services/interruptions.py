@@ -24,7 +24,7 @@ from spotrelay.contracts.events import Directive, DirectiveKind
 from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.placement import PoolEvent
-from spotrelay.services.controller import Controller, current_node, direct_nodes, reclaimed_unannounced
+from spotrelay.services.controller import Controller, current_node, direct_nodes, unannounced_reclaim
 from spotrelay.services.prewarm import request_standby
 from spotrelay.services.waits import settle
 
@@ -181,9 +181,8 @@ def instance_state(ctl: Controller, instance_id: str, state: str, now: float) ->
         return _ignored(f"node already {node.state.value}", instance_id, job.job_id)
     announced = node.state in (NodeState.DOOMED, NodeState.EXITED)
     target = NodeState.TERMINATED if announced else NodeState.LOST
-    update: dict[str, Any] = {"state": target}
-    if not announced and reclaimed_unannounced(ctl, node):
-        update["ec2_reclaim_at"] = now  # EC2's interruption: its first hour goes unbilled (the ledger)
+    # an unannounced loss EC2 took: its reclaim time, so its first hour goes unbilled (the ledger)
+    update = {"state": target, **({} if announced else unannounced_reclaim(ctl, node, now))}
     changed = ctl.store.update_node(job.job_id, node.node_id, lambda n: n.model_copy(update=update)
                                     if n.state not in _GONE else None)
     if changed is None:

@@ -40,8 +40,8 @@ from spotrelay.services.controller import (
     attempt_nodes,
     charge_outlived_nodes,
     end_records,
-    reclaimed_unannounced,
     regions_of,
+    unannounced_reclaim,
 )
 from spotrelay.services.notify import announce
 from spotrelay.services.prewarm import release_expired
@@ -102,9 +102,7 @@ def _stale(ctl: Controller, job: Job, now: float, stale_after_s: float) -> list[
         if node.state in _HEARTBEATING and seen < now - stale_after_s:
             # EC2 may have taken it and its events never came: then its first hour is not billed (as
             # interruptions.instance_state; the reclaim was at most now: the ledger's safe side)
-            update: dict[str, Any] = {"state": NodeState.LOST}
-            if reclaimed_unannounced(ctl, node):
-                update["ec2_reclaim_at"] = now
+            update = {"state": NodeState.LOST, **unannounced_reclaim(ctl, node, now)}
             changed = ctl.store.update_node(job.job_id, node.node_id, _lost(update))
             if changed is not None:
                 lost.append(f"{job.job_id}/{node.node_id}")
