@@ -69,12 +69,14 @@ ACTIONS: dict[str, frozenset[str]] = {
         "s3:GetObject", "s3:PutObject", "states:StartExecution",  # heals stuck submissions (services/submit.py)
     },
     "sfn_plan": _READ | _WRITE | MARKET | {"ec2:TerminateInstances"},  # releases survivors it drops
-    "sfn_provision": _READ | _WRITE | {"dynamodb:UpdateItem"} | LAUNCH,  # the only task that launches
+    "sfn_provision": _READ | _WRITE | {"dynamodb:UpdateItem"} | LAUNCH  # the only task that launches
+    | {"ec2:DescribeSpotPriceHistory"},  # a move closes the old attempt at the price in effect
     "sfn_register_wait": _READ | _WRITE | NOTIFY | {"states:SendTaskSuccess", "states:SendTaskFailure"},
     "sfn_recover": _READ | _WRITE | {"dynamodb:UpdateItem"} | MARKET | TERMINATE | NOTIFY,
     "sfn_review": _READ | MARKET,  # decides only: Migrate (sfn_provision) launches and writes
     "sfn_teardown": _READ | _WRITE | TEARDOWN,
-    "sfn_finalize": frozenset({"dynamodb:GetItem"}) | _WRITE | NOTIFY,
+    "sfn_finalize": frozenset({"dynamodb:GetItem"}) | _WRITE | NOTIFY
+    | {"ec2:DescribeSpotPriceHistory"},  # the last attempt closes at the price in effect
     "slack_notifier": frozenset({"secretsmanager:GetSecretValue"}),
 }
 # Key prefixes of the jobs bucket a handler's S3 object actions may touch.

@@ -9,6 +9,10 @@
   permission and is rate limited: when it fails, scores are None.
 - Spot Advisor band and on-demand price: the static catalog (there is no API for the band; the
   Pricing API lives in two regions only and is slow, and the table is good enough to rank pools).
+- Price in effect (``price_history``): ``DescribeSpotPriceHistory`` of one pool (its AZ and type) over
+  an attempt's life, which AWS answers with the change in effect at its start time too; the ledger
+  counts a closed attempt at its time-weighted mean (AWS bills the price in effect). A failure
+  answers [] (the launch price stands).
 - When price history fails for a region (throttled, not enabled), that region's spot quotes come
   from the fallback market (the catalog) so placement never stops for want of a price.
 """
@@ -69,6 +73,27 @@ class Ec2MarketData:
                         pool = Pool(region=region, az=az, instance_type=itype, market="on-demand")
                         out.append(PoolQuote(pool=pool, price_per_hour=od))
         return out
+
+    def price_history(self, pool: Pool, start: float, end: float) -> list[tuple[float, float]]:
+        """(epoch s, USD per instance-hour) of each change of ``pool``'s spot price from ``start`` to ``end``,
+        oldest first; [] for on-demand, or when EC2 cannot be asked (the caller keeps the launch price)."""
+        if pool.market != "spot":
+            return []
+        points: list[tuple[float, float]] = []
+        try:
+            pages = self._client("ec2", pool.region).get_paginator("describe_spot_price_history").paginate(
+                InstanceTypes=[pool.instance_type], ProductDescriptions=["Linux/UNIX"],
+                AvailabilityZone=pool.az, StartTime=datetime.fromtimestamp(start, UTC),
+                EndTime=datetime.fromtimestamp(max(start, end), UTC),
+            )
+            for page in pages:
+                for entry in page.get("SpotPriceHistory", []):
+                    if entry.get("AvailabilityZone") == pool.az and entry.get("InstanceType") == pool.instance_type:
+                        points.append((entry["Timestamp"].timestamp(), float(entry["SpotPrice"])))
+        except (*_FAILURES, KeyError, TypeError, ValueError) as exc:  # (an entry without a price: none)
+            log.warning("spot price history of %s failed; the launch price stands: %s", pool.key, exc)
+            return []
+        return sorted(points)
 
     def _spot_prices(self, region: str, instance_types: list[str]) -> dict[tuple[str, str], float] | None:
         """(az, type) -> newest spot price, or None when the region cannot be asked."""

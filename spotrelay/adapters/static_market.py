@@ -25,6 +25,11 @@ class StaticMarketData:
         quotes = (self.quote(pool) for pool in catalog.pools(regions, instance_types, markets))
         return [q for q in quotes if q is not None]
 
+    def price_history(self, pool: Pool, start: float, end: float) -> list[tuple[float, float]]:
+        """A fixed price: the one change, in effect from before ``start``."""
+        quote = self.quote(pool)
+        return [] if quote is None else [(start, quote.price_per_hour)]
+
     def quote(self, pool: Pool) -> PoolQuote | None:
         if pool.market != "spot":
             od = catalog.on_demand_price(pool.region, pool.instance_type)

@@ -2,12 +2,15 @@
 
 Pure: callers pass ``now``. One ``CostEntry`` per gang launch (a whole cluster, or the replacement
 ranks of a ``replace-lost-nodes`` recovery); an attempt's cost is the sum of the entries with its
-number that are billed during it. Prices are USD per instance-hour at launch (spot prices move; the
-ledger is an estimate, AWS billing is the truth). EC2 bills P instances per second.
+number that are billed during it. Prices are USD per instance-hour at launch while an attempt runs;
+its close counts it at the price in effect over its life (``mean_price`` of the spot price history: AWS
+bills the price in effect, and a placer that launches where spot is cheap now sees it rise more often
+than fall). AWS billing is the truth. EC2 bills P instances per second.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -57,18 +60,49 @@ def unbilled_node_seconds(attempt: Attempt, now: float, noticed: Iterable[tuple[
                if leave_to_ec2(attempt.pool.market, launched, reclaim))
 
 
+def mean_price(history: Iterable[tuple[float, float]], start: float, end: float, fallback: float) -> float:
+    """The time-weighted mean from ``start`` to ``end`` of a price that changes at each (epoch s, USD per
+    hour) of ``history`` and holds until the next change (DescribeSpotPriceHistory's entries; it answers
+    with the change in effect at its start time too). ``fallback`` (the launch price) where the history
+    says nothing: before its first change, or throughout when it is empty. At one instant (``end <=
+    start``): the price in effect then. Entries that are not a price (negative, NaN, infinite) are skipped."""
+    points = sorted((t, p) for t, p in history if math.isfinite(t) and math.isfinite(p) and p >= 0.0)
+    price = fallback
+    for t, p in points:  # the price in effect at the start
+        if t > start:
+            break
+        price = p
+    if end <= start:
+        return price
+    total, t0 = 0.0, start
+    for t, p in points:
+        if t <= start:
+            continue
+        if t >= end:
+            break
+        total += price * (t - t0)
+        t0, price = t, p
+    if t0 == start:
+        return price  # (no change inside: that price exactly, not its float average)
+    return (total + price * (end - t0)) / (end - start)
+
+
 def closed_attempt(attempt: Attempt, now: float, reason: str | None = None,
-                   noticed: Iterable[tuple[float, float]] = ()) -> Attempt:
+                   noticed: Iterable[tuple[float, float]] = (), price: float | None = None) -> Attempt:
     """``attempt`` with its clock stopped at ``now``: ``ended_at``, ``end_reason`` and its cost (its
     price x nodes from its start, 0 if it never started, less what EC2 will not bill of its ``noticed``
-    instances: ``unbilled_node_seconds``). The services and the simulator close attempts with it; a
-    caller adds the cost to the job's total once (an open attempt only)."""
+    instances: ``unbilled_node_seconds``). ``price``: USD per instance-hour in effect over its life
+    (``mean_price`` of the pool's history), kept as ``price_in_effect``; None: its launch price. The
+    services and the simulator close attempts with it; a caller adds the cost to the job's total once
+    (an open attempt only)."""
     start = attempt.started_at if attempt.started_at is not None else now
-    clock = cost = attempt_cost(attempt.price_per_hour, attempt.nodes, start, now)
+    rate = attempt.price_per_hour if price is None else price
+    clock = cost = attempt_cost(rate, attempt.nodes, start, now)
     free = unbilled_node_seconds(attempt, now, noticed)
     if free:
-        cost = max(0.0, cost - attempt.price_per_hour * free / 3600.0)
-    return attempt.model_copy(update={"ended_at": now, "end_reason": reason, "cost": cost, "unbilled": clock - cost})
+        cost = max(0.0, cost - rate * free / 3600.0)
+    return attempt.model_copy(update={"ended_at": now, "end_reason": reason, "cost": cost, "unbilled": clock - cost,
+                                      "price_in_effect": price})
 
 
 def outlived_cost(closed: Attempt, launched_at: float, now: float) -> float:
@@ -77,7 +111,7 @@ def outlived_cost(closed: Attempt, launched_at: float, now: float) -> float:
     were placed, until it joins the next attempt. 0 while the attempt's own clock runs (open)."""
     if closed.ended_at is None:
         return 0.0
-    return attempt_cost(closed.price_per_hour, 1, max(closed.ended_at, launched_at), now)
+    return attempt_cost(closed.billed_price(), 1, max(closed.ended_at, launched_at), now)
 
 
 def outlived_so_far(attempts: Sequence[Attempt], running: Iterable[tuple[int, float]], now: float) -> dict[int, float]:
@@ -115,7 +149,7 @@ def drains(attempts: Sequence[Attempt], running: Iterable[tuple[int, float]], no
         closed = by_number.get(number)
         if closed is not None and closed.ended_at is not None:
             accrued += outlived_cost(closed, launched_at, now)
-            rate += closed.price_per_hour / 3600.0
+            rate += closed.billed_price() / 3600.0
     return accrued, rate
 
 

@@ -67,7 +67,10 @@ class Attempt(Record):
     # USD of its clock left out of ``cost``: instances EC2 interrupted in their first hour, which EC2 does
     # not bill (domain/cost.unbilled_node_seconds; noticed, or taken without a notice: services/interruptions)
     unbilled: float = 0.0
-    price_per_hour: float = 0.0  # USD per instance-hour at launch (the cost ledger's price)
+    price_per_hour: float = 0.0  # USD per instance-hour at launch (the open attempt's estimate)
+    # USD per instance-hour EC2 billed over its life, once closed: the spot price history's time-weighted
+    # mean (AWS bills the price in effect, not the launch price; domain/cost.mean_price). None: launch price
+    price_in_effect: float | None = None
     nodes: int = 0  # instances billed for this attempt (hot spares included)
     spares: int = 0  # of those, hot spares out of training (resources.spares)
     world_size: int = 0  # ranks training (an elastic gang: resources.min_nodes..nodes; 0 in old records)
@@ -77,6 +80,10 @@ class Attempt(Record):
     # placement's mean seconds between this gang's losses without a notice (None: none expected or an
     # old record): what ``checkpoint.every_minutes: auto`` reads (domain/cadence.py)
     loss_interval_s: float | None = None
+
+    def billed_price(self) -> float:
+        """USD per instance-hour its cost was counted at: the price in effect once known, else at launch."""
+        return self.price_per_hour if self.price_in_effect is None else self.price_in_effect
 
 
 class AnomalyRecord(Record):

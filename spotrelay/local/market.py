@@ -135,6 +135,10 @@ class MarketModel:
         price = typical * (1 + jitter)
         return PoolQuote(pool=pool, price_per_hour=round(price, 4), advisor_band=band, placement_score=score)
 
+    def price_history(self, pool: Pool, start: float, end: float) -> list[tuple[float, float]]:
+        """The twin's prices do not move: its quote's, in effect throughout."""
+        return [(start, self.quote(pool).price_per_hour)]
+
     def on_demand_price(self, instance_type: str, region: str = "us-east-1") -> float:
         return self.quote(
             Pool(region=region, az=f"{region}a", instance_type=instance_type, market="on-demand")

@@ -119,7 +119,7 @@ def billed(a: Attempt, following: Attempt | None = None) -> float:
         carried = min(a.nodes, following.kept)
         node_s = carried * max(0.0, following.started_at - a.ended_at)
     node_s += (a.nodes - carried) * (saved - a.ended_at)
-    return a.cost + a.price_per_hour * node_s / 3600.0
+    return a.cost + a.billed_price() * node_s / 3600.0
 
 
 def _settled(a: Attempt, now: float) -> bool:

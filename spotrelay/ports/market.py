@@ -23,3 +23,9 @@ class MarketData(Protocol):
         """Every pool's quote now. ``capacity``: instances one launch will ask for (the gang and its
         spares); a placement score, where the source has one, is sized for it."""
         ...
+
+    def price_history(self, pool: Pool, start: float, end: float) -> list[tuple[float, float]]:
+        """The changes of ``pool``'s spot price from ``start`` to ``end`` (epoch s) as (epoch s, USD per
+        instance-hour), with the one in effect at ``start``: what EC2 bills its instances
+        (``domain/cost.mean_price`` averages it). [] when unknown: the ledger keeps the launch price."""
+        ...

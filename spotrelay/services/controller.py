@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spotrelay.contracts.events import Directive
-from spotrelay.domain.cost import charge_outlived, leave_to_ec2
+from spotrelay.domain.cost import charge_outlived, leave_to_ec2, mean_price
 from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.ports.compute import Compute
 from spotrelay.ports.job_store import JobStore
@@ -150,6 +150,27 @@ def unannounced_reclaim(ctl: Controller, node: Node, now: float) -> dict[str, An
         log.exception("could not tell EC2's reclaim from a crash", extra={"instance_id": node.instance_id})
         return {}
     return {"ec2_reclaim_at": now} if taken else {}
+
+
+def price_in_effect(ctl: Controller, job: Job, now: float) -> tuple[int, float] | None:
+    """(attempt number, USD per instance-hour) EC2 billed the job's open spot attempt at from its start
+    to ``now`` on average (``MarketData.price_history``, ``mean_price``): what its close counts it at, as
+    AWS bills the price in effect, not the launch price. None (the launch price stands) for on-demand, a
+    closed or unstarted attempt, or a history that cannot be read. Asked before a close's write (an
+    update retried on a conflict must not call EC2 again). Never raises: a close must not fail for it."""
+    current = job.attempts[-1] if job.attempts else None
+    if (current is None or current.ended_at is not None or current.started_at is None or current.pool is None
+            or current.pool.market != "spot" or ctl.market is None):
+        return None
+    try:
+        history = ctl.market.price_history(current.pool, current.started_at, now)
+    except Exception:  # (a market port that cannot be built or answer: the launch price, as before)
+        log.exception("spot price history unavailable; the ledger keeps the launch price",
+                      extra={"job_id": job.job_id, "pool": current.pool.key})
+        return None
+    if not history:
+        return None
+    return current.number, mean_price(history, current.started_at, now, current.price_per_hour)
 
 
 def release_nodes(ctl: Controller, job: Job, nodes: list[Node], now: float) -> list[str]:

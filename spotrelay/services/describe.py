@@ -72,7 +72,7 @@ class CostLine(_View):
     pool: str | None
     nodes: int
     hours: float
-    price_per_hour: float
+    price_per_hour: float  # at launch while it runs; once closed, the price in effect over its life
     cost: float
     running: bool = False  # still open: its cost is its clock so far at the launch price
     draining: int = 0  # its ranks still finishing its final save, billed: their cost so far is in ``cost``
@@ -146,7 +146,7 @@ def cost_report(job: Job, now: float, nodes: Iterable[Node] = ()) -> CostReport:
         cost += outlived.get(a.number, 0.0)
         od = savings.on_demand_cost(a, cost)
         lines.append(CostLine(attempt=a.number, pool=a.pool.key if a.pool else None, nodes=a.nodes,
-                              hours=round(_hours(a.started_at, a.ended_at, now), 4), price_per_hour=a.price_per_hour,
+                              hours=round(_hours(a.started_at, a.ended_at, now), 4), price_per_hour=a.billed_price(),
                               cost=round(cost, 4), running=running,
                               draining=draining[a.number] if a.ended_at is not None else 0,
                               on_demand_cost=None if od is None else round(od, 4),

@@ -30,7 +30,7 @@ from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import InsufficientCapacityError, MoveCancelledError, QuotaExceededError
 from spotrelay.placement import PoolEvent
 from spotrelay.ports.compute import LaunchRequest
-from spotrelay.services.controller import Controller, attempt_nodes, direct_nodes, spec_of
+from spotrelay.services.controller import Controller, attempt_nodes, direct_nodes, price_in_effect, spec_of
 from spotrelay.services.recovery_flow import DRAIN_GRACE_S
 from spotrelay.services.workflow_tasks import _carry_survivors, _close_attempt, _launch_result
 from spotrelay.settings import settings
@@ -41,14 +41,15 @@ _TRAINING = (NodeState.READY, NodeState.RUNNING)
 _WALK = (JobStatus.RECOVERING, JobStatus.PLACING, JobStatus.PROVISIONING, JobStatus.STARTING)
 
 
-def _walk(ctl: Controller, job_id: str, now: float, record: Attempt) -> Job:
+def _walk(ctl: Controller, job_id: str, now: float, record: Attempt, price: tuple[int, float] | None = None) -> Job:
+    """``price``: the closing attempt's price in effect (``controller.price_in_effect``)."""
     for target in _WALK:
         def step(cur: Job, target: JobStatus = target) -> Job | None:
             if cur.status is target:
                 return None
             update: dict[str, Any] = {"status": transition(cur.status, target), "updated_at": now}
             if target is JobStatus.RECOVERING:
-                update.update(_close_attempt(cur, now, Verdict.MIGRATE.value))
+                update.update(_close_attempt(cur, now, Verdict.MIGRATE.value, price=price))
                 update["task_tokens"] = {}
             if target is JobStatus.STARTING:
                 update.update({"attempt": record.number, "attempts": [*cur.attempts, record], "excluded_pools": [],
@@ -101,7 +102,7 @@ def migrate(ctl: Controller, job_id: str, move: AttemptEnd, now: float,
     record = Attempt(number=attempt, pool=target.pool, price_per_hour=target.price_per_hour, nodes=len(nodes),
                      started_at=now, world_size=world, kept=len(carried),
                      loss_interval_s=target.loss_interval_s)  # resumed_from_step: the trainers report
-    moved = _walk(ctl, job_id, now, record)
+    moved = _walk(ctl, job_id, now, record, price_in_effect(ctl, job, now))
     log.info("moved", extra={"job_id": job_id, "attempt": attempt, "pool": target.pool.key, "world": world,
                              "deadline": deadline})
     return _launch_result(moved, timings)

@@ -27,6 +27,7 @@ from spotrelay.services.controller import (
     SPARE_LIVE,
     Controller,
     attempt_nodes,
+    price_in_effect,
     release_nodes,
     spare_nodes,
     spec_of,
@@ -163,6 +164,7 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
             outcome.outcome in (Verdict.INTERRUPTED, Verdict.NODE_LOST, Verdict.INFRA_ERROR):
         excluded.add(current.pool.key)  # plan again without the pool that just failed
     ckpt_step = job.last_checkpoint.step if job.last_checkpoint else 0
+    price = price_in_effect(ctl, job, now)  # (asked once, not per retry of the write below)
 
     def to_recovering(cur: Job) -> Job | None:
         if cur.status is JobStatus.RECOVERING:
@@ -173,7 +175,7 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
             "stalled_recoveries": decision.stalled, "progress_step": progress,
             "excluded_pools": sorted(excluded),
         }
-        update.update(_close_attempt(cur, now, outcome.outcome.value, nodes))
+        update.update(_close_attempt(cur, now, outcome.outcome.value, nodes, price))
         update.update(_lost_steps(cur, update.get("attempts", cur.attempts), outcome.deadline, ckpt_step))
         # a rebalance standby that takes a rank: its time before this attempt goes into the ledger
         standbys = sum(standby_cost(cur, n, now) for n in ctl.store.nodes_of(job_id)

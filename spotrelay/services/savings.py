@@ -11,16 +11,16 @@ from spotrelay.placement import catalog
 
 
 def on_demand_cost(attempt: Attempt, cost: float) -> float | None:
-    """What the instance-hours ``cost`` paid for (at the attempt's launch price) would cost on on-demand;
-    None when no on-demand price is known for them (a comparison, never a guess)."""
+    """What the instance-hours ``cost`` paid for (at the price it was counted at: ``Attempt.billed_price``)
+    would cost on on-demand; None when no on-demand price is known for them (a comparison, never a guess)."""
     if cost <= 0.0:
         return 0.0
-    if attempt.pool is None or attempt.price_per_hour <= 0.0:
+    if attempt.pool is None or attempt.billed_price() <= 0.0:
         return None
     if attempt.pool.market == "on-demand":
         return cost
     price = catalog.on_demand_price(attempt.pool.region, attempt.pool.instance_type)
-    return None if price is None else cost / attempt.price_per_hour * price
+    return None if price is None else cost / attempt.billed_price() * price
 
 
 def total(costs: Iterable[float | None]) -> float | None:

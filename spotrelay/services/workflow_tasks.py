@@ -27,6 +27,7 @@ from spotrelay.services.controller import (
     SPARE_LIVE,
     Controller,
     end_records,
+    price_in_effect,
     regions_of,
     spare_nodes,
     spec_of,
@@ -41,13 +42,18 @@ from spotrelay.spec.models import JobSpec
 log = logging.getLogger(__name__)
 
 
-def _close_attempt(job: Job, now: float, reason: str, nodes: list[Node] | None = None) -> dict[str, Any]:
+def _close_attempt(job: Job, now: float, reason: str, nodes: list[Node] | None = None,
+                   price: tuple[int, float] | None = None) -> dict[str, Any]:
     """Fields that stop the clock of the current attempt and add its cost (once); ``nodes``: the
-    attempt's records, whose instances EC2 noticed in their first hour are not billed."""
+    attempt's records, whose instances EC2 noticed in their first hour are not billed; ``price``:
+    ``controller.price_in_effect`` (attempt number, USD per instance-hour billed over its life), used
+    when it is this attempt's (else its launch price)."""
     if not job.attempts or job.attempts[-1].ended_at is not None:
         return {}
     noticed = [(n.launched_at, n.ec2_reclaim_at) for n in nodes or () if n.ec2_reclaim_at is not None]
-    closed = closed_attempt(job.attempts[-1], now, reason, noticed)
+    current = job.attempts[-1]
+    billed = price[1] if price is not None and price[0] == current.number else None
+    closed = closed_attempt(current, now, reason, noticed, billed)
     return {"attempts": [*job.attempts[:-1], closed], "cost_so_far": job.cost_so_far + closed.cost}
 
 
@@ -242,12 +248,15 @@ def finalize(ctl: Controller, job_id: str, result: str, now: float,
                              else j.model_copy(update={"status": transition(j.status, JobStatus.CANCELLING),
                                                        "updated_at": now}))
 
+    before = ctl.store.get_job(job_id)
+    price = None if before.status.terminal else price_in_effect(ctl, before, now)
+
     def finish(job: Job) -> Job | None:
         if job.status.terminal:
             return None  # already final: a retry or a late duplicate
         final = JobStatus.CANCELLED if job.status is JobStatus.CANCELLING else target
         update: dict[str, Any] = {"status": transition(job.status, final), "updated_at": now, "task_tokens": {}}
-        update.update(_close_attempt(job, now, final.value.lower()))
+        update.update(_close_attempt(job, now, final.value.lower(), price=price))
         if final is JobStatus.FAILED:
             update["reasons"] = [*job.reasons, error_reason(error)]
         return job.model_copy(update=update)

@@ -1,14 +1,15 @@
 """The job record's attempts in the simulator, kept as the services keep them: opened at a launch
-(``workflow_tasks.provision``, ``migrate``), closed with their cost (``workflow_tasks._close_attempt``),
-the trainers' resume (``node_events._on_resumed``) and the newest checkpoint their ranks committed
-(``node_events._on_checkpoint``). Placement reads them (the review's spot evidence, the backoff
-streak, ``placement/spot_evidence.py``'s realized cost per useful step)."""
+(``workflow_tasks.provision``, ``migrate``), closed with their cost at the price in effect over their
+life (``workflow_tasks._close_attempt``), the trainers' resume (``node_events._on_resumed``) and the
+newest checkpoint their ranks committed (``node_events._on_checkpoint``). Placement reads them (the
+review's spot evidence, the backoff streak, ``placement/spot_evidence.py``'s realized cost per useful
+step)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from spotrelay.domain.cost import closed_attempt, outlived_cost
+from spotrelay.domain.cost import closed_attempt, mean_price, outlived_cost
 from spotrelay.domain.models import Attempt
 from spotrelay.sim import budget
 
@@ -34,8 +35,17 @@ def close(run: SpotrelayRun, noticed: bool = False) -> None:
         # as workflow_tasks._close_attempt, without the end reason: no decision reads it (describe shows it)
         seen = [(n.launch_t, n.removal_t) for n in run.gang.values() if n.instance_id in run.ec2_noticed] \
             if noticed else []
-        run.attempts[-1] = closed_attempt(run.attempts[-1], run.now, None, seen)
+        run.attempts[-1] = closed_attempt(run.attempts[-1], run.now, None, seen, price_in_effect(run))
         run.cost_so_far += run.attempts[-1].cost  # (the job record's cost_so_far)
+
+
+def price_in_effect(run: SpotrelayRun) -> float | None:
+    """``controller.price_in_effect`` of the open attempt: its spot pool's slot prices over its life."""
+    a = run.attempts[-1]
+    sp = run.market.by_key.get(a.pool.key) if a.pool is not None else None
+    if sp is None or not sp.spot or a.started_at is None:
+        return None
+    return mean_price(sp.price_history(a.started_at, run.now), a.started_at, run.now, a.price_per_hour)
 
 
 def outlived(run: SpotrelayRun, node: SimNode) -> None:

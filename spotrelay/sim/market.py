@@ -261,6 +261,17 @@ class SimPool:
             return cap.slots[max(0, i - 1)].spot_price, end
         return (self.on_demand_price if self.spot_price is None else self.spot_price), float("inf")
 
+    def price_history(self, start: float, end: float) -> list[tuple[float, float]]:
+        """``MarketData.price_history``: (t, price) at ``start`` and at each slot start up to ``end``
+        (a trace's or a fixed price: one), the slots ``billing.slot_bills`` bills a node by."""
+        out, t = [], start
+        while True:
+            price, until = self.price_span(t)
+            out.append((t, price))
+            if until >= end or until <= t:
+                return out
+            t = until
+
     def placement_score(self, t: float, count: int = 0, held: int = 0, seed: int = 0,
                         derive: bool = True) -> float | None:
         """The recorded score (a pools CSV's), else with ``derive`` one sized for ``count`` nodes

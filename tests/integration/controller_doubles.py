@@ -131,6 +131,13 @@ class QuotedMarket:
 
     def __init__(self, prices: dict[str, float] | None = None) -> None:
         self.prices = dict(prices or DEFAULT_PRICES)
+        self.history: dict[str, list[tuple[float, float]]] = {}  # pool key -> price changes (a test sets them)
+
+    def price_history(self, pool: Pool, start: float, end: float) -> list[tuple[float, float]]:
+        """The changes a test set for the pool, else its fixed price throughout."""
+        if pool.key in self.history:
+            return list(self.history[pool.key])
+        return [(start, self.prices[pool.key])] if pool.key in self.prices else []
 
     def quotes(self, regions: list[str], instance_types: list[str], markets: list[str],
                capacity: int = 1) -> list[PoolQuote]:

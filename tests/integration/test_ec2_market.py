@@ -102,3 +102,35 @@ def test_placement_scores_are_sized_for_the_gang_and_fall_back_when_refused(
     stub.add_response("describe_spot_price_history", history, {
         "InstanceTypes": ["p5.48xlarge"], "ProductDescriptions": ["Linux/UNIX"], "StartTime": ANY})
     assert [q.placement_score for q in market.quotes(["us-east-1"], ["p5.48xlarge"], ["spot"], capacity=64)] == [8.0]
+
+
+SPOT_A = catalog.pools(["us-east-1"], ["p5.48xlarge"], ["spot"])[0]
+
+
+def test_price_history_asks_for_the_pools_zone_and_type_over_the_attempt(
+        stubbed: tuple[Ec2MarketData, Stubber]) -> None:
+    """What the ledger prices a closed attempt at (AWS bills the price in effect): the pool's changes from
+    the attempt's start (AWS answers with the one in effect then too) to its close, oldest first; another
+    zone's or type's entries are not this pool's."""
+    market, stub = stubbed
+    start, end = datetime(2026, 11, 30, 2, 0, tzinfo=UTC), datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
+    stub.add_response("describe_spot_price_history", {"SpotPriceHistory": [
+        price(SPOT_A.az, "p5.48xlarge", "31.00", 40),
+        price(SPOT_A.az, "p5.48xlarge", "24.00", 0),
+        price("us-east-1z", "p5.48xlarge", "99.00", 20),  # (a filter AWS applies; an adapter must not trust it)
+    ]}, {"InstanceTypes": ["p5.48xlarge"], "ProductDescriptions": ["Linux/UNIX"], "AvailabilityZone": SPOT_A.az,
+         "StartTime": start, "EndTime": end})
+    got = market.price_history(SPOT_A, start.timestamp(), end.timestamp())
+    assert got == [(start.timestamp(), 24.0), (datetime(2026, 11, 30, 2, 40, tzinfo=UTC).timestamp(), 31.0)]
+
+
+def test_price_history_that_ec2_refuses_is_empty_and_on_demand_asks_nothing(
+        stubbed: tuple[Ec2MarketData, Stubber]) -> None:
+    market, stub = stubbed
+    stub.add_client_error("describe_spot_price_history", "RequestLimitExceeded", "slow down")
+    assert market.price_history(SPOT_A, NOW.timestamp() - 3600, NOW.timestamp()) == []  # the launch price stands
+    stub.add_response("describe_spot_price_history", {"SpotPriceHistory": [
+        {"AvailabilityZone": SPOT_A.az, "InstanceType": "p5.48xlarge", "Timestamp": NOW}]})  # no price in it
+    assert market.price_history(SPOT_A, NOW.timestamp() - 3600, NOW.timestamp()) == []
+    on_demand = SPOT_A.model_copy(update={"market": "on-demand"})
+    assert market.price_history(on_demand, NOW.timestamp() - 3600, NOW.timestamp()) == []  # (no call stubbed)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from spotrelay.domain.cost import (
     LEAVE_TO_EC2_MARGIN_S,
@@ -16,6 +20,7 @@ from spotrelay.domain.cost import (
     drains,
     interruption_is_free,
     leave_to_ec2,
+    mean_price,
     outlived_cost,
     unbilled_node_seconds,
 )
@@ -161,3 +166,36 @@ def test_the_on_demand_comparison_prices_the_billed_instance_hours_at_the_catalo
     elsewhere = ran.model_copy(update={"pool": spot.model_copy(update={"region": "ap-south-1", "az": "ap-south-1a"})})
     assert on_demand_cost(elsewhere, 44.0) is None  # no price known: no comparison, not a guess
     assert on_demand_cost(ran.model_copy(update={"pool": None}), 0.0) == 0.0  # never launched: nothing used
+
+
+def test_the_price_in_effect_is_the_time_weighted_mean_of_the_history() -> None:
+    """AWS bills the spot price in effect: 20 for the first half hour, 40 after is 30 over the hour;
+    the change in effect at the start counts from the start, changes after the end do not count."""
+    history = [(T0 + 1800, 40.0), (T0 - 600, 20.0), (T0 + 7200, 99.0)]  # (any order: sorted)
+    assert mean_price(history, T0, T0 + 3600, 25.0) == pytest.approx(30.0)
+    assert mean_price(history, T0, T0, 25.0) == 20.0  # one instant: the price then
+    assert mean_price([(T0 + 1800, 40.0)], T0, T0 + 3600, 20.0) == pytest.approx(30.0)  # before it: the launch price
+    assert mean_price([], T0, T0 + 3600, 25.0) == 25.0
+    assert mean_price([(T0 - 1, 31.4159)], T0, T0 + 3600, 25.0) == 31.4159  # no change inside: exactly it
+    assert mean_price([(T0 - 1, -1.0), (T0 + 1, math.nan)], T0, T0 + 3600, 25.0) == 25.0  # not prices: skipped
+
+
+@given(st.lists(st.tuples(st.floats(0, 10_000), st.floats(0, 1000)), max_size=12),
+       st.floats(0, 10_000), st.floats(0, 10_000), st.floats(0, 1000))
+def test_the_price_in_effect_lies_between_the_prices_in_effect(history: list[tuple[float, float]], start: float,
+                                                              length: float, fallback: float) -> None:
+    got = mean_price(history, start, start + length, fallback)
+    before = [p for t, p in sorted(history) if t <= start]
+    seen = [before[-1] if before else fallback] + [p for t, p in history if start < t < start + length]
+    assert min(seen) - 1e-9 * max(seen) <= got <= max(seen) + 1e-9 * max(seen)
+
+
+def test_a_closed_attempt_counted_at_its_price_in_effect_bills_its_drains_at_it_too() -> None:
+    a = Attempt(number=1, pool=P5, price_per_hour=20.0, nodes=2, started_at=T0)
+    closed = closed_attempt(a, T0 + 3600, "interrupted", [(T0, T0 + 1800)], price=30.0)
+    # 2 nodes x 1 h at 30, less the noticed instance's hour EC2 does not bill (left to its reclaim)
+    assert closed.price_in_effect == 30.0 and closed.billed_price() == 30.0 and closed.price_per_hour == 20.0
+    assert closed.cost == pytest.approx(30.0) and closed.unbilled == pytest.approx(30.0)
+    assert outlived_cost(closed, T0, T0 + 3600 + 60) == pytest.approx(30.0 / 60)  # a rank saving a minute past it
+    assert drains([closed], [(1, T0)], T0 + 3600 + 60) == pytest.approx((30.0 / 60, 30.0 / 3600))
+    assert closed_attempt(a, T0 + 3600).billed_price() == 20.0  # no history: the launch price

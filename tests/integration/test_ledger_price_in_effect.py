@@ -1,0 +1,114 @@
+"""A closed attempt is counted at the spot price in effect over its life, not its launch price.
+
+AWS bills a spot instance the price in effect while it runs. The ledger used to keep the launch price, and a
+placer that launches where spot is cheap now sees it rise more often than fall: on the simulator's synthetic
+market the job record said 0.7-5.8% less than the bill, so a budget could be overrun by that much. Every
+close (sfn_recover, a move in sfn_provision, sfn_finalize) now asks the pool's price history
+(``MarketData.price_history``: DescribeSpotPriceHistory) and counts the attempt at its time-weighted mean;
+a history that cannot be read leaves the launch price (the close never fails for it)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from functions import _runtime, sfn_finalize, sfn_provision, sfn_recover
+from spotrelay.domain.models import Job, NodeState, Pool
+from spotrelay.domain.status import JobStatus
+from spotrelay.services.describe import cost_report
+from spotrelay.services.savings import on_demand_cost
+from tests.integration.controller_doubles import Env, QuotedMarket, ctx, env, running_job
+
+__all__ = ["env"]
+TIMINGS = {"backoff_s": 5, "backoff_max_s": 60}
+LAUNCH = 25.0  # USD per instance-hour when the gang launched
+HOUR = 3600.0
+
+
+class RefusingMarket(QuotedMarket):
+    def price_history(self, pool: Pool, start: float, end: float) -> list[tuple[float, float]]:
+        raise RuntimeError("DescribeSpotPriceHistory: throttled")
+
+
+@pytest.fixture
+def market(env: Env) -> Iterator[QuotedMarket]:
+    quoted = QuotedMarket()
+    _runtime.set_factories(market=lambda: quoted)
+    yield quoted
+
+
+def an_hour_old(env: Env, quoted: QuotedMarket, **job: Any) -> tuple[Job, float]:
+    """A 2-node spot job launched an hour ago at LAUNCH; its pool's price was 20 for the first half
+    hour and 40 since (a mean of 30 over the hour)."""
+    job_, gang = running_job(env.store, env.compute, **job)
+    start = time.time() - HOUR
+    env.store.update_job(job_.job_id, lambda j: j.model_copy(update={"attempts": [
+        j.attempts[0].model_copy(update={"started_at": start, "price_per_hour": LAUNCH})]}))
+    quoted.history[gang[0].pool.key] = [(start - 600.0, 20.0), (start + HOUR / 2, 40.0)]
+    return env.store.get_job(job_.job_id), start
+
+
+def test_recover_counts_the_attempt_at_the_price_in_effect_and_the_report_shows_it(
+        env: Env, market: QuotedMarket) -> None:
+    job, _ = an_hour_old(env, market)
+    env.store.update_node(job.job_id, "a1-r1", lambda n: n.model_copy(update={"state": NodeState.LOST}))
+    sfn_recover.handler({"job_id": job.job_id, "timings": TIMINGS, "outcome": {"outcome": "node-lost", "attempt": 1}},
+                        ctx())
+    closed = env.store.get_job(job.job_id)
+    a = closed.attempts[0]
+    assert a.price_per_hour == LAUNCH and a.price_in_effect == pytest.approx(30.0, rel=1e-3)
+    assert a.cost == pytest.approx(2 * a.price_in_effect * (a.ended_at - a.started_at) / HOUR)  # not at 25
+    assert closed.cost_so_far == a.cost
+    line = cost_report(closed, time.time()).lines[0]
+    assert line.price_per_hour == a.price_in_effect and line.cost == pytest.approx(a.cost, abs=1e-4)
+    # the same instance-hours at on-demand: cost / the price it was counted at x the on-demand price
+    od = on_demand_cost(a, a.cost)
+    assert od is not None and od == pytest.approx(2 * (a.ended_at - a.started_at) / HOUR * 55.04, rel=1e-3)
+
+
+def test_a_history_that_cannot_be_read_leaves_the_launch_price_and_the_loss_is_recorded(env: Env) -> None:
+    refusing = RefusingMarket()
+    _runtime.set_factories(market=lambda: refusing)
+    job, _ = an_hour_old(env, refusing)
+    env.store.update_node(job.job_id, "a1-r1", lambda n: n.model_copy(update={"state": NodeState.LOST}))
+    sfn_recover.handler({"job_id": job.job_id, "timings": TIMINGS, "outcome": {"outcome": "node-lost", "attempt": 1}},
+                        ctx())
+    closed = env.store.get_job(job.job_id)
+    a = closed.attempts[0]
+    assert closed.status is JobStatus.RECOVERING and a.end_reason == "node-lost"
+    assert a.price_in_effect is None and a.cost == pytest.approx(2 * LAUNCH * (a.ended_at - a.started_at) / HOUR)
+
+
+def test_a_move_closes_the_old_attempt_at_the_price_in_effect(env: Env, market: QuotedMarket) -> None:
+    job, _ = an_hour_old(env, market)
+    env.store.update_node(job.job_id, "a1-r0", lambda n: n.model_copy(update={"state": NodeState.RUNNING}))
+    env.store.update_node(job.job_id, "a1-r1", lambda n: n.model_copy(update={"state": NodeState.RUNNING}))
+    target = Pool(region="us-east-1", az="us-east-1a", instance_type="p4d.24xlarge", market="spot")
+    move = {"outcome": "migrate", "attempt": 1, "reason": "cheaper", "lost_ranks": [0, 1],
+            "target": {"pool": target.model_dump(), "price_per_hour": 12.0, "score": 1.0, "nodes": 2}}
+    assert sfn_provision.handler({"job_id": job.job_id, "move": move}, ctx())["attempt"] == 2
+    moved = env.store.get_job(job.job_id)
+    old, new = moved.attempts
+    assert old.end_reason == "migrate" and old.price_in_effect == pytest.approx(30.0, rel=1e-3)
+    assert old.cost == pytest.approx(2 * old.price_in_effect * (old.ended_at - old.started_at) / HOUR)
+    assert new.ended_at is None and new.price_in_effect is None  # open: at its launch price until it closes
+
+
+def test_finalize_counts_the_last_attempt_at_the_price_in_effect(env: Env, market: QuotedMarket) -> None:
+    job, _ = an_hour_old(env, market)
+    assert sfn_finalize.handler({"job_id": job.job_id, "result": "SUCCEEDED"}, ctx())["changed"] is True
+    final = env.store.get_job(job.job_id)
+    a = final.attempts[0]
+    assert a.end_reason == "succeeded" and a.price_in_effect == pytest.approx(30.0, rel=1e-3)
+    assert final.cost_so_far == a.cost == pytest.approx(2 * a.price_in_effect * (a.ended_at - a.started_at) / HOUR)
+
+
+def test_an_on_demand_attempt_keeps_its_price(env: Env, market: QuotedMarket) -> None:
+    job, _ = an_hour_old(env, market, market="on-demand")
+    market.history.clear()
+    sfn_finalize.handler({"job_id": job.job_id, "result": "SUCCEEDED"}, ctx())
+    a = env.store.get_job(job.job_id).attempts[0]
+    assert a.price_in_effect is None and a.cost == pytest.approx(2 * LAUNCH * (a.ended_at - a.started_at) / HOUR)
