@@ -67,6 +67,7 @@ ACTIONS: dict[str, frozenset[str]] = {
         "iam:ListRoles", "iam:ListRoleTags",  # the sweep of leaked per-job roles
         "states:DescribeExecution", "states:StopExecution", "states:SendTaskSuccess", "states:SendTaskFailure",
         "s3:GetObject", "s3:PutObject", "states:StartExecution",  # heals stuck submissions (services/submit.py)
+        "ec2:DescribeSpotPriceHistory",  # a budget's open attempt at its price in effect (services/budget.py)
     },
     "sfn_plan": _READ | _WRITE | MARKET | {"ec2:TerminateInstances"},  # releases survivors it drops
     "sfn_provision": _READ | _WRITE | {"dynamodb:UpdateItem"} | LAUNCH  # the only task that launches

@@ -96,13 +96,29 @@ def closed_attempt(attempt: Attempt, now: float, reason: str | None = None,
     services and the simulator close attempts with it; a caller adds the cost to the job's total once
     (an open attempt only)."""
     start = attempt.started_at if attempt.started_at is not None else now
-    rate = attempt.price_per_hour if price is None else price
+    rate = attempt.billed_price() if price is None else price  # (no history now: the last one read, if any)
     clock = cost = attempt_cost(rate, attempt.nodes, start, now)
     free = unbilled_node_seconds(attempt, now, noticed)
     if free:
         cost = max(0.0, cost - rate * free / 3600.0)
     return attempt.model_copy(update={"ended_at": now, "end_reason": reason, "cost": cost, "unbilled": clock - cost,
-                                      "price_in_effect": price})
+                                      "price_in_effect": attempt.price_in_effect if price is None else price})
+
+
+# How often a running spot attempt's price in effect is read for a job with a budget (the reconcile sweep):
+# the budget's stop counts the open attempt at it. Spot prices move on hours, and a call per sweep (every
+# minute) per job would spend DescribeSpotPriceHistory's rate limit on nothing.
+PRICE_REFRESH_S = 3600.0
+
+
+def price_due(attempt: Attempt | None, now: float) -> bool:
+    """Whether the open spot ``attempt``'s price in effect is to be read now (``PRICE_REFRESH_S`` after
+    its start, then after the last read)."""
+    if (attempt is None or attempt.ended_at is not None or attempt.started_at is None or attempt.pool is None
+            or attempt.pool.market != "spot"):
+        return False
+    last = attempt.price_checked_at if attempt.price_checked_at is not None else attempt.started_at
+    return now - last >= PRICE_REFRESH_S
 
 
 def outlived_cost(closed: Attempt, launched_at: float, now: float) -> float:
@@ -278,10 +294,11 @@ def budget_warning(spent: float, max_total_cost: float | None, warn_at: float | 
 
 def spent_at(cost_so_far: float, current: Attempt | None, now: float) -> float:
     """What the job record says the job has spent at ``now``: its closed attempts (``cost_so_far``) and
-    the clock of the one still open (an estimate at launch prices, like every ledger figure)."""
+    the clock of the one still open (an estimate: at its price in effect as last read, ``price_due``,
+    else at its launch price)."""
     if current is None or current.ended_at is not None:
         return cost_so_far
-    return cost_so_far + attempt_cost(current.price_per_hour, current.nodes,
+    return cost_so_far + attempt_cost(current.billed_price(), current.nodes,
                                        current.started_at if current.started_at is not None else now, now)
 
 
@@ -292,5 +309,5 @@ def budget_reached_at(cost_so_far: float, current: Attempt | None, max_total_cos
         return None
     if cost_so_far >= max_total_cost:
         return current.started_at
-    rate = current.price_per_hour * current.nodes / 3600.0  # USD per second
+    rate = current.billed_price() * current.nodes / 3600.0  # USD per second
     return None if rate <= 0 else current.started_at + (max_total_cost - cost_so_far) / rate

@@ -10,6 +10,9 @@
   ``spotrelay resume`` goes on from that save. Stopping that far ahead is what keeps the save's
   minutes within the budget. Plan refuses a new gang on the closed attempts alone (services/plan.py).
   The rule is domain/cost.py's, which the simulator calls too (sim/budget.py).
+- Price in effect: the open attempt's clock is counted at its spot pool's price in effect, read hourly
+  (``refresh_price``: ``DescribeSpotPriceHistory``, ``domain/cost.price_due``) for a job with a budget;
+  at its launch price until the first read. Its close reads it again over its whole life.
 """
 
 from __future__ import annotations
@@ -18,10 +21,19 @@ import logging
 import time
 from collections.abc import Iterable
 
-from spotrelay.domain.cost import SWEEP_S, budget_reached_at, budget_stop, budget_warning, drains, spent_at, stop_lead_s
+from spotrelay.domain.cost import (
+    SWEEP_S,
+    budget_reached_at,
+    budget_stop,
+    budget_warning,
+    drains,
+    price_due,
+    spent_at,
+    stop_lead_s,
+)
 from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.errors import BudgetExceededError, ConflictError
-from spotrelay.services.controller import Controller
+from spotrelay.services.controller import Controller, price_in_effect
 from spotrelay.services.notify import announce
 from spotrelay.services.stop import save_first
 from spotrelay.spec.models import Budget
@@ -42,6 +54,28 @@ def limits(job: Job) -> tuple[float | None, float | None]:
     except (TypeError, ValueError, AttributeError):
         log.warning("unreadable budget in the job record", extra={"job_id": job.job_id, "budget": section})
         return None, None
+
+
+def refresh_price(ctl: Controller, job: Job, now: float) -> Job:
+    """``job`` with its open spot attempt's price in effect read again when due (``price_due``: hourly)
+    and it has a budget, which the sweep's checks then count its clock at. A read that fails keeps the
+    last price (the launch price before any) and waits for the next hour as well: a throttled API is
+    not asked again every minute."""
+    current = job.attempts[-1] if job.attempts else None
+    if limits(job)[0] is None or current is None or not price_due(current, now):
+        return job
+    price = price_in_effect(ctl, job, now)
+    update: dict[str, float] = {"price_checked_at": now}
+    if price is not None and price[0] == current.number:
+        update["price_in_effect"] = price[1]
+
+    def refreshed(cur: Job) -> Job | None:
+        last = cur.attempts[-1] if cur.attempts else None
+        if last is None or last.number != current.number or last.ended_at is not None:
+            return None  # (it closed meanwhile: its close priced it)
+        return cur.model_copy(update={"attempts": [*cur.attempts[:-1], last.model_copy(update=update)]})
+
+    return ctl.store.update_job(job.job_id, refreshed) or ctl.store.get_job(job.job_id)
 
 
 def _spent(job: Job, now: float) -> float:

@@ -72,7 +72,8 @@ class CostLine(_View):
     pool: str | None
     nodes: int
     hours: float
-    price_per_hour: float  # at launch while it runs; once closed, the price in effect over its life
+    price_per_hour: float  # once closed, the price in effect over its life; while it runs, as last read (a budget)
+    # or at launch
     cost: float
     running: bool = False  # still open: its cost is its clock so far at the launch price
     draining: int = 0  # its ranks still finishing its final save, billed: their cost so far is in ``cost``

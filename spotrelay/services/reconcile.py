@@ -11,7 +11,8 @@
    reached the spec's ``budget.max_total_cost`` has its ranks save, then its outcome wait failed
    with ``BudgetExceededError`` (``services/stop.py``); the workflow's catch-all tears it down and
    records FAILED with that reason. A live job that reached ``budget.warn_at`` of it (0.8) is
-   announced once (``budget``). A stop that waits for the ranks' save (the budget's, a cancel's with
+   announced once (``budget``). Such a job's open spot attempt is counted at its price in effect,
+   read hourly (``budget.refresh_price``). A stop that waits for the ranks' save (the budget's, a cancel's with
    ``--save``) whose ranks did not all exit by its deadline is stopped now.
 5. Rebalance standbys whose bounded wait ran out without a notice are released, their cost added
    (services/prewarm.py); an instance draining its emergency save after a notice, a hot spare
@@ -65,6 +66,7 @@ def reconcile(ctl: Controller, now: float, stale_after_s: float = 300.0, regions
                               "standbys": [], "healed": _heal(ctl, now, heal_after_s)}
     jobs = [job for status in LIVE for job in ctl.store.jobs_by_status(status)]
     report["jobs"] = len(jobs)
+    jobs = [budget.refresh_price(ctl, job, now) for job in jobs]  # (a budget's open attempt: hourly)
     for job in jobs:
         report["standbys"] += release_expired(ctl, job, now)  # rebalance standbys no notice needed
     for job in jobs:

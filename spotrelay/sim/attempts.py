@@ -66,7 +66,8 @@ def outlived(run: SpotrelayRun, node: SimNode) -> None:
             return
 
 
-def _update(run: SpotrelayRun, number: int, update: dict[str, Any]) -> None:
+def update(run: SpotrelayRun, number: int, update: dict[str, Any]) -> None:
+    """Attempt ``number``'s record with ``update`` (the newest attempt with that number)."""
     for i in range(len(run.attempts) - 1, -1, -1):
         if run.attempts[i].number == number:
             run.attempts[i] = run.attempts[i].model_copy(update=update)
@@ -78,7 +79,7 @@ def resumed(run: SpotrelayRun, number: int, step: int) -> None:
     for a in reversed(run.attempts):
         if a.number == number:
             if a.resumed_from_step is None:
-                _update(run, number, {"resumed_from_step": step, "resumed_at": run.now})
+                update(run, number, {"resumed_from_step": step, "resumed_at": run.now})
             return
 
 
@@ -87,5 +88,5 @@ def saved(run: SpotrelayRun, number: int, step: int, at: float) -> None:
     for a in reversed(run.attempts):
         if a.number == number:
             if a.saved_step is None or step > a.saved_step:
-                _update(run, number, {"saved_step": step, "saved_at": at})
+                update(run, number, {"saved_step": step, "saved_at": at})
             return

@@ -11,7 +11,11 @@
   lead) and looks at the first sweep from then; not in the outcome wait then (the gang boots, a review
   or a move runs), it looks again a sweep later, as the reconcile does.
 
-The ledger is the job record's (launch prices x nodes x time, what ``describe``/``cost`` show), not
+The open attempt's clock counts at its spot price in effect, read at the first sweep an hour after its
+start and hourly after (``services/budget.refresh_price``, ``domain/cost.price_due``; here from its
+pool's slots): a read changes when the clock reaches the budget, so the watch is made again then.
+
+The ledger is the job record's (prices x nodes x time, what ``describe``/``cost`` show), not
 the market's billing the result reports: the job stops when its *record* says it spent the budget.
 The ranks save first (services/stop.py): training stops at the sweep's step, the save commits
 ``JobModel.flush_s`` later (billed), and then the wait fails; nothing trained is lost. A review that
@@ -26,17 +30,20 @@ from typing import TYPE_CHECKING
 
 from spotrelay.contracts.recovery import LaunchPlan
 from spotrelay.domain.cost import (
+    PRICE_REFRESH_S,
     SWEEP_S,
     budget_reached_at,
     budget_stop,
     drains,
     over_budget,
+    price_due,
     spent_with_drains,
     stop_lead_s,
 )
 from spotrelay.domain.models import Job
 from spotrelay.errors import BudgetExceededError
 from spotrelay.services.plan import affordable
+from spotrelay.sim import attempts
 from spotrelay.sim.asl import TaskFailed
 
 if TYPE_CHECKING:
@@ -86,33 +93,69 @@ def _draining(run: SpotrelayRun) -> tuple[float, float]:
                                  if n.end_t is None and not n.left_to_ec2 and not n.spare], run.now)
 
 
+def _sweep_at(t: float) -> float:
+    """The first reconcile sweep at or after ``t``."""
+    return math.ceil(t / RECONCILE_S) * RECONCILE_S
+
+
 def watch(run: SpotrelayRun) -> None:
-    """An attempt opened: look at the first reconcile sweep after its clock reaches the budget (every
-    sweep while a closed attempt's ranks drain: their release adds to the ledger)."""
+    """An attempt opened, or its price in effect was read: look at the first reconcile sweep after its
+    clock reaches the budget (every sweep while a closed attempt's ranks drain: their release adds to
+    the ledger), and at the sweep that reads its price next. Replaces the watch before it."""
     limit = _limit(run)
     if limit is None or not run.attempts:
         return
+    run.budget_watch += 1
+    key = (run.attempts[-1].number, run.budget_watch)
     at = budget_reached_at(run.cost_so_far, run.attempts[-1], limit)
     if _draining(run)[1] > 0:
         at = run.now
     if at is not None:
         at -= min(_lead_s(run, True), _lead_s(run, False))  # (a save may commit before then: never late)
-        run.at(math.ceil(max(at, run.now) / RECONCILE_S) * RECONCILE_S, partial(_sweep, run), run.attempts[-1].number)
+        run.at(_sweep_at(max(at, run.now)), partial(_sweep, run), key)
+    current = run.attempts[-1]
+    if current.ended_at is None and current.started_at is not None and current.pool is not None \
+            and current.pool.market == "spot":
+        last = current.price_checked_at if current.price_checked_at is not None else current.started_at
+        run.at(_sweep_at(max(last + PRICE_REFRESH_S, run.now)), partial(_read_price, run), key)
 
 
-def _sweep(run: SpotrelayRun, number: int) -> None:
+def _watched(run: SpotrelayRun, key: tuple[int, int]) -> bool:
+    """Whether ``key`` is the current watch of the open attempt of a run still going."""
     current = run.attempts[-1] if run.attempts else None
-    if current is None or current.number != number or current.ended_at is not None:
-        return  # that attempt ended (its cost is closed: Plan or the next attempt's watch decides)
-    if run.metrics.finished or run.metrics.failed_reason is not None:
-        return
+    return (key[1] == run.budget_watch and current is not None and current.number == key[0]
+            and current.ended_at is None and not run.metrics.finished and run.metrics.failed_reason is None)
+
+
+def _refresh(run: SpotrelayRun) -> bool:
+    """services/budget.refresh_price: the open attempt's price in effect read now, when due."""
+    current = run.attempts[-1]
+    if not price_due(current, run.now):
+        return False
+    attempts.update(run, current.number, {"price_checked_at": run.now,
+                                          "price_in_effect": attempts.price_in_effect(run)})
+    return True
+
+
+def _read_price(run: SpotrelayRun, key: tuple[int, int]) -> None:
+    """The sweep that reads the open attempt's price: when the clock reaches the budget moved with it."""
+    if _watched(run, key) and _refresh(run):
+        watch(run)
+
+
+def _sweep(run: SpotrelayRun, key: tuple[int, int]) -> None:
+    if not _watched(run, key):
+        return  # that attempt ended (its cost is closed: Plan or the next attempt's watch decides), or re-watched
+    _refresh(run)  # (the services read a due price before the sweep's checks)
+    current = run.attempts[-1]
     reason = budget_stop(run.cost_so_far, current, run.now, _limit(run), _lead_s(run), _draining(run))
     if reason is None or run.waiting != "outcome":  # (a launch price of 0 never gets here)
         if reason is None and _draining(run)[1] == 0:
             watch(run)  # the drains were charged: the next sweep that can stop the job, from the ledger now
         else:
-            run.at(run.now + RECONCILE_S, partial(_sweep, run), number)  # stop_if_spent: outcome waits only
+            run.at(run.now + RECONCILE_S, partial(_sweep, run), key)  # stop_if_spent: outcome waits only
         return
+    number = current.number
     run.note("", f"budget: {reason}")
     if not run.running:  # no rank trains (booting, restoring): nothing to save, the wait fails now
         _stop(run, (number, reason))

@@ -80,6 +80,7 @@ class SpotrelayRun(Run):
         self.cost_so_far = 0.0  # the job record's: its closed attempts' cost (sim/budget.py reads it)
         self.drained_usd = 0.0  # of which, instances billed past their attempt's close (sim/attempts.outlived)
         self.stop_pending = False  # the ranks save for the budget's stop (sim/budget.py): no verdicts meanwhile
+        self.budget_watch = 0  # the budget's current watch (sim/budget.py): an older one's events do nothing
         self.seg_attempt = 0  # the attempt whose ranks train the current segment
         self.noticed: set[str] = set()  # instances that got a notice (interruption_notice sets reclaim_at)
         self.ec2_noticed: set[str] = set()  # EC2 noticed (in the gang or not) or took unannounced: ec2_reclaim_at

@@ -112,3 +112,70 @@ def test_an_on_demand_attempt_keeps_its_price(env: Env, market: QuotedMarket) ->
     sfn_finalize.handler({"job_id": job.job_id, "result": "SUCCEEDED"}, ctx())
     a = env.store.get_job(job.job_id).attempts[0]
     assert a.price_in_effect is None and a.cost == pytest.approx(2 * LAUNCH * (a.ended_at - a.started_at) / HOUR)
+
+
+class CountingMarket(QuotedMarket):
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[str] = []
+
+    def price_history(self, pool: Pool, start: float, end: float) -> list[tuple[float, float]]:
+        self.asked.append(pool.key)
+        return super().price_history(pool, start, end)
+
+
+def sweep(env: Env, market: QuotedMarket, now: float) -> dict[str, Any]:
+    from spotrelay.placement import InMemoryPoolStatsStore
+    from spotrelay.services.controller import Controller
+    from spotrelay.services.reconcile import reconcile
+
+    ctl = Controller(store=env.store, workflow=env.workflow, compute=env.compute, market=market,
+                     pool_stats=InMemoryPoolStatsStore())
+    return reconcile(ctl, now, stale_after_s=10 * HOUR)  # (no heartbeats here: none goes stale)
+
+
+def test_the_sweep_reads_a_budgeted_jobs_open_attempt_price_hourly_and_stops_it_at_that_price(env: Env) -> None:
+    """The reconcile sweep counts the open attempt's clock at the spot price in effect for a job with a
+    budget, read once an hour (DescribeSpotPriceHistory's rate limit is shared by every job): here the
+    price doubled half an hour into the attempt, and the budget that the launch price would leave for
+    hours more is spent now."""
+    market = CountingMarket()
+    job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    assert job.execution_arn is not None
+    env.workflow.executions[job.execution_arn] = "RUNNING"
+    now = time.time()
+    start = now - 2 * HOUR
+    key = gang[0].pool.key
+    market.history[key] = [(start - 60.0, 20.0), (start + HOUR / 2, 40.0)]  # 35 on average over 2 h
+    env.store.update_job(job.job_id, lambda j: j.model_copy(update={
+        "spec": {**j.spec, "budget": {"max_total_cost": 150.0}},
+        "attempts": [j.attempts[0].model_copy(update={"started_at": start, "price_per_hour": 20.0})]}))
+    # at the launch price: 2 nodes x $20 x 2 h = $80 of $150; at the price in effect: $140, and a sweep
+    # and a save (3 min at $70/h: $3.50) ahead it passes $140: still within. Ten minutes on, it stops.
+    assert sweep(env, market, now)["over_budget"] == []
+    a = env.store.get_job(job.job_id).attempts[0]
+    assert market.asked == [key] and a.price_checked_at == now and a.price_in_effect == pytest.approx(35.0)
+    assert sweep(env, market, now + 60)["over_budget"] == [] and market.asked == [key]  # not again within the hour
+    # (the launch price says $84.00 by then: no stop; the price in effect read at `now` says $147)
+    assert sweep(env, market, now + 360)["over_budget"] == [job.job_id] and market.asked == [key]
+    assert env.store.get_job(job.job_id).reasons[-1].startswith("budget: spent $14")
+
+
+def test_a_job_without_a_budget_is_not_asked_for_and_a_failed_read_waits_an_hour(env: Env) -> None:
+    market = CountingMarket()
+    job, _ = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    assert job.execution_arn is not None
+    env.workflow.executions[job.execution_arn] = "RUNNING"
+    now = time.time()
+    env.store.update_job(job.job_id, lambda j: j.model_copy(update={
+        "attempts": [j.attempts[0].model_copy(update={"started_at": now - 2 * HOUR})]}))
+    sweep(env, market, now)
+    assert market.asked == [] and env.store.get_job(job.job_id).attempts[0].price_checked_at is None
+    refusing = RefusingMarket()
+    env.store.update_job(job.job_id, lambda j: j.model_copy(update={
+        "spec": {**j.spec, "budget": {"max_total_cost": 10_000.0}}}))
+    sweep(env, refusing, now)  # the read fails: the launch price stands, and the sweep goes on
+    a = env.store.get_job(job.job_id).attempts[0]
+    assert a.price_checked_at == now and a.price_in_effect is None
+    sweep(env, market, now + 600)
+    assert market.asked == []  # (not asked again within the hour)

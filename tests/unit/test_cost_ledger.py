@@ -10,9 +10,11 @@ from hypothesis import strategies as st
 
 from spotrelay.domain.cost import (
     LEAVE_TO_EC2_MARGIN_S,
+    PRICE_REFRESH_S,
     CostEntry,
     CostLedger,
     attempt_cost,
+    budget_reached_at,
     budget_stop,
     charge_outlived,
     check_budget,
@@ -22,6 +24,8 @@ from spotrelay.domain.cost import (
     leave_to_ec2,
     mean_price,
     outlived_cost,
+    price_due,
+    spent_at,
     unbilled_node_seconds,
 )
 from spotrelay.domain.models import Attempt, Pool
@@ -199,3 +203,20 @@ def test_a_closed_attempt_counted_at_its_price_in_effect_bills_its_drains_at_it_
     assert outlived_cost(closed, T0, T0 + 3600 + 60) == pytest.approx(30.0 / 60)  # a rank saving a minute past it
     assert drains([closed], [(1, T0)], T0 + 3600 + 60) == pytest.approx((30.0 / 60, 30.0 / 3600))
     assert closed_attempt(a, T0 + 3600).billed_price() == 20.0  # no history: the launch price
+
+
+def test_a_running_attempts_price_in_effect_is_read_hourly_and_its_clock_counts_at_it() -> None:
+    a = Attempt(number=1, pool=P5, price_per_hour=20.0, nodes=2, started_at=T0)
+    assert not price_due(a, T0 + PRICE_REFRESH_S - 1) and price_due(a, T0 + PRICE_REFRESH_S)
+    assert spent_at(100.0, a, T0 + 3600) == pytest.approx(140.0)  # at launch until read
+    read = a.model_copy(update={"price_in_effect": 30.0, "price_checked_at": T0 + 3600})
+    assert not price_due(read, T0 + 7199) and price_due(read, T0 + 7200)
+    assert spent_at(100.0, read, T0 + 3600) == pytest.approx(160.0)
+    assert budget_reached_at(100.0, read, 220.0) == pytest.approx(T0 + 7200)  # $60 an hour from $100
+    # its close reads the whole life again; one that cannot keeps the last read, not the launch price
+    assert closed_attempt(read, T0 + 7200, price=35.0).cost == pytest.approx(140.0)
+    kept = closed_attempt(read, T0 + 7200)
+    assert kept.price_in_effect == 30.0 and kept.cost == pytest.approx(120.0)
+    on_demand = a.model_copy(update={"pool": P5.model_copy(update={"market": "on-demand"})})
+    assert not price_due(on_demand, T0 + 10 * PRICE_REFRESH_S)  # (its price does not move)
+    assert not price_due(closed_attempt(a, T0 + 60), T0 + 10 * PRICE_REFRESH_S)
