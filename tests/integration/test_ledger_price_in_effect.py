@@ -51,13 +51,18 @@ def an_hour_old(env: Env, quoted: QuotedMarket, **job: Any) -> tuple[Job, float]
     return env.store.get_job(job_.job_id), start
 
 
-def test_recover_counts_the_attempt_at_the_price_in_effect_and_the_report_shows_it(
-        env: Env, market: QuotedMarket) -> None:
-    job, _ = an_hour_old(env, market)
+def rank_1_lost(env: Env, job: Job) -> Job:
+    """Rank 1 is lost and sfn_recover closes the attempt: the job after."""
     env.store.update_node(job.job_id, "a1-r1", lambda n: n.model_copy(update={"state": NodeState.LOST}))
     sfn_recover.handler({"job_id": job.job_id, "timings": TIMINGS, "outcome": {"outcome": "node-lost", "attempt": 1}},
                         ctx())
-    closed = env.store.get_job(job.job_id)
+    return env.store.get_job(job.job_id)
+
+
+def test_recover_counts_the_attempt_at_the_price_in_effect_and_the_report_shows_it(
+        env: Env, market: QuotedMarket) -> None:
+    job, _ = an_hour_old(env, market)
+    closed = rank_1_lost(env, job)
     a = closed.attempts[0]
     assert a.price_per_hour == LAUNCH and a.price_in_effect == pytest.approx(30.0, rel=1e-3)
     assert a.cost == pytest.approx(2 * a.price_in_effect * (a.ended_at - a.started_at) / HOUR)  # not at 25
@@ -73,10 +78,7 @@ def test_a_history_that_cannot_be_read_leaves_the_launch_price_and_the_loss_is_r
     refusing = RefusingMarket()
     _runtime.set_factories(market=lambda: refusing)
     job, _ = an_hour_old(env, refusing)
-    env.store.update_node(job.job_id, "a1-r1", lambda n: n.model_copy(update={"state": NodeState.LOST}))
-    sfn_recover.handler({"job_id": job.job_id, "timings": TIMINGS, "outcome": {"outcome": "node-lost", "attempt": 1}},
-                        ctx())
-    closed = env.store.get_job(job.job_id)
+    closed = rank_1_lost(env, job)
     a = closed.attempts[0]
     assert closed.status is JobStatus.RECOVERING and a.end_reason == "node-lost"
     assert a.price_in_effect is None and a.cost == pytest.approx(2 * LAUNCH * (a.ended_at - a.started_at) / HOUR)
