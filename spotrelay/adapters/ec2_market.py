@@ -12,7 +12,8 @@
 - Price in effect (``price_history``): ``DescribeSpotPriceHistory`` of one pool (its AZ and type) over
   an attempt's life, which AWS answers with the change in effect at its start time too; the ledger
   counts a closed attempt at its time-weighted mean (AWS bills the price in effect). A failure
-  answers [] (the launch price stands).
+  answers [] (the launch price stands). AWS keeps 90 days of history: an attempt older than that
+  counts its first days at its launch price.
 - When price history fails for a region (throttled, not enabled), that region's spot quotes come
   from the fallback market (the catalog) so placement never stops for want of a price.
 """
