@@ -32,7 +32,7 @@ from spotrelay.domain.cost import (
     stop_lead_s,
 )
 from spotrelay.domain.models import Job, Node, NodeState
-from spotrelay.errors import BudgetExceededError, ConflictError
+from spotrelay.errors import BudgetExceededError, ConflictError, NotFoundError
 from spotrelay.services.controller import Controller, price_in_effect
 from spotrelay.services.notify import announce
 from spotrelay.services.stop import save_first
@@ -75,7 +75,11 @@ def refresh_price(ctl: Controller, job: Job, now: float) -> Job:
             return None  # (it closed meanwhile: its close priced it)
         return cur.model_copy(update={"attempts": [*cur.attempts[:-1], last.model_copy(update=update)]})
 
-    return ctl.store.update_job(job.job_id, refreshed) or ctl.store.get_job(job.job_id)
+    try:
+        return ctl.store.update_job(job.job_id, refreshed) or ctl.store.get_job(job.job_id)
+    except (ConflictError, NotFoundError):  # (busy or gone: the next sweep reads it; the others go on)
+        log.info("open attempt's price not kept this sweep", extra={"job_id": job.job_id})
+        return job
 
 
 def _spent(job: Job, now: float) -> float:

@@ -181,3 +181,32 @@ def test_a_job_without_a_budget_is_not_asked_for_and_a_failed_read_waits_an_hour
     assert a.price_checked_at == now and a.price_in_effect is None
     sweep(env, market, now + 600)
     assert market.asked == []  # (not asked again within the hour)
+
+
+def test_a_write_that_keeps_conflicting_leaves_the_price_for_the_next_sweep_and_the_sweep_goes_on(env: Env) -> None:
+    """The reconcile sweeps every job: one whose record is busy (every write conflicts) keeps its price
+    unread this sweep (the next one reads it), and the read answers the job as it was instead of
+    raising, so the sweep goes on to its checks and the other jobs."""
+    from spotrelay.errors import ConflictError
+    from spotrelay.services import budget
+
+    market = CountingMarket()
+    job, _ = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    now = time.time()
+    env.store.update_job(job.job_id, lambda j: j.model_copy(update={
+        "spec": {**j.spec, "budget": {"max_total_cost": 10_000.0}},
+        "attempts": [j.attempts[0].model_copy(update={"started_at": now - 2 * HOUR})]}))
+    busy = env.store.get_job(job.job_id)
+
+    class BusyStore:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(env.store, name)
+
+        def update_job(self, *args: Any, **kwargs: Any) -> Any:
+            raise ConflictError("the record changed three times")
+
+    from spotrelay.services.controller import Controller
+
+    ctl = Controller(store=BusyStore(), market=market)  # type: ignore[arg-type]
+    assert budget.refresh_price(ctl, busy, now) is busy and market.asked == [busy.attempts[0].pool.key]
+    assert env.store.get_job(job.job_id).attempts[0].price_checked_at is None  # read again next sweep
