@@ -73,6 +73,11 @@ class Monitoring(Construct):
             "a training run reported a health anomaly (NaN, loss spike, straggler, hang); `spotrelay describe JOB`",
         )
         alarm(
+            "ReconcileJobErrors",
+            controller_metric("ReconcileJobErrors"),
+            "the reconcile sweep could not handle a job (the others were swept); its log names the job and step",
+        )
+        alarm(
             "RecoveryStorm",
             controller_metric("Recoveries", period=Duration.hours(1)),
             f"{RECOVERY_STORM} or more recoveries in an hour across jobs: check the pools' cooldowns and the jobs",
@@ -138,7 +143,8 @@ class Monitoring(Construct):
             cw.GraphWidget(
                 title="spot notices, recoveries, anomalies",
                 width=8,
-                left=[controller_metric(n) for n in ("SpotNotices", "Recoveries", "TrainingAnomalies")],
+                left=[controller_metric(n) for n in ("SpotNotices", "Recoveries", "TrainingAnomalies",
+                                                      "ReconcileJobErrors")],
             ),
             cw.GraphWidget(
                 title="steps lost and downtime",

@@ -16,6 +16,7 @@ METRICS = {
     "CheckpointFlushSeconds": "Seconds",
     "JobCostUSD": "None",
     "TrainingAnomalies": "Count",
+    "ReconcileJobErrors": "Count",  # a job's step of the reconcile sweep failed (the others went on)
 }
 
 

@@ -22,6 +22,12 @@
    ``heal_after_s`` is taken on to started, rejected or failed (``services/submit.py``).
 7. Leaked agent roles: a per-job agent role and instance profile whose job has ended (or does not
    exist) is deleted; teardown normally does it, this catches a teardown that failed half way.
+
+One job's failure (a record that keeps conflicting, an odd record, a call that fails for its region)
+does not stop the sweep of the others: each job's part of each step runs on its own, a failure is
+logged with the job, listed in the report (``failed``: ``"<job>: <step>: <error>"``) and counted
+(``ReconcileJobErrors``, alarmed in cdk/monitoring.py), and the next sweep tries it again. Otherwise
+one poison record would leave every job unswept: no stale heartbeat, budget or stuck execution seen.
 """
 
 from __future__ import annotations
@@ -63,30 +69,47 @@ def reconcile(ctl: Controller, now: float, stale_after_s: float = 300.0, regions
     """One sweep; ``sweep_s`` is how often the schedule runs it (the budget stops a sweep ahead)."""
     report: dict[str, Any] = {"lost": [], "orphans": [], "stuck": [], "over_budget": [], "budget_warned": [],
                               "stopped": [], "profiles": [],
-                              "standbys": [], "healed": _heal(ctl, now, heal_after_s)}
+                              "standbys": [], "healed": _heal(ctl, now, heal_after_s), "failed": []}
     jobs = [job for status in LIVE for job in ctl.store.jobs_by_status(status)]
     report["jobs"] = len(jobs)
-    jobs = [budget.refresh_price(ctl, job, now) for job in jobs]  # (a budget's open attempt: hourly)
-    for job in jobs:
-        report["standbys"] += release_expired(ctl, job, now)  # rebalance standbys no notice needed
+
+    def each(step: str, job: Job, default: Any, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` for one job's ``step``, or ``default`` when it fails (logged, reported)."""
+        try:
+            return fn(*args)
+        except Exception as exc:  # one job's failure must not leave the others unswept
+            log.exception("reconcile: a job's step failed", extra={"job_id": job.job_id, "step": step})
+            report["failed"].append(f"{job.job_id}: {step}: {type(exc).__name__}")
+            return default
+
+    # (a budget's open attempt at its price in effect, read hourly)
+    jobs = [each("price", job, job, budget.refresh_price, ctl, job, now) for job in jobs]
+    for job in jobs:  # rebalance standbys no notice needed
+        report["standbys"] += each("standbys", job, [], release_expired, ctl, job, now)
     for job in jobs:
         if job.status in (JobStatus.RUNNING, JobStatus.CHECKPOINTING):
-            report["lost"] += _stale(ctl, job, now, stale_after_s)
-            if budget.stop_if_spent(ctl, job, now, sweep_s):
+            report["lost"] += each("stale", job, [], _stale, ctl, job, now, stale_after_s)
+            if each("budget", job, False, budget.stop_if_spent, ctl, job, now, sweep_s):
                 report["over_budget"].append(job.job_id)
     for job in jobs:
-        if job.job_id not in report["over_budget"] and budget.warn(ctl, job, now, sweep_s):
+        if job.job_id not in report["over_budget"] and each("warn", job, False, budget.warn, ctl, job, now, sweep_s):
             report["budget_warned"].append(job.job_id)
     for job in jobs:  # a stop that waits for the ranks' save, past its deadline: stop now
-        if job.stop_save_by is not None and finish_overdue(ctl.store, ctl.need_workflow(), job, now):
+        if job.stop_save_by is not None and each("stop", job, False, _finish_overdue, ctl, job, now):
             report["stopped"].append(job.job_id)
     for job in jobs:
-        if job.execution_arn and _stuck(ctl, job, now, stuck_after_s):
+        if job.execution_arn and each("stuck", job, False, _stuck, ctl, job, now, stuck_after_s):
             report["stuck"].append(job.job_id)
     report["orphans"] = _orphans(ctl, jobs, regions or [], now)
     report["profiles"] = _leaked_profiles(ctl, jobs)
+    if report["failed"]:
+        ctl.measure("ReconcileJobErrors", len(report["failed"]))
     log.info("reconciled", extra=report)
     return report
+
+
+def _finish_overdue(ctl: Controller, job: Job, now: float) -> bool:
+    return finish_overdue(ctl.store, ctl.need_workflow(), job, now)
 
 
 def _heal(ctl: Controller, now: float, heal_after_s: float) -> list[str]:

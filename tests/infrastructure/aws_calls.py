@@ -6,7 +6,9 @@ From ``functions/<handler>.py``'s ``handler`` the walk follows every call it can
 - ``self.m(...)`` to the method of the enclosing class;
 - calls on a port (``ctl.store.x``, ``ctl.need_compute().x``, a parameter or local named ``compute``...)
   to the production adapter behind it (:data:`PORT_ADAPTERS`, the defaults of ``functions/_runtime.py``);
-- in adapters, ``obj.m(...)`` to a method ``m`` of a first-party class the module defines or imports.
+- in adapters, ``obj.m(...)`` to a method ``m`` of a first-party class the module defines or imports;
+- a first-party function passed to a call (``each("stale", job, [], _stale, ...)``, a callback:
+  plain or module-qualified) as if it were called there.
 
 Every call whose name is an operation of a boto3 client the code uses (``client("ec2")``...), and every
 ``get_paginator("op")``, is an AWS call; its IAM action, plus the actions AWS checks along with it
@@ -207,6 +209,7 @@ class Analyzer:
             if hit and isinstance(_module(hit[0]).defs.get(hit[1]), ast.ClassDef):  # type: ignore[union-attr]
                 visible[alias] = hit
         for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+            out += [(hit, None) for hit in self._callbacks(mod, call)]
             func = call.func
             if isinstance(func, ast.Name):
                 if func.id in LIBRARY_CALLS:
@@ -242,6 +245,21 @@ class Analyzer:
             if mod.name.startswith("spotrelay.adapters") and attr not in _BUILTIN_METHODS:
                 out += [((m, f"{c}.{attr}"), None) for m, c in visible.values()
                         if attr in _module(m).classes[c]]  # type: ignore[union-attr]
+        return out
+
+    def _callbacks(self, mod: _Module, call: ast.Call) -> list[tuple[str, str]]:
+        """First-party functions passed to ``call`` (by name or ``module.name``): it may call them."""
+        out: list[tuple[str, str]] = []
+        for arg in (*call.args, *(k.value for k in call.keywords)):
+            hit = None
+            if isinstance(arg, ast.Name):
+                hit = self._resolve(mod.name, arg.id)
+            elif (isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name) and arg.value.id in mod.aliases
+                  and mod.aliases[arg.value.id][1] is None):
+                hit = self._resolve(mod.aliases[arg.value.id][0], arg.attr)
+            target = _module(hit[0]).defs.get(hit[1]) if hit else None  # type: ignore[union-attr]
+            if hit and isinstance(target, ast.FunctionDef | ast.AsyncFunctionDef):
+                out.append(hit)
         return out
 
     def _paginated_args(self, target: tuple[str, str], call: ast.Call) -> list[str]:

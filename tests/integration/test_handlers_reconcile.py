@@ -95,8 +95,46 @@ def test_healthy_jobs_are_left_alone(env: Env) -> None:
     before = env.store.get_job(job.job_id)
     report = _run(5)
     assert report == {"jobs": 1, "lost": [], "orphans": [], "stuck": [], "over_budget": [], "budget_warned": [],
-                      "stopped": [], "profiles": [], "standbys": [], "healed": []}
+                      "stopped": [], "profiles": [], "standbys": [], "healed": [], "failed": []}
     assert env.store.get_job(job.job_id) == before and len(env.compute.running(job.job_id)) == 2
+
+
+def test_one_jobs_failure_does_not_leave_the_others_unswept(env: Env) -> None:
+    """A poison job (here: its node records cannot be read, every time) is logged, reported and
+    counted; the sweep still finds the other job's silent node and its stuck execution, and the next
+    sweep tries the poison job again."""
+    from spotrelay.services.controller import Controller
+    from spotrelay.services.reconcile import reconcile as sweep
+
+    poison, _ = running_job(env.store, env.compute, job_id="job-poison", tokens={"outcome": "tok-p"})
+    job, _ = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    assert job.execution_arn is not None and poison.execution_arn is not None
+    env.workflow.executions[job.execution_arn] = "FAILED"  # the other job's execution died: stuck
+    env.workflow.executions[poison.execution_arn] = "RUNNING"
+    silent = time.time() - 3600
+    env.store.update_node(job.job_id, "a1-r1", lambda n: n.model_copy(update={"last_heartbeat": silent}))
+
+    class Store:  # the job store, whose reads of the poison job's nodes always fail
+        def __getattr__(self, name: str) -> object:
+            return getattr(env.store, name)
+
+        def nodes_of(self, job_id: str) -> object:
+            if job_id == poison.job_id:
+                raise RuntimeError("ProvisionedThroughputExceededException, again")
+            return env.store.nodes_of(job_id)
+
+    published: list[tuple[str, float]] = []
+
+    class Sink:
+        def put(self, name: str, value: float, unit: str = "Count") -> None:
+            published.append((name, value))
+
+    ctl = Controller(store=Store(), workflow=env.workflow, compute=env.compute, metrics=Sink())  # type: ignore[arg-type]
+    report = sweep(ctl, time.time())
+    assert "job-poison: stale: RuntimeError" in report["failed"]
+    assert report["lost"] == [f"{job.job_id}/a1-r1"] and report["stuck"] == [job.job_id]
+    assert env.store.get_node(job.job_id, "a1-r1").state is NodeState.LOST
+    assert ("ReconcileJobErrors", len(report["failed"])) in published
 
 
 def test_job_stuck_in_a_passing_status_is_stopped_and_failed(env: Env) -> None:
