@@ -92,7 +92,8 @@ def closed_attempt(attempt: Attempt, now: float, reason: str | None = None,
     """``attempt`` with its clock stopped at ``now``: ``ended_at``, ``end_reason`` and its cost (its
     price x nodes from its start, 0 if it never started, less what EC2 will not bill of its ``noticed``
     instances: ``unbilled_node_seconds``). ``price``: USD per instance-hour in effect over its life
-    (``mean_price`` of the pool's history), kept as ``price_in_effect``; None: its launch price. The
+    (``mean_price`` of the pool's history), kept as ``price_in_effect``; None: the price last read while
+    it ran (a budget's hourly read), else its launch price. The
     services and the simulator close attempts with it; a caller adds the cost to the job's total once
     (an open attempt only)."""
     start = attempt.started_at if attempt.started_at is not None else now
@@ -111,14 +112,26 @@ def closed_attempt(attempt: Attempt, now: float, reason: str | None = None,
 PRICE_REFRESH_S = 3600.0
 
 
-def price_due(attempt: Attempt | None, now: float) -> bool:
-    """Whether the open spot ``attempt``'s price in effect is to be read now (``PRICE_REFRESH_S`` after
-    its start, then after the last read)."""
-    if (attempt is None or attempt.ended_at is not None or attempt.started_at is None or attempt.pool is None
-            or attempt.pool.market != "spot"):
-        return False
+def open_spot(attempt: Attempt | None) -> bool:
+    """Whether ``attempt`` is a started spot attempt still open: the one whose price in effect moves."""
+    return (attempt is not None and attempt.ended_at is None and attempt.started_at is not None
+            and attempt.pool is not None and attempt.pool.market == "spot")
+
+
+def price_read_at(attempt: Attempt | None) -> float | None:
+    """When the open spot ``attempt``'s price in effect is next read (``PRICE_REFRESH_S`` after its
+    start, then after the last read); None for any other attempt."""
+    if attempt is None or not open_spot(attempt):
+        return None
+    assert attempt.started_at is not None  # (open_spot)
     last = attempt.price_checked_at if attempt.price_checked_at is not None else attempt.started_at
-    return now - last >= PRICE_REFRESH_S
+    return last + PRICE_REFRESH_S
+
+
+def price_due(attempt: Attempt | None, now: float) -> bool:
+    """Whether the open spot ``attempt``'s price in effect is to be read now (``price_read_at``)."""
+    at = price_read_at(attempt)
+    return at is not None and now >= at
 
 
 def outlived_cost(closed: Attempt, launched_at: float, now: float) -> float:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spotrelay.contracts.events import Directive
-from spotrelay.domain.cost import charge_outlived, leave_to_ec2, mean_price
+from spotrelay.domain.cost import charge_outlived, leave_to_ec2, mean_price, open_spot
 from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.ports.compute import Compute
 from spotrelay.ports.job_store import JobStore
@@ -159,9 +159,9 @@ def price_in_effect(ctl: Controller, job: Job, now: float) -> tuple[int, float] 
     closed or unstarted attempt, or a history that cannot be read. Asked before a close's write (an
     update retried on a conflict must not call EC2 again). Never raises: a close must not fail for it."""
     current = job.attempts[-1] if job.attempts else None
-    if (current is None or current.ended_at is not None or current.started_at is None or current.pool is None
-            or current.pool.market != "spot" or ctl.market is None):
+    if current is None or not open_spot(current) or ctl.market is None:
         return None
+    assert current.pool is not None and current.started_at is not None  # (open_spot)
     try:
         history = ctl.market.price_history(current.pool, current.started_at, now)
     except Exception:  # (a market port that cannot be built or answer: the launch price, as before)

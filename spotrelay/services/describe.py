@@ -72,10 +72,10 @@ class CostLine(_View):
     pool: str | None
     nodes: int
     hours: float
-    price_per_hour: float  # once closed, the price in effect over its life; while it runs, as last read (a budget)
-    # or at launch
+    # once closed, the price in effect over its life; while it runs, as last read (a budget's) or at launch
+    price_per_hour: float
     cost: float
-    running: bool = False  # still open: its cost is its clock so far at the launch price
+    running: bool = False  # still open: its cost is its clock so far at that price
     draining: int = 0  # its ranks still finishing its final save, billed: their cost so far is in ``cost``
     on_demand_cost: float | None = None  # its billed instance-hours at on-demand prices (None: no price known)
     unbilled: float = 0.0  # its clock's USD EC2 does not bill (instances it interrupted in their first hour)

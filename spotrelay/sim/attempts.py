@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from spotrelay.domain.cost import closed_attempt, mean_price, outlived_cost
+from spotrelay.domain.cost import closed_attempt, mean_price, open_spot, outlived_cost
 from spotrelay.domain.models import Attempt
 from spotrelay.sim import budget
 
@@ -42,8 +42,8 @@ def close(run: SpotrelayRun, noticed: bool = False) -> None:
 def price_in_effect(run: SpotrelayRun) -> float | None:
     """``controller.price_in_effect`` of the open attempt: its spot pool's slot prices over its life."""
     a = run.attempts[-1]
-    sp = run.market.by_key.get(a.pool.key) if a.pool is not None else None
-    if sp is None or not sp.spot or a.started_at is None:
+    sp = run.market.by_key.get(a.pool.key) if open_spot(a) and a.pool is not None else None
+    if sp is None or a.started_at is None:
         return None
     return mean_price(sp.price_history(a.started_at, run.now), a.started_at, run.now, a.price_per_hour)
 

@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING
 
 from spotrelay.contracts.recovery import LaunchPlan
 from spotrelay.domain.cost import (
-    PRICE_REFRESH_S,
     SWEEP_S,
     budget_reached_at,
     budget_stop,
     drains,
     over_budget,
     price_due,
+    price_read_at,
     spent_with_drains,
     stop_lead_s,
 )
@@ -113,11 +113,9 @@ def watch(run: SpotrelayRun) -> None:
     if at is not None:
         at -= min(_lead_s(run, True), _lead_s(run, False))  # (a save may commit before then: never late)
         run.at(_sweep_at(max(at, run.now)), partial(_sweep, run), key)
-    current = run.attempts[-1]
-    if current.ended_at is None and current.started_at is not None and current.pool is not None \
-            and current.pool.market == "spot":
-        last = current.price_checked_at if current.price_checked_at is not None else current.started_at
-        run.at(_sweep_at(max(last + PRICE_REFRESH_S, run.now)), partial(_read_price, run), key)
+    read_at = price_read_at(run.attempts[-1])
+    if read_at is not None:
+        run.at(_sweep_at(max(read_at, run.now)), partial(_read_price, run), key)
 
 
 def _watched(run: SpotrelayRun, key: tuple[int, int]) -> bool:
