@@ -80,7 +80,11 @@ def outcome_verdict(job: Job, nodes: list[Node]) -> AttemptEnd | None:
 
 
 def _launch_at_notice(job: Job) -> bool:
-    return spec_of(job).recovery.launch_at_notice
+    # a stored spec is the validated spec's full dump (services/submit.py): its flag is read as is,
+    # not by validating the whole spec again at every node event; anything else is validated
+    recovery = job.spec.get("recovery")
+    flag = recovery.get("launch_at_notice") if isinstance(recovery, dict) else None
+    return flag if isinstance(flag, bool) else spec_of(job).recovery.launch_at_notice
 
 
 def settle(ctl: Controller, job_id: str, now: float) -> AttemptEnd | None:

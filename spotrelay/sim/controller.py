@@ -63,6 +63,7 @@ class SpotrelayRun(Run):
                 doc[section] = {**doc.get(section, {}), **values}
             self.spec = JobSpec.model_validate(doc)
         self._spec_doc = self.spec.model_dump(mode="json")
+        self._verdict_job: Job | None = None  # _job's record of the current attempt
         self.timings = timings or WorkflowTimings()
         self.stats = SimPoolStats(cooldown)  # InMemoryPoolStatsStore (None: the shipped CooldownPolicy())
         self.config = DEFAULT_CONFIG  # what the services use; sweeping it means changing the default
@@ -144,7 +145,12 @@ class SpotrelayRun(Run):
         return gang_records(self._node_template, self.gang.values(), self.attempt, self.noticed, self.voluntary)
 
     def _job(self) -> Job:
-        return Job(job_id="sim", name="sim", status=JobStatus.RUNNING, attempt=self.attempt, spec=self._spec_doc)
+        """The record the waits' verdicts read (its attempt and spec), made once per attempt: a settle
+        comes with each node's boot and notice, and the verdicts only read it."""
+        if self._verdict_job is None or self._verdict_job.attempt != self.attempt:
+            self._verdict_job = Job(job_id="sim", name="sim", status=JobStatus.RUNNING, attempt=self.attempt,
+                                    spec=self._spec_doc)
+        return self._verdict_job
 
     def _settle(self) -> None:
         """waits.settle: deliver the verdict of the registered wait once the node records give one."""

@@ -52,8 +52,8 @@ _RESORT = 4  # a refresh of more pools than this sorts the walk order once inste
 class Bound:
     price: float
     stats: PoolStats | None
-    lows: list[tuple[int, float]]  # (gang size, lower bound of its score)
-    low: float  # the lowest of them
+    sizes: tuple[int, ...]  # the gang sizes it is scored at (largest first)
+    low: float  # a lower bound of its score at every one of them
     until: float  # the price holds until then
 
 
@@ -80,8 +80,11 @@ class Shortlist:
     bounds: dict[str, Bound] = field(default_factory=dict)
     order: list[tuple[float, str]] = field(default_factory=list)
     until: float = -1.0  # every price holds until then
-    # pool key -> (the record they were scored with, [(gang size, score at price 0, score per USD/h)])
-    units: dict[str, tuple[PoolStats | None, list[tuple[int, float, float]]]] = field(default_factory=dict)
+    # pool key -> (the record they were scored with, the gang sizes, [(score at price 0, score per USD/h)]
+    # per size)
+    units: dict[str, tuple[PoolStats | None, tuple[int, ...], list[tuple[float, float]]]] = field(
+        default_factory=dict)
+    probes: dict[str, tuple[PoolQuote, ...]] = field(default_factory=dict)  # pool key -> its quotes at prices 0, 1
     # (pool key, id of a quote) -> (that quote: its id stays its own, record, exclusions, (current,
     # world, sized scores), the candidate sizes' exact scores)
     scored: dict[tuple[str, int], tuple[PoolQuote, PoolStats | None, frozenset[str],
@@ -107,14 +110,18 @@ def _bound(run: SpotrelayRun, key: str, stats: PoolStats | None, order: bool = T
         # score_pool is affine in the price (the gang's price is its only price term): its scores at
         # prices 0 and 1 give every price's, kept while the record stays (slot prices move every slot)
         res = spec.resources
-        at = [score_pool(spec, PoolQuote(pool=sp.pool, price_per_hour=p, advisor_band=sp.band if sp.spot else None,
-                                         placement_score=BEST_SCORE if sp.spot else None), stats, run.config,
-                         nodes=n).score for n in range(res.nodes, res.smallest_gang - 1, -1) for p in (0.0, 1.0)]
-        sizes = range(res.nodes, res.smallest_gang - 1, -1)
-        unit = memo.units[key] = (stats, [(n, at[2 * i], at[2 * i + 1] - at[2 * i]) for i, n in enumerate(sizes)])
+        probes = memo.probes.get(key)
+        if probes is None:  # (a pool's two probe quotes: its records change with every notice there)
+            probes = memo.probes[key] = tuple(PoolQuote(
+                pool=sp.pool, price_per_hour=p, advisor_band=sp.band if sp.spot else None,
+                placement_score=BEST_SCORE if sp.spot else None) for p in (0.0, 1.0))
+        sizes = tuple(range(res.nodes, res.smallest_gang - 1, -1))
+        at = [score_pool(spec, q, stats, run.config, nodes=n).score for n in sizes for q in probes]
+        unit = memo.units[key] = (stats, sizes, [(at[2 * i], at[2 * i + 1] - at[2 * i]) for i in range(len(sizes))])
     # lowered by a relative 1e-9 against float rounding: a lower bound only makes the walk look further
-    lows = [(n, (fixed + per_usd * price) * _LOWER) for n, fixed, per_usd in unit[1]]
-    new = memo.bounds[key] = Bound(price, stats, lows, min(s for _, s in lows), until)
+    # (the lowest of the lowered scores: rounding a product by a positive factor keeps the order)
+    low = min(fixed + per_usd * price for fixed, per_usd in unit[2]) * _LOWER
+    new = memo.bounds[key] = Bound(price, stats, unit[1], low, until)
     if not order:
         return
     if old is not None:
@@ -168,7 +175,7 @@ def review_quotes(run: SpotrelayRun, here: PoolQuote, world: int, stats: Mapping
             # the scores of the sizes _why_not lets through; kept per quote object (a pool's quotes
             # repeat: whole-number scores) while the record and exclusions stay (_why_not reads the
             # clock only for the cooldown, and cooling pools were skipped)
-            scores = [score_pool(spec, exact, st, config, nodes=n).score for n, _ in b.lows
+            scores = [score_pool(spec, exact, st, config, nodes=n).score for n in b.sizes
                       if not (current and n <= world)
                       and _why_not(spec, exact, st, now, excluded, None, frozenset(), n, config, sized) is None]
             if len(memo.scored) > 50_000:
@@ -234,7 +241,7 @@ def plan_quotes(run: SpotrelayRun, held: Mapping[str, int], stats: Mapping[str, 
         if (st is not None and st.cooling(now)) or (saving is not None and not saving.get(key)):
             continue  # (_why_not drops a cooling pool: no survivors run in a new gang's candidates)
         q = market.quote(market.by_key[key], now, count, held.get(key, 0))
-        scores = [score_pool(spec, q, st, config, nodes=n).score for n, _ in b.lows
+        scores = [score_pool(spec, q, st, config, nodes=n).score for n in b.sizes
                   if _why_not(spec, q, st, now, excluded, None, frozenset(), n, config, sized) is None]
         if scores:
             bisect.insort(bests, min(scores))

@@ -11,6 +11,7 @@ from spotrelay.domain.status import JobStatus
 from spotrelay.services.recovery_flow import backoff_seconds
 from spotrelay.services.waits import outcome_verdict, ready_verdict
 from spotrelay.services.workflow_tasks import error_reason
+from spotrelay.spec.models import JobSpec
 
 POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
 JOB = Job(job_id="j", name="j", status=JobStatus.RUNNING, attempt=1)
@@ -91,3 +92,21 @@ def test_error_reason_reads_the_lambda_cause() -> None:
     )
     assert error_reason({"Error": "States.Timeout", "Cause": "plain"}) == "States.Timeout: plain"
     assert error_reason(None) == "failed"
+
+
+def test_launch_at_notice_is_read_from_the_stored_spec_or_its_default() -> None:
+    # a doomed rank with its reclaim time: with launch_at_notice the attempt ends at once with the deadline
+    doc = {"version": 1, "name": "t", "entrypoint": {"script": "trainer.py"}, "resources": {"nodes": 2},
+           "checkpoint": {"every_steps": 100}}
+    full = JobSpec.model_validate(doc).model_dump(mode="json")  # what submit stores
+    nodes = [n.model_copy(update={"reclaim_at": 500.0} if n.rank == 0 else {})
+             for n in gang((NodeState.DOOMED, None), (NodeState.RUNNING, None))]
+    for spec, ends in ((full, True), (doc, True),  # (the default: True)
+                       ({**full, "recovery": {**full["recovery"], "launch_at_notice": False}}, False),
+                       ({**doc, "recovery": {"launch_at_notice": False}}, False)):
+        verdict = outcome_verdict(JOB.model_copy(update={"spec": spec}), nodes)
+        assert (verdict is not None and verdict.deadline == 500.0 and verdict.saved is None) is ends, spec
+        assert (verdict is None) is not ends
+    # a stored value that is not a bool is validated, as before: the error names the field
+    with pytest.raises(ValidationError, match="launch_at_notice"):
+        outcome_verdict(JOB.model_copy(update={"spec": {**doc, "recovery": {"launch_at_notice": "maybe"}}}), nodes)
