@@ -92,12 +92,30 @@ class Shortlist:
         default_factory=dict)
 
 
+def _unit(run: SpotrelayRun, key: str, stats: PoolStats | None) -> tuple[PoolStats | None, tuple[int, ...],
+                                                                      list[tuple[float, float]]]:
+    """The pool's scores at prices 0 and 1 per gang size with ``stats``: ``score_pool`` is affine in the
+    price (the gang's price is its only price term), so they give every price's; kept while the record
+    stays (slot prices move every slot)."""
+    memo, spec, sp = run.shortlist, run.spec, run.market.by_key[key]
+    res = spec.resources
+    probes = memo.probes.get(key)
+    if probes is None:  # (a pool's two probe quotes: its records change with every notice there)
+        probes = memo.probes[key] = tuple(PoolQuote(
+            pool=sp.pool, price_per_hour=p, advisor_band=sp.band if sp.spot else None,
+            placement_score=BEST_SCORE if sp.spot else None) for p in (0.0, 1.0))
+    sizes = tuple(range(res.nodes, res.smallest_gang - 1, -1))
+    at = [score_pool(spec, q, stats, run.config, nodes=n).score for n in sizes for q in probes]
+    unit = memo.units[key] = (stats, sizes, [(at[2 * i], at[2 * i + 1] - at[2 * i]) for i in range(len(sizes))])
+    return unit
+
+
 def _bound(run: SpotrelayRun, key: str, stats: PoolStats | None, order: bool = True) -> None:
     """(Re)compute one pool's bound if its price or record changed, and keep the order sorted (``order``;
-    else the caller sorts it once)."""
-    memo, spec = run.shortlist, run.spec
-    sp = run.market.by_key[key]
-    price, until = sp.price_span(run.now)
+    else the caller sorts it once). A slot's new price (every spot pool's, each slot of a synthetic
+    market) updates the bound in place."""
+    memo = run.shortlist
+    price, until = run.market.by_key[key].price_span(run.now)
     price, until = round(price, 4), until - _MARGIN_S
     if until < memo.until:
         memo.until = until
@@ -107,26 +125,21 @@ def _bound(run: SpotrelayRun, key: str, stats: PoolStats | None, order: bool = T
         return
     unit = memo.units.get(key)
     if unit is None or unit[0] is not stats:
-        # score_pool is affine in the price (the gang's price is its only price term): its scores at
-        # prices 0 and 1 give every price's, kept while the record stays (slot prices move every slot)
-        res = spec.resources
-        probes = memo.probes.get(key)
-        if probes is None:  # (a pool's two probe quotes: its records change with every notice there)
-            probes = memo.probes[key] = tuple(PoolQuote(
-                pool=sp.pool, price_per_hour=p, advisor_band=sp.band if sp.spot else None,
-                placement_score=BEST_SCORE if sp.spot else None) for p in (0.0, 1.0))
-        sizes = tuple(range(res.nodes, res.smallest_gang - 1, -1))
-        at = [score_pool(spec, q, stats, run.config, nodes=n).score for n in sizes for q in probes]
-        unit = memo.units[key] = (stats, sizes, [(at[2 * i], at[2 * i + 1] - at[2 * i]) for i in range(len(sizes))])
+        unit = _unit(run, key, stats)
     # lowered by a relative 1e-9 against float rounding: a lower bound only makes the walk look further
     # (the lowest of the lowered scores: rounding a product by a positive factor keeps the order)
-    low = min(fixed + per_usd * price for fixed, per_usd in unit[2]) * _LOWER
-    new = memo.bounds[key] = Bound(price, stats, unit[1], low, until)
-    if not order:
+    terms = unit[2]
+    low = (terms[0][0] + terms[0][1] * price if len(terms) == 1
+           else min(fixed + per_usd * price for fixed, per_usd in terms)) * _LOWER
+    if old is None:
+        memo.bounds[key] = Bound(price, stats, unit[1], low, until)
+        if order:
+            bisect.insort(memo.order, (low, key))
         return
-    if old is not None:
+    if order:
         del memo.order[bisect.bisect_left(memo.order, (old.low, key))]
-    bisect.insort(memo.order, (new.low, key))
+        bisect.insort(memo.order, (low, key))
+    old.price, old.stats, old.sizes, old.low, old.until = price, stats, unit[1], low, until
 
 
 def _refresh(run: SpotrelayRun, stats: Mapping[str, PoolStats]) -> Shortlist:
