@@ -17,8 +17,10 @@ from spotrelay.sim.bounds import (
     MAX_CHECKPOINT_GB,
     MAX_CHECKPOINT_MINUTES,
     MAX_JOB_HOURS,
+    MAX_RUNS,
     MAX_STEP_S,
     MAX_USD_PER_HOUR,
+    MAX_WORKERS,
 )
 
 out = Console()
@@ -111,8 +113,8 @@ def simulate(
     regions: Annotated[list[str] | None, typer.Option(
         "--regions", help="comma list (default the catalog's four regions)")] = None,
     policies: Annotated[str, typer.Option("--policies", help="all or NAME,...")] = "all",
-    seeds: Annotated[int, typer.Option("--seeds", min=1)] = 1,
-    jobs: Annotated[int, typer.Option("--jobs", min=1, help="independent jobs per seed")] = 1,
+    seeds: Annotated[int, typer.Option("--seeds", min=1, max=MAX_RUNS)] = 1,
+    jobs: Annotated[int, typer.Option("--jobs", min=1, max=MAX_RUNS, help="independent jobs per seed")] = 1,
     job_hours: Annotated[float, typer.Option(
         "--job-hours", min=0.01, max=MAX_JOB_HOURS, help="training hours at full speed")] = 168.0,
     checkpoint_minutes: Annotated[float | None, typer.Option(
@@ -154,8 +156,8 @@ def simulate(
     plot: Annotated[Path | None, typer.Option(
         "--plot", help="write a PNG (or another matplotlib format): cost against goodput, one run's timeline")] = None,
     workers: Annotated[int | None, typer.Option(
-        "--workers", min=1, help="processes for the runs (default: the CPU count for a sweep, 1 for a small "
-        "run; 1: in this process); the results do not depend on it")] = None,
+        "--workers", min=1, max=MAX_WORKERS, help="processes for the runs (default: the CPU count for a sweep, 1 "
+        "for a small run; 1: in this process); the results do not depend on it")] = None,
 ) -> None:
     """Replay spotrelay's decisions and the baselines over a spot market; compare cost and goodput."""
     from spotrelay.sim.build import MarketOptions, parse_boot_for

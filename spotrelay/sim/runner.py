@@ -19,6 +19,7 @@ from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.sim import billing
 from spotrelay.sim.assumptions import assumptions
 from spotrelay.sim.baselines import BASELINES, BaselineRun
+from spotrelay.sim.bounds import MAX_RUNS
 from spotrelay.sim.build import MarketOptions, build_market, trace_label
 from spotrelay.sim.controller import SpotrelayRun
 from spotrelay.sim.engine import Run
@@ -302,6 +303,10 @@ def run_count(opts: SimOptions) -> int:
 def simulate(opts: SimOptions, progress: Progress | None = None) -> Report:
     """Every run of ``opts``; ``progress(n)``: n more runs are done (of ``run_count(opts)``), for a
     sweep's progress line. The report does not depend on it, nor on the worker count."""
+    if run_count(opts) > MAX_RUNS:
+        kinds = f"{len(opts.policies)} {'policy' if len(opts.policies) == 1 else 'policies'}"
+        raise ValueError(f"--seeds {opts.seeds} x --jobs {opts.jobs} x {kinds} is {run_count(opts):,} runs; "
+                         f"at most {MAX_RUNS:,} in one call (split the sweep)")
     started = time.perf_counter()
     runs: list[RunResult] = []
     if opts.workers > 1 and run_count(opts) > 1:

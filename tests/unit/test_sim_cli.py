@@ -126,6 +126,10 @@ def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
     (["--regions", " , "], "--regions names nothing"),  # silently every default region
     (["--instance-types", ""], "--instance-types names nothing"),
     (["--instance-types", "p5e.48xlarge", "--regions", "us-west-2"], "no p5e.48xlarge in us-west-2"),
+    (["--seeds", "1000000000"], "--seeds"),  # filled memory with its tasks, never printing a line
+    (["--seeds", "60000", "--jobs", "2"], "--seeds 60000 x --jobs 2 x 1 policy is 120,000 runs; at most 100,000"),
+    (["--jobs", "1000000000"], "--jobs"),
+    (["--workers", "100000"], "--workers"),  # a process per run
 ])
 def test_simulate_refuses_values_that_cannot_run_naming_them(args: list[str], named: str) -> None:
     """Hostile numbers and names end in one line naming the option or the value, exit 2, before any run."""
