@@ -113,7 +113,8 @@ def simulate(
     regions: Annotated[list[str] | None, typer.Option(
         "--regions", help="comma list (default the catalog's four regions)")] = None,
     policies: Annotated[str, typer.Option("--policies", help="all or NAME,...")] = "all",
-    seeds: Annotated[int, typer.Option("--seeds", min=1, max=MAX_RUNS)] = 1,
+    seeds: Annotated[int, typer.Option("--seeds", min=1, max=MAX_RUNS, help="market seeds, the figures their mean and "
+                                       "spread (seeds x jobs x policies: at most 100,000 runs a call)")] = 1,
     jobs: Annotated[int, typer.Option("--jobs", min=1, max=MAX_RUNS, help="independent jobs per seed")] = 1,
     job_hours: Annotated[float, typer.Option(
         "--job-hours", min=0.01, max=MAX_JOB_HOURS, help="training hours at full speed")] = 168.0,
