@@ -303,13 +303,14 @@ def run_count(opts: SimOptions) -> int:
 def simulate(opts: SimOptions, progress: Progress | None = None) -> Report:
     """Every run of ``opts``; ``progress(n)``: n more runs are done (of ``run_count(opts)``), for a
     sweep's progress line. The report does not depend on it, nor on the worker count."""
-    if run_count(opts) > MAX_RUNS:
+    count = run_count(opts)
+    if count > MAX_RUNS:
         kinds = f"{len(opts.policies)} {'policy' if len(opts.policies) == 1 else 'policies'}"
-        raise ValueError(f"--seeds {opts.seeds} x --jobs {opts.jobs} x {kinds} is {run_count(opts):,} runs; "
+        raise ValueError(f"--seeds {opts.seeds} x --jobs {opts.jobs} x {kinds} is {count:,} runs; "
                          f"at most {MAX_RUNS:,} in one call (split the sweep)")
     started = time.perf_counter()
     runs: list[RunResult] = []
-    if opts.workers > 1 and run_count(opts) > 1:
+    if opts.workers > 1 and count > 1:
         from spotrelay.sim.parallel import run_parallel
 
         runs = run_parallel(opts, opts.workers, progress)

@@ -127,7 +127,8 @@ def _bound(run: SpotrelayRun, key: str, stats: PoolStats | None, order: bool = T
     if unit is None or unit[0] is not stats:
         unit = _unit(run, key, stats)
     # lowered by a relative 1e-9 against float rounding: a lower bound only makes the walk look further
-    # (the lowest of the lowered scores: rounding a product by a positive factor keeps the order)
+    # (the lowest of the lowered scores: rounding a product by a positive factor keeps the order; a fixed
+    # gang has one size, the common case, taken without a generator on this per-slot path)
     terms = unit[2]
     low = (terms[0][0] + terms[0][1] * price if len(terms) == 1
            else min(fixed + per_usd * price for fixed, per_usd in terms)) * _LOWER
