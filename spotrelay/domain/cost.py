@@ -106,8 +106,8 @@ def closed_attempt(attempt: Attempt, now: float, reason: str | None = None,
                                       "price_in_effect": attempt.price_in_effect if price is None else price})
 
 
-# How often a running spot attempt's price in effect is read for a job with a budget (the reconcile sweep):
-# the budget's stop counts the open attempt at it. Spot prices move on hours, and a call per sweep (every
+# How often a running spot attempt's price in effect is read (the reconcile sweep, every job): the budget's
+# stop and the cost report count the open attempt at it. Spot prices move on hours, and a call per sweep (every
 # minute) per job would spend DescribeSpotPriceHistory's rate limit on nothing.
 PRICE_REFRESH_S = 3600.0
 

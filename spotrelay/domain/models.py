@@ -70,7 +70,7 @@ class Attempt(Record):
     price_per_hour: float = 0.0  # USD per instance-hour at launch (the open attempt's estimate)
     # USD per instance-hour EC2 billed over its life, once closed: the spot price history's time-weighted
     # mean (AWS bills the price in effect, not the launch price; domain/cost.mean_price). None: launch price.
-    # While it runs, a job with a budget has it read hourly (the reconcile sweep), up to ``price_checked_at``
+    # While it runs, it is read hourly (the reconcile sweep), up to ``price_checked_at``
     price_in_effect: float | None = None
     price_checked_at: float | None = None
     nodes: int = 0  # instances billed for this attempt (hot spares included)

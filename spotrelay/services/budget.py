@@ -11,8 +11,9 @@
   minutes within the budget. Plan refuses a new gang on the closed attempts alone (services/plan.py).
   The rule is domain/cost.py's, which the simulator calls too (sim/budget.py).
 - Price in effect: the open attempt's clock is counted at its spot pool's price in effect, read hourly
-  (``refresh_price``: ``DescribeSpotPriceHistory``, ``domain/cost.price_due``) for a job with a budget;
-  at its launch price until the first read. Its close reads it again over its whole life.
+  (``refresh_price``: ``DescribeSpotPriceHistory``, ``domain/cost.price_due``) for every job, so what
+  ``spotrelay cost`` shows of the running attempt follows the bill with a budget or without; at its
+  launch price until the first read. Its close reads it again over its whole life.
 """
 
 from __future__ import annotations
@@ -57,12 +58,14 @@ def limits(job: Job) -> tuple[float | None, float | None]:
 
 
 def refresh_price(ctl: Controller, job: Job, now: float) -> Job:
-    """``job`` with its open spot attempt's price in effect read again when due (``price_due``: hourly)
-    and it has a budget, which the sweep's checks then count its clock at. A read that fails keeps the
-    last price (the launch price before any) and waits for the next hour as well: a throttled API is
-    not asked again every minute."""
+    """``job`` with its open spot attempt's price in effect read again when due (``price_due``: hourly),
+    which the sweep's budget checks and the cost report then count its clock at. Every job, with a
+    budget or without: a running attempt shown at its launch price for days drifts from the bill as the
+    price moves (one call per running spot job an hour). A read that fails keeps the last price (the
+    launch price before any) and waits for the next hour as well: a throttled API is not asked again
+    every minute."""
     current = job.attempts[-1] if job.attempts else None
-    if limits(job)[0] is None or current is None or not price_due(current, now):
+    if current is None or not price_due(current, now):
         return job
     price = price_in_effect(ctl, job, now)
     update: dict[str, float] = {"price_checked_at": now}

@@ -11,9 +11,10 @@
    reached the spec's ``budget.max_total_cost`` has its ranks save, then its outcome wait failed
    with ``BudgetExceededError`` (``services/stop.py``); the workflow's catch-all tears it down and
    records FAILED with that reason. A live job that reached ``budget.warn_at`` of it (0.8) is
-   announced once (``budget``). Such a job's open spot attempt is counted at its price in effect,
-   read hourly (``budget.refresh_price``). A stop that waits for the ranks' save (the budget's, a cancel's with
-   ``--save``) whose ranks did not all exit by its deadline is stopped now.
+   announced once (``budget``). Every job's open spot attempt is counted at its price in effect,
+   read hourly (``budget.refresh_price``): the budget's checks and ``spotrelay cost`` use it. A stop
+   that waits for the ranks' save (the budget's, a cancel's with ``--save``) whose ranks did not all
+   exit by its deadline is stopped now.
 5. Rebalance standbys whose bounded wait ran out without a notice are released, their cost added
    (services/prewarm.py); an instance draining its emergency save after a notice, a hot spare
    standing by, or one released in its first hour after EC2's notice and left for EC2 to take (not

@@ -163,7 +163,33 @@ def test_the_sweep_reads_a_budgeted_jobs_open_attempt_price_hourly_and_stops_it_
     assert env.store.get_job(job.job_id).reasons[-1].startswith("budget: spent $14")
 
 
-def test_a_job_without_a_budget_is_not_asked_for_and_a_failed_read_waits_an_hour(env: Env) -> None:
+def test_a_job_without_a_budget_is_read_hourly_too_and_its_cost_shows_the_price_in_effect(env: Env) -> None:
+    """What ``spotrelay cost`` shows of a running attempt follows the bill with a budget or without:
+    the sweep reads every open spot attempt's price in effect hourly (until 5 December only a budgeted
+    job's, so a budget-less job's running attempt stayed at its launch price until it closed)."""
+    market = CountingMarket()
+    job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
+    assert job.execution_arn is not None and not (job.spec or {}).get("budget")
+    env.workflow.executions[job.execution_arn] = "RUNNING"
+    now = time.time()
+    start = now - 2 * HOUR
+    key = gang[0].pool.key
+    market.history[key] = [(start - 60.0, 20.0), (start + HOUR / 2, 40.0)]  # 35 on average over 2 h
+    env.store.update_job(job.job_id, lambda j: j.model_copy(update={
+        "attempts": [j.attempts[0].model_copy(update={"started_at": start, "price_per_hour": 20.0})]}))
+    sweep(env, market, now)
+    read = env.store.get_job(job.job_id)
+    a = read.attempts[0]
+    assert market.asked == [key] and a.price_checked_at == now and a.price_in_effect == pytest.approx(35.0)
+    line = cost_report(read, now).lines[0]  # the running attempt at 35, not its launch price 20
+    assert line.price_per_hour == pytest.approx(35.0) and line.cost == pytest.approx(2 * 35.0 * 2, rel=1e-6)
+    sweep(env, market, now + 600)
+    assert market.asked == [key]  # (not asked again within the hour)
+    sweep(env, market, now + HOUR)
+    assert market.asked == [key, key]
+
+
+def test_a_failed_read_keeps_the_launch_price_and_waits_an_hour(env: Env) -> None:
     market = CountingMarket()
     job, _ = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
     assert job.execution_arn is not None
@@ -171,12 +197,7 @@ def test_a_job_without_a_budget_is_not_asked_for_and_a_failed_read_waits_an_hour
     now = time.time()
     env.store.update_job(job.job_id, lambda j: j.model_copy(update={
         "attempts": [j.attempts[0].model_copy(update={"started_at": now - 2 * HOUR})]}))
-    sweep(env, market, now)
-    assert market.asked == [] and env.store.get_job(job.job_id).attempts[0].price_checked_at is None
-    refusing = RefusingMarket()
-    env.store.update_job(job.job_id, lambda j: j.model_copy(update={
-        "spec": {**j.spec, "budget": {"max_total_cost": 10_000.0}}}))
-    sweep(env, refusing, now)  # the read fails: the launch price stands, and the sweep goes on
+    sweep(env, RefusingMarket(), now)  # the read fails: the launch price stands, and the sweep goes on
     a = env.store.get_job(job.job_id).attempts[0]
     assert a.price_checked_at == now and a.price_in_effect is None
     sweep(env, market, now + 600)
