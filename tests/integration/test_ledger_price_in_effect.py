@@ -136,22 +136,30 @@ def sweep(env: Env, market: QuotedMarket, now: float) -> dict[str, Any]:
     return reconcile(ctl, now, stale_after_s=10 * HOUR)  # (no heartbeats here: none goes stale)
 
 
-def test_the_sweep_reads_a_budgeted_jobs_open_attempt_price_hourly_and_stops_it_at_that_price(env: Env) -> None:
-    """The reconcile sweep counts the open attempt's clock at the spot price in effect for a job with a
-    budget, read once an hour (DescribeSpotPriceHistory's rate limit is shared by every job): here the
-    price doubled half an hour into the attempt, and the budget that the launch price would leave for
-    hours more is spent now."""
-    market = CountingMarket()
+def two_hours_at_20_then_40(env: Env, market: QuotedMarket, **spec: Any) -> tuple[Job, str, float]:
+    """A running 2-node spot job launched two hours before ``now`` at $20 (the job, its pool's key,
+    ``now``); its pool's price doubled half an hour in: $35 on average over the two hours. ``spec``:
+    sections added to the job's spec."""
     job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
     assert job.execution_arn is not None
     env.workflow.executions[job.execution_arn] = "RUNNING"
     now = time.time()
     start = now - 2 * HOUR
     key = gang[0].pool.key
-    market.history[key] = [(start - 60.0, 20.0), (start + HOUR / 2, 40.0)]  # 35 on average over 2 h
+    market.history[key] = [(start - 60.0, 20.0), (start + HOUR / 2, 40.0)]
     env.store.update_job(job.job_id, lambda j: j.model_copy(update={
-        "spec": {**j.spec, "budget": {"max_total_cost": 150.0}},
+        "spec": {**j.spec, **spec},
         "attempts": [j.attempts[0].model_copy(update={"started_at": start, "price_per_hour": 20.0})]}))
+    return env.store.get_job(job.job_id), key, now
+
+
+def test_the_sweep_reads_a_budgeted_jobs_open_attempt_price_hourly_and_stops_it_at_that_price(env: Env) -> None:
+    """The reconcile sweep counts the open attempt's clock at the spot price in effect for a job with a
+    budget, read once an hour (DescribeSpotPriceHistory's rate limit is shared by every job): here the
+    price doubled half an hour into the attempt, and the budget that the launch price would leave for
+    hours more is spent now."""
+    market = CountingMarket()
+    job, key, now = two_hours_at_20_then_40(env, market, budget={"max_total_cost": 150.0})
     # at the launch price: 2 nodes x $20 x 2 h = $80 of $150; at the price in effect: $140, and a sweep
     # and a save (3 min at $70/h: $3.50) ahead it passes $140: still within. Ten minutes on, it stops.
     assert sweep(env, market, now)["over_budget"] == []
@@ -168,15 +176,8 @@ def test_a_job_without_a_budget_is_read_hourly_too_and_its_cost_shows_the_price_
     the sweep reads every open spot attempt's price in effect hourly (until 5 December only a budgeted
     job's, so a budget-less job's running attempt stayed at its launch price until it closed)."""
     market = CountingMarket()
-    job, gang = running_job(env.store, env.compute, tokens={"outcome": "tok-out"})
-    assert job.execution_arn is not None and not (job.spec or {}).get("budget")
-    env.workflow.executions[job.execution_arn] = "RUNNING"
-    now = time.time()
-    start = now - 2 * HOUR
-    key = gang[0].pool.key
-    market.history[key] = [(start - 60.0, 20.0), (start + HOUR / 2, 40.0)]  # 35 on average over 2 h
-    env.store.update_job(job.job_id, lambda j: j.model_copy(update={
-        "attempts": [j.attempts[0].model_copy(update={"started_at": start, "price_per_hour": 20.0})]}))
+    job, key, now = two_hours_at_20_then_40(env, market)
+    assert not (job.spec or {}).get("budget")
     sweep(env, market, now)
     read = env.store.get_job(job.job_id)
     a = read.attempts[0]
