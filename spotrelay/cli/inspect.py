@@ -67,6 +67,8 @@ def describe(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = No
         out.print(f"  [yellow]{reason}[/]", highlight=False)
     if report.stopping:
         out.print(f"  [yellow]{report.stopping}[/]", highlight=False)
+    for line in report.advice:
+        out.print(f"  [green]advice:[/] {line}", highlight=False)
     grid = Table("attempt", "pool", "nodes", "started", "ended", "end reason", "from step", "steps", "cost $",
                  title="attempts")
     for a in report.attempts:

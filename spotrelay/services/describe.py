@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from spotrelay.domain.advice import elastic_advice
 from spotrelay.domain.cost import budget_reached_at, outlived_so_far, spent_at
 from spotrelay.domain.models import AnomalyRecord, Job, Node
 from spotrelay.errors import JobCancelledError
@@ -112,6 +113,7 @@ class JobReport(_View):
     mlflow_run_id: str | None = None
     execution_arn: str | None = None
     stopping: str | None = None  # a pending stop (services/stop.py): why, and by when the ranks save
+    advice: list[str] = []  # what the job's own history says a spec field would change (domain/advice.py)
 
 
 def _hours(start: float | None, end: float | None, now: float) -> float:
@@ -230,4 +232,5 @@ def describe_job(job: Job, nodes: list[Node], now: float, ckpts: list[Checkpoint
         steps_lost=job.steps_lost, recoveries=job.recoveries, reasons=list(job.reasons), attempts=attempts,
         checkpoints=ckpts or [], recoveries_detail=recoveries, anomalies=list(job.anomalies),
         cost=costs, mlflow_run_id=job.mlflow_run_id, execution_arn=job.execution_arn, stopping=stopping(job),
+        advice=[line for line in (elastic_advice(job.spec, job.attempts),) if line],
     )  # fmt: skip

@@ -27,15 +27,16 @@ def opened(run: SpotrelayRun, number: int, pool: Any, price: float, nodes: int, 
     budget.watch(run)
 
 
-def close(run: SpotrelayRun, noticed: bool = False) -> None:
-    """The current attempt ends now (recover, a move): its clock stops and its cost is added;
-    ``noticed`` (recover, as recovery_flow passes the attempt's records): less what EC2 will not bill
-    of the gang's instances it noticed in their first hour."""
+def close(run: SpotrelayRun, reason: str, noticed: bool = False) -> None:
+    """The current attempt ends now (recover, a move) for ``reason`` (the verdict, as the services
+    record it: describe's advice reads it): its clock stops and its cost is added; ``noticed`` (recover,
+    as recovery_flow passes the attempt's records): less what EC2 will not bill of the gang's instances
+    it noticed in their first hour."""
     if run.attempts and run.attempts[-1].ended_at is None:
-        # as workflow_tasks._close_attempt, without the end reason: no decision reads it (describe shows it)
+        # as workflow_tasks._close_attempt
         seen = [(n.launch_t, n.removal_t) for n in run.gang.values() if n.instance_id in run.ec2_noticed] \
             if noticed else []
-        run.attempts[-1] = closed_attempt(run.attempts[-1], run.now, None, seen, price_in_effect(run))
+        run.attempts[-1] = closed_attempt(run.attempts[-1], run.now, reason, seen, price_in_effect(run))
         run.cost_so_far += run.attempts[-1].cost  # (the job record's cost_so_far)
 
 

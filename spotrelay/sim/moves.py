@@ -132,7 +132,7 @@ def migrate(self: SpotrelayRun, move: AttemptEnd) -> dict[str, Any]:
     if current is not None:
         hours = max(0.0, self.now - self.attempt_start) / 3600.0 * max(1, len(gang))
         self.stats.record(current.key, PoolEvent.OBSERVED, self.now, hours=hours)
-    attempts.close(self)
+    attempts.close(self, move.outcome.value)
     for n in staying:  # the RESTART directive at the new world size
         n.attempt = attempt
         n.state = "READY"

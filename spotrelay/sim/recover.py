@@ -183,7 +183,7 @@ def recover(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     keep: list[str] = []
     action = RecoveryAction.NEW_CLUSTER
     home = None
-    attempts.close(self, noticed=True)
+    attempts.close(self, end.outcome.value, noticed=True)
     stats = self.stats.get_many(p.key for p in self.market.pools)
     excluded = frozenset(self.excluded)
     # the strategies read the best candidate and the survivors' pool: the shortlist holds both (sim/shortlist.py)

@@ -85,6 +85,23 @@ def test_describe_and_cost_as_json_and_tables(aws: dict[str, str]) -> None:
     assert "not billed" not in shown  # (nor one EC2 billed in full)
 
 
+def test_describe_advises_min_nodes_for_a_fixed_gang_that_keeps_restarting(aws: dict[str, str]) -> None:
+    """Six 16-node spot gangs, each lost 26 minutes after its launch, 7.5 of them booting and restoring:
+    describe says so, with the field that changes it (domain/advice.py); the job above (two attempts) gets
+    no advice."""
+    attempts = [Attempt(number=i + 1, pool=POOL, started_at=T0 + i * 1620, resumed_at=T0 + i * 1620 + 450,
+                        ended_at=T0 + i * 1620 + 1560, end_reason="interrupted", nodes=16) for i in range(6)]
+    DynamoDBJobStore().create_job(Job(job_id="j-storm", name="llm", status=JobStatus.RECOVERING, attempt=6,
+                                      attempts=attempts, created_at=T0, updated_at=T0,
+                                      spec={"resources": {"nodes": 16, "min_nodes": None}}))
+    report = json.loads(runner.invoke(app, ["describe", "j-storm", "--json"]).stdout)
+    assert len(report["advice"]) == 1 and "spent 29% of their time booting and restoring" in report["advice"][0]
+    shown = " ".join(runner.invoke(app, ["describe", "j-storm"]).output.split())
+    assert "advice: the last 6 spot gangs of 16 nodes" in shown and "resources.min_nodes" in shown
+    _job(aws)
+    assert json.loads(runner.invoke(app, ["describe", "j-seen", "--json"]).stdout)["advice"] == []
+
+
 def test_cost_of_a_running_job_counts_its_open_attempt(aws: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """The open attempt costs its clock so far (the figure the budget is checked against), not 0."""
     now = time.time()

@@ -1,0 +1,72 @@
+"""What a job's own history says a spec field would change, in words for ``spotrelay describe``.
+
+A fixed gang (``resources.min_nodes`` unset or equal to ``nodes``) on spot pools that seldom hold it
+restarts whole: every loss is a new gang's boot and restore, billed and not training. Each attempt's
+record has its launch (``started_at``), its trainers' resume (``resumed_at``) and its end, so the share
+of its life spent bringing it up is measured, not modeled. Where the job's last spot gangs spent
+``BRING_UP_SHARE`` or more of their time that way, an elastic gang (``min_nodes``) trains on the nodes
+a pool still holds instead: on the simulator's g4dn trace at 16 nodes the fixed gang's share is 0.23
+(boot 0.17, restore 0.06) and ``min_nodes: 8`` takes goodput from 0.70 to 0.83 (docs/simulator.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from spotrelay.domain.models import Attempt
+
+BRING_UP_SHARE = 0.2  # of the spot gangs' time: at or above it the advice is given
+MIN_GANGS = 4  # spot gangs lost (not ended by a move, a stop or success) before the share says anything
+LOOKBACK = 8  # the job's newest attempts looked at: the market it runs in now, not its first week
+_LOSSES = frozenset({"interrupted", "node-lost", "ready-timeout", "heartbeat-timeout"})  # (Verdict values)
+
+
+def _fixed_size(spec: Mapping[str, Any] | None) -> int | None:
+    """The gang size of a stored spec that does not let the gang shrink, else None (elastic, a single
+    node, or a record this release cannot read: no advice rather than a wrong one)."""
+    resources = (spec or {}).get("resources")
+    if not isinstance(resources, Mapping):
+        return None
+    nodes, smallest = resources.get("nodes"), resources.get("min_nodes")
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 2:
+        return None
+    if smallest is not None and (not isinstance(smallest, int) or smallest < nodes):
+        return None
+    return nodes
+
+
+def _span(a: Attempt) -> tuple[float, float] | None:
+    """(seconds from its launch to its trainers' resume, to its end) of a closed attempt; a gang lost
+    before its trainers resumed spent its whole life coming up."""
+    if a.started_at is None or a.ended_at is None or a.ended_at < a.started_at:
+        return None
+    resumed = a.ended_at if a.resumed_at is None else min(max(a.resumed_at, a.started_at), a.ended_at)
+    return resumed - a.started_at, a.ended_at - a.started_at
+
+
+def bring_up_share(attempts: Sequence[Attempt]) -> tuple[float, int, float] | None:
+    """(share of their time before their trainers resumed, how many, mean life in seconds) of the spot
+    gangs a loss ended among the newest ``LOOKBACK`` attempts; None with fewer than ``MIN_GANGS``, or
+    for a record without resume times (an older release's: every gang would look like bring-up)."""
+    if not any(a.resumed_at is not None for a in attempts):
+        return None
+    spans = [span for a in attempts[-LOOKBACK:]
+             if a.pool is not None and a.pool.market == "spot" and a.end_reason in _LOSSES
+             and (span := _span(a)) is not None]
+    life = sum(total for _, total in spans)
+    if len(spans) < MIN_GANGS or life <= 0.0:
+        return None
+    return sum(up for up, _ in spans) / life, len(spans), life / len(spans)
+
+
+def elastic_advice(spec: Mapping[str, Any] | None, attempts: Sequence[Attempt]) -> str | None:
+    """One line for people when a fixed gang's restarts cost it ``BRING_UP_SHARE`` or more; else None."""
+    nodes = _fixed_size(spec)
+    measured = bring_up_share(attempts) if nodes is not None else None
+    if measured is None or measured[0] < BRING_UP_SHARE:
+        return None
+    share, gangs, life = measured
+    return (f"the last {gangs} spot gangs of {nodes} nodes spent {share:.0%} of their time booting and restoring "
+            f"(each lasted {life / 60:.0f} min on average; a loss stops the whole gang until it is whole again): "
+            f"resources.min_nodes lets the job train on the nodes a pool still holds (docs/job-spec.md)")
