@@ -116,7 +116,7 @@ _FIELDS = (("attempt", "Attempt"), ("pool", "Pool"), ("steps_lost", "Steps lost"
            ("checkpoint_step", "Checkpoint step"), ("checkpoint_age_s", "Checkpoint age (s)"),
            ("downtime_s", "Downtime (s)"), ("cost_so_far", "Cost so far (USD)"),
            ("on_demand_usd", "Same hours on on-demand (USD)"), ("saved_vs_on_demand", "Saved vs on-demand"),
-           ("reason", "Reason"))
+           ("reason", "Reason"), ("advice", "Advice"))
 
 
 def _shown(key: str, value: Any) -> str:

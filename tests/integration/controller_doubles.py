@@ -13,6 +13,7 @@ import itertools
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -315,3 +316,16 @@ def env(aws: dict[str, str]) -> Iterator[Env]:
                            workflow=lambda: workflow)
     yield Env(DynamoDBJobStore(), compute, stats, workflow)
     _runtime.set_factories(compute=None, market=None, pool_stats=None, workflow=None)
+
+
+@contextmanager
+def replaced(**doubles: Callable[[], Any]) -> Iterator[None]:
+    """The runtime's adapters named (``metrics=``, ``notifier=``, ...) built by ``doubles`` while the
+    block runs; the defaults again after it."""
+    from functions import _runtime
+
+    _runtime.set_factories(**doubles)
+    try:
+        yield
+    finally:
+        _runtime.set_factories(**dict.fromkeys(doubles))

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from functions import _runtime, on_agent_event, on_interruption_notice
+from functions import on_agent_event, on_interruption_notice
 from spotrelay.adapters.emf_metrics import EmfMetrics
-from tests.integration.controller_doubles import Env, agent_event, ctx, ec2_event, env, running_job
+from tests.integration.controller_doubles import Env, agent_event, ctx, ec2_event, env, replaced, running_job
 
 __all__ = ["env"]
 
@@ -26,9 +26,8 @@ class Recorded:
 @pytest.fixture
 def recorded(env: Env) -> Iterator[Recorded]:
     sink = Recorded()
-    _runtime.set_factories(metrics=lambda: sink)
-    yield sink
-    _runtime.set_factories(metrics=None)
+    with replaced(metrics=lambda: sink):
+        yield sink
 
 
 def test_notice_checkpoint_and_anomaly_publish_their_metrics(env: Env, recorded: Recorded) -> None:
