@@ -11,6 +11,7 @@ a pool still holds instead: on the simulator's g4dn trace at 16 nodes the fixed 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,8 +40,9 @@ def _fixed_size(spec: Mapping[str, Any] | None) -> int | None:
 def _span(a: Attempt) -> tuple[float, float] | None:
     """(seconds from its launch to its trainers' resume, to its end) of a closed attempt; a gang lost
     before its trainers resumed spent its whole life coming up."""
-    if a.started_at is None or a.ended_at is None or a.ended_at < a.started_at:
-        return None
+    if (a.started_at is None or a.ended_at is None or not math.isfinite(a.ended_at - a.started_at)
+            or a.ended_at < a.started_at or (a.resumed_at is not None and not math.isfinite(a.resumed_at))):
+        return None  # (open, or times no release writes)
     resumed = a.ended_at if a.resumed_at is None else min(max(a.resumed_at, a.started_at), a.ended_at)
     return resumed - a.started_at, a.ended_at - a.started_at
 

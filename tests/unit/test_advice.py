@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -80,6 +81,10 @@ def test_open_or_inconsistent_attempts_are_left_out() -> None:
     bad[1] = bad[1].model_copy(update={"ended_at": (bad[1].started_at or 0.0) - 5})  # ended before it started
     measured = bring_up_share(bad)
     assert measured is not None and measured[1] == 4
+    bad[2] = bad[2].model_copy(update={"ended_at": math.inf})
+    bad[3] = bad[3].model_copy(update={"resumed_at": math.nan})
+    assert bring_up_share(bad) is None  # (two left: too few to say anything)
+    assert bring_up_share(gangs(4) + bad) == bring_up_share(gangs(4))  # never a NaN share
 
 
 def _simulated_attempts(nodes: int) -> tuple[dict[str, Any], list[Attempt]]:
