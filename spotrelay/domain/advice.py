@@ -7,6 +7,11 @@ of its life spent bringing it up is measured, not modeled. Where the job's last 
 ``BRING_UP_SHARE`` or more of their time that way, an elastic gang (``min_nodes``) trains on the nodes
 a pool still holds instead: on the simulator's g4dn trace at 16 nodes the fixed gang's share is 0.23
 (boot 0.17, restore 0.06) and ``min_nodes: 8`` takes goodput from 0.70 to 0.83 (docs/simulator.md).
+The threshold and the window from the simulator's own records (72 h jobs, 8 seeds, the newest 16
+attempts at the end): the g4dn trace at 16 nodes 0.21-0.49 (advised), at 8 nodes 0.05-0.09, under
+Bamboo's settings (a 45 s boot) at 16 nodes 0.09-0.14 (not advised: a restart costs little there), the
+trace's node reading at 8 and 16 nodes 0.26-0.91; the p3 trace and the synthetic market under 0.03.
+The newest 8 attempts alone spread too far (0.13 at 8 nodes, 0.15 at 16 on one seed each).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from spotrelay.domain.models import Attempt
 
 BRING_UP_SHARE = 0.2  # of the spot gangs' time: at or above it the advice is given
 MIN_GANGS = 4  # spot gangs lost (not ended by a move, a stop or success) before the share says anything
-LOOKBACK = 8  # the job's newest attempts looked at: the market it runs in now, not its first week
+LOOKBACK = 16  # the job's newest attempts looked at: the market it runs in now (8 was noisy: below)
 _LOSSES = frozenset({"interrupted", "node-lost", "ready-timeout", "heartbeat-timeout"})  # (Verdict values)
 
 

@@ -68,6 +68,11 @@ def print_report(report: Report, console: Console) -> None:
     for policy in report.policies():
         parts = [(c, report.loss(policy, c)) for c in CATEGORIES]
         console.print(f"  {policy}: " + ", ".join(f"{c} {v:.3f}" for c, v in parts if math.isfinite(v) and v >= 0.0005))
+    for policy in report.policies():
+        advised, of, advice = report.advice(policy)
+        if advice:
+            console.print(f"{policy}: `spotrelay describe` would advise on {advised} of {of} run(s): {advice}",
+                          highlight=False, soft_wrap=True)
     for line in summary(report.assumptions) if report.assumptions else []:
         console.print(line, highlight=False, soft_wrap=True)
     rate = report.events / report.seconds if report.seconds else 0.0

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from spotrelay.contracts.workflow import WorkflowTimings
+from spotrelay.domain.advice import elastic_advice
 from spotrelay.sim import billing
 from spotrelay.sim.assumptions import assumptions
 from spotrelay.sim.baselines import BASELINES, BaselineRun
@@ -81,6 +82,7 @@ class RunResult:
     decisions: list[dict[str, Any]]
     losses: dict[str, float] = field(default_factory=dict)  # share of paid GPU-hours per phase (sim/losses.py)
     failed: str | None = None  # why a run did not finish (the stall budget, the horizon, no pool holds it)
+    advice: str | None = None  # what ``spotrelay describe`` would tell people of its attempts (domain/advice.py)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -152,7 +154,13 @@ def measure(policy: str, seed: int, run: Run) -> RunResult:
     }
     return RunResult(policy, seed, values, m.finished, m.events, m.timeline,
                      list(getattr(run, "decisions", [])), shares(run),
-                     None if m.finished else m.failed_reason or "did not finish")
+                     None if m.finished else m.failed_reason or "did not finish", _advice(run))
+
+
+def _advice(run: Run) -> str | None:
+    """describe's advice over the run's job record (spotrelay's runs keep one; the baselines none)."""
+    spec, attempts = getattr(run, "spec", None), getattr(run, "attempts", None)
+    return elastic_advice(spec.model_dump(mode="json"), attempts) if spec is not None and attempts else None
 
 
 def job_starts(seed: int, jobs: int) -> list[float]:
@@ -225,7 +233,8 @@ def _sum(parts: list[RunResult]) -> RunResult:
               if any(c in p.losses for p in parts)}
     return RunResult(parts[0].policy, parts[0].seed, values, all(p.finished for p in parts),
                      sum(p.events for p in parts), parts[0].timeline, parts[0].decisions, losses,
-                     next((p.failed for p in parts if p.failed), None))
+                     next((p.failed for p in parts if p.failed), None),
+                     next((p.advice for p in parts if p.advice), None))
 
 
 def _captured(results: list[RunResult]) -> None:
@@ -266,6 +275,12 @@ class Report:
         vals = [r.losses[category] for r in self.runs if r.policy == policy and category in r.losses]
         return statistics.fmean(vals) if vals else math.nan
 
+    def advice(self, policy: str) -> tuple[int, int, str | None]:
+        """(runs whose job record describe would advise on, runs, the first one's advice)."""
+        runs = [r for r in self.runs if r.policy == policy]
+        advised = [r.advice for r in runs if r.advice]
+        return len(advised), len(runs), advised[0] if advised else None
+
     def spread(self, policy: str, metric: str) -> float:
         vals = [v for v in self.series(policy, metric) if math.isfinite(v)]
         return statistics.stdev(vals) if len(vals) > 1 else 0.0
@@ -292,6 +307,9 @@ class Report:
             "losses": {p: {c: clean(self.loss(p, c)) for c in CATEGORIES} for p in self.policies()},
             "events": self.events,
             "assumptions": self.assumptions,
+            # describe's advice over the simulated job records (domain/advice.py), where a run got one
+            "advice": {p: dict(zip(("runs", "of", "advice"), self.advice(p), strict=True))
+                       for p in self.policies() if self.advice(p)[0]},
         }
 
 
