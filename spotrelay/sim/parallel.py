@@ -7,10 +7,13 @@ cannot change it. The parent sends plain inputs (the options once per worker, th
 job, start)``), gets each run's ``RunResult`` back and merges them in the in-process order
 (``runner.merge_seed``), so the report, and its JSON, is the same for any number of workers. Workers
 use the 'spawn' context (a fresh interpreter: nothing inherited from the parent's state) and ignore
-SIGINT: Ctrl-C reaches the parent, which terminates them; so do the first run that fails (its error
-comes back as a one-line ``ValueError``) and a worker that dies (killed, out of memory: its run's
-answer would never come). As with any 'spawn' caller, a script that asks for workers needs the
-``if __name__ == "__main__":`` guard.
+SIGINT: Ctrl-C reaches the parent, which kills them; so do the first run that fails (its error comes
+back as a one-line ``ValueError``) and a worker that dies (killed, out of memory: its run's answer
+would never come). Each worker has a pipe of its own, not ``multiprocessing.Pool``'s shared queues:
+stopping a Pool terminates workers that may hold a queue's lock (one sending its result), and then
+waits for ever for it (seen once: a failed run's sweep hung in ``Pool.terminate``); a private pipe has
+no lock to leave held, and a dead worker shows as its process sentinel. As with any 'spawn' caller, a
+script that asks for workers needs the ``if __name__ == "__main__":`` guard.
 """
 
 from __future__ import annotations
@@ -22,14 +25,14 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing import resource_tracker
-from typing import Any
+from multiprocessing.connection import Connection, wait
+from typing import Any, cast
 
 from spotrelay.sim.job import REF_TYPE
 from spotrelay.sim.runner import Progress, RunResult, SimOptions, job_starts, merge_seed, run_count, run_one
 
 Task = tuple[int, str, int, float]  # seed, policy, job index, start time
 _OPTS: SimOptions | None = None
-_POLL_S = 1.0  # how often the parent checks, while it waits for a run, that no worker died
 _MARKETS: dict[int, Any] = {}  # this worker's markets, by seed (built once per seed)
 
 
@@ -88,9 +91,33 @@ def _sigint_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _pool_pids() -> set[int | None]:
-    """This process's live pool workers (multiprocessing names them SpawnPoolWorker-N)."""
-    return {p.pid for p in multiprocessing.active_children() if p.name.startswith("SpawnPoolWorker")}
+def _serve(conn: Connection, opts: SimOptions) -> None:
+    """A worker: the runs the parent sends, one at a time, until it sends None or goes away."""
+    _init(opts)
+    while True:
+        try:
+            task = conn.recv()
+        except EOFError:
+            return
+        if task is None:
+            return
+        conn.send(_work(task))
+
+
+_EXIT_S = 10.0  # how long a worker told it is done may take to exit before it is killed
+_DIED = "a simulation worker process ended without its result (killed? out of memory?)"
+
+
+def _give(conn: Connection, tasks: Iterator[Task], busy: dict[Connection, Task]) -> None:
+    """The worker at ``conn`` gets the next task, if any is left."""
+    task = next(tasks, None)
+    if task is None:
+        return
+    try:
+        conn.send(task)
+    except OSError:  # (its end is closed: it died after its last answer)
+        raise ValueError(_DIED) from None
+    busy[conn] = task
 
 
 def run_parallel(opts: SimOptions, workers: int, progress: Progress | None = None) -> list[RunResult]:
@@ -100,35 +127,50 @@ def run_parallel(opts: SimOptions, workers: int, progress: Progress | None = Non
                          for policy in opts.policies for j, start in enumerate(job_starts(seed, opts.jobs))]
     results: dict[Task, RunResult] = {}
     ctx = multiprocessing.get_context("spawn")
-    pool = None
+    crew: list[tuple[Any, Connection]] = []
+    done = False
     try:
         # started first: starting it unblocks SIGINT on the way out (multiprocessing.resource_tracker)
         resource_tracker.ensure_running()
         with _sigint_blocked():
-            pool = ctx.Pool(processes=min(workers, len(tasks)), initializer=_init, initargs=(opts,))
-        started = _pool_pids()
-        answers = pool.imap_unordered(_work, tasks, chunksize=1)
-        for _ in tasks:
-            while True:
+            for i in range(min(workers, len(tasks))):
+                mine, theirs = ctx.Pipe()
+                proc = ctx.Process(target=_serve, args=(theirs, opts), name=f"spotrelay-sim-{i + 1}", daemon=True)
+                proc.start()
+                theirs.close()  # (the worker's end: closed here, it is gone once the worker is)
+                crew.append((proc, mine))
+        queue = iter(tasks)
+        busy: dict[Connection, Task] = {}
+        for _, conn in crew:
+            _give(conn, queue, busy)
+        while busy:
+            by_sentinel = {proc.sentinel: conn for proc, conn in crew if conn in busy}
+            for ready in wait([*busy, *by_sentinel]):
+                conn = by_sentinel[ready] if isinstance(ready, int) else cast(Connection, ready)
+                if conn not in busy:
+                    continue  # (its answer was read above: a sentinel with it in one wake-up)
                 try:
-                    task, status, value = answers.next(timeout=_POLL_S)
-                    break
-                except multiprocessing.TimeoutError:
-                    # a worker killed (out of memory, a signal) takes its run with it and the pool starts
-                    # another: that run's answer would never come
-                    if not started <= _pool_pids():
-                        raise ValueError("a simulation worker process ended without its result "
-                                         "(killed? out of memory?)") from None
-            if status == "error":
-                raise ValueError(value)
-            results[task] = value
-            if progress is not None:
-                progress(1)
-        pool.close()
-    finally:
-        if pool is not None:  # after close() the workers are done; else (an error, Ctrl-C) they are stopped
-            pool.terminate()
-            pool.join()
+                    task, status, value = conn.recv()
+                except EOFError:  # killed (out of memory, a signal): that run's answer never comes
+                    raise ValueError(_DIED) from None
+                del busy[conn]
+                if status == "error":
+                    raise ValueError(value)
+                results[task] = value
+                if progress is not None:
+                    progress(1)
+                _give(conn, queue, busy)
+        for _, conn in crew:
+            conn.send(None)
+        done = True
+    finally:  # every worker ends here: told it is done, or killed (an error, a dead one, Ctrl-C)
+        for proc, conn in crew:
+            if done:
+                proc.join(_EXIT_S)
+            if proc.exitcode is None:
+                proc.kill()
+                proc.join()
+            conn.close()
     out: list[RunResult] = []
     for seed in range(opts.seeds):
         out.extend(merge_seed([[results[t] for t in tasks if t[0] == seed and t[1] == policy]
