@@ -71,7 +71,7 @@ def print_report(report: Report, console: Console) -> None:
     for policy in report.policies():
         advised, of, advice = report.advice(policy)
         if advice:
-            console.print(f"{policy}: `spotrelay describe` would advise on {advised} of {of} run(s): {advice}",
+            console.print(f"{policy}: `spotrelay describe` would advise on {advised} of {of} job(s): {advice}",
                           highlight=False, soft_wrap=True)
     for line in summary(report.assumptions) if report.assumptions else []:
         console.print(line, highlight=False, soft_wrap=True)

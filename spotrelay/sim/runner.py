@@ -83,6 +83,8 @@ class RunResult:
     losses: dict[str, float] = field(default_factory=dict)  # share of paid GPU-hours per phase (sim/losses.py)
     failed: str | None = None  # why a run did not finish (the stall budget, the horizon, no pool holds it)
     advice: str | None = None  # what ``spotrelay describe`` would tell people of its attempts (domain/advice.py)
+    jobs: int = 1  # the jobs it sums (``--jobs``: one seed's are summed per policy)
+    advised: int = 0  # of those, the jobs with ``advice``
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -154,7 +156,8 @@ def measure(policy: str, seed: int, run: Run) -> RunResult:
     }
     return RunResult(policy, seed, values, m.finished, m.events, m.timeline,
                      list(getattr(run, "decisions", [])), shares(run),
-                     None if m.finished else m.failed_reason or "did not finish", _advice(run))
+                     None if m.finished else m.failed_reason or "did not finish", advice := _advice(run),
+                     advised=int(advice is not None))
 
 
 def _advice(run: Run) -> str | None:
@@ -234,7 +237,8 @@ def _sum(parts: list[RunResult]) -> RunResult:
     return RunResult(parts[0].policy, parts[0].seed, values, all(p.finished for p in parts),
                      sum(p.events for p in parts), parts[0].timeline, parts[0].decisions, losses,
                      next((p.failed for p in parts if p.failed), None),
-                     next((p.advice for p in parts if p.advice), None))
+                     next((p.advice for p in parts if p.advice), None), sum(p.jobs for p in parts),
+                     sum(p.advised for p in parts))
 
 
 def _captured(results: list[RunResult]) -> None:
@@ -276,10 +280,10 @@ class Report:
         return statistics.fmean(vals) if vals else math.nan
 
     def advice(self, policy: str) -> tuple[int, int, str | None]:
-        """(runs whose job record describe would advise on, runs, the first one's advice)."""
+        """(jobs whose record describe would advise on, jobs run, the first advice), over every seed."""
         runs = [r for r in self.runs if r.policy == policy]
-        advised = [r.advice for r in runs if r.advice]
-        return len(advised), len(runs), advised[0] if advised else None
+        first = next((r.advice for r in runs if r.advice), None)
+        return sum(r.advised for r in runs), sum(r.jobs for r in runs), first
 
     def spread(self, policy: str, metric: str) -> float:
         vals = [v for v in self.series(policy, metric) if math.isfinite(v)]
@@ -308,7 +312,7 @@ class Report:
             "events": self.events,
             "assumptions": self.assumptions,
             # describe's advice over the simulated job records (domain/advice.py), where a run got one
-            "advice": {p: dict(zip(("runs", "of", "advice"), self.advice(p), strict=True))
+            "advice": {p: dict(zip(("jobs", "of", "advice"), self.advice(p), strict=True))
                        for p in self.policies() if self.advice(p)[0]},
         }
 

@@ -121,7 +121,7 @@ def test_on_the_simulated_g4dn_trace_a_16_node_gang_is_told_and_an_8_node_one_is
 
 
 def test_simulate_reports_what_describe_would_advise_on_its_spotrelay_runs() -> None:
-    """``spotrelay simulate`` says, under its table and in its JSON, on how many of spotrelay's runs
+    """``spotrelay simulate`` says, under its table and in its JSON, on how many of spotrelay's jobs
     describe would advise min_nodes (a stated elastic gang: none; the baselines keep no job record)."""
     import io
     from pathlib import Path
@@ -139,10 +139,12 @@ def test_simulate_reports_what_describe_would_advise_on_its_spotrelay_runs() -> 
     report = simulate(opts)
     advised, runs, line = report.advice("spotrelay")
     assert (advised, runs) == (2, 2) and line is not None and "spot gangs of 16 nodes" in line
-    assert report.to_json()["advice"] == {"spotrelay": {"runs": 2, "of": 2, "advice": line}}
+    assert report.to_json()["advice"] == {"spotrelay": {"jobs": 2, "of": 2, "advice": line}}
     shown = io.StringIO()
     print_report(report, Console(file=shown, width=200))
-    assert f"spotrelay: `spotrelay describe` would advise on 2 of 2 run(s): {line}" in shown.getvalue()
+    assert f"spotrelay: `spotrelay describe` would advise on 2 of 2 job(s): {line}" in shown.getvalue()
+    opts.jobs = 2  # (one seed's jobs are summed into one result: every job counts)
+    assert simulate(opts).advice("spotrelay")[:2] == (4, 4)
     opts.spotrelay_switches = {"min_nodes": 8}
     elastic = simulate(opts)
-    assert elastic.advice("spotrelay") == (0, 2, None) and elastic.to_json()["advice"] == {}
+    assert elastic.advice("spotrelay") == (0, 4, None) and elastic.to_json()["advice"] == {}
