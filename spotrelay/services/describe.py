@@ -232,5 +232,5 @@ def describe_job(job: Job, nodes: list[Node], now: float, ckpts: list[Checkpoint
         steps_lost=job.steps_lost, recoveries=job.recoveries, reasons=list(job.reasons), attempts=attempts,
         checkpoints=ckpts or [], recoveries_detail=recoveries, anomalies=list(job.anomalies),
         cost=costs, mlflow_run_id=job.mlflow_run_id, execution_arn=job.execution_arn, stopping=stopping(job),
-        advice=[line for line in (elastic_advice(job.spec, job.attempts),) if line],
+        advice=[advice] if (advice := elastic_advice(job.spec, job.attempts)) else [],
     )  # fmt: skip

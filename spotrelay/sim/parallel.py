@@ -108,8 +108,8 @@ _EXIT_S = 10.0  # how long a worker told it is done may take to exit before it i
 _DIED = "a simulation worker process ended without its result (killed? out of memory?)"
 
 
-def _give(conn: Connection, tasks: Iterator[Task], busy: dict[Connection, Task]) -> None:
-    """The worker at ``conn`` gets the next task, if any is left."""
+def _give(conn: Connection, tasks: Iterator[Task], busy: set[Connection]) -> None:
+    """The worker at ``conn`` gets the next task, if any is left (its answer names the task)."""
     task = next(tasks, None)
     if task is None:
         return
@@ -117,7 +117,7 @@ def _give(conn: Connection, tasks: Iterator[Task], busy: dict[Connection, Task])
         conn.send(task)
     except OSError:  # (its end is closed: it died after its last answer)
         raise ValueError(_DIED) from None
-    busy[conn] = task
+    busy.add(conn)
 
 
 def run_parallel(opts: SimOptions, workers: int, progress: Progress | None = None) -> list[RunResult]:
@@ -140,7 +140,7 @@ def run_parallel(opts: SimOptions, workers: int, progress: Progress | None = Non
                 theirs.close()  # (the worker's end: closed here, it is gone once the worker is)
                 crew.append((proc, mine))
         queue = iter(tasks)
-        busy: dict[Connection, Task] = {}
+        busy: set[Connection] = set()
         for _, conn in crew:
             _give(conn, queue, busy)
         while busy:
@@ -153,7 +153,7 @@ def run_parallel(opts: SimOptions, workers: int, progress: Progress | None = Non
                     task, status, value = conn.recv()
                 except EOFError:  # killed (out of memory, a signal): that run's answer never comes
                     raise ValueError(_DIED) from None
-                del busy[conn]
+                busy.discard(conn)
                 if status == "error":
                     raise ValueError(value)
                 results[task] = value

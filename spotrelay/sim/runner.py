@@ -312,8 +312,8 @@ class Report:
             "events": self.events,
             "assumptions": self.assumptions,
             # describe's advice over the simulated job records (domain/advice.py), where a run got one
-            "advice": {p: dict(zip(("jobs", "of", "advice"), self.advice(p), strict=True))
-                       for p in self.policies() if self.advice(p)[0]},
+            "advice": {p: dict(zip(("jobs", "of", "advice"), said, strict=True))
+                       for p in self.policies() if (said := self.advice(p))[0]},
         }
 
 
