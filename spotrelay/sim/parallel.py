@@ -23,7 +23,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
 from typing import Any, cast
@@ -161,7 +161,8 @@ def run_parallel(opts: SimOptions, workers: int, progress: Progress | None = Non
                     progress(1)
                 _give(conn, queue, busy)
         for _, conn in crew:
-            conn.send(None)
+            with suppress(OSError):  # (gone after its last answer: every result is in, the finally reaps it)
+                conn.send(None)
         done = True
     finally:  # every worker ends here: told it is done, or killed (an error, a dead one, Ctrl-C)
         for proc, conn in crew:
