@@ -3,6 +3,7 @@
     .venv/bin/python bench/sim_speed.py [--jobs 100] [--months 10] [--nodes 32,16] [--market g4dn|synthetic]
                                         [--workers 1,2]
     .venv/bin/python bench/sim_speed.py --jobs 2 --market synthetic --against main~3 [--rounds 3]
+    .venv/bin/python bench/sim_speed.py --jobs 4 --market synthetic --nodes 32 --native-vs-source
 
 Prints, per market (the g4dn trace and the synthetic market; both by default), per gang size
 (``--nodes``, default 32 and 16: no g4dn pool ever holds 32 nodes, so a 32-node job runs on
@@ -27,6 +28,12 @@ Wall time on a shared machine moves with its load: read it with the load printed
 ``spotrelay/`` and ``functions/``, exported to a temporary directory) and this tree's are timed in
 turn, ``--rounds`` times each, alternating, every run in a fresh process; then each one's mean and
 after/before. CPU seconds grow with the machine's load, so only runs alternated in one session compare.
+Both run from source (``SPOTRELAY_SIM_NATIVE=0``): REV has no native build to compare.
+
+The first line says which simulator the timed lines run: ``native`` (the mypyc build ``make install``
+makes, spotrelay/sim_native.py) or ``source`` and why. ``--native-vs-source``: this tree's simulator
+from source and from its native build, alternated the same way (``--rounds``, fresh processes, one
+worker), with the mean CPU of each and native/source; the events must be the same.
 """
 
 from __future__ import annotations
@@ -101,36 +108,44 @@ def _export(rev: str, into: Path) -> None:
         tar.extractall(into, filter="data")
 
 
-def _in_process(root: Path, args: argparse.Namespace, market: str) -> dict[str, float]:
+def _in_process(root: Path, args: argparse.Namespace, market: str, native: str = "0") -> dict[str, float]:
+    """One timed run in a fresh process of ``root``'s simulator; ``native`` "1" lets it use its native build."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--market", market, "--jobs", str(args.jobs),
            "--months", str(args.months), "--nodes", str(args.nodes)]
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = {**os.environ, "PYTHONPATH": str(root), "SPOTRELAY_SIM_NATIVE": native}
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=root).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
-def _against(args: argparse.Namespace, markets: list[str]) -> int:
+def _side_by_side(args: argparse.Namespace, markets: list[str], before: tuple[str, Path, str],
+                  after: tuple[str, Path, str]) -> None:
+    """``before`` and ``after`` (a label, a tree, its SPOTRELAY_SIM_NATIVE) timed in turn, ``--rounds``
+    times each, alternating, every run in a fresh process; then each one's mean CPU and after/before."""
     job_months = args.jobs * args.months
     per_k = 1000.0 / job_months
+    for market in markets:
+        runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+        for r in range(args.rounds):
+            for label, (what, root, native) in (("before", before), ("after", after)):
+                got = _in_process(root, args, market, native)
+                runs[label].append(got)
+                print(f"{market:9} {args.nodes} nodes round {r + 1} {label:6} ({what}): "
+                      f"{job_months:,.0f} job-months, {got['events']:,.0f} events, {got['wall']:6.1f} s wall, "
+                      f"{got['cpu']:6.1f} s CPU ({got['cpu'] * per_k:,.0f} s per 1,000 job-months)", flush=True)
+        mean = {k: sum(x["cpu"] for x in v) / len(v) for k, v in runs.items()}
+        same = {x["events"] for v in runs.values() for x in v}
+        print(f"{market:9} {args.nodes} nodes mean CPU: before {mean['before']:.2f} s "
+              f"({mean['before'] * per_k:,.0f} s per 1,000 "
+              f"job-months), after {mean['after']:.2f} s ({mean['after'] * per_k:,.0f} s, "
+              f"{'met' if mean['after'] * per_k <= 60 else 'NOT met'}); after/before "
+              f"{mean['after'] / mean['before']:.2f}; events {'the same' if len(same) == 1 else 'DIFFER'}")
+
+
+def _against(args: argparse.Namespace, markets: list[str]) -> int:
+    """REV's simulator against this tree's, both from source (REV has no native build to compare)."""
     with tempfile.TemporaryDirectory(prefix="sim_speed_") as tmp:
         _export(args.against, Path(tmp))
-        for market in markets:
-            runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
-            for r in range(args.rounds):
-                for label, root in (("before", Path(tmp)), ("after", ROOT)):
-                    got = _in_process(root, args, market)
-                    runs[label].append(got)
-                    rev = args.against if label == "before" else "this tree"
-                    print(f"{market:9} {args.nodes} nodes round {r + 1} {label:6} ({rev}): "
-                          f"{job_months:,.0f} job-months, {got['events']:,.0f} events, {got['wall']:6.1f} s wall, "
-                          f"{got['cpu']:6.1f} s CPU ({got['cpu'] * per_k:,.0f} s per 1,000 job-months)", flush=True)
-            mean = {k: sum(x["cpu"] for x in v) / len(v) for k, v in runs.items()}
-            same = {x["events"] for v in runs.values() for x in v}
-            print(f"{market:9} {args.nodes} nodes mean CPU: before {mean['before']:.2f} s "
-                  f"({mean['before'] * per_k:,.0f} s per 1,000 "
-                  f"job-months), after {mean['after']:.2f} s ({mean['after'] * per_k:,.0f} s, "
-                  f"{'met' if mean['after'] * per_k <= 60 else 'NOT met'}); after/before "
-                  f"{mean['after'] / mean['before']:.2f}; events {'the same' if len(same) == 1 else 'DIFFER'}")
+        _side_by_side(args, markets, (args.against, Path(tmp), "0"), ("this tree", ROOT, "0"))
     return 0
 
 
@@ -162,7 +177,10 @@ def main() -> int:
     parser.add_argument("--market", choices=["g4dn", "synthetic", "both"], default="both")
     parser.add_argument("--all-policies", action="store_true", help="also time every policy together")
     parser.add_argument("--against", metavar="REV", help="also time git revision REV's simulator, alternating")
-    parser.add_argument("--rounds", type=int, default=3, help="with --against: runs of each, alternated")
+    parser.add_argument("--native-vs-source", action="store_true",
+                        help="time this tree's simulator from source and from its native build, alternating")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="with --against or --native-vs-source: runs of each, alternated")
     parser.add_argument("--workers", default="1,2", help="worker counts to time side by side (default 1,2)")
     parser.add_argument("--max-line-s", type=float, default=600.0,
                         help="a line whose jobs would take longer (a probe of a few jobs says) runs fewer jobs, "
@@ -174,15 +192,27 @@ def main() -> int:
     if args.worker:
         print(json.dumps(_measure(markets[0], sizes[0], args.months, args.jobs, ("spotrelay",))))
         return 0
-    if args.against:
+    if args.against or args.native_vs_source:
+        from spotrelay.sim_native import status
+
+        if args.native_vs_source and not status()[0]:
+            print(f"no native build to time: {status()[1]}")
+            return 1
         for nodes in sizes:
             args.nodes = nodes
-            _against(args, markets)
+            if args.against:
+                _against(args, markets)
+            else:
+                _side_by_side(args, markets, ("source", ROOT, "0"), ("native build", ROOT, "1"))
         return 0
     from spotrelay.sim.runner import POLICIES
 
     workers = sorted({int(w) for w in args.workers.split(",")})
-    print(f"{os.cpu_count()} CPUs; before: {_load()}; reference loop {_reference_s():.2f} s", flush=True)
+    import spotrelay.sim
+    from spotrelay.sim_native import activate
+
+    print(f"{os.cpu_count()} CPUs; before: {_load()}; reference loop {_reference_s():.2f} s; "
+          f"simulator: {activate(spotrelay.sim.__path__)[1]}", flush=True)
     side: list[str] = []
     for name, nodes in [(m, n) for m in markets for n in sizes]:
         for policies in (("spotrelay",), POLICIES) if args.all_policies else (("spotrelay",),):

@@ -17,6 +17,9 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_exten
 os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "spotrelay")
 os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
 os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "spotrelay")
+# the simulator's source, not its native build: tests patch its methods, which compiled classes ignore;
+# tests/unit/test_sim_native.py runs the build beside the source (spotrelay/sim_native.py)
+os.environ.setdefault("SPOTRELAY_SIM_NATIVE", "0")
 
 
 @pytest.fixture(scope="session")

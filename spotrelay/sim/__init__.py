@@ -14,3 +14,8 @@ run today, all on the same markets and seeds.
 - ``baselines``: on-demand, price-limit, skypilot-like, sagemaker-like.
 - ``runner`` / ``report``: every policy x seed, the contract's numbers, table, JSON, plot.
 """
+
+from spotrelay.sim_native import activate
+
+# the native build's modules first on this package's path, when it matches the source (spotrelay/sim_native.py)
+activate(__path__)

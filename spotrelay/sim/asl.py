@@ -26,11 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ASL_PATH = Path(__file__).resolve().parents[2] / "functions" / "workflows" / "job_run.asl.json"
+import spotrelay
+
+# (from the package, not this file: the native build's modules live under build/sim-native, spotrelay/sim_native.py)
+ASL_PATH = Path(spotrelay.__file__).resolve().parents[1] / "functions" / "workflows" / "job_run.asl.json"
 _PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
 
 
-class AslError(RuntimeError):
+class AslError(Exception):
     """The ASL uses something this interpreter does not implement."""
 
 

@@ -17,10 +17,10 @@ import math
 from typing import Any
 
 from spotrelay.placement import catalog
-from spotrelay.sim.engine import Run
+from spotrelay.sim.engine import HORIZON_S, Run
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.market import Market, SimPool
-from spotrelay.sim.records import INF, SimNode
+from spotrelay.sim.records import INF, Fault, SimNode
 
 BASELINES = ("on-demand", "price-limit", "skypilot-like", "sagemaker-like")
 
@@ -38,8 +38,10 @@ def per_throughput(sp: SimPool, t: float) -> float:
 
 class BaselineRun(Run):
     def __init__(self, market: Market, job: JobModel, seed: int, *, policy: str, regions: list[str],
-                 instance_types: list[str], retry_s: float = 120.0, **kw: Any) -> None:
-        super().__init__(market, job, seed, **kw)
+                 instance_types: list[str], retry_s: float = 120.0, start_t: float = 0.0,
+                 horizon_s: float = HORIZON_S, timeline: bool = False, faults: tuple[Fault, ...] = ()) -> None:
+        # (Run's arguments by name, not ``**kw``: mypyc passes a ``**kw`` on positionally, spotrelay/sim_native.py)
+        super().__init__(market, job, seed, start_t, horizon_s, timeline, faults)
         self.policy, self.retry_s = policy, retry_s
         pools = [p for p in market.pools if p.pool.region in regions and p.pool.instance_type in instance_types]
         if policy == "on-demand":

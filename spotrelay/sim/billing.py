@@ -49,7 +49,7 @@ def billed_usd(entries: list[CostEntry], now: float) -> float:
     in order, as ``sum`` adds), with each entry's cost computed once: a gang's nodes share their
     entries (the same objects, ``Run.end_node``), and a long run holds hundreds of thousands."""
     seen: dict[int, float] = {}
-    total: float = 0
+    total: float = 0.0
     for e in entries:
         c = seen.get(id(e))
         if c is None:

@@ -33,13 +33,13 @@ from spotrelay.placement.policy import DEFAULT_CONFIG
 from spotrelay.services.waits import outcome_verdict, ready_verdict
 from spotrelay.sim import attempts, moves, recover, spares
 from spotrelay.sim.asl import Await, Finished, Sleep, Walker, load_asl
-from spotrelay.sim.engine import Run
+from spotrelay.sim.engine import HORIZON_S, Run
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.market import Market
 from spotrelay.sim.moves import SAVE_MARGIN_S
 from spotrelay.sim.node_records import gang_records, template_for
 from spotrelay.sim.quotes import LazyQuotes
-from spotrelay.sim.records import SimNode
+from spotrelay.sim.records import Fault, SimNode
 from spotrelay.sim.shortlist import Shortlist, SimPoolStats
 from spotrelay.spec.models import JobSpec
 
@@ -54,8 +54,10 @@ class SpotrelayRun(Run):
                  asl: dict[str, Any] | None = None, rebalance_checkpoint: bool = True,
                  markets: tuple[str, ...] = ("spot", "on-demand"), spec: JobSpec | None = None,
                  spec_overrides: dict[str, dict[str, Any]] | None = None, keep_margin: float | None = None,
-                 **kw: Any) -> None:
-        super().__init__(market, job, seed, **kw)
+                 start_t: float = 0.0, horizon_s: float = HORIZON_S, timeline: bool = False,
+                 faults: tuple[Fault, ...] = ()) -> None:
+        # (Run's arguments by name, not ``**kw``: mypyc passes a ``**kw`` on positionally, spotrelay/sim_native.py)
+        super().__init__(market, job, seed, start_t, horizon_s, timeline, faults)
         self.spec = spec or job.spec(regions, instance_types, list(markets))
         if spec_overrides:  # switches on the spec: resources.spares, recovery.launch_at_notice, ...
             doc = self.spec.model_dump(mode="json")
@@ -108,6 +110,9 @@ class SpotrelayRun(Run):
         }, {"job_id": "sim", "timings": self.timings.model_dump()})
 
     # --- driving the walker ---------------------------------------------------------------------
+    def drop_links(self) -> None:
+        self.walker.handlers.clear()  # (its handlers are this run's bound methods)
+
     def start(self) -> None:
         self.created_at = self.now
         self.at(self.now, self._step, None)

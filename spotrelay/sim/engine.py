@@ -29,6 +29,7 @@ from spotrelay.sim.training import Training
 # with another at the same instant for ever, which the horizon never ends); a gang's launch, boots and
 # notices at one time are a few hundred
 STUCK_EVENTS = 1_000_000
+HORIZON_S = 400 * 86400.0  # a run's clock stops here unless told (runner.make_run tells it)
 _LAUNCHED_KEEP = 1024  # Run.launched is pruned of ended nodes when it grows past this (or twice what it kept)
 
 
@@ -36,7 +37,7 @@ class Run(Training):
     """One job under one policy on one market and seed."""
 
     def __init__(self, market: Market, job: JobModel, seed: int, start_t: float = 0.0,
-                 horizon_s: float = 400 * 86400.0, timeline: bool = False, faults: tuple[Fault, ...] = ()) -> None:
+                 horizon_s: float = HORIZON_S, timeline: bool = False, faults: tuple[Fault, ...] = ()) -> None:
         super().__init__(job)  # (the training state: sim/training.py)
         self.market, self.job = market, job
         self.rng = random.Random(f"{seed}/run")
@@ -237,7 +238,15 @@ class Run(Training):
         """Drop what the finished run holds, once it is measured: its event heap and workflow walker
         hold bound methods of it (a cycle), so its nodes and records would otherwise wait for a full
         collection, which a sweep of many runs makes rare (runner._rare_collections)."""
-        self.__dict__.clear()
+        state = getattr(self, "__dict__", None)
+        if state is not None:
+            state.clear()
+        else:  # the native build's runs have no ``__dict__`` (spotrelay/sim_native.py): the cycles' links, by name
+            self._heap.clear()
+            self.drop_links()
+
+    def drop_links(self) -> None:
+        """What a policy holds that refers back to the run (the native build's ``dispose``)."""
 
     def release_all(self) -> None:
         for node in list(self.bench.values()):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import bisect
 import fnmatch
 import random
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from spotrelay.domain.models import Pool
@@ -48,7 +49,7 @@ _SNAP_S = 1e-6  # a trace time read back within this of a whole millisecond is t
 class Grant:
     """One node a launch got: its identity in the pool and when the market takes it back."""
 
-    key: object
+    key: Hashable  # (not ``object``: mypyc's dataclasses cannot name a builtin, spotrelay/sim_native.py)
     removal_t: float  # absolute simulated seconds; inf = never
 
 

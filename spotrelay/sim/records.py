@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,7 @@ INF = float("inf")
 class SimNode:
     rank: int
     pool: SimPool
-    key: object
+    key: Hashable  # (not ``object``: mypyc's dataclasses cannot name a builtin, spotrelay/sim_native.py)
     attempt: int
     instance_id: str
     launch_t: float
