@@ -70,6 +70,13 @@ def status(manifest: Path = MANIFEST) -> tuple[bool, str]:
         return False, "source (no native build: make install builds it)"
     if not isinstance(built, dict) or built.get("digest") != source_digest():
         return False, "source (the native build is older than the source: make install rebuilds it)"
+    try:  # (a module missing from the build would run from source beside compiled ones that cannot take it)
+        files = {name.split(".", 1)[0] for name in os.listdir(manifest.parent / "spotrelay" / "sim")
+                 if name.endswith(".so")}
+    except OSError:
+        files = set()
+    if not built.get("modules") or any(Path(str(m)).stem not in files for m in built["modules"]):
+        return False, "source (the native build is incomplete: make install rebuilds it)"
     return True, f"native (mypyc {built.get('mypyc', '?')})"
 
 

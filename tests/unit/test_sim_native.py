@@ -50,8 +50,19 @@ def test_the_build_is_used_only_when_asked_and_only_for_the_source_it_was_built_
     manifest.write_text(json.dumps({"digest": hashlib.sha256(b"an older source").hexdigest(), "mypyc": "x"}))
     assert sim_native.status(manifest) == (
         False, "source (the native build is older than the source: make install rebuilds it)")
-    manifest.write_text(json.dumps({"digest": sim_native.source_digest(), "mypyc": "2.4.1"}))
+    fresh = {"digest": sim_native.source_digest(), "mypyc": "2.4.1", "modules": ["spotrelay/sim/engine.py",
+                                                                                 "spotrelay/sim/asl.py"]}
+    manifest.write_text(json.dumps(fresh))
+    incomplete = (False, "source (the native build is incomplete: make install rebuilds it)")
+    assert sim_native.status(manifest) == incomplete  # (no module files at all)
+    (tmp_path / "spotrelay" / "sim").mkdir(parents=True)
+    (tmp_path / "spotrelay" / "sim" / "engine.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
+    assert sim_native.status(manifest) == incomplete  # (asl's is missing)
+    (tmp_path / "spotrelay" / "sim" / "asl.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
     assert sim_native.status(manifest) == (True, "native (mypyc 2.4.1)")
+    manifest.write_text(json.dumps({**fresh, "modules": []}))
+    assert sim_native.status(manifest) == incomplete
+    manifest.write_text(json.dumps(fresh))
     monkeypatch.setenv(sim_native.ENV, "0")
     assert sim_native.status(manifest) == (False, f"source ({sim_native.ENV}=0)")
 
