@@ -7,8 +7,9 @@ under ``build/sim-native/`` (``python -m spotrelay.sim_native build``), outside 
 else (the Lambda bundles) ever sees them; ``spotrelay/sim/__init__.py`` puts that folder first on the
 package's path only when:
 
-- ``SPOTRELAY_SIM_NATIVE`` is not ``0`` (the tests set it to ``0``: several patch the simulator's
-  methods, which a compiled class ignores; tests/unit/test_sim_native.py runs the build side by side);
+- ``SPOTRELAY_SIM_NATIVE`` is not ``0`` (or ``false``, ``no``, ``off``; the tests set it to ``0``: several
+  patch the simulator's methods, which a compiled class ignores; tests/unit/test_sim_native.py runs the
+  build side by side);
 - the build's manifest names this interpreter's ABI and the digest of every ``spotrelay/**/*.py`` as it
   is now: compiled code never runs for a source edited since (the edit runs, interpreted, until the
   next build). Any module can change what the compiled code assumes of it, so all are hashed (~3 ms).
@@ -40,6 +41,7 @@ BUILD = ROOT / "build" / "sim-native"
 MANIFEST = BUILD / "manifest.json"
 LOG = BUILD.with_name("sim-native.log")
 INTERPRETED = frozenset({"__init__", "parallel", "job"})
+OFF = frozenset({"0", "false", "no", "off"})  # SPOTRELAY_SIM_NATIVE values that mean the source
 
 _status: tuple[bool, str] | None = None
 
@@ -62,8 +64,9 @@ def source_digest() -> str:
 
 def status(manifest: Path = MANIFEST) -> tuple[bool, str]:
     """(whether the native build is used, why in words): off by the environment, not built, stale, or used."""
-    if os.environ.get(ENV, "1") == "0":
-        return False, f"source ({ENV}=0)"
+    setting = os.environ.get(ENV, "").strip()
+    if setting.lower() in OFF:
+        return False, f"source ({ENV}={setting})"
     try:
         built = json.loads(manifest.read_text())
     except (OSError, ValueError):

@@ -63,8 +63,11 @@ def test_the_build_is_used_only_when_asked_and_only_for_the_source_it_was_built_
     manifest.write_text(json.dumps({**fresh, "modules": []}))
     assert sim_native.status(manifest) == incomplete
     manifest.write_text(json.dumps(fresh))
-    monkeypatch.setenv(sim_native.ENV, "0")
-    assert sim_native.status(manifest) == (False, f"source ({sim_native.ENV}=0)")
+    for off in ("0", "false", "No", " off "):
+        monkeypatch.setenv(sim_native.ENV, off)
+        assert sim_native.status(manifest) == (False, f"source ({sim_native.ENV}={off.strip()})")
+    monkeypatch.setenv(sim_native.ENV, "")  # (set but empty: the default, on)
+    assert sim_native.status(manifest)[0]
 
 
 def test_the_digest_covers_every_module_of_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
