@@ -117,6 +117,11 @@ def _output_to(log: Path) -> Iterator[None]:
                 os.close(old)
 
 
+def in_use() -> str:
+    """What this process's simulator runs, in words (``status``'s, as ``activate`` found it)."""
+    return (_status or status())[1]
+
+
 def build() -> str:
     """Compile ``compiled_modules()`` into ``BUILD`` (replacing it once every module built); its manifest."""
     from mypy.version import __version__ as mypy_version

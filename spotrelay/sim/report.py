@@ -14,6 +14,7 @@ from spotrelay.sim.assumptions import summary
 from spotrelay.sim.losses import CATEGORIES
 from spotrelay.sim.runner import Report
 from spotrelay.sim.timeline import BOOT, TRAIN, bars
+from spotrelay.sim_native import in_use
 
 COLUMNS = (
     ("$/useful GPU-h", "cost_per_useful_gpu_hour", "{:.3f}"), ("vs on-demand", "vs_on_demand", "{:.3f}"),
@@ -76,7 +77,8 @@ def print_report(report: Report, console: Console) -> None:
     for line in summary(report.assumptions) if report.assumptions else []:
         console.print(line, highlight=False, soft_wrap=True)
     rate = report.events / report.seconds if report.seconds else 0.0
-    console.print(f"{report.events:,} simulated events in {report.seconds:.2f} s ({rate:,.0f} events/s)")
+    console.print(f"{report.events:,} simulated events in {report.seconds:.2f} s ({rate:,.0f} events/s; "
+                  f"simulator: {in_use()})", highlight=False)
 
 
 def write_json(report: Report, path: Path) -> None:

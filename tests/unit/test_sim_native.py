@@ -127,6 +127,8 @@ def test_the_native_build_reports_what_the_source_reports_byte_for_byte(sweep: s
         done = subprocess.run([CLI, "simulate", *SWEEPS[sweep], "--json", str(out)], env=_env(native),
                               capture_output=True, text=True, cwd=ROOT)
         assert done.returncode == 0, done.stderr or done.stdout
+        said = "simulator: native (mypyc " if native == "1" else f"simulator: source ({sim_native.ENV}=0)"
+        assert said in done.stdout
         docs.append(out.read_bytes())
     assert json.loads(docs[0])["policies"]["spotrelay"]["cost_usd"] > 0
     assert docs[0] == docs[1]
