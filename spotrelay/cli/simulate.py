@@ -128,6 +128,9 @@ def simulate(
     switch: Annotated[list[str] | None, typer.Option(
         "--switch", help="a spotrelay variant, NAME=VALUE: spares=1, min_nodes=12, launch_at_notice=false, "
         "prewarm_on_rebalance=true, rebalance_checkpoint=false, keep_margin=0.2, every_minutes=auto")] = None,
+    variant: Annotated[list[str] | None, typer.Option(
+        "--variant", help="spotrelay with other switches, beside it on the same markets and seeds: "
+        "NAME:SWITCH=VALUE[,SWITCH=VALUE...] (repeatable; e.g. elastic:min_nodes=8), its row spotrelay:NAME")] = None,
     boot_s: Annotated[float, typer.Option("--boot-s", min=0, max=MAX_BOOT_S, help="every type's boot (s)")] = 300.0,
     boot_s_for: Annotated[list[str] | None, typer.Option(
         "--boot-s-for", help="TYPE=S: one instance type's boot instead (p5.48xlarge=420)")] = None,
@@ -168,6 +171,7 @@ def simulate(
     from spotrelay.sim.report import print_report, write_json, write_plot
     from spotrelay.sim.runner import POLICIES, SimOptions, parse_switch, run_count
     from spotrelay.sim.runner import simulate as run_simulation
+    from spotrelay.sim.variants import parse_variants, with_variants
 
     if json_path is not None:
         check_writable(json_path, "--json")
@@ -192,6 +196,7 @@ def simulate(
         err.print(f"[red]error:[/] unknown {what}", soft_wrap=True, highlight=False)
         raise typer.Exit(2)
     try:
+        variants = parse_variants(variant or [])
         opts = SimOptions(
             market=MarketOptions(traces=list(trace or []), trace_format=trace_format,  # type: ignore[arg-type]
                                  regions=spec.resources.regions if spec else named_regions or list(
@@ -204,7 +209,8 @@ def simulate(
             job=_job_model(JobModel, spec.resources.nodes if spec else nodes or 16, checkpoint_gb, step_s,
                            job_hours=job_hours, checkpoint_minutes=_baseline_minutes(spec, checkpoint_minutes),
                            strategy=strategy, deadline_hours=deadline_hours, **_given(s3_gbps=s3_gbps)),
-            policies=chosen, seeds=seeds, jobs=jobs, timeline=plot is not None,
+            policies=with_variants(chosen, variants), variants=variants, seeds=seeds, jobs=jobs,
+            timeline=plot is not None,
             spotrelay_switches={**({"spec": spec} if spec else {}), **dict(parse_switch(s) for s in switch or [])},
             workers=workers or 1,
         )

@@ -62,7 +62,13 @@ def assumptions(opts: SimOptions) -> dict[str, Any]:
         # spot node EC2 interrupts within this long of its launch, which costs nothing (EC2 User Guide)
         "billing": {"per_second_from": "launch", "spot_interrupted_free_within_s": SPOT_FREE_INTERRUPTION_S},
         "spotrelay": _spotrelay(opts.spotrelay_switches),
+        # spotrelay:NAME -> its switches over spotrelay's (--variant; sim/variants.py)
+        **({"variants": {name: _plain(switches) for name, switches in opts.variants.items()}} if opts.variants else {}),
     }
+
+
+def _plain(switches: dict[str, Any]) -> dict[str, Any]:
+    return {k: v if isinstance(v, int | float | str | bool) else repr(v) for k, v in sorted(switches.items())}
 
 
 def _spotrelay(switches: dict[str, Any]) -> dict[str, Any]:
@@ -74,8 +80,7 @@ def _spotrelay(switches: dict[str, Any]) -> dict[str, Any]:
     named = None if given is None else {"name": given.name, "spec_hash": spec_hash(given),
                                         "budget_usd": given.budget.max_total_cost}  # (sim/budget.py: stops it)
     return {"spec": named if named is not None else "the stated job's",
-            "switches": {k: v if isinstance(v, int | float | str | bool) else repr(v)
-                         for k, v in sorted(switches.items()) if k != "spec"}}
+            "switches": _plain({k: v for k, v in switches.items() if k != "spec"})}
 
 
 def _text(price: Any) -> str:
@@ -104,6 +109,9 @@ def summary(a: dict[str, Any]) -> list[str]:
         f"prices USD per node-hour ({mk['price_source']}): {prices}; billed per second from launch, a spot "
         f"node EC2 interrupts in its first {a['billing']['spot_interrupted_free_within_s'] / 3600:g} h not billed",
         *_spotrelay_line(a.get("spotrelay") or {}),
+        *(["variants (their switches over spotrelay's): " + "; ".join(
+            f"{name} " + ", ".join(f"{k}={v}" for k, v in sw.items()) for name, sw in a["variants"].items())]
+          if a.get("variants") else []),
     ]
 
 

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from spotrelay.sim.assumptions import summary
 from spotrelay.sim.losses import CATEGORIES
-from spotrelay.sim.runner import Report
+from spotrelay.sim.runner import VARIANT_PREFIX, Report
 from spotrelay.sim.timeline import BOOT, TRAIN, bars
 from spotrelay.sim_native import in_use
 
@@ -39,7 +39,7 @@ def _cell(report: Report, policy: str, metric: str, fmt: str) -> str:
 def table(report: Report) -> Table:
     t = Table(title=f"{report.nodes} nodes, trace {report.trace}, {report.seeds} seed(s)"
               + (" (mean ± stdev)" if report.seeds > 1 else ""))
-    t.add_column("policy")
+    t.add_column("policy", no_wrap=True, min_width=max((len(p) for p in report.policies()), default=6))
     for title, _, _ in COLUMNS:
         t.add_column(title, justify="right")
     for policy in report.policies():
@@ -69,6 +69,12 @@ def print_report(report: Report, console: Console) -> None:
     for policy in report.policies():
         parts = [(c, report.loss(policy, c)) for c in CATEGORIES]
         console.print(f"  {policy}: " + ", ".join(f"{c} {v:.3f}" for c, v in parts if math.isfinite(v) and v >= 0.0005))
+    for policy in report.policies():  # spotrelay's variants (--variant) against spotrelay
+        versus = report.vs_spotrelay(policy) if policy.startswith(VARIANT_PREFIX) else math.nan
+        if math.isfinite(versus):
+            console.print(f"{policy}: {versus:.3f}x spotrelay's cost per useful GPU-hour (mean of per-seed ratios), "
+                          f"goodput {report.mean(policy, 'goodput'):.3f} against "
+                          f"{report.mean('spotrelay', 'goodput'):.3f}", highlight=False, soft_wrap=True)
     for policy in report.policies():
         advised, of, advice = report.advice(policy)
         if advice:

@@ -53,6 +53,7 @@ def parse_switch(text: str) -> tuple[str, Any]:
 
 Progress = Callable[[int], None]  # told how many more runs of a sweep are done
 POLICIES = ("spotrelay", "on-demand", "skypilot-like", "sagemaker-like", "price-limit")
+VARIANT_PREFIX = "spotrelay:"  # a variant's policy name is this and its own (SimOptions.variants)
 METRICS = ("cost_usd", "useful_gpu_hours", "cost_per_useful_gpu_hour", "goodput", "wall_hours", "steps_lost",
            "interruptions", "recoveries", "recovery_s_p50", "recovery_s_p95", "on_demand_share",
            "captured_saving")
@@ -68,6 +69,9 @@ class SimOptions:
     spotrelay_switches: dict[str, Any] = field(default_factory=dict)  # variants: strategy, rebalance, ...
     timeline: bool = False
     workers: int = 1  # processes for the runs (sim/parallel.py); 1: in this process. Same report for any
+    # spotrelay's variants run beside it (sim/variants.py): policy name "spotrelay:NAME" -> its switches, over
+    # ``spotrelay_switches``; each is also in ``policies``
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 
@@ -107,8 +111,8 @@ def make_run(policy: str, opts: SimOptions, market: Any, seed: int, start_t: flo
     horizon = HORIZON_JOBS * opts.job.job_hours * 3600.0 + 30 * 86400.0
     common: dict[str, Any] = {"start_t": start_t, "timeline": opts.timeline, "horizon_s": horizon}
     regions, types = opts.market.regions, opts.market.instance_types
-    if policy == "spotrelay":
-        switches = dict(opts.spotrelay_switches)
+    if policy == "spotrelay" or policy in opts.variants:
+        switches = {**opts.spotrelay_switches, **opts.variants.get(policy, {})}
         job = replace(opts.job, strategy=switches.pop("strategy", opts.job.strategy))
         overrides: dict[str, dict[str, Any]] = {}
         for name, section in SPEC_SWITCHES.items():
@@ -124,7 +128,8 @@ def make_run(policy: str, opts: SimOptions, market: Any, seed: int, start_t: flo
         except ValidationError as exc:  # a switch the spec or the timings refuse: name it (the CLI prints one line)
             first = exc.errors()[0]
             field_name = ".".join(str(p) for p in first["loc"])
-            raise ValueError(f"switch {field_name.rsplit('.', 1)[-1]}: {field_name}: {first['msg']}") from None
+            named = "" if policy == "spotrelay" else f"--variant {policy.removeprefix(VARIANT_PREFIX)}: "
+            raise ValueError(f"{named}switch {field_name.rsplit('.', 1)[-1]}: {field_name}: {first['msg']}") from None
     elif policy in BASELINES:
         run = BaselineRun(market, opts.job, seed, policy=policy, regions=regions, instance_types=types, **common)
     else:
@@ -285,6 +290,13 @@ class Report:
         first = next((r.advice for r in runs if r.advice), None)
         return sum(r.advised for r in runs), sum(r.jobs for r in runs), first
 
+    def vs_spotrelay(self, policy: str) -> float:
+        """Mean over seeds of ``policy``'s cost per useful GPU-hour over spotrelay's (a variant's figure)."""
+        base = self.series("spotrelay", "cost_per_useful_gpu_hour")
+        ratios = [v / b for v, b in zip(self.series(policy, "cost_per_useful_gpu_hour"), base, strict=False)
+                  if math.isfinite(v) and math.isfinite(b) and b > 0]
+        return statistics.fmean(ratios) if ratios and len(base) == self.seeds else math.nan
+
     def spread(self, policy: str, metric: str) -> float:
         vals = [v for v in self.series(policy, metric) if math.isfinite(v)]
         return statistics.stdev(vals) if len(vals) > 1 else 0.0
@@ -305,7 +317,10 @@ class Report:
                              "finished_share": clean(statistics.fmean(
                                  1.0 if r.finished else 0.0 for r in self.runs if r.policy == p)),
                              # jobs the deadline stopped before their steps were done (--deadline-hours)
-                             "deadline_cut_share": clean(self.mean(p, "deadline_cut"))}
+                             "deadline_cut_share": clean(self.mean(p, "deadline_cut")),
+                             # a variant's cost per useful GPU-hour over spotrelay's (mean of per-seed ratios)
+                             **({"vs_spotrelay": clean(self.vs_spotrelay(p))} if p.startswith(VARIANT_PREFIX)
+                                else {})}
                          for p in self.policies()},
             # shares of paid GPU-hours per phase (sim/losses.py; "useful" is goodput), mean over seeds
             "losses": {p: {c: clean(self.loss(p, c)) for c in CATEGORIES} for p in self.policies()},
@@ -315,6 +330,17 @@ class Report:
             "advice": {p: dict(zip(("jobs", "of", "advice"), said, strict=True))
                        for p in self.policies() if (said := self.advice(p))[0]},
         }
+
+
+def _check_variants(opts: SimOptions) -> None:
+    """With variants, every spotrelay policy's run built once on seed 0's market before any runs: a switch
+    its spec or timings refuse stops the sweep at once, naming its variant, not after the runs before it
+    (without variants the first run is spotrelay's: it stops the sweep as soon)."""
+    if opts.variants:
+        market = build_market(opts.market, 0)
+        mine = [p for p in opts.policies if p == "spotrelay" or p in opts.variants]
+        for policy in mine:
+            make_run(policy, opts, market, 0, 0.0).dispose()
 
 
 def run_count(opts: SimOptions) -> int:
@@ -331,6 +357,7 @@ def simulate(opts: SimOptions, progress: Progress | None = None) -> Report:
         raise ValueError(f"--seeds {opts.seeds} x --jobs {opts.jobs} x {kinds} is {count:,} runs; "
                          f"at most {MAX_RUNS:,} in one call (split the sweep)")
     started = time.perf_counter()
+    _check_variants(opts)
     runs: list[RunResult] = []
     if opts.workers > 1 and count > 1:
         from spotrelay.sim.parallel import run_parallel

@@ -111,7 +111,8 @@ def test_the_native_modules_are_the_ones_imported_when_on_and_never_when_off() -
 SWEEPS = {
     # every policy, spares and two regions, 2 seeds x 2 jobs over 2 worker processes (results cross pipes)
     "synthetic": ["--trace-format", "synthetic", "--nodes", "16", "--job-hours", "48", "--jobs", "2", "--seeds", "2",
-                  "--regions", "us-east-1,us-west-2", "--switch", "spares=1", "--workers", "2"],
+                  "--regions", "us-east-1,us-west-2", "--switch", "spares=1", "--variant", "lean:spares=0,min_nodes=12",
+                  "--workers", "2"],
     # the stormy trace: a whole-gang restart every half hour, moves, reviews, the elastic gang, one process
     "g4dn": ["--trace", str(TRACE), "--nodes", "16", "--job-hours", "72", "--switch", "min_nodes=8",
              "--switch", "every_minutes=auto", "--workers", "1"],
