@@ -12,7 +12,7 @@ from rich.table import Table
 
 from spotrelay.sim.assumptions import summary
 from spotrelay.sim.losses import CATEGORIES
-from spotrelay.sim.runner import VARIANT_PREFIX, Report
+from spotrelay.sim.runner import VARIANT_PREFIX, Report, RunResult
 from spotrelay.sim.timeline import BOOT, TRAIN, bars
 from spotrelay.sim_native import in_use
 
@@ -92,7 +92,7 @@ def write_json(report: Report, path: Path) -> None:
     path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
 
 
-def _draw_timeline(ax: Any, timeline: list[tuple[float, str, str]], seed: int) -> None:
+def _draw_timeline(ax: Any, timeline: list[tuple[float, str, str]], seed: int, policy: str) -> None:
     """One run as bars per pool: booting (grey), training (green); red ticks where the market took a node."""
     drawn = bars(timeline)
     pools = drawn.pools()
@@ -109,7 +109,14 @@ def _draw_timeline(ax: Any, timeline: list[tuple[float, str, str]], seed: int) -
     ax.set_ylim(-0.7, max(1, len(pools)) - 0.3)
     ax.invert_yaxis()  # the first pool used on top
     ax.set_xlabel("hours")
-    ax.set_title(f"spotrelay, seed {seed}: booting (grey), training (green), nodes lost (red)")
+    ax.set_title(f"{policy}, seed {seed}: booting (grey), training (green), nodes lost (red)")
+
+
+def timeline_run(report: Report) -> RunResult | None:
+    """The run the plot draws: spotrelay's first, else a variant's, else the first policy's (``--policies``
+    without spotrelay); None when no run kept its timeline."""
+    kept = [r for r in report.runs if r.timeline]
+    return min(kept, key=lambda r: (r.policy != "spotrelay", not r.policy.startswith(VARIANT_PREFIX)), default=None)
 
 
 def write_plot(report: Report, path: Path) -> None:
@@ -126,9 +133,11 @@ def write_plot(report: Report, path: Path) -> None:
     left.set_ylabel("USD per useful GPU-hour")
     left.set_title(f"cost against goodput, {report.nodes} nodes, {report.seeds} seed(s)")
     left.legend()
-    run = next((r for r in report.runs if r.policy == "spotrelay" and r.timeline), None)
+    run = timeline_run(report)
     if run is not None:
-        _draw_timeline(right, run.timeline, run.seed)
+        _draw_timeline(right, run.timeline, run.seed, run.policy)
+    else:
+        right.set_axis_off()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from spotrelay.cli.main import app
 from spotrelay.sim.build import MarketOptions
 from spotrelay.sim.job import JobModel
+from spotrelay.sim.report import timeline_run
 from spotrelay.sim.runner import SimOptions, simulate
 from spotrelay.sim.variants import parse_variant, parse_variants, with_variants
 
@@ -104,3 +105,14 @@ def test_parse_variant_values_are_json_where_they_parse() -> None:
     assert parse_variants([]) == {}
     assert with_variants(("on-demand", "price-limit"), {"spotrelay:x": {}}) == ("spotrelay:x", "on-demand",
                                                                                 "price-limit")
+
+
+def test_the_plots_timeline_is_spotrelays_else_a_variants_else_the_first_policys() -> None:
+    variants = {"spotrelay:lean": {"spares": 1}}
+    for policies, drawn in ((("on-demand", "spotrelay", "spotrelay:lean"), "spotrelay"),
+                            (("on-demand", "spotrelay:lean"), "spotrelay:lean"), (("price-limit", "on-demand"),
+                                                                                  "price-limit")):
+        report = simulate(_opts(policies=policies, variants=variants, timeline=True))
+        run = timeline_run(report)
+        assert run is not None and run.policy == drawn and run.seed == 0 and run.timeline
+    assert timeline_run(simulate(_opts(policies=("on-demand",)))) is None  # (no --plot: no timeline kept)
