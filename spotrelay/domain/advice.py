@@ -76,4 +76,6 @@ def elastic_advice(spec: Mapping[str, Any] | None, attempts: Sequence[Attempt]) 
     share, gangs, life = measured
     return (f"the last {gangs} spot gangs of {nodes} nodes spent {share:.0%} of their time booting and restoring "
             f"(each lasted {life / 60:.0f} min on average; a loss stops the whole gang until it is whole again): "
-            f"resources.min_nodes lets the job train on the nodes a pool still holds (docs/job-spec.md)")
+            f"resources.min_nodes lets the job train on the nodes a pool still holds (docs/job-spec.md; "
+            f"`spotrelay simulate --spec JOB.yaml --variant elastic:min_nodes={max(1, nodes // 2)}` shows it "
+            f"beside the fixed gang first)")

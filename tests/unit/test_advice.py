@@ -33,6 +33,8 @@ def test_a_fixed_gang_restarting_every_26_minutes_is_told_with_its_own_figures()
     assert line is not None
     assert "last 6 spot gangs of 16 nodes spent 29% of their time booting and restoring" in line
     assert "26 min on average" in line and "resources.min_nodes" in line
+    assert line.endswith("`spotrelay simulate --spec JOB.yaml --variant elastic:min_nodes=8` shows it beside "
+                         "the fixed gang first)")
     share, count, life = bring_up_share(gangs(6)) or (0.0, 0, 0.0)
     assert share == pytest.approx(450 / 1560) and count == 6 and life == pytest.approx(1560.0)
 
