@@ -71,7 +71,7 @@ def elastic_advice(spec: Mapping[str, Any] | None, attempts: Sequence[Attempt]) 
     """One line for people when a fixed gang's restarts cost it ``BRING_UP_SHARE`` or more; else None."""
     nodes = _fixed_size(spec)
     measured = bring_up_share(attempts) if nodes is not None else None
-    if measured is None or measured[0] < BRING_UP_SHARE:
+    if nodes is None or measured is None or measured[0] < BRING_UP_SHARE:
         return None
     share, gangs, life = measured
     return (f"the last {gangs} spot gangs of {nodes} nodes spent {share:.0%} of their time booting and restoring "
