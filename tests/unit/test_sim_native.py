@@ -138,7 +138,13 @@ def test_the_native_build_reports_what_the_source_reports_byte_for_byte(sweep: s
 @pytest.mark.usefixtures("built")
 def test_the_pinned_runs_hold_on_the_native_build() -> None:
     # the pinned cases (their event counts, numbers, decisions and timelines), run by the compiled modules
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                           "tests/unit/test_sim_pinned.py"], env=_env("1"), capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-3000:]
-    assert " passed" in done.stdout and "skipped" not in done.stdout
+    from tests.unit.test_sim_pinned import PINNED
+
+    probe = ("import json, spotrelay.sim.engine as e\n"
+             "from tests.unit.test_sim_pinned import CASES, digest\n"
+             "print(e.__file__); print(json.dumps({name: digest(opts) for name, opts in CASES.items()}))")
+    done = subprocess.run([sys.executable, "-c", probe], env=_env("1"), capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    engine, digests = done.stdout.splitlines()[-2:]
+    assert engine.startswith(str(sim_native.BUILD)) and engine.endswith(".so")
+    assert json.loads(digests) == PINNED
