@@ -28,6 +28,17 @@ def _env(native: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), sim_native.ENV: native, "MLFLOW_DISABLE_TELEMETRY": "true"}
 
 
+def _probe(code: str, native: str) -> list[str]:
+    """The lines ``code`` prints in a fresh interpreter with ``SPOTRELAY_SIM_NATIVE=native``."""
+    done = subprocess.run([sys.executable, "-c", code], env=_env(native), capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.splitlines()
+
+
+def _from_build(path: str) -> bool:
+    return path.startswith(str(sim_native.BUILD)) and path.endswith(".so")
+
+
 @pytest.fixture
 def built(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(sim_native.ENV, "1")  # (the tests' own default is the source: tests/conftest.py)
@@ -98,14 +109,12 @@ def test_the_native_modules_are_the_ones_imported_when_on_and_never_when_off() -
     probe = ("import spotrelay.sim.engine as e, spotrelay.sim.parallel as p, spotrelay.sim.job as j\n"
              "from spotrelay.sim_native import activate\n"
              "print(e.__file__); print(p.__file__); print(j.__file__); print(activate([])[1])")
-    on = subprocess.run([sys.executable, "-c", probe], env=_env("1"), capture_output=True, text=True, check=True)
-    engine, parallel, job, said = on.stdout.splitlines()
-    assert engine.startswith(str(sim_native.BUILD)) and engine.endswith(".so")
+    engine, parallel, job, said = _probe(probe, "1")
+    assert _from_build(engine)
     assert parallel == str(ROOT / "spotrelay" / "sim" / "parallel.py")
     assert job == str(ROOT / "spotrelay" / "sim" / "job.py")
     assert said.startswith("native (mypyc ")
-    off = subprocess.run([sys.executable, "-c", probe], env=_env("0"), capture_output=True, text=True, check=True)
-    assert off.stdout.splitlines()[0] == str(ROOT / "spotrelay" / "sim" / "engine.py")
+    assert _probe(probe, "0")[0] == str(ROOT / "spotrelay" / "sim" / "engine.py")
 
 
 SWEEPS = {
@@ -143,8 +152,6 @@ def test_the_pinned_runs_hold_on_the_native_build() -> None:
     probe = ("import json, spotrelay.sim.engine as e\n"
              "from tests.unit.test_sim_pinned import CASES, digest\n"
              "print(e.__file__); print(json.dumps({name: digest(opts) for name, opts in CASES.items()}))")
-    done = subprocess.run([sys.executable, "-c", probe], env=_env("1"), capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    engine, digests = done.stdout.splitlines()[-2:]
-    assert engine.startswith(str(sim_native.BUILD)) and engine.endswith(".so")
+    engine, digests = _probe(probe, "1")[-2:]
+    assert _from_build(engine)
     assert json.loads(digests) == PINNED
