@@ -41,6 +41,7 @@ from spotrelay.sim.job import JobModel
 from spotrelay.sim.losses import CATEGORIES
 from spotrelay.sim.parallel import default_workers
 from spotrelay.sim.runner import POLICIES, Report, SimOptions, simulate
+from spotrelay.sim_native import in_use
 
 TRACE = Path(__file__).resolve().parents[1] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv"
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -195,7 +196,7 @@ def main() -> int:
     for name, ok, detail in checks:
         print(f"  [{'met' if ok else 'NOT met'}] {name}" + (f" ({detail})" if detail else ""))
     print(f"\n{events:,} simulated events in {wall:.1f} s wall, {cpu:.1f} s CPU ({events / cpu:,.0f} events per CPU-s; "
-          f"{args.workers} worker(s))")
+          f"{args.workers} worker(s); simulator: {in_use()})")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0
