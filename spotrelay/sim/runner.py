@@ -129,7 +129,9 @@ def make_run(policy: str, opts: SimOptions, market: Any, seed: int, start_t: flo
             first = exc.errors()[0]
             field_name = ".".join(str(p) for p in first["loc"])
             named = "" if policy == "spotrelay" else f"--variant {policy.removeprefix(VARIANT_PREFIX)}: "
-            raise ValueError(f"{named}switch {field_name.rsplit('.', 1)[-1]}: {field_name}: {first['msg']}") from None
+            # a check of a whole section (min_nodes against nodes) names the section: say the switches given in it
+            given = ", ".join(overrides.get(field_name, {})) or field_name.rsplit(".", 1)[-1]
+            raise ValueError(f"{named}switch {given}: {field_name}: {first['msg']}") from None
     elif policy in BASELINES:
         run = BaselineRun(market, opts.job, seed, policy=policy, regions=regions, instance_types=types, **common)
     else:
