@@ -2,7 +2,7 @@
 
 Sweeps are what the simulator is for (docs/simulator.md, "Speed"), and its runs are millions of small
 events through typed Python; mypyc compiles that same source (no second copy of any decision) into
-extension modules that run it about a fifth faster. ``make install`` (and ``make test``) builds them
+extension modules that run it about a fifth faster. ``make install``, ``make demo`` and ``make test`` build them
 under ``build/sim-native/`` (``python -m spotrelay.sim_native build``), outside the package, so nothing
 else (the Lambda bundles) ever sees them; ``spotrelay/sim/__init__.py`` puts that folder first on the
 package's path only when:
@@ -12,7 +12,7 @@ package's path only when:
   build side by side);
 - the build's manifest names this interpreter's ABI and the digest of every ``spotrelay/**/*.py`` as it
   is now: compiled code never runs for a source edited since (the edit runs, interpreted, until the
-  next build). Any module can change what the compiled code assumes of it, so all are hashed (~3 ms).
+  next build). Any module can change what the compiled code assumes of it, so all are hashed (~10 ms).
 
 Interpreted always: the package's ``__init__``, ``parallel`` (it starts the workers) and
 ``job`` (its frozen ``JobModel`` crosses the workers' pipes, and mypyc's frozen dataclasses cannot be

@@ -110,9 +110,13 @@ def summary(a: dict[str, Any]) -> list[str]:
         f"node EC2 interrupts in its first {a['billing']['spot_interrupted_free_within_s'] / 3600:g} h not billed",
         *_spotrelay_line(a.get("spotrelay") or {}),
         *(["variants (their switches over spotrelay's): " + "; ".join(
-            f"{name} " + ", ".join(f"{k}={v}" for k, v in sw.items()) for name, sw in a["variants"].items())]
+            f"{name} {_switches_text(sw)}" for name, sw in a["variants"].items())]
           if a.get("variants") else []),
     ]
+
+
+def _switches_text(switches: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in switches.items())
 
 
 def _spotrelay_line(sr: dict[str, Any]) -> list[str]:
@@ -125,6 +129,6 @@ def _spotrelay_line(sr: dict[str, Any]) -> list[str]:
         budget = spec.get("budget_usd")
         what = (f"spec '{spec['name']}' ({spec['spec_hash'][:12]}"
                 f"{'' if budget is None else f', its ${budget:,.0f} budget for spotrelay only'})")
-    more = ", ".join(f"{k}={v}" for k, v in switches.items())
+    more = _switches_text(switches)
     tail = "; the baselines its gang size, regions and types at the cadence above" if isinstance(spec, dict) else ""
     return [f"spotrelay ran {what}{' with ' + more if more else ''}{tail}"]
