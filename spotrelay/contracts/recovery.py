@@ -93,6 +93,9 @@ class AttemptEnd(BaseModel):
     # READY from a review: the next review's interval (placement/cadence.py), which the ASL's
     # NextReview state copies to $.launch.review_s
     review_s: int | None = Field(None, ge=1)
+    # READY from a review: the mark of the prices it read (placement/cadence.price_mark; None: it read
+    # none, the last one's stays), which NextReviewMark copies to $.launch.review_mark
+    review_mark: str | None = Field(None, max_length=64)
 
     @property
     def retryable(self) -> bool:
@@ -187,3 +190,6 @@ class Launched(BaseModel):
     world_size: int = Field(0, ge=0, description="ranks that train in this attempt (0: unknown)")
     # the outcome wait's TimeoutSecondsPath: the next review of the placement (services/review.py)
     review_s: int = Field(1800, ge=1)
+    # the prices the last review read (placement/cadence.price_mark): None for a new attempt, whose
+    # first review has nothing to compare with; the Review task is given it (``$.launch.review_mark``)
+    review_mark: str | None = Field(None, max_length=64)

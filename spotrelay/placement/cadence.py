@@ -13,11 +13,21 @@ One input of the review changes with the clock alone: a gang on on-demand stops 
 spot attempts once they are ``EVIDENCE_HOURS`` old (``placement.review.evidence_expires_at``), and
 that is when spot is worth a look again. The backoff never waits past that moment; without this
 bound a 16-node gang on the g4dn trace paid 3-4% more per useful GPU-hour (docs/simulator-tuning.md, "Speed rounds").
+
+The other is the market itself: a stay decided on prices that have since moved says nothing about
+the new ones. Each review carries the mark of the prices it read (``price_mark``; the ASL keeps it
+in ``$.launch.review_mark``), and a review that finds them changed since the last one looks again
+after ``review_minutes``, not twice the last interval: the backoff holds only while prices hold
+still. Where they move every few hours (the simulator's synthetic market) spotrelay paid 0.6-1.1%
+less per useful GPU-hour (docs/simulator-tuning.md, "Reviews while prices move"); where they never
+move (the traces at catalog prices) nothing changes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Iterable
 
 REVIEW_BACKOFF_MAX = 16  # the longest review interval, in review_minutes (8 h at the default 30)
 
@@ -30,16 +40,37 @@ def base_review_s(review_minutes: float, ceiling_s: int) -> int:
     return max(1, min(ceiling_s, int(review_minutes * 60))) if review_minutes > 0 else ceiling_s
 
 
+def price_mark(prices: Iterable[tuple[str, float]]) -> str:
+    """A short digest of the (pool key, USD per hour) pairs a review read: equal marks, the same prices
+    (to a hundredth of a cent; the order of the pairs does not count)."""
+    text = "\n".join(sorted(f"{key}={price:.4f}" for key, price in prices))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def prices_moved(mark: str | None, last_mark: str | None) -> bool:
+    """The prices a review read differ from those the last review read (False when either is unknown:
+    the first review of an attempt, or one that read no prices)."""
+    return mark is not None and last_mark is not None and mark != last_mark
+
+
+def kept_mark(mark: str | None, last_mark: str | None) -> str | None:
+    """The mark the next review compares with: this review's, or the last one's when it read no prices."""
+    return last_mark if mark is None else mark
+
+
 def next_review_s(current_s: int | None, base_s: int, ceiling_s: int, changes_in_s: float | None = None,
-                  max_factor: int = REVIEW_BACKOFF_MAX) -> int:
+                  max_factor: int = REVIEW_BACKOFF_MAX, moved: bool = False) -> int:
     """The interval to the next review after one that stayed: twice ``current_s`` (the interval
     that just ended; None or below ``base_s``: ``base_s``), at most ``max_factor`` x ``base_s`` and
     ``ceiling_s`` (the outcome wait's longest timeout), never below ``base_s``. ``changes_in_s``:
     an input of the review changes by then (its spot evidence expires): not later than that, unless
-    that is sooner than ``base_s``."""
+    that is sooner than ``base_s``. ``moved``: the prices changed since the last review
+    (``prices_moved``): ``base_s`` again."""
     if base_s < 1 or max_factor < 1:
         raise ValueError(f"base_s ({base_s}) and max_factor ({max_factor}) must be at least 1")
     floor = min(base_s, ceiling_s)
+    if moved:
+        return floor
     current = base_s if current_s is None or current_s < base_s else current_s
     nxt = max(floor, min(current * 2, base_s * max_factor, ceiling_s))
     if changes_in_s is not None:

@@ -48,6 +48,7 @@ class ReviewTask(_Task):
     attempt: int = Field(..., ge=1)
     timings: WorkflowTimings = Field(default_factory=WorkflowTimings)
     review_s: int | None = Field(None, ge=1)  # $.launch.review_s: the interval that just ended
+    review_mark: str | None = Field(None, max_length=64)  # $.launch.review_mark: the prices the last review read
 
 
 class TeardownTask(_Task):

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from spotrelay.contracts.recovery import AttemptEnd, Candidate, Launched, Verdict
 from spotrelay.placement import PoolEvent
+from spotrelay.placement.cadence import kept_mark, price_mark, prices_moved
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.payback import spot_stint_hours
 from spotrelay.placement.policy import loss_interval
@@ -25,14 +26,24 @@ VERIFY_SHORTLIST = False  # tests set it: every review also runs over every quot
 SAVE_MARGIN_S = 10.0  # the final save is timed to commit this long before the reclaim (or a move's deadline)
 
 
-def _stay(run: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
+def _stay(run: SpotrelayRun, payload: dict[str, Any], mark: str | None = None) -> dict[str, Any]:
     """The stay answer for the current attempt (built once per attempt; the workflow only reads it),
-    with the next review's interval backed off as services/review.py backs it off."""
+    with the next review's interval backed off as services/review.py's ``stay_answer`` backs it off:
+    ``mark``, the mark of the prices this review read (None: it read none), against the last one's."""
     if run.stay_answer[0] != run.attempt:
         run.stay_answer = (run.attempt, AttemptEnd(outcome=Verdict.READY, attempt=run.attempt,
                                                    reason="no better placement").model_dump(mode="json"))
-    return {**run.stay_answer[1], "review_s": next_review_seconds(run.spec, run.timings, payload.get("review_s"),
-                                                                 run.attempts, run.now)}
+    last = payload.get("review_mark")
+    return {**run.stay_answer[1], "review_mark": kept_mark(mark, last),
+            "review_s": next_review_seconds(run.spec, run.timings, payload.get("review_s"), run.attempts, run.now,
+                                            prices_moved(mark, last))}
+
+
+def _price_mark(run: SpotrelayRun) -> str:
+    """review.decide's mark of the prices it read: every pool's quote price now (sim/quotes.py rounds
+    a quote's price so)."""
+    now = run.now
+    return price_mark((p.key, round(p.price(now), 4)) for p in run.market.pools)
 
 
 def _spot_hours(run: SpotrelayRun) -> float | None:
@@ -68,7 +79,8 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     current, gang = self.attempt_pool, list(self.gang.values())
     if (int(payload.get("attempt", 0)) != self.attempt or not self.running or current is None
             or self.spec.recovery.review_minutes <= 0 or any(n.state != "RUNNING" for n in gang)):
-        return _stay(self, payload)
+        return _stay(self, payload)  # (review.decide reads no prices then)
+    mark = _price_mark(self)
     res = self.spec.resources
     here = self.market.quote(current, self.now, res.nodes + res.spares, len(self.held.get(current.key, ())))
     stats = self.stats.view()  # (the pools' records; nothing records during a review)
@@ -91,7 +103,7 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
                                                       stalled=stall_limit(self.spec)):
         move = None  # review.review: the job's spot attempts did not pay (placement/spot_evidence.py)
     if move is None:
-        return _stay(self, payload)
+        return _stay(self, payload, mark)
     t = move.target
     leaving = [] if move.in_place else gang
     return AttemptEnd(outcome=Verdict.MIGRATE, attempt=self.attempt, reason=move.reason,

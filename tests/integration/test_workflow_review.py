@@ -112,6 +112,38 @@ def test_reviews_that_stay_back_off_in_the_workflow(wf: Harness) -> None:
     assert "Migrate" not in wf.states_entered(arn)
 
 
+def test_a_review_that_finds_the_prices_moved_looks_again_at_the_base_interval(wf: Harness) -> None:
+    """The mark of the prices each Review read travels in ``$.launch.review_mark`` (NextReviewMark); a
+    Review that finds them changed since the last one answers the base interval, not twice the last."""
+    wf.market.prices = dict(DEAR_SPOT)  # every review stays, before and after the change
+    job = new_job(wf.store, review_minutes=0.02, launch_at_notice=True)  # review_s = int(1.2) = 1
+    arn = wf.start(job, TIMINGS)
+    first = wf.agents_ready(1)
+
+    def stays() -> list[tuple[int, str]]:
+        from spotrelay.adapters.aws import client
+
+        events = client("stepfunctions").get_execution_history(executionArn=arn, maxResults=1000)["events"]
+        launches = [json.loads(e["stateExitedEventDetails"]["output"])["launch"] for e in events
+                    if e.get("stateExitedEventDetails", {}).get("name") == "NextReviewMark"]
+        return [(launch["review_s"], launch["review_mark"]) for launch in launches]
+
+    wait_until(lambda: len(stays()) >= 2, what="two reviews that stayed")
+    before = stays()
+    assert [s for s, _ in before[:2]] == [2, 4] and before[0][1] == before[1][1]  # same prices: the same mark
+    assert len(before[0][1]) == 16
+    wf.market.prices = {**DEAR_SPOT, pool("p5.48xlarge", "spot").key: 151.0}  # still dearer than on-demand
+    wait_until(lambda: any(m != before[0][1] for _, m in stays()), what="a review that read the new prices")
+    after = stays()
+    moved = next(i for i, (_, m) in enumerate(after) if m != before[0][1])
+    assert after[moved][0] == 1  # the base interval again
+    wait_until(lambda: len(stays()) > moved + 1, what="the review after it")
+    assert stays()[moved + 1] == (2, after[moved][1])  # prices still: the backoff goes on
+    wf.exit_all(first, 0)
+    assert wf.finished(arn)["status"] == "SUCCEEDED"
+    assert "Migrate" not in wf.states_entered(arn)
+
+
 def test_a_pending_stop_is_not_moved(wf: Harness) -> None:
     """The budget's stop waits for the ranks' save (services/stop.py): a review meanwhile stays, even
     where a move would pay, and the job then ends FAILED on the budget without a second gang."""

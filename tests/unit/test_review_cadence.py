@@ -1,7 +1,8 @@
 """The review backoff (placement/cadence.py): each review that stays doubles the next interval, up to
 16x review_minutes, never past the moment the review's spot evidence expires; a new attempt starts
-again at review_minutes. The same rule in the services, in the ASL's NextReview state (walked by the
-simulator's interpreter) and in the simulator's reviews."""
+again at review_minutes, and so does a review that finds the prices moved since the last one. The same
+rule in the services, in the ASL's NextReview and NextReviewMark states (walked by the simulator's
+interpreter) and in the simulator's reviews."""
 
 from __future__ import annotations
 
@@ -12,9 +13,16 @@ import pytest
 
 from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.models import Attempt, Pool
-from spotrelay.placement.cadence import REVIEW_BACKOFF_MAX, base_review_s, next_review_s
+from spotrelay.placement.cadence import (
+    REVIEW_BACKOFF_MAX,
+    base_review_s,
+    kept_mark,
+    next_review_s,
+    price_mark,
+    prices_moved,
+)
 from spotrelay.placement.review import EVIDENCE_HOURS, evidence_expires_at, review_spot_hours
-from spotrelay.services.review import next_review_seconds, review_seconds
+from spotrelay.services.review import next_review_seconds, review_seconds, stay_answer
 from spotrelay.sim import controller
 from spotrelay.sim.asl import AslError, Await, Walker, load_asl
 from spotrelay.sim.runner import simulate
@@ -87,19 +95,21 @@ def _walker(review: dict[str, Any]) -> tuple[Walker, list[dict[str, Any]]]:
         return review
 
     handlers = {"fn_sfn_plan": lambda p: {"candidates": []},
-                "fn_sfn_provision": lambda p: {"attempt": 1 + len(calls), "review_s": 1800},
+                "fn_sfn_provision": lambda p: {"attempt": 1 + len(calls), "review_s": 1800, "review_mark": None},
                 "fn_sfn_review": on_review}
     return Walker(load_asl(), handlers, {"job_id": "j", "timings": {"ready_timeout_s": 7}}), calls
 
 
 def test_the_asl_waits_the_reviews_interval_after_a_stay_and_the_base_after_a_move() -> None:
-    walker, calls = _walker({"outcome": "ready", "review_s": 3600})
+    walker, calls = _walker({"outcome": "ready", "review_s": 3600, "review_mark": "m1"})
     assert walker.advance() == Await("ready", 7.0)
     assert walker.resume({"outcome": "ready"}) == Await("outcome", 1800.0)
     assert walker.resume(error="States.Timeout") == Await("outcome", 3600.0)  # NextReview copied it
-    assert calls[-1]["review_s"] == 1800 and walker.visited[-3:] == ["Reviewed", "NextReview", "WaitOutcome"]
+    assert calls[-1]["review_s"] == 1800 and calls[-1]["review_mark"] is None  # a new attempt: no mark yet
+    assert walker.visited[-4:] == ["Reviewed", "NextReview", "NextReviewMark", "WaitOutcome"]
     walker.resume(error="States.Timeout")
     assert calls[-1]["review_s"] == 3600  # the Review task is told the interval that just ended
+    assert calls[-1]["review_mark"] == "m1"  # and the mark of the prices the last Review read
 
     moving, _ = _walker({"outcome": "migrate", "attempt": 1})
     moving.advance()
@@ -163,3 +173,62 @@ def test_the_review_prices_a_move_at_the_computes_boot_in_modeled_time(tmp_path:
     boot = _modeled_boot(ctl, 0.01)
     assert boot is not None and boot(pool) == pytest.approx(300.0)
     assert _modeled_boot(Controller(store=MemoryJobStore()), 1.0) is None  # no compute: ReviewConfig's 5 min
+
+
+def test_the_price_mark_changes_with_any_price_and_not_with_order() -> None:
+    a = price_mark([("us-east-1/us-east-1a/p5.48xlarge/spot", 22.0161), ("us-east-1/us-east-1a/p5.48xlarge/on-demand",
+                                                                          55.04)])
+    assert a == price_mark(reversed([("us-east-1/us-east-1a/p5.48xlarge/spot", 22.0161),
+                                     ("us-east-1/us-east-1a/p5.48xlarge/on-demand", 55.04)]))
+    assert a != price_mark([("us-east-1/us-east-1a/p5.48xlarge/spot", 22.0162),
+                            ("us-east-1/us-east-1a/p5.48xlarge/on-demand", 55.04)])
+    assert a != price_mark([("us-east-1/us-east-1a/p5.48xlarge/spot", 22.0161)])  # a pool gone
+    assert price_mark([("k", 1.00001)]) == price_mark([("k", 1.0)])  # below a hundredth of a cent
+    assert len(a) == 16 and price_mark([]) == price_mark([])
+    assert prices_moved("a", "b") and not prices_moved("a", "a")
+    assert not prices_moved("a", None) and not prices_moved(None, "a")  # nothing to compare
+    assert kept_mark(None, "last") == "last" and kept_mark("now", "last") == "now"
+
+
+def test_a_review_that_finds_the_prices_moved_starts_again_at_the_base() -> None:
+    assert next_review_s(14400, 1800, 10**6, moved=True) == 1800
+    assert next_review_s(14400, 1800, 1000, moved=True) == 1000  # (the outcome wait's longest timeout)
+    timings = WorkflowTimings()
+    still = stay_answer(_spec(30), timings, 3, "no better placement", 7200, [], 0.0, "m1", "m1")
+    assert (still.review_s, still.review_mark, still.attempt) == (14400, "m1", 3)
+    moved = stay_answer(_spec(30), timings, 3, "no better placement", 7200, [], 0.0, "m2", "m1")
+    assert (moved.review_s, moved.review_mark) == (1800, "m2")
+    blind = stay_answer(_spec(30), timings, 3, "stale", 7200, [], 0.0, None, "m1")  # read no prices
+    assert (blind.review_s, blind.review_mark) == (14400, "m1")
+    first = stay_answer(_spec(30), timings, 3, "no better placement", 1800, [], 0.0, "m1", None)
+    assert (first.review_s, first.review_mark) == (3600, "m1")
+
+
+def test_the_simulators_reviews_start_again_when_the_prices_move(monkeypatch: pytest.MonkeyPatch) -> None:
+    """32 nodes on the synthetic market (a new price every 6 h): each stay carries the mark of the market's
+    prices then, and its interval is the base where they moved since the last review, else doubled."""
+    seen: list[tuple[int, int, float, dict[str, Any], dict[str, Any], str | None]] = []
+    original = controller.SpotrelayRun.task_review
+
+    def recorded(self: controller.SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
+        # review.decide reads the prices only for a running gang whose nodes all train
+        reads = self.running and all(n.state == "RUNNING" for n in self.gang.values())
+        out = original(self, payload)
+        prices = price_mark((p.key, round(p.price(self.now), 4)) for p in self.market.pools) if reads else None
+        seen.append((id(self), self.attempt, self.now, payload, out, prices))
+        return out
+
+    monkeypatch.setattr(controller.SpotrelayRun, "task_review", recorded)
+    simulate(CASES["synthetic-32"])
+    stays = [s for s in seen if s[4]["outcome"] == "ready" and s[3]["attempt"] == s[1]]
+    ceiling = WorkflowTimings().outcome_timeout_s
+    resets = 0
+    for _, _, _, payload, out, prices in stays:
+        assert out["review_mark"] == (payload["review_mark"] if prices is None else prices)
+        moved = None not in (payload["review_mark"], prices) and payload["review_mark"] != prices
+        resets += moved
+        assert out["review_s"] == next_review_s(payload["review_s"], 1800, ceiling, moved=moved)
+    assert resets >= 3 and len(stays) > resets  # (both answers are exercised)
+    for prev, cur in itertools.pairwise(seen):
+        if prev[:2] == cur[:2] and prev[4]["outcome"] == "ready":
+            assert cur[3]["review_mark"] == prev[4]["review_mark"]  # NextReviewMark carried it
