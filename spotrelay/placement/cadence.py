@@ -14,13 +14,13 @@ spot attempts once they are ``EVIDENCE_HOURS`` old (``placement.review.evidence_
 that is when spot is worth a look again. The backoff never waits past that moment; without this
 bound a 16-node gang on the g4dn trace paid 3-4% more per useful GPU-hour (docs/simulator-tuning.md, "Speed rounds").
 
-The other is the market itself: a stay decided on prices that have since moved says nothing about
-the new ones. Each review carries the mark of the prices it read (``price_mark``; the ASL keeps it
-in ``$.launch.review_mark``), and a review that finds them changed since the last one looks again
-after ``review_minutes``, not twice the last interval: the backoff holds only while prices hold
-still. Where they move every few hours (the simulator's synthetic market) spotrelay paid 0.6-1.1%
-less per useful GPU-hour (docs/simulator-tuning.md, "Reviews while prices move"); where they never
-move (the traces at catalog prices) nothing changes.
+The other is the market itself: the backoff grows only while prices hold still. Each review carries
+the mark of the prices it read (``price_mark``; the ASL keeps it in ``$.launch.review_mark``), and a
+review that finds them changed since the last one keeps the interval instead of doubling it: the
+market moves at least that often, and a review that waits longer sees each move later. Going back
+to ``review_minutes`` instead saved a little more where prices move every few hours, for a quarter
+more simulator CPU (docs/simulator-tuning.md, "Reviews while prices move"); where prices never move
+(the traces at catalog prices) nothing changes.
 """
 
 from __future__ import annotations
@@ -65,14 +65,12 @@ def next_review_s(current_s: int | None, base_s: int, ceiling_s: int, changes_in
     ``ceiling_s`` (the outcome wait's longest timeout), never below ``base_s``. ``changes_in_s``:
     an input of the review changes by then (its spot evidence expires): not later than that, unless
     that is sooner than ``base_s``. ``moved``: the prices changed since the last review
-    (``prices_moved``): ``base_s`` again."""
+    (``prices_moved``): the market moves at least that often, so the interval is not doubled."""
     if base_s < 1 or max_factor < 1:
         raise ValueError(f"base_s ({base_s}) and max_factor ({max_factor}) must be at least 1")
     floor = min(base_s, ceiling_s)
-    if moved:
-        return floor
     current = base_s if current_s is None or current_s < base_s else current_s
-    nxt = max(floor, min(current * 2, base_s * max_factor, ceiling_s))
+    nxt = max(floor, min(current if moved else current * 2, base_s * max_factor, ceiling_s))
     if changes_in_s is not None:
         nxt = min(nxt, max(floor, math.ceil(changes_in_s)))
     return nxt

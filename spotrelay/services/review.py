@@ -5,8 +5,8 @@ trains. Ask placement whether a clearly better placement exists now (``placement
   recovered like the wait's own heartbeat timeout.
 - Stay (the usual answer): ``AttemptEnd(READY)`` with ``review_s``, the next review's interval
   (``next_review_seconds``: twice the one that just ended, up to 16x ``review_minutes``, never past
-  the moment its spot evidence expires, and ``review_minutes`` again when the prices it read moved
-  since the last review; the ASL's NextReview state writes it to ``$.launch.review_s``), and
+  the moment its spot evidence expires, and not doubled when the prices it read moved since the last
+  review; the ASL's NextReview state writes it to ``$.launch.review_s``), and
   ``review_mark``, the mark of those prices (NextReviewMark: ``$.launch.review_mark``); the
   workflow waits for the outcome again (a new token; ``register_wait`` settles at once if the
   attempt ended meanwhile). So a healthy attempt that trains longer than
@@ -49,8 +49,8 @@ def next_review_seconds(spec: JobSpec, timings: WorkflowTimings | None, current_
                         attempts: list[Attempt], now: float, moved: bool = False) -> int:
     """The interval to the next review after one that stayed (placement/cadence.py's backoff from the
     spec's ``review_minutes``, bounded by ``timings.outcome_timeout_s`` and by the moment the review's
-    spot evidence expires; ``moved``: the prices moved since the last review, ``review_minutes``
-    again). The simulator calls this too."""
+    spot evidence expires; ``moved``: the prices moved since the last review, not doubled). The
+    simulator calls this too."""
     ceiling = (timings or WorkflowTimings()).outcome_timeout_s
     last = attempts[-1] if attempts else None
     expires = evidence_expires_at(attempts, last.pool.market if last and last.pool else "spot", now)

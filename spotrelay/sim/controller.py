@@ -98,6 +98,8 @@ class SpotrelayRun(Run):
         self._node_template: Node | None = None
         self.shortlist = Shortlist()  # sim/shortlist.py's per-pool score bounds for reviews
         self.stay_answer: tuple[int, dict[str, Any]] = (-1, {})  # moves._stay's, per attempt
+        # moves._price_mark's mark and until when it holds (no pool's price changes before then)
+        self.price_mark_memo: tuple[float, str] = (-float("inf"), "")
         self.last_review: tuple[Any, ...] | None = None  # shortlist.same_review's inputs and answer
         self.stint_memo: tuple[int, float | None] | None = None  # moves._stints': (attempts seen, answer)
         if asl is None:

@@ -4,6 +4,7 @@ launch, drain and restart at the new world size. Split from sim/controller.py, w
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from spotrelay.contracts.recovery import AttemptEnd, Candidate, Launched, Verdict
@@ -41,9 +42,15 @@ def _stay(run: SpotrelayRun, payload: dict[str, Any], mark: str | None = None) -
 
 def _price_mark(run: SpotrelayRun) -> str:
     """review.decide's mark of the prices it read: every pool's quote price now (sim/quotes.py rounds
-    a quote's price so)."""
+    a quote's price so). Kept until the first pool's price changes (a slot's end; never on a trace)."""
     now = run.now
-    return price_mark((p.key, round(p.price(now), 4)) for p in run.market.pools)
+    until, mark = run.price_mark_memo
+    if now < until:
+        return mark
+    spans = [(p.key, p.price_span(now)) for p in run.market.pools]
+    mark = price_mark((key, round(price, 4)) for key, (price, _) in spans)
+    run.price_mark_memo = (min((until for _, (_, until) in spans), default=math.inf), mark)
+    return mark
 
 
 def _spot_hours(run: SpotrelayRun) -> float | None:

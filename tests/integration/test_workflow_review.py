@@ -112,9 +112,9 @@ def test_reviews_that_stay_back_off_in_the_workflow(wf: Harness) -> None:
     assert "Migrate" not in wf.states_entered(arn)
 
 
-def test_a_review_that_finds_the_prices_moved_looks_again_at_the_base_interval(wf: Harness) -> None:
+def test_a_review_that_finds_the_prices_moved_keeps_its_interval(wf: Harness) -> None:
     """The mark of the prices each Review read travels in ``$.launch.review_mark`` (NextReviewMark); a
-    Review that finds them changed since the last one answers the base interval, not twice the last."""
+    Review that finds them changed since the last one keeps the interval instead of doubling it."""
     wf.market.prices = dict(DEAR_SPOT)  # every review stays, before and after the change
     job = new_job(wf.store, review_minutes=0.02, launch_at_notice=True)  # review_s = int(1.2) = 1
     arn = wf.start(job, TIMINGS)
@@ -136,9 +136,9 @@ def test_a_review_that_finds_the_prices_moved_looks_again_at_the_base_interval(w
     wait_until(lambda: any(m != before[0][1] for _, m in stays()), what="a review that read the new prices")
     after = stays()
     moved = next(i for i, (_, m) in enumerate(after) if m != before[0][1])
-    assert after[moved][0] == 1  # the base interval again
+    assert after[moved][0] == after[moved - 1][0] < 16  # held, not doubled (16 s: the cap, 16x review_minutes)
     wait_until(lambda: len(stays()) > moved + 1, what="the review after it")
-    assert stays()[moved + 1] == (2, after[moved][1])  # prices still: the backoff goes on
+    assert stays()[moved + 1] == (2 * after[moved][0], after[moved][1])  # prices still: the backoff goes on
     wf.exit_all(first, 0)
     assert wf.finished(arn)["status"] == "SUCCEEDED"
     assert "Migrate" not in wf.states_entered(arn)

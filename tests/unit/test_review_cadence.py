@@ -190,23 +190,26 @@ def test_the_price_mark_changes_with_any_price_and_not_with_order() -> None:
     assert kept_mark(None, "last") == "last" and kept_mark("now", "last") == "now"
 
 
-def test_a_review_that_finds_the_prices_moved_starts_again_at_the_base() -> None:
-    assert next_review_s(14400, 1800, 10**6, moved=True) == 1800
-    assert next_review_s(14400, 1800, 1000, moved=True) == 1000  # (the outcome wait's longest timeout)
+def test_a_review_that_finds_the_prices_moved_keeps_the_interval() -> None:
+    assert next_review_s(14400, 1800, 10**6, moved=True) == 14400
+    assert next_review_s(None, 1800, 10**6, moved=True) == 1800
+    assert next_review_s(60, 1800, 10**6, moved=True) == 1800  # never below the base
+    assert next_review_s(14400, 1800, 5000, moved=True) == 5000  # (the outcome wait's longest timeout)
+    assert next_review_s(14400, 1800, 10**6, changes_in_s=5000.2, moved=True) == 5001  # (evidence expiry)
     timings = WorkflowTimings()
     still = stay_answer(_spec(30), timings, 3, "no better placement", 7200, [], 0.0, "m1", "m1")
     assert (still.review_s, still.review_mark, still.attempt) == (14400, "m1", 3)
     moved = stay_answer(_spec(30), timings, 3, "no better placement", 7200, [], 0.0, "m2", "m1")
-    assert (moved.review_s, moved.review_mark) == (1800, "m2")
+    assert (moved.review_s, moved.review_mark) == (7200, "m2")
     blind = stay_answer(_spec(30), timings, 3, "stale", 7200, [], 0.0, None, "m1")  # read no prices
     assert (blind.review_s, blind.review_mark) == (14400, "m1")
     first = stay_answer(_spec(30), timings, 3, "no better placement", 1800, [], 0.0, "m1", None)
     assert (first.review_s, first.review_mark) == (3600, "m1")
 
 
-def test_the_simulators_reviews_start_again_when_the_prices_move(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_simulators_reviews_hold_their_interval_when_the_prices_move(monkeypatch: pytest.MonkeyPatch) -> None:
     """32 nodes on the synthetic market (a new price every 6 h): each stay carries the mark of the market's
-    prices then, and its interval is the base where they moved since the last review, else doubled."""
+    prices then, and its interval is the last one where they moved since the last review, else doubled."""
     seen: list[tuple[int, int, float, dict[str, Any], dict[str, Any], str | None]] = []
     original = controller.SpotrelayRun.task_review
 
@@ -222,13 +225,14 @@ def test_the_simulators_reviews_start_again_when_the_prices_move(monkeypatch: py
     simulate(CASES["synthetic-32"])
     stays = [s for s in seen if s[4]["outcome"] == "ready" and s[3]["attempt"] == s[1]]
     ceiling = WorkflowTimings().outcome_timeout_s
-    resets = 0
+    held = 0
     for _, _, _, payload, out, prices in stays:
         assert out["review_mark"] == (payload["review_mark"] if prices is None else prices)
         moved = None not in (payload["review_mark"], prices) and payload["review_mark"] != prices
-        resets += moved
+        held += moved and payload["review_s"] < 28800
         assert out["review_s"] == next_review_s(payload["review_s"], 1800, ceiling, moved=moved)
-    assert resets >= 3 and len(stays) > resets  # (both answers are exercised)
+        assert out["review_s"] == (payload["review_s"] if moved else min(2 * payload["review_s"], 28800))
+    assert held >= 3 and len(stays) > held  # (both answers are exercised, below the cap)
     for prev, cur in itertools.pairwise(seen):
         if prev[:2] == cur[:2] and prev[4]["outcome"] == "ready":
             assert cur[3]["review_mark"] == prev[4]["review_mark"]  # NextReviewMark carried it
