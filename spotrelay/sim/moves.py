@@ -41,13 +41,17 @@ def _stay(run: SpotrelayRun, payload: dict[str, Any], mark: str | None = None) -
 
 
 def _price_mark(run: SpotrelayRun) -> str:
-    """review.decide's mark of the prices it read: every pool's quote price now (sim/quotes.py rounds
-    a quote's price so). Kept until the first pool's price changes (a slot's end; never on a trace)."""
+    """review.decide's mark of the prices it read: the quote price now of every pool of the spec's
+    regions, instance types and markets (sim/quotes.py rounds a quote's price so). Kept until the first
+    of those prices changes (a slot's end; never on a trace)."""
     now = run.now
     until, mark = run.price_mark_memo
     if now < until:
         return mark
-    spans = [(p.key, p.price_span(now)) for p in run.market.pools]
+    res = run.spec.resources
+    markets, regions, types = {m.value for m in res.markets}, set(res.regions), set(res.instance_types)
+    spans = [(p.key, p.price_span(now)) for p in run.market.pools
+             if p.pool.market in markets and p.pool.region in regions and p.pool.instance_type in types]
     mark = price_mark((key, round(price, 4)) for key, (price, _) in spans)
     run.price_mark_memo = (min((until for _, (_, until) in spans), default=math.inf), mark)
     return mark

@@ -7,6 +7,7 @@ interpreter) and in the simulator's reviews."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -236,3 +237,29 @@ def test_the_simulators_reviews_hold_their_interval_when_the_prices_move(monkeyp
     for prev, cur in itertools.pairwise(seen):
         if prev[:2] == cur[:2] and prev[4]["outcome"] == "ready":
             assert cur[3]["review_mark"] == prev[4]["review_mark"]  # NextReviewMark carried it
+
+
+@pytest.mark.parametrize("overrides", [{}, {"resources": {"markets": ["on-demand"]}},
+                                       {"resources": {"regions": ["us-east-1"], "instance_types": ["p4d.24xlarge"]}}])
+def test_the_simulators_price_mark_is_the_one_review_decide_computes(overrides: dict[str, Any]) -> None:
+    """review.decide marks every quote the MarketData port gives for the spec's regions, instance types
+    and markets; the simulator's mark (kept until a price changes) is the same over a run's slots."""
+    from spotrelay.sim import moves
+    from spotrelay.sim.build import build_market
+    from spotrelay.sim.runner import make_run
+
+    opts = CASES["synthetic-32"]
+    market = build_market(opts.market, 0)
+    switches = {"spec_overrides": overrides} if overrides else {}
+    run = make_run("spotrelay", replace(opts, spotrelay_switches=switches), market, 0, 0.0)
+    res = run.spec.resources  # type: ignore[attr-defined]
+    markets = [m.value for m in res.markets]
+    marks = set()
+    for hour in (0.0, 1.0, 5.99, 6.0, 6.5, 30.0, 30.0, 47.9):
+        run.now = hour * 3600.0
+        quotes = [q for q in run.market.quotes(run.now) if q.pool.market in markets
+                  and q.pool.region in res.regions and q.pool.instance_type in res.instance_types]
+        want = price_mark((q.pool.key, q.price_per_hour) for q in quotes)
+        assert moves._price_mark(run) == want  # type: ignore[arg-type]
+        marks.add(want)
+    assert len(marks) == (1 if overrides.get("resources", {}).get("markets") == ["on-demand"] else 4)  # 4 slots
