@@ -40,10 +40,22 @@ def base_review_s(review_minutes: float, ceiling_s: int) -> int:
     return max(1, min(ceiling_s, int(review_minutes * 60))) if review_minutes > 0 else ceiling_s
 
 
+# a price counts as moved when it crossed a step of this share (its logarithm rounded to steps of it): EC2's
+# small ticks would otherwise hold every review at a short interval, and a move weighs gaps of several percent
+PRICE_STEP = 0.01
+_LOG_STEP = math.log1p(PRICE_STEP)
+
+
+def _price_step(price: float) -> str:
+    """The step of the price on a logarithmic grid of ``PRICE_STEP``: a 2% move always changes it, a move
+    of less than 1% only where it crosses a step (a price that is not positive and finite: as written)."""
+    return str(round(math.log(price) / _LOG_STEP)) if 0 < price < math.inf else repr(price)
+
+
 def price_mark(prices: Iterable[tuple[str, float]]) -> str:
-    """A short digest of the (pool key, USD per hour) pairs a review read: equal marks, the same prices
-    (to a hundredth of a cent; the order of the pairs does not count)."""
-    text = "\n".join(sorted(f"{key}={price:.4f}" for key, price in prices))
+    """A short digest of the (pool key, USD per hour) pairs a review read, each price to its step
+    (``PRICE_STEP``): equal marks, no price moved by a step (the order of the pairs does not count)."""
+    text = "\n".join(sorted(f"{key}={_price_step(price)}" for key, price in prices))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

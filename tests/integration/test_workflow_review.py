@@ -132,7 +132,7 @@ def test_a_review_that_finds_the_prices_moved_keeps_its_interval(wf: Harness) ->
     before = stays()
     assert [s for s, _ in before[:2]] == [2, 4] and before[0][1] == before[1][1]  # same prices: the same mark
     assert len(before[0][1]) == 16
-    wf.market.prices = {**DEAR_SPOT, pool("p5.48xlarge", "spot").key: 151.0}  # still dearer than on-demand
+    wf.market.prices = {**DEAR_SPOT, pool("p5.48xlarge", "spot").key: 155.0}  # +3%, still dearer than on-demand
     wait_until(lambda: any(m != before[0][1] for _, m in stays()), what="a review that read the new prices")
     after = stays()
     moved = next(i for i, (_, m) in enumerate(after) if m != before[0][1])

@@ -176,15 +176,21 @@ def test_the_review_prices_a_move_at_the_computes_boot_in_modeled_time(tmp_path:
     assert _modeled_boot(Controller(store=MemoryJobStore()), 1.0) is None  # no compute: ReviewConfig's 5 min
 
 
-def test_the_price_mark_changes_with_any_price_and_not_with_order() -> None:
+def test_the_price_mark_changes_with_a_price_move_and_not_with_a_tick_or_order() -> None:
     a = price_mark([("us-east-1/us-east-1a/p5.48xlarge/spot", 22.0161), ("us-east-1/us-east-1a/p5.48xlarge/on-demand",
                                                                           55.04)])
     assert a == price_mark(reversed([("us-east-1/us-east-1a/p5.48xlarge/spot", 22.0161),
                                      ("us-east-1/us-east-1a/p5.48xlarge/on-demand", 55.04)]))
-    assert a != price_mark([("us-east-1/us-east-1a/p5.48xlarge/spot", 22.0162),
+    assert a != price_mark([("us-east-1/us-east-1a/p5.48xlarge/spot", 22.6),
                             ("us-east-1/us-east-1a/p5.48xlarge/on-demand", 55.04)])
     assert a != price_mark([("us-east-1/us-east-1a/p5.48xlarge/spot", 22.0161)])  # a pool gone
-    assert price_mark([("k", 1.00001)]) == price_mark([("k", 1.0)])  # below a hundredth of a cent
+    assert price_mark([("k", 22.0161)]) == price_mark([("k", 22.0162)])  # a tick: no move
+    for price in (0.5, 3.06, 22.0161, 98.32, 1234.5):  # a move of 2% always counts, either way
+        assert price_mark([("k", price)]) != price_mark([("k", price * 1.02)])
+        assert price_mark([("k", price)]) != price_mark([("k", price / 1.02)])
+    for odd in (0.0, -1.0, float("nan"), float("inf")):  # not a price: written as it is, never an error
+        assert len(price_mark([("k", odd)])) == 16
+    assert price_mark([("k", 0.0)]) != price_mark([("k", float("nan"))])
     assert len(a) == 16 and price_mark([]) == price_mark([])
     assert prices_moved("a", "b") and not prices_moved("a", "a")
     assert not prices_moved("a", None) and not prices_moved(None, "a")  # nothing to compare
