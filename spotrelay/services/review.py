@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from spotrelay.contracts.recovery import AttemptEnd, Candidate, Verdict
 from spotrelay.contracts.workflow import WorkflowTimings
@@ -58,14 +58,20 @@ def next_review_seconds(spec: JobSpec, timings: WorkflowTimings | None, current_
                          None if expires is None else expires - now, moved=moved)
 
 
+def stay_fields(spec: JobSpec, timings: WorkflowTimings | None, current_s: int | None, attempts: list[Attempt],
+                now: float, mark: str | None, last_mark: str | None) -> dict[str, Any]:
+    """A stay's ``review_s`` (the next review's interval) and ``review_mark`` (the mark of the prices this
+    review read, ``mark``; None when it read none: ``last_mark``, the last review's, is kept). The
+    simulator's stay answer carries these too."""
+    return {"review_s": next_review_seconds(spec, timings, current_s, attempts, now, prices_moved(mark, last_mark)),
+            "review_mark": kept_mark(mark, last_mark)}
+
+
 def stay_answer(spec: JobSpec, timings: WorkflowTimings | None, attempt: int, why: str, current_s: int | None,
                 attempts: list[Attempt], now: float, mark: str | None, last_mark: str | None) -> AttemptEnd:
-    """The stay: the next review's interval, and the mark of the prices this review read (``mark``;
-    None when it read none: ``last_mark``, the last review's, is kept). The simulator calls this too."""
+    """The stay: READY with ``stay_fields``."""
     return AttemptEnd(outcome=Verdict.READY, attempt=attempt, reason=why,
-                      review_s=next_review_seconds(spec, timings, current_s, attempts, now,
-                                                   prices_moved(mark, last_mark)),
-                      review_mark=kept_mark(mark, last_mark))
+                      **stay_fields(spec, timings, current_s, attempts, now, mark, last_mark))
 
 
 class Decision(NamedTuple):

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from spotrelay.contracts.recovery import AttemptEnd, Candidate, Launched, Verdict
 from spotrelay.placement import PoolEvent
-from spotrelay.placement.cadence import kept_mark, price_mark, prices_moved
+from spotrelay.placement.cadence import price_mark
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.payback import spot_stint_hours
 from spotrelay.placement.policy import loss_interval
 from spotrelay.placement.review import better_placement, review_spot_hours
 from spotrelay.placement.spot_evidence import off_on_demand_allowed, stall_limit
-from spotrelay.services.review import next_review_seconds, review_seconds
+from spotrelay.services.review import review_seconds, stay_fields
 from spotrelay.sim import attempts
 from spotrelay.sim.asl import TaskFailed
 from spotrelay.sim.shortlist import review_quotes, same_review
@@ -29,15 +29,13 @@ SAVE_MARGIN_S = 10.0  # the final save is timed to commit this long before the r
 
 def _stay(run: SpotrelayRun, payload: dict[str, Any], mark: str | None = None) -> dict[str, Any]:
     """The stay answer for the current attempt (built once per attempt; the workflow only reads it),
-    with the next review's interval backed off as services/review.py's ``stay_answer`` backs it off:
-    ``mark``, the mark of the prices this review read (None: it read none), against the last one's."""
+    with services/review.py's ``stay_fields``: ``mark``, the mark of the prices this review read (None: it
+    read none), against the last one's."""
     if run.stay_answer[0] != run.attempt:
         run.stay_answer = (run.attempt, AttemptEnd(outcome=Verdict.READY, attempt=run.attempt,
                                                    reason="no better placement").model_dump(mode="json"))
-    last = payload.get("review_mark")
-    return {**run.stay_answer[1], "review_mark": kept_mark(mark, last),
-            "review_s": next_review_seconds(run.spec, run.timings, payload.get("review_s"), run.attempts, run.now,
-                                            prices_moved(mark, last))}
+    return {**run.stay_answer[1], **stay_fields(run.spec, run.timings, payload.get("review_s"), run.attempts,
+                                                run.now, mark, payload.get("review_mark"))}
 
 
 def _price_mark(run: SpotrelayRun) -> str:
