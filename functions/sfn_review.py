@@ -18,4 +18,4 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     from spotrelay.services.review import review
 
     return review(controller(), task.job_id, task.attempt, time.time(), task.timings,
-                  task.review_s, task.review_mark).model_dump(mode="json")
+                  task.review_s, task.review_mark, task.review_backoff, task.polls).model_dump(mode="json")

@@ -1,7 +1,8 @@
 """MarketData from EC2: live spot prices per AZ and spot placement scores; the rest from the catalog.
 
 - Spot price: ``DescribeSpotPriceHistory`` (Linux/UNIX) from now, the newest entry per AZ and type.
-- Placement score: ``GetSpotPlacementScores`` per instance type with ``SingleAvailabilityZone``,
+- Placement score (unless the caller reads the prices alone, ``scores=False``: a review's poll):
+  ``GetSpotPlacementScores`` per instance type with ``SingleAvailabilityZone``,
   sized for the launch (``TargetCapacity`` = the gang and its spares, so a pool that holds one node
   but not the gang scores low); it answers with zone IDs, mapped to this account's zone names via
   ``DescribeAvailabilityZones``. AWS caps the target capacity by the account's recent spot usage:
@@ -50,9 +51,9 @@ class Ec2MarketData:
         self._use_scores = placement_scores
 
     def quotes(self, regions: list[str], instance_types: list[str], markets: list[str],
-               capacity: int = 1) -> list[PoolQuote]:
-        use = "spot" in markets and self._use_scores
-        scores = self._placement_scores(regions, instance_types, max(self._target, capacity)) if use else {}
+               capacity: int = 1, scores: bool = True) -> list[PoolQuote]:
+        use = "spot" in markets and self._use_scores and scores
+        placement = self._placement_scores(regions, instance_types, max(self._target, capacity)) if use else {}
         out: list[PoolQuote] = []
         for region in regions:
             prices = self._spot_prices(region, instance_types)
@@ -67,7 +68,7 @@ class Ec2MarketData:
                         out.append(PoolQuote(
                             pool=pool, price_per_hour=prices[(az, itype)],
                             advisor_band=catalog.advisor_band(region, itype),
-                            placement_score=scores.get((region, az, itype)),
+                            placement_score=placement.get((region, az, itype)),
                         ))
                     od = catalog.on_demand_price(region, itype)
                     if "on-demand" in markets and od is not None:

@@ -21,7 +21,7 @@ class StaticMarketData:
         self._scores = dict(placement_scores or {})
 
     def quotes(self, regions: list[str], instance_types: list[str], markets: list[str],
-               capacity: int = 1) -> list[PoolQuote]:
+               capacity: int = 1, scores: bool = True) -> list[PoolQuote]:
         quotes = (self.quote(pool) for pool in catalog.pools(regions, instance_types, markets))
         return [q for q in quotes if q is not None]
 

@@ -75,6 +75,15 @@ class Candidate(BaseModel):
         "(the auto checkpoint cadence's input, domain/cadence.py); None: none expected")
 
 
+class ReviewBackoff(BaseModel):
+    """When the next full placement review is due (placement/cadence.py): the polls between only read
+    the prices. A full review that stays writes a new one; a new attempt starts without (due at once)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    due: float = Field(..., ge=0, allow_inf_nan=False)  # epoch s: the first poll from then on scores and decides
+    gap_s: int = Field(..., ge=1)  # the backoff interval that ends at ``due`` (the next stay doubles it)
+
+
 class AttemptEnd(BaseModel):
     """How a wait ended (field ``outcome``, routed on by the ASL as ``$.outcome.outcome``)."""
 
@@ -90,12 +99,14 @@ class AttemptEnd(BaseModel):
     # and the replacements boot meanwhile (recovery.launch_at_notice)
     deadline: float | None = None
     target: Candidate | None = None  # MIGRATE: the (pool, gang size) the review moves to
-    # READY from a review: the next review's interval (placement/cadence.py), which the ASL's
-    # NextReview state copies to $.launch.review_s
+    # READY from a review: the outcome wait's next timeout, the next poll (placement/cadence.poll_s),
+    # which the ASL's NextReview state copies to $.launch.review_s
     review_s: int | None = Field(None, ge=1)
-    # READY from a review: the mark of the prices it read (placement/cadence.price_mark; None: it read
-    # none, the last one's stays), which NextReviewMark copies to $.launch.review_mark
+    # READY from a review: the mark of the prices the last full review read (placement/cadence.price_mark;
+    # None: none yet), which NextReviewMark copies to $.launch.review_mark
     review_mark: str | None = Field(None, max_length=64)
+    # READY from a review: when the next full review is due (NextReviewBackoff: $.launch.review_backoff)
+    review_backoff: ReviewBackoff | None = None
 
     @property
     def retryable(self) -> bool:
@@ -190,6 +201,9 @@ class Launched(BaseModel):
     world_size: int = Field(0, ge=0, description="ranks that train in this attempt (0: unknown)")
     # the outcome wait's TimeoutSecondsPath: the next review of the placement (services/review.py)
     review_s: int = Field(1800, ge=1)
-    # the prices the last review read (placement/cadence.price_mark): None for a new attempt, whose
+    # the prices the last full review read (placement/cadence.price_mark): None for a new attempt, whose
     # first review has nothing to compare with; the Review task is given it (``$.launch.review_mark``)
     review_mark: str | None = Field(None, max_length=64)
+    # when the next full review is due: None for a new attempt (its first review is one); the Review
+    # task is given it (``$.launch.review_backoff``)
+    review_backoff: ReviewBackoff | None = None

@@ -111,7 +111,7 @@ class MarketModel:
 
     # --- MarketData port ---------------------------------------------------------------------
     def quotes(self, regions: list[str], instance_types: list[str], markets: list[str],
-               capacity: int = 1) -> list[PoolQuote]:
+               capacity: int = 1, scores: bool = True) -> list[PoolQuote]:
         out: list[PoolQuote] = []
         for region in regions:
             for itype in instance_types:

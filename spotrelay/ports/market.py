@@ -19,9 +19,11 @@ class PoolQuote(BaseModel):
 
 class MarketData(Protocol):
     def quotes(self, regions: list[str], instance_types: list[str], markets: list[str],
-               capacity: int = 1) -> list[PoolQuote]:
+               capacity: int = 1, scores: bool = True) -> list[PoolQuote]:
         """Every pool's quote now. ``capacity``: instances one launch will ask for (the gang and its
-        spares); a placement score, where the source has one, is sized for it."""
+        spares); a placement score, where the source has one, is sized for it. ``scores`` False: the
+        prices are all the caller reads (a placement review's poll), so a source that pays for its
+        scores (EC2's ``GetSpotPlacementScores``, rate-limited) need not ask for them."""
         ...
 
     def price_history(self, pool: Pool, start: float, end: float) -> list[tuple[float, float]]:

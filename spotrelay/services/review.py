@@ -3,30 +3,45 @@ trains. Ask placement whether a clearly better placement exists now (``placement
 
 - Silent (no heartbeat from the gang within ``timings.heartbeat_s``): ``AttemptEnd(HEARTBEAT_TIMEOUT)``,
   recovered like the wait's own heartbeat timeout.
-- Stay (the usual answer): ``AttemptEnd(READY)`` with ``review_s``, the next review's interval
-  (``next_review_seconds``: twice the one that just ended, up to 16x ``review_minutes``, never past
-  the moment its spot evidence expires, and not doubled when the prices it read moved since the last
-  review; the ASL's NextReview state writes it to ``$.launch.review_s``), and
-  ``review_mark``, the mark of those prices (NextReviewMark: ``$.launch.review_mark``); the
-  workflow waits for the outcome again (a new token; ``register_wait`` settles at once if the
-  attempt ended meanwhile). So a healthy attempt that trains longer than
+- Poll or full review (placement/cadence.py): the wait times out every ``review_minutes``; a poll
+  reads the spot prices alone and stays, unless the backoff is due (``$.launch.review_backoff``) or
+  the prices moved since the last full review (``$.launch.review_mark``): then it scores the pools
+  and decides (``decide``).
+- Stay (the usual answer): ``AttemptEnd(READY)`` with ``review_s``, the next poll (the ASL's
+  NextReview state writes it to ``$.launch.review_s``), ``review_mark``, the mark of the prices the
+  last full review read (NextReviewMark), and ``review_backoff``, when the next full review is due
+  (NextReviewBackoff: a full review that stays doubles the interval that just ended, up to 16x
+  ``review_minutes``, never past the moment its spot evidence expires, and keeps it when the prices
+  moved); the workflow waits for the outcome again (a new token; ``register_wait`` settles at once if
+  the attempt ended meanwhile). So a healthy attempt that trains longer than
   ``timings.outcome_timeout_s`` is never ended for it.
 - Move: ``AttemptEnd(MIGRATE)`` with the target (pool, gang size); nothing is touched yet. The
   workflow's Migrate state (``services/migrate.py``) launches the new gang first and only then tells
   the old ranks to save (make-before-break); no capacity there: it waits for the outcome again.
-"""
 
+An execution of a definition older than the polls passes no ``review_backoff``: every call is a full
+review and ``review_s`` the backoff itself, as before (``polls`` False).
+"""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from spotrelay.contracts.recovery import AttemptEnd, Candidate, Verdict
+from spotrelay.contracts.recovery import AttemptEnd, Candidate, ReviewBackoff, Verdict
 from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.models import Attempt, Job, Node, NodeState, Pool
 from spotrelay.domain.status import JobStatus
-from spotrelay.placement.cadence import base_review_s, kept_mark, next_review_s, price_mark, prices_moved
+from spotrelay.placement.cadence import (
+    DUE_SLACK_S,
+    base_review_s,
+    full_review_due,
+    kept_mark,
+    next_review_s,
+    poll_s,
+    price_mark,
+    prices_moved,
+)
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.payback import spot_stint_hours
 from spotrelay.placement.policy import loss_interval
@@ -58,47 +73,72 @@ def next_review_seconds(spec: JobSpec, timings: WorkflowTimings | None, current_
                          None if expires is None else expires - now, moved=moved)
 
 
-def stay_fields(spec: JobSpec, timings: WorkflowTimings | None, current_s: int | None, attempts: list[Attempt],
-                now: float, mark: str | None, last_mark: str | None) -> dict[str, Any]:
-    """A stay's ``review_s`` (the next review's interval) and ``review_mark`` (the mark of the prices this
-    review read, ``mark``; None when it read none: ``last_mark``, the last review's, is kept). The
-    simulator's stay answer carries these too."""
-    return {"review_s": next_review_seconds(spec, timings, current_s, attempts, now, prices_moved(mark, last_mark)),
-            "review_mark": kept_mark(mark, last_mark)}
+def stay_fields(spec: JobSpec, timings: WorkflowTimings | None, attempts: list[Attempt], now: float,
+                read: Decision, last_mark: str | None, backoff: Mapping[str, Any] | None,
+                current_s: int | None = None, polls: bool = True) -> dict[str, Any]:
+    """A stay's ``review_s`` (the outcome wait's next timeout), ``review_mark`` (the mark of the prices
+    the last full review read) and ``review_backoff`` (when the next full review is due: ``backoff``, the
+    last one, as the workflow holds it, ``ReviewBackoff``'s fields), after a review that read ``read``
+    (its mark: None when it read no prices; ``full``: it scored the pools). Only a full review moves the
+    backoff. ``polls`` False (an older definition): ``review_s`` is the backoff, from ``current_s``, the
+    interval that just ended. The simulator's stays carry these too (plain values: it stays often)."""
+    moved = prices_moved(read.mark, last_mark)
+    if not polls:
+        return {"review_s": next_review_seconds(spec, timings, current_s, attempts, now, moved),
+                "review_mark": kept_mark(read.mark, last_mark)}
+    if read.full:
+        gap = next_review_seconds(spec, timings, None if backoff is None else backoff["gap_s"], attempts, now, moved)
+        backoff = {"due": now + gap, "gap_s": gap}
+    return {"review_s": poll_s(review_seconds(spec, timings), None if backoff is None else backoff["due"], now),
+            "review_mark": kept_mark(read.mark, last_mark), "review_backoff": backoff}
 
 
-def stay_answer(spec: JobSpec, timings: WorkflowTimings | None, attempt: int, why: str, current_s: int | None,
-                attempts: list[Attempt], now: float, mark: str | None, last_mark: str | None) -> AttemptEnd:
+def stay_answer(spec: JobSpec, timings: WorkflowTimings | None, attempt: int, why: str, attempts: list[Attempt],
+                now: float, read: Decision, last_mark: str | None, backoff: ReviewBackoff | None,
+                current_s: int | None = None, polls: bool = True) -> AttemptEnd:
     """The stay: READY with ``stay_fields``."""
+    last = None if backoff is None else backoff.model_dump()
     return AttemptEnd(outcome=Verdict.READY, attempt=attempt, reason=why,
-                      **stay_fields(spec, timings, current_s, attempts, now, mark, last_mark))
+                      **stay_fields(spec, timings, attempts, now, read, last_mark, last, current_s, polls))
 
 
 class Decision(NamedTuple):
     move: Move | None  # None: stay
     mark: str | None  # the mark of the prices the review read (None: it read none)
+    full: bool = False  # it scored the pools (a full review); False: it read the prices alone, or nothing
 
 
-def decide(ctl: Controller, job: Job, now: float, time_scale: float = 1.0) -> Decision:
+NOTHING_READ = Decision(None, None)
+
+
+def decide(ctl: Controller, job: Job, now: float, time_scale: float = 1.0, last_mark: str | None = None,
+           due: float | None = None) -> Decision:
     """The move placement recommends for this job's running attempt (None: stay), with the mark of
-    the prices it read. ``time_scale``: clock seconds per modeled second (``WorkflowTimings.time_scale``):
-    the compute's boot estimate is on the clock (the twin's boots run faster), the move's cost in
-    modeled hours."""
+    the prices it read. ``due``: when the next full review is due (``ReviewBackoff.due``; None: now):
+    before then, it reads the spot prices alone and stays unless they moved since ``last_mark`` (a
+    poll: no placement scores asked). ``time_scale``: clock seconds per modeled second
+    (``WorkflowTimings.time_scale``): the compute's boot estimate is on the clock (the twin's boots run
+    faster), the move's cost in modeled hours."""
     spec = spec_of(job)
     current = job.attempts[-1] if job.attempts else None
     if spec.recovery.review_minutes <= 0 or current is None or current.pool is None or job.stop_save_by is not None:
-        return Decision(None, None)  # (a pending stop: the ranks save to end the job, services/stop.py)
+        return NOTHING_READ  # (a pending stop: the ranks save to end the job, services/stop.py)
     nodes = attempt_nodes(ctl.store, job)
     if job.status is not JobStatus.RUNNING or not nodes or any(n.state not in _TRAINING for n in nodes):
-        return Decision(None, None)  # something is already happening to the attempt: the outcome wait decides
+        return NOTHING_READ  # something is already happening to the attempt: the outcome wait decides
     assert ctl.market is not None
     res = spec.resources
-    quotes = ctl.market.quotes(res.regions, res.instance_types, [m.value for m in res.markets],
-                               capacity=res.nodes + res.spares)
+    markets = [m.value for m in res.markets]
+    if due is not None and now < due - DUE_SLACK_S:  # a poll: the prices alone
+        mark = price_mark((q.pool.key, q.price_per_hour)
+                          for q in ctl.market.quotes(res.regions, res.instance_types, markets, scores=False))
+        if not full_review_due(now, due, mark, last_mark):
+            return Decision(None, mark)
+    quotes = ctl.market.quotes(res.regions, res.instance_types, markets, capacity=res.nodes + res.spares)
     mark = price_mark((q.pool.key, q.price_per_hour) for q in quotes)
     here = next((q for q in quotes if q.pool == current.pool), None)
     if here is None:
-        return Decision(None, mark)
+        return Decision(None, mark, True)
     stats = ctl.pool_stats.get_many([q.pool.key for q in quotes])
     world = current.world_size or len([n for n in nodes if not n.spare])
     sized = {m: scores_of(ctl.market.quotes(res.regions, res.instance_types, [mk.value for mk in res.markets],
@@ -110,7 +150,7 @@ def decide(ctl: Controller, job: Job, now: float, time_scale: float = 1.0) -> De
     if move is not None and not off_on_demand_allowed(move.target.pool.market, current.pool.market,
                                                       job.attempts, quotes, now, stalled=stall_limit(spec)):
         move = None  # the job's spot attempts cost more per useful step than on-demand (spot_evidence)
-    return Decision(move, mark)
+    return Decision(move, mark, True)
 
 
 def _modeled_boot(ctl: Controller, time_scale: float) -> Callable[[Pool], float] | None:
@@ -130,20 +170,25 @@ def silent(nodes: list[Node], heartbeat_s: float, now: float) -> bool:
 
 def review(ctl: Controller, job_id: str, attempt: int, now: float,
            timings: WorkflowTimings | None = None, review_s: int | None = None,
-           review_mark: str | None = None) -> AttemptEnd:
-    """``review_s``: the interval that just ended (``$.launch.review_s``); a stay doubles it unless the
-    prices moved since ``review_mark`` (``$.launch.review_mark``, the mark of the last review's)."""
+           review_mark: str | None = None, review_backoff: ReviewBackoff | None = None,
+           polls: bool = True) -> AttemptEnd:
+    """``review_mark`` and ``review_backoff``: ``$.launch``'s, the last full review's mark and when the
+    next one is due. ``polls`` False (a definition older than the polls): a full review each call, and
+    ``review_s``, the interval that just ended, is the backoff."""
     job = ctl.store.get_job(job_id)
     if job.attempt != attempt or job.status.terminal:
-        return stay_answer(spec_of(job), timings, job.attempt, f"attempt {attempt} is no longer current", review_s,
-                           job.attempts, now, None, review_mark)
+        return stay_answer(spec_of(job), timings, job.attempt, f"attempt {attempt} is no longer current",
+                           job.attempts, now, NOTHING_READ, review_mark, review_backoff, review_s, polls)
     timings = timings or WorkflowTimings()
     if silent(attempt_nodes(ctl.store, job), timings.heartbeat_s, now):
         return AttemptEnd(outcome=Verdict.HEARTBEAT_TIMEOUT, attempt=attempt, reason="the gang went silent")
-    move, mark = decide(ctl, job, now, timings.time_scale)
+    read = decide(ctl, job, now, timings.time_scale, review_mark,
+                  review_backoff.due if polls and review_backoff else None)
+    move = read.move
     if move is None:
-        return stay_answer(spec_of(job), timings, job.attempt, "no better placement", review_s, job.attempts, now,
-                           mark, review_mark)
+        why = "no better placement" if read.full else "prices hold; the full review is not due"
+        return stay_answer(spec_of(job), timings, job.attempt, why, job.attempts, now, read, review_mark,
+                           review_backoff, review_s, polls)
     target = move.target
     log.info("placement review: move", extra={"job_id": job_id, "target": target.pool.key, "nodes": target.nodes,
                                               "gain_per_hour": round(move.gain_per_hour, 2),

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from spotrelay.contracts.recovery import AttemptEnd, LaunchPlan, RecoveryPlan
+from spotrelay.contracts.recovery import AttemptEnd, LaunchPlan, RecoveryPlan, ReviewBackoff
 from spotrelay.contracts.workflow import WorkflowTimings
 
 
@@ -48,7 +48,15 @@ class ReviewTask(_Task):
     attempt: int = Field(..., ge=1)
     timings: WorkflowTimings = Field(default_factory=WorkflowTimings)
     review_s: int | None = Field(None, ge=1)  # $.launch.review_s: the interval that just ended
-    review_mark: str | None = Field(None, max_length=64)  # $.launch.review_mark: the prices the last review read
+    review_mark: str | None = Field(None, max_length=64)  # $.launch.review_mark: the prices the last full review read
+    # $.launch.review_backoff: when the next full review is due (an execution of a definition older than
+    # the price polls passes none: ``polls`` is then False and the review answers as it did)
+    review_backoff: ReviewBackoff | None = None
+
+    @property
+    def polls(self) -> bool:
+        """The workflow's definition passes the backoff (null for a new attempt): it polls the prices."""
+        return "review_backoff" in self.model_fields_set
 
 
 class TeardownTask(_Task):

@@ -100,6 +100,7 @@ class SpotrelayRun(Run):
         self.stay_answer: tuple[int, dict[str, Any]] = (-1, {})  # moves._stay's, per attempt
         # moves._price_mark's mark and until when it holds (no pool's price changes before then)
         self.price_mark_memo: tuple[float, str] = (-float("inf"), "")
+        self.mark_pools: list[Any] | None = None  # moves._price_mark's pools: the spec's
         self.last_review: tuple[Any, ...] | None = None  # shortlist.same_review's inputs and answer
         self.stint_memo: tuple[int, float | None] | None = None  # moves._stints': (attempts seen, answer)
         if asl is None:
@@ -128,8 +129,9 @@ class SpotrelayRun(Run):
         elif isinstance(what, Await):
             self.waiting = what.wait
             self.wait_epoch += 1
-            if what.timeout_s is not None:
-                self.at(self.now + what.timeout_s, self._timeout, self.wait_epoch)
+            if what.timeout_s is not None:  # (the outcome wait's timeout is the review's next poll)
+                at = moves.next_poll_at(self, what.timeout_s) if what.wait == "outcome" else self.now + what.timeout_s
+                self.at(at, self._timeout, self.wait_epoch)
             self._settle()
         elif what.failed:
             self.metrics.failed_reason = self.metrics.failed_reason or f"job failed ({what.state})"

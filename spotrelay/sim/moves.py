@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from spotrelay.contracts.recovery import AttemptEnd, Candidate, Launched, Verdict
 from spotrelay.placement import PoolEvent
-from spotrelay.placement.cadence import price_mark
+from spotrelay.placement.cadence import DUE_SLACK_S, full_review_due, poll_s, price_mark
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.payback import spot_stint_hours
 from spotrelay.placement.policy import loss_interval
 from spotrelay.placement.review import better_placement, review_spot_hours
 from spotrelay.placement.spot_evidence import off_on_demand_allowed, stall_limit
-from spotrelay.services.review import review_seconds, stay_fields
+from spotrelay.services.review import NOTHING_READ, Decision, review_seconds, stay_fields
 from spotrelay.sim import attempts
 from spotrelay.sim.asl import TaskFailed
 from spotrelay.sim.shortlist import review_quotes, same_review
@@ -24,18 +24,40 @@ if TYPE_CHECKING:
     from spotrelay.sim.controller import SpotrelayRun
 
 VERIFY_SHORTLIST = False  # tests set it: every review also runs over every quote and must agree
+SKIP_POLLS = True  # tests clear it: every poll of the placement review is walked (next_poll_at)
 SAVE_MARGIN_S = 10.0  # the final save is timed to commit this long before the reclaim (or a move's deadline)
 
 
-def _stay(run: SpotrelayRun, payload: dict[str, Any], mark: str | None = None) -> dict[str, Any]:
+def _stay(run: SpotrelayRun, payload: dict[str, Any], read: Decision = NOTHING_READ) -> dict[str, Any]:
     """The stay answer for the current attempt (built once per attempt; the workflow only reads it),
-    with services/review.py's ``stay_fields``: ``mark``, the mark of the prices this review read (None: it
-    read none), against the last one's."""
+    with services/review.py's ``stay_fields`` after a review that read ``read``."""
     if run.stay_answer[0] != run.attempt:
         run.stay_answer = (run.attempt, AttemptEnd(outcome=Verdict.READY, attempt=run.attempt,
                                                    reason="no better placement").model_dump(mode="json"))
-    return {**run.stay_answer[1], **stay_fields(run.spec, run.timings, payload.get("review_s"), run.attempts,
-                                                run.now, mark, payload.get("review_mark"))}
+    return {**run.stay_answer[1], **stay_fields(run.spec, run.timings, run.attempts, run.now, read,
+                                                payload.get("review_mark"), payload.get("review_backoff"),
+                                                payload.get("review_s"))}
+
+
+def next_poll_at(run: SpotrelayRun, timeout_s: float) -> float:
+    """When the outcome wait entered now with ``timeout_s`` should time out: the first poll that may do
+    something. A poll before its backoff is due that reads the prices the last full review read stays
+    and changes nothing the workflow reads but the clock (``stay_fields`` gives it the same mark and
+    backoff, and ``poll_s`` the next timeout; one whose gang is not all training reads no prices and
+    changes nothing either), so the simulator steps over those, polls at the same times as the
+    workflow. Tests walk every poll (``SKIP_POLLS`` False) and compare."""
+    t = run.now + timeout_s
+    launch = run.walker.data.get("launch") or {}
+    raw, last = launch.get("review_backoff"), launch.get("review_mark")
+    if not SKIP_POLLS or raw is None or last is None or run.spec.recovery.review_minutes <= 0:
+        return t
+    if _price_mark(run) != last:
+        return t  # the prices moved already (a poll whose gang did not train saw it): the next poll decides
+    due, until = raw["due"], run.price_mark_memo[0]
+    base = review_seconds(run.spec, run.timings)
+    while t < due - DUE_SLACK_S and t < until:  # that poll reads the same prices, before its due time
+        t += poll_s(base, due, t)
+    return t
 
 
 def _price_mark(run: SpotrelayRun) -> str:
@@ -46,10 +68,13 @@ def _price_mark(run: SpotrelayRun) -> str:
     until, mark = run.price_mark_memo
     if now < until:
         return mark
-    res = run.spec.resources
-    markets, regions, types = {m.value for m in res.markets}, set(res.regions), set(res.instance_types)
-    spans = [(p.key, p.price_span(now)) for p in run.market.pools
-             if p.pool.market in markets and p.pool.region in regions and p.pool.instance_type in types]
+    pools = run.mark_pools
+    if pools is None:  # (the spec's pools: the spec and the market's pools are fixed for the run)
+        res = run.spec.resources
+        markets, regions, types = {m.value for m in res.markets}, set(res.regions), set(res.instance_types)
+        pools = run.mark_pools = [p for p in run.market.pools if p.pool.market in markets
+                                  and p.pool.region in regions and p.pool.instance_type in types]
+    spans = [(p.key, p.price_span(now)) for p in pools]
     mark = price_mark((key, round(price, 4)) for key, (price, _) in spans)
     run.price_mark_memo = (min((until for _, (_, until) in spans), default=math.inf), mark)
     return mark
@@ -90,6 +115,9 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
             or self.spec.recovery.review_minutes <= 0 or any(n.state != "RUNNING" for n in gang)):
         return _stay(self, payload)  # (review.decide reads no prices then)
     mark = _price_mark(self)
+    backoff = payload.get("review_backoff")
+    if not full_review_due(self.now, None if backoff is None else backoff["due"], mark, payload.get("review_mark")):
+        return _stay(self, payload, Decision(None, mark))  # a poll: the prices alone (review.decide)
     res = self.spec.resources
     here = self.market.quote(current, self.now, res.nodes + res.spares, len(self.held.get(current.key, ())))
     stats = self.stats.view()  # (the pools' records; nothing records during a review)
@@ -112,7 +140,7 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
                                                       stalled=stall_limit(self.spec)):
         move = None  # review.review: the job's spot attempts did not pay (placement/spot_evidence.py)
     if move is None:
-        return _stay(self, payload, mark)
+        return _stay(self, payload, Decision(None, mark, True))
     t = move.target
     leaving = [] if move.in_place else gang
     return AttemptEnd(outcome=Verdict.MIGRATE, attempt=self.attempt, reason=move.reason,

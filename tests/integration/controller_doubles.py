@@ -133,6 +133,7 @@ class QuotedMarket:
     def __init__(self, prices: dict[str, float] | None = None) -> None:
         self.prices = dict(prices or DEFAULT_PRICES)
         self.history: dict[str, list[tuple[float, float]]] = {}  # pool key -> price changes (a test sets them)
+        self.reads: list[bool] = []  # each quotes() call: whether it asked for placement scores
 
     def price_history(self, pool: Pool, start: float, end: float) -> list[tuple[float, float]]:
         """The changes a test set for the pool, else its fixed price throughout."""
@@ -141,7 +142,8 @@ class QuotedMarket:
         return [(start, self.prices[pool.key])] if pool.key in self.prices else []
 
     def quotes(self, regions: list[str], instance_types: list[str], markets: list[str],
-               capacity: int = 1) -> list[PoolQuote]:
+               capacity: int = 1, scores: bool = True) -> list[PoolQuote]:
+        self.reads.append(scores)
         out = []
         for key, price in self.prices.items():
             region, az, itype, market = key.split("/")

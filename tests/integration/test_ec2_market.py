@@ -56,6 +56,18 @@ def test_newest_price_per_az_and_scores_by_zone_name(stubbed: tuple[Ec2MarketDat
     }
 
 
+def test_a_poll_reads_the_prices_without_asking_for_placement_scores(stubbed: tuple[Ec2MarketData, Stubber]) -> None:
+    """A placement review's poll (``scores=False``) asks DescribeSpotPriceHistory only: the Stubber fails
+    on any call it was not given, GetSpotPlacementScores included."""
+    market, stub = stubbed
+    stub.add_response("describe_spot_price_history", {"SpotPriceHistory": [price("us-east-1a", "p5.48xlarge", "24.50",
+                                                                                 50)]},
+                      {"InstanceTypes": ["p5.48xlarge"], "ProductDescriptions": ["Linux/UNIX"], "StartTime": ANY})
+    quotes = market.quotes(["us-east-1"], ["p5.48xlarge"], ["spot"], capacity=16, scores=False)
+    assert [(q.pool.key, q.price_per_hour, q.placement_score) for q in quotes] == [
+        ("us-east-1/us-east-1a/p5.48xlarge/spot", 24.5, None)]
+
+
 def test_a_region_without_price_history_falls_back_to_the_catalog(stubbed: tuple[Ec2MarketData, Stubber]) -> None:
     market, stub = stubbed
     stub.add_client_error("describe_spot_price_history", "RequestLimitExceeded", "slow down")

@@ -1,6 +1,7 @@
 """The placement review through moto's execution of the job-run ASL: the outcome wait times out at
-``$.launch.review_s``, Review asks placement, Migrate launches the better gang first and only then
-tells the old ranks to save and drain (make-before-break); no capacity there: the attempt goes on."""
+``$.launch.review_s`` (a poll every review_minutes), Review asks placement when its backoff is due or
+the prices moved, Migrate launches the better gang first and only then tells the old ranks to save and
+drain (make-before-break); no capacity there: the attempt goes on."""
 
 from __future__ import annotations
 
@@ -89,56 +90,66 @@ def test_no_capacity_for_the_move_keeps_the_gang_training(wf: Harness) -> None:
     assert states.count("WaitOutcome") >= 2 and "Migrate" in states and "Recover" not in states
 
 
+def _stays(arn: str) -> list[dict[str, object]]:
+    """``$.launch`` after each Review that stayed (as NextReviewBackoff left it), oldest first."""
+    from spotrelay.adapters.aws import client
+
+    events = client("stepfunctions").get_execution_history(executionArn=arn, maxResults=1000)["events"]
+    return [json.loads(e["stateExitedEventDetails"]["output"])["launch"] for e in events
+            if e.get("stateExitedEventDetails", {}).get("name") == "NextReviewBackoff"]
+
+
+def _fulls(stays: list[dict[str, object]]) -> list[dict[str, object]]:
+    """The stays of full reviews: those that wrote a new backoff (a poll keeps the last one)."""
+    return [s for i, s in enumerate(stays) if i == 0 or s["review_backoff"] != stays[i - 1]["review_backoff"]]
+
+
 def test_reviews_that_stay_back_off_in_the_workflow(wf: Harness) -> None:
-    """moto's execution of the ASL: each stay's next interval (placement/cadence.py) becomes the
-    outcome wait's timeout through NextReview: 1 s, then 2, 4, 8 (the cap, 16x, is unit-tested)."""
+    """moto's execution of the ASL: the outcome wait times out every review_minutes (1 s here: a poll);
+    each full review that stays doubles the interval to the next one (NextReviewBackoff): 2 s, then 4, 8
+    (the cap, 16x, is unit-tested), and the polls between read the prices without placement scores."""
     wf.market.prices = dict(DEAR_SPOT)  # on-demand is cheapest: every review stays
     job = new_job(wf.store, review_minutes=0.02, launch_at_notice=True)  # review_s = int(1.2) = 1
     arn = wf.start(job, TIMINGS)
     first = wf.agents_ready(1)
     assert wf.job().attempts[0].pool.market == "on-demand"
+    reads_before = len(wf.market.reads)
 
-    def intervals() -> list[int]:
-        from spotrelay.adapters.aws import client
-
-        events = client("stepfunctions").get_execution_history(executionArn=arn, maxResults=1000)["events"]
-        return [json.loads(e["stateExitedEventDetails"]["output"])["launch"]["review_s"] for e in events
-                if e.get("stateExitedEventDetails", {}).get("name") == "NextReview"]
-
-    wait_until(lambda: len(intervals()) >= 3, what="three reviews that stayed")
-    assert intervals()[:3] == [2, 4, 8]
+    wait_until(lambda: len(_fulls(_stays(arn))) >= 3, what="three full reviews that stayed")
+    stays = _stays(arn)
+    fulls = _fulls(stays)
+    assert [f["review_backoff"]["gap_s"] for f in fulls[:3]] == [2, 4, 8]  # type: ignore[index]
+    assert all(s["review_s"] == 1 for s in stays)  # the polls: every review_minutes
+    polls = len(stays) - len(fulls)
+    assert polls >= 1  # between the full reviews, polls that read the prices alone (moto's seconds are long)
+    reads = wf.market.reads[reads_before:]
+    assert reads.count(False) >= polls and reads.count(True) <= len(fulls) + 1  # no placement scores for a poll
     wf.exit_all(first, 0)
     assert wf.finished(arn)["status"] == "SUCCEEDED"
     assert "Migrate" not in wf.states_entered(arn)
 
 
-def test_a_review_that_finds_the_prices_moved_keeps_its_interval(wf: Harness) -> None:
-    """The mark of the prices each Review read travels in ``$.launch.review_mark`` (NextReviewMark); a
-    Review that finds them changed since the last one keeps the interval instead of doubling it."""
+def test_a_price_move_brings_the_full_review_forward_and_keeps_its_interval(wf: Harness) -> None:
+    """The mark of the prices each full Review read travels in ``$.launch.review_mark`` (NextReviewMark);
+    the first poll that finds them changed reviews in full before the backoff is due, and keeps the
+    interval instead of doubling it."""
     wf.market.prices = dict(DEAR_SPOT)  # every review stays, before and after the change
     job = new_job(wf.store, review_minutes=0.02, launch_at_notice=True)  # review_s = int(1.2) = 1
     arn = wf.start(job, TIMINGS)
     first = wf.agents_ready(1)
 
-    def stays() -> list[tuple[int, str]]:
-        from spotrelay.adapters.aws import client
-
-        events = client("stepfunctions").get_execution_history(executionArn=arn, maxResults=1000)["events"]
-        launches = [json.loads(e["stateExitedEventDetails"]["output"])["launch"] for e in events
-                    if e.get("stateExitedEventDetails", {}).get("name") == "NextReviewMark"]
-        return [(launch["review_s"], launch["review_mark"]) for launch in launches]
-
-    wait_until(lambda: len(stays()) >= 2, what="two reviews that stayed")
-    before = stays()
-    assert [s for s, _ in before[:2]] == [2, 4] and before[0][1] == before[1][1]  # same prices: the same mark
-    assert len(before[0][1]) == 16
+    wait_until(lambda: len(_fulls(_stays(arn))) >= 3, what="three full reviews that stayed")
+    before = _fulls(_stays(arn))
+    assert before[0]["review_mark"] == before[2]["review_mark"]  # same prices: the same mark
+    assert len(str(before[0]["review_mark"])) == 16
     wf.market.prices = {**DEAR_SPOT, pool("p5.48xlarge", "spot").key: 155.0}  # +3%, still dearer than on-demand
-    wait_until(lambda: any(m != before[0][1] for _, m in stays()), what="a review that read the new prices")
-    after = stays()
-    moved = next(i for i, (_, m) in enumerate(after) if m != before[0][1])
-    assert after[moved][0] == after[moved - 1][0] < 16  # held, not doubled (16 s: the cap, 16x review_minutes)
-    wait_until(lambda: len(stays()) > moved + 1, what="the review after it")
-    assert stays()[moved + 1] == (2 * after[moved][0], after[moved][1])  # prices still: the backoff goes on
+    wait_until(lambda: any(f["review_mark"] != before[0]["review_mark"] for f in _fulls(_stays(arn))),
+               what="a full review that read the new prices")
+    fulls = _fulls(_stays(arn))
+    moved = next(i for i, f in enumerate(fulls) if f["review_mark"] != before[0]["review_mark"])
+    last, new = fulls[moved - 1]["review_backoff"], fulls[moved]["review_backoff"]
+    assert new["gap_s"] == last["gap_s"] < 16  # type: ignore[index]  # held, not doubled (16 s: the cap)
+    assert new["due"] - new["gap_s"] < last["due"] - 1  # type: ignore[index,operator]  # before it was due
     wf.exit_all(first, 0)
     assert wf.finished(arn)["status"] == "SUCCEEDED"
     assert "Migrate" not in wf.states_entered(arn)

@@ -1,8 +1,10 @@
-"""The review backoff (placement/cadence.py): each review that stays doubles the next interval, up to
-16x review_minutes, never past the moment the review's spot evidence expires; a new attempt starts
-again at review_minutes, and so does a review that finds the prices moved since the last one. The same
-rule in the services, in the ASL's NextReview and NextReviewMark states (walked by the simulator's
-interpreter) and in the simulator's reviews."""
+"""The review backoff (placement/cadence.py): each full review that stays doubles the interval to the
+next one, up to 16x review_minutes, never past the moment the review's spot evidence expires; a new
+attempt starts again at review_minutes, and a review that finds the prices moved since the last one
+keeps the interval. Between full reviews the workflow polls the prices every review_minutes, and a
+move brings the full review forward. The same rule in the services, in the ASL's NextReview,
+NextReviewMark and NextReviewBackoff states (walked by the simulator's interpreter) and in the
+simulator's reviews."""
 
 from __future__ import annotations
 
@@ -12,19 +14,22 @@ from typing import Any
 
 import pytest
 
+from spotrelay.contracts.recovery import ReviewBackoff
 from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.models import Attempt, Pool
 from spotrelay.placement.cadence import (
     REVIEW_BACKOFF_MAX,
     base_review_s,
+    full_review_due,
     kept_mark,
     next_review_s,
+    poll_s,
     price_mark,
     prices_moved,
 )
 from spotrelay.placement.review import EVIDENCE_HOURS, evidence_expires_at, review_spot_hours
-from spotrelay.services.review import next_review_seconds, review_seconds, stay_answer
-from spotrelay.sim import controller
+from spotrelay.services.review import NOTHING_READ, Decision, next_review_seconds, review_seconds, stay_answer
+from spotrelay.sim import controller, moves
 from spotrelay.sim.asl import AslError, Await, Walker, load_asl
 from spotrelay.sim.runner import simulate
 from spotrelay.spec.load import load_spec
@@ -96,21 +101,25 @@ def _walker(review: dict[str, Any]) -> tuple[Walker, list[dict[str, Any]]]:
         return review
 
     handlers = {"fn_sfn_plan": lambda p: {"candidates": []},
-                "fn_sfn_provision": lambda p: {"attempt": 1 + len(calls), "review_s": 1800, "review_mark": None},
+                "fn_sfn_provision": lambda p: {"attempt": 1 + len(calls), "review_s": 1800, "review_mark": None,
+                                               "review_backoff": None},
                 "fn_sfn_review": on_review}
     return Walker(load_asl(), handlers, {"job_id": "j", "timings": {"ready_timeout_s": 7}}), calls
 
 
 def test_the_asl_waits_the_reviews_interval_after_a_stay_and_the_base_after_a_move() -> None:
-    walker, calls = _walker({"outcome": "ready", "review_s": 3600, "review_mark": "m1"})
+    backoff = {"due": 5400.0, "gap_s": 3600}
+    walker, calls = _walker({"outcome": "ready", "review_s": 1200, "review_mark": "m1", "review_backoff": backoff})
     assert walker.advance() == Await("ready", 7.0)
     assert walker.resume({"outcome": "ready"}) == Await("outcome", 1800.0)
-    assert walker.resume(error="States.Timeout") == Await("outcome", 3600.0)  # NextReview copied it
+    assert walker.resume(error="States.Timeout") == Await("outcome", 1200.0)  # NextReview copied it
     assert calls[-1]["review_s"] == 1800 and calls[-1]["review_mark"] is None  # a new attempt: no mark yet
-    assert walker.visited[-4:] == ["Reviewed", "NextReview", "NextReviewMark", "WaitOutcome"]
+    assert calls[-1]["review_backoff"] is None  # nor a backoff: its first review is a full one
+    assert walker.visited[-5:] == ["Reviewed", "NextReview", "NextReviewMark", "NextReviewBackoff", "WaitOutcome"]
     walker.resume(error="States.Timeout")
-    assert calls[-1]["review_s"] == 3600  # the Review task is told the interval that just ended
-    assert calls[-1]["review_mark"] == "m1"  # and the mark of the prices the last Review read
+    assert calls[-1]["review_s"] == 1200  # the Review task is told the interval that just ended
+    assert calls[-1]["review_mark"] == "m1"  # the mark of the prices the last full Review read
+    assert calls[-1]["review_backoff"] == backoff  # and when the next full one is due
 
     moving, _ = _walker({"outcome": "migrate", "attempt": 1})
     moving.advance()
@@ -126,9 +135,8 @@ def test_the_interpreter_refuses_input_processing_it_does_not_implement() -> Non
         Walker(asl, {}, {})
 
 
-def test_the_simulators_reviews_back_off_as_the_rule_says(monkeypatch: pytest.MonkeyPatch) -> None:
-    """32 nodes on the g4dn trace: parked on on-demand. Each review comes the interval the previous
-    stay returned after it; the first review of an attempt comes after review_minutes."""
+def _recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, float, dict[str, Any], dict[str, Any]]]:
+    """Every simulated Review: (run, attempt, clock, payload, answer)."""
     seen: list[tuple[int, int, float, dict[str, Any], dict[str, Any]]] = []
     original = controller.SpotrelayRun.task_review
 
@@ -138,15 +146,38 @@ def test_the_simulators_reviews_back_off_as_the_rule_says(monkeypatch: pytest.Mo
         return out
 
     monkeypatch.setattr(controller.SpotrelayRun, "task_review", recorded)
+    return seen
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_the_simulators_reviews_back_off_as_the_rule_says(monkeypatch: pytest.MonkeyPatch, skip: bool) -> None:
+    """32 nodes on the g4dn trace: parked on on-demand, prices that never move. Each full review's backoff
+    doubles the last; the polls between come every review_minutes and land on its due time; the first
+    review of an attempt comes after review_minutes and is a full one. Walking every poll
+    (``SKIP_POLLS`` False) or stepping over the idle ones: the same full reviews at the same times."""
+    monkeypatch.setattr(moves, "SKIP_POLLS", skip)
+    seen = _recorded(monkeypatch)
     simulate(CASES["g4dn-32"])
     stays = [s for s in seen if s[4]["outcome"] == "ready"]
-    assert len(stays) >= 8 and max(s[4]["review_s"] for s in stays) == 28800
-    for s in stays:  # (a 32-node gang never trains on spot here: no evidence to expire)
-        assert s[4]["review_s"] == next_review_s(s[3]["review_s"], 1800, WorkflowTimings().outcome_timeout_s)
+    fulls = [s for s in stays if s[4]["review_backoff"] != s[3]["review_backoff"]]
+    assert len(fulls) >= 8 and max(s[4]["review_backoff"]["gap_s"] for s in fulls) == 28800
+    ceiling = WorkflowTimings().outcome_timeout_s
+    for s in fulls:  # (a 32-node gang never trains on spot here: no evidence to expire)
+        last = s[3]["review_backoff"]
+        gap = next_review_s(None if last is None else last["gap_s"], 1800, ceiling)
+        assert s[4]["review_backoff"] == {"due": s[2] + gap, "gap_s": gap}
+        assert last is None or s[2] >= last["due"] - 1  # prices that never move: never before it is due
+    for s in stays:
+        assert s[4]["review_s"] == poll_s(1800, s[4]["review_backoff"]["due"], s[2]) == 1800
+    polls = [s for s in stays if s not in fulls]
+    assert bool(polls) is not skip  # (stepping over them: no idle poll walked)
     for prev, cur in itertools.pairwise(seen):
         if prev[:2] == cur[:2] and prev[4]["outcome"] == "ready":
-            assert cur[2] - prev[2] == pytest.approx(prev[4]["review_s"])
-            assert cur[3]["review_s"] == prev[4]["review_s"]
+            # the next poll, or (stepping over the idle ones) the first that is due
+            full = prev[4]["review_backoff"] != prev[3]["review_backoff"]
+            after = prev[4]["review_backoff"]["gap_s"] if skip and full else prev[4]["review_s"]
+            assert cur[2] - prev[2] == pytest.approx(after)
+            assert cur[3]["review_backoff"] == prev[4]["review_backoff"]  # NextReviewBackoff carried it
 
 
 def test_a_new_attempt_is_reviewed_after_review_minutes_capped_by_the_outcome_timeout() -> None:
@@ -203,46 +234,85 @@ def test_a_review_that_finds_the_prices_moved_keeps_the_interval() -> None:
     assert next_review_s(60, 1800, 10**6, moved=True) == 1800  # never below the base
     assert next_review_s(14400, 1800, 5000, moved=True) == 5000  # (the outcome wait's longest timeout)
     assert next_review_s(14400, 1800, 10**6, changes_in_s=5000.2, moved=True) == 5001  # (evidence expiry)
-    timings = WorkflowTimings()
-    still = stay_answer(_spec(30), timings, 3, "no better placement", 7200, [], 0.0, "m1", "m1")
-    assert (still.review_s, still.review_mark, still.attempt) == (14400, "m1", 3)
-    moved = stay_answer(_spec(30), timings, 3, "no better placement", 7200, [], 0.0, "m2", "m1")
-    assert (moved.review_s, moved.review_mark) == (7200, "m2")
-    blind = stay_answer(_spec(30), timings, 3, "stale", 7200, [], 0.0, None, "m1")  # read no prices
-    assert (blind.review_s, blind.review_mark) == (14400, "m1")
-    first = stay_answer(_spec(30), timings, 3, "no better placement", 1800, [], 0.0, "m1", None)
-    assert (first.review_s, first.review_mark) == (3600, "m1")
+    timings, spec = WorkflowTimings(), _spec(30)
+    last = ReviewBackoff(due=10_000.0, gap_s=7200)
+    still = stay_answer(spec, timings, 3, "no better placement", [], 10_000.0, Decision(None, "m1", True), "m1", last)
+    assert (still.review_s, still.review_mark, still.attempt) == (1800, "m1", 3)
+    assert still.review_backoff == ReviewBackoff(due=10_000.0 + 14400, gap_s=14400)  # doubled
+    moved = stay_answer(spec, timings, 3, "no better placement", [], 9_000.0, Decision(None, "m2", True), "m1", last)
+    assert (moved.review_mark, moved.review_backoff) == ("m2", ReviewBackoff(due=9_000.0 + 7200, gap_s=7200))
+    poll = stay_answer(spec, timings, 3, "prices hold", [], 9_000.0, Decision(None, "m1"), "m1", last)
+    assert (poll.review_s, poll.review_mark, poll.review_backoff) == (1000, "m1", last)  # lands on the due time
+    blind = stay_answer(spec, timings, 3, "stale", [], 9_000.0, NOTHING_READ, "m1", last)  # read no prices
+    assert (blind.review_s, blind.review_mark, blind.review_backoff) == (1000, "m1", last)
+    late = stay_answer(spec, timings, 3, "stale", [], 12_000.0, NOTHING_READ, "m1", last)  # due passed, untrained
+    assert (late.review_s, late.review_backoff) == (1800, last)  # polls on; the next full review is due at once
+    first = stay_answer(spec, timings, 3, "no better placement", [], 0.0, Decision(None, "m1", True), None, None)
+    assert (first.review_s, first.review_mark) == (1800, "m1")
+    assert first.review_backoff == ReviewBackoff(due=3600, gap_s=3600)
+    # an execution of an older definition (no backoff passed): review_s is the backoff, as it was
+    legacy = stay_answer(spec, timings, 3, "no better placement", [], 0.0, Decision(None, "m1", True), "m1", None,
+                         current_s=7200, polls=False)
+    assert (legacy.review_s, legacy.review_mark, legacy.review_backoff) == (14400, "m1", None)
+    legacy_moved = stay_answer(spec, timings, 3, "no better placement", [], 0.0, Decision(None, "m2", True), "m1",
+                               None, current_s=7200, polls=False)
+    assert legacy_moved.review_s == 7200
 
 
-def test_the_simulators_reviews_hold_their_interval_when_the_prices_move(monkeypatch: pytest.MonkeyPatch) -> None:
-    """32 nodes on the synthetic market (a new price every 6 h): each stay carries the mark of the market's
-    prices then, and its interval is the last one where they moved since the last review, else doubled."""
-    seen: list[tuple[int, int, float, dict[str, Any], dict[str, Any], str | None]] = []
-    original = controller.SpotrelayRun.task_review
+def test_a_poll_is_a_full_review_when_due_or_when_the_prices_moved() -> None:
+    assert full_review_due(0.0, None, "m", "m")  # the first review of an attempt
+    assert not full_review_due(100.0, 200.0, "m", "m") and full_review_due(100.0, 200.0, "n", "m")
+    assert full_review_due(199.5, 200.0, "m", "m") and full_review_due(500.0, 200.0, "m", "m")  # (a rounding second)
+    assert not full_review_due(100.0, 200.0, None, "m")  # read no prices: nothing moved
+    assert poll_s(1800, None, 0.0) == 1800 and poll_s(1800, 10_000.0, 0.0) == 1800
+    assert poll_s(1800, 1000.5, 0.0) == 1001 and poll_s(1800, 1000.0, 999.5) == 1800  # due: polls on
+    assert poll_s(1800, 1000.0, 5000.0) == 1800  # past due (a gang that was not training): never a 1 s loop
 
-    def recorded(self: controller.SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
-        # review.decide reads the prices only for a running gang whose nodes all train
-        reads = self.running and all(n.state == "RUNNING" for n in self.gang.values())
-        out = original(self, payload)
-        prices = price_mark((p.key, round(p.price(self.now), 4)) for p in self.market.pools) if reads else None
-        seen.append((id(self), self.attempt, self.now, payload, out, prices))
-        return out
 
-    monkeypatch.setattr(controller.SpotrelayRun, "task_review", recorded)
+def test_the_simulators_full_reviews_come_when_due_or_after_a_price_move(monkeypatch: pytest.MonkeyPatch) -> None:
+    """32 nodes on the synthetic market (a new price every 6 h): each full review that stays carries the mark
+    of the market's prices then; its backoff is the last one's interval where they moved since the last full
+    review, else doubled; and a price move is seen by the first poll after it, not at the end of the backoff
+    (every poll walked: ``SKIP_POLLS`` False)."""
+    monkeypatch.setattr(moves, "SKIP_POLLS", False)
+    seen = _recorded(monkeypatch)
     simulate(CASES["synthetic-32"])
     stays = [s for s in seen if s[4]["outcome"] == "ready" and s[3]["attempt"] == s[1]]
     ceiling = WorkflowTimings().outcome_timeout_s
-    held = 0
-    for _, _, _, payload, out, prices in stays:
-        assert out["review_mark"] == (payload["review_mark"] if prices is None else prices)
-        moved = None not in (payload["review_mark"], prices) and payload["review_mark"] != prices
-        held += moved and payload["review_s"] < 28800
-        assert out["review_s"] == next_review_s(payload["review_s"], 1800, ceiling, moved=moved)
-        assert out["review_s"] == (payload["review_s"] if moved else min(2 * payload["review_s"], 28800))
-    assert held >= 3 and len(stays) > held  # (both answers are exercised, below the cap)
+    held = early = polls = 0
+    for _, _, now, payload, out in stays:
+        last = payload["review_backoff"]
+        if out["review_backoff"] == last:  # a poll that stayed: same prices before its due time, or none read
+            assert last is not None and out["review_mark"] == payload["review_mark"]
+            polls += 1
+            continue
+        moved = payload["review_mark"] not in (None, out["review_mark"])
+        gap = next_review_s(last and last["gap_s"], 1800, ceiling, moved=moved)
+        assert out["review_backoff"] == {"due": now + gap, "gap_s": gap}
+        held += moved and last["gap_s"] < 28800
+        early += moved and now < last["due"] - 1  # brought forward by the move
+    assert held >= 3 and early >= 3 and polls > len(stays) / 2  # (most polls read the same prices)
     for prev, cur in itertools.pairwise(seen):
         if prev[:2] == cur[:2] and prev[4]["outcome"] == "ready":
             assert cur[3]["review_mark"] == prev[4]["review_mark"]  # NextReviewMark carried it
+            assert cur[3]["review_backoff"] == prev[4]["review_backoff"]  # and NextReviewBackoff
+            assert cur[2] - prev[2] <= 1800 + 1e-6  # polls every review_minutes at most
+
+
+def test_stepping_over_idle_polls_changes_no_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulator steps over polls that read the same prices before their due time (moves.next_poll_at);
+    walking every one of them gives every run the same figures, on a market whose prices move and on a
+    trace, for a fixed and an elastic gang."""
+    from spotrelay.sim.runner import SimOptions
+
+    for name in ("synthetic-32", "synthetic-16-switches", "g4dn-16-elastic", "g4dn-16-all"):
+        opts: SimOptions = CASES[name]
+        figures = []
+        for skip in (True, False):
+            monkeypatch.setattr(moves, "SKIP_POLLS", skip)
+            report = simulate(opts)
+            figures.append([(r.policy, r.values, r.finished) for r in report.runs])
+        assert figures[0] == figures[1], name
 
 
 @pytest.mark.parametrize("overrides", [{}, {"resources": {"markets": ["on-demand"]}},

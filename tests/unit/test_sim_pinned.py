@@ -33,6 +33,12 @@ Re-pinned for reviews that keep their interval instead of doubling it when the p
 since the last review (placement/cadence.py ``price_mark``): the synthetic cases changed (other review
 times, other moves: 50,065 -> 50,204 and 87,892 -> 87,324 USD; over 300 runs the mean fell, see
 docs/simulator-tuning.md); every g4dn case, whose prices never move, did not.
+Re-pinned for the price polls between full reviews (placement/cadence.py ``full_review_due``: a poll every
+``review_minutes`` reads the prices and a move brings the full review forward): the synthetic cases
+changed (50,204 -> 48,696 and 87,324 -> 86,502 USD); in g4dn-32 only the event count (158 -> 161) and
+``capacity_failures`` (5 -> 7) changed: after a move Migrate could not launch, the next full review is one
+poll later instead of a whole backoff later, and twice it tried the move again (cost, decisions and
+timeline the same); the other g4dn cases did not change.
 """
 
 from __future__ import annotations
@@ -75,10 +81,10 @@ CASES: dict[str, SimOptions] = {
 
 PINNED: dict[str, dict[str, list[Any]]] = {  # python -m tests.unit.test_sim_pinned prints these
     "g4dn-32": {
-        "spotrelay/0": [158, 423257.801649, "39a623b3e6a9ea03"],
+        "spotrelay/0": [161, 423257.801649, "3e55fb1458268d5f"],
     },
     "synthetic-32": {
-        "spotrelay/0": [626, 50203.720102, "d373067d567f5fa3"],
+        "spotrelay/0": [700, 48695.684292, "8f737a9335d87e52"],
     },
     "g4dn-16-all": {
         "spotrelay/0": [10842, 36439.14873, "9403001f5c4163c4"],
@@ -94,7 +100,7 @@ PINNED: dict[str, dict[str, list[Any]]] = {  # python -m tests.unit.test_sim_pin
         "spotrelay/0": [25508, 75400.294514, "35be4d49f87be07a"],
     },
     "synthetic-16-switches": {
-        "spotrelay/0": [841, 87324.158934, "626fd41bd21daf4e"],
+        "spotrelay/0": [857, 86501.858842, "3bf226c18af04c62"],
     },
 }
 
