@@ -1,35 +1,31 @@
-"""How often the placement review runs: it backs off while it keeps deciding to stay. Pure.
+"""How often the placement review runs: a poll every ``review_minutes``, and a full review that backs
+off while it keeps deciding to stay. Pure.
 
-Every review costs: a Lambda, Step Functions transitions, and ``GetSpotPlacementScores`` calls,
-which AWS rate-limits per account. Most reviews stay (a gang that no spot pool can hold is reviewed
-on on-demand all month), so each stay doubles the next interval: ``review_minutes``, then 2x, 4x, up
-to ``REVIEW_BACKOFF_MAX`` x ``review_minutes`` (never past ``outcome_timeout_s``). A move, a
-recovery, or any other new attempt starts again at ``review_minutes``: provision's ``Launched``
-carries the base interval, and only a review that stays writes a longer one (the ASL's NextReview
-state; the simulator walks the same state and calls this same function through
-``services/review.py``'s ``next_review_seconds``).
+A full review costs a Lambda, Step Functions transitions, and ``GetSpotPlacementScores`` calls, which
+AWS rate-limits per account. Most reviews stay (a gang that no spot pool can hold is reviewed on
+on-demand all month), so each full review that stays doubles the interval to the next one:
+``review_minutes``, then 2x, 4x, up to ``REVIEW_BACKOFF_MAX`` x ``review_minutes`` (never past
+``outcome_timeout_s``). A move, a recovery, or any other new attempt starts again: provision's
+``Launched`` carries no backoff, so the attempt's first review (after ``review_minutes``) is a full one.
 
 One input of the review changes with the clock alone: a gang on on-demand stops weighing its own
 spot attempts once they are ``EVIDENCE_HOURS`` old (``placement.review.evidence_expires_at``), and
 that is when spot is worth a look again. The backoff never waits past that moment; without this
 bound a 16-node gang on the g4dn trace paid 3-4% more per useful GPU-hour (docs/simulator-tuning.md, "Speed rounds").
 
-The other is the market itself: the backoff grows only while prices hold still. Each review carries
-the mark of the prices it read (``price_mark``; the ASL keeps it in ``$.launch.review_mark``), and a
-review that finds them changed since the last one keeps the interval instead of doubling it: the
-market moves at least that often, and a review that waits longer sees each move later. Going back
-to ``review_minutes`` instead saved a little more where prices move every few hours, for a quarter
-more simulator CPU (docs/simulator-tuning.md, "Reviews while prices move"); where prices never move
-(the traces at catalog prices) nothing changes.
-
-A backed-off review still looks at the prices every ``review_minutes``: the outcome wait times out
-at that poll interval (``poll_s``), and the Review reads the spot prices alone
-(DescribeSpotPriceHistory, no placement scores). Only when its backoff is due (``ReviewBackoff``'s
-``due``, ``full_review_due``) or the prices moved since the last full review does it score the pools
-and decide. So a move of the market is seen within one poll, not at the end of an 8 h backoff, while
-``GetSpotPlacementScores`` is asked no more often than before: where every pool draws a new price
-each 6 h this cut spotrelay's cost per useful GPU-hour by ~1% (docs/simulator-tuning.md, "Price
-polls between reviews").
+The other is the market itself, and the backoff does not blind the review to it. The outcome wait
+times out every ``review_minutes`` (``poll_s``: shorter only to land on the backoff's due time), and
+each poll reads the spot prices alone (DescribeSpotPriceHistory, no placement scores) and marks them
+(``price_mark``; the ASL keeps the last full review's mark in ``$.launch.review_mark`` and its
+``ReviewBackoff`` in ``$.launch.review_backoff``). A poll stays at once unless the backoff is due or
+the mark moved (``full_review_due``); a full review that found the prices moved keeps the interval
+instead of doubling it (the market moves at least that often). So a move is seen within one poll, not
+at the end of an 8 h backoff, and ``GetSpotPlacementScores`` is asked only by full reviews (one more
+per price move). Where every pool draws a new price each 6 h this cut spotrelay's cost per useful
+GPU-hour by ~1% against full reviews alone (docs/simulator-tuning.md, "Price polls between
+reviews"); where prices never move (the traces at catalog prices) the full reviews come as before.
+The services (``services/review.py``) and the simulator call these same functions; the ASL's
+NextReview, NextReviewMark and NextReviewBackoff states carry their answers.
 """
 
 from __future__ import annotations

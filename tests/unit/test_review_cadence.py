@@ -339,3 +339,21 @@ def test_the_simulators_price_mark_is_the_one_review_decide_computes(overrides: 
         assert moves._price_mark(run) == want  # type: ignore[arg-type]
         marks.add(want)
     assert len(marks) == (1 if overrides.get("resources", {}).get("markets") == ["on-demand"] else 4)  # 4 slots
+
+
+@pytest.mark.parametrize("bad", [{"due": "soon", "gap_s": 60}, {"due": -1.0, "gap_s": 60}, {"due": 10.0, "gap_s": 0},
+                                 {"due": float("nan"), "gap_s": 60}, {"due": 10.0}, {"due": 1.0, "gap_s": 60, "x": 1},
+                                 [1, 2], "tomorrow", 7])
+def test_a_hostile_review_backoff_is_refused_naming_the_field(bad: Any) -> None:
+    """The Review task's payload comes from the workflow; anything else in ``review_backoff`` is an error
+    that names it (the execution then fails through its Catch), never a backoff read wrongly."""
+    from pydantic import ValidationError
+
+    from spotrelay.services.task_payloads import ReviewTask
+
+    with pytest.raises(ValidationError, match="review_backoff"):
+        ReviewTask.model_validate({"job_id": "j", "attempt": 1, "review_backoff": bad})
+    ok = ReviewTask.model_validate({"job_id": "j", "attempt": 1, "review_backoff": {"due": 10.5, "gap_s": 60}})
+    assert ok.polls and ok.review_backoff == ReviewBackoff(due=10.5, gap_s=60)
+    assert ReviewTask.model_validate({"job_id": "j", "attempt": 1, "review_backoff": None}).polls  # a new attempt
+    assert not ReviewTask.model_validate({"job_id": "j", "attempt": 1}).polls  # an older definition
