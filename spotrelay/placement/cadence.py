@@ -60,8 +60,17 @@ def _price_step(price: float) -> str:
 def price_mark(prices: Iterable[tuple[str, float]]) -> str:
     """A short digest of the (pool key, USD per hour) pairs a review read, each price to its step
     (``PRICE_STEP``): equal marks, no price moved by a step (the order of the pairs does not count)."""
-    text = "\n".join(sorted(f"{key}={_price_step(price)}" for key, price in prices))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return mark_of(price_entry(key, price) for key, price in prices)
+
+
+def price_entry(key: str, price: float) -> str:
+    """One pool's part of a mark (the simulator keeps each pool's until its price changes)."""
+    return f"{key}={_price_step(price)}"
+
+
+def mark_of(entries: Iterable[str]) -> str:
+    """The mark of ``price_entry`` parts, in any order."""
+    return hashlib.sha256("\n".join(sorted(entries)).encode()).hexdigest()[:16]
 
 
 def prices_moved(mark: str | None, last_mark: str | None) -> bool:

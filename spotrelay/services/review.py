@@ -22,6 +22,7 @@ trains. Ask placement whether a clearly better placement exists now (``placement
 An execution of a definition older than the polls passes no ``review_backoff``: every call is a full
 review and ``review_s`` the backoff itself, as before (``polls`` False).
 """
+
 from __future__ import annotations
 
 import logging

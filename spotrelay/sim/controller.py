@@ -101,6 +101,7 @@ class SpotrelayRun(Run):
         # moves._price_mark's mark and until when it holds (no pool's price changes before then)
         self.price_mark_memo: tuple[float, str] = (-float("inf"), "")
         self.mark_pools: list[Any] | None = None  # moves._price_mark's pools: the spec's
+        self.mark_entries: list[tuple[float, str]] = []  # and each one's (price, part of the mark)
         self.last_review: tuple[Any, ...] | None = None  # shortlist.same_review's inputs and answer
         self.stint_memo: tuple[int, float | None] | None = None  # moves._stints': (attempts seen, answer)
         if asl is None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from spotrelay.contracts.recovery import AttemptEnd, Candidate, Launched, Verdict
 from spotrelay.placement import PoolEvent
-from spotrelay.placement.cadence import DUE_SLACK_S, full_review_due, poll_s, price_mark
+from spotrelay.placement.cadence import DUE_SLACK_S, full_review_due, mark_of, poll_s, price_entry
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.payback import spot_stint_hours
 from spotrelay.placement.policy import loss_interval
@@ -74,9 +74,16 @@ def _price_mark(run: SpotrelayRun) -> str:
         markets, regions, types = {m.value for m in res.markets}, set(res.regions), set(res.instance_types)
         pools = run.mark_pools = [p for p in run.market.pools if p.pool.market in markets
                                   and p.pool.region in regions and p.pool.instance_type in types]
-    spans = [(p.key, p.price_span(now)) for p in pools]
-    mark = price_mark((key, round(price, 4)) for key, (price, _) in spans)
-    run.price_mark_memo = (min((until for _, (_, until) in spans), default=math.inf), mark)
+        run.mark_entries = [(math.nan, "")] * len(pools)
+    entries, next_change = run.mark_entries, math.inf
+    for i, p in enumerate(pools):  # each pool's part of the mark, made again only when its price changed
+        price, until = p.price_span(now)
+        price = round(price, 4)
+        next_change = min(next_change, until)
+        if entries[i][0] != price:
+            entries[i] = (price, price_entry(p.key, price))
+    mark = mark_of(entry for _, entry in entries)
+    run.price_mark_memo = (next_change, mark)
     return mark
 
 
