@@ -47,7 +47,8 @@ class RecoverTask(_Task):
 class ReviewTask(_Task):
     attempt: int = Field(..., ge=1)
     timings: WorkflowTimings = Field(default_factory=WorkflowTimings)
-    review_s: int | None = Field(None, ge=1)  # $.launch.review_s: the interval that just ended
+    # $.launch.review_s: the wait that just ended (read only for an older definition, where it is the backoff)
+    review_s: int | None = Field(None, ge=1)
     review_mark: str | None = Field(None, max_length=64)  # $.launch.review_mark: the prices the last full review read
     # $.launch.review_backoff: when the next full review is due (an execution of a definition older than
     # the price polls passes none: ``polls`` is then False and the review answers as it did)
