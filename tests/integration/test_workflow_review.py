@@ -115,13 +115,16 @@ def test_reviews_that_stay_back_off_in_the_workflow(wf: Harness) -> None:
     assert wf.job().attempts[0].pool.market == "on-demand"
     reads_before = len(wf.market.reads)
 
-    wait_until(lambda: len(_fulls(_stays(arn))) >= 3, what="three full reviews that stayed")
-    stays = _stays(arn)
-    fulls = _fulls(stays)
+    def seen() -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+        stays = _stays(arn)
+        return stays, _fulls(stays)
+
+    # three full reviews, and a poll between them (however slow moto's steps are, the backoff outgrows them)
+    wait_until(lambda: len(seen()[1]) >= 3 and len(seen()[0]) > len(seen()[1]), what="full reviews and a poll")
+    stays, fulls = seen()
     assert [f["review_backoff"]["gap_s"] for f in fulls[:3]] == [2, 4, 8]  # type: ignore[index]
     assert all(s["review_s"] == 1 for s in stays)  # the polls: every review_minutes
     polls = len(stays) - len(fulls)
-    assert polls >= 1  # between the full reviews, polls that read the prices alone (moto's seconds are long)
     reads = wf.market.reads[reads_before:]
     assert reads.count(False) >= polls and reads.count(True) <= len(fulls) + 1  # no placement scores for a poll
     wf.exit_all(first, 0)
@@ -129,10 +132,10 @@ def test_reviews_that_stay_back_off_in_the_workflow(wf: Harness) -> None:
     assert "Migrate" not in wf.states_entered(arn)
 
 
-def test_a_price_move_brings_the_full_review_forward_and_keeps_its_interval(wf: Harness) -> None:
+def test_a_price_move_brings_a_full_review_that_keeps_its_interval(wf: Harness) -> None:
     """The mark of the prices each full Review read travels in ``$.launch.review_mark`` (NextReviewMark);
-    the first poll that finds them changed reviews in full before the backoff is due, and keeps the
-    interval instead of doubling it."""
+    a poll that finds them changed reviews in full and keeps the interval instead of doubling it (that it
+    comes before the backoff is due is shown on the simulated clock: test_review_cadence.py)."""
     wf.market.prices = dict(DEAR_SPOT)  # every review stays, before and after the change
     job = new_job(wf.store, review_minutes=0.02, launch_at_notice=True)  # review_s = int(1.2) = 1
     arn = wf.start(job, TIMINGS)
@@ -149,7 +152,6 @@ def test_a_price_move_brings_the_full_review_forward_and_keeps_its_interval(wf: 
     moved = next(i for i, f in enumerate(fulls) if f["review_mark"] != before[0]["review_mark"])
     last, new = fulls[moved - 1]["review_backoff"], fulls[moved]["review_backoff"]
     assert new["gap_s"] == last["gap_s"] < 16  # type: ignore[index]  # held, not doubled (16 s: the cap)
-    assert new["due"] - new["gap_s"] < last["due"] - 1  # type: ignore[index,operator]  # before it was due
     wf.exit_all(first, 0)
     assert wf.finished(arn)["status"] == "SUCCEEDED"
     assert "Migrate" not in wf.states_entered(arn)
