@@ -34,7 +34,6 @@ from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.models import Attempt, Job, Node, NodeState, Pool
 from spotrelay.domain.status import JobStatus
 from spotrelay.placement.cadence import (
-    DUE_SLACK_S,
     base_review_s,
     full_review_due,
     kept_mark,
@@ -130,10 +129,10 @@ def decide(ctl: Controller, job: Job, now: float, time_scale: float = 1.0, last_
     assert ctl.market is not None
     res = spec.resources
     markets = [m.value for m in res.markets]
-    if due is not None and now < due - DUE_SLACK_S:  # a poll: the prices alone
+    if not full_review_due(now, due, None, None):  # not due by the clock: a poll, the prices alone
         mark = price_mark((q.pool.key, q.price_per_hour)
                           for q in ctl.market.quotes(res.regions, res.instance_types, markets, scores=False))
-        if not full_review_due(now, due, mark, last_mark):
+        if not prices_moved(mark, last_mark):
             return Decision(None, mark)
     quotes = ctl.market.quotes(res.regions, res.instance_types, markets, capacity=res.nodes + res.spares)
     mark = price_mark((q.pool.key, q.price_per_hour) for q in quotes)
@@ -142,8 +141,8 @@ def decide(ctl: Controller, job: Job, now: float, time_scale: float = 1.0, last_
         return Decision(None, mark, True)
     stats = ctl.pool_stats.get_many([q.pool.key for q in quotes])
     world = current.world_size or len([n for n in nodes if not n.spare])
-    sized = {m: scores_of(ctl.market.quotes(res.regions, res.instance_types, [mk.value for mk in res.markets],
-                                             capacity=m)) for m in probe_sizes(spec)}  # elastic sizes
+    sized = {m: scores_of(ctl.market.quotes(res.regions, res.instance_types, markets, capacity=m))
+             for m in probe_sizes(spec)}  # elastic sizes
     move = better_placement(spec, here, world, quotes, stats, now, frozenset(job.excluded_pools),
                             spot_hours=review_spot_hours(job.attempts, current.pool.market, now), sized=sized,
                             stint_hours=spot_stint_hours(job.attempts),

@@ -49,7 +49,7 @@ def next_poll_at(run: SpotrelayRun, timeout_s: float) -> float:
     t = run.now + timeout_s
     launch = run.walker.data.get("launch") or {}
     raw, last = launch.get("review_backoff"), launch.get("review_mark")
-    if not SKIP_POLLS or raw is None or last is None or run.spec.recovery.review_minutes <= 0:
+    if not SKIP_POLLS or raw is None or last is None:  # (no full review yet: nothing to step over)
         return t
     if _price_mark(run) != last:
         return t  # the prices moved already (a poll whose gang did not train saw it): the next poll decides
