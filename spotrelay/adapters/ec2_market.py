@@ -16,7 +16,12 @@
   answers [] (the launch price stands). AWS keeps 90 days of history: an attempt older than that
   counts its first days at its launch price.
 - When price history fails for a region (throttled, not enabled), that region's spot quotes come
-  from the fallback market (the catalog) so placement never stops for want of a price.
+  from the fallback market (the catalog) so placement never stops for want of a price, marked
+  ``fallback`` (a review's price mark is made of readings only: services/review.py).
+- A region's prices read in the last ``PRICE_TTL_S`` are read again only after that: one review reads
+  them for the gang and for each elastic size, and a poll that found them moved reads them again for
+  the full review; DescribeSpotPriceHistory is rate-limited per account like every EC2 call, and
+  its prices change hours apart.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from spotrelay.ports.market import MarketData, PoolQuote
 
 log = logging.getLogger(__name__)
 _FAILURES = (ClientError, BotoCoreError)
+PRICE_TTL_S = 60.0  # a region's price read serves the calls within this long (a failure is never kept)
 
 
 class Ec2MarketData:
@@ -49,6 +55,7 @@ class Ec2MarketData:
         self._clock = clock
         self._target = target_capacity  # the smallest size a placement score is asked about
         self._use_scores = placement_scores
+        self._prices: dict[tuple[str, tuple[str, ...]], tuple[float, dict[tuple[str, str], float]]] = {}
 
     def quotes(self, regions: list[str], instance_types: list[str], markets: list[str],
                capacity: int = 1, scores: bool = True) -> list[PoolQuote]:
@@ -58,7 +65,8 @@ class Ec2MarketData:
         for region in regions:
             prices = self._spot_prices(region, instance_types)
             if prices is None:
-                out.extend(self._fallback.quotes([region], instance_types, markets))
+                out.extend(q.model_copy(update={"fallback": True}) if q.pool.market == "spot" else q
+                           for q in self._fallback.quotes([region], instance_types, markets))
                 continue
             for itype in instance_types:
                 zones = sorted(az for az, t in prices if t == itype) or list(catalog.zones(region, itype))
@@ -98,7 +106,18 @@ class Ec2MarketData:
         return sorted(points)
 
     def _spot_prices(self, region: str, instance_types: list[str]) -> dict[tuple[str, str], float] | None:
-        """(az, type) -> newest spot price, or None when the region cannot be asked."""
+        """(az, type) -> newest spot price, or None when the region cannot be asked; a read of the same
+        region and types within ``PRICE_TTL_S`` answers again."""
+        key, now = (region, tuple(instance_types)), self._clock()
+        kept = self._prices.get(key)
+        if kept is not None and 0 <= now - kept[0] < PRICE_TTL_S:
+            return kept[1]
+        prices = self._read_prices(region, instance_types)
+        if prices is not None:
+            self._prices[key] = (now, prices)
+        return prices
+
+    def _read_prices(self, region: str, instance_types: list[str]) -> dict[tuple[str, str], float] | None:
         ec2 = self._client("ec2", region)
         newest: dict[tuple[str, str], tuple[datetime, float]] = {}
         try:

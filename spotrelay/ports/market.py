@@ -15,6 +15,9 @@ class PoolQuote(BaseModel):
     price_per_hour: float  # USD per instance-hour now
     advisor_band: int | None = None  # Spot Advisor interruption band 0 (<5%) .. 4 (>20%); None on-demand
     placement_score: float | None = None  # 1..10 spot placement score; None if unknown
+    # the source could not read the market (EC2 throttled its price history): the price is its fallback's,
+    # the catalog's typical one, not a reading (a placement review's price mark leaves such a read out)
+    fallback: bool = False
 
 
 class MarketData(Protocol):

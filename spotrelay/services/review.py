@@ -6,7 +6,8 @@ trains. Ask placement whether a clearly better placement exists now (``placement
 - Poll or full review (placement/cadence.py): the wait times out every ``review_minutes``; a poll
   reads the spot prices alone and stays, unless the backoff is due (``$.launch.review_backoff``) or
   the prices moved since the last full review (``$.launch.review_mark``): then it scores the pools
-  and decides (``decide``).
+  and decides (``decide``). A read holding a catalog price where the market could not be read
+  (``PoolQuote.fallback``) marks nothing (``reading_mark``): the last mark stands.
 - Stay (the usual answer): ``AttemptEnd(READY)`` with ``review_s``, the next poll (the ASL's
   NextReview state writes it to ``$.launch.review_s``), ``review_mark``, the mark of the prices the
   last full review read (NextReviewMark), and ``review_backoff``, when the next full review is due
@@ -47,6 +48,7 @@ from spotrelay.placement.payback import spot_stint_hours
 from spotrelay.placement.policy import loss_interval
 from spotrelay.placement.review import Move, better_placement, evidence_expires_at, review_spot_hours
 from spotrelay.placement.spot_evidence import off_on_demand_allowed, stall_limit
+from spotrelay.ports.market import PoolQuote
 from spotrelay.services.controller import Controller, attempt_nodes, spec_of
 from spotrelay.spec.models import JobSpec
 
@@ -130,12 +132,11 @@ def decide(ctl: Controller, job: Job, now: float, time_scale: float = 1.0, last_
     res = spec.resources
     markets = [m.value for m in res.markets]
     if not full_review_due(now, due, None, None):  # not due by the clock: a poll, the prices alone
-        mark = price_mark((q.pool.key, q.price_per_hour)
-                          for q in ctl.market.quotes(res.regions, res.instance_types, markets, scores=False))
+        mark = reading_mark(ctl.market.quotes(res.regions, res.instance_types, markets, scores=False))
         if not prices_moved(mark, last_mark):
             return Decision(None, mark)
     quotes = ctl.market.quotes(res.regions, res.instance_types, markets, capacity=res.nodes + res.spares)
-    mark = price_mark((q.pool.key, q.price_per_hour) for q in quotes)
+    mark = reading_mark(quotes)
     here = next((q for q in quotes if q.pool == current.pool), None)
     if here is None:
         return Decision(None, mark, True)
@@ -151,6 +152,17 @@ def decide(ctl: Controller, job: Job, now: float, time_scale: float = 1.0, last_
                                                       job.attempts, quotes, now, stalled=stall_limit(spec)):
         move = None  # the job's spot attempts cost more per useful step than on-demand (spot_evidence)
     return Decision(move, mark, True)
+
+
+def reading_mark(quotes: list[PoolQuote]) -> str | None:
+    """The price mark of what a review read (``price_mark``), or None when any price in it is a fallback
+    (``PoolQuote.fallback``: the market could not be read, say EC2 throttled a region's price history):
+    a catalog price against a reading would look like a move each time the reads fail and recover, and
+    bring a full review each time. None reads as "no prices read": the last mark is kept (``kept_mark``)
+    and the next reading is compared with it."""
+    if any(q.fallback for q in quotes):
+        return None
+    return price_mark((q.pool.key, q.price_per_hour) for q in quotes)
 
 
 def _modeled_boot(ctl: Controller, time_scale: float) -> Callable[[Pool], float] | None:
