@@ -5,9 +5,10 @@
   ``GetSpotPlacementScores`` per instance type with ``SingleAvailabilityZone``,
   sized for the launch (``TargetCapacity`` = the gang and its spares, so a pool that holds one node
   but not the gang scores low); it answers with zone IDs, mapped to this account's zone names via
-  ``DescribeAvailabilityZones``. AWS caps the target capacity by the account's recent spot usage:
-  a refused size is asked again at ``target_capacity`` (1 by default). The call needs its own IAM
-  permission and is rate limited: when it fails, scores are None.
+  ``DescribeAvailabilityZones`` (asked once per region: the mapping is fixed). AWS caps the target
+  capacity by the account's recent spot usage: a refused size is asked again at ``target_capacity``
+  (1 by default). The call needs its own IAM permission and is rate limited: when it fails, scores
+  are None.
 - Spot Advisor band and on-demand price: the static catalog (there is no API for the band; the
   Pricing API lives in two regions only and is slow, and the table is good enough to rank pools).
 - Price in effect (``price_history``): ``DescribeSpotPriceHistory`` of one pool (its AZ and type) over
@@ -56,6 +57,7 @@ class Ec2MarketData:
         self._target = target_capacity  # the smallest size a placement score is asked about
         self._use_scores = placement_scores
         self._prices: dict[tuple[str, tuple[str, ...]], tuple[float, dict[tuple[str, str], float]]] = {}
+        self._zones: dict[str, dict[str, str]] = {}  # region -> zone ID -> this account's zone name
 
     def quotes(self, regions: list[str], instance_types: list[str], markets: list[str],
                capacity: int = 1, scores: bool = True) -> list[PoolQuote]:
@@ -170,8 +172,14 @@ class Ec2MarketData:
             return None
 
     def _zone_names(self, region: str) -> dict[str, str]:
+        """Zone ID -> zone name in this account, asked once per region: the mapping is fixed for an
+        account (a failed ask is not kept: no scores map this time, the next review asks again)."""
+        kept = self._zones.get(region)
+        if kept is not None:
+            return kept
         try:
             zones = self._client("ec2", region).describe_availability_zones()["AvailabilityZones"]
         except _FAILURES:
             return {}
-        return {z["ZoneId"]: z["ZoneName"] for z in zones}
+        names = self._zones[region] = {z["ZoneId"]: z["ZoneName"] for z in zones}
+        return names

@@ -110,9 +110,8 @@ def test_placement_scores_are_sized_for_the_gang_and_fall_back_when_refused(
                           expected_params={**ask, "TargetCapacity": 64})
     stub.add_response("get_spot_placement_scores", {"SpotPlacementScores": [
         {"Region": "us-east-1", "AvailabilityZoneId": "use1-az6", "Score": 8}]}, {**ask, "TargetCapacity": 1})
-    stub.add_response("describe_availability_zones", {"AvailabilityZones": [
-        {"ZoneId": "use1-az6", "ZoneName": "us-east-1a", "RegionName": "us-east-1"}]})
-    # (the prices read a moment ago serve this call: no second DescribeSpotPriceHistory, PRICE_TTL_S)
+    # (the zone names asked above and the prices read a moment ago serve this call: no second
+    # DescribeAvailabilityZones, which never changes, nor DescribeSpotPriceHistory, PRICE_TTL_S)
     assert [q.placement_score for q in market.quotes(["us-east-1"], ["p5.48xlarge"], ["spot"], capacity=64)] == [8.0]
 
 
