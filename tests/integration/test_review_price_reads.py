@@ -17,7 +17,7 @@ from botocore.stub import ANY, Stubber
 
 from spotrelay.adapters.ec2_market import PRICE_TTL_S, Ec2MarketData
 from spotrelay.adapters.memory_job_store import MemoryJobStore
-from spotrelay.contracts.recovery import Verdict
+from spotrelay.contracts.recovery import AttemptEnd, Verdict
 from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.placement import InMemoryPoolStatsStore
 from spotrelay.services import review
@@ -55,7 +55,7 @@ def test_a_throttled_poll_keeps_the_mark_and_a_move_is_read_once(
     ctl, stub, clock = reviewed
     now = time.time()
 
-    def step(mark: str | None, backoff: object, at: float) -> review.AttemptEnd:
+    def step(mark: str | None, backoff: object, at: float) -> AttemptEnd:
         clock[0] += PRICE_TTL_S + 1  # each review comes after the last read expired
         out = review.review(ctl, "job-under-test", 1, at, TIMINGS, review_mark=mark, review_backoff=backoff)
         assert out.outcome is Verdict.READY

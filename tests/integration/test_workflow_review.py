@@ -119,8 +119,12 @@ def test_reviews_that_stay_back_off_in_the_workflow(wf: Harness) -> None:
         stays = _stays(arn)
         return stays, _fulls(stays)
 
+    def polled() -> bool:  # (one read of the history per check)
+        stays, fulls = seen()
+        return len(fulls) >= 3 and len(stays) > len(fulls)
+
     # three full reviews, and a poll between them (however slow moto's steps are, the backoff outgrows them)
-    wait_until(lambda: len(seen()[1]) >= 3 and len(seen()[0]) > len(seen()[1]), what="full reviews and a poll")
+    wait_until(polled, what="full reviews and a poll")
     stays, fulls = seen()
     assert [f["review_backoff"]["gap_s"] for f in fulls[:3]] == [2, 4, 8]  # type: ignore[index]
     assert all(s["review_s"] == 1 for s in stays)  # the polls: every review_minutes
