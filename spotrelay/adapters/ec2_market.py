@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -43,6 +44,7 @@ from spotrelay.ports.market import MarketData, PoolQuote
 
 log = logging.getLogger(__name__)
 _FAILURES = (ClientError, BotoCoreError)
+_MALFORMED = (KeyError, TypeError, ValueError, AttributeError)  # an answer missing or garbling a field
 PRICE_TTL_S = 60.0  # a region's price read serves the calls within this long (a failure is never kept)
 
 
@@ -101,8 +103,8 @@ class Ec2MarketData:
             for page in pages:
                 for entry in page.get("SpotPriceHistory", []):
                     if entry.get("AvailabilityZone") == pool.az and entry.get("InstanceType") == pool.instance_type:
-                        points.append((entry["Timestamp"].timestamp(), float(entry["SpotPrice"])))
-        except (*_FAILURES, KeyError, TypeError, ValueError) as exc:  # (an entry without a price: none)
+                        points.append((entry["Timestamp"].timestamp(), _price(entry)))
+        except (*_FAILURES, *_MALFORMED) as exc:  # (an entry without a price: none)
             log.warning("spot price history of %s failed; the launch price stands: %s", pool.key, exc)
             return []
         return sorted(points)
@@ -130,10 +132,10 @@ class Ec2MarketData:
             for page in pages:
                 for entry in page.get("SpotPriceHistory", []):
                     key = (entry["AvailabilityZone"], entry["InstanceType"])
-                    stamp, price = entry["Timestamp"], float(entry["SpotPrice"])
+                    stamp, price = entry["Timestamp"], _price(entry)
                     if key not in newest or stamp > newest[key][0]:
                         newest[key] = (stamp, price)
-        except _FAILURES as exc:
+        except (*_FAILURES, *_MALFORMED) as exc:  # a malformed answer is no reading either: the catalog's
             log.warning("spot price history failed in %s, using the catalog: %s", region, exc)
             return None
         return {key: price for key, (_, price) in newest.items()}
@@ -183,3 +185,12 @@ class Ec2MarketData:
             return {}
         names = self._zones[region] = {z["ZoneId"]: z["ZoneName"] for z in zones}
         return names
+
+
+def _price(entry: dict[str, Any]) -> float:
+    """An entry's spot price in USD per hour; ValueError unless it is a finite positive number (the
+    planner divides by it and compares it, so NaN or 0 would rank a pool first or never)."""
+    price = float(entry["SpotPrice"])
+    if not math.isfinite(price) or price <= 0:
+        raise ValueError(f"spot price {entry['SpotPrice']!r} is not a positive number")
+    return price

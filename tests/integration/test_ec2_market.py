@@ -143,5 +143,8 @@ def test_price_history_that_ec2_refuses_is_empty_and_on_demand_asks_nothing(
     stub.add_response("describe_spot_price_history", {"SpotPriceHistory": [
         {"AvailabilityZone": SPOT_A.az, "InstanceType": "p5.48xlarge", "Timestamp": NOW}]})  # no price in it
     assert market.price_history(SPOT_A, NOW.timestamp() - 3600, NOW.timestamp()) == []
+    stub.add_response("describe_spot_price_history", {"SpotPriceHistory": [
+        price(SPOT_A.az, "p5.48xlarge", "NaN", 0)]})  # a price that is no number: none either (NaN bills nothing)
+    assert market.price_history(SPOT_A, NOW.timestamp() - 3600, NOW.timestamp()) == []
     on_demand = SPOT_A.model_copy(update={"market": "on-demand"})
     assert market.price_history(on_demand, NOW.timestamp() - 3600, NOW.timestamp()) == []  # (no call stubbed)

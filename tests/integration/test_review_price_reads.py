@@ -100,3 +100,25 @@ def test_a_price_read_serves_the_calls_within_its_ttl_and_a_failure_is_not_kept(
     clock[0] += 2
     stub.add_response("describe_spot_price_history", _history("30.00"), ASK)
     assert market.quotes(["us-east-1"], TYPES, ["spot"])[0].price_per_hour == 30.0
+
+
+@pytest.mark.parametrize("garbled", [
+    {"AvailabilityZone": "us-east-1a", "InstanceType": "p5.48xlarge", "Timestamp": datetime(2026, 12, 1, tzinfo=UTC)},
+    {"AvailabilityZone": "us-east-1a", "InstanceType": "p5.48xlarge", "SpotPrice": "NaN"},
+    {"AvailabilityZone": "us-east-1a", "InstanceType": "p5.48xlarge", "SpotPrice": "0",
+     "Timestamp": datetime(2026, 12, 1, tzinfo=UTC)},
+    {"InstanceType": "p5.48xlarge", "SpotPrice": "abc", "Timestamp": datetime(2026, 12, 1, tzinfo=UTC)},
+], ids=["no-price", "nan-no-stamp", "zero", "no-zone"])
+def test_a_malformed_price_answer_is_read_as_the_catalog_and_kept_off_the_mark(
+        reviewed: tuple[Controller, Stubber, list[float]], garbled: dict[str, object]) -> None:
+    ctl, stub, _ = reviewed
+    market = ctl.market
+    assert market is not None
+    good = _history("24.50")["SpotPriceHistory"]
+    assert isinstance(good, list)
+    stub.add_response("describe_spot_price_history", {"SpotPriceHistory": [*good, garbled]}, ASK)
+    quotes = market.quotes(["us-east-1"], TYPES, ["spot"])
+    assert quotes and {q.fallback for q in quotes} == {True}  # the catalog's, marked: no reading
+    assert review.reading_mark(quotes) is None
+    stub.add_response("describe_spot_price_history", _history("24.50"), ASK)  # not kept: asked again at once
+    assert [q.fallback for q in market.quotes(["us-east-1"], TYPES, ["spot"])] == [False, False]
