@@ -3,9 +3,11 @@ file's suffix check and the submission key a spec is uploaded under."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -20,6 +22,24 @@ TableOpt = Annotated[str | None, typer.Option("--table", help="jobs table")]
 RegionOpt = Annotated[str | None, typer.Option("--region", help="home region")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 CLI_AWS_ATTEMPTS = "3"  # a person is waiting: fail in seconds, not a minute of backoff
+
+
+def number(low: float, high: float, *, above: bool = False) -> Callable[[str], float]:
+    """A float option's parser: a finite number from ``low`` (excluded when ``above``) to ``high``, or a
+    ValueError that says so with the value typed. (Typer's own ``min``/``max`` let NaN through to a
+    misleading reason, "should be less than or equal to", and an option without them takes NaN as is.)"""
+    bounds = f"above {low:g} and at most {high:g}" if above else f"from {low:g} to {high:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or value > high or value < low or (above and value == low):
+            raise ValueError(f"{text} is not a number {bounds}")
+        return value
+
+    return parse
 
 
 def connect(endpoint: str | None, bucket: str | None, table: str | None, region: str | None) -> None:

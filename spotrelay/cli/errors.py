@@ -78,14 +78,15 @@ def _network(exc: BaseException) -> bool:
 def print_spec_error(exc: SpecError) -> None:
     """Spec errors list every field, one per line, under the file's name."""
     # the file's name whole on its line (not wrapped at the terminal's width) and as written ([ ] kept)
-    err.print(f"[red]invalid spec[/] {escape(str(exc.source))}", highlight=False, soft_wrap=True)
+    out = _err()
+    out.print(f"[red]invalid spec[/] {escape(str(exc.source))}", highlight=False, soft_wrap=True)
     for path, msg in exc.errors:
-        err.print(f"  {path}: {msg}", highlight=False, markup=False, soft_wrap=True)
+        out.print(f"  {path}: {msg}", highlight=False, markup=False, soft_wrap=True)
 
 
 def usage_line(exc: click.exceptions.UsageError) -> str:
     """Click's usage error as one line: the cause and where the help is, without the usage box."""
-    msg = " ".join(exc.format_message().split())
+    msg = " ".join(exc.format_message().split()).replace("Value error, ", "")  # (pydantic's, of a parser)
     msg = msg[:1].lower() + msg[1:]
     if not msg.endswith((".", "?")):
         msg += "."
@@ -120,7 +121,7 @@ class SpotrelayGroup(TyperGroup):
         except (typer.Exit, typer.Abort, click.ClickException):
             raise
         except KeyboardInterrupt:
-            err.print("interrupted")
+            _err().print("interrupted")
             raise typer.Exit(130) from None
         except SpecError as exc:
             print_spec_error(exc)
@@ -133,12 +134,21 @@ class SpotrelayGroup(TyperGroup):
             raise_one_line(exc)
 
 
+def _err() -> Console:
+    """Where an error line goes: stderr, or the terminal's once a twin's logs took fd 2 (twinlog.quiet_logs:
+    the demo, `local up`, `local chaos`), so that a failure mid-run is not written only to twin.log."""
+    from spotrelay.local.twinlog import terminal_err
+
+    stream = terminal_err()
+    return err if stream is None else Console(file=stream)
+
+
 def raise_one_line(exc: BaseException) -> NoReturn:
     """Print ``exc`` as one line and exit with its code (re-raised as is with SPOTRELAY_DEBUG)."""
     if os.environ.get("SPOTRELAY_DEBUG"):
         raise exc
     line, code = explain(exc)
-    err.print(f"error: {' '.join(line.split())}", highlight=False, markup=False, soft_wrap=True)
+    _err().print(f"error: {' '.join(line.split())}", highlight=False, markup=False, soft_wrap=True)
     raise typer.Exit(code) from None
 
 

@@ -71,10 +71,24 @@ class DemoOptions:
     grow_after_steps: int = 25  # elastic: capacity returns this many steps after the smaller gang resumed
 
 
+def clear_out(out: Path) -> None:
+    """``out`` made an empty folder: a new one, an empty one, or a previous demo's (it holds that demo's
+    twin.log), emptied. Anything else is refused (ValueError): a mistyped --out never deletes files."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not (out / "twin.log").is_file():
+            raise ValueError(f"--out {out}: holds files that are not a demo's output; name a new or empty folder")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
 def prepare_spec(path: Path, out: Path, step_sleep_s: float, steps: int | None = None,
                  spares: int | None = None, elastic: bool = False) -> tuple[str, str]:
     """The example spec with the demo's pacing and length, per-node results and the local MLflow store."""
-    data = yaml.safe_load(path.read_text())
+    text = path.read_text()
+    parse_spec(text, source=str(path))  # the file as written is a spec (SpecError names its fields)
+    data = yaml.safe_load(text)
     if elastic:
         data = elastic_spec(data)
     if spares is not None:
@@ -166,14 +180,13 @@ class Recorder:
 
 def run_demo(opts: DemoOptions) -> report.Summary:
     out = opts.out
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    console = Console(file=quiet_logs(out / "twin.log"))
     elastic = opts.scenario == "elastic"
     steps = opts.steps or (ELASTIC_STEPS if elastic else 200)
+    # the spec and the folder are judged first, while errors still reach the terminal and nothing is removed
     spec_text, tracking_uri = prepare_spec(opts.spec, out, opts.step_sleep_s, steps, opts.spares, elastic)
     spec = parse_spec(spec_text)
+    clear_out(out)
+    console = Console(file=quiet_logs(out / "twin.log"))
     experiment = spec.tracking.mlflow_experiment or "spotrelay"
     market = MarketModel(
         regions=spec.resources.regions,

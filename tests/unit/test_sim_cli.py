@@ -109,6 +109,10 @@ def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
     (["--job-hours", "1e9"], "--job-hours"),  # would simulate for ever (the horizon is six times the job)
     (["--checkpoint-minutes", "inf"], "--checkpoint-minutes"),  # was a ZeroDivisionError
     (["--boot-s", "inf"], "--boot-s"),
+    (["--boot-s", "nan"], "'--boot-s': nan is not a number from 0 to 86400"),  # was "should be less than or equal"
+    (["--boot-s", "abc"], "'--boot-s': 'abc' is not a number"),
+    (["--s3-gbps", "nan"], "'--s3-gbps': nan is not a number from 0.01 to 1000"),
+    (["--unannounced-share", "-0.1"], "'--unannounced-share': -0.1 is not a number from 0 to 1"),
     (["--on-demand-price", "inf"], "--on-demand-price"),
     (["--spot-price", "nan"], "--spot-price"),
     (["--spot-price", "0"], "--spot-price 0: a price must be above 0"),  # every pool tied, captured 1.0 for all

@@ -1,0 +1,97 @@
+"""``spotrelay demo`` and ``spotrelay local up`` refuse bad input in one line (exit 2) before a twin
+starts or a file is touched: a number that is no number (NaN, inf, out of range), a spec that is not
+one, an --out that holds someone's files (the demo empties its folder) or is a file, a --json that
+cannot be written. And once a twin's logs own fd 2, an error line still reaches the terminal."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from spotrelay.cli.main import app
+from spotrelay.local.demo import clear_out
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _refused(args: list[str]) -> str:
+    result = CliRunner().invoke(app, args)
+    text = result.output.strip()
+    assert result.exit_code == 2 and "Traceback" not in text, (args, result.exit_code, text, result.exception)
+    assert text.startswith(("error: ", "invalid spec")), text
+    return text
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["demo", "--timeout-s", "nan"], "'--timeout-s': nan is not a number above 0 and at most 86400"),
+    (["demo", "--timeout-s", "-1"], "'--timeout-s': -1 is not a number above 0"),  # ran the whole demo
+    (["demo", "--s3-mb-s", "inf"], "'--s3-mb-s': inf is not a number"),
+    (["local", "up", "--boot-s", "nan"], "'--boot-s': nan is not a number from 0 to 86400"),  # started a twin
+    (["local", "up", "--time-scale", "0"], "'--time-scale': 0 is not a number above 0"),
+    (["local", "up", "--notice-s", "-5"], "'--notice-s': -5 is not a number above 0"),
+    (["local", "up", "--speedup", "inf"], "'--speedup': inf is not a number"),
+    (["local", "up", "--s3-mb-s", "nan"], "'--s3-mb-s': nan is not a number"),
+])
+def test_bad_numbers_are_named_in_one_line(args: list[str], named: str, tmp_path: Path) -> None:
+    text = _refused([*args, *(["--out", str(tmp_path / "out")] if args[0] == "demo" else ["--dir", str(tmp_path)])])
+    assert len(text.splitlines()) == 1 and named in text, text
+    assert not (tmp_path / "out").exists()
+
+
+def test_demo_refuses_a_spec_that_is_not_one_before_it_touches_out(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    missing = _refused(["demo", "--spec", str(tmp_path / "nope.yaml"), "--out", str(out)])
+    assert missing == f"error: {tmp_path / 'nope.yaml'}: No such file or directory"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\n")  # (was a KeyError written only to out/twin.log: nothing on the terminal)
+    text = _refused(["demo", "--spec", str(bad), "--out", str(out)])
+    assert text.splitlines()[0] == f"invalid spec {bad}" and "entrypoint: Field required" in text
+    assert not out.exists()
+
+
+def test_demo_never_empties_a_folder_that_is_not_a_demos(tmp_path: Path) -> None:
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep")
+    assert "holds files that are not a demo's output" in _refused(["demo", "--out", str(precious)])
+    assert (precious / "notes.txt").read_text() == "keep"
+    assert "is a file, not a folder" in _refused(["demo", "--out", str(precious / "notes.txt")])
+    assert "--json" in _refused(["demo", "--out", str(tmp_path / "o"), "--json", str(precious / "notes.txt" / "x")])
+    assert (precious / "notes.txt").read_text() == "keep"
+
+
+def test_clear_out_empties_a_previous_demos_folder_or_makes_one(tmp_path: Path) -> None:
+    previous = tmp_path / "demo-out"
+    (previous / "reference").mkdir(parents=True)
+    (previous / "twin.log").write_text("old run")
+    (previous / "reference" / "model.pt").write_bytes(b"x")
+    clear_out(previous)
+    assert previous.is_dir() and not any(previous.iterdir())
+    clear_out(previous)  # empty: stays
+    fresh = tmp_path / "a" / "b"
+    clear_out(fresh)
+    assert fresh.is_dir()
+
+
+def test_an_error_after_the_twin_took_the_logs_reaches_the_terminal(tmp_path: Path) -> None:
+    """quiet_logs sends fd 1 and 2 to twin.log; a failure then (a twin that cannot start, a timeout) was
+    written there alone and the command exited 2 with nothing on the terminal."""
+    script = (
+        "from pathlib import Path; import sys\n"
+        "from spotrelay.local.twinlog import quiet_logs\n"
+        "from spotrelay.cli.errors import raise_one_line\n"
+        f"quiet_logs(Path({str(tmp_path / 'twin.log')!r}))\n"
+        "print('a library line', file=sys.stderr)\n"
+        "try:\n    raise_one_line(ValueError('the twin did not start'))\n"
+        "except BaseException as exc:\n    sys.exit(getattr(exc, 'exit_code', 99))\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2, done
+    assert done.stderr.strip() == "error: the twin did not start"
+    assert "a library line" in (tmp_path / "twin.log").read_text()
+    assert "the twin did not start" not in (tmp_path / "twin.log").read_text()
