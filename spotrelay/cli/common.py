@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -40,6 +40,12 @@ def number(low: float, high: float, *, above: bool = False) -> Callable[[str], f
         return value
 
     return parse
+
+
+def number_option(low: float, high: float, *, above: bool = False) -> dict[str, Any]:
+    """``typer.Option`` arguments of a float option: ``number``'s parser, and its range where the help
+    shows the type (a parser hides Typer's own range box)."""
+    return {"parser": number(low, high, above=above), "metavar": f"{'>' if above else ''}{low:g}..{high:g}"}
 
 
 def connect(endpoint: str | None, bucket: str | None, table: str | None, region: str | None) -> None:

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from spotrelay.cli.common import number
+from spotrelay.cli.common import number_option
 from spotrelay.cli.errors import SpotrelayGroup, UsageProblem, check_writable
 from spotrelay.errors import SpotrelayError
 
@@ -33,20 +33,20 @@ def up(
     work_dir: Annotated[Path, typer.Option("--dir", help="node work dirs and logs")] = Path(".cache/twin"),
     trace: Annotated[bool, typer.Option(help="interrupt spot nodes as the bamboo g4dn trace did")] = False,
     speedup: Annotated[float, typer.Option(
-        parser=number(0, 1e6, above=True), help="trace seconds per twin second")] = 600.0,
+        **number_option(0, 1e6, above=True), help="trace seconds per twin second")] = 600.0,
     capacity_error: Annotated[
         list[str] | None,
         typer.Option(
             "--capacity-error", help="pool glob that fails its next launch, e.g. 'us-east-1/*/p5.48xlarge/spot'"
         ),
     ] = None,
-    boot_s: Annotated[float, typer.Option(parser=number(0, 86400), help="modeled boot time, seconds")] = 300.0,
+    boot_s: Annotated[float, typer.Option(**number_option(0, 86400), help="modeled boot time, seconds")] = 300.0,
     time_scale: Annotated[float, typer.Option(
-        parser=number(0, 1, above=True), help="twin seconds per modeled second: boots, Plan's waits")] = 0.01,
+        **number_option(0, 1, above=True), help="twin seconds per modeled second: boots, Plan's waits")] = 0.01,
     notice_s: Annotated[float, typer.Option(
-        parser=number(0, 120, above=True), help="twin seconds from a spot notice to the reclaim")] = 30.0,
+        **number_option(0, 120, above=True), help="twin seconds from a spot notice to the reclaim")] = 30.0,
     s3_mb_s: Annotated[float, typer.Option(
-        parser=number(0, 1e6), help="the nodes' S3 bandwidth, MB/s (0: unthrottled)")] = 0.0,
+        **number_option(0, 1e6), help="the nodes' S3 bandwidth, MB/s (0: unthrottled)")] = 0.0,
     write_config: Annotated[bool, typer.Option(help="write ./.spotrelay.toml for the CLI")] = True,
     state: StateOpt = Path(".spotrelay-twin.json"),
 ) -> None:
@@ -177,9 +177,9 @@ def demo(
     spec: Annotated[Path, typer.Option(help="the job to run")] = Path("examples/tiny.yaml"),
     live: Annotated[bool, typer.Option(help="live Rich view (off: one line per change)")] = True,
     s3_mb_s: Annotated[float, typer.Option(
-        parser=number(0, 1e6), help="the nodes' S3 bandwidth, MB/s (0: unthrottled)")] = 0.5,
+        **number_option(0, 1e6), help="the nodes' S3 bandwidth, MB/s (0: unthrottled)")] = 0.5,
     timeout_s: Annotated[float, typer.Option(
-        parser=number(0, 86400, above=True), help="seconds from the submission to a finished job")] = 900.0,
+        **number_option(0, 86400, above=True), help="seconds from the submission to a finished job")] = 900.0,
     spares: Annotated[int | None, typer.Option(min=0, max=4, help="hot spares booted with the gang")] = None,
     scenario: Annotated[str, typer.Option(
         help="interrupt: a spot notice, then a node lost without notice; elastic: the capacity for the full "

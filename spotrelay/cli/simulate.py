@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from spotrelay.cli.common import number
+from spotrelay.cli.common import number_option
 from spotrelay.cli.errors import UsageProblem, check_writable
 from spotrelay.placement import catalog
 from spotrelay.sim.bounds import (
@@ -118,12 +118,12 @@ def simulate(
                                        "spread (seeds x jobs x policies: at most 100,000 runs a call)")] = 1,
     jobs: Annotated[int, typer.Option("--jobs", min=1, max=MAX_RUNS, help="independent jobs per seed")] = 1,
     job_hours: Annotated[float, typer.Option(
-        "--job-hours", parser=number(0.01, MAX_JOB_HOURS), help="training hours at full speed")] = 168.0,
+        "--job-hours", **number_option(0.01, MAX_JOB_HOURS), help="training hours at full speed")] = 168.0,
     checkpoint_minutes: Annotated[float | None, typer.Option(
-        "--checkpoint-minutes", parser=number(0.1, MAX_CHECKPOINT_MINUTES),
+        "--checkpoint-minutes", **number_option(0.1, MAX_CHECKPOINT_MINUTES),
         help="the job's cadence (default 30)")] = None,
     deadline_hours: Annotated[float | None, typer.Option(
-        "--deadline-hours", parser=number(0.01, MAX_JOB_HOURS),
+        "--deadline-hours", **number_option(0.01, MAX_JOB_HOURS),
         help="stop each job this many wall hours after its start, done or not (a time-boxed run)")] = None,
     strategy: Annotated[str | None, typer.Option(
         "--strategy", help="spotrelay's recovery strategy (default: the spec's)")] = None,
@@ -134,30 +134,32 @@ def simulate(
         "--variant", help="spotrelay with other switches, beside it on the same markets and seeds: "
         "NAME:SWITCH=VALUE[,SWITCH=VALUE...] (repeatable; e.g. elastic:min_nodes=8), its row spotrelay:NAME")] = None,
     boot_s: Annotated[float, typer.Option(
-        "--boot-s", parser=number(0, MAX_BOOT_S), help="every type's boot (s)")] = 300.0,
+        "--boot-s", **number_option(0, MAX_BOOT_S), help="every type's boot (s)")] = 300.0,
     boot_s_for: Annotated[list[str] | None, typer.Option(
         "--boot-s-for", help="TYPE=S: one instance type's boot instead (p5.48xlarge=420)")] = None,
     # the model: your job's instead of the stated 70B one (unset: the stated job's)
     checkpoint_gb: Annotated[float | None, typer.Option(
-        "--checkpoint-gb", parser=number(0.001, MAX_CHECKPOINT_GB), help="the whole checkpoint, every rank's shards "
+        "--checkpoint-gb", **number_option(0.001, MAX_CHECKPOINT_GB), help="the whole checkpoint, every rank's shards "
         "(default 1120: 70B parameters x 16 bytes)")] = None,
     step_s: Annotated[float | None, typer.Option(
-        "--step-s", parser=number(0.001, MAX_STEP_S), help="seconds per training step of the whole gang on p5.48xlarge "
+        "--step-s", **number_option(0.001, MAX_STEP_S),
+        help="seconds per training step of the whole gang on p5.48xlarge "
         "(default: 17 s at 16 nodes, scaled by 16 / nodes)")] = None,
     # the physics a result depends on, for its sensitivity (unset: the stated job's and market's defaults)
     s3_gbps: Annotated[float | None, typer.Option(
-        "--s3-gbps", parser=number(0.01, 1000), help="GB/s per node to or from S3 (restores, persists, the notice's "
+        "--s3-gbps", **number_option(0.01, 1000), help="GB/s per node to or from S3 (restores, persists, the notice's "
         "flush; default 5)")] = None,
     unannounced_share: Annotated[float | None, typer.Option(
-        "--unannounced-share", parser=number(0, 1), help="share of reclaims without the notice (default 0.1)")] = None,
+        "--unannounced-share", **number_option(0, 1),
+        help="share of reclaims without the notice (default 0.1)")] = None,
     rebalance_share: Annotated[float | None, typer.Option(
-        "--rebalance-share", parser=number(0, 1), help="share of reclaims a rebalance recommendation precedes "
+        "--rebalance-share", **number_option(0, 1), help="share of reclaims a rebalance recommendation precedes "
         "(default 0.5)")] = None,
     on_demand_price: Annotated[float | None, typer.Option(
-        "--on-demand-price", parser=number(0, MAX_USD_PER_HOUR),
+        "--on-demand-price", **number_option(0, MAX_USD_PER_HOUR),
         help="USD per node-hour for every on-demand pool instead of the catalog's (Bamboo's: 3.06)")] = None,
     spot_price: Annotated[float | None, typer.Option(
-        "--spot-price", parser=number(0, MAX_USD_PER_HOUR),
+        "--spot-price", **number_option(0, MAX_USD_PER_HOUR),
         help="USD per node-hour for every spot pool instead of the catalog's (Bamboo's: 0.91)")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="write every policy's figures as JSON")] = None,
     plot: Annotated[Path | None, typer.Option(
