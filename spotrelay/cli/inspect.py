@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from spotrelay.cli.common import EndpointOpt, JsonOpt, RegionOpt, TableOpt, connect
+from spotrelay.cli.errors import UsageProblem
 from spotrelay.ports.logs import LOG_GROUP_DEFAULT, LOG_GROUP_ENV
 
 out = Console()
@@ -145,6 +146,8 @@ def logs(job_id: str, attempt: Annotated[int | None, typer.Option(
     """The training output of a job's nodes: the twin's files (--dir), else CloudWatch Logs."""
     from spotrelay.ports.logs import TrainingLogs
 
+    if local_dir is not None and not local_dir.is_dir():  # (click's file_okay refuses regular files only)
+        raise UsageProblem(f"--dir {local_dir}: not a folder (the twin's work dir)")
     connect(endpoint_url, None, None, region)
     source: TrainingLogs
     if local_dir is not None:

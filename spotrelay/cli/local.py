@@ -5,6 +5,7 @@ Wired into the main app as ``app.add_typer(local_app, name="local")`` and ``app.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import signal
 import threading
@@ -58,6 +59,11 @@ def up(
     from spotrelay.local.twin import Twin, TwinOptions
     from spotrelay.local.twinlog import quiet_logs
 
+    for glob in capacity_error or []:  # (a typo matched no pool: the twin ran without the fault, silently)
+        parts = glob.split("/")
+        if len(parts) != 4 or not any(fnmatch.fnmatch(m, parts[3]) for m in ("spot", "on-demand")):
+            raise UsageProblem(f"--capacity-error {glob!r}: a pool glob is REGION/AZ/TYPE/MARKET, e.g. "
+                               "'us-east-1/*/p5.48xlarge/spot'")
     market = MarketModel(
         regions=["us-east-1", "us-west-2"],
         boot_time_s=boot_s,

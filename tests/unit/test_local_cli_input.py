@@ -95,3 +95,13 @@ def test_an_error_after_the_twin_took_the_logs_reaches_the_terminal(tmp_path: Pa
     assert done.stderr.strip() == "error: the twin did not start"
     assert "a library line" in (tmp_path / "twin.log").read_text()
     assert "the twin did not start" not in (tmp_path / "twin.log").read_text()
+
+
+@pytest.mark.parametrize("glob", ["[", "us-east-1/p5.48xlarge/spot", "us-east-1/*/p5.48xlarge/spto"])
+def test_local_up_refuses_a_capacity_error_glob_that_names_no_pool(glob: str, tmp_path: Path) -> None:
+    text = _refused(["local", "up", "--capacity-error", glob, "--dir", str(tmp_path)])
+    assert f"--capacity-error {glob!r}: a pool glob is REGION/AZ/TYPE/MARKET" in text  # (it ran without the fault)
+
+
+def test_logs_dir_must_be_a_folder(tmp_path: Path) -> None:
+    assert _refused(["logs", "job-x", "--dir", "/dev/null"]) == "error: --dir /dev/null: not a folder (the twin's work dir)"
