@@ -59,6 +59,7 @@ def up(
     from spotrelay.local.twin import Twin, TwinOptions
     from spotrelay.local.twinlog import quiet_logs
 
+    check_writable(state, "--state")  # refused now, not after the twin started
     for glob in capacity_error or []:  # (a typo matched no pool: the twin ran without the fault, silently)
         parts = glob.split("/")
         if len(parts) != 4 or not any(fnmatch.fnmatch(m, parts[3]) for m in ("spot", "on-demand")):

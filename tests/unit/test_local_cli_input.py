@@ -103,5 +103,12 @@ def test_local_up_refuses_a_capacity_error_glob_that_names_no_pool(glob: str, tm
     assert f"--capacity-error {glob!r}: a pool glob is REGION/AZ/TYPE/MARKET" in text  # (it ran without the fault)
 
 
-def test_logs_dir_must_be_a_folder(tmp_path: Path) -> None:
-    assert _refused(["logs", "job-x", "--dir", "/dev/null"]) == "error: --dir /dev/null: not a folder (the twin's work dir)"
+def test_logs_dir_must_be_a_folder() -> None:
+    text = _refused(["logs", "job-x", "--dir", "/dev/null"])  # (read as a folder without logs)
+    assert text == "error: --dir /dev/null: not a folder (the twin's work dir)"
+
+
+def test_local_up_refuses_a_state_file_it_cannot_write_before_the_twin_starts(tmp_path: Path) -> None:
+    text = _refused(["local", "up", "--dir", str(tmp_path / "twin"), "--state", str(tmp_path)])
+    assert text == f"error: --state {tmp_path}: is a directory"
+    assert not (tmp_path / "twin").exists()  # (the twin had started: its folder and log were made)
