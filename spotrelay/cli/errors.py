@@ -140,7 +140,8 @@ def _err() -> Console:
     from spotrelay.local.twinlog import terminal_err
 
     stream = terminal_err()
-    return err if stream is None else Console(file=stream)
+    # only while sys.stderr is the process's own (fd 2: the log); a capture (a test's CliRunner) gets it
+    return Console(file=stream) if stream is not None and sys.stderr is sys.__stderr__ else err
 
 
 def raise_one_line(exc: BaseException) -> NoReturn:

@@ -112,3 +112,20 @@ def test_local_up_refuses_a_state_file_it_cannot_write_before_the_twin_starts(tm
     text = _refused(["local", "up", "--dir", str(tmp_path / "twin"), "--state", str(tmp_path)])
     assert text == f"error: --state {tmp_path}: is a directory"
     assert not (tmp_path / "twin").exists()  # (the twin had started: its folder and log were made)
+
+
+def test_after_quiet_logs_a_captured_stderr_still_gets_the_error(tmp_path: Path) -> None:
+    """In a process whose twin took fd 2 (an in-process demo or chaos test before this one), a command
+    run under a capture (CliRunner swaps sys.stderr) still prints its error there, not to the terminal."""
+    script = (
+        "from pathlib import Path\n"
+        "from typer.testing import CliRunner\n"
+        "from spotrelay.cli.main import app\n"
+        "from spotrelay.local.twinlog import quiet_logs\n"
+        f"quiet_logs(Path({str(tmp_path / 'twin.log')!r}))\n"
+        f"out = CliRunner().invoke(app, ['demo', '--spec', {str(tmp_path / 'nope.yaml')!r}]).output\n"
+        "assert 'nope.yaml: No such file or directory' in out, out\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "MLFLOW_DISABLE_TELEMETRY": "true"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, (done.stderr, (tmp_path / "twin.log").read_text()[-2000:])
