@@ -29,6 +29,21 @@ out = Console()
 StateOpt = Annotated[Path, typer.Option("--state", help="the twin's state file (written by `local up`)")]
 
 
+def _check_pool_glob(glob: str, regions: list[str]) -> None:
+    """A pool glob that can match a pool of the twin: one of the catalog's there (``*`` does), or any
+    REGION/AZ/TYPE/MARKET (a spec may name a type the catalog has not). UsageProblem otherwise."""
+    from spotrelay.placement import catalog
+
+    types = sorted({t for _, t in catalog.AZS})
+    if any(fnmatch.fnmatch(p.key, glob) for p in catalog.pools(regions, types, ["spot", "on-demand"])):
+        return
+    parts = glob.split("/")
+    if len(parts) == 4 and any(fnmatch.fnmatch(m, parts[3]) for m in ("spot", "on-demand")):
+        return
+    raise UsageProblem(f"--capacity-error {glob!r}: matches no pool; a pool is REGION/AZ/TYPE/MARKET, e.g. "
+                       "'us-east-1/*/p5.48xlarge/spot'")
+
+
 @local_app.command()
 def up(
     work_dir: Annotated[Path, typer.Option("--dir", help="node work dirs and logs")] = Path(".cache/twin"),
@@ -60,13 +75,11 @@ def up(
     from spotrelay.local.twinlog import quiet_logs
 
     check_writable(state, "--state")  # refused now, not after the twin started
+    regions = ["us-east-1", "us-west-2"]
     for glob in capacity_error or []:  # (a typo matched no pool: the twin ran without the fault, silently)
-        parts = glob.split("/")
-        if len(parts) != 4 or not any(fnmatch.fnmatch(m, parts[3]) for m in ("spot", "on-demand")):
-            raise UsageProblem(f"--capacity-error {glob!r}: a pool glob is REGION/AZ/TYPE/MARKET, e.g. "
-                               "'us-east-1/*/p5.48xlarge/spot'")
+        _check_pool_glob(glob, regions)
     market = MarketModel(
-        regions=["us-east-1", "us-west-2"],
+        regions=regions,
         boot_time_s=boot_s,
         time_scale=time_scale,
         notice_window_s=notice_s,

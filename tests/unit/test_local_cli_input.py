@@ -100,7 +100,15 @@ def test_an_error_after_the_twin_took_the_logs_reaches_the_terminal(tmp_path: Pa
 @pytest.mark.parametrize("glob", ["[", "us-east-1/p5.48xlarge/spot", "us-east-1/*/p5.48xlarge/spto"])
 def test_local_up_refuses_a_capacity_error_glob_that_names_no_pool(glob: str, tmp_path: Path) -> None:
     text = _refused(["local", "up", "--capacity-error", glob, "--dir", str(tmp_path)])
-    assert f"--capacity-error {glob!r}: a pool glob is REGION/AZ/TYPE/MARKET" in text  # (it ran without the fault)
+    assert f"--capacity-error {glob!r}: matches no pool; a pool is REGION/AZ/TYPE/MARKET" in text  # (ran without it)
+
+
+@pytest.mark.parametrize("glob", ["*", "us-east-1/*", "us-west-2/*/p4d.24xlarge/on-demand",
+                                  "us-east-1/*/g5.xlarge/spot"])
+def test_a_capacity_error_glob_that_can_match_a_pool_is_taken(glob: str) -> None:
+    from spotrelay.cli.local import _check_pool_glob
+
+    _check_pool_glob(glob, ["us-east-1", "us-west-2"])  # (no refusal: these start the twin)
 
 
 def test_logs_dir_must_be_a_folder() -> None:
