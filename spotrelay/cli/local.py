@@ -34,8 +34,8 @@ def _check_pool_glob(glob: str, regions: list[str]) -> None:
     REGION/AZ/TYPE/MARKET (a spec may name a type the catalog has not). UsageProblem otherwise."""
     from spotrelay.placement import catalog
 
-    types = sorted({t for _, t in catalog.AZS})
-    if any(fnmatch.fnmatch(p.key, glob) for p in catalog.pools(regions, types, ["spot", "on-demand"])):
+    pools = catalog.pools(regions, catalog.instance_types(), ["spot", "on-demand"])
+    if any(fnmatch.fnmatch(p.key, glob) for p in pools):
         return
     parts = glob.split("/")
     if len(parts) == 4 and any(fnmatch.fnmatch(m, parts[3]) for m in ("spot", "on-demand")):

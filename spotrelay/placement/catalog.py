@@ -130,6 +130,11 @@ def typical_spot_price(region: str, instance_type: str) -> float | None:
     return None if od is None or fraction is None else round(od * fraction, 4)
 
 
+def instance_types() -> list[str]:
+    """Every instance type the catalog has zones for, in any region, sorted."""
+    return sorted({t for _, t in AZS})
+
+
 def zones(region: str, instance_type: str) -> tuple[str, ...]:
     return AZS.get((region, instance_type), ())
 

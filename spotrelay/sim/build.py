@@ -93,7 +93,7 @@ def synthetic_tables(opts: MarketOptions, seed: int) -> dict[tuple[str, str, str
 
 def _check_catalog(opts: MarketOptions) -> None:
     """Every region and instance type asked for is one the catalog offers: name the one that is not."""
-    known_types = sorted({t for _, t in catalog.AZS})
+    known_types = catalog.instance_types()
     known_regions = sorted({r for r, _ in catalog.AZS})
     for itype in opts.instance_types:
         if itype not in known_types:
