@@ -184,15 +184,28 @@ def build_market(opts: MarketOptions, seed: int) -> Market:
                 sp.spot_price = None
                 sp.default_rate = band_rate(DEFAULT_CONFIG.unknown_band if band is None else band)
         pools.append(sp)
-    for pattern, _ in mapping:  # a glob that drives nothing is a typo, not a market
-        if spot_keys and not any(pool_glob_matches(k, pattern) for k in spot_keys):
-            raise SimInputError(f"--trace {pattern}=...: {pattern!r} matches no spot pool of the given regions "
-                                f"and instance types (pool keys read like {spot_keys[0]})")
+    _check_globs_drive(mapping, spot_keys)
     if not any(p.spot for p in pools):
         raise SimInputError("no spot pool of the given regions and instance types is driven by the input")
     return Market(pools=pools, unannounced_share=opts.unannounced_share, rebalance_share=opts.rebalance_share,
                   boot_s=opts.boot_s, boot_by_type=dict(opts.boot_s_by_type), seed=seed,
                   gang_scores=opts.gang_scores)
+
+
+def _check_globs_drive(mapping: list[tuple[str, Trace]], spot_keys: list[str]) -> None:
+    """Every ``--trace POOL=FILE`` drives a pool: a glob that matches none is a typo, and one whose every
+    pool an earlier glob already takes (the first match drives a pool) would be silently unread."""
+    for i, (pattern, _) in enumerate(mapping):
+        matched = [k for k in spot_keys if pool_glob_matches(k, pattern)]
+        if spot_keys and not matched:
+            raise SimInputError(f"--trace {pattern}=...: {pattern!r} matches no spot pool of the given regions "
+                                f"and instance types (pool keys read like {spot_keys[0]})")
+        earlier = [p for p, _ in mapping[:i]]
+        if matched and all(any(pool_glob_matches(k, e) for e in earlier) for k in matched):
+            taken = next(e for e in earlier if pool_glob_matches(matched[0], e))
+            raise SimInputError(f"--trace {pattern}=...: drives no pool: every pool {pattern!r} matches is "
+                                f"taken by an earlier --trace ({taken!r}; the first glob that matches a pool "
+                                "drives it): give the narrower glob first")
 
 
 def trace_label(opts: MarketOptions) -> str:

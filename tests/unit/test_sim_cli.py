@@ -121,6 +121,10 @@ def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
     (["--trace-format", "synthetic"], "synthetic reads no file"),  # the --trace was silently not read
     (["--trace-format", "pools-csv", "--spot-price", "1"], "--spot-price: a pools CSV prices each slot"),
     (["--trace", "p5.48xlarge=" + str(TRACE)], "'p5.48xlarge' matches no spot pool"),  # a typo drove nothing
+    (["--trace", "us-east-1/*=" + str(TRACE), "--trace", "us-east-1/us-east-1a/*=" + str(TRACE)],
+     "'us-east-1/us-east-1a/*' matches is taken by an earlier --trace ('us-east-1/*'"),  # was silently unread
+    (["--trace", "*/p5.48xlarge=" + str(TRACE), "--trace", "*/p5.48xlarge/spot=" + str(TRACE)],
+     "drives no pool"),  # the same pools twice
     (["--trace", "us-east-1/*="], "expected POOL=FILE"),  # was ".: cannot read the trace (Is a directory)"
     (["--instance-types", "p5.48xlarge,g9.huge"], "'g9.huge'"),
     (["--boot-s-for", "g9.huge=30"], "'g9.huge' is not an instance type of this run"),  # a typo did nothing
