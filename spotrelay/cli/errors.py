@@ -49,6 +49,21 @@ def check_writable(path: Path, option: str) -> None:
         raise UsageProblem(f"{option} {path}: cannot be written ({exc.strerror or exc})") from exc
 
 
+def check_folder(path: Path, option: str) -> None:
+    """A usage problem naming ``option`` unless ``path`` is, or can be made, a folder to write in (a file
+    there, or above it, is named as one: mkdir's bare "File exists" named no reason)."""
+    blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        where = "" if blocker == path else f"{blocker} "
+        raise UsageProblem(f"{option} {path}: {where}is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageProblem(f"{option} {path}: cannot be created ({exc.strerror or exc})") from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageProblem(f"{option} {path}: cannot be written (permission denied)")
+
+
 def explain(exc: BaseException) -> tuple[str, int]:
     """(one line, exit code) for anything a command let escape."""
     from spotrelay.adapters.aws_errors import explain as explain_aws

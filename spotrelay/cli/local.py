@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from spotrelay.cli.common import number_option
-from spotrelay.cli.errors import SpotrelayGroup, UsageProblem, check_writable
+from spotrelay.cli.errors import SpotrelayGroup, UsageProblem, check_folder, check_writable
 from spotrelay.errors import SpotrelayError
 
 local_app = typer.Typer(
@@ -78,6 +78,7 @@ def up(
     regions = ["us-east-1", "us-west-2"]
     for glob in capacity_error or []:  # (a typo matched no pool: the twin ran without the fault, silently)
         _check_pool_glob(glob, regions)
+    check_folder(work_dir, "--dir")  # (the last check: it makes the folder)
     market = MarketModel(
         regions=regions,
         boot_time_s=boot_s,
@@ -254,6 +255,7 @@ def chaos(
     except ValueError as exc:
         raise UsageProblem(str(exc)) from exc
     # refused now, not after a campaign of half an hour whose result would have nowhere to go
+    check_folder(out_dir, "--out")
     check_writable(out_dir / "twin.log", "--out")
     (out_dir / "twin.log").touch()  # the campaign's log, empty until a twin starts (as before the check)
     if json_file:

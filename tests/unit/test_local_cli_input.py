@@ -122,6 +122,17 @@ def test_local_up_refuses_a_state_file_it_cannot_write_before_the_twin_starts(tm
     assert not (tmp_path / "twin").exists()  # (the twin had started: its folder and log were made)
 
 
+@pytest.mark.parametrize("command", [["local", "up", "--dir"], ["local", "chaos", "--out"]])
+def test_a_work_folder_that_is_a_file_is_named_as_one(command: list[str], tmp_path: Path) -> None:
+    blocker = tmp_path / "afile"
+    blocker.write_text("someone's")
+    assert _refused([*command, str(blocker)]) == f"error: {command[-1]} {blocker}: is a file, not a folder"  # was
+    # "File exists"
+    text = _refused([*command, str(blocker / "sub")])
+    assert text == f"error: {command[-1]} {blocker / 'sub'}: {blocker} is a file, not a folder"
+    assert blocker.read_text() == "someone's"
+
+
 def test_after_quiet_logs_a_captured_stderr_still_gets_the_error(tmp_path: Path) -> None:
     """In a process whose twin took fd 2 (an in-process demo or chaos test before this one), a command
     run under a capture (CliRunner swaps sys.stderr) still prints its error there, not to the terminal."""
