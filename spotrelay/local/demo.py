@@ -38,6 +38,7 @@ from spotrelay.local.reference import start_reference
 from spotrelay.local.twin import Twin, TwinOptions
 from spotrelay.local.twinlog import quiet_logs
 from spotrelay.spec.load import parse_spec
+from spotrelay.spec.models import JobSpec
 
 ENSURE_EXPERIMENT = (
     "import sys, pathlib; from spotrelay.local.demo_report import ensure_experiment as e; "
@@ -84,8 +85,9 @@ def clear_out(out: Path) -> None:
 
 
 def prepare_spec(path: Path, out: Path, step_sleep_s: float, steps: int | None = None,
-                 spares: int | None = None, elastic: bool = False) -> tuple[str, str]:
-    """The example spec with the demo's pacing and length, per-node results and the local MLflow store."""
+                 spares: int | None = None, elastic: bool = False) -> tuple[str, JobSpec, str]:
+    """The example spec with the demo's pacing and length, per-node results and the local MLflow store:
+    its text, that text parsed, and the store's URI."""
     text = path.read_text()
     parse_spec(text, source=str(path))  # the file as written is a spec (SpecError names its fields)
     data = yaml.safe_load(text)
@@ -99,8 +101,8 @@ def prepare_spec(path: Path, out: Path, step_sleep_s: float, steps: int | None =
     uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
     data.setdefault("tracking", {})["tracking_uri"] = uri
     text = yaml.safe_dump(data, sort_keys=False)
-    parse_spec(text, source=str(path))  # fail here, not in the twin, if the example is broken
-    return text, uri
+    spec = parse_spec(text, source=str(path))  # fail here, not in the twin, if the example is broken
+    return text, spec, uri
 
 
 class Recorder:
@@ -183,8 +185,7 @@ def run_demo(opts: DemoOptions) -> report.Summary:
     elastic = opts.scenario == "elastic"
     steps = opts.steps or (ELASTIC_STEPS if elastic else 200)
     # the spec and the folder are judged first, while errors still reach the terminal and nothing is removed
-    spec_text, tracking_uri = prepare_spec(opts.spec, out, opts.step_sleep_s, steps, opts.spares, elastic)
-    spec = parse_spec(spec_text)
+    spec_text, spec, tracking_uri = prepare_spec(opts.spec, out, opts.step_sleep_s, steps, opts.spares, elastic)
     clear_out(out)
     console = Console(file=quiet_logs(out / "twin.log"))
     experiment = spec.tracking.mlflow_experiment or "spotrelay"
