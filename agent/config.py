@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from spotrelay.contracts.agent import AgentPort, JobView, node_id_for
-from spotrelay.errors import AgentConfigError
+from spotrelay.errors import AgentConfigError, validation_message
 from spotrelay.spec.load import load_spec, parse_spec
 from spotrelay.spec.models import JobSpec
 
@@ -145,7 +145,7 @@ def load_config(
     try:
         return AgentConfig.model_validate(merged)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {validation_message(e)}" for e in exc.errors())
         raise AgentConfigError(f"agent config: {problems}") from exc
 
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from agent.imds import ImdsClient
 from spotrelay.contracts.agent import NodeView
 from spotrelay.contracts.events import Directive
+from spotrelay.errors import validation_message
 
 
 class NoticeKind(StrEnum):
@@ -125,7 +126,7 @@ class DirectiveMonitor:
             directive = Directive.model_validate(raw)
         except ValidationError as exc:
             if self.on_invalid:
-                self.on_invalid(f"unreadable directive {raw!r}: {exc.errors()[0]['msg']}")
+                self.on_invalid(f"unreadable directive {raw!r}: {validation_message(exc.errors()[0])}")
             return []
         return [
             Notice(

@@ -19,6 +19,7 @@ from agent.spare import SpareCache, StandBy
 from spotrelay.contracts import control
 from spotrelay.contracts.agent import AgentPort, JobView, NodeView, next_assignment
 from spotrelay.contracts.events import Directive, DirectiveKind, parse_directive
+from spotrelay.errors import validation_message
 from spotrelay.spec.models import JobSpec
 
 
@@ -100,7 +101,7 @@ class Succession:
         try:
             directive = parse_directive(node.directive)
         except ValidationError as exc:
-            self._bad_directive(f"unreadable directive {node.directive!r}: {exc.errors()[0]['msg']}")
+            self._bad_directive(f"unreadable directive {node.directive!r}: {validation_message(exc.errors()[0])}")
             return None
         return directive if directive.kind is DirectiveKind.RESTART else None
 

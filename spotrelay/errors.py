@@ -6,6 +6,9 @@ Adapters translate AWS error codes into these (``raise ... from exc``). Their cl
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 
 class SpotrelayError(Exception):
     """Root of every error spotrelay raises on purpose."""
@@ -120,3 +123,8 @@ class JobCancelledError(PermanentError):
 class MoveCancelledError(PermanentError):
     """A review's move was overtaken: the attempt ended or changed before the new gang launched.
     The workflow waits for the outcome again; nothing was launched."""
+
+
+def validation_message(err: Mapping[str, Any]) -> str:
+    """One pydantic error's message, without the "Value error, " pydantic puts before a validator's own."""
+    return str(err["msg"]).removeprefix("Value error, ")

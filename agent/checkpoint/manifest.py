@@ -25,7 +25,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agent.checkpoint.sources import FileSource, sha256_source
-from spotrelay.errors import CheckpointFormatError, CorruptCheckpointError
+from spotrelay.errors import CheckpointFormatError, CorruptCheckpointError, validation_message
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -214,6 +214,7 @@ def read_manifest(text: str | bytes, source: str) -> Manifest:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"]) or "(the document)"
         raise CorruptCheckpointError(
-            f"{source}: unreadable manifest: field {field}: {first['msg']} (got {str(first.get('input'))[:60]!r})"
+            f"{source}: unreadable manifest: field {field}: {validation_message(first)} "
+            f"(got {str(first.get('input'))[:60]!r})"
             + (f" and {exc.error_count() - 1} more" if exc.error_count() > 1 else "")
         ) from exc

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.advice import elastic_advice
+from spotrelay.errors import validation_message
 from spotrelay.sim import billing
 from spotrelay.sim.assumptions import assumptions
 from spotrelay.sim.baselines import BASELINES, BaselineRun
@@ -131,7 +132,7 @@ def make_run(policy: str, opts: SimOptions, market: Any, seed: int, start_t: flo
             named = "" if policy == "spotrelay" else f"--variant {policy.removeprefix(VARIANT_PREFIX)}: "
             # a check of a whole section (min_nodes against nodes) names the section: say the switches given in it
             given = ", ".join(overrides.get(field_name, {})) or field_name.rsplit(".", 1)[-1]
-            raise ValueError(f"{named}switch {given}: {field_name}: {first['msg']}") from None
+            raise ValueError(f"{named}switch {given}: {field_name}: {validation_message(first)}") from None
     elif policy in BASELINES:
         run = BaselineRun(market, opts.job, seed, policy=policy, regions=regions, instance_types=types, **common)
     else:

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from spotrelay.errors import SpecError
+from spotrelay.errors import SpecError, validation_message
 from spotrelay.spec.checks import launch_problems
 from spotrelay.spec.models import JobSpec
 from spotrelay.spec.safe_yaml import load_yaml
@@ -52,7 +52,7 @@ def _errors(exc: ValidationError) -> list[tuple[str, str]]:
     out = []
     for err in exc.errors():
         loc = tuple(p for p in err["loc"] if not _is_tag(p))
-        msg = err["msg"].removeprefix("Value error, ")
+        msg = validation_message(err)
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
         out.append((_field_path(loc), msg))

@@ -132,12 +132,12 @@ HOSTILE: dict[str, tuple[dict[str, Any], str]] = {
     "step of another folder": ({"step": 1}, "field step is 1, the folder is step-00000002"),
     "format null": ({"format": None}, "field format: Input should be a valid integer"),
     "escaping shard": ({"shards": [{"path": "../../x", "size": 1, "sha256": "0" * 64, "rank": 0}]},
-                       "field shards.0.path: Value error, '../../x' is not a relative path inside the step folder"),
+                       "field shards.0.path: '../../x' is not a relative path inside the step folder"),
     "absolute shard": ({"shards": [{"path": "/etc/passwd", "size": 1, "sha256": "0" * 64, "rank": 0}]},
-                       "field shards.0.path: Value error, '/etc/passwd' is not a relative path"),
+                       "field shards.0.path: '/etc/passwd' is not a relative path"),
     "bad checksum": ({"shards": [{"path": "a", "size": 1, "sha256": "x", "rank": 0}]}, "field shards.0.sha256"),
     "batch not a number": ({"data_state": {"global_batch": "abc"}},
-                           "field data_state: Value error, global_batch is 'abc', not an integer >= 1"),
+                           "field data_state: global_batch is 'abc', not an integer >= 1"),
     "negative cursor": ({"data_state": {"cursor": -3}}, "cursor is -3, not an integer >= 0"),
 }  # fmt: skip
 
