@@ -25,6 +25,7 @@ from pathlib import Path
 from bench.sim_sweep import MARKETS
 from spotrelay.sim.build import MarketOptions
 from spotrelay.sim.job import JobModel
+from spotrelay.sim.report import cheapest_rival
 from spotrelay.sim.runner import POLICIES, SimOptions, run_seed
 
 DEFAULT_MARKETS = "g4dn,bamboo,g4dn-nodes,synthetic,p3"
@@ -70,13 +71,12 @@ def main() -> int:
             for seed in range(args.first_seed, args.first_seed + args.seeds):
                 by = {r.policy: r.values for r in run_seed(opts, seed)}
                 cost = {p: v["cost_per_useful_gpu_hour"] for p, v in by.items()}
-                rivals = {p: c for p, c in cost.items() if p not in ("spotrelay", "price-limit")}
-                best = min(rivals, key=lambda p: rivals[p]) if rivals else "spotrelay"
-                miss = bool(rivals) and cost["spotrelay"] > rivals[best]
-                if rivals:
-                    ratios.setdefault((market, nodes), []).append(cost["spotrelay"] / rivals[best])
+                best, best_cost = cheapest_rival(cost) or ("spotrelay", cost["spotrelay"])
+                miss = cost["spotrelay"] > best_cost
+                if best != "spotrelay":
+                    ratios.setdefault((market, nodes), []).append(cost["spotrelay"] / best_cost)
                 line = (f"{market:18} {nodes:>5} {seed:>4} " + " ".join(f"{cost[p]:>14.3f}" for p in policies)
-                        + (f"  MISS: {best} {rivals[best] / cost['spotrelay']:.3f}" if miss else "")
+                        + (f"  MISS: {best} {best_cost / cost['spotrelay']:.3f}" if miss else "")
                         + f"  wall {by['spotrelay']['wall_hours']:.0f} h od {by['spotrelay']['on_demand_share']:.0%}")
                 print(line, flush=True)
                 if miss:

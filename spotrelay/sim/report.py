@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,16 @@ def table(report: Report) -> Table:
     return t
 
 
+def cheapest_rival(costs: Mapping[str, float]) -> tuple[str, float] | None:
+    """Of one seed's costs per useful GPU-hour (policy -> USD), the baseline but ``price-limit`` that cost
+    least and its cost (target (c)'s rival; spotrelay's variants are not rivals); None without one."""
+    rivals = [(v, p) for p, v in costs.items() if p in BASELINES and p != "price-limit" and math.isfinite(v)]
+    if not rivals:
+        return None
+    cost, name = min(rivals)
+    return name, cost
+
+
 def cheaper_rivals(report: Report) -> tuple[int, int, dict[str, int], float]:
     """Target (c) per run: (seeds on which a baseline but ``price-limit`` cost less per useful GPU-hour
     than spotrelay, seeds where both ran, how often each such baseline was the cheapest, spotrelay's mean
@@ -60,12 +71,11 @@ def cheaper_rivals(report: Report) -> tuple[int, int, dict[str, int], float]:
         costs.setdefault(r.seed, {})[r.policy] = r.values.get("cost_per_useful_gpu_hour", math.nan)
     seeds = 0
     for by_policy in costs.values():
-        ours = by_policy.get("spotrelay", math.nan)
-        rivals = [(v, p) for p, v in by_policy.items() if p in BASELINES and p != "price-limit" and math.isfinite(v)]
-        if not (rivals and math.isfinite(ours)):
+        ours, rival = by_policy.get("spotrelay", math.nan), cheapest_rival(by_policy)
+        if rival is None or not math.isfinite(ours):
             continue
         seeds += 1
-        cheapest, name = min(rivals)
+        name, cheapest = rival
         if cheapest < ours:
             beaten[name] = beaten.get(name, 0) + 1
             excess.append(ours / cheapest - 1.0)
