@@ -160,7 +160,8 @@ def simulate(
         help="USD per node-hour for every on-demand pool instead of the catalog's (Bamboo's: 3.06)")] = None,
     spot_price: Annotated[float | None, typer.Option(
         "--spot-price", **number_option(0, MAX_USD_PER_HOUR),
-        help="USD per node-hour for every spot pool instead of the catalog's (Bamboo's: 0.91)")] = None,
+        help="USD per node-hour for every spot pool instead of the catalog's (Bamboo's: 0.91); at most each "
+        "pool's on-demand price")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="write every policy's figures as JSON")] = None,
     plot: Annotated[Path | None, typer.Option(
         "--plot", help="write a PNG (or another matplotlib format): cost against goodput, one run's timeline")] = None,

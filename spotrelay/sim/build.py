@@ -114,6 +114,19 @@ def _check_prices(opts: MarketOptions) -> None:
             raise SimInputError(f"{flag} {price:g}: a price must be above 0 (USD per node-hour)")
 
 
+def _check_spot_below_on_demand(opts: MarketOptions, region: str, itype: str, od: float, spot: float) -> None:
+    """An override that puts spot above on-demand describes no market EC2 runs: a spot instance's default
+    maximum price is the on-demand price, so EC2 interrupts it rather than bill more (and price-limit,
+    the cheapest spot pool, would then cost more than on-demand: no bound)."""
+    if spot <= od:
+        return
+    given = " ".join(f"{f} {v:g}" for f, v in (("--spot-price", opts.spot_price),
+                                                 ("--on-demand-price", opts.on_demand_price)) if v is not None)
+    raise SimInputError(f"{given or 'the catalog'}: spot at {spot:g} USD per node-hour is above {itype}'s on-demand "
+                        f"price in {region} ({od:g}): EC2 does not bill spot above on-demand (a spot instance's "
+                        "default maximum price is the on-demand price); each pool's spot must be at most its on-demand")
+
+
 def parse_boot_for(texts: list[str] | None) -> dict[str, float]:
     """``--boot-s-for TYPE=S`` values (``simulate``'s and bench/economics.py's) -> {type: seconds};
     ValueError names the value. ``_check_boots`` judges the types and times when the market is built."""
@@ -163,6 +176,7 @@ def build_market(opts: MarketOptions, seed: int) -> Market:
     first = True
     for pool in catalog.pools(opts.regions, opts.instance_types, ["spot", "on-demand"]):
         od, spot = _price(opts, pool.region, pool.instance_type)
+        _check_spot_below_on_demand(opts, pool.region, pool.instance_type, od, spot)
         info = catalog.instance(pool.instance_type)
         band = catalog.advisor_band(pool.region, pool.instance_type)
         sp = SimPool(pool=pool, key=pool.key, on_demand_price=od, spot_price=spot if pool.market == "spot" else None,

@@ -65,6 +65,18 @@ def test_simulate_states_the_assumptions_its_flags_set(tmp_path: Path) -> None:
     assert "assumed: boot p5.48xlarge 420 s, p4d.24xlarge 300 s (+-15%)" in result.output
 
 
+def test_simulate_takes_spot_up_to_on_demands_price(tmp_path: Path) -> None:
+    """Spot at on-demand's price is the edge of a real market (the thin-discount study runs up to it); only
+    above it is refused (test_simulate_refuses_values_that_cannot_run_naming_them)."""
+    out = tmp_path / "sim.json"
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(TRACE), "--nodes", "4", "--job-hours", "2",
+                                      "--policies", "on-demand,price-limit", "--on-demand-price", "3",
+                                      "--spot-price", "3", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    prices = json.loads(out.read_text())["assumptions"]["market"]["usd_per_node_hour"]["p5.48xlarge"]
+    assert prices == {"on_demand": [3.0, 3.0], "spot": [3.0, 3.0]}
+
+
 def test_simulate_physics_flags_reach_the_run_and_its_assumptions(tmp_path: Path) -> None:
     """--s3-gbps, --unannounced-share, --rebalance-share: a result's sensitivity to its physics; the
     assumptions state what ran, and a slower restore costs goodput."""
@@ -117,6 +129,10 @@ def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
     (["--spot-price", "nan"], "--spot-price"),
     (["--spot-price", "0"], "--spot-price 0: a price must be above 0"),  # every pool tied, captured 1.0 for all
     (["--on-demand-price", "0"], "--on-demand-price 0: a price must be above 0"),
+    # spot above on-demand is no market EC2 runs (price-limit, the bound, cost more than on-demand)
+    (["--spot-price", "40"], "--spot-price 40: spot at 40 USD per node-hour is above p4d.24xlarge's on-demand"),
+    (["--on-demand-price", "10"], "--on-demand-price 10: spot at 22.016 USD per node-hour is above p5.48xlarge's"),
+    (["--on-demand-price", "3", "--spot-price", "3.5"], "--spot-price 3.5 --on-demand-price 3: spot at 3.5"),
     (["--regions", "us-east-1,mars-1"], "'mars-1'"),
     (["--trace-format", "synthetic"], "synthetic reads no file"),  # the --trace was silently not read
     (["--trace-format", "pools-csv", "--spot-price", "1"], "--spot-price: a pools CSV prices each slot"),
