@@ -176,7 +176,8 @@ def build_market(opts: MarketOptions, seed: int) -> Market:
     first = True
     for pool in catalog.pools(opts.regions, opts.instance_types, ["spot", "on-demand"]):
         od, spot = _price(opts, pool.region, pool.instance_type)
-        _check_spot_below_on_demand(opts, pool.region, pool.instance_type, od, spot)
+        if opts.trace_format != "pools-csv":  # (a pools CSV's own prices are checked with its slots below)
+            _check_spot_below_on_demand(opts, pool.region, pool.instance_type, od, spot)
         info = catalog.instance(pool.instance_type)
         band = catalog.advisor_band(pool.region, pool.instance_type)
         sp = SimPool(pool=pool, key=pool.key, on_demand_price=od, spot_price=spot if pool.market == "spot" else None,
@@ -196,6 +197,10 @@ def build_market(opts: MarketOptions, seed: int) -> Market:
                     continue
                 sp.capacity = table
                 sp.spot_price = None
+                top = max((s.spot_price for s in table.slots if s.spot_price is not None), default=0.0)
+                if opts.on_demand_price is not None and top > od:  # (real price history stays under the catalog's)
+                    raise SimInputError(f"--on-demand-price {od:g}: {opts.traces[0]} prices {pool.key} up to {top:g} "
+                                        "USD per node-hour, above it (EC2 does not bill spot above on-demand)")
                 sp.default_rate = band_rate(DEFAULT_CONFIG.unknown_band if band is None else band)
         pools.append(sp)
     _check_globs_drive(mapping, spot_keys)

@@ -66,6 +66,23 @@ def test_pools_csv_holds_price_history_and_placement_scores(tmp_path: Path) -> N
     assert spot.placement_score(7 * 3600) == 3 and spot.capacity.capacity(7 * 3600) == 4
 
 
+def test_an_on_demand_price_under_a_pools_csvs_spot_prices_is_refused(tmp_path: Path) -> None:
+    """EC2 does not bill spot above on-demand: ``--on-demand-price`` under the file's prices is named, with
+    the pool and its top price; the file's prices under the catalog's on-demand run as they are."""
+    path = tmp_path / "pools.csv"
+    path.write_text(HEADER + "0,us-east-1,us-east-1a,p5.48xlarge,21.5,,,\n"
+                    "3600,us-east-1,us-east-1a,p5.48xlarge,30,,,\n")
+    opts = MarketOptions(traces=[str(path)], trace_format="pools-csv", regions=["us-east-1"],
+                         instance_types=["p5.48xlarge"], on_demand_price=25.0)
+    with pytest.raises(SimInputError, match=r"--on-demand-price 25: .*pools.csv prices "
+                                            r"us-east-1/us-east-1a/p5.48xlarge/spot up to 30 USD per node-hour"):
+        build_market(opts, seed=0)
+    opts.on_demand_price = 30.0  # (spot at on-demand's price: the edge of a real market)
+    assert build_market(opts, seed=0).by_key["us-east-1/us-east-1a/p5.48xlarge/spot"].price(3600) == 30.0
+    opts.on_demand_price = None
+    assert build_market(opts, seed=0).by_key["us-east-1/us-east-1a/p5.48xlarge/spot"].price(3600) == 30.0
+
+
 @pytest.mark.parametrize(("rows", "line", "what"), [
     ("0,us-east-1,us-east-1a,p5.48xlarge,cheap,,,\n", 2, "could not convert"),
     ("0,us-east-1,us-east-1a,p5.48xlarge,1,11,,\n", 2, "placement_score"),
