@@ -26,6 +26,7 @@ from spotrelay.sim.bounds import (
 
 out = Console()
 err = Console(stderr=True)
+REDIRECTED_WIDTH = 240  # the whole table unwrapped (~210 columns) with spotrelay's variants' longer names
 
 
 def _split(values: list[str] | None) -> list[str]:
@@ -233,7 +234,8 @@ def simulate(
                     message = f"--spec {spec_file}: {field_name}{message[len(flag):]}"
         err.print(f"[red]error:[/] {message}", soft_wrap=True, highlight=False, markup=True)
         raise typer.Exit(2) from None
-    print_report(report, out if out.is_terminal else Console(width=200))
+    # a terminal gets as many tables as its width needs; a pipe or file one table, a row per policy (grep)
+    print_report(report, out if out.is_terminal else Console(width=REDIRECTED_WIDTH))
     if json_path is not None:
         write_json(report, json_path)
         out.print(f"wrote {json_path}")

@@ -48,3 +48,29 @@ def test_without_a_baseline_there_is_nothing_to_compare() -> None:
     report = simulate(SimOptions(market=MarketOptions(traces=[TRACE]), job=JobModel(nodes=8, job_hours=12.0),
                                  policies=("spotrelay", "price-limit")))
     assert cheaper_rivals(report) == (0, 0, {}, 0.0)
+
+
+def test_a_narrow_terminal_gets_the_columns_as_tables_that_fit_it_not_truncated_numbers() -> None:
+    """One table cut to a 100-column terminal showed "2.…" in every cell; each table now fits the width
+    unwrapped, with the policy column, and together they hold every column once, in order."""
+    from rich.console import Console
+
+    from spotrelay.sim.report import COLUMNS, tables
+
+    report = _report()
+    for width in (80, 100, 120):
+        shown = tables(report, width)
+        assert len(shown) > 1
+        console = Console(width=width, record=True)
+        for t in shown:
+            console.print(t)
+        text = console.export_text()
+        assert "…" not in text, text  # nothing truncated
+        assert max(len(line) for line in text.splitlines()) <= width
+        headers = [c.header for t in shown for c in t.columns if c.header != "policy"]
+        assert headers == [title for title, _, _ in COLUMNS]
+        for t in shown:
+            assert [c.header for c in t.columns][0] == "policy" and t.row_count == len(report.policies())
+        mean = f"{report.mean('spotrelay', 'cost_per_useful_gpu_hour'):.3f}"
+        assert mean in text  # the number itself, whole
+    assert len(tables(report, 240)) == 1  # a pipe or a file: one table, a row per policy (simulate.py)
