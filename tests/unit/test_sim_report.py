@@ -70,7 +70,7 @@ def test_a_narrow_terminal_gets_the_columns_as_tables_that_fit_it_not_truncated_
         headers = [c.header for t in shown for c in t.columns if c.header != "policy"]
         assert headers == [title for title, _, _ in COLUMNS]
         for t in shown:
-            assert [c.header for c in t.columns][0] == "policy" and t.row_count == len(report.policies())
+            assert t.columns[0].header == "policy" and t.row_count == len(report.policies())
         mean = f"{report.mean('spotrelay', 'cost_per_useful_gpu_hour'):.3f}"
         assert mean in text  # the number itself, whole
     assert len(tables(report, 240)) == 1  # a pipe or a file: one table, a row per policy (simulate.py)
