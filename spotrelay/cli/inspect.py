@@ -16,10 +16,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from spotrelay.cli.common import EndpointOpt, JsonOpt, RegionOpt, TableOpt, connect
 from spotrelay.cli.errors import UsageProblem
+from spotrelay.cli.tables import show
 from spotrelay.ports.logs import LOG_GROUP_DEFAULT, LOG_GROUP_ENV
 
 out = Console()
@@ -70,32 +70,23 @@ def describe(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = No
         out.print(f"  [yellow]{report.stopping}[/]", highlight=False)
     for line in report.advice:
         out.print(f"  [green]advice:[/] {line}", highlight=False)
-    grid = Table("attempt", "pool", "nodes", "started", "ended", "end reason", "from step", "steps", "cost $",
-                 title="attempts")
-    for a in report.attempts:
-        grid.add_row(str(a.number), a.pool or "-", str(a.nodes), _when(a.started_at), _when(a.ended_at),
-                     a.end_reason or "-", str(a.resumed_from_step if a.resumed_from_step is not None else "-"),
-                     str(a.steps if a.steps is not None else "-"), f"{a.cost:.2f}")
-    out.print(grid)
+    show(out, ("attempt", "pool", "nodes", "started", "ended", "end reason", "from step", "steps", "cost $"),
+         [[str(a.number), a.pool or "-", str(a.nodes), _when(a.started_at), _when(a.ended_at), a.end_reason or "-",
+           str(a.resumed_from_step if a.resumed_from_step is not None else "-"),
+           str(a.steps if a.steps is not None else "-"), f"{a.cost:.2f}"] for a in report.attempts], title="attempts")
     if report.recoveries_detail:
-        grid = Table("after attempt", "reason", "downtime s", "resumed from step", title="recoveries")
-        for r in report.recoveries_detail:
-            grid.add_row(str(r.after_attempt), r.reason or "-", str(r.downtime_s if r.downtime_s is not None else "-"),
-                         str(r.resumed_from_step if r.resumed_from_step is not None else "-"))
-        out.print(grid)
+        show(out, ("after attempt", "reason", "downtime s", "resumed from step"),
+             [[str(r.after_attempt), r.reason or "-", str(r.downtime_s if r.downtime_s is not None else "-"),
+               str(r.resumed_from_step if r.resumed_from_step is not None else "-")] for r in report.recoveries_detail],
+             title="recoveries")
     if report.checkpoints:
-        grid = Table("step", "saved", "MB", "on request", "uri", title="checkpoints")
-        for c in report.checkpoints:
-            grid.add_row(str(c.step), _when(c.created), f"{(c.bytes or 0) / 1e6:.1f}", "yes" if c.requested else "",
-                         c.uri)
-        out.print(grid)
+        show(out, ("step", "saved", "MB", "on request", "uri"),
+             [[str(c.step), _when(c.created), f"{(c.bytes or 0) / 1e6:.1f}", "yes" if c.requested else "", c.uri]
+              for c in report.checkpoints], title="checkpoints")
     if report.anomalies:
-        grid = Table("attempt", "step", "kind", "action", "rank", "detail", title="anomalies")
-        for an in report.anomalies:
-            first = an.detail.splitlines()[0][:100] if an.detail else ""
-            grid.add_row(str(an.attempt), str(an.step), an.kind, an.action,
-                         str(an.rank) if an.rank is not None else "-", first)
-        out.print(grid)
+        show(out, ("attempt", "step", "kind", "action", "rank", "detail"),
+             [[str(an.attempt), str(an.step), an.kind, an.action, str(an.rank) if an.rank is not None else "-",
+               an.detail.splitlines()[0][:100] if an.detail else ""] for an in report.anomalies], title="anomalies")
 
 
 def cost(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None,
@@ -109,13 +100,13 @@ def cost(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, 
     if as_json:
         _emit(report)
         return
-    grid = Table("attempt", "pool", "nodes", "hours", "$/instance-h", "cost $", "on-demand $")
+    rows = []
     for line in report.lines:
         state = " (running)" if line.running else f" ({line.draining} draining)" if line.draining else ""
-        grid.add_row(f"{line.attempt}{state}", line.pool or "-", str(line.nodes),
-                     f"{line.hours:.3f}", f"{line.price_per_hour:.2f}", f"{line.cost:.2f}",
-                     "-" if line.on_demand_cost is None else f"{line.on_demand_cost:.2f}")
-    out.print(grid)
+        rows.append([f"{line.attempt}{state}", line.pool or "-", str(line.nodes), f"{line.hours:.3f}",
+                     f"{line.price_per_hour:.2f}", f"{line.cost:.2f}",
+                     "-" if line.on_demand_cost is None else f"{line.on_demand_cost:.2f}"])
+    show(out, ("attempt", "pool", "nodes", "hours", "$/instance-h", "cost $", "on-demand $"), rows)
     if report.standby or report.standing_by:  # (in the total, in no attempt: services/prewarm.py)
         waiting = (f"; {report.standing_by} standing by, charged when released or when it takes a rank"
                    if report.standing_by else "")

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from spotrelay.cli.common import number_option
 from spotrelay.cli.errors import SpotrelayGroup, UsageProblem, check_folder, check_writable
+from spotrelay.cli.tables import show
 from spotrelay.errors import SpotrelayError
 
 local_app = typer.Typer(
@@ -172,22 +173,13 @@ def kill(
 @local_app.command()
 def nodes(state: StateOpt = Path(".spotrelay-twin.json"), as_json: bool = typer.Option(False, "--json")) -> None:
     """The twin's instances: live and gone."""
-    from rich.table import Table
-
     _, body = _call("GET", "/nodes", state)
     if as_json:
         out.print_json(json.dumps(body["nodes"]))
         return
-    table = Table("instance", "job", "node", "pool", "state")
-    for n in body["nodes"]:
-        table.add_row(
-            n["instance_id"],
-            n["job_id"],
-            f"a{n['attempt']}-r{n['rank']}",
-            n["pool"],
-            n["end_reason"] or ("running" if n["booted_at"] else "booting"),
-        )
-    out.print(table)
+    rows = [[n["instance_id"], n["job_id"], f"a{n['attempt']}-r{n['rank']}", n["pool"],
+             n["end_reason"] or ("running" if n["booted_at"] else "booting")] for n in body["nodes"]]
+    show(out, ("instance", "job", "node", "pool", "state"), rows)
 
 
 def demo(
@@ -239,8 +231,6 @@ def chaos(
     """Run JOBS jobs in the twin under faults drawn from SEED; exit 1 unless nothing got stuck, no
     checkpoint was lost, no cluster was launched twice, nothing was left running and every
     succeeded job's model is bit-identical to an uninterrupted run (docs/chaos.md)."""
-    from rich.table import Table
-
     from spotrelay.local.campaign import CampaignOptions, run_campaign, write_json
     from spotrelay.local.faults import KINDS
     from spotrelay.local.twinlog import quiet_logs
@@ -264,16 +254,12 @@ def chaos(
     result = run_campaign(options, on_line=lambda line: term.print(line, highlight=False))
     if json_file:
         write_json(result, json_file)
-    table = Table(title=f"chaos campaign, seed {seed}")
-    for column in ("job", "status", "attempts", "spot wait", "plan waits", "faults", "resumed from", "lost",
-                   "bit-identical", "reason"):
-        table.add_column(column)
-    for r in result["records"]:
-        table.add_row(r["name"], r["status"], str(r["attempts"]), r["spot_wait"], str(r["plan_waits"]),
-                      ",".join(r["faults"]) or "-",
-                      ",".join(map(str, r["resumed_from"])) or "-", str(r["checkpoints_lost"]),
-                      {True: "yes", False: "NO", None: "-"}[r["bit_identical"]], r["reason"][:60])
-    term.print(table)
+    show(term, ("job", "status", "attempts", "spot wait", "plan waits", "faults", "resumed from", "lost",
+                "bit-identical", "reason"),
+         [[r["name"], r["status"], str(r["attempts"]), r["spot_wait"], str(r["plan_waits"]),
+           ",".join(r["faults"]) or "-", ",".join(map(str, r["resumed_from"])) or "-", str(r["checkpoints_lost"]),
+           {True: "yes", False: "NO", None: "-"}[r["bit_identical"]], r["reason"][:60]] for r in result["records"]],
+         title=f"chaos campaign, seed {seed}")
     keys = ("jobs", "succeeded", "failed", "stuck", "faults", "checkpoints_lost", "duplicate_clusters",
             "instances_left", "bit_identical", "plan_waits")
     term.print("  ".join(f"{k}={result[k]}" for k in keys) + f"  wall={result['wall_s']}s", highlight=False)

@@ -10,8 +10,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.measure import Measurement
-from rich.table import Table
 
 from spotrelay.cli.common import (
     BucketOpt,
@@ -24,6 +22,7 @@ from spotrelay.cli.common import (
     submission_key,
 )
 from spotrelay.cli.errors import SpotrelayGroup, UsageProblem
+from spotrelay.cli.tables import show
 
 app = typer.Typer(help="Train on spot capacity without losing work.", no_args_is_help=True,
                   pretty_exceptions_enable=False, cls=SpotrelayGroup)
@@ -90,22 +89,17 @@ def jobs(endpoint_url: EndpointOpt = None, table: TableOpt = None, region: Regio
         sys.stdout.write(json.dumps([j.model_dump(mode="json", exclude={"task_tokens", "spec"}) for j in found],
                                     indent=2) + "\n")
         return
-    grid = Table()
-    # ids are what every other command takes: never cut or wrapped, whatever the terminal's width
-    grid.add_column("job", no_wrap=True, min_width=max((len(j.job_id) for j in found), default=3))
-    for header in ("name", "status", "attempt", "step", "last checkpoint", "cost $", "saved"):
-        grid.add_column(header)
-    now = time.time()
+    now, rows = time.time(), []
     for job in found:
         ckpt = f"step {job.last_checkpoint.step}" if job.last_checkpoint else "-"
         # a live job past its first attempt may have ranks draining a save: their nodes' cost so far counts
         drains = not job.status.terminal and any(a.ended_at is not None for a in job.attempts)
         report = cost_report(job, now, store.nodes_of(job.job_id) if drains else ())
         saved = "-" if report.saved is None else f"{report.saved:.0%}"  # against on-demand, the same hours
-        grid.add_row(job.job_id, job.name, job.status.value, str(job.attempt), str(job.last_step), ckpt,
-                     f"{report.total:.2f}", saved)  # (a running attempt: its clock so far)
-    needed = Measurement.get(out, out.options.update(width=10_000), grid).maximum
-    out.print(grid, width=max(out.width, needed), crop=False)  # wider than the terminal beats a cut id
+        rows.append([job.job_id, job.name, job.status.value, str(job.attempt), str(job.last_step), ckpt,
+                     f"{report.total:.2f}", saved])  # (a running attempt: its clock so far)
+    # ids are what every other command takes: never cut or wrapped (cli/tables.py), in every table
+    show(out, ("job", "name", "status", "attempt", "step", "last checkpoint", "cost $", "saved"), rows)
 
 
 @app.command()
@@ -113,7 +107,7 @@ def status(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None
            as_json: JsonOpt = False) -> None:
     """Show one job: status, attempts, checkpoint, nodes, reasons."""
     from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
-    from spotrelay.cli.views import attempts_table, nodes_table
+    from spotrelay.cli.views import show_attempts, show_nodes
     from spotrelay.services.describe import cost_report, stopping
 
     connect(endpoint_url, None, table, region)
@@ -134,8 +128,8 @@ def status(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None
     for reason in job.reasons:
         out.print(f"  [yellow]{reason}[/]", markup=True, highlight=False)
     if job.attempts:
-        out.print(attempts_table(job, nodes))
-    out.print(nodes_table(nodes))
+        show_attempts(out, job, nodes)
+    show_nodes(out, nodes)
 
 
 @app.command()

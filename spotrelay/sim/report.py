@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.measure import Measurement
 from rich.table import Table
 
+from spotrelay.cli.tables import Justify, fitted, show
 from spotrelay.sim.assumptions import summary
 from spotrelay.sim.baselines import BASELINES
 from spotrelay.sim.losses import CATEGORIES
@@ -40,34 +40,26 @@ def _cell(report: Report, policy: str, metric: str, fmt: str) -> str:
     return f"{text} ±{fmt.format(spread)}" if report.seeds > 1 and spread > 0 and "%" not in fmt else text
 
 
-def tables(report: Report, width: int) -> list[Table]:
-    """The report's columns as few tables as fit ``width`` (a terminal's), each with the policy column:
-    one table truncated to a terminal's width shows "2.…" for every number (the whole table needs ~250
-    columns with the spreads). Columns keep their order; a table takes columns while it still fits."""
-    groups: list[list[tuple[str, str, str]]] = [[]]
-    for column in COLUMNS:
-        if groups[-1] and _width(_table(report, [*groups[-1], column], first=len(groups) == 1)) > width:
-            groups.append([])
-        groups[-1].append(column)
-    return [_table(report, g, first=i == 0) for i, g in enumerate(groups)]
+_JUSTIFY: list[Justify] = ["left"]
+_JUSTIFY += ["right" for _ in COLUMNS]  # (the policy, then numbers)
 
 
-def _table(report: Report, columns: list[tuple[str, str, str]], first: bool) -> Table:
-    title = f"{report.nodes} nodes, trace {report.trace}, {report.seeds} seed(s)" + (
+def _rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    headers = ["policy", *(title for title, _, _ in COLUMNS)]
+    rows = [[policy, *(_cell(report, policy, metric, fmt) for _, metric, fmt in COLUMNS)]
+            for policy in report.policies()]
+    return headers, rows
+
+
+def _title(report: Report) -> str:
+    return f"{report.nodes} nodes, trace {report.trace}, {report.seeds} seed(s)" + (
         " (mean ± stdev)" if report.seeds > 1 else "")
-    t = Table(title=title if first else None)
-    t.add_column("policy", no_wrap=True, min_width=max((len(p) for p in report.policies()), default=6))
-    for title_text, _, _ in columns:
-        t.add_column(title_text, justify="right", no_wrap=True)
-    for policy in report.policies():
-        t.add_row(policy, *(_cell(report, policy, metric, fmt) for _, metric, fmt in columns))
-    return t
 
 
-def _width(t: Table) -> int:
-    """Columns ``t`` takes unwrapped (its cells do not wrap: no_wrap)."""
-    console = Console(width=100_000)
-    return Measurement.get(console, console.options, t).maximum
+def tables(report: Report, width: int) -> list[Table]:
+    """The report's columns as tables at most ``width`` wide, the policy column in each (cli/tables.py)."""
+    headers, rows = _rows(report)
+    return fitted(headers, rows, width, title=_title(report), justify=_JUSTIFY)
 
 
 def cheapest_rival(costs: Mapping[str, float]) -> tuple[str, float] | None:
@@ -103,8 +95,8 @@ def cheaper_rivals(report: Report) -> tuple[int, int, dict[str, int], float]:
 
 
 def print_report(report: Report, console: Console) -> None:
-    for t in tables(report, console.width):
-        console.print(t)
+    headers, rows = _rows(report)  # (a terminal gets as many tables as its width needs: cli/tables.py)
+    show(console, headers, rows, title=_title(report), justify=_JUSTIFY)
     missed, seeds, beaten, excess = cheaper_rivals(report)
     if missed:  # (the simulator's target (c) is spotrelay cheapest but the bound on every seed: say when not)
         who = ", ".join(f"{p} on {n}" for p, n in sorted(beaten.items()))

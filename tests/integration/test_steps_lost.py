@@ -110,7 +110,7 @@ def test_a_new_gang_lost_while_the_last_one_drains_counts_nothing_its_missed_sav
 def test_describe_shows_each_attempts_reach_and_loss() -> None:
     from rich.console import Console
 
-    from spotrelay.cli.views import attempts_table
+    from spotrelay.cli.views import show_attempts
     from spotrelay.services.describe import describe_job
 
     g = Gangs()
@@ -122,7 +122,7 @@ def test_describe_shows_each_attempts_reach_and_loss() -> None:
     report = describe_job(job, g.store.nodes_of(JOB), g.now)
     assert [(a.reached_step, a.lost_steps) for a in report.attempts] == [(45, 5), (None, None)]
     console = Console(width=200, record=True)
-    console.print(attempts_table(job))
+    show_attempts(console, job)
     lines = console.export_text().splitlines()
     header = [c.strip() for c in next(line for line in lines if "┃" in line).split("┃")]
     rows = [[c.strip() for c in line.split("│")] for line in lines if "│" in line]
