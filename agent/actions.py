@@ -18,7 +18,7 @@ from agent.monitors import Notice, NoticeKind
 from agent.reporting import Reporter, info, warn
 from spotrelay.contracts import control
 from spotrelay.contracts.control import REQUEST_CODE, RequestKind, StopRequest, TrainerEvent
-from spotrelay.contracts.events import DirectiveKind
+from spotrelay.contracts.events import DEADLINE_AT_RISK, DirectiveKind
 from spotrelay.contracts.exit_codes import ExitCode
 
 _DIRECTIVE_REQUEST = {
@@ -117,7 +117,7 @@ class Responder:
         left = request.deadline - self.clock()
         if left < last.duration_s:
             self.reporter.anomaly(
-                "deadline-at-risk",
+                DEADLINE_AT_RISK,
                 f"{left:.0f}s left, the last save took {last.duration_s:.0f}s; durable: step {last.step} {last.uri}",
             )
 

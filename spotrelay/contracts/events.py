@@ -103,6 +103,11 @@ class TrainingResumed(_Event):
     step: int = Field(..., ge=0)
 
 
+# a request with a deadline (a spot notice's) reached a rank whose last save took longer than the time left:
+# the controller marks the attempt (Attempt.notice_at_risk; describe's advice)
+DEADLINE_AT_RISK = "deadline-at-risk"
+
+
 class Anomaly(_Event):
     kind: Literal["Anomaly"] = "Anomaly"
     what: str  # deadline-missed | imds-unreachable | upload-failed | a health AnomalyKind ...

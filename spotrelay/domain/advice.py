@@ -12,6 +12,13 @@ attempts at the end): the g4dn trace at 16 nodes 0.21-0.49 (advised), at 8 nodes
 Bamboo's settings (a 45 s boot) at 16 nodes 0.09-0.14 (not advised: a restart costs little there), the
 trace's node reading at 8 and 16 nodes 0.26-0.91; the p3 trace and the synthetic market under 0.03.
 The newest 8 attempts alone spread too far (0.13 at 8 nodes, 0.15 at 16 on one seed each).
+
+A notice is worth its checkpoint only if each rank's share flushes inside the window. Where the ranks'
+last save took longer than a notice left them (the agent's ``deadline-at-risk``, recorded on the attempt)
+on half or more of the job's recent noticed gangs, every such reclaim redoes the work since the last
+periodic save: the simulator's stated job (1,120 GB) on 2 nodes flushes in 135 s against the 120 s
+notice, and spotrelay there costs what managed-jobs tools do, 4% less once each node's share flushes
+in 68 s (docs/simulator.md, target (c)). More nodes make each share smaller.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ BRING_UP_SHARE = 0.2  # of the spot gangs' time: at or above it the advice is gi
 MIN_GANGS = 4  # spot gangs lost (not ended by a move, a stop or success) before the share says anything
 LOOKBACK = 16  # the job's newest attempts looked at: the market it runs in now (8 was noisy: below)
 _LOSSES = frozenset({"interrupted", "node-lost", "ready-timeout", "heartbeat-timeout"})  # (Verdict values)
+MIN_NOTICES = 3  # noticed gangs before the notice advice says anything
+AT_RISK_SHARE = 0.5  # of them, at risk: at or above it the notice advice is given
 
 
 def _fixed_size(spec: Mapping[str, Any] | None) -> int | None:
@@ -79,3 +88,21 @@ def elastic_advice(spec: Mapping[str, Any] | None, attempts: Sequence[Attempt]) 
             f"resources.min_nodes lets the job train on the nodes a pool still holds (docs/job-spec.md; "
             f"`spotrelay simulate --spec JOB.yaml --variant elastic:min_nodes={max(1, nodes // 2)}` shows it "
             f"beside the fixed gang first)")
+
+
+def notice_advice(attempts: Sequence[Attempt]) -> str | None:
+    """One line when the notices of half or more of the job's newest noticed gangs (at least
+    ``MIN_NOTICES``) reached ranks whose last save took longer than the notice left; else None."""
+    noticed = [a for a in attempts[-LOOKBACK:] if a.end_reason == "interrupted"]
+    risky = sum(1 for a in noticed if a.notice_at_risk)
+    if len(noticed) < MIN_NOTICES or risky < AT_RISK_SHARE * len(noticed):
+        return None
+    return (f"on {risky} of the last {len(noticed)} spot notices the ranks' last save took longer than the notice "
+            "left (the agent's deadline-at-risk): such a reclaim redoes the steps since the last periodic save. "
+            "Each node's share of the checkpoint must flush inside the 2-minute window: more nodes make it "
+            "smaller; a shorter checkpoint.every_minutes bounds what a reclaim redoes (docs/checkpoints.md)")
+
+
+def job_advice(spec: Mapping[str, Any] | None, attempts: Sequence[Attempt]) -> list[str]:
+    """Every advice the job's own history gives (describe, the interrupted notification, the simulator)."""
+    return [line for line in (elastic_advice(spec, attempts), notice_advice(attempts)) if line]

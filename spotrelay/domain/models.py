@@ -82,6 +82,9 @@ class Attempt(Record):
     # placement's mean seconds between this gang's losses without a notice (None: none expected or an
     # old record): what ``checkpoint.every_minutes: auto`` reads (domain/cadence.py)
     loss_interval_s: float | None = None
+    # a notice reached its ranks with less time left than their last save took (the agent's deadline-at-risk):
+    # the notice's own save could not be counted on (describe's advice reads it: domain/advice.py)
+    notice_at_risk: bool = False
 
     def billed_price(self) -> float:
         """USD per instance-hour its cost was counted at: the price in effect once known, else at launch."""

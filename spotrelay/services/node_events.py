@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 from spotrelay.contracts.events import (
+    DEADLINE_AT_RISK,
     AgentEvent,
     Anomaly,
     CheckpointCommitted,
@@ -83,7 +84,8 @@ def handle_agent_event(ctl: Controller, event: AgentEvent, now: float) -> dict[s
         assert isinstance(event, Anomaly)
         log.warning("agent anomaly", extra={"job_id": job.job_id, "node_id": node.node_id,
                                             "what": event.what, "detail": event.detail[:500]})
-        changed = on_health_anomaly(ctl, job, node, event, now)
+        changed = on_health_anomaly(ctl, job, node, event, now) or (
+            event.what == DEADLINE_AT_RISK and _on_notice_at_risk(ctl, job, event, now))
     # Settle on every NodeReady / TrainingExited, changed or not: a duplicate may follow a lost
     # settle (a crash after the write), and settle is idempotent.
     decides = isinstance(event, (NodeReady, TrainingStarted, TrainingExited))
@@ -255,6 +257,18 @@ def _on_checkpoint(ctl: Controller, job: Job, event: CheckpointCommitted, now: f
     if changed and (job.last_checkpoint is None or event.step > job.last_checkpoint.step):
         ctl.measure("CheckpointFlushSeconds", event.duration_s)
     return changed
+
+
+def _on_notice_at_risk(ctl: Controller, job: Job, event: Anomaly, now: float) -> bool:
+    """A rank's last save took longer than its notice left: the attempt is marked (once, whichever rank
+    says it first), for describe's advice (domain/advice.notice_advice)."""
+
+    def record(j: Job) -> Job | None:
+        attempts = [a.model_copy(update={"notice_at_risk": True})
+                    if a.number == event.attempt and not a.notice_at_risk else a for a in j.attempts]
+        return None if attempts == j.attempts else j.model_copy(update={"attempts": attempts, "updated_at": now})
+
+    return ctl.store.update_job(job.job_id, record) is not None
 
 
 def _on_resumed(ctl: Controller, job: Job, event: TrainingResumed, now: float) -> bool:

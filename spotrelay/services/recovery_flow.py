@@ -16,7 +16,7 @@ from typing import Any
 
 from spotrelay.contracts.recovery import AttemptEnd, Promotion, RecoveryAction, RecoveryPlan, Verdict
 from spotrelay.contracts.workflow import WorkflowTimings
-from spotrelay.domain.advice import elastic_advice
+from spotrelay.domain.advice import job_advice
 from spotrelay.domain.models import Attempt, Job, Node, NodeState, Pool
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import JobCancelledError, NoPlacementError
@@ -191,7 +191,7 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
         ctl.measure("StepsLost", updated.steps_lost - job.steps_lost)
     job = updated or ctl.store.get_job(job_id)
     result = _result(job, attempt_nodes(ctl.store, job), timings, outcome, reason, ctl.store.nodes_of(job_id))
-    advice = elastic_advice(job.spec, job.attempts)  # (a fixed gang that keeps restarting: say what helps)
+    advice = " ".join(job_advice(job.spec, job.attempts))  # (what the job's own history says would help)
     announce(ctl.notifier, "interrupted", job, now, reason=outcome.reason, action=result.action.value,
              backoff_s=result.backoff_s, retry=decision.reason, **({"advice": advice} if advice else {}))
     log.info("recovering", extra={"job_id": job_id, **result.model_dump(mode="json")})

@@ -75,6 +75,16 @@ def update(run: SpotrelayRun, number: int, update: dict[str, Any]) -> None:
             return
 
 
+def notice_at_risk(run: SpotrelayRun, number: int) -> None:
+    """node_events._on_notice_at_risk: a notice reached attempt ``number``'s ranks with less time than their
+    save takes (the agent's deadline-at-risk); marked once."""
+    for a in reversed(run.attempts):
+        if a.number == number:
+            if not a.notice_at_risk:
+                update(run, number, {"notice_at_risk": True})
+            return
+
+
 def resumed(run: SpotrelayRun, number: int, step: int) -> None:
     """TrainingResumed: the first resume of the attempt."""
     for a in reversed(run.attempts):

@@ -238,6 +238,8 @@ class SpotrelayRun(Run):
             save_t = max(self.now, node.removal_t - flush - SAVE_MARGIN_S)
             commit_t = save_t + flush
             saved = commit_t <= node.removal_t
+            if not saved:  # the agent's deadline-at-risk: its save takes longer than the notice leaves
+                attempts.notice_at_risk(self, node.attempt)
             step = int(self.step_at(save_t) + 1e-6)
             self.at(commit_t if saved else node.removal_t, self._exit_all,
                     (self.epoch, step if saved else None, self.attempt))

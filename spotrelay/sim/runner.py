@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from spotrelay.contracts.workflow import WorkflowTimings
-from spotrelay.domain.advice import elastic_advice
+from spotrelay.domain.advice import job_advice
 from spotrelay.errors import validation_message
 from spotrelay.sim import billing
 from spotrelay.sim.assumptions import assumptions
@@ -171,7 +171,8 @@ def measure(policy: str, seed: int, run: Run) -> RunResult:
 def _advice(run: Run) -> str | None:
     """describe's advice over the run's job record (spotrelay's runs keep one; the baselines none)."""
     spec, attempts = getattr(run, "spec", None), getattr(run, "attempts", None)
-    return elastic_advice(spec.model_dump(mode="json"), attempts) if spec is not None and attempts else None
+    said = job_advice(spec.model_dump(mode="json"), attempts) if spec is not None and attempts else []
+    return " ".join(said) or None
 
 
 def job_starts(seed: int, jobs: int) -> list[float]:

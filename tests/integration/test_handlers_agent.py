@@ -152,6 +152,18 @@ def test_anomaly_is_logged_only(env: Env) -> None:
     assert result["result"] == "no-op" and env.store.get_job(job.job_id) == before
 
 
+def test_a_notice_at_risk_marks_its_attempt_once_for_describes_advice(env: Env) -> None:
+    """The agent's deadline-at-risk (its last save took longer than the notice left) is kept on the attempt:
+    domain/advice.notice_advice reads it. Every rank says it; the first marks it."""
+    job, gang = running_job(env.store, env.compute)
+    assert not env.store.get_job(job.job_id).attempts[-1].notice_at_risk
+    detail = "95s left, the last save took 135s; durable: step 40 s3://b/k"
+    first = on_agent_event.handler(agent_event("Anomaly", gang[0], what="deadline-at-risk", detail=detail), ctx())
+    assert first["result"] == "applied" and env.store.get_job(job.job_id).attempts[-1].notice_at_risk
+    second = on_agent_event.handler(agent_event("Anomaly", gang[1], what="deadline-at-risk", detail=detail), ctx())
+    assert second["result"] == "no-op"
+
+
 def _health(kind: str, action: str, step: int, **more: object) -> dict[str, object]:
     return {"kind": kind, "action": action, "step": step, "detail": f"{kind} found", **more}
 

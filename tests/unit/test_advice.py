@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from spotrelay.domain.advice import BRING_UP_SHARE, LOOKBACK, MIN_GANGS, bring_up_share, elastic_advice
+from spotrelay.domain.advice import (
+    BRING_UP_SHARE,
+    LOOKBACK,
+    MIN_GANGS,
+    bring_up_share,
+    elastic_advice,
+    job_advice,
+    notice_advice,
+)
 from spotrelay.domain.models import Attempt, Pool
 
 SPOT = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
@@ -150,3 +158,48 @@ def test_simulate_reports_what_describe_would_advise_on_its_spotrelay_runs() -> 
     opts.spotrelay_switches = {"min_nodes": 8}
     elastic = simulate(opts)
     assert elastic.advice("spotrelay") == (0, 4, None) and elastic.to_json()["advice"] == {}
+
+
+def _noticed(at_risk: list[bool], reason: str = "interrupted") -> list[Attempt]:
+    return [a.model_copy(update={"notice_at_risk": r}) for a, r in zip(gangs(len(at_risk), reason=reason), at_risk,
+                                                                          strict=True)]
+
+
+def test_notices_whose_saves_could_not_land_are_told_with_their_count() -> None:
+    line = notice_advice(_noticed([True, False, True, True]))
+    assert line is not None and line.startswith("on 3 of the last 4 spot notices the ranks' last save took longer")
+    assert "more nodes make it smaller" in line
+    assert notice_advice(_noticed([True, False, False, True])) is not None  # half: told
+    assert notice_advice(_noticed([True, False, False, False])) is None  # a quarter: not
+    assert notice_advice(_noticed([True, True])) is None  # too few notices to say
+    assert notice_advice(_noticed([True, True, True], reason="node-lost")) is None  # no notice came
+    # only the newest LOOKBACK attempts count: the market the job runs in now
+    old = _noticed([True] * 8)
+    new = [a.model_copy(update={"number": a.number + 8}) for a in _noticed([False] * LOOKBACK)]
+    assert notice_advice([*old, *new]) is None
+
+
+def test_job_advice_gives_each_line_its_history_supports() -> None:
+    both = _noticed([True] * 6)  # fixed gangs restarting every 26 min, their notices at risk
+    lines = job_advice(FIXED, both)
+    assert len(lines) == 2 and lines[0] == elastic_advice(FIXED, both) and lines[1] == notice_advice(both)
+    assert job_advice(FIXED, gangs(6, up_s=10.0)) == []
+
+
+def test_the_simulator_advises_a_2_node_gang_whose_shards_cannot_flush_inside_the_notice() -> None:
+    """The stated job's 1,120 GB on 2 nodes flushes in 135 s against the 120 s notice (docs/simulator.md, (c));
+    on 4 nodes in 68 s: no advice."""
+    from pathlib import Path
+
+    from spotrelay.sim.build import MarketOptions
+    from spotrelay.sim.job import JobModel
+    from spotrelay.sim.runner import SimOptions, simulate
+
+    trace = Path(__file__).resolve().parents[2] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv"
+    said: dict[int, tuple[int, int, str | None]] = {}
+    for nodes in (2, 4):
+        opts = SimOptions(market=MarketOptions(traces=[str(trace)]), job=JobModel(nodes=nodes, job_hours=48.0),
+                          policies=("spotrelay",), seeds=2)
+        said[nodes] = simulate(opts).advice("spotrelay")
+    assert said[2][:2] == (2, 2) and said[2][2] is not None and "spot notices the ranks' last save" in said[2][2]
+    assert said[4] == (0, 2, None)
