@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
@@ -23,12 +24,14 @@ def fitted(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int, *,
     """``rows`` under ``headers`` as tables at most ``width`` columns wide (unless a key column and one
     other do not fit at all), the first ``keys`` columns in every one; ``title`` over the first."""
     justify = justify or ["left"] * len(headers)
-    key_cols, rest = list(range(keys)), list(range(keys, len(headers)))
+    need = [max([cell_len(headers[c]), *(cell_len(r[c]) for r in rows)]) + 3 for c in range(len(headers))]
+    base = 1 + sum(need[:keys])  # (each column: its text, a space either side and a border; one more border)
     groups: list[list[int]] = [[]]
-    for col in rest:
-        if groups[-1] and _width(_table(headers, rows, justify, [*key_cols, *groups[-1], col], title)) > width:
+    for col in range(keys, len(headers)):
+        if groups[-1] and base + sum(need[c] for c in groups[-1]) + need[col] > width:
             groups.append([])
         groups[-1].append(col)
+    key_cols = list(range(keys))
     return [_table(headers, rows, justify, [*key_cols, *g], title if i == 0 else None) for i, g in enumerate(groups)]
 
 
