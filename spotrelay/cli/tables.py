@@ -13,7 +13,6 @@ from typing import Literal
 
 from rich.cells import cell_len
 from rich.console import Console
-from rich.measure import Measurement
 from rich.table import Table
 
 Justify = Literal["left", "right"]
@@ -24,15 +23,26 @@ def fitted(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int, *,
     """``rows`` under ``headers`` as tables at most ``width`` columns wide (unless a key column and one
     other do not fit at all), the first ``keys`` columns in every one; ``title`` over the first."""
     justify = justify or ["left"] * len(headers)
+    return [_table(headers, rows, justify, cols, title if i == 0 else None)
+            for i, (cols, _) in enumerate(_layout(headers, rows, width, keys))]
+
+
+def _layout(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int,
+            keys: int) -> list[tuple[list[int], int]]:
+    """(the columns of each table, its width): the key columns, then as many others as fit, in order."""
     need = [max([cell_len(headers[c]), *(cell_len(r[c]) for r in rows)]) + 3 for c in range(len(headers))]
-    base = 1 + sum(need[:keys])  # (each column: its text, a space either side and a border; one more border)
-    groups: list[list[int]] = [[]]
-    for col in range(keys, len(headers)):
-        if groups[-1] and base + sum(need[c] for c in groups[-1]) + need[col] > width:
-            groups.append([])
-        groups[-1].append(col)
+    # (each column: its widest text, a space either side and its left border; one more border closes the row)
     key_cols = list(range(keys))
-    return [_table(headers, rows, justify, [*key_cols, *g], title if i == 0 else None) for i, g in enumerate(groups)]
+    out: list[tuple[list[int], int]] = []
+    cols, used = list(key_cols), 1 + sum(need[:keys])
+    for col in range(keys, len(headers)):
+        if len(cols) > keys and used + need[col] > width:
+            out.append((cols, used))
+            cols, used = list(key_cols), 1 + sum(need[:keys])
+        cols.append(col)
+        used += need[col]
+    out.append((cols, used))
+    return out
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], justify: Sequence[Justify], cols: list[int],
@@ -45,22 +55,16 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], justify: Seque
     return t
 
 
-def _width(t: Table) -> int:
-    """Columns ``t`` takes with no cell wrapped."""
-    console = Console(width=100_000)
-    return Measurement.get(console, console.options, t).maximum
-
-
 PIPED_WIDTH = 100_000  # piped or redirected: one table, a line per row, whatever its width (grep, files)
 
 
 def show(console: Console, headers: Sequence[str], rows: Sequence[Sequence[str]], *, title: str | None = None,
          keys: int = 1, justify: Sequence[Justify] | None = None) -> None:
     """Print ``rows`` as ``fitted`` tables: a terminal's width; piped or redirected, one table, uncut."""
+    justify = justify or ["left"] * len(headers)
     terminal = console.is_terminal
-    for t in fitted(headers, rows, console.width if terminal else PIPED_WIDTH, title=title, keys=keys,
-                    justify=justify):
-        need = _width(t)
+    for i, (cols, need) in enumerate(_layout(headers, rows, console.width if terminal else PIPED_WIDTH, keys)):
+        t = _table(headers, rows, justify, cols, title if i == 0 else None)
         if terminal or need <= console.width:
             console.print(t)
         else:  # (Rich renders at most the console's width, squeezing columns: a console as wide as the table)
