@@ -226,6 +226,8 @@ def _pct(share: float | None) -> str:
 
 def print_summary(console: Console, s: report.Summary) -> None:
     table = Table(title="spotrelay demo summary", show_header=False)
+    table.add_column("what", no_wrap=True)
+    table.add_column("value", overflow="fold")  # (paths and URIs wrap whole: a cut "mlflow.…" cannot be copied)
     table.add_row("result", "[bold green]OK[/]" if s.ok else "[bold red]PROBLEMS[/]")
     table.add_row("job", f"{s.job_id} {s.status} after {s.attempts} attempt(s), {s.wall_s:.0f}s")
     table.add_row("faults", f"{s.interruptions} spot notice(s), {s.node_losses} unannounced node loss(es)")
