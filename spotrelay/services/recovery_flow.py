@@ -191,7 +191,7 @@ def recover(ctl: Controller, job_id: str, end: AttemptEnd, timings: WorkflowTimi
         ctl.measure("StepsLost", updated.steps_lost - job.steps_lost)
     job = updated or ctl.store.get_job(job_id)
     result = _result(job, attempt_nodes(ctl.store, job), timings, outcome, reason, ctl.store.nodes_of(job_id))
-    advice = " ".join(job_advice(job.spec, job.attempts))  # (what the job's own history says would help)
+    advice = "; ".join(job_advice(job.spec, job.attempts))  # (what the job's own history says would help)
     announce(ctl.notifier, "interrupted", job, now, reason=outcome.reason, action=result.action.value,
              backoff_s=result.backoff_s, retry=decision.reason, **({"advice": advice} if advice else {}))
     log.info("recovering", extra={"job_id": job_id, **result.model_dump(mode="json")})

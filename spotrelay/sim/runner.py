@@ -172,7 +172,7 @@ def _advice(run: Run) -> str | None:
     """describe's advice over the run's job record (spotrelay's runs keep one; the baselines none)."""
     spec, attempts = getattr(run, "spec", None), getattr(run, "attempts", None)
     said = job_advice(spec.model_dump(mode="json"), attempts) if spec is not None and attempts else []
-    return " ".join(said) or None
+    return "; ".join(said) or None
 
 
 def job_starts(seed: int, jobs: int) -> list[float]:
