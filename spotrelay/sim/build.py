@@ -198,7 +198,8 @@ def build_market(opts: MarketOptions, seed: int) -> Market:
                 sp.capacity = table
                 sp.spot_price = None
                 top = max((s.spot_price for s in table.slots if s.spot_price is not None), default=0.0)
-                if opts.on_demand_price is not None and top > od:  # (real price history stays under the catalog's)
+                if opts.trace_format == "pools-csv" and opts.on_demand_price is not None and top > od:
+                    # (a file's prices against the flag; real price history stays under the catalog's on-demand)
                     raise SimInputError(f"--on-demand-price {od:g}: {opts.traces[0]} prices {pool.key} up to {top:g} "
                                         "USD per node-hour, above it (EC2 does not bill spot above on-demand)")
                 sp.default_rate = band_rate(DEFAULT_CONFIG.unknown_band if band is None else band)

@@ -83,6 +83,14 @@ def test_an_on_demand_price_under_a_pools_csvs_spot_prices_is_refused(tmp_path: 
     assert build_market(opts, seed=0).by_key["us-east-1/us-east-1a/p5.48xlarge/spot"].price(3600) == 30.0
 
 
+def test_the_synthetic_market_near_on_demand_runs_its_slots_are_not_a_file() -> None:
+    """The pools-CSV check is the file's: the synthetic market's slots (spot +-10%) under an --on-demand-price
+    just above its spot went through it and crashed naming a file it has none of (IndexError)."""
+    market = build_market(MarketOptions(trace_format="synthetic", regions=["us-east-1"], instance_types=["p5.48xlarge"],
+                                        on_demand_price=3.0, spot_price=2.9), seed=0)
+    assert any(p.spot for p in market.pools)
+
+
 @pytest.mark.parametrize(("rows", "line", "what"), [
     ("0,us-east-1,us-east-1a,p5.48xlarge,cheap,,,\n", 2, "could not convert"),
     ("0,us-east-1,us-east-1a,p5.48xlarge,1,11,,\n", 2, "placement_score"),
