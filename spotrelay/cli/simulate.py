@@ -26,7 +26,7 @@ from spotrelay.sim.bounds import (
 
 out = Console()
 err = Console(stderr=True)
-REDIRECTED_WIDTH = 240  # the whole table unwrapped (~210 columns) with spotrelay's variants' longer names
+REDIRECTED_WIDTH = 240  # piped or redirected: where the lines under the table wrap (the table is one, uncut)
 
 
 def _split(values: list[str] | None) -> list[str]:
@@ -234,7 +234,7 @@ def simulate(
                     message = f"--spec {spec_file}: {field_name}{message[len(flag):]}"
         err.print(f"[red]error:[/] {message}", soft_wrap=True, highlight=False, markup=True)
         raise typer.Exit(2) from None
-    # a terminal gets as many tables as its width needs; a pipe or file one table, a row per policy (grep)
+    # a terminal gets as many tables as its width needs; a pipe or file one table, a row per policy (cli/tables.py)
     print_report(report, out if out.is_terminal else Console(width=REDIRECTED_WIDTH))
     if json_path is not None:
         write_json(report, json_path)

@@ -8,7 +8,7 @@ key columns (the policy, the attempt) first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Literal
 
 from rich.cells import cell_len
@@ -22,9 +22,15 @@ def fitted(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int, *,
            keys: int = 1, justify: Sequence[Justify] | None = None) -> list[Table]:
     """``rows`` under ``headers`` as tables at most ``width`` columns wide (unless a key column and one
     other do not fit at all), the first ``keys`` columns in every one; ``title`` over the first."""
+    return [t for t, _ in _tables(headers, rows, width, title, keys, justify)]
+
+
+def _tables(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int, title: str | None, keys: int,
+            justify: Sequence[Justify] | None) -> Iterator[tuple[Table, int]]:
+    """Each table of ``fitted`` with its width."""
     justify = justify or ["left"] * len(headers)
-    return [_table(headers, rows, justify, cols, title if i == 0 else None)
-            for i, (cols, _) in enumerate(_layout(headers, rows, width, keys))]
+    for i, (cols, need) in enumerate(_layout(headers, rows, width, keys)):
+        yield _table(headers, rows, justify, cols, title if i == 0 else None), need
 
 
 def _layout(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int,
@@ -61,10 +67,8 @@ PIPED_WIDTH = 100_000  # piped or redirected: one table, a line per row, whateve
 def show(console: Console, headers: Sequence[str], rows: Sequence[Sequence[str]], *, title: str | None = None,
          keys: int = 1, justify: Sequence[Justify] | None = None) -> None:
     """Print ``rows`` as ``fitted`` tables: a terminal's width; piped or redirected, one table, uncut."""
-    justify = justify or ["left"] * len(headers)
     terminal = console.is_terminal
-    for i, (cols, need) in enumerate(_layout(headers, rows, console.width if terminal else PIPED_WIDTH, keys)):
-        t = _table(headers, rows, justify, cols, title if i == 0 else None)
+    for t, need in _tables(headers, rows, console.width if terminal else PIPED_WIDTH, title, keys, justify):
         if terminal or need <= console.width:
             console.print(t)
         else:  # (Rich renders at most the console's width, squeezing columns: a console as wide as the table)

@@ -78,10 +78,11 @@ def update(run: SpotrelayRun, number: int, update: dict[str, Any]) -> None:
 def notice_at_risk(run: SpotrelayRun, number: int) -> None:
     """node_events._on_notice_at_risk: a notice reached attempt ``number``'s ranks with less time than their
     save takes (the agent's deadline-at-risk); marked once."""
-    for a in reversed(run.attempts):
+    for i in range(len(run.attempts) - 1, -1, -1):
+        a = run.attempts[i]
         if a.number == number:
-            if not a.notice_at_risk:
-                update(run, number, {"notice_at_risk": True})
+            if not a.notice_at_risk:  # (as ``update``, without a second search)
+                run.attempts[i] = a.model_copy(update={"notice_at_risk": True})
             return
 
 
