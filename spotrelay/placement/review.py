@@ -74,27 +74,41 @@ class Move(BaseModel):
 EVIDENCE_ATTEMPTS = 6  # the review weighs the job's last this many spot attempts
 
 
-def _recent_spot(attempts: list[Attempt], last: int, since: float) -> list[tuple[float, float]]:
-    """(started_at, ended_at) of the job's last ``last`` closed spot attempts, newest first, stopping
-    at the first that ended before ``since``."""
-    out: list[tuple[float, float]] = []
+# attempts the job ended itself (Verdict values): a move, the end of training, a stop, its own code's
+# failure. The market did not take those gangs: their hours count, their ends are no losses
+ENDED_BY_THE_JOB = frozenset({"migrate", "succeeded", "cancelled", "user-error"})
+
+
+def _recent_spot(attempts: list[Attempt], last: int, since: float) -> list[Attempt]:
+    """The job's last ``last`` closed spot attempts, newest first, stopping at the first that ended
+    before ``since``."""
+    out: list[Attempt] = []
     for a in reversed(attempts):
         if a.pool is None or a.pool.market != "spot" or a.started_at is None or a.ended_at is None:
             continue
         if a.ended_at < since or len(out) == last:
             break
-        out.append((a.started_at, a.ended_at))
+        out.append(a)
     return out
 
 
 def spot_attempt_hours(attempts: list[Attempt], last: int = EVIDENCE_ATTEMPTS, now: float | None = None,
                        within_hours: float = 6.0) -> float | None:
-    """Mean length in hours of the job's last ``last`` closed attempts on spot (None with fewer than 2).
+    """Hours a spot gang of this job lasts before a loss ends it, from its last ``last`` closed spot
+    attempts: their hours over how many of them a loss ended (an exponential life's estimate when some
+    lives are cut short by the job itself: ``ENDED_BY_THE_JOB``, a move above all, whose gang lived at
+    least that long; counting a move as a short life would make one move hold the job's every later
+    move to that short a payback). None with fewer than 2 attempts or no loss among them (an attempt
+    without an end reason counts as lost: an older record).
     With ``now``, only attempts that ended in the last ``within_hours``: older evidence is stale (a
     market moves), and a gang parked on on-demand would otherwise never look at spot again."""
     since = -math.inf if now is None else now - within_hours * 3600.0
-    spans = [(end - start) / 3600.0 for start, end in _recent_spot(attempts, last, since)]
-    return sum(spans) / len(spans) if len(spans) >= 2 else None
+    recent = _recent_spot(attempts, last, since)
+    lost = sum(a.end_reason not in ENDED_BY_THE_JOB for a in recent)
+    if len(recent) < 2 or lost == 0:
+        return None
+    return sum(a.ended_at - a.started_at for a in recent if a.ended_at is not None and a.started_at is not None) \
+        / 3600.0 / lost
 
 
 def _observed(scored: ScoredPool, gang_rate: float) -> ScoredPool:
@@ -125,7 +139,7 @@ def evidence_expires_at(attempts: list[Attempt], current_market: str, now: float
         return None
     window = EVIDENCE_HOURS * 3600.0
     recent = _recent_spot(attempts, EVIDENCE_ATTEMPTS, now - window)
-    return min(end for _, end in recent) + window if len(recent) >= 2 else None
+    return min(a.ended_at for a in recent if a.ended_at is not None) + window if len(recent) >= 2 else None
 
 
 def work_rate(scored: ScoredPool) -> float:

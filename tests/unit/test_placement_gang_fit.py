@@ -153,6 +153,30 @@ def test_elastic_sizes_are_judged_by_scores_asked_for_them() -> None:
     assert {r.nodes for r in ranked if r.pool.market == "spot"} == set(range(16, 21))
 
 
+def test_a_move_the_job_made_is_not_a_short_spot_life() -> None:
+    """A gang the review moved away from was not lost: its hours count toward how long the job's spot
+    gangs last, its end is no loss. Counted as a loss, one early move (30 min in) halved the evidence
+    and kept a gang for 60 h in a pool 8% dearer than the cheapest (the synthetic market, seed 3008)."""
+    s = make_spec()
+    quotes = quotes_for(s)
+    spot = [q for q in quotes if q.pool.market == "spot" and q.pool.instance_type == "p5.48xlarge"]
+    here = spot[0].model_copy(update={"price_per_hour": spot[0].price_per_hour * 1.3})  # its slot got dear
+    quotes = [here if q.pool == here.pool else q for q in quotes]
+    lost = Attempt(number=1, pool=spot[1].pool, started_at=NOW - 5 * 3600, ended_at=NOW - 3600,
+                   end_reason="interrupted")
+    moved = Attempt(number=2, pool=spot[1].pool, started_at=NOW - 3600, ended_at=NOW - 1800, end_reason="migrate")
+    hours = spot_attempt_hours([lost, moved])
+    assert hours == 4.5  # 4.5 h on spot, one loss (the mean of the two lives, 2.25 h, was the old reading)
+    move = better_placement(s, here, 4, quotes, {}, NOW, spot_hours=hours)
+    assert move is not None and move.target.pool.market == "spot" and move.horizon_hours == 4.5
+    assert better_placement(s, here, 4, quotes, {}, NOW, spot_hours=2.25) is None  # what the old reading did
+    # lives the job ended itself only (moves, a stop, its code's failure): no loss seen, no evidence
+    ended = [moved.model_copy(update={"number": 3, "end_reason": r}) for r in ("succeeded", "cancelled", "user-error")]
+    assert spot_attempt_hours([moved, *ended]) is None
+    # an end without a reason (an older record) counts as a loss, as before
+    assert spot_attempt_hours([lost.model_copy(update={"end_reason": None}), moved]) == 4.5
+
+
 def test_only_a_gang_parked_on_on_demand_forgets_old_spot_evidence() -> None:
     from spotrelay.placement.review import EVIDENCE_HOURS, review_spot_hours
 
