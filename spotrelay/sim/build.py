@@ -73,18 +73,21 @@ def _price(opts: MarketOptions, region: str, itype: str) -> tuple[float, float]:
 
 def synthetic_tables(opts: MarketOptions, seed: int) -> dict[tuple[str, str, str], SlotCapacity]:
     """Spot Advisor bands as truth: each pool's reclaim rate is its band's rate times a seeded
-    log-normal factor (sigma 0.5); capacity per slot is drawn around 8 x a seeded placement score."""
+    log-normal factor (sigma 0.5); capacity per slot is drawn around 8 x a seeded placement score, the
+    price within 10% of the typical spot price and at most on-demand."""
     out = {}
     for pool in catalog.pools(opts.regions, opts.instance_types, ["spot"]):
         rng = random.Random(f"{seed}/synthetic/{pool.key}")
         band = catalog.advisor_band(pool.region, pool.instance_type)
         rate = band_rate(DEFAULT_CONFIG.unknown_band if band is None else band) * math.exp(rng.gauss(0.0, 0.5))
         score = rng.uniform(3.0, 10.0)
-        _, spot = _price(opts, pool.region, pool.instance_type)
+        od, spot = _price(opts, pool.region, pool.instance_type)
         slots = []
         for i in range(max(1, int(opts.synthetic_days * 86400 / opts.synthetic_slot_s))):
             cap = int(rng.uniform(0.0, 16.0 * score))
-            price = spot * (1.0 + rng.uniform(-0.1, 0.1))
+            # +-10% around the typical spot price, never above on-demand (EC2 bills spot at most that;
+            # binds only where --spot-price sits within 10% of on-demand)
+            price = min(od, spot * (1.0 + rng.uniform(-0.1, 0.1)))
             slots.append(Slot(i * opts.synthetic_slot_s, round(price, 4), round(score, 1), cap, rate))
         out[(pool.region, pool.az, pool.instance_type)] = SlotCapacity(slots, len(slots) * opts.synthetic_slot_s,
                                                                         derived_score=True)
@@ -125,6 +128,18 @@ def _check_spot_below_on_demand(opts: MarketOptions, region: str, itype: str, od
     raise SimInputError(f"{given or 'the catalog'}: spot at {spot:g} USD per node-hour is above {itype}'s on-demand "
                         f"price in {region} ({od:g}): EC2 does not bill spot above on-demand (a spot instance's "
                         "default maximum price is the on-demand price); each pool's spot must be at most its on-demand")
+
+
+def _check_file_below_on_demand(opts: MarketOptions, pool_key: str, od: float, top: float) -> None:
+    """A pools CSV that prices a spot pool above its on-demand price: EC2 bills spot at most that, so
+    either the file or the on-demand price is not the market's (real price history stays under the
+    catalog's; a stale catalog price is fixed with ``--on-demand-price``)."""
+    where = f"{opts.traces[0]} prices {pool_key} up to {top:g} USD per node-hour"
+    if opts.on_demand_price is not None:
+        raise SimInputError(f"--on-demand-price {od:g}: {where}, above it (EC2 does not bill spot above on-demand)")
+    raise SimInputError(f"{where}, above its on-demand price in the catalog ({od:g}): EC2 does not bill spot above "
+                        "on-demand; pass --on-demand-price with the price you pay, or check the file's spot_price "
+                        "column")
 
 
 def parse_boot_for(texts: list[str] | None) -> dict[str, float]:
@@ -198,10 +213,8 @@ def build_market(opts: MarketOptions, seed: int) -> Market:
                 sp.capacity = table
                 sp.spot_price = None
                 top = max((s.spot_price for s in table.slots if s.spot_price is not None), default=0.0)
-                if opts.trace_format == "pools-csv" and opts.on_demand_price is not None and top > od:
-                    # (a file's prices against the flag; real price history stays under the catalog's on-demand)
-                    raise SimInputError(f"--on-demand-price {od:g}: {opts.traces[0]} prices {pool.key} up to {top:g} "
-                                        "USD per node-hour, above it (EC2 does not bill spot above on-demand)")
+                if opts.trace_format == "pools-csv" and top > od:  # (the file's prices against on-demand's)
+                    _check_file_below_on_demand(opts, pool.key, od, top)
                 sp.default_rate = band_rate(DEFAULT_CONFIG.unknown_band if band is None else band)
         pools.append(sp)
     _check_globs_drive(mapping, spot_keys)

@@ -81,6 +81,15 @@ def test_an_on_demand_price_under_a_pools_csvs_spot_prices_is_refused(tmp_path: 
     assert build_market(opts, seed=0).by_key["us-east-1/us-east-1a/p5.48xlarge/spot"].price(3600) == 30.0
     opts.on_demand_price = None
     assert build_market(opts, seed=0).by_key["us-east-1/us-east-1a/p5.48xlarge/spot"].price(3600) == 30.0
+    # a file above the catalog's on-demand (p5's 55.04 in us-east-1) is named too, with the way out
+    path.write_text(HEADER + "0,us-east-1,us-east-1a,p5.48xlarge,21.5,,,\n"
+                    "3600,us-east-1,us-east-1a,p5.48xlarge,60,,,\n")
+    with pytest.raises(SimInputError, match=r"pools.csv prices us-east-1/us-east-1a/p5.48xlarge/spot up to 60 USD "
+                                            r"per node-hour, above its on-demand price in the catalog \(55.04\): .*"
+                                            r"pass --on-demand-price"):
+        build_market(opts, seed=0)
+    opts.on_demand_price = 60.0
+    assert build_market(opts, seed=0).by_key["us-east-1/us-east-1a/p5.48xlarge/spot"].price(3600) == 60.0
 
 
 def test_the_synthetic_market_near_on_demand_runs_its_slots_are_not_a_file() -> None:
@@ -88,7 +97,11 @@ def test_the_synthetic_market_near_on_demand_runs_its_slots_are_not_a_file() -> 
     just above its spot went through it and crashed naming a file it has none of (IndexError)."""
     market = build_market(MarketOptions(trace_format="synthetic", regions=["us-east-1"], instance_types=["p5.48xlarge"],
                                         on_demand_price=3.0, spot_price=2.9), seed=0)
-    assert any(p.spot for p in market.pools)
+    spot = [p for p in market.pools if p.spot]
+    assert spot
+    # ... and no slot bills above on-demand (EC2 interrupts rather than bill more): drawn up to 3.19, capped
+    prices = [s.spot_price for p in spot for s in p.capacity.slots]  # type: ignore[union-attr]
+    assert max(prices) == 3.0 and min(prices) < 3.0
 
 
 @pytest.mark.parametrize(("rows", "line", "what"), [
