@@ -93,13 +93,14 @@ def _recent_spot(attempts: list[Attempt], last: int, since: float) -> list[Attem
 
 
 def spot_attempt_hours(attempts: list[Attempt], last: int = EVIDENCE_ATTEMPTS, now: float | None = None,
-                       within_hours: float = 6.0) -> float | None:
+                       within_hours: float = 6.0, running_until: float | None = None) -> float | None:
     """Hours a spot gang of this job lasts before a loss ends it, from its last ``last`` closed spot
     attempts: their hours over how many of them a loss ended (an exponential life's estimate when some
     lives are cut short by the job itself: ``ENDED_BY_THE_JOB``, a move above all, whose gang lived at
     least that long; counting a move as a short life would make one move hold the job's every later
-    move to that short a payback). None with fewer than 2 attempts or no loss among them (an attempt
-    without an end reason counts as lost: an older record).
+    move to that short a payback). ``running_until``: the gang running now on spot adds its hours to
+    then, without a loss yet (a calm spell after early losses is evidence too). None with fewer than 2
+    closed attempts or no loss among them (an attempt without an end reason counts as lost: an older record).
     With ``now``, only attempts that ended in the last ``within_hours``: older evidence is stale (a
     market moves), and a gang parked on on-demand would otherwise never look at spot again."""
     since = -math.inf if now is None else now - within_hours * 3600.0
@@ -107,8 +108,12 @@ def spot_attempt_hours(attempts: list[Attempt], last: int = EVIDENCE_ATTEMPTS, n
     lost = sum(a.end_reason not in ENDED_BY_THE_JOB for a in recent)
     if len(recent) < 2 or lost == 0:
         return None
-    return sum(a.ended_at - a.started_at for a in recent if a.ended_at is not None and a.started_at is not None) \
-        / 3600.0 / lost
+    seconds = sum(a.ended_at - a.started_at for a in recent if a.ended_at is not None and a.started_at is not None)
+    current = attempts[-1] if attempts else None
+    if (running_until is not None and current is not None and current.ended_at is None and current.pool is not None
+            and current.pool.market == "spot" and current.started_at is not None):
+        seconds += max(0.0, running_until - current.started_at)  # the running gang: no loss yet
+    return seconds / 3600.0 / lost
 
 
 def _observed(scored: ScoredPool, gang_rate: float) -> ScoredPool:
@@ -124,11 +129,12 @@ EVIDENCE_HOURS = 12.0  # a gang parked on on-demand weighs only the spot attempt
 
 
 def review_spot_hours(attempts: list[Attempt], current_market: str, now: float) -> float | None:
-    """The spot evidence a review weighs: the job's last spot attempts; from on-demand, only those of
-    the last ``EVIDENCE_HOURS`` (else a gang parked there after a bad spell never looks at spot again;
-    on spot the evidence stays fresh by itself)."""
+    """The spot evidence a review weighs: the job's last spot attempts and, on spot, the gang running
+    now; from on-demand, only those of the last ``EVIDENCE_HOURS`` (else a gang parked there after a
+    bad spell never looks at spot again; on spot the evidence stays fresh by itself)."""
     on_spot = current_market == "spot"
-    return spot_attempt_hours(attempts, now=None if on_spot else now, within_hours=EVIDENCE_HOURS)
+    return spot_attempt_hours(attempts, now=None if on_spot else now, within_hours=EVIDENCE_HOURS,
+                              running_until=now if on_spot else None)
 
 
 def evidence_expires_at(attempts: list[Attempt], current_market: str, now: float) -> float | None:

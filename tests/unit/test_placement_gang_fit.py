@@ -177,6 +177,23 @@ def test_a_move_the_job_made_is_not_a_short_spot_life() -> None:
     assert spot_attempt_hours([lost.model_copy(update={"end_reason": None}), moved]) == 4.5
 
 
+def test_the_running_spot_gang_counts_its_hours_without_a_loss() -> None:
+    """On spot, the gang training now has lived ``now - started_at`` without a loss: its hours count too
+    (a long calm spell after two early losses is evidence, not a gap); from on-demand there is none."""
+    from spotrelay.placement.review import review_spot_hours
+
+    spot = quotes_for(make_spec())[0].pool
+    early = [Attempt(number=1, pool=spot, started_at=NOW - 13 * 3600, ended_at=NOW - 11 * 3600,
+                     end_reason="interrupted"),
+             Attempt(number=2, pool=spot, started_at=NOW - 11 * 3600, ended_at=NOW - 10 * 3600, end_reason="node-lost")]
+    running = Attempt(number=3, pool=spot, started_at=NOW - 10 * 3600)
+    assert spot_attempt_hours([*early, running]) == 1.5  # closed attempts alone: 3 h, two losses
+    assert review_spot_hours([*early, running], "spot", NOW) == 6.5  # and the running gang's 10 h
+    assert review_spot_hours([*early, running], "spot", NOW + 3600) == 7.0  # (it grows while the gang lasts)
+    od = quotes_for(make_spec())[1].pool
+    assert review_spot_hours([*early, running.model_copy(update={"pool": od})], "on-demand", NOW) == 1.5
+
+
 def test_only_a_gang_parked_on_on_demand_forgets_old_spot_evidence() -> None:
     from spotrelay.placement.review import EVIDENCE_HOURS, review_spot_hours
 
