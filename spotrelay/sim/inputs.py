@@ -191,7 +191,8 @@ def _pool_tables(path: Path, reader: csv.DictReader[str]) -> dict[tuple[str, str
         if not math.isfinite(start):
             raise SimInputError(f"{path}:{lineno}: timestamp {row['timestamp']!r} is not a finite time")
         if not (math.isfinite(price) and price > 0):  # (a free pool ties every placement and bound at 0)
-            raise SimInputError(f"{path}:{lineno}: spot_price {row['spot_price']!r} must be a price above 0")
+            raise SimInputError(f"{path}:{lineno}: spot_price {row['spot_price']!r} must be a finite price above 0 "
+                                "(USD per node-hour)")
         if score is not None and not 1 <= score <= 10:
             raise SimInputError(f"{path}:{lineno}: placement_score {score} is not within 1..10")
         if cap is not None and not (math.isfinite(cap) and cap >= 0 and cap == int(cap)):

@@ -107,7 +107,8 @@ def test_the_synthetic_market_near_on_demand_runs_its_slots_are_not_a_file() -> 
 @pytest.mark.parametrize(("rows", "line", "what"), [
     ("0,us-east-1,us-east-1a,p5.48xlarge,cheap,,,\n", 2, "could not convert"),
     ("0,us-east-1,us-east-1a,p5.48xlarge,1,11,,\n", 2, "placement_score"),
-    ("0,us-east-1,us-east-1a,p5.48xlarge,0,,,\n", 2, "spot_price '0' must be a price above 0"),
+    ("0,us-east-1,us-east-1a,p5.48xlarge,0,,,\n", 2, "spot_price '0' must be a finite price above 0"),
+    ("0,us-east-1,us-east-1a,p5.48xlarge,inf,,,\n", 2, "spot_price 'inf' must be a finite price above 0"),
     ("0,us-east-1,us-east-1a,p5.48xlarge,1,,2.5,\n", 2, "capacity"),
     ("5,us-east-1,us-east-1a,p5.48xlarge,1,,,\n5,us-east-1,us-east-1a,p5.48xlarge,1,,,\n", 3, "does not increase"),
 ])
