@@ -10,12 +10,13 @@ from typing import Any
 
 from rich.console import Group
 from rich.panel import Panel
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from spotrelay.domain.models import Job, Node
 from spotrelay.local.compute import LocalInstance
 
+NODE_COLUMNS = ("node", "instance", "pool", "controller", "process", "step")
 STATUS_STYLE = {
     "RUNNING": "green",
     "SUCCEEDED": "bold green",
@@ -64,7 +65,8 @@ def render(
     elapsed: float,
     note: str,
 ) -> Group:
-    head = Table.grid(padding=(0, 2))
+    # every cell folds onto more lines rather than end in "…" on a narrow terminal: ids are copied from here
+    head = Table.grid(*(Column(overflow="fold") for _ in range(4)), padding=(0, 2))
     if job is None:
         head.add_row("job", "submitted; waiting for the controller", f"{elapsed:5.0f}s")
     else:
@@ -78,7 +80,7 @@ def render(
         head.add_row("attempt", str(job.attempt), "step", str(step))
         head.add_row("last checkpoint", ckpt, "elapsed", f"{elapsed:.0f}s")
         head.add_row("recoveries", str(job.recoveries), "steps lost", str(job.steps_lost))
-    table = Table("node", "instance", "pool", "controller", "process", "step", expand=True)
+    table = Table(*(Column(h, overflow="fold") for h in NODE_COLUMNS), expand=True)
     by_instance = {n.instance_id: n for n in nodes}
     for li in sorted(instances, key=lambda li: (li.launched_at, li.instance.rank))[-6:]:
         i = li.instance
@@ -99,7 +101,7 @@ def render(
             proc,
             str(steps.get(i.instance_id, "") or ""),
         )
-    events = Table.grid()
+    events = Table.grid(Column(no_wrap=True), Column(overflow="fold"))
     for t, text, style in log.last(10):
         events.add_row(Text(f"{t - log.t0:6.1f}s  ", style="dim"), Text(text, style=style))
     return Group(
