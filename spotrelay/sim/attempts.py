@@ -67,38 +67,40 @@ def outlived(run: SpotrelayRun, node: SimNode) -> None:
             return
 
 
-def update(run: SpotrelayRun, number: int, update: dict[str, Any]) -> None:
-    """Attempt ``number``'s record with ``update`` (the newest attempt with that number)."""
+def _newest(run: SpotrelayRun, number: int) -> int | None:
+    """The index of attempt ``number``'s newest record, or None."""
     for i in range(len(run.attempts) - 1, -1, -1):
         if run.attempts[i].number == number:
-            run.attempts[i] = run.attempts[i].model_copy(update=update)
-            return
+            return i
+    return None
+
+
+def update(run: SpotrelayRun, number: int, update: dict[str, Any]) -> None:
+    """Attempt ``number``'s record with ``update`` (the newest attempt with that number)."""
+    i = _newest(run, number)
+    if i is not None:
+        run.attempts[i] = run.attempts[i].model_copy(update=update)
 
 
 def notice_at_risk(run: SpotrelayRun, number: int) -> None:
     """node_events._on_notice_at_risk: a notice reached attempt ``number``'s ranks with less time than their
     save takes (the agent's deadline-at-risk); marked once."""
-    for i in range(len(run.attempts) - 1, -1, -1):
-        a = run.attempts[i]
-        if a.number == number:
-            if not a.notice_at_risk:  # (as ``update``, without a second search)
-                run.attempts[i] = a.model_copy(update={"notice_at_risk": True})
-            return
+    i = _newest(run, number)
+    if i is not None and not run.attempts[i].notice_at_risk:
+        run.attempts[i] = run.attempts[i].model_copy(update={"notice_at_risk": True})
 
 
 def resumed(run: SpotrelayRun, number: int, step: int) -> None:
     """TrainingResumed: the first resume of the attempt."""
-    for a in reversed(run.attempts):
-        if a.number == number:
-            if a.resumed_from_step is None:
-                update(run, number, {"resumed_from_step": step, "resumed_at": run.now})
-            return
+    i = _newest(run, number)
+    if i is not None and run.attempts[i].resumed_from_step is None:
+        run.attempts[i] = run.attempts[i].model_copy(update={"resumed_from_step": step, "resumed_at": run.now})
 
 
 def saved(run: SpotrelayRun, number: int, step: int, at: float) -> None:
     """CheckpointCommitted by the ranks of attempt ``number`` (its newest only)."""
-    for a in reversed(run.attempts):
-        if a.number == number:
-            if a.saved_step is None or step > a.saved_step:
-                update(run, number, {"saved_step": step, "saved_at": at})
-            return
+    i = _newest(run, number)
+    if i is not None:
+        a = run.attempts[i]
+        if a.saved_step is None or step > a.saved_step:
+            run.attempts[i] = a.model_copy(update={"saved_step": step, "saved_at": at})
