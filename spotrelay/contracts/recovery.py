@@ -61,6 +61,24 @@ class Verdict(StrEnum):
     def retryable(self) -> bool:
         return self not in (Verdict.READY, Verdict.SUCCEEDED, Verdict.CANCELLED, Verdict.REBALANCE)
 
+    @property
+    def ended_by_the_job(self) -> bool:
+        """The job ended the attempt itself (a move, the end of training, a stop, its own code's failure):
+        nothing took its gang. Every other end is a loss (``gang_lost``)."""
+        return self in _JOB_ENDS
+
+
+_JOB_ENDS = frozenset({Verdict.MIGRATE, Verdict.SUCCEEDED, Verdict.CANCELLED, Verdict.USER_ERROR})
+
+
+def gang_lost(end_reason: str | None) -> bool:
+    """Whether an attempt that ended with ``end_reason`` (a Verdict value) lost its gang: the market or
+    the machines took it (a reclaim, a vanished node, a gang that never came up or went silent, an
+    infrastructure failure), not the job. The one reading of an end that the placement review's
+    evidence and the elastic advice share. A record without a reason (an older release's) counts as
+    lost; so does a reason this release does not know (no end is taken for the job's own by accident)."""
+    return end_reason not in _JOB_ENDS  # (a StrEnum's members equal their values)
+
 
 class Candidate(BaseModel):
     """A (pool, gang size) pair placement ranked; ``score`` is USD per useful hour of the full gang's work."""

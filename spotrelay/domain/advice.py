@@ -27,12 +27,12 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from spotrelay.contracts.recovery import gang_lost
 from spotrelay.domain.models import Attempt
 
 BRING_UP_SHARE = 0.2  # of the spot gangs' time: at or above it the advice is given
 MIN_GANGS = 4  # spot gangs lost (not ended by a move, a stop or success) before the share says anything
 LOOKBACK = 16  # the job's newest attempts looked at: the market it runs in now (8 was noisy: below)
-_LOSSES = frozenset({"interrupted", "node-lost", "ready-timeout", "heartbeat-timeout"})  # (Verdict values)
 MIN_NOTICES = 3  # noticed gangs before the notice advice says anything
 AT_RISK_SHARE = 0.5  # of them, at risk: at or above it the notice advice is given
 
@@ -68,7 +68,7 @@ def bring_up_share(attempts: Sequence[Attempt]) -> tuple[float, int, float] | No
     if not any(a.resumed_at is not None for a in attempts):
         return None
     spans = [span for a in attempts[-LOOKBACK:]
-             if a.pool is not None and a.pool.market == "spot" and a.end_reason in _LOSSES
+             if a.pool is not None and a.pool.market == "spot" and gang_lost(a.end_reason)
              and (span := _span(a)) is not None]
     life = sum(total for _, total in spans)
     if len(spans) < MIN_GANGS or life <= 0.0:

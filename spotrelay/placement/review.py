@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from spotrelay.contracts.recovery import gang_lost
 from spotrelay.domain.models import Attempt, Pool
 from spotrelay.placement import catalog
 from spotrelay.placement.gang_fit import SizedScores
@@ -74,11 +75,6 @@ class Move(BaseModel):
 EVIDENCE_ATTEMPTS = 6  # the review weighs the job's last this many spot attempts
 
 
-# attempts the job ended itself (Verdict values): a move, the end of training, a stop, its own code's
-# failure. The market did not take those gangs: their hours count, their ends are no losses
-ENDED_BY_THE_JOB = frozenset({"migrate", "succeeded", "cancelled", "user-error"})
-
-
 def _recent_spot(attempts: list[Attempt], last: int, since: float) -> list[Attempt]:
     """The job's last ``last`` closed spot attempts, newest first, stopping at the first that ended
     before ``since``."""
@@ -96,7 +92,7 @@ def spot_attempt_hours(attempts: list[Attempt], last: int = EVIDENCE_ATTEMPTS, n
                        within_hours: float = 6.0, running_until: float | None = None) -> float | None:
     """Hours a spot gang of this job lasts before a loss ends it, from its last ``last`` closed spot
     attempts: their hours over how many of them a loss ended (an exponential life's estimate when some
-    lives are cut short by the job itself: ``ENDED_BY_THE_JOB``, a move above all, whose gang lived at
+    lives are cut short by the job itself (``Verdict.ended_by_the_job``): a move above all, whose gang lived at
     least that long; counting a move as a short life would make one move hold the job's every later
     move to that short a payback). ``running_until``: the gang running now on spot adds its hours to
     then, without a loss yet (a calm spell after early losses is evidence too). None with fewer than 2
@@ -105,7 +101,7 @@ def spot_attempt_hours(attempts: list[Attempt], last: int = EVIDENCE_ATTEMPTS, n
     market moves), and a gang parked on on-demand would otherwise never look at spot again."""
     since = -math.inf if now is None else now - within_hours * 3600.0
     recent = _recent_spot(attempts, last, since)
-    lost = sum(a.end_reason not in ENDED_BY_THE_JOB for a in recent)
+    lost = sum(gang_lost(a.end_reason) for a in recent)
     if len(recent) < 2 or lost == 0:
         return None
     seconds = sum(a.ended_at - a.started_at for a in recent if a.ended_at is not None and a.started_at is not None)

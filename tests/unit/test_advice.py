@@ -71,6 +71,13 @@ def test_no_advice_below_the_share_with_few_gangs_or_for_gangs_no_loss_ended() -
         assert elastic_advice(FIXED, gangs(6, reason=reason)) is None
 
 
+@pytest.mark.parametrize("reason", ["interrupted", "node-lost", "ready-timeout", "heartbeat-timeout", "infra-error"])
+def test_every_loss_counts_an_infrastructure_failure_too(reason: str) -> None:
+    # a gang a bad node or a broken network ended restarts whole like a reclaimed one (the review reads
+    # its end as a loss too: contracts/recovery.gang_lost)
+    assert elastic_advice(FIXED, gangs(6, reason=reason)) is not None
+
+
 def test_only_the_newest_attempts_count_and_a_gang_lost_before_it_trained_counts_whole() -> None:
     old_storm = gangs(LOOKBACK)  # long ago, then the job settled into a pool that holds it
     calm = gangs(LOOKBACK, up_s=450.0, life_s=8 * 3600.0, first=LOOKBACK + 1)

@@ -75,3 +75,15 @@ def test_restart_directive_is_a_model_the_agent_parses() -> None:
     assert parsed.kind is DirectiveKind.RESTART and (parsed.attempt, parsed.rank) == (3, 1)
     with pytest.raises(ValidationError):
         parse_directive({**raw, "kind": "restart"})  # a near miss is refused, not string-matched
+
+
+def test_one_reading_of_an_end_every_attempt_end_is_the_jobs_own_or_a_loss() -> None:
+    """``gang_lost`` is the one classification the placement review's evidence and the elastic advice
+    read (they once kept two lists that disagreed on infra-error and on a record without a reason)."""
+    from spotrelay.contracts.recovery import gang_lost
+
+    ends = {v for v in Verdict if v not in (Verdict.READY, Verdict.REBALANCE)}  # (those end no attempt)
+    own = {v for v in ends if v.ended_by_the_job}
+    assert own == {Verdict.MIGRATE, Verdict.SUCCEEDED, Verdict.CANCELLED, Verdict.USER_ERROR}
+    assert {v for v in ends if gang_lost(v.value)} == ends - own  # infra-error among the losses
+    assert gang_lost(None) and gang_lost("a-reason-from-a-later-release")  # never taken for the job's own
