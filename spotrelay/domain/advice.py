@@ -90,14 +90,27 @@ def elastic_advice(spec: Mapping[str, Any] | None, attempts: Sequence[Attempt]) 
             f"beside the fixed gang first)")
 
 
+def notices_at_risk(attempts: Sequence[Attempt]) -> tuple[int, int]:
+    """(how many were at risk, how many) of the gangs a notice ended among the job's newest
+    ``LOOKBACK`` attempts: at risk, the notice reached ranks whose last save took longer than it left."""
+    noticed = [a for a in attempts[-LOOKBACK:] if a.end_reason == "interrupted"]
+    return sum(1 for a in noticed if a.notice_at_risk), len(noticed)
+
+
+def notice_risk_share(attempts: Sequence[Attempt]) -> float:
+    """The share of the job's recent noticed gangs whose notice save could not be counted on (0 with
+    none): the auto checkpoint cadence counts those reclaims as losing work (domain/cadence.py)."""
+    risky, noticed = notices_at_risk(attempts)
+    return risky / noticed if noticed else 0.0
+
+
 def notice_advice(attempts: Sequence[Attempt]) -> str | None:
     """One line when the notices of half or more of the job's newest noticed gangs (at least
     ``MIN_NOTICES``) reached ranks whose last save took longer than the notice left; else None."""
-    noticed = [a for a in attempts[-LOOKBACK:] if a.end_reason == "interrupted"]
-    risky = sum(1 for a in noticed if a.notice_at_risk)
-    if len(noticed) < MIN_NOTICES or risky < AT_RISK_SHARE * len(noticed):
+    risky, noticed = notices_at_risk(attempts)
+    if noticed < MIN_NOTICES or risky < AT_RISK_SHARE * noticed:
         return None
-    return (f"on {risky} of the last {len(noticed)} spot notices the ranks' last save took longer than the notice "
+    return (f"on {risky} of the last {noticed} spot notices the ranks' last save took longer than the notice "
             "left (the agent's deadline-at-risk): such a reclaim redoes the steps since the last periodic save. "
             "Each node's share of the checkpoint must flush inside the 2-minute window: more nodes make it "
             "smaller; a shorter checkpoint.every_minutes bounds what a reclaim redoes (docs/checkpoints.md)")

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from spotrelay.domain.cadence import loss_interval_s, trainer_interval_s
+from spotrelay.domain.cadence import loss_interval_s, trainer_interval_s, work_losing_share
 from spotrelay.domain.models import Pool
 from spotrelay.errors import NoPlacementError
 from spotrelay.placement import catalog
@@ -137,10 +137,12 @@ def checkpoint_hours(spec: JobSpec, config: PlacementConfig, gang_rate: float) -
     return (ckpt.fixed_minutes or config.assumed_checkpoint_minutes) / 60.0
 
 
-def loss_interval(scored: ScoredPool, config: PlacementConfig = DEFAULT_CONFIG) -> float | None:
-    """Mean seconds between the scored gang's losses without a notice (the attempt record's
-    ``loss_interval_s``: what the trainers' auto cadence reads)."""
-    return loss_interval_s(scored.breakdown["gang_interruptions_per_hour"], config.unannounced_share)
+def loss_interval(scored: ScoredPool, config: PlacementConfig = DEFAULT_CONFIG, at_risk: float = 0.0) -> float | None:
+    """Mean seconds between the scored gang's losses without a usable notice (the attempt record's
+    ``loss_interval_s``: what the trainers' auto cadence reads). ``at_risk``: the share of the job's
+    recent notices its ranks could not save in (``advice.notice_risk_share``): those reclaims lose work too."""
+    return loss_interval_s(scored.breakdown["gang_interruptions_per_hour"],
+                           work_losing_share(config.unannounced_share, at_risk))
 
 
 def score_pool(

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from spotrelay.contracts.recovery import Candidate, LaunchPlan, RecoveryPlan
+from spotrelay.domain.advice import notice_risk_share
 from spotrelay.domain.cost import SWEEP_S, attempt_cost, over_budget, spent_with_drains
 from spotrelay.domain.models import Job, Node, NodeState, Pool
 from spotrelay.domain.status import JobStatus, transition
@@ -173,9 +174,9 @@ def _keeping_plan(spec: JobSpec, recovery: RecoveryPlan, job: Job, quotes: list[
         return None
     world = len(recovery.keep_instance_ids) + len(recovery.promoted) + len(recovery.launch_ranks)
     scored = score_pool(spec, quote, stats.get(home.key), nodes=world)
+    every = loss_interval(scored, at_risk=notice_risk_share(job.attempts))
     return LaunchPlan(candidates=[Candidate(pool=home, price_per_hour=quote.price_per_hour,
-                                            score=round(scored.score, 4), nodes=world,
-                                            loss_interval_s=loss_interval(scored))],
+                                            score=round(scored.score, 4), nodes=world, loss_interval_s=every)],
                       launch_ranks=list(recovery.launch_ranks), keep_instance_ids=list(recovery.keep_instance_ids),
                       promoted=list(recovery.promoted), world_size=world)
 
@@ -220,8 +221,9 @@ def _new_gang_plan(spec: JobSpec, job: Job, quotes: list[PoolQuote], stats: dict
             return LaunchPlan(candidates=[], launch_ranks=list(range(spec.resources.nodes)), wait_s=wait)
         ranked = saving
     # (ordered first, then only the offered ones built: a ranking holds every pool at every gang size)
+    at_risk = notice_risk_share(job.attempts)  # (the auto cadence's input: notices the ranks could not save in)
     candidates = [Candidate(pool=c.pool, price_per_hour=c.quote.price_per_hour, score=round(c.score, 4),
-                            nodes=c.nodes or spec.resources.nodes, loss_interval_s=loss_interval(c))
+                            nodes=c.nodes or spec.resources.nodes, loss_interval_s=loss_interval(c, at_risk=at_risk))
                   for c in _one_size_per_pool(ranked)[:MAX_CANDIDATES]]
     return LaunchPlan(candidates=candidates, launch_ranks=list(range(spec.resources.nodes)))
 

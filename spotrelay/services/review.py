@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 from spotrelay.contracts.recovery import AttemptEnd, Candidate, ReviewBackoff, Verdict
 from spotrelay.contracts.workflow import WorkflowTimings
+from spotrelay.domain.advice import notice_risk_share
 from spotrelay.domain.models import Attempt, Job, Node, NodeState, Pool
 from spotrelay.domain.status import JobStatus
 from spotrelay.placement.cadence import (
@@ -210,4 +211,4 @@ def review(ctl: Controller, job_id: str, attempt: int, now: float,
                       lost_ranks=tuple(sorted(n.rank for n in leaving)),
                       target=Candidate(pool=target.pool, price_per_hour=target.quote.price_per_hour,
                                        score=round(target.score, 4), nodes=target.nodes,
-                                       loss_interval_s=loss_interval(target)))
+                                       loss_interval_s=loss_interval(target, at_risk=notice_risk_share(job.attempts))))

@@ -8,6 +8,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from spotrelay.contracts.recovery import AttemptEnd, Candidate, Launched, Verdict
+from spotrelay.domain.advice import notice_risk_share
 from spotrelay.placement import PoolEvent
 from spotrelay.placement.cadence import DUE_SLACK_S, full_review_due, mark_of, poll_s, price_entry
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
@@ -150,10 +151,11 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
         return _stay(self, payload, Decision(None, mark, True))
     t = move.target
     leaving = [] if move.in_place else gang
+    interval = loss_interval(t, at_risk=notice_risk_share(self.attempts))
     return AttemptEnd(outcome=Verdict.MIGRATE, attempt=self.attempt, reason=move.reason,
                       lost_ranks=tuple(sorted(n.rank for n in leaving)),
                       target=Candidate(pool=t.pool, price_per_hour=t.quote.price_per_hour, score=round(t.score, 4),
-                                       nodes=t.nodes, loss_interval_s=loss_interval(t))).model_dump(mode="json")
+                                       nodes=t.nodes, loss_interval_s=interval)).model_dump(mode="json")
 
 
 def migrate(self: SpotrelayRun, move: AttemptEnd) -> dict[str, Any]:

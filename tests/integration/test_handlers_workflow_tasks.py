@@ -9,7 +9,7 @@ import pytest
 
 from functions import sfn_finalize, sfn_plan, sfn_provision, sfn_recover, sfn_teardown
 from spotrelay.domain.cost import stop_lead_s
-from spotrelay.domain.models import NodeState, Pool
+from spotrelay.domain.models import Attempt, NodeState, Pool
 from spotrelay.domain.status import JobStatus
 from spotrelay.errors import BudgetExceededError
 from tests.integration.controller_doubles import Env, ctx, env, new_job, running_job
@@ -167,6 +167,19 @@ def test_the_attempt_record_carries_placements_loss_interval_for_the_trainers(en
 
     report = describe_job(record, env.store.nodes_of(job.job_id), 2000.0)
     assert report.attempts[-1].loss_interval_s == chosen["loss_interval_s"]
+
+
+def test_a_job_whose_notices_came_too_late_to_save_gets_a_shorter_loss_interval(env: Env) -> None:
+    """Plan reads the job's own notices: where its ranks could not save in the notice's window (the
+    agent's deadline-at-risk), those reclaims lose work too, and the auto cadence must hear of them."""
+    job = new_job(env.store)
+    before = sfn_plan.handler({"job_id": job.job_id, "timings": TIMINGS}, ctx())["candidates"][0]
+    late = [Attempt(number=i + 1, pool=Pool.model_validate(before["pool"]), started_at=1000.0 * i,
+                    ended_at=1000.0 * i + 900.0, end_reason="interrupted", notice_at_risk=True) for i in range(2)]
+    env.store.update_job(job.job_id, lambda j: j.model_copy(update={"attempts": late, "attempt": 2}))
+    after = sfn_plan.handler({"job_id": job.job_id, "timings": TIMINGS}, ctx())["candidates"][0]
+    assert after["pool"] == before["pool"]
+    assert after["loss_interval_s"] < before["loss_interval_s"]  # every reclaim counts, not a tenth
 
 
 def test_plan_offers_only_gangs_the_budget_left_pays_to_boot_and_save(env: Env) -> None:

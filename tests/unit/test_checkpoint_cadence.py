@@ -41,6 +41,29 @@ def test_loss_interval_counts_only_losses_without_a_notice() -> None:
     assert trainer_interval_s(0.01, 400.0, 1000.0, 120.0, 3600.0) == 400.0
 
 
+def test_notices_the_ranks_could_not_save_in_count_as_losses() -> None:
+    """A 2-node gang of the stated job flushes each node's half in ~135 s against the 120 s notice:
+    its reclaims redo the work since the last periodic save like unannounced ones do, so the auto
+    cadence reads the job's own notices (the agent's deadline-at-risk on each attempt)."""
+    from spotrelay.domain.advice import notice_risk_share
+    from spotrelay.domain.cadence import work_losing_share
+    from spotrelay.domain.models import Attempt
+
+    assert work_losing_share(0.1, 0.0) == 0.1 and work_losing_share(0.1, 1.0) == 1.0
+    assert work_losing_share(0.1, 0.5) == pytest.approx(0.55)
+    assert work_losing_share(0.1, 7.0) == 1.0 and work_losing_share(0.1, -1.0) == 0.1  # (a share)
+    noticed = [Attempt(number=i + 1, end_reason="interrupted", notice_at_risk=i % 2 == 0) for i in range(4)]
+    others = [Attempt(number=5, end_reason="node-lost", notice_at_risk=True), Attempt(number=6)]
+    assert notice_risk_share(noticed + others) == 0.5  # of the noticed gangs only
+    assert notice_risk_share(others) == 0.0 and notice_risk_share([]) == 0.0  # no notice yet: no evidence
+    spec = _spec(every_minutes="auto")
+    scored = rank_pools(spec, [next(x for x in quotes_for(spec) if x.pool.market == "spot")], {}, NOW)[0]
+    calm, at_risk = loss_interval(scored), loss_interval(scored, at_risk=1.0)
+    assert calm is not None and at_risk is not None
+    assert at_risk == pytest.approx(calm * DEFAULT_CONFIG.unannounced_share)  # every reclaim loses work
+    assert trainer_interval_s(5.0, 0.0, at_risk, 60.0, 3600.0) < trainer_interval_s(5.0, 0.0, calm, 60.0, 3600.0)
+
+
 @given(st.floats(0.0, 600.0), st.floats(1.0, 1e7), st.floats(1.0, 1e7))
 def test_a_stormier_market_never_checkpoints_less_often(stall: float, a: float, b: float) -> None:
     short, long_ = sorted((a, b))
