@@ -113,7 +113,8 @@ def notice_advice(attempts: Sequence[Attempt]) -> str | None:
     return (f"on {risky} of the last {noticed} spot notices the ranks' last save took longer than the notice "
             "left (the agent's deadline-at-risk): such a reclaim redoes the steps since the last periodic save. "
             "Each node's share of the checkpoint must flush inside the 2-minute window: more nodes make it "
-            "smaller; a shorter checkpoint.every_minutes bounds what a reclaim redoes (docs/checkpoints.md)")
+            "smaller; a shorter checkpoint.every_minutes bounds what a reclaim redoes (`auto` counts such reclaims "
+            "as losses; docs/checkpoints.md)")
 
 
 def job_advice(spec: Mapping[str, Any] | None, attempts: Sequence[Attempt]) -> list[str]:
