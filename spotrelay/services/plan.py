@@ -174,9 +174,9 @@ def _keeping_plan(spec: JobSpec, recovery: RecoveryPlan, job: Job, quotes: list[
         return None
     world = len(recovery.keep_instance_ids) + len(recovery.promoted) + len(recovery.launch_ranks)
     scored = score_pool(spec, quote, stats.get(home.key), nodes=world)
-    every = loss_interval(scored, at_risk=notice_risk_share(job.attempts))
+    interval = loss_interval(scored, at_risk=notice_risk_share(job.attempts))
     return LaunchPlan(candidates=[Candidate(pool=home, price_per_hour=quote.price_per_hour,
-                                            score=round(scored.score, 4), nodes=world, loss_interval_s=every)],
+                                            score=round(scored.score, 4), nodes=world, loss_interval_s=interval)],
                       launch_ranks=list(recovery.launch_ranks), keep_instance_ids=list(recovery.keep_instance_ids),
                       promoted=list(recovery.promoted), world_size=world)
 
