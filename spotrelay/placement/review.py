@@ -92,11 +92,12 @@ def spot_attempt_hours(attempts: list[Attempt], last: int = EVIDENCE_ATTEMPTS, n
                        within_hours: float = 6.0, running_until: float | None = None) -> float | None:
     """Hours a spot gang of this job lasts before a loss ends it, from its last ``last`` closed spot
     attempts: their hours over how many of them a loss ended (an exponential life's estimate when some
-    lives are cut short by the job itself (``Verdict.ended_by_the_job``): a move above all, whose gang lived at
-    least that long; counting a move as a short life would make one move hold the job's every later
-    move to that short a payback). ``running_until``: the gang running now on spot adds its hours to
+    lives are cut short by the job itself, ``Verdict.ended_by_the_job``: a move above all, whose gang
+    lived at least that long; counting a move as a short life would make one move hold the job's every
+    later move to that short a payback). ``running_until``: the gang running now on spot adds its hours to
     then, without a loss yet (a calm spell after early losses is evidence too). None with fewer than 2
-    closed attempts or no loss among them (an attempt without an end reason counts as lost: an older record).
+    closed attempts or no loss among them (``gang_lost``: an attempt without an end reason, an older record,
+    counts as lost).
     With ``now``, only attempts that ended in the last ``within_hours``: older evidence is stale (a
     market moves), and a gang parked on on-demand would otherwise never look at spot again."""
     since = -math.inf if now is None else now - within_hours * 3600.0
