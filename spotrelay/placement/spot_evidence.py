@@ -19,6 +19,15 @@ at most ``PAID_SHARE`` of what on-demand would have charged for their useful ste
 they cost more than ``LOST_SHARE`` of it (between the two: no verdict either way). Boots, restores,
 short gangs, lost work and failed saves are all in it: it is the realized cost per useful step, not the
 score's model.
+
+A job that states ``recovery.max_slowdown`` L also keeps a schedule (``WallLimit``): ``h`` hours after its
+first attempt started, it should have committed the steps a full on-demand gang (of the cheapest
+on-demand pool per unit of work) trains in ``h / L`` hours. More than ``SCHEDULE_GRACE_HOURS`` of such
+training behind, spot did not pay either (Plan places on on-demand), and a review moves it back to spot
+only once it is on schedule again: the job mixes spot and on-demand to finish within about L times
+on-demand's wall time, at the least cost the market allows. Cost alone would not: EC2 bills nothing of a
+gang it takes in its first hour, so a market whose gangs die within minutes can cost less than on-demand
+and take three times as long.
 """
 
 from __future__ import annotations
@@ -51,6 +60,9 @@ HOLD_DOUBLINGS = 3
 # (``stall_limit`` of the default spec: one less than the stall budget, so a market whose gangs die before
 # they save sends the job to on-demand, not to failure)
 STALLED_SPOT_ATTEMPTS = max(1, Recovery.model_fields["max_stalled_recoveries"].default - 1)
+# recovery.max_slowdown: how far (hours of full on-demand training) a job may fall behind its schedule
+# before its next gang goes on on-demand: a spot gang's boot and restore, and the steps since its last save
+SCHEDULE_GRACE_HOURS = 1.0
 SAVE_GRACE_S = 900.0  # an attempt closed this recently may still be committing its final save (a notice's,
 #                       a move's by the target's boot): it counts once it saved after its end, or after this
 
@@ -70,6 +82,46 @@ class SpotEvidence:
     def lost(self) -> bool:
         """Spot cost clearly more than on-demand would have for the same steps (past ``LOST_SHARE``)."""
         return self.cost > LOST_SHARE * self.on_demand_cost
+
+
+@dataclass(frozen=True)
+class WallLimit:
+    """A spec's ``recovery.max_slowdown`` and the gang on-demand would run (``resources.nodes``)."""
+
+    max_slowdown: float
+    nodes: int
+
+    def hours_behind(self, attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
+                     config: PlacementConfig = DEFAULT_CONFIG) -> float | None:
+        """Hours of full on-demand training the job's committed steps are short of its schedule (negative:
+        ahead); None before a measured step rate, without on-demand quoted, or before its first attempt."""
+        cheapest = _cheapest_on_demand(quotes, config)
+        per_step = step_node_hours(attempts, config)
+        starts = [a.started_at for a in attempts if a.started_at is not None]
+        if cheapest is None or per_step is None or not starts:
+            return None
+        first = next((a.resumed_from_step for a in attempts if a.resumed_from_step is not None), 0)
+        saved = max((a.saved_step for a in attempts if a.saved_step is not None), default=first)
+        done_h = max(0, saved - first) * per_step / (self.nodes * cheapest[1])
+        return (now - min(starts)) / 3600.0 / self.max_slowdown - done_h
+
+    def behind(self, attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
+               config: PlacementConfig = DEFAULT_CONFIG) -> bool:
+        """More than ``SCHEDULE_GRACE_HOURS`` behind: the next gang goes on on-demand."""
+        short = self.hours_behind(attempts, quotes, now, config)
+        return short is not None and short > SCHEDULE_GRACE_HOURS
+
+    def on_schedule(self, attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
+                    config: PlacementConfig = DEFAULT_CONFIG) -> bool:
+        """Not behind at all (or not measured yet): a review may move the job back to spot."""
+        short = self.hours_behind(attempts, quotes, now, config)
+        return short is None or short <= 0.0
+
+
+def wall_limit(spec: JobSpec) -> WallLimit | None:
+    """The spec's limit on spot's wall time (None: unset, cost alone decides)."""
+    limit = spec.recovery.max_slowdown
+    return None if limit is None else WallLimit(limit, spec.resources.nodes)
 
 
 def _throughput(instance_type: str, config: PlacementConfig) -> float:
@@ -98,9 +150,15 @@ def step_node_hours(attempts: Sequence[Attempt], config: PlacementConfig = DEFAU
 
 def on_demand_work_price(quotes: Sequence[PoolQuote], config: PlacementConfig = DEFAULT_CONFIG) -> float | None:
     """USD per node-hour over throughput of the cheapest on-demand pool quoted (None: none allowed)."""
-    prices = [q.price_per_hour / _throughput(q.pool.instance_type, config)
-              for q in quotes if q.pool.market == "on-demand"]
-    return min(prices) if prices else None
+    cheapest = _cheapest_on_demand(quotes, config)
+    return cheapest[0] if cheapest else None
+
+
+def _cheapest_on_demand(quotes: Sequence[PoolQuote], config: PlacementConfig) -> tuple[float, float] | None:
+    """(USD per node-hour over throughput, throughput) of the cheapest on-demand pool quoted."""
+    offers = [(q.price_per_hour / t, t) for q in quotes if q.pool.market == "on-demand"
+              for t in (_throughput(q.pool.instance_type, config),)]
+    return min(offers) if offers else None
 
 
 def billed(a: Attempt, following: Attempt | None = None) -> float:
@@ -133,10 +191,11 @@ def spot_evidence(attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now:
     """The job's settled spot attempts among its last ``last`` against on-demand's price for their
     useful steps; None without on-demand to compare with, a measured step, ``MIN_SPOT_ATTEMPTS`` or
     ``MIN_SPOT_SPAN_HOURS`` of them."""
-    od_price = on_demand_work_price(quotes, config)
+    cheapest = _cheapest_on_demand(quotes, config)
     per_step = step_node_hours(attempts, config)
-    if od_price is None or per_step is None:
+    if cheapest is None or per_step is None:
         return None
+    od_price = cheapest[0]
     recent = list(attempts[-last:])
     count, cost, steps = 0, 0.0, 0  # (one pass: Plan asks this on every call of a stormy job)
     first: float | None = None  # the first weighed attempt's start, the last one's end
@@ -179,13 +238,15 @@ def stalled_on_spot(attempts: Sequence[Attempt], count: int = STALLED_SPOT_ATTEM
 
 
 def spot_did_not_pay(attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
-                     config: PlacementConfig = DEFAULT_CONFIG, stalled: int = STALLED_SPOT_ATTEMPTS) -> bool:
+                     config: PlacementConfig = DEFAULT_CONFIG, stalled: int = STALLED_SPOT_ATTEMPTS,
+                     wall: WallLimit | None = None) -> bool:
     """The job's own evidence says spot cost more than on-demand per useful step: its spot attempts
     were billed more than ``LOST_SHARE`` of what on-demand would have charged for their steps
     (``SpotEvidence.lost``), or its last ``stalled``
-    (``stall_limit``) trained none (False without a verdict: a job that has not measured it yet keeps
-    trying spot)."""
-    if stalled_on_spot(attempts, stalled):
+    (``stall_limit``) trained none, or (``wall``: the spec's ``wall_limit``) the job is behind the schedule
+    of its ``max_slowdown`` (False without a verdict: a job that has not measured it yet keeps trying
+    spot)."""
+    if stalled_on_spot(attempts, stalled) or (wall is not None and wall.behind(attempts, quotes, now, config)):
         return True
     evidence = spot_evidence(attempts, quotes, now, config)
     return evidence is not None and evidence.lost
@@ -197,7 +258,7 @@ def spot_given_up(spec: JobSpec, attempts: Sequence[Attempt], stalled_recoveries
     stalled recovery from its budget (``last_chance``) or its own spot attempts did not pay
     (``spot_did_not_pay`` at the spec's ``stall_limit``)."""
     return last_chance(spec, stalled_recoveries) or spot_did_not_pay(attempts, quotes, now, config,
-                                                                     stall_limit(spec))
+                                                                     stall_limit(spec), wall_limit(spec))
 
 
 def returns_to_on_demand(attempts: Sequence[Attempt]) -> int:
@@ -208,15 +269,17 @@ def returns_to_on_demand(attempts: Sequence[Attempt]) -> int:
 
 def off_on_demand_allowed(target_market: str, current_market: str, attempts: Sequence[Attempt],
                           quotes: Sequence[PoolQuote], now: float, config: PlacementConfig = DEFAULT_CONFIG,
-                          stalled: int = STALLED_SPOT_ATTEMPTS) -> bool:
+                          stalled: int = STALLED_SPOT_ATTEMPTS, wall: WallLimit | None = None) -> bool:
     """A review's move from on-demand to spot, unless the job's own spot attempts did not pay and the
     last of them ended less than the hold ago: ``HOLD_HOURS``, doubled for each earlier return to
     on-demand (a market where spot keeps not paying is tried less and less often; one where an
     unlucky start said so is tried again)."""
     if current_market == "spot" or target_market != "spot":
         return True
+    if wall is not None and not wall.on_schedule(attempts, quotes, now, config):
+        return False  # (behind the spec's max_slowdown: on-demand until the job is on schedule again)
     ends = [a.ended_at for a in attempts if a.pool is not None and a.pool.market == "spot" and a.ended_at]
-    if not ends or not spot_did_not_pay(attempts, quotes, now, config, stalled):
+    if not ends or not spot_did_not_pay(attempts, quotes, now, config, stalled, wall):
         return True
     doublings = min(HOLD_DOUBLINGS, max(0, returns_to_on_demand(attempts) - 1))
     return now - max(ends) >= HOLD_HOURS * 3600.0 * 2 ** doublings

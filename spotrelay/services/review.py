@@ -48,7 +48,7 @@ from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.payback import spot_stint_hours
 from spotrelay.placement.policy import loss_interval
 from spotrelay.placement.review import Move, better_placement, evidence_expires_at, review_spot_hours
-from spotrelay.placement.spot_evidence import off_on_demand_allowed, stall_limit
+from spotrelay.placement.spot_evidence import off_on_demand_allowed, stall_limit, wall_limit
 from spotrelay.ports.market import PoolQuote
 from spotrelay.services.controller import Controller, attempt_nodes, spec_of
 from spotrelay.spec.models import JobSpec
@@ -150,7 +150,8 @@ def decide(ctl: Controller, job: Job, now: float, time_scale: float = 1.0, last_
                             stint_hours=spot_stint_hours(job.attempts),
                             boot_s=_modeled_boot(ctl, time_scale))
     if move is not None and not off_on_demand_allowed(move.target.pool.market, current.pool.market,
-                                                      job.attempts, quotes, now, stalled=stall_limit(spec)):
+                                                      job.attempts, quotes, now, stalled=stall_limit(spec),
+                                                      wall=wall_limit(spec)):
         move = None  # the job's spot attempts cost more per useful step than on-demand (spot_evidence)
     return Decision(move, mark, True)
 

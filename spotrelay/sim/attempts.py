@@ -97,6 +97,31 @@ def resumed(run: SpotrelayRun, number: int, step: int) -> None:
         run.attempts[i] = run.attempts[i].model_copy(update={"resumed_from_step": step, "resumed_at": run.now})
 
 
+def commit_t(run: SpotrelayRun, step: int) -> float:
+    """When the training segment's ranks committed ``step`` (a forced save's commit time, else the
+    periodic one's: trained to it, then persisted)."""
+    forced = [when for when, s in run.forced if s == step]
+    return min(forced) if forced else run.seg_t0 + (step - run.seg_step0) * run.step_eff + run.job.persist_s()
+
+
+def as_of_now(run: SpotrelayRun) -> list[Attempt]:
+    """The attempts as the job record holds them now: the training gang's newest committed checkpoint on
+    its attempt, as the services record each CheckpointCommitted when it lands (the simulator's periodic
+    checkpoints are arithmetic: they reach ``run.attempts`` when training stops). A copy."""
+    if not run.running:
+        return run.attempts
+    i = _newest(run, run.seg_attempt)
+    step = run.committed(run.now)
+    if i is None or step <= run.seg_step0:
+        return run.attempts
+    a = run.attempts[i]
+    if a.saved_step is not None and step <= a.saved_step:
+        return run.attempts
+    now = list(run.attempts)
+    now[i] = a.model_copy(update={"saved_step": step, "saved_at": min(commit_t(run, step), run.now)})
+    return now
+
+
 def saved(run: SpotrelayRun, number: int, step: int, at: float) -> None:
     """CheckpointCommitted by the ranks of attempt ``number`` (its newest only)."""
     i = _newest(run, number)

@@ -212,10 +212,7 @@ class SpotrelayRun(Run):
         if self.running:
             saved = min(resume_from, int(self.step_at(self.now) + 1e-6))
             if saved > self.seg_step0:
-                forced = [when for when, step in self.forced if step == saved]
-                at = min(forced) if forced else (
-                    self.seg_t0 + (saved - self.seg_step0) * self.step_eff + self.job.persist_s())
-                attempts.saved(self, self.seg_attempt, saved, min(at, self.now))
+                attempts.saved(self, self.seg_attempt, saved, min(attempts.commit_t(self, saved), self.now))
         super().stop_training(resume_from)
 
     def on_booted(self, node: SimNode) -> None:

@@ -15,7 +15,7 @@ from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.payback import spot_stint_hours
 from spotrelay.placement.policy import loss_interval
 from spotrelay.placement.review import better_placement, review_spot_hours
-from spotrelay.placement.spot_evidence import off_on_demand_allowed, stall_limit
+from spotrelay.placement.spot_evidence import off_on_demand_allowed, stall_limit, wall_limit
 from spotrelay.services.review import NOTHING_READ, Decision, review_seconds, stay_fields
 from spotrelay.sim import attempts
 from spotrelay.sim.asl import TaskFailed
@@ -144,8 +144,8 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
         assert every == move and spot_hours == _spot_hours(self) and stints == spot_stint_hours(self.attempts), (
             every, move)
     if move is not None and not off_on_demand_allowed(move.target.pool.market, current.pool.market,
-                                                      self.attempts, _on_demand_quotes(self), self.now,
-                                                      stalled=stall_limit(self.spec)):
+                                                      attempts.as_of_now(self), _on_demand_quotes(self), self.now,
+                                                      stalled=stall_limit(self.spec), wall=wall_limit(self.spec)):
         move = None  # review.review: the job's spot attempts did not pay (placement/spot_evidence.py)
     if move is None:
         return _stay(self, payload, Decision(None, mark, True))

@@ -32,6 +32,7 @@ from spotrelay.sim.losses import CATEGORIES, shares
 SPEC_SWITCHES = {"spares": "resources", "min_nodes": "resources", "wall_time_weight": "resources",
                  "launch_at_notice": "recovery", "prewarm_on_rebalance": "recovery", "prewarm_wait_s": "recovery",
                  "review_minutes": "recovery", "spot_wait_minutes": "recovery", "max_placing_minutes": "recovery",
+                 "max_slowdown": "recovery",
                  "every_minutes": "checkpoint", "auto_min_minutes": "checkpoint", "auto_max_minutes": "checkpoint"}
 # the job-run workflow's waits (WorkflowTimings, the execution's input) a sweep may change: loss_settle_s,
 # backoff_s, ... (not time_scale: the twin's clock)

@@ -182,6 +182,28 @@ def test_a_job_whose_notices_came_too_late_to_save_gets_a_shorter_loss_interval(
     assert after["loss_interval_s"] < before["loss_interval_s"]  # every reclaim counts, not a tenth
 
 
+def test_plan_puts_a_job_behind_its_max_slowdown_on_on_demand(env: Env) -> None:
+    """recovery.max_slowdown through Plan's handler: 10 hours in, a job whose spot gang committed one hour
+    of training (at 1.5x on-demand's wall time, 6.7 hours were due) gets on-demand candidates only; the
+    same history without the limit is offered spot first."""
+    import time
+
+    for job_id, limit in (("free", None), ("bounded", 1.5)):
+        job = new_job(env.store, job_id=job_id, max_slowdown=limit)
+        plan = sfn_plan.handler({"job_id": job.job_id, "timings": TIMINGS}, ctx())["candidates"]
+        spot = next(Pool.model_validate(c["pool"]) for c in plan if c["pool"]["market"] == "spot")
+        start = time.time() - 10 * 3600
+        history = [Attempt(number=1, pool=spot, started_at=start, ended_at=start + 2 * 3600, end_reason="interrupted",
+                           nodes=2, world_size=2, cost=1.0, resumed_from_step=0, resumed_at=start + 600,
+                           saved_step=100, saved_at=start + 600 + 3600)]
+        env.store.update_job(job.job_id, lambda j, h=history: j.model_copy(update={"attempts": h, "attempt": 1}))
+        again = sfn_plan.handler({"job_id": job.job_id, "timings": TIMINGS}, ctx())["candidates"]
+        if limit is None:
+            assert again[0]["pool"]["market"] == "spot"
+        else:
+            assert {c["pool"]["market"] for c in again} == {"on-demand"}
+
+
 def test_plan_offers_only_gangs_the_budget_left_pays_to_boot_and_save(env: Env) -> None:
     """Near its budget's end a gang the rest cannot pay to boot and save would be stopped by the first
     sweep after its boot, having trained nothing: Plan drops it, and with none left fails the job now."""

@@ -1,0 +1,96 @@
+"""recovery.max_slowdown (placement/spot_evidence.WallLimit): a job keeps a schedule of on-demand's wall
+time x the limit; behind it, Plan gives spot up and a review keeps it on on-demand until it is on
+schedule again."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from spotrelay.domain.models import Attempt
+from spotrelay.placement import spot_evidence as se
+from spotrelay.services.plan import _new_gang_plan
+from spotrelay.spec.models import JobSpec
+from tests.unit.test_placement_gang_fit import _scored
+from tests.unit.test_placement_policy import NOW, make_spec, quotes_for
+from tests.unit.test_placement_spot_evidence import OD, SPOT, H, _job, _od_quotes
+
+ELAPSED_H = 10.0  # the job's first attempt started this long before NOW
+
+
+def _spec(max_slowdown: float | None) -> JobSpec:
+    doc = make_spec().model_dump(mode="json")  # 4 nodes; the cheapest on-demand per unit of work is p5
+    doc["recovery"]["max_slowdown"] = max_slowdown
+    return JobSpec.model_validate(doc)
+
+
+def _history(done: int, first_step: int = 0) -> list[Attempt]:
+    """One spot gang of the job's 4 p5 nodes that started ELAPSED_H ago and committed ``done`` steps at 100
+    steps an hour (what a full on-demand p5 gang trains too), then a reclaim half an hour ago."""
+    start = NOW - ELAPSED_H * H
+    resumed = start + 0.2 * H
+    return [Attempt(number=1, pool=SPOT, started_at=start, ended_at=NOW - 0.5 * H, end_reason="interrupted",
+                    nodes=4, world_size=4, cost=10.0, resumed_from_step=first_step, resumed_at=resumed,
+                    saved_step=first_step + done, saved_at=resumed + done / 100 * H)]
+
+
+def test_the_schedule_is_on_demands_training_hours_times_the_limit() -> None:
+    wall = se.wall_limit(_spec(2.0))
+    assert wall == se.WallLimit(2.0, 4) and se.wall_limit(_spec(None)) is None
+    quotes = _od_quotes()
+    # 10 h in at 2x: 5 h of full on-demand training due (500 steps)
+    assert wall.hours_behind(_history(350), quotes, NOW) == pytest.approx(1.5)
+    assert wall.hours_behind(_history(520), quotes, NOW) == pytest.approx(-0.2)
+    # a job resumed from another's checkpoint counts its own steps only
+    assert wall.hours_behind(_history(350, first_step=5000), quotes, NOW) == pytest.approx(1.5)
+    # the schedule is the spec's full gang on on-demand: 8 nodes would have trained those steps in half the time
+    assert se.WallLimit(2.0, 8).hours_behind(_history(350), quotes, NOW) == pytest.approx(5.0 - 1.75)
+
+
+def test_behind_by_more_than_the_grace_gives_spot_up_and_on_schedule_lets_it_back() -> None:
+    wall = se.WallLimit(2.0, 4)
+    quotes = _od_quotes()
+    behind, close, ahead = _history(350), _history(450), _history(520)  # 1.5 h, 0.5 h behind; 0.2 h ahead
+    assert 0.5 < se.SCHEDULE_GRACE_HOURS < 1.5
+    assert wall.behind(behind, quotes, NOW) and not wall.behind(close, quotes, NOW)
+    assert not wall.on_schedule(close, quotes, NOW) and wall.on_schedule(ahead, quotes, NOW)
+    # Plan's verdict: spot did not pay when behind, whatever it cost (one attempt: no cost verdict yet)
+    assert se.spot_did_not_pay(behind, quotes, NOW, wall=wall)
+    assert not se.spot_did_not_pay(behind, quotes, NOW)  # without the limit, cost alone decides
+    assert not se.spot_did_not_pay(close, quotes, NOW, wall=wall)
+    # the review's move back to spot waits until the job is on schedule
+    on_od = [*close, Attempt(number=2, pool=OD, started_at=NOW - 0.4 * H)]
+    assert not se.off_on_demand_allowed("spot", "on-demand", on_od, quotes, NOW, wall=wall)
+    assert se.off_on_demand_allowed("spot", "on-demand", on_od, quotes, NOW)
+    assert se.off_on_demand_allowed("spot", "on-demand", [*ahead, on_od[-1]], quotes, NOW, wall=wall)
+    assert se.off_on_demand_allowed("on-demand", "on-demand", on_od, quotes, NOW, wall=wall)  # not a move to spot
+
+
+def test_no_schedule_before_a_measured_step_or_without_on_demand() -> None:
+    wall = se.WallLimit(1.5, 4)
+    unmeasured = [a.model_copy(update={"saved_step": None, "saved_at": None}) for a in _history(350)]
+    assert wall.hours_behind(unmeasured, _od_quotes(), NOW) is None
+    assert not wall.behind(unmeasured, _od_quotes(), NOW) and wall.on_schedule(unmeasured, _od_quotes(), NOW)
+    spot_only = [q for q in quotes_for(make_spec()) if q.pool.market == "spot"]
+    assert wall.hours_behind(_history(350), spot_only, NOW) is None
+    assert wall.hours_behind([], _od_quotes(), NOW) is None
+
+
+def test_plan_places_a_job_behind_its_schedule_on_on_demand() -> None:
+    quotes = _scored(quotes_for(make_spec()), 9.0)  # every spot pool holds the gang
+    assert se.spot_given_up(_spec(2.0), _history(350), 0, quotes, NOW)
+    assert not se.spot_given_up(_spec(None), _history(350), 0, quotes, NOW)
+    behind = _new_gang_plan(_spec(2.0), _job(_history(350)), quotes, {}, NOW)
+    assert behind.wait_s == 0 and {c.pool.market for c in behind.candidates} == {"on-demand"}
+    unlimited = _new_gang_plan(_spec(None), _job(_history(350)), quotes, {}, NOW)
+    assert unlimited.candidates[0].pool.market == "spot"
+    on_time = _new_gang_plan(_spec(2.0), _job(_history(450)), quotes, {}, NOW)
+    assert on_time.candidates[0].pool.market == "spot"
+
+
+@pytest.mark.parametrize("value", [0.5, 0.99, 101, "nan", "inf", "fast"])
+def test_a_bad_max_slowdown_is_refused_naming_the_field(value: object) -> None:
+    doc = make_spec().model_dump(mode="json")
+    doc["recovery"]["max_slowdown"] = value
+    with pytest.raises(ValidationError, match="max_slowdown"):
+        JobSpec.model_validate(doc)

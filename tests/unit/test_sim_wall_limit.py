@@ -1,0 +1,34 @@
+"""recovery.max_slowdown in the simulator: the shipped schedule (placement/spot_evidence.WallLimit) read
+by Plan and the review. The fixed 16-node gang of the stated job on the g4dn trace restarts every ~28
+minutes on spot and takes about 2.3x on-demand's wall time for its work; with a limit of 1.5 it mixes
+spot and on-demand to finish within it, still cheaper than on-demand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from spotrelay.sim.build import MarketOptions
+from spotrelay.sim.job import JobModel
+from spotrelay.sim.runner import SimOptions, run_seed
+
+TRACE = str(Path(__file__).resolve().parents[2] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv")
+WORK_H = 72.0
+
+
+def _values(**switches: Any) -> dict[str, dict[str, float]]:
+    opts = SimOptions(market=MarketOptions(traces=[TRACE]), job=JobModel(nodes=16, job_hours=WORK_H),
+                      policies=("spotrelay", "on-demand"), spotrelay_switches=switches)
+    return {r.policy: r.values for r in run_seed(opts, 0)}
+
+
+def test_a_job_keeps_within_its_max_slowdown_by_mixing_in_on_demand() -> None:
+    free = _values()["spotrelay"]
+    assert free["wall_hours"] > 2.0 * WORK_H and free["on_demand_share"] == 0.0  # cost alone: all spot, slow
+    bounded = _values(max_slowdown=1.5)
+    got, od = bounded["spotrelay"], bounded["on-demand"]
+    # within the limit of on-demand's own wall time (its boot and restore: the schedule's grace)
+    assert got["wall_hours"] <= 1.5 * od["wall_hours"] + 2.0
+    # a mix, not a retreat: back to spot whenever on schedule (the review reads the running gang's commits)
+    assert 0.1 < got["on_demand_share"] < 0.9
+    assert free["cost_per_useful_gpu_hour"] < got["cost_per_useful_gpu_hour"] < od["cost_per_useful_gpu_hour"]
