@@ -222,10 +222,10 @@ class Recovery(Strict):
         "attempt's end; unset: wait as long as it takes")
     max_slowdown: float | None = Field(
         None, ge=1, le=100, allow_inf_nan=False,
-        description="how many times on-demand's wall time spot may take for the same work: once the job's recent "
-        "spot attempts took longer than this (from the recovery that placed each to its end, against the hours "
-        "a full on-demand gang would train their committed steps in), spot counts as not paying and the job "
-        "trains on on-demand, as when spot costs more (placement/spot_evidence.py); unset: cost alone decides")
+        description="finish within about this many times on-demand's wall time: h hours after its first launch the "
+        "job should have committed what its full gang trains on on-demand in h / max_slowdown hours; more than an "
+        "hour behind, its next gang goes on on-demand, and it returns to spot once on schedule "
+        "(placement/spot_evidence.py); unset: cost alone decides")
     max_recoveries: int | None = Field(
         None, ge=0, le=1_000_000,
         description="interruptions, node losses and infrastructure failures the job may recover from in its "
