@@ -45,6 +45,7 @@ EXPECT: dict[str, str] = {
     "nul-in-command.yaml": "entrypoint.command[1]: contains a NUL",
     "unknown-field.yaml": "resources.gpus: unknown field",
     "wrong-types.json": "resources.nodes",
+    "yaml-booleans.yaml": "resources.nodes: expected a number, got true",  # YAML 1.1's yes/no: not 1 and 0
     # the suffix is wrong, whatever the content
     "notes.txt": "spec is .yaml, .yml or .json",
     "noext": "spec is .yaml, .yml or .json",

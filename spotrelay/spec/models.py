@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+import types
+import typing
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from spotrelay.contracts.cadence import AUTO, MinutesOrAuto
 from spotrelay.contracts.health import HealthPolicy
@@ -17,8 +20,46 @@ INSTANCE_TYPE_RE = re.compile(r"^[a-z][a-z0-9-]*\d[a-z0-9-]*\.[a-z0-9]+$")
 NAME_RE = r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$"
 
 
+def _takes_numbers_not_booleans(annotation: Any) -> bool:
+    """``int``, ``float`` or a union or ``Annotated`` form holding one, and not ``bool``."""
+    try:
+        return _numeric(annotation)
+    except TypeError:  # (an unhashable annotation: not cached)
+        return _numeric.__wrapped__(annotation)
+
+
+@functools.cache
+def _numeric(annotation: Any) -> bool:
+    todo: list[Any] = [annotation]
+    flat: set[Any] = set()
+    while todo:
+        head = todo.pop()
+        inner, origin = typing.get_args(head), typing.get_origin(head)
+        if inner and origin in (typing.Union, types.UnionType, typing.Annotated):
+            todo.extend(inner[:1] if origin is typing.Annotated else inner)
+        else:
+            flat.add(head)
+    return bool(flat & {int, float}) and bool not in flat
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # YAML reads true/false/yes/no/on/off as booleans, which pydantic would take as 1 and 0: a spec
+        # that says `spares: no` or `nodes: true` is refused, not read as a number
+        field = cls.model_fields.get(info.field_name) if info.field_name is not None else None
+        if field is None:
+            return value
+        if isinstance(value, bool) and _takes_numbers_not_booleans(field.annotation):
+            raise ValueError(f"expected a number, got {str(value).lower()}")
+        items = typing.get_args(field.annotation) if typing.get_origin(field.annotation) is list else ()
+        if items and isinstance(value, list) and any(isinstance(v, bool) for v in value) and \
+                _takes_numbers_not_booleans(items[0]):
+            raise ValueError("expected numbers, got a boolean")
+        return value
 
 
 class Market(StrEnum):
