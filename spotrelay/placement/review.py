@@ -58,6 +58,7 @@ class Move(BaseModel):
     gain_per_hour: float  # USD per hour after the move
     move_cost: float  # USD
     horizon_hours: float
+    behind_hours: float | None = None  # a catch-up move (``catch_up``): how far behind its schedule the job was
 
     @property
     def in_place(self) -> bool:
@@ -67,6 +68,9 @@ class Move(BaseModel):
     @property
     def reason(self) -> str:
         t, c = self.target, self.current
+        if self.behind_hours is not None:
+            return (f"review: {self.behind_hours:.1f} h behind the schedule of recovery.max_slowdown on "
+                    f"{c.pool.key} x{c.nodes}: to {t.pool.key} x{t.nodes} until on schedule again")
         return (f"review: {t.pool.key} x{t.nodes} at {t.score:.2f} USD per useful hour beats {c.pool.key} x{c.nodes}"
                 f" at {c.score:.2f}; saves {self.gain_per_hour:.2f}/h over {self.horizon_hours:.1f} h for a"
                 f" move of {self.move_cost:.2f}")
@@ -174,15 +178,7 @@ def better_placement(
         gang_rate = best.breakdown["gang_interruptions_per_hour"]
     if best.score >= now_scored.score:
         return None
-    info = catalog.instance(best.pool.instance_type)
-    boot_min = boot_s(best.pool) / 60 if boot_s is not None else review.boot_minutes
-    restore_min = max(0.0, (info.restore_minutes if info else config.default_restore_minutes) - boot_min)
-    same = best.pool == current.pool
-    new_nodes = best.nodes - world if same else best.nodes
-    price = best.quote.price_per_hour
-    boot_h, restore_h, save_h = boot_min / 60, restore_min / 60, review.save_minutes / 60
-    move_cost = (new_nodes * price * boot_h + best.nodes * price * restore_h
-                 + world * current.price_per_hour * save_h)
+    move_cost, restore_h = _move_cost(best, current, world, config, review, boot_s)
     gain = (now_scored.score - best.score) * work_rate(best)
     horizon = min(review.horizon_hours, 1.0 / gang_rate) if gang_rate > 0 else review.horizon_hours
     cost = move_cost
@@ -201,3 +197,40 @@ def better_placement(
     if gain * horizon <= cost * (1.0 + review.margin):
         return None
     return Move(target=best, current=now_scored, gain_per_hour=gain, move_cost=move_cost, horizon_hours=horizon)
+
+
+def _move_cost(best: ScoredPool, current: PoolQuote, world: int, config: PlacementConfig, review: ReviewConfig,
+               boot_s: Callable[[Pool], float] | None) -> tuple[float, float]:
+    """(USD, the restore's hours): the new nodes' boot and the gang's restore at the target's price, the
+    old gang's last save at its own (make-before-break)."""
+    info = catalog.instance(best.pool.instance_type)
+    boot_min = boot_s(best.pool) / 60 if boot_s is not None else review.boot_minutes
+    restore_min = max(0.0, (info.restore_minutes if info else config.default_restore_minutes) - boot_min)
+    new_nodes = best.nodes - world if best.pool == current.pool else best.nodes
+    price = best.quote.price_per_hour
+    boot_h, restore_h, save_h = boot_min / 60, restore_min / 60, review.save_minutes / 60
+    move_cost = (new_nodes * price * boot_h + best.nodes * price * restore_h
+                 + world * current.price_per_hour * save_h)
+    return move_cost, restore_h
+
+
+def catch_up(
+    spec: JobSpec, current: PoolQuote, world: int, quotes: list[PoolQuote], stats: Mapping[str, PoolStats],
+    now: float, behind_hours: float, excluded: frozenset[str] = frozenset(), *,
+    config: PlacementConfig = DEFAULT_CONFIG, review: ReviewConfig = DEFAULT_REVIEW,
+    boot_s: Callable[[Pool], float] | None = None,
+) -> Move | None:
+    """A job ``behind_hours`` behind its ``recovery.max_slowdown`` schedule (spot_evidence.WallLimit) while a
+    spot gang or a shrunk one trains (a calm but slow spot type, a gang too small): the best on-demand pool
+    at the full gang, whatever the saving, since the schedule is a limit and not a price. None where the
+    gang is on on-demand at full size already, or no on-demand pool is allowed."""
+    if current.pool.market != "spot" and world >= spec.resources.nodes:
+        return None
+    on_demand = [q for q in quotes if q.pool.market == "on-demand"]
+    best = next(iter(evaluate_pools(spec, on_demand, stats, now, excluded, config=config).ranked), None)
+    if best is None:
+        return None
+    now_scored = score_pool(spec, current, stats.get(current.pool.key), config, nodes=world, staying=True)
+    move_cost, _ = _move_cost(best, current, world, config, review, boot_s)
+    return Move(target=best, current=now_scored, gain_per_hour=(now_scored.score - best.score) * work_rate(best),
+                move_cost=move_cost, horizon_hours=review.horizon_hours, behind_hours=behind_hours)

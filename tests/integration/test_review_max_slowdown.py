@@ -1,5 +1,6 @@
 """recovery.max_slowdown through the review's handler: a gang on on-demand behind its schedule is not moved
-back to spot (placement/spot_evidence.WallLimit), where the same job without the limit is."""
+back to spot (placement/spot_evidence.WallLimit), where the same job without the limit is; a spot gang
+behind it is moved to on-demand (placement/review.catch_up)."""
 
 from __future__ import annotations
 
@@ -14,20 +15,20 @@ __all__ = ["env"]
 H = 3600.0
 
 
-def _behind(env: Env, job_id: str, limit: float | None) -> str:
-    """A 2-node job 10 h in: a spot gang that committed an hour of training, reclaimed, then the on-demand
-    gang that trains now (at 1.5x, 6.7 h of training were due: 5.7 h behind)."""
-    job, _ = running_job(env.store, env.compute, job_id=job_id, market="on-demand")
+def _behind(env: Env, job_id: str, limit: float | None, market: str = "on-demand") -> str:
+    """A 2-node job 10 h in: a spot gang that committed an hour of training, reclaimed, then the gang on
+    ``market`` that trains now (at 1.5x, 6.7 h of training were due: 5.7 h behind)."""
+    job, _ = running_job(env.store, env.compute, job_id=job_id, market=market)
     start = time.time() - 10 * H
     spot = Attempt(number=1, pool=pool(), started_at=start, ended_at=start + 2 * H, end_reason="interrupted",
                    nodes=2, world_size=2, cost=1.0, resumed_from_step=0, resumed_at=start + 600,
                    saved_step=100, saved_at=start + 600 + H)
-    on_demand = job.attempts[0].model_copy(update={"number": 2, "started_at": start + 2.2 * H, "world_size": 2})
+    now = job.attempts[0].model_copy(update={"number": 2, "started_at": start + 2.2 * H, "world_size": 2})
 
     def limited(j: Job) -> Job:
         spec: dict[str, Any] = dict(j.spec or {})
         spec["recovery"] = {**spec["recovery"], "max_slowdown": limit}
-        return j.model_copy(update={"attempts": [spot, on_demand], "attempt": 2, "spec": spec})
+        return j.model_copy(update={"attempts": [spot, now], "attempt": 2, "spec": spec})
 
     env.store.update_job(job_id, limited)
     for node in env.store.nodes_of(job_id):
@@ -41,3 +42,11 @@ def test_a_job_behind_its_schedule_stays_on_on_demand(env: Env) -> None:
     assert free["outcome"] == "migrate" and free["target"]["pool"]["market"] == "spot"  # spot is far cheaper
     bounded = sfn_review.handler({"job_id": _behind(env, "bounded", 1.5), "attempt": 2}, ctx())
     assert bounded["outcome"] == "ready"  # stays: behind its schedule
+
+
+def test_a_spot_gang_behind_its_schedule_moves_to_on_demand(env: Env) -> None:
+    free = sfn_review.handler({"job_id": _behind(env, "free", None, "spot"), "attempt": 2}, ctx())
+    assert free["outcome"] == "ready"  # on the cheapest pool already: nothing better by cost
+    bounded = sfn_review.handler({"job_id": _behind(env, "bounded", 1.5, "spot"), "attempt": 2}, ctx())
+    assert bounded["outcome"] == "migrate" and bounded["target"]["pool"]["market"] == "on-demand"
+    assert bounded["target"]["nodes"] == 2 and "behind the schedule of recovery.max_slowdown" in bounded["reason"]

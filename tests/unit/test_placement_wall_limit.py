@@ -94,3 +94,20 @@ def test_a_bad_max_slowdown_is_refused_naming_the_field(value: object) -> None:
     doc["recovery"]["max_slowdown"] = value
     with pytest.raises(ValidationError, match="max_slowdown"):
         JobSpec.model_validate(doc)
+
+
+def test_a_review_catches_up_a_spot_or_shrunk_gang_on_on_demand_at_the_full_size() -> None:
+    from spotrelay.placement.review import catch_up
+
+    spec = make_spec()  # 4 nodes
+    quotes = quotes_for(spec)
+    spot = next(q for q in quotes if q.pool.market == "spot")
+    on_demand = next(q for q in quotes if q.pool.market == "on-demand")
+    move = catch_up(spec, spot, 4, quotes, {}, NOW, 2.5)
+    assert move is not None and move.target.pool.market == "on-demand" and move.target.nodes == 4
+    assert not move.in_place and move.move_cost > 0
+    assert move.reason.startswith("review: 2.5 h behind the schedule of recovery.max_slowdown on " + spot.pool.key)
+    shrunk = catch_up(spec, on_demand, 2, quotes, {}, NOW, 1.5)  # an elastic gang at half size
+    assert shrunk is not None and shrunk.target.nodes == 4
+    assert catch_up(spec, on_demand, 4, quotes, {}, NOW, 1.5) is None  # on the schedule's own gang already
+    assert catch_up(spec, spot, 4, [q for q in quotes if q.pool.market == "spot"], {}, NOW, 1.5) is None

@@ -32,3 +32,24 @@ def test_a_job_keeps_within_its_max_slowdown_by_mixing_in_on_demand() -> None:
     # a mix, not a retreat: back to spot whenever on schedule (the review reads the running gang's commits)
     assert 0.1 < got["on_demand_share"] < 0.9
     assert free["cost_per_useful_gpu_hour"] < got["cost_per_useful_gpu_hour"] < od["cost_per_useful_gpu_hour"]
+
+
+def test_a_calm_but_slow_spot_gang_is_moved_to_on_demand_by_the_review(tmp_path: Path) -> None:
+    """No reclaim ever comes to catch it: p4d spot at a tenth of its price is the cheapest work, and a
+    third as fast as the p5 gang on-demand would be; only the review's schedule check moves it."""
+    table = tmp_path / "calm.csv"
+    table.write_text("timestamp,region,availability_zone,instance_type,spot_price,interruptions_per_hour\n"
+                     "0,us-east-1,us-east-1a,p4d.24xlarge,2.2,0\n0,us-east-1,us-east-1a,p5.48xlarge,50,0\n")
+
+    def run(**switches: Any) -> dict[str, dict[str, float]]:
+        opts = SimOptions(market=MarketOptions(trace_format="pools-csv", traces=[str(table)], regions=["us-east-1"]),
+                          job=JobModel(nodes=4, job_hours=WORK_H), policies=("spotrelay", "on-demand"),
+                          spotrelay_switches=switches)
+        return {r.policy: r.values for r in run_seed(opts, 0)}
+
+    free, bounded = run()["spotrelay"], run(max_slowdown=1.5)
+    od = bounded["on-demand"]["wall_hours"]
+    assert free["wall_hours"] > 2.5 * od and free["interruptions"] == 0  # p4d all along: 2.8x slower
+    got = bounded["spotrelay"]
+    assert got["wall_hours"] <= 1.5 * od and got["interruptions"] == 0 and got["recoveries"] > 0  # the moves
+    assert got["cost_per_useful_gpu_hour"] < bounded["on-demand"]["cost_per_useful_gpu_hour"]
