@@ -50,6 +50,7 @@ def describe(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = No
              as_json: JsonOpt = False) -> None:
     """Attempts (pool, nodes, times, end reason, steps, cost), checkpoints, recoveries, anomalies."""
     from spotrelay.adapters.s3_object_store import S3ObjectStore
+    from spotrelay.adapters.static_market import StaticMarketData
     from spotrelay.resources import RESOURCES
     from spotrelay.services.describe import checkpoint_location, checkpoints, describe_job
     from spotrelay.settings import settings
@@ -57,7 +58,8 @@ def describe(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = No
     connect(endpoint_url, None, table, region)
     job, nodes = _load(job_id)
     bucket, prefix = checkpoint_location(job, settings().bucket, RESOURCES.checkpoints_prefix)
-    report = describe_job(job, nodes, time.time(), checkpoints(S3ObjectStore(bucket), prefix))
+    # (the schedule's on-demand prices from the catalog: they move rarely, and describe asks EC2 nothing)
+    report = describe_job(job, nodes, time.time(), checkpoints(S3ObjectStore(bucket), prefix), StaticMarketData())
     if as_json:
         _emit(report)
         return
@@ -70,6 +72,8 @@ def describe(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = No
         out.print(f"  [yellow]{report.stopping}[/]", highlight=False)
     for line in report.advice:
         out.print(f"  [green]advice:[/] {line}", highlight=False)
+    if report.schedule:
+        out.print(f"  {report.schedule}", highlight=False)
     show(out, ("attempt", "pool", "nodes", "started", "ended", "end reason", "from step", "steps", "cost $"),
          [[str(a.number), a.pool or "-", str(a.nodes), _when(a.started_at), _when(a.ended_at), a.end_reason or "-",
            str(a.resumed_from_step if a.resumed_from_step is not None else "-"),

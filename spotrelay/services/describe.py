@@ -19,10 +19,12 @@ from spotrelay.domain.advice import job_advice
 from spotrelay.domain.cost import budget_reached_at, outlived_so_far, spent_at
 from spotrelay.domain.models import AnomalyRecord, Job, Node
 from spotrelay.errors import JobCancelledError
+from spotrelay.placement.spot_evidence import SCHEDULE_GRACE_HOURS, wall_limit
+from spotrelay.ports.market import MarketData
 from spotrelay.ports.object_store import ObjectStore
 from spotrelay.services import savings
 from spotrelay.services.budget import draining_ranks, limits
-from spotrelay.services.controller import standing_by
+from spotrelay.services.controller import spec_of, standing_by
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +116,7 @@ class JobReport(_View):
     execution_arn: str | None = None
     stopping: str | None = None  # a pending stop (services/stop.py): why, and by when the ranks save
     advice: list[str] = []  # what the job's own history says a spec field would change (domain/advice.py)
+    schedule: str | None = None  # recovery.max_slowdown: how far ahead of or behind its schedule the job is
 
 
 def _hours(start: float | None, end: float | None, now: float) -> float:
@@ -129,6 +132,29 @@ def stopping(job: Job) -> str | None:
     by = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(job.stop_save_by))
     ends = "cancelled" if job.stop_error == JobCancelledError.__name__ else "failed"
     return f"stopping: the ranks save, then the job ends {ends} (by {by}): {job.stop_reason or '-'}"
+
+
+def schedule(job: Job, now: float, market: MarketData) -> str | None:
+    """``recovery.max_slowdown`` in words: the job's committed training against its schedule
+    (spot_evidence.WallLimit, with ``market``'s on-demand prices). None without the limit."""
+    try:
+        spec = spec_of(job)
+    except ValueError:  # (a record whose stored spec no longer validates: nothing to say)
+        return None
+    wall = wall_limit(spec)
+    if wall is None:
+        return None
+    res = spec.resources
+    quotes = market.quotes(res.regions, res.instance_types, [m.value for m in res.markets], scores=False)
+    behind = wall.hours_behind(job.attempts, quotes, now)
+    head = f"schedule (recovery.max_slowdown {wall.max_slowdown:g}):"
+    if behind is None:
+        return f"{head} not measured yet (no committed step, or no on-demand pool allowed)"
+    if behind <= 0:
+        return f"{head} {-behind:.1f} h of on-demand training ahead"
+    if behind <= SCHEDULE_GRACE_HOURS:
+        return f"{head} {behind:.1f} h behind, within the {SCHEDULE_GRACE_HOURS:g} h grace"
+    return f"{head} {behind:.1f} h behind: its gang goes on on-demand until it is on schedule again"
 
 
 def cost_report(job: Job, now: float, nodes: Iterable[Node] = ()) -> CostReport:
@@ -202,7 +228,9 @@ def checkpoints(objects: ObjectStore | None, prefix: str) -> list[CheckpointView
     return sorted(found, key=lambda c: c.step)
 
 
-def describe_job(job: Job, nodes: list[Node], now: float, ckpts: list[CheckpointView] | None = None) -> JobReport:
+def describe_job(job: Job, nodes: list[Node], now: float, ckpts: list[CheckpointView] | None = None,
+                 market: MarketData | None = None) -> JobReport:
+    """``market``: the on-demand prices ``schedule`` reads (none: no schedule line)."""
     costs = cost_report(job, now, nodes)
     cost_of = {line.attempt: line.cost for line in costs.lines}  # (the running attempt's clock so far)
     attempts: list[AttemptView] = []
@@ -232,5 +260,5 @@ def describe_job(job: Job, nodes: list[Node], now: float, ckpts: list[Checkpoint
         steps_lost=job.steps_lost, recoveries=job.recoveries, reasons=list(job.reasons), attempts=attempts,
         checkpoints=ckpts or [], recoveries_detail=recoveries, anomalies=list(job.anomalies),
         cost=costs, mlflow_run_id=job.mlflow_run_id, execution_arn=job.execution_arn, stopping=stopping(job),
-        advice=job_advice(job.spec, job.attempts),
+        advice=job_advice(job.spec, job.attempts), schedule=schedule(job, now, market) if market else None,
     )  # fmt: skip

@@ -111,3 +111,24 @@ def test_a_review_catches_up_a_spot_or_shrunk_gang_on_on_demand_at_the_full_size
     assert shrunk is not None and shrunk.target.nodes == 4
     assert catch_up(spec, on_demand, 4, quotes, {}, NOW, 1.5) is None  # on the schedule's own gang already
     assert catch_up(spec, spot, 4, [q for q in quotes if q.pool.market == "spot"], {}, NOW, 1.5) is None
+
+
+def test_describe_says_where_the_job_stands_against_its_schedule() -> None:
+    from spotrelay.adapters.static_market import StaticMarketData
+    from spotrelay.services.describe import describe_job
+
+    market = StaticMarketData()
+
+    def line(limit: float | None, done: int, attempts: list[Attempt] | None = None) -> str | None:
+        job = _job(_history(done) if attempts is None else attempts).model_copy(
+            update={"spec": _spec(limit).model_dump(mode="json")})
+        return describe_job(job, [], NOW, market=market).schedule
+
+    assert line(None, 350) is None  # no limit: no line
+    assert line(2.0, 350) == ("schedule (recovery.max_slowdown 2): 1.5 h behind: its gang goes on on-demand "
+                              "until it is on schedule again")
+    assert line(2.0, 450) == "schedule (recovery.max_slowdown 2): 0.5 h behind, within the 1 h grace"
+    assert line(2.0, 520) == "schedule (recovery.max_slowdown 2): 0.2 h of on-demand training ahead"
+    assert line(1.5, 0, []).endswith("not measured yet (no committed step, or no on-demand pool allowed)")
+    assert describe_job(_job(_history(350)).model_copy(update={"spec": _spec(2.0).model_dump(mode="json")}),
+                        [], NOW).schedule is None  # (no market given: no line)
