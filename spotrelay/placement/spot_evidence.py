@@ -105,17 +105,12 @@ class WallLimit:
         done_h = max(0, saved - first) * per_step / (self.nodes * cheapest[1])
         return (now - min(starts)) / 3600.0 / self.max_slowdown - done_h
 
-    def late_hours(self, attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
-                   config: PlacementConfig = DEFAULT_CONFIG) -> float | None:
-        """``hours_behind`` when past ``SCHEDULE_GRACE_HOURS``, else None."""
-        short = self.hours_behind(attempts, quotes, now, config)
-        return short if short is not None and short > SCHEDULE_GRACE_HOURS else None
-
     def behind(self, attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
                config: PlacementConfig = DEFAULT_CONFIG) -> bool:
         """More than ``SCHEDULE_GRACE_HOURS`` behind: the next gang goes on on-demand, and a review moves a
         spot gang or a shrunk one there (``review.catch_up``)."""
-        return self.late_hours(attempts, quotes, now, config) is not None
+        short = self.hours_behind(attempts, quotes, now, config)
+        return short is not None and short > SCHEDULE_GRACE_HOURS
 
     def on_schedule(self, attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
                     config: PlacementConfig = DEFAULT_CONFIG) -> bool:

@@ -48,7 +48,7 @@ from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.payback import spot_stint_hours
 from spotrelay.placement.policy import loss_interval
 from spotrelay.placement.review import Move, better_placement, catch_up, evidence_expires_at, review_spot_hours
-from spotrelay.placement.spot_evidence import off_on_demand_allowed, stall_limit, wall_limit
+from spotrelay.placement.spot_evidence import SCHEDULE_GRACE_HOURS, off_on_demand_allowed, stall_limit, wall_limit
 from spotrelay.ports.market import PoolQuote
 from spotrelay.services.controller import Controller, attempt_nodes, spec_of
 from spotrelay.spec.models import JobSpec
@@ -90,7 +90,8 @@ def stay_fields(spec: JobSpec, timings: WorkflowTimings | None, attempts: list[A
         return {"review_s": next_review_seconds(spec, timings, current_s, attempts, now, moved),
                 "review_mark": kept_mark(read.mark, last_mark)}
     if read.full:
-        gap = next_review_seconds(spec, timings, None if backoff is None else backoff["gap_s"], attempts, now, moved)
+        last_gap = None if backoff is None or read.keep_pace else backoff["gap_s"]
+        gap = next_review_seconds(spec, timings, last_gap, attempts, now, moved)
         backoff = {"due": now + gap, "gap_s": gap}
     return {"review_s": poll_s(review_seconds(spec, timings), None if backoff is None else backoff["due"], now),
             "review_mark": kept_mark(read.mark, last_mark), "review_backoff": backoff}
@@ -109,6 +110,9 @@ class Decision(NamedTuple):
     move: Move | None  # None: stay
     mark: str | None  # the mark of the prices the review read (None: it read none)
     full: bool = False  # it scored the pools (a full review); False: it read the prices alone, or nothing
+    # recovery.max_slowdown: the job is behind its schedule, so the next full review comes after review_minutes
+    # (no backoff): a spot gang falling behind is caught, an on-demand one back on schedule returns, in time
+    keep_pace: bool = False
 
 
 NOTHING_READ = Decision(None, None)
@@ -150,15 +154,15 @@ def decide(ctl: Controller, job: Job, now: float, time_scale: float = 1.0, last_
                             stint_hours=spot_stint_hours(job.attempts),
                             boot_s=_modeled_boot(ctl, time_scale))
     wall = wall_limit(spec)
-    late = wall.late_hours(job.attempts, quotes, now) if wall is not None else None
-    if late is not None:  # behind its max_slowdown schedule on a spot or shrunk gang: to on-demand, whatever it costs
-        move = catch_up(spec, here, world, quotes, stats, now, late, frozenset(job.excluded_pools),
-                        boot_s=_modeled_boot(ctl, time_scale)) or move
+    behind = wall.hours_behind(job.attempts, quotes, now) if wall is not None else None
+    if behind is not None and behind > SCHEDULE_GRACE_HOURS:  # behind its max_slowdown schedule on a spot or
+        move = catch_up(spec, here, world, quotes, stats, now, behind,  # shrunk gang: on-demand, whatever it costs
+                        frozenset(job.excluded_pools), boot_s=_modeled_boot(ctl, time_scale)) or move
     if move is not None and not off_on_demand_allowed(move.target.pool.market, current.pool.market,
                                                       job.attempts, quotes, now, stalled=stall_limit(spec),
                                                       wall=wall):
         move = None  # the job's spot attempts cost more per useful step than on-demand (spot_evidence)
-    return Decision(move, mark, True)
+    return Decision(move, mark, True, keep_pace=behind is not None and behind > 0)
 
 
 def reading_mark(quotes: list[PoolQuote]) -> str | None:
