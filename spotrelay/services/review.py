@@ -91,7 +91,7 @@ def stay_fields(spec: JobSpec, timings: WorkflowTimings | None, attempts: list[A
                 "review_mark": kept_mark(read.mark, last_mark)}
     if read.full:
         last_gap = None if backoff is None or read.keep_pace else backoff["gap_s"]
-        gap = next_review_seconds(spec, timings, last_gap, attempts, now, moved)
+        gap = next_review_seconds(spec, timings, last_gap, attempts, now, moved or read.keep_pace)
         backoff = {"due": now + gap, "gap_s": gap}
     return {"review_s": poll_s(review_seconds(spec, timings), None if backoff is None else backoff["due"], now),
             "review_mark": kept_mark(read.mark, last_mark), "review_backoff": backoff}

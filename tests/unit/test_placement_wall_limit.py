@@ -132,3 +132,15 @@ def test_describe_says_where_the_job_stands_against_its_schedule() -> None:
     assert line(1.5, 0, []).endswith("not measured yet (no committed step, or no on-demand pool allowed)")
     assert describe_job(_job(_history(350)).model_copy(update={"spec": _spec(2.0).model_dump(mode="json")}),
                         [], NOW).schedule is None  # (no market given: no line)
+
+
+def test_a_full_review_of_a_job_behind_its_schedule_does_not_back_off() -> None:
+    from spotrelay.services.review import Decision, review_seconds, stay_fields
+
+    spec = _spec(1.5)
+    base = review_seconds(spec, None)
+    last = {"due": NOW, "gap_s": 4 * base}  # three full reviews stayed before
+    calm = stay_fields(spec, None, [], NOW, Decision(None, "m", True), "m", last)
+    assert calm["review_backoff"]["gap_s"] > 4 * base  # doubled again
+    behind = stay_fields(spec, None, [], NOW, Decision(None, "m", True, keep_pace=True), "m", last)
+    assert behind["review_backoff"] == {"due": NOW + base, "gap_s": base}
