@@ -11,7 +11,8 @@ Bamboo's published prices and 45 s boot), ``synthetic`` (Spot Advisor bands and 
 share, recoveries, its cost per useful GPU-hour over the default's (mean of per-seed ratios) and over
 on-demand's, its wall hours, and how many of its runs did not finish (a failed job's means are not a
 result; ``spot wait N``: ``recovery.spot_wait_minutes``, waiting costs wall time;
-``elastic n/2 wX``: ``resources.min_nodes`` = half the gang with ``resources.wall_time_weight`` X).
+``elastic n/2 wX``: ``resources.min_nodes`` = half the gang with ``resources.wall_time_weight`` X;
+``max slowdown L``: ``recovery.max_slowdown``, wall time bounded at about L times on-demand's).
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "spot wait 15": ({"spot_wait_minutes": 15}, {}),
     "spot wait 30": ({"spot_wait_minutes": 30}, {}),
     "spot wait 60": ({"spot_wait_minutes": 60}, {}),
+    # recovery.max_slowdown: a schedule of on-demand's wall time x L (docs/placement.md, "A schedule")
+    "max slowdown 2": ({"max_slowdown": 2.0}, {}),
+    "max slowdown 1.5": ({"max_slowdown": 1.5}, {}),
 }
 
 
