@@ -23,8 +23,9 @@ score's model.
 A job that states ``recovery.max_slowdown`` L also keeps a schedule (``WallLimit``): ``h`` hours after its
 first attempt started, it should have committed the steps a full on-demand gang (of the cheapest
 on-demand pool per unit of work) trains in ``h / L`` hours. More than ``SCHEDULE_GRACE_HOURS`` of such
-training behind, spot did not pay either (Plan places on on-demand), and a review moves it back to spot
-only once it is on schedule again: the job mixes spot and on-demand to finish within about L times
+training behind, spot did not pay either (Plan places on on-demand, and a review moves a spot gang there:
+``review.catch_up``), and a review moves it back to spot only once it is on schedule again: the job
+mixes spot and on-demand to finish within about L times
 on-demand's wall time, at the least cost the market allows. Cost alone would not: EC2 bills nothing of a
 gang it takes in its first hour, so a market whose gangs die within minutes can cost less than on-demand
 and take three times as long.
