@@ -19,12 +19,13 @@ from spotrelay.domain.advice import job_advice
 from spotrelay.domain.cost import budget_reached_at, outlived_so_far, spent_at
 from spotrelay.domain.models import AnomalyRecord, Job, Node
 from spotrelay.errors import JobCancelledError
-from spotrelay.placement.spot_evidence import SCHEDULE_GRACE_HOURS, wall_limit
-from spotrelay.ports.market import MarketData
+from spotrelay.placement.spot_evidence import SCHEDULE_GRACE_HOURS, WallLimit, wall_limit
+from spotrelay.ports.market import MarketData, PoolQuote
 from spotrelay.ports.object_store import ObjectStore
 from spotrelay.services import savings
 from spotrelay.services.budget import draining_ranks, limits
 from spotrelay.services.controller import spec_of, standing_by
+from spotrelay.spec.models import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -134,19 +135,29 @@ def stopping(job: Job) -> str | None:
     return f"stopping: the ranks save, then the job ends {ends} (by {by}): {job.stop_reason or '-'}"
 
 
-def schedule(job: Job, now: float, market: MarketData) -> str | None:
-    """``recovery.max_slowdown`` in words: the job's committed training against its schedule
-    (spot_evidence.WallLimit, with ``market``'s on-demand prices). None without the limit."""
+# a job without recovery.max_slowdown whose committed training took this many times on-demand's wall time,
+# over at least SLOW_ADVICE_HOURS since its first launch, is told of the limit
+SLOW_ADVICE_FACTOR = 1.5
+SLOW_ADVICE_HOURS = 6.0
+
+
+def _spec_and_quotes(job: Job, market: MarketData) -> tuple[JobSpec, list[PoolQuote]] | None:
     try:
         spec = spec_of(job)
     except ValueError:  # (a record whose stored spec no longer validates: nothing to say)
         return None
-    wall = wall_limit(spec)
-    if wall is None:
-        return None
     res = spec.resources
-    quotes = market.quotes(res.regions, res.instance_types, [m.value for m in res.markets], scores=False)
-    behind = wall.hours_behind(job.attempts, quotes, now)
+    return spec, market.quotes(res.regions, res.instance_types, [m.value for m in res.markets], scores=False)
+
+
+def schedule(job: Job, now: float, market: MarketData) -> str | None:
+    """``recovery.max_slowdown`` in words: the job's committed training against its schedule
+    (spot_evidence.WallLimit, with ``market``'s on-demand prices). None without the limit."""
+    read = _spec_and_quotes(job, market)
+    wall = wall_limit(read[0]) if read else None
+    if read is None or wall is None:
+        return None
+    behind = wall.hours_behind(job.attempts, read[1], now)
     head = f"schedule (recovery.max_slowdown {wall.max_slowdown:g}):"
     if behind is None:
         return f"{head} not measured yet (no committed step, or no on-demand pool allowed)"
@@ -155,6 +166,28 @@ def schedule(job: Job, now: float, market: MarketData) -> str | None:
     if behind <= SCHEDULE_GRACE_HOURS:
         return f"{head} {behind:.1f} h behind, within the {SCHEDULE_GRACE_HOURS:g} h grace"
     return f"{head} {behind:.1f} h behind: its gang goes on on-demand until it is on schedule again"
+
+
+def slowdown_advice(job: Job, now: float, market: MarketData) -> str | None:
+    """One line for a job without ``recovery.max_slowdown`` that has spot attempts and whose committed
+    training took ``SLOW_ADVICE_FACTOR`` or more times the wall time a full on-demand gang would have."""
+    read = _spec_and_quotes(job, market)
+    if read is None or read[0].recovery.max_slowdown is not None:
+        return None
+    if not any(a.pool is not None and a.pool.market == "spot" for a in job.attempts):
+        return None
+    starts = [a.started_at for a in job.attempts if a.started_at is not None]
+    gap = WallLimit(1.0, read[0].resources.nodes).hours_behind(job.attempts, read[1], now)
+    if gap is None or not starts:
+        return None
+    elapsed = (now - min(starts)) / 3600.0
+    done = elapsed - gap  # hours a full on-demand gang would have trained the committed steps in
+    if elapsed < SLOW_ADVICE_HOURS or elapsed < SLOW_ADVICE_FACTOR * done:
+        return None
+    ratio = f"{elapsed / done:.1f}x" if done > 0 else "more than"
+    return (f"its committed training took {ratio} the wall time a full on-demand gang would have "
+            f"({elapsed:.1f} h for {max(done, 0.0):.1f} h of it): recovery.max_slowdown keeps a job within a "
+            "stated multiple of that, mixing on-demand in (docs/placement.md, \"A schedule\")")
 
 
 def cost_report(job: Job, now: float, nodes: Iterable[Node] = ()) -> CostReport:
@@ -260,5 +293,7 @@ def describe_job(job: Job, nodes: list[Node], now: float, ckpts: list[Checkpoint
         steps_lost=job.steps_lost, recoveries=job.recoveries, reasons=list(job.reasons), attempts=attempts,
         checkpoints=ckpts or [], recoveries_detail=recoveries, anomalies=list(job.anomalies),
         cost=costs, mlflow_run_id=job.mlflow_run_id, execution_arn=job.execution_arn, stopping=stopping(job),
-        advice=job_advice(job.spec, job.attempts), schedule=schedule(job, now, market) if market else None,
+        advice=[*job_advice(job.spec, job.attempts),
+                *([line] if market and (line := slowdown_advice(job, now, market)) else [])],
+        schedule=schedule(job, now, market) if market else None,
     )  # fmt: skip

@@ -144,3 +144,24 @@ def test_a_full_review_of_a_job_behind_its_schedule_does_not_back_off() -> None:
     assert calm["review_backoff"]["gap_s"] > 4 * base  # doubled again
     behind = stay_fields(spec, None, [], NOW, Decision(None, "m", True, keep_pace=True), "m", last)
     assert behind["review_backoff"] == {"due": NOW + base, "gap_s": base}
+
+
+def test_describe_tells_a_slow_job_without_a_limit_of_max_slowdown() -> None:
+    from spotrelay.adapters.static_market import StaticMarketData
+    from spotrelay.services.describe import SLOW_ADVICE_FACTOR, describe_job
+
+    def advice(limit: float | None, done: int, now: float = NOW) -> list[str]:
+        job = _job(_history(done)).model_copy(update={"spec": _spec(limit).model_dump(mode="json")})
+        return [a for a in describe_job(job, [], now, market=StaticMarketData()).advice if "max_slowdown" in a]
+
+    # 10 h in, 350 steps: 3.5 h of full on-demand training
+    assert advice(None, 350) == ["its committed training took 2.9x the wall time a full on-demand gang would have "
+                                 "(10.0 h for 3.5 h of it): recovery.max_slowdown keeps a job within a stated "
+                                 "multiple of that, mixing on-demand in (docs/placement.md, \"A schedule\")"]
+    assert advice(None, int(1000 / SLOW_ADVICE_FACTOR) + 10) == []  # under the factor
+    assert advice(2.0, 350) == []  # the limit is set: the schedule line says where it stands
+    assert advice(None, 100, NOW - 5 * H) == []  # 5 h in: too early to say
+    on_demand_only = _job([a.model_copy(update={"pool": OD}) for a in _history(350)]).model_copy(
+        update={"spec": _spec(None).model_dump(mode="json")})
+    assert not [a for a in describe_job(on_demand_only, [], NOW, market=StaticMarketData()).advice
+                if "max_slowdown" in a]  # not spot's doing
