@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
+from spotrelay.contracts.cadence import AUTO
 from spotrelay.domain.models import Attempt
 from spotrelay.placement import catalog
 from spotrelay.placement.policy import DEFAULT_CONFIG, PlacementConfig
@@ -61,8 +62,9 @@ HOLD_DOUBLINGS = 3
 # (``stall_limit`` of the default spec: one less than the stall budget, so a market whose gangs die before
 # they save sends the job to on-demand, not to failure)
 STALLED_SPOT_ATTEMPTS = max(1, Recovery.model_fields["max_stalled_recoveries"].default - 1)
-# recovery.max_slowdown: how far (hours of full on-demand training) a job may fall behind its schedule
-# before its next gang goes on on-demand: a spot gang's boot and restore, and the steps since its last save
+# recovery.max_slowdown: how far (hours of full on-demand training) a job may fall behind its schedule,
+# beyond the steps its trainers have not saved yet (up to one checkpoint interval: WallLimit.lag), before its
+# gang goes on on-demand: about a spot gang's boot and restore
 SCHEDULE_GRACE_HOURS = 1.0
 SAVE_GRACE_S = 900.0  # an attempt closed this recently may still be committing its final save (a notice's,
 #                       a move's by the target's boot): it counts once it saved after its end, or after this
@@ -87,15 +89,18 @@ class SpotEvidence:
 
 @dataclass(frozen=True)
 class WallLimit:
-    """A spec's ``recovery.max_slowdown`` and the gang on-demand would run (``resources.nodes``)."""
+    """A spec's ``recovery.max_slowdown``, the gang on-demand would run (``resources.nodes``) and its
+    checkpoint cadence: the committed steps trail training by up to ``lag_minutes`` (``every_minutes``, or
+    ``auto_max_minutes`` for ``auto``) or ``lag_steps`` (``every_steps``)."""
 
     max_slowdown: float
     nodes: int
+    lag_minutes: float = 0.0
+    lag_steps: int = 0
 
-    def hours_behind(self, attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
-                     config: PlacementConfig = DEFAULT_CONFIG) -> float | None:
-        """Hours of full on-demand training the job's committed steps are short of its schedule (negative:
-        ahead); None before a measured step rate, without on-demand quoted, or before its first attempt."""
+    def _progress(self, attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
+                  config: PlacementConfig) -> tuple[float, float] | None:
+        """(hours behind, the cadence's lag), both in hours of full on-demand training."""
         cheapest = _cheapest_on_demand(quotes, config)
         per_step = step_node_hours(attempts, config)
         starts = [a.started_at for a in attempts if a.started_at is not None]
@@ -103,15 +108,30 @@ class WallLimit:
             return None
         first = next((a.resumed_from_step for a in attempts if a.resumed_from_step is not None), 0)
         saved = max((a.saved_step for a in attempts if a.saved_step is not None), default=first)
-        done_h = max(0, saved - first) * per_step / (self.nodes * cheapest[1])
-        return (now - min(starts)) / 3600.0 / self.max_slowdown - done_h
+        step_h = per_step / (self.nodes * cheapest[1])
+        lag_h = self.lag_minutes / 60.0 + self.lag_steps * step_h
+        return (now - min(starts)) / 3600.0 / self.max_slowdown - max(0, saved - first) * step_h, lag_h
+
+    def hours_behind(self, attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
+                     config: PlacementConfig = DEFAULT_CONFIG) -> float | None:
+        """Hours of full on-demand training the job's committed steps are short of its schedule (negative:
+        ahead); None before a measured step rate, without on-demand quoted, or before its first attempt."""
+        progress = self._progress(attempts, quotes, now, config)
+        return None if progress is None else progress[0]
+
+    def late_hours(self, attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
+                   config: PlacementConfig = DEFAULT_CONFIG) -> float | None:
+        """``hours_behind`` where it is past the grace and the cadence's lag, else None."""
+        progress = self._progress(attempts, quotes, now, config)
+        if progress is None or progress[0] <= SCHEDULE_GRACE_HOURS + progress[1]:
+            return None
+        return progress[0]
 
     def behind(self, attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
                config: PlacementConfig = DEFAULT_CONFIG) -> bool:
-        """More than ``SCHEDULE_GRACE_HOURS`` behind: the next gang goes on on-demand, and a review moves a
-        spot gang or a shrunk one there (``review.catch_up``)."""
-        short = self.hours_behind(attempts, quotes, now, config)
-        return short is not None and short > SCHEDULE_GRACE_HOURS
+        """Past the grace and the lag: the next gang goes on on-demand, and a review moves a spot gang or a
+        shrunk one there (``review.catch_up``)."""
+        return self.late_hours(attempts, quotes, now, config) is not None
 
     def on_schedule(self, attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
                     config: PlacementConfig = DEFAULT_CONFIG) -> bool:
@@ -123,7 +143,13 @@ class WallLimit:
 def wall_limit(spec: JobSpec) -> WallLimit | None:
     """The spec's limit on spot's wall time (None: unset, cost alone decides)."""
     limit = spec.recovery.max_slowdown
-    return None if limit is None else WallLimit(limit, spec.resources.nodes)
+    if limit is None:
+        return None
+    ckpt = spec.checkpoint
+    if ckpt.every_steps is not None:
+        return WallLimit(limit, spec.resources.nodes, lag_steps=ckpt.every_steps)
+    minutes = ckpt.auto_max_minutes if ckpt.every_minutes in (None, AUTO) else float(ckpt.every_minutes or 0.0)
+    return WallLimit(limit, spec.resources.nodes, lag_minutes=minutes)
 
 
 def _throughput(instance_type: str, config: PlacementConfig) -> float:

@@ -163,8 +163,9 @@ def schedule(job: Job, now: float, market: MarketData) -> str | None:
         return f"{head} not measured yet (no committed step, or no on-demand pool allowed)"
     if behind <= 0:
         return f"{head} {-behind:.1f} h of on-demand training ahead"
-    if behind <= SCHEDULE_GRACE_HOURS:
-        return f"{head} {behind:.1f} h behind, within the {SCHEDULE_GRACE_HOURS:g} h grace"
+    if wall.late_hours(job.attempts, read[1], now) is None:
+        return (f"{head} {behind:.1f} h behind, within the grace ({SCHEDULE_GRACE_HOURS:g} h and the steps "
+                "not saved yet)")
     return f"{head} {behind:.1f} h behind: its gang goes on on-demand until it is on schedule again"
 
 

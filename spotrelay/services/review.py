@@ -48,7 +48,7 @@ from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.payback import spot_stint_hours
 from spotrelay.placement.policy import loss_interval
 from spotrelay.placement.review import Move, better_placement, catch_up, evidence_expires_at, review_spot_hours
-from spotrelay.placement.spot_evidence import SCHEDULE_GRACE_HOURS, off_on_demand_allowed, stall_limit, wall_limit
+from spotrelay.placement.spot_evidence import off_on_demand_allowed, stall_limit, wall_limit
 from spotrelay.ports.market import PoolQuote
 from spotrelay.services.controller import Controller, attempt_nodes, spec_of
 from spotrelay.spec.models import JobSpec
@@ -155,9 +155,10 @@ def decide(ctl: Controller, job: Job, now: float, time_scale: float = 1.0, last_
                             boot_s=_modeled_boot(ctl, time_scale))
     wall = wall_limit(spec)
     behind = wall.hours_behind(job.attempts, quotes, now) if wall is not None else None
-    if behind is not None and behind > SCHEDULE_GRACE_HOURS:  # behind its max_slowdown schedule on a spot or
-        move = catch_up(spec, here, world, quotes, stats, now, behind,  # shrunk gang: on-demand, whatever it costs
-                        frozenset(job.excluded_pools), boot_s=_modeled_boot(ctl, time_scale)) or move
+    late = wall.late_hours(job.attempts, quotes, now) if wall is not None else None
+    if late is not None:  # behind its max_slowdown schedule on a spot or shrunk gang: on-demand, whatever it costs
+        move = catch_up(spec, here, world, quotes, stats, now, late, frozenset(job.excluded_pools),
+                        boot_s=_modeled_boot(ctl, time_scale)) or move
     if move is not None and not off_on_demand_allowed(move.target.pool.market, current.pool.market,
                                                       job.attempts, quotes, now, stalled=stall_limit(spec),
                                                       wall=wall):

@@ -15,7 +15,7 @@ from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.payback import spot_stint_hours
 from spotrelay.placement.policy import loss_interval
 from spotrelay.placement.review import better_placement, catch_up, review_spot_hours
-from spotrelay.placement.spot_evidence import SCHEDULE_GRACE_HOURS, off_on_demand_allowed, stall_limit, wall_limit
+from spotrelay.placement.spot_evidence import off_on_demand_allowed, stall_limit, wall_limit
 from spotrelay.services.review import NOTHING_READ, Decision, review_seconds, stay_fields
 from spotrelay.sim import attempts
 from spotrelay.sim.asl import TaskFailed
@@ -147,9 +147,9 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     behind = None
     if wall is not None:  # review.decide: behind its max_slowdown schedule on a spot or shrunk gang
         records, on_demand = attempts.as_of_now(self), _on_demand_quotes(self)
-        behind = wall.hours_behind(records, on_demand, self.now)
-        if behind is not None and behind > SCHEDULE_GRACE_HOURS:
-            move = catch_up(self.spec, here, len(gang), on_demand, stats, self.now, behind, excluded,
+        behind, late = wall.hours_behind(records, on_demand, self.now), wall.late_hours(records, on_demand, self.now)
+        if late is not None:
+            move = catch_up(self.spec, here, len(gang), on_demand, stats, self.now, late, excluded,
                             config=self.config, boot_s=self.market.expected_boot_s) or move
     if move is not None and not off_on_demand_allowed(move.target.pool.market, current.pool.market,
                                                       attempts.as_of_now(self), _on_demand_quotes(self), self.now,

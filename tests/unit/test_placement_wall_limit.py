@@ -36,7 +36,7 @@ def _history(done: int, first_step: int = 0) -> list[Attempt]:
 
 def test_the_schedule_is_on_demands_training_hours_times_the_limit() -> None:
     wall = se.wall_limit(_spec(2.0))
-    assert wall == se.WallLimit(2.0, 4) and se.wall_limit(_spec(None)) is None
+    assert wall == se.WallLimit(2.0, 4, lag_minutes=20) and se.wall_limit(_spec(None)) is None
     quotes = _od_quotes()
     # 10 h in at 2x: 5 h of full on-demand training due (500 steps)
     assert wall.hours_behind(_history(350), quotes, NOW) == pytest.approx(1.5)
@@ -45,6 +45,24 @@ def test_the_schedule_is_on_demands_training_hours_times_the_limit() -> None:
     assert wall.hours_behind(_history(350, first_step=5000), quotes, NOW) == pytest.approx(1.5)
     # the schedule is the spec's full gang on on-demand: 8 nodes would have trained those steps in half the time
     assert se.WallLimit(2.0, 8).hours_behind(_history(350), quotes, NOW) == pytest.approx(5.0 - 1.75)
+
+
+def test_the_grace_grows_by_the_steps_the_trainers_have_not_saved_yet() -> None:
+    """Committed steps trail training by up to one checkpoint interval: a job saving hourly is not
+    behind for that hour."""
+    quotes = _od_quotes()
+    late = _history(350)  # 1.5 h behind
+    assert se.WallLimit(2.0, 4).behind(late, quotes, NOW)
+    assert not se.WallLimit(2.0, 4, lag_minutes=60).behind(late, quotes, NOW)
+    assert not se.WallLimit(2.0, 4, lag_steps=100).behind(late, quotes, NOW)  # 100 steps: an hour on on-demand
+    assert se.WallLimit(2.0, 4, lag_steps=20).behind(late, quotes, NOW)
+    doc = make_spec().model_dump(mode="json")
+    doc["recovery"]["max_slowdown"] = 2.0
+    assert se.wall_limit(JobSpec.model_validate(doc)) == se.WallLimit(2.0, 4, lag_minutes=20)  # every_minutes 20
+    doc["checkpoint"] = {"every_minutes": "auto", "auto_max_minutes": 45}
+    assert se.wall_limit(JobSpec.model_validate(doc)) == se.WallLimit(2.0, 4, lag_minutes=45)
+    doc["checkpoint"] = {"every_steps": 50}
+    assert se.wall_limit(JobSpec.model_validate(doc)) == se.WallLimit(2.0, 4, lag_steps=50)
 
 
 def test_behind_by_more_than_the_grace_gives_spot_up_and_on_schedule_lets_it_back() -> None:
@@ -127,7 +145,8 @@ def test_describe_says_where_the_job_stands_against_its_schedule() -> None:
     assert line(None, 350) is None  # no limit: no line
     assert line(2.0, 350) == ("schedule (recovery.max_slowdown 2): 1.5 h behind: its gang goes on on-demand "
                               "until it is on schedule again")
-    assert line(2.0, 450) == "schedule (recovery.max_slowdown 2): 0.5 h behind, within the 1 h grace"
+    assert line(2.0, 450) == ("schedule (recovery.max_slowdown 2): 0.5 h behind, within the grace (1 h and the "
+                              "steps not saved yet)")
     assert line(2.0, 520) == "schedule (recovery.max_slowdown 2): 0.2 h of on-demand training ahead"
     assert line(1.5, 0, []).endswith("not measured yet (no committed step, or no on-demand pool allowed)")
     assert describe_job(_job(_history(350)).model_copy(update={"spec": _spec(2.0).model_dump(mode="json")}),
