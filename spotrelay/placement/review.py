@@ -33,6 +33,7 @@ from spotrelay.placement.gang_fit import SizedScores
 from spotrelay.placement.payback import round_trip_cost
 from spotrelay.placement.policy import DEFAULT_CONFIG, PlacementConfig, ScoredPool, evaluate_pools, score_pool
 from spotrelay.placement.pool_stats import PoolStats
+from spotrelay.placement.spot_evidence import wall_limit
 from spotrelay.ports.market import PoolQuote
 from spotrelay.spec.models import JobSpec
 
@@ -234,3 +235,21 @@ def catch_up(
     move_cost, _ = _move_cost(best, current, world, config, review, boot_s)
     return Move(target=best, current=now_scored, gain_per_hour=(now_scored.score - best.score) * work_rate(best),
                 move_cost=move_cost, horizon_hours=review.horizon_hours, behind_hours=behind_hours)
+
+
+def keep_to_schedule(
+    spec: JobSpec, current: PoolQuote, world: int, quotes: list[PoolQuote], stats: Mapping[str, PoolStats],
+    now: float, attempts: list[Attempt], move: Move | None, excluded: frozenset[str] = frozenset(), *,
+    config: PlacementConfig = DEFAULT_CONFIG, boot_s: Callable[[Pool], float] | None = None,
+) -> tuple[Move | None, bool]:
+    """``recovery.max_slowdown`` at a full review (services/review.py and the simulator's): past the
+    schedule's grace on a spot or shrunk gang, the catch-up move replaces ``move``; and whether the job is
+    behind at all, so that the next full review does not back off. Without the limit: (``move``, False)."""
+    wall = wall_limit(spec)
+    if wall is None:
+        return move, False
+    late = wall.late_hours(attempts, quotes, now, config)
+    if late is not None:
+        move = catch_up(spec, current, world, quotes, stats, now, late, excluded, config=config, boot_s=boot_s) or move
+    behind = wall.hours_behind(attempts, quotes, now, config)
+    return move, behind is not None and behind > 0

@@ -47,7 +47,7 @@ from spotrelay.placement.cadence import (
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.payback import spot_stint_hours
 from spotrelay.placement.policy import loss_interval
-from spotrelay.placement.review import Move, better_placement, catch_up, evidence_expires_at, review_spot_hours
+from spotrelay.placement.review import Move, better_placement, evidence_expires_at, keep_to_schedule, review_spot_hours
 from spotrelay.placement.spot_evidence import off_on_demand_allowed, stall_limit, wall_limit
 from spotrelay.ports.market import PoolQuote
 from spotrelay.services.controller import Controller, attempt_nodes, spec_of
@@ -153,17 +153,13 @@ def decide(ctl: Controller, job: Job, now: float, time_scale: float = 1.0, last_
                             spot_hours=review_spot_hours(job.attempts, current.pool.market, now), sized=sized,
                             stint_hours=spot_stint_hours(job.attempts),
                             boot_s=_modeled_boot(ctl, time_scale))
-    wall = wall_limit(spec)
-    behind = wall.hours_behind(job.attempts, quotes, now) if wall is not None else None
-    late = wall.late_hours(job.attempts, quotes, now) if wall is not None else None
-    if late is not None:  # behind its max_slowdown schedule on a spot or shrunk gang: on-demand, whatever it costs
-        move = catch_up(spec, here, world, quotes, stats, now, late, frozenset(job.excluded_pools),
-                        boot_s=_modeled_boot(ctl, time_scale)) or move
+    move, keep_pace = keep_to_schedule(spec, here, world, quotes, stats, now, job.attempts, move,  # max_slowdown
+                                       frozenset(job.excluded_pools), boot_s=_modeled_boot(ctl, time_scale))
     if move is not None and not off_on_demand_allowed(move.target.pool.market, current.pool.market,
                                                       job.attempts, quotes, now, stalled=stall_limit(spec),
-                                                      wall=wall):
+                                                      wall=wall_limit(spec)):
         move = None  # the job's spot attempts cost more per useful step than on-demand (spot_evidence)
-    return Decision(move, mark, True, keep_pace=behind is not None and behind > 0)
+    return Decision(move, mark, True, keep_pace=keep_pace)
 
 
 def reading_mark(quotes: list[PoolQuote]) -> str | None:

@@ -14,7 +14,7 @@ from spotrelay.placement.cadence import DUE_SLACK_S, full_review_due, mark_of, p
 from spotrelay.placement.gang_fit import probe_sizes, scores_of
 from spotrelay.placement.payback import spot_stint_hours
 from spotrelay.placement.policy import loss_interval
-from spotrelay.placement.review import better_placement, catch_up, review_spot_hours
+from spotrelay.placement.review import better_placement, keep_to_schedule, review_spot_hours
 from spotrelay.placement.spot_evidence import off_on_demand_allowed, stall_limit, wall_limit
 from spotrelay.services.review import NOTHING_READ, Decision, review_seconds, stay_fields
 from spotrelay.sim import attempts
@@ -143,20 +143,17 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
                                  sized=sized, stint_hours=stints, boot_s=self.market.expected_boot_s)
         assert every == move and spot_hours == _spot_hours(self) and stints == spot_stint_hours(self.attempts), (
             every, move)
-    wall = wall_limit(self.spec)
-    behind = None
-    if wall is not None:  # review.decide: behind its max_slowdown schedule on a spot or shrunk gang
-        records, on_demand = attempts.as_of_now(self), _on_demand_quotes(self)
-        behind, late = wall.hours_behind(records, on_demand, self.now), wall.late_hours(records, on_demand, self.now)
-        if late is not None:
-            move = catch_up(self.spec, here, len(gang), on_demand, stats, self.now, late, excluded,
-                            config=self.config, boot_s=self.market.expected_boot_s) or move
+    keep_pace = False
+    if self.spec.recovery.max_slowdown is not None:  # review.decide: the schedule (the records as they hold now)
+        move, keep_pace = keep_to_schedule(self.spec, here, len(gang), _on_demand_quotes(self), stats, self.now,
+                                           attempts.as_of_now(self), move, excluded, config=self.config,
+                                           boot_s=self.market.expected_boot_s)
     if move is not None and not off_on_demand_allowed(move.target.pool.market, current.pool.market,
                                                       attempts.as_of_now(self), _on_demand_quotes(self), self.now,
-                                                      stalled=stall_limit(self.spec), wall=wall):
+                                                      stalled=stall_limit(self.spec), wall=wall_limit(self.spec)):
         move = None  # review.review: the job's spot attempts did not pay (placement/spot_evidence.py)
     if move is None:
-        return _stay(self, payload, Decision(None, mark, True, keep_pace=behind is not None and behind > 0))
+        return _stay(self, payload, Decision(None, mark, True, keep_pace=keep_pace))
     t = move.target
     leaving = [] if move.in_place else gang
     interval = loss_interval(t, at_risk=notice_risk_share(self.attempts))
