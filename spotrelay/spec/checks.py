@@ -161,5 +161,14 @@ def gpu_problems(spec: JobSpec) -> Problems:
     return [("resources.gpus_per_node", f"is {want}, but {t} has {gpus} GPUs") for t, gpus in small]
 
 
+def schedule_problems(spec: JobSpec) -> Problems:
+    """A wall-time limit with no on-demand to keep it: it would never act (placement/spot_evidence.WallLimit)."""
+    if spec.recovery.max_slowdown is not None and "on-demand" not in spec.resources.markets:
+        return [("recovery.max_slowdown", "needs on-demand in resources.markets: it keeps the job on schedule by "
+                                          "moving it there when spot falls behind")]
+    return []
+
+
 def launch_problems(spec: JobSpec) -> Problems:
-    return entrypoint_problems(spec) + code_problems(spec) + deepspeed_problems(spec) + gpu_problems(spec)
+    return (entrypoint_problems(spec) + code_problems(spec) + deepspeed_problems(spec) + gpu_problems(spec)
+            + schedule_problems(spec))

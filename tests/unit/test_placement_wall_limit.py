@@ -184,3 +184,12 @@ def test_describe_tells_a_slow_job_without_a_limit_of_max_slowdown() -> None:
         update={"spec": _spec(None).model_dump(mode="json")})
     assert not [a for a in describe_job(on_demand_only, [], NOW, market=StaticMarketData()).advice
                 if "max_slowdown" in a]  # not spot's doing
+
+
+def test_a_limit_without_on_demand_allowed_is_refused_before_a_launch() -> None:
+    from spotrelay.spec.checks import launch_problems
+
+    doc = _spec(1.5).model_dump(mode="json")
+    assert not [p for p in launch_problems(JobSpec.model_validate(doc)) if p[0] == "recovery.max_slowdown"]
+    doc["resources"]["markets"] = ["spot"]
+    assert [p[0] for p in launch_problems(JobSpec.model_validate(doc))] == ["recovery.max_slowdown"]
