@@ -10,14 +10,14 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from spotrelay.domain.advice import job_advice
 from spotrelay.domain.cost import budget_reached_at, outlived_so_far, spent_at
-from spotrelay.domain.models import AnomalyRecord, Job, Node
+from spotrelay.domain.models import AnomalyRecord, Attempt, Job, Node
 from spotrelay.errors import JobCancelledError
 from spotrelay.placement.spot_evidence import SCHEDULE_GRACE_HOURS, WallLimit, wall_limit
 from spotrelay.ports.market import MarketData, PoolQuote
@@ -170,15 +170,21 @@ def schedule(job: Job, now: float, market: MarketData) -> str | None:
 
 
 def slowdown_advice(job: Job, now: float, market: MarketData) -> str | None:
-    """One line for a job without ``recovery.max_slowdown`` that has spot attempts and whose committed
-    training took ``SLOW_ADVICE_FACTOR`` or more times the wall time a full on-demand gang would have."""
+    """``slowdown_line`` of the job record, with ``market``'s on-demand prices."""
     read = _spec_and_quotes(job, market)
-    if read is None or read[0].recovery.max_slowdown is not None:
+    return None if read is None else slowdown_line(read[0], job.attempts, now, read[1])
+
+
+def slowdown_line(spec: JobSpec, attempts: Sequence[Attempt], now: float, quotes: Sequence[PoolQuote]) -> str | None:
+    """One line for a job without ``recovery.max_slowdown`` that has spot attempts and whose committed
+    training took ``SLOW_ADVICE_FACTOR`` or more times the wall time a full on-demand gang would have
+    (``quotes``: the on-demand prices that pick the schedule's pool). The simulator's runs say it too."""
+    if spec.recovery.max_slowdown is not None:
         return None
-    if not any(a.pool is not None and a.pool.market == "spot" for a in job.attempts):
+    if not any(a.pool is not None and a.pool.market == "spot" for a in attempts):
         return None
-    starts = [a.started_at for a in job.attempts if a.started_at is not None]
-    gap = WallLimit(1.0, read[0].resources.nodes).hours_behind(job.attempts, read[1], now)
+    starts = [a.started_at for a in attempts if a.started_at is not None]
+    gap = WallLimit(1.0, spec.resources.nodes).hours_behind(attempts, quotes, now)
     if gap is None or not starts:
         return None
     elapsed = (now - min(starts)) / 3600.0

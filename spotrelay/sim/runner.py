@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.advice import job_advice
 from spotrelay.errors import validation_message
+from spotrelay.services.describe import slowdown_line
 from spotrelay.sim import billing
 from spotrelay.sim.assumptions import assumptions
 from spotrelay.sim.baselines import BASELINES, BaselineRun
@@ -170,9 +171,15 @@ def measure(policy: str, seed: int, run: Run) -> RunResult:
 
 
 def _advice(run: Run) -> str | None:
-    """describe's advice over the run's job record (spotrelay's runs keep one; the baselines none)."""
+    """describe's advice over the run's job record (spotrelay's runs keep one; the baselines none), at the
+    run's end, with its market's on-demand prices then."""
     spec, attempts = getattr(run, "spec", None), getattr(run, "attempts", None)
-    said = job_advice(spec.model_dump(mode="json"), attempts) if spec is not None and attempts else []
+    if spec is None or not attempts:
+        return None
+    said = job_advice(spec.model_dump(mode="json"), attempts)
+    on_demand = [run.market.quote(p, run.now) for p in run.market.pools if not p.spot]
+    if line := slowdown_line(spec, attempts, run.now, on_demand):
+        said.append(line)
     return "; ".join(said) or None
 
 

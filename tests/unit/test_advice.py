@@ -139,7 +139,8 @@ def test_on_the_simulated_g4dn_trace_a_16_node_gang_is_told_and_an_8_node_one_is
 
 def test_simulate_reports_what_describe_would_advise_on_its_spotrelay_runs() -> None:
     """``spotrelay simulate`` says, under its table and in its JSON, on how many of spotrelay's jobs
-    describe would advise min_nodes (a stated elastic gang: none; the baselines keep no job record)."""
+    describe would advise min_nodes (a stated elastic gang: none; the baselines keep no job record); an
+    elastic gang may still hear of recovery.max_slowdown (services/describe.slowdown_line), until it states it."""
     import io
     from pathlib import Path
 
@@ -164,7 +165,10 @@ def test_simulate_reports_what_describe_would_advise_on_its_spotrelay_runs() -> 
     assert simulate(opts).advice("spotrelay")[:2] == (4, 4)
     opts.spotrelay_switches = {"min_nodes": 8}
     elastic = simulate(opts)
-    assert elastic.advice("spotrelay") == (0, 4, None) and elastic.to_json()["advice"] == {}
+    _, of, said = elastic.advice("spotrelay")
+    assert of == 4 and "spot gangs of 16 nodes" not in (said or "")  # it states min_nodes: no such advice
+    opts.spotrelay_switches = {"min_nodes": 8, "max_slowdown": 3}  # (nor of the wall-time limit, once stated)
+    assert simulate(opts).advice("spotrelay") == (0, 4, None) and simulate(opts).to_json()["advice"] == {}
 
 
 def _noticed(at_risk: list[bool], reason: str = "interrupted") -> list[Attempt]:

@@ -16,10 +16,23 @@ TRACE = str(Path(__file__).resolve().parents[2] / "spotrelay" / "local" / "data"
 WORK_H = 72.0
 
 
-def _values(**switches: Any) -> dict[str, dict[str, float]]:
+def _runs(**switches: Any) -> dict[str, Any]:
     opts = SimOptions(market=MarketOptions(traces=[TRACE]), job=JobModel(nodes=16, job_hours=WORK_H),
                       policies=("spotrelay", "on-demand"), spotrelay_switches=switches)
-    return {r.policy: r.values for r in run_seed(opts, 0)}
+    return {r.policy: r for r in run_seed(opts, 0)}
+
+
+def _values(**switches: Any) -> dict[str, dict[str, float]]:
+    return {policy: r.values for policy, r in _runs(**switches).items()}
+
+
+def test_the_runs_advice_names_the_limit_to_a_slow_job_without_it() -> None:
+    """describe's advice over the run's records (services/describe.slowdown_line), as `simulate` prints it."""
+    free = _runs()["spotrelay"]
+    assert "recovery.max_slowdown keeps a job within a stated multiple" in (free.advice or "")
+    assert "its committed training took 2." in (free.advice or "")  # ~2.3x on this trace
+    bounded = _runs(max_slowdown=1.5)["spotrelay"]
+    assert "recovery.max_slowdown" not in (bounded.advice or "")  # the job states it already
 
 
 def test_a_job_keeps_within_its_max_slowdown_by_mixing_in_on_demand() -> None:
