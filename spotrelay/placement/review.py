@@ -248,8 +248,10 @@ def keep_to_schedule(
     wall = wall_limit(spec)
     if wall is None:
         return move, False
-    late = wall.late_hours(attempts, quotes, now, config)
-    if late is not None:
-        move = catch_up(spec, current, world, quotes, stats, now, late, excluded, config=config, boot_s=boot_s) or move
-    behind = wall.hours_behind(attempts, quotes, now, config)
-    return move, behind is not None and behind > 0
+    standing = wall.standing(attempts, quotes, now, config)
+    if standing is None:
+        return move, False
+    short, late = standing
+    if late:
+        move = catch_up(spec, current, world, quotes, stats, now, short, excluded, config=config, boot_s=boot_s) or move
+    return move, short > 0

@@ -98,46 +98,52 @@ class WallLimit:
     lag_minutes: float = 0.0
     lag_steps: int = 0
 
-    def _progress(self, attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
-                  config: PlacementConfig) -> tuple[float, float] | None:
-        """(hours behind, the cadence's lag), both in hours of full on-demand training."""
-        cheapest = _cheapest_on_demand(quotes, config)
-        per_step = step_node_hours(attempts, config)
-        starts = [a.started_at for a in attempts if a.started_at is not None]
-        if cheapest is None or per_step is None or not starts:
+    def standing(self, attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
+                 config: PlacementConfig = DEFAULT_CONFIG) -> tuple[float, bool] | None:
+        """(hours of full on-demand training the job's committed steps are short of its schedule, negative
+        when ahead; whether that is past the grace and the cadence's lag); None as ``progress``."""
+        measured = progress(attempts, quotes, now, self.nodes, config)
+        if measured is None:
             return None
-        first = next((a.resumed_from_step for a in attempts if a.resumed_from_step is not None), 0)
-        saved = max((a.saved_step for a in attempts if a.saved_step is not None), default=first)
-        step_h = per_step / (self.nodes * cheapest[1])
-        lag_h = self.lag_minutes / 60.0 + self.lag_steps * step_h
-        return (now - min(starts)) / 3600.0 / self.max_slowdown - max(0, saved - first) * step_h, lag_h
+        elapsed_h, done_h, step_h = measured
+        short = elapsed_h / self.max_slowdown - done_h
+        return short, short > SCHEDULE_GRACE_HOURS + self.lag_minutes / 60.0 + self.lag_steps * step_h
 
     def hours_behind(self, attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
                      config: PlacementConfig = DEFAULT_CONFIG) -> float | None:
-        """Hours of full on-demand training the job's committed steps are short of its schedule (negative:
-        ahead); None before a measured step rate, without on-demand quoted, or before its first attempt."""
-        progress = self._progress(attempts, quotes, now, config)
-        return None if progress is None else progress[0]
-
-    def late_hours(self, attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
-                   config: PlacementConfig = DEFAULT_CONFIG) -> float | None:
-        """``hours_behind`` where it is past the grace and the cadence's lag, else None."""
-        progress = self._progress(attempts, quotes, now, config)
-        if progress is None or progress[0] <= SCHEDULE_GRACE_HOURS + progress[1]:
-            return None
-        return progress[0]
+        """``standing``'s hours alone."""
+        standing = self.standing(attempts, quotes, now, config)
+        return None if standing is None else standing[0]
 
     def behind(self, attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
                config: PlacementConfig = DEFAULT_CONFIG) -> bool:
         """Past the grace and the lag: the next gang goes on on-demand, and a review moves a spot gang or a
         shrunk one there (``review.catch_up``)."""
-        return self.late_hours(attempts, quotes, now, config) is not None
+        standing = self.standing(attempts, quotes, now, config)
+        return standing is not None and standing[1]
 
     def on_schedule(self, attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
                     config: PlacementConfig = DEFAULT_CONFIG) -> bool:
         """Not behind at all (or not measured yet): a review may move the job back to spot."""
         short = self.hours_behind(attempts, quotes, now, config)
         return short is None or short <= 0.0
+
+
+def progress(attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float, nodes: int,
+             config: PlacementConfig = DEFAULT_CONFIG) -> tuple[float, float, float] | None:
+    """(hours since the job's first attempt started, hours a full gang of ``nodes`` on the cheapest on-demand
+    pool per unit of work would have trained its committed steps in, such hours per step); None before a
+    measured step rate, without on-demand quoted, or before its first attempt. The schedule's measure
+    (``WallLimit``) and describe's advice (services/describe.slowdown_line) read it."""
+    cheapest = _cheapest_on_demand(quotes, config)
+    per_step = step_node_hours(attempts, config)
+    starts = [a.started_at for a in attempts if a.started_at is not None]
+    if cheapest is None or per_step is None or not starts:
+        return None
+    first = next((a.resumed_from_step for a in attempts if a.resumed_from_step is not None), 0)
+    saved = max((a.saved_step for a in attempts if a.saved_step is not None), default=first)
+    step_h = per_step / (nodes * cheapest[1])
+    return (now - min(starts)) / 3600.0, max(0, saved - first) * step_h, step_h
 
 
 def wall_limit(spec: JobSpec) -> WallLimit | None:
@@ -174,12 +180,6 @@ def step_node_hours(attempts: Sequence[Attempt], config: PlacementConfig = DEFAU
         if steps > 0 and hours > 0:
             return a.world_size * _throughput(a.pool.instance_type, config) * hours / steps
     return None
-
-
-def on_demand_work_price(quotes: Sequence[PoolQuote], config: PlacementConfig = DEFAULT_CONFIG) -> float | None:
-    """USD per node-hour over throughput of the cheapest on-demand pool quoted (None: none allowed)."""
-    cheapest = _cheapest_on_demand(quotes, config)
-    return cheapest[0] if cheapest else None
 
 
 def _cheapest_on_demand(quotes: Sequence[PoolQuote], config: PlacementConfig) -> tuple[float, float] | None:

@@ -19,7 +19,7 @@ from spotrelay.domain.advice import job_advice
 from spotrelay.domain.cost import budget_reached_at, outlived_so_far, spent_at
 from spotrelay.domain.models import AnomalyRecord, Attempt, Job, Node
 from spotrelay.errors import JobCancelledError
-from spotrelay.placement.spot_evidence import SCHEDULE_GRACE_HOURS, WallLimit, wall_limit
+from spotrelay.placement.spot_evidence import SCHEDULE_GRACE_HOURS, progress, wall_limit
 from spotrelay.ports.market import MarketData, PoolQuote
 from spotrelay.ports.object_store import ObjectStore
 from spotrelay.services import savings
@@ -157,13 +157,14 @@ def schedule(job: Job, now: float, market: MarketData) -> str | None:
     wall = wall_limit(read[0]) if read else None
     if read is None or wall is None:
         return None
-    behind = wall.hours_behind(job.attempts, read[1], now)
+    standing = wall.standing(job.attempts, read[1], now)
     head = f"schedule (recovery.max_slowdown {wall.max_slowdown:g}):"
-    if behind is None:
+    if standing is None:
         return f"{head} not measured yet (no committed step, or no on-demand pool allowed)"
+    behind, late = standing
     if behind <= 0:
         return f"{head} {-behind:.1f} h of on-demand training ahead"
-    if wall.late_hours(job.attempts, read[1], now) is None:
+    if not late:
         return (f"{head} {behind:.1f} h behind, within the grace ({SCHEDULE_GRACE_HOURS:g} h and the steps "
                 "not saved yet)")
     return f"{head} {behind:.1f} h behind: its gang goes on on-demand until it is on schedule again"
@@ -183,12 +184,10 @@ def slowdown_line(spec: JobSpec, attempts: Sequence[Attempt], now: float, quotes
         return None
     if not any(a.pool is not None and a.pool.market == "spot" for a in attempts):
         return None
-    starts = [a.started_at for a in attempts if a.started_at is not None]
-    gap = WallLimit(1.0, spec.resources.nodes).hours_behind(attempts, quotes, now)
-    if gap is None or not starts:
+    measured = progress(attempts, quotes, now, spec.resources.nodes)
+    if measured is None:
         return None
-    elapsed = (now - min(starts)) / 3600.0
-    done = elapsed - gap  # hours a full on-demand gang would have trained the committed steps in
+    elapsed, done, _ = measured  # (done: hours a full on-demand gang would have trained the committed steps in)
     if elapsed < SLOW_ADVICE_HOURS or elapsed < SLOW_ADVICE_FACTOR * done:
         return None
     ratio = f"{elapsed / done:.1f}x" if done > 0 else "more than"

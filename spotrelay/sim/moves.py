@@ -23,6 +23,7 @@ from spotrelay.sim.shortlist import review_quotes, same_review
 
 if TYPE_CHECKING:
     from spotrelay.sim.controller import SpotrelayRun
+    from spotrelay.sim.engine import Run
 
 VERIFY_SHORTLIST = False  # tests set it: every review also runs over every quote and must agree
 SKIP_POLLS = True  # tests clear it: every poll of the placement review is walked (next_poll_at)
@@ -111,8 +112,9 @@ def _stints(run: SpotrelayRun) -> float | None:
     return memo[1]
 
 
-def _on_demand_quotes(run: SpotrelayRun) -> list[Any]:
-    """The on-demand pools' quotes: all ``spot_evidence`` reads of the market (their price)."""
+def on_demand_quotes(run: Run) -> list[Any]:
+    """The on-demand pools' quotes: all ``spot_evidence`` reads of the market (their price; the runner's
+    advice too)."""
     return [run.market.quote(p, run.now) for p in run.market.pools if not p.spot]
 
 
@@ -143,14 +145,16 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
                                  sized=sized, stint_hours=stints, boot_s=self.market.expected_boot_s)
         assert every == move and spot_hours == _spot_hours(self) and stints == spot_stint_hours(self.attempts), (
             every, move)
-    keep_pace = False
-    if self.spec.recovery.max_slowdown is not None:  # review.decide: the schedule (the records as they hold now)
-        move, keep_pace = keep_to_schedule(self.spec, here, len(gang), _on_demand_quotes(self), stats, self.now,
-                                           attempts.as_of_now(self), move, excluded, config=self.config,
-                                           boot_s=self.market.expected_boot_s)
-    if move is not None and not off_on_demand_allowed(move.target.pool.market, current.pool.market,
-                                                      attempts.as_of_now(self), _on_demand_quotes(self), self.now,
-                                                      stalled=stall_limit(self.spec), wall=wall_limit(self.spec)):
+    keep_pace, records, on_demand = False, None, None  # (the records as they hold now: read once, when needed)
+    if self.spec.recovery.max_slowdown is not None:  # review.decide: the schedule
+        records, on_demand = attempts.as_of_now(self), on_demand_quotes(self)
+        move, keep_pace = keep_to_schedule(self.spec, here, len(gang), on_demand, stats, self.now, records, move,
+                                           excluded, config=self.config, boot_s=self.market.expected_boot_s)
+    if move is not None and not off_on_demand_allowed(
+            move.target.pool.market, current.pool.market,
+            attempts.as_of_now(self) if records is None else records,
+            on_demand_quotes(self) if on_demand is None else on_demand, self.now,
+            stalled=stall_limit(self.spec), wall=wall_limit(self.spec)):
         move = None  # review.review: the job's spot attempts did not pay (placement/spot_evidence.py)
     if move is None:
         return _stay(self, payload, Decision(None, mark, True, keep_pace=keep_pace))

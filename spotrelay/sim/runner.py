@@ -28,6 +28,7 @@ from spotrelay.sim.controller import SpotrelayRun
 from spotrelay.sim.engine import Run
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.losses import CATEGORIES, shares
+from spotrelay.sim.moves import on_demand_quotes
 
 # spotrelay switches that are spec fields: switch name -> the spec section that holds it
 SPEC_SWITCHES = {"spares": "resources", "min_nodes": "resources", "wall_time_weight": "resources",
@@ -177,8 +178,7 @@ def _advice(run: Run) -> str | None:
     if spec is None or not attempts:
         return None
     said = job_advice(spec.model_dump(mode="json"), attempts)
-    on_demand = [run.market.quote(p, run.now) for p in run.market.pools if not p.spot]
-    if line := slowdown_line(spec, attempts, run.now, on_demand):
+    if line := slowdown_line(spec, attempts, run.now, on_demand_quotes(run)):
         said.append(line)
     return "; ".join(said) or None
 
