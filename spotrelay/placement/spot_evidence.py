@@ -20,8 +20,9 @@ they cost more than ``LOST_SHARE`` of it (between the two: no verdict either way
 short gangs, lost work and failed saves are all in it: it is the realized cost per useful step, not the
 score's model.
 
-A job that states ``recovery.max_slowdown`` L also keeps a schedule (``WallLimit``): ``h`` hours after its
-first attempt started, it should have committed the steps a full on-demand gang (of the cheapest
+A job that states ``recovery.max_slowdown`` L also keeps a schedule (``WallLimit``): ``h`` hours after it
+was submitted (the job record's ``created_at``: a wait for capacity before the first launch is wall time
+its user waits too), it should have committed the steps a full on-demand gang (of the cheapest
 on-demand pool per unit of work) trains in ``h / L`` hours. More than ``SCHEDULE_GRACE_HOURS`` of such
 training behind, spot did not pay either (Plan places on on-demand, and a review moves a spot gang there:
 ``review.catch_up``), and a review moves it back to spot only once it is on schedule again: the job
@@ -91,18 +92,20 @@ class SpotEvidence:
 class WallLimit:
     """A spec's ``recovery.max_slowdown``, the gang on-demand would run (``resources.nodes``) and its
     checkpoint cadence: the committed steps trail training by up to ``lag_minutes`` (``every_minutes``, or
-    ``auto_max_minutes`` for ``auto``) or ``lag_steps`` (``every_steps``)."""
+    ``auto_max_minutes`` for ``auto``) or ``lag_steps`` (``every_steps``). ``since``: when the job was
+    submitted (its record's ``created_at``), where the schedule starts; None: its first attempt's start."""
 
     max_slowdown: float
     nodes: int
     lag_minutes: float = 0.0
     lag_steps: int = 0
+    since: float | None = None
 
     def standing(self, attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
                  config: PlacementConfig = DEFAULT_CONFIG) -> tuple[float, bool] | None:
         """(hours of full on-demand training the job's committed steps are short of its schedule, negative
         when ahead; whether that is past the grace and the cadence's lag); None as ``progress``."""
-        measured = progress(attempts, quotes, now, self.nodes, config)
+        measured = progress(attempts, quotes, now, self.nodes, config, self.since)
         if measured is None:
             return None
         elapsed_h, done_h, step_h = measured
@@ -130,11 +133,12 @@ class WallLimit:
 
 
 def progress(attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float, nodes: int,
-             config: PlacementConfig = DEFAULT_CONFIG) -> tuple[float, float, float] | None:
-    """(hours since the job's first attempt started, hours a full gang of ``nodes`` on the cheapest on-demand
-    pool per unit of work would have trained its committed steps in, such hours per step); None before a
-    measured step rate, without on-demand quoted, or before its first attempt. The schedule's measure
-    (``WallLimit``) and describe's advice (services/describe.slowdown_line) read it."""
+             config: PlacementConfig = DEFAULT_CONFIG, since: float | None = None) -> tuple[float, float, float] | None:
+    """(hours since ``since``, the job's submission, or without one since its first attempt started; hours a
+    full gang of ``nodes`` on the cheapest on-demand pool per unit of work would have trained its committed
+    steps in; such hours per step); None before a measured step rate, without on-demand quoted, or before
+    its first attempt. The schedule's measure (``WallLimit``) and describe's advice
+    (services/describe.slowdown_line) read it."""
     cheapest = _cheapest_on_demand(quotes, config)
     per_step = step_node_hours(attempts, config)
     starts = [a.started_at for a in attempts if a.started_at is not None]
@@ -143,19 +147,22 @@ def progress(attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: floa
     first = next((a.resumed_from_step for a in attempts if a.resumed_from_step is not None), 0)
     saved = max((a.saved_step for a in attempts if a.saved_step is not None), default=first)
     step_h = per_step / (nodes * cheapest[1])
-    return (now - min(starts)) / 3600.0, max(0, saved - first) * step_h, step_h
+    # (a record without a creation time holds 0.0, the model's default: the first start then)
+    start = min(starts) if not since else min(since, *starts)
+    return (now - start) / 3600.0, max(0, saved - first) * step_h, step_h
 
 
-def wall_limit(spec: JobSpec) -> WallLimit | None:
-    """The spec's limit on spot's wall time (None: unset, cost alone decides)."""
+def wall_limit(spec: JobSpec, since: float | None = None) -> WallLimit | None:
+    """The spec's limit on spot's wall time (None: unset, cost alone decides); ``since``: the job's
+    submission (its record's ``created_at``), where its schedule starts."""
     limit = spec.recovery.max_slowdown
     if limit is None:
         return None
     ckpt = spec.checkpoint
     if ckpt.every_steps is not None:
-        return WallLimit(limit, spec.resources.nodes, lag_steps=ckpt.every_steps)
+        return WallLimit(limit, spec.resources.nodes, lag_steps=ckpt.every_steps, since=since)
     minutes = ckpt.auto_max_minutes if ckpt.every_minutes in (None, AUTO) else float(ckpt.every_minutes or 0.0)
-    return WallLimit(limit, spec.resources.nodes, lag_minutes=minutes)
+    return WallLimit(limit, spec.resources.nodes, lag_minutes=minutes, since=since)
 
 
 def _throughput(instance_type: str, config: PlacementConfig) -> float:
@@ -281,12 +288,14 @@ def spot_did_not_pay(attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], n
 
 
 def spot_given_up(spec: JobSpec, attempts: Sequence[Attempt], stalled_recoveries: int,
-                  quotes: Sequence[PoolQuote], now: float, config: PlacementConfig = DEFAULT_CONFIG) -> bool:
+                  quotes: Sequence[PoolQuote], now: float, config: PlacementConfig = DEFAULT_CONFIG,
+                  since: float | None = None) -> bool:
     """Plan's verdict (the services' and the simulator's): no new gang on spot, because the job is one
     stalled recovery from its budget (``last_chance``) or its own spot attempts did not pay
-    (``spot_did_not_pay`` at the spec's ``stall_limit``)."""
+    (``spot_did_not_pay`` at the spec's ``stall_limit``; ``since``: the job's submission, where the
+    schedule of its ``wall_limit`` starts)."""
     return last_chance(spec, stalled_recoveries) or spot_did_not_pay(attempts, quotes, now, config,
-                                                                     stall_limit(spec), wall_limit(spec))
+                                                                     stall_limit(spec), wall_limit(spec, since))
 
 
 def returns_to_on_demand(attempts: Sequence[Attempt]) -> int:

@@ -154,7 +154,7 @@ def schedule(job: Job, now: float, market: MarketData) -> str | None:
     """``recovery.max_slowdown`` in words: the job's committed training against its schedule
     (spot_evidence.WallLimit, with ``market``'s on-demand prices). None without the limit."""
     read = _spec_and_quotes(job, market)
-    wall = wall_limit(read[0]) if read else None
+    wall = wall_limit(read[0], job.created_at) if read else None
     if read is None or wall is None:
         return None
     standing = wall.standing(job.attempts, read[1], now)
@@ -173,18 +173,20 @@ def schedule(job: Job, now: float, market: MarketData) -> str | None:
 def slowdown_advice(job: Job, now: float, market: MarketData) -> str | None:
     """``slowdown_line`` of the job record, with ``market``'s on-demand prices."""
     read = _spec_and_quotes(job, market)
-    return None if read is None else slowdown_line(read[0], job.attempts, now, read[1])
+    return None if read is None else slowdown_line(read[0], job.attempts, now, read[1], job.created_at)
 
 
-def slowdown_line(spec: JobSpec, attempts: Sequence[Attempt], now: float, quotes: Sequence[PoolQuote]) -> str | None:
+def slowdown_line(spec: JobSpec, attempts: Sequence[Attempt], now: float, quotes: Sequence[PoolQuote],
+                  since: float | None = None) -> str | None:
     """One line for a job without ``recovery.max_slowdown`` that has spot attempts and whose committed
     training took ``SLOW_ADVICE_FACTOR`` or more times the wall time a full on-demand gang would have
-    (``quotes``: the on-demand prices that pick the schedule's pool). The simulator's runs say it too."""
+    (``quotes``: the on-demand prices that pick the schedule's pool; ``since``: the job's submission, from
+    which the limit's schedule would count). The simulator's runs say it too."""
     if spec.recovery.max_slowdown is not None:
         return None
     if not any(a.pool is not None and a.pool.market == "spot" for a in attempts):
         return None
-    measured = progress(attempts, quotes, now, spec.resources.nodes)
+    measured = progress(attempts, quotes, now, spec.resources.nodes, since=since)
     if measured is None:
         return None
     elapsed, done, _ = measured  # (done: hours a full on-demand gang would have trained the committed steps in)

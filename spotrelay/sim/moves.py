@@ -149,12 +149,13 @@ def review(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     if self.spec.recovery.max_slowdown is not None:  # review.decide: the schedule
         records, on_demand = attempts.as_of_now(self), on_demand_quotes(self)
         move, keep_pace = keep_to_schedule(self.spec, here, len(gang), on_demand, stats, self.now, records, move,
-                                           excluded, config=self.config, boot_s=self.market.expected_boot_s)
+                                           excluded, config=self.config, boot_s=self.market.expected_boot_s,
+                                           since=self.created_at)
     if move is not None and not off_on_demand_allowed(
             move.target.pool.market, current.pool.market,
             attempts.as_of_now(self) if records is None else records,
             on_demand_quotes(self) if on_demand is None else on_demand, self.now,
-            stalled=stall_limit(self.spec), wall=wall_limit(self.spec)):
+            stalled=stall_limit(self.spec), wall=wall_limit(self.spec, self.created_at)):
         move = None  # review.review: the job's spot attempts did not pay (placement/spot_evidence.py)
     if move is None:
         return _stay(self, payload, Decision(None, mark, True, keep_pace=keep_pace))

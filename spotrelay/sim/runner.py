@@ -178,7 +178,8 @@ def _advice(run: Run) -> str | None:
     if spec is None or not attempts:
         return None
     said = job_advice(spec.model_dump(mode="json"), attempts)
-    if line := slowdown_line(spec, attempts, run.now, on_demand_quotes(run)):
+    if line := slowdown_line(spec, attempts, run.now, on_demand_quotes(run),
+                             getattr(run, "created_at", None)):
         said.append(line)
     return "; ".join(said) or None
 

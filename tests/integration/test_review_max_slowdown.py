@@ -15,20 +15,25 @@ __all__ = ["env"]
 H = 3600.0
 
 
-def _behind(env: Env, job_id: str, limit: float | None, market: str = "on-demand") -> str:
-    """A 2-node job 10 h in: a spot gang that committed an hour of training, reclaimed, then the gang on
-    ``market`` that trains now (at 1.5x, 6.7 h of training were due: 5.7 h behind)."""
+def _behind(env: Env, job_id: str, limit: float | None, market: str = "on-demand", done_h: float = 1.0,
+            submitted_h: float | None = None) -> str:
+    """A 2-node job 10 h in: a spot gang of p5 nodes that committed ``done_h`` hours of training (2.8x that
+    on the cheapest on-demand pool per unit of work, p4d), reclaimed, then the gang on ``market`` that trains
+    now (at 1.5x, 6.7 h of such training were due; an hour of p5's is 2.8 h: 3.9 h behind);
+    ``submitted_h``: the job was submitted that long ago (its record's created_at), not when its first gang
+    started."""
     job, _ = running_job(env.store, env.compute, job_id=job_id, market=market)
     start = time.time() - 10 * H
     spot = Attempt(number=1, pool=pool(), started_at=start, ended_at=start + 2 * H, end_reason="interrupted",
                    nodes=2, world_size=2, cost=1.0, resumed_from_step=0, resumed_at=start + 600,
-                   saved_step=100, saved_at=start + 600 + H)
+                   saved_step=round(100 * done_h), saved_at=start + 600 + done_h * H)
     now = job.attempts[0].model_copy(update={"number": 2, "started_at": start + 2.2 * H, "world_size": 2})
+    created = job.created_at if submitted_h is None else time.time() - submitted_h * H
 
     def limited(j: Job) -> Job:
         spec: dict[str, Any] = dict(j.spec or {})
         spec["recovery"] = {**spec["recovery"], "max_slowdown": limit}
-        return j.model_copy(update={"attempts": [spot, now], "attempt": 2, "spec": spec})
+        return j.model_copy(update={"attempts": [spot, now], "attempt": 2, "spec": spec, "created_at": created})
 
     env.store.update_job(job_id, limited)
     for node in env.store.nodes_of(job_id):
@@ -50,3 +55,14 @@ def test_a_spot_gang_behind_its_schedule_moves_to_on_demand(env: Env) -> None:
     bounded = sfn_review.handler({"job_id": _behind(env, "bounded", 1.5, "spot"), "attempt": 2}, ctx())
     assert bounded["outcome"] == "migrate" and bounded["target"]["pool"]["market"] == "on-demand"
     assert bounded["target"]["nodes"] == 2 and "behind the schedule of recovery.max_slowdown" in bounded["reason"]
+
+
+def test_the_schedule_counts_the_wait_before_the_first_launch(env: Env) -> None:
+    """5.9 h of on-demand's training (2.1 h of p5 spot's) 10 h after the first start is within the grace at
+    1.5x (6.7 h due: 0.8 h behind); the same job submitted 3 h before that start had 8.7 h due (2.8 h
+    behind): its spot gang moves to on-demand."""
+    launched = sfn_review.handler({"job_id": _behind(env, "launched", 1.5, "spot", done_h=2.1), "attempt": 2}, ctx())
+    assert launched["outcome"] == "ready"
+    waited = sfn_review.handler({"job_id": _behind(env, "waited", 1.5, "spot", done_h=2.1, submitted_h=13.0),
+                                 "attempt": 2}, ctx())
+    assert waited["outcome"] == "migrate" and waited["target"]["pool"]["market"] == "on-demand"

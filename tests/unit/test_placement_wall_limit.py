@@ -94,6 +94,28 @@ def test_no_schedule_before_a_measured_step_or_without_on_demand() -> None:
     assert wall.hours_behind([], _od_quotes(), NOW) is None
 
 
+def test_the_schedule_counts_from_the_submission_not_the_first_launch() -> None:
+    """A wait for capacity before the first launch is wall time the user waits too: a job submitted 2 h
+    before its first gang started is 1 h further behind at a limit of 2."""
+    quotes = _od_quotes()
+    close = _history(450)  # 0.5 h behind from the first start: within the grace
+    waited = se.WallLimit(2.0, 4, since=NOW - (ELAPSED_H + 2.0) * H)
+    assert se.WallLimit(2.0, 4).hours_behind(close, quotes, NOW) == pytest.approx(0.5)
+    assert waited.hours_behind(close, quotes, NOW) == pytest.approx(1.5) and waited.behind(close, quotes, NOW)
+    # a record without a creation time (0.0, the model's default) or one after the first start: the first start
+    assert se.WallLimit(2.0, 4, since=0.0).hours_behind(close, quotes, NOW) == pytest.approx(0.5)
+    assert se.WallLimit(2.0, 4, since=NOW).hours_behind(close, quotes, NOW) == pytest.approx(0.5)
+    assert se.wall_limit(_spec(2.0), NOW - H) == se.WallLimit(2.0, 4, lag_minutes=20, since=NOW - H)
+    # Plan reads the job record's created_at
+    scored = _scored(quotes_for(make_spec()), 9.0)
+    submitted = _job(close).model_copy(update={"created_at": NOW - (ELAPSED_H + 2.0) * H})
+    assert not se.spot_given_up(_spec(2.0), close, 0, scored, NOW)
+    assert se.spot_given_up(_spec(2.0), close, 0, scored, NOW, since=submitted.created_at)
+    plan = _new_gang_plan(_spec(2.0), submitted, scored, {}, NOW)
+    assert {c.pool.market for c in plan.candidates} == {"on-demand"}
+    assert _new_gang_plan(_spec(2.0), _job(close), scored, {}, NOW).candidates[0].pool.market == "spot"
+
+
 def test_plan_places_a_job_behind_its_schedule_on_on_demand() -> None:
     quotes = _scored(quotes_for(make_spec()), 9.0)  # every spot pool holds the gang
     assert se.spot_given_up(_spec(2.0), _history(350), 0, quotes, NOW)
@@ -149,6 +171,10 @@ def test_describe_says_where_the_job_stands_against_its_schedule() -> None:
                               "steps not saved yet)")
     assert line(2.0, 520) == "schedule (recovery.max_slowdown 2): 0.2 h of on-demand training ahead"
     assert line(1.5, 0, []).endswith("not measured yet (no committed step, or no on-demand pool allowed)")
+    submitted = _job(_history(450)).model_copy(update={"spec": _spec(2.0).model_dump(mode="json"),
+                                                        "created_at": NOW - (ELAPSED_H + 2.0) * H})
+    assert describe_job(submitted, [], NOW, market=market).schedule == (  # from the submission, 2 h earlier
+        "schedule (recovery.max_slowdown 2): 1.5 h behind: its gang goes on on-demand until it is on schedule again")
     assert describe_job(_job(_history(350)).model_copy(update={"spec": _spec(2.0).model_dump(mode="json")}),
                         [], NOW).schedule is None  # (no market given: no line)
 

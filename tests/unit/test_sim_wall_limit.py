@@ -10,7 +10,7 @@ from typing import Any
 
 from spotrelay.sim.build import MarketOptions
 from spotrelay.sim.job import JobModel
-from spotrelay.sim.runner import SimOptions, run_seed
+from spotrelay.sim.runner import SimOptions, job_starts, run_seed
 
 TRACE = str(Path(__file__).resolve().parents[2] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv")
 WORK_H = 72.0
@@ -66,3 +66,30 @@ def test_a_calm_but_slow_spot_gang_is_moved_to_on_demand_by_the_review(tmp_path:
     got = bounded["spotrelay"]
     assert got["wall_hours"] <= 1.5 * od and got["interruptions"] == 0 and got["recoveries"] > 0  # the moves
     assert got["cost_per_useful_gpu_hour"] < bounded["on-demand"]["cost_per_useful_gpu_hour"]
+
+
+def test_the_simulators_schedule_starts_at_the_jobs_submission(monkeypatch: Any) -> None:
+    """Plan and the review read the schedule from the run's job record as the services do: from its
+    created_at (the job's start on the simulated clock), not its first gang's launch."""
+    from spotrelay.placement import spot_wait
+    from spotrelay.sim import moves
+
+    seen: dict[str, set[float | None]] = {"plan": set(), "review": set()}
+    given_up, keep = spot_wait.spot_given_up, moves.keep_to_schedule
+
+    def plan_spy(*args: Any, **kw: Any) -> bool:
+        seen["plan"].add(args[6] if len(args) > 6 else kw.get("since"))
+        return given_up(*args, **kw)
+
+    def review_spy(*args: Any, **kw: Any) -> Any:
+        seen["review"].add(kw.get("since"))
+        return keep(*args, **kw)
+
+    monkeypatch.setattr(spot_wait, "spot_given_up", plan_spy)
+    monkeypatch.setattr(moves, "keep_to_schedule", review_spy)
+    opts = SimOptions(market=MarketOptions(traces=[TRACE]), job=JobModel(nodes=16, job_hours=12.0),
+                      policies=("spotrelay",), spotrelay_switches={"max_slowdown": 1.5})
+    run = run_seed(opts, 0)[0]
+    starts = {r for k in seen for r in seen[k]}
+    assert seen["plan"] and seen["review"] and len(starts) == 1  # one job: one submission time
+    assert starts == {job_starts(0, 1)[0]} and run.values["wall_hours"] > 0  # the job's own start
