@@ -91,6 +91,30 @@ class Attempt(Record):
         return self.price_per_hour if self.price_in_effect is None else self.price_in_effect
 
 
+class Earlier(Record):
+    """The attempts folded out of a job record, which keeps its newest ``ATTEMPTS_KEPT`` in full
+    (services/history.py: DynamoDB refuses an item over 400 KB, about 650 attempts): what the readers of
+    the whole history take from them, so that each gives the answer it would over every attempt."""
+
+    count: int = 0
+    first_started_at: float | None = None  # the schedule's first start (spot_evidence.progress)
+    first_resumed_from_step: int | None = None  # the step the job's training began from (the same)
+    saved_step: int | None = None  # their newest commit
+    # the newest of them that trained from its resume to a later commit (the measured step rate's attempt)
+    measured: Attempt | None = None
+    paid: float = 0.0  # cost + drain_cost (savings.finished_job, describe's cost lines)
+    on_demand: float | None = 0.0  # the same instance-hours on on-demand (None: unknown for one of them)
+    unbilled: float = 0.0
+    downtime_s: float = 0.0  # gaps between consecutive folded attempts (notify.total_downtime)
+    last_ended_at: float | None = None  # the newest folded attempt's end (the gap to the first kept one)
+    last_market: str | None = None  # its market (a return to on-demand across the fold)
+    returns_to_on_demand: int = 0  # spot -> on-demand among them (spot_evidence.returns_to_on_demand)
+    last_spot_end: float | None = None  # the newest end of a folded spot attempt (off_on_demand_allowed)
+    stalled_run: int = 0  # the newest ended ones in a row that were spot gangs committing nothing (stall limit)
+    stints_h: list[float] = Field(default_factory=list)  # the newest closed spot stints (payback.spot_stint_hours)
+    stint_from: float | None = None  # a spot stint still open at the fold: its first attempt's start
+
+
 class AnomalyRecord(Record):
     """A training-health finding as the job keeps it (``spotrelay describe`` lists them)."""
 
@@ -121,7 +145,8 @@ class Job(Record):
     updated_at: float = 0.0
     execution_arn: str | None = None
     attempt: int = 0
-    attempts: list[Attempt] = Field(default_factory=list)
+    attempts: list[Attempt] = Field(default_factory=list)  # the newest ATTEMPTS_KEPT (services/history.py)
+    earlier: Earlier | None = None  # those folded out of ``attempts``; None: none yet
     recoveries: int = 0
     stalled_recoveries: int = 0  # recoveries in a row with no newer checkpoint committed (recovery/budget.py)
     progress_step: int = 0  # the newest committed step when the stall count was last reset

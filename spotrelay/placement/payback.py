@@ -20,7 +20,7 @@ steadier spot pool) still moves the gang (docs/placement.md, "Review").
 
 from __future__ import annotations
 
-from spotrelay.domain.models import Attempt
+from spotrelay.domain.models import Attempt, Earlier
 
 STINT_EVIDENCE = 3  # a review from on-demand weighs the job's last this many spot stints
 
@@ -29,13 +29,13 @@ def _on_spot(a: Attempt) -> bool:
     return a.pool is not None and a.pool.market == "spot"
 
 
-def spot_stint_hours(attempts: list[Attempt], last: int = STINT_EVIDENCE) -> float | None:
-    """Mean length in hours of the job's last ``last`` spot stints that ended on on-demand: a run of
-    consecutive spot attempts, from the first one's start to the start of the on-demand attempt
-    after it (None: no such stint yet). Attempts without a pool or a start time are skipped; a stint
-    still running (no on-demand attempt after it yet) does not count."""
-    spans: list[float] = []
-    stint_from: float | None = None  # start of the open stint's first spot attempt
+def stints(attempts: list[Attempt], spans: list[float] | None = None,
+           stint_from: float | None = None) -> tuple[list[float], float | None]:
+    """(the closed spot stints' lengths in hours, oldest first; the open stint's start or None) after
+    ``attempts``, going on from ``spans`` and ``stint_from`` (a job record's folded attempts: ``Earlier``).
+    A stint is a run of consecutive spot attempts, from the first one's start to the start of the
+    on-demand attempt after it; attempts without a pool or a start time are skipped."""
+    spans = list(spans or ())
     for a in attempts:
         if a.pool is None or a.started_at is None:
             continue
@@ -45,6 +45,15 @@ def spot_stint_hours(attempts: list[Attempt], last: int = STINT_EVIDENCE) -> flo
         elif stint_from is not None:  # back on on-demand: the stint closes
             spans.append(max(0.0, a.started_at - stint_from) / 3600.0)
             stint_from = None
+    return spans, stint_from
+
+
+def spot_stint_hours(attempts: list[Attempt], last: int = STINT_EVIDENCE,
+                     earlier: Earlier | None = None) -> float | None:
+    """Mean length in hours of the job's last ``last`` spot stints that ended on on-demand (None: no such
+    stint yet; a stint still running, no on-demand attempt after it yet, does not count). ``earlier``: the
+    job record's folded attempts, whose stints come first."""
+    spans, _ = stints(attempts, earlier.stints_h if earlier else None, earlier.stint_from if earlier else None)
     recent = spans[-last:] if last > 0 else []
     return sum(recent) / len(recent) if recent else None
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from pydantic import BaseModel, ConfigDict, Field
 
 from spotrelay.contracts.recovery import gang_lost
-from spotrelay.domain.models import Attempt, Pool
+from spotrelay.domain.models import Attempt, Earlier, Pool
 from spotrelay.placement import catalog
 from spotrelay.placement.gang_fit import SizedScores
 from spotrelay.placement.payback import round_trip_cost
@@ -241,12 +241,14 @@ def keep_to_schedule(
     spec: JobSpec, current: PoolQuote, world: int, quotes: list[PoolQuote], stats: Mapping[str, PoolStats],
     now: float, attempts: list[Attempt], move: Move | None, excluded: frozenset[str] = frozenset(), *,
     config: PlacementConfig = DEFAULT_CONFIG, boot_s: Callable[[Pool], float] | None = None, since: float | None = None,
+    earlier: Earlier | None = None,
 ) -> tuple[Move | None, bool]:
     """``recovery.max_slowdown`` at a full review (services/review.py and the simulator's): past the
     schedule's grace on a spot or shrunk gang, the catch-up move replaces ``move``; and whether the job is
     behind at all, so that the next full review does not back off. Without the limit: (``move``, False).
-    ``since``: the job's submission, where its schedule starts (``spot_evidence.wall_limit``)."""
-    wall = wall_limit(spec, since)
+    ``since`` and ``earlier``: the job's submission, where its schedule starts, and its folded attempts
+    (``spot_evidence.wall_limit``)."""
+    wall = wall_limit(spec, since, earlier)
     if wall is None:
         return move, False
     standing = wall.standing(attempts, quotes, now, config)

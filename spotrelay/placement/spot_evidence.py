@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from spotrelay.contracts.cadence import AUTO
-from spotrelay.domain.models import Attempt
+from spotrelay.domain.models import Attempt, Earlier
 from spotrelay.placement import catalog
 from spotrelay.placement.policy import DEFAULT_CONFIG, PlacementConfig
 from spotrelay.ports.market import PoolQuote
@@ -93,19 +93,21 @@ class WallLimit:
     """A spec's ``recovery.max_slowdown``, the gang on-demand would run (``resources.nodes``) and its
     checkpoint cadence: the committed steps trail training by up to ``lag_minutes`` (``every_minutes``, or
     ``auto_max_minutes`` for ``auto``) or ``lag_steps`` (``every_steps``). ``since``: when the job was
-    submitted (its record's ``created_at``), where the schedule starts; None: its first attempt's start."""
+    submitted (its record's ``created_at``), where the schedule starts; None: its first attempt's start.
+    ``earlier``: the record's folded attempts (the step its training began from)."""
 
     max_slowdown: float
     nodes: int
     lag_minutes: float = 0.0
     lag_steps: int = 0
     since: float | None = None
+    earlier: Earlier | None = None
 
     def standing(self, attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
                  config: PlacementConfig = DEFAULT_CONFIG) -> tuple[float, bool] | None:
         """(hours of full on-demand training the job's committed steps are short of its schedule, negative
         when ahead; whether that is past the grace and the cadence's lag); None as ``progress``."""
-        measured = progress(attempts, quotes, now, self.nodes, config, self.since)
+        measured = progress(attempts, quotes, now, self.nodes, config, self.since, self.earlier)
         if measured is None:
             return None
         elapsed_h, done_h, step_h = measured
@@ -133,36 +135,45 @@ class WallLimit:
 
 
 def progress(attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float, nodes: int,
-             config: PlacementConfig = DEFAULT_CONFIG, since: float | None = None) -> tuple[float, float, float] | None:
+             config: PlacementConfig = DEFAULT_CONFIG, since: float | None = None,
+             earlier: Earlier | None = None) -> tuple[float, float, float] | None:
     """(hours since ``since``, the job's submission, or without one since its first attempt started; hours a
     full gang of ``nodes`` on the cheapest on-demand pool per unit of work would have trained its committed
     steps in; such hours per step); None before a measured step rate, without on-demand quoted, or before
-    its first attempt. The schedule's measure (``WallLimit``) and describe's advice
-    (services/describe.slowdown_line) read it."""
+    its first attempt. ``earlier``: the job record's folded attempts. The schedule's measure (``WallLimit``)
+    and describe's advice (services/describe.slowdown_line) read it."""
     cheapest = _cheapest_on_demand(quotes, config)
     per_step = step_node_hours(attempts, config)
+    if per_step is None and earlier is not None and earlier.measured is not None:
+        per_step = step_node_hours([earlier.measured], config)
     starts = [a.started_at for a in attempts if a.started_at is not None]
+    if earlier is not None and earlier.first_started_at is not None:
+        starts.append(earlier.first_started_at)
     if cheapest is None or per_step is None or not starts:
         return None
-    first = next((a.resumed_from_step for a in attempts if a.resumed_from_step is not None), 0)
+    first = earlier.first_resumed_from_step if earlier is not None else None
+    if first is None:
+        first = next((a.resumed_from_step for a in attempts if a.resumed_from_step is not None), 0)
     saved = max((a.saved_step for a in attempts if a.saved_step is not None), default=first)
+    if earlier is not None and earlier.saved_step is not None:
+        saved = max(saved, earlier.saved_step)
     step_h = per_step / (nodes * cheapest[1])
     # (a record without a creation time holds 0.0, the model's default: the first start then)
     start = min(starts) if not since else min(since, *starts)
     return (now - start) / 3600.0, max(0, saved - first) * step_h, step_h
 
 
-def wall_limit(spec: JobSpec, since: float | None = None) -> WallLimit | None:
+def wall_limit(spec: JobSpec, since: float | None = None, earlier: Earlier | None = None) -> WallLimit | None:
     """The spec's limit on spot's wall time (None: unset, cost alone decides); ``since``: the job's
-    submission (its record's ``created_at``), where its schedule starts."""
+    submission (its record's ``created_at``), where its schedule starts; ``earlier``: its folded attempts."""
     limit = spec.recovery.max_slowdown
     if limit is None:
         return None
     ckpt = spec.checkpoint
     if ckpt.every_steps is not None:
-        return WallLimit(limit, spec.resources.nodes, lag_steps=ckpt.every_steps, since=since)
+        return WallLimit(limit, spec.resources.nodes, lag_steps=ckpt.every_steps, since=since, earlier=earlier)
     minutes = ckpt.auto_max_minutes if ckpt.every_minutes in (None, AUTO) else float(ckpt.every_minutes or 0.0)
-    return WallLimit(limit, spec.resources.nodes, lag_minutes=minutes, since=since)
+    return WallLimit(limit, spec.resources.nodes, lag_minutes=minutes, since=since, earlier=earlier)
 
 
 def _throughput(instance_type: str, config: PlacementConfig) -> float:
@@ -264,24 +275,32 @@ def last_chance(spec: JobSpec, stalled: int) -> bool:
     return stalled >= spec.recovery.max_stalled_recoveries
 
 
-def stalled_on_spot(attempts: Sequence[Attempt], count: int = STALLED_SPOT_ATTEMPTS) -> bool:
+def trained_nothing_on_spot(a: Attempt) -> bool:
+    """A spot gang that committed no step after its resume."""
+    return a.pool is not None and a.pool.market == "spot" and useful_steps(a) == 0
+
+
+def stalled_on_spot(attempts: Sequence[Attempt], count: int = STALLED_SPOT_ATTEMPTS,
+                    earlier: Earlier | None = None) -> bool:
     """The job's last ``count`` ended attempts were spot gangs that committed no step after their
-    resume (a save still in flight is not waited for: the stall budget would not wait either)."""
+    resume (a save still in flight is not waited for: the stall budget would not wait either);
+    ``earlier``: the job record's folded attempts, whose newest ``stalled_run`` were."""
     ended = [a for a in attempts if a.ended_at is not None][-count:]
-    return len(ended) == count and all(
-        a.pool is not None and a.pool.market == "spot" and useful_steps(a) == 0 for a in ended)
+    if not all(trained_nothing_on_spot(a) for a in ended):
+        return False
+    return len(ended) == count or (earlier is not None and earlier.stalled_run >= count - len(ended))
 
 
 def spot_did_not_pay(attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], now: float,
                      config: PlacementConfig = DEFAULT_CONFIG, stalled: int = STALLED_SPOT_ATTEMPTS,
-                     wall: WallLimit | None = None) -> bool:
+                     wall: WallLimit | None = None, earlier: Earlier | None = None) -> bool:
     """The job's own evidence says spot cost more than on-demand per useful step: its spot attempts
     were billed more than ``LOST_SHARE`` of what on-demand would have charged for their steps
     (``SpotEvidence.lost``), or its last ``stalled``
     (``stall_limit``) trained none, or (``wall``: the spec's ``wall_limit``) the job is behind the schedule
     of its ``max_slowdown`` (False without a verdict: a job that has not measured it yet keeps trying
     spot)."""
-    if stalled_on_spot(attempts, stalled) or (wall is not None and wall.behind(attempts, quotes, now, config)):
+    if stalled_on_spot(attempts, stalled, earlier) or (wall is not None and wall.behind(attempts, quotes, now, config)):
         return True
     evidence = spot_evidence(attempts, quotes, now, config)
     return evidence is not None and evidence.lost
@@ -289,34 +308,41 @@ def spot_did_not_pay(attempts: Sequence[Attempt], quotes: Sequence[PoolQuote], n
 
 def spot_given_up(spec: JobSpec, attempts: Sequence[Attempt], stalled_recoveries: int,
                   quotes: Sequence[PoolQuote], now: float, config: PlacementConfig = DEFAULT_CONFIG,
-                  since: float | None = None) -> bool:
+                  since: float | None = None, earlier: Earlier | None = None) -> bool:
     """Plan's verdict (the services' and the simulator's): no new gang on spot, because the job is one
     stalled recovery from its budget (``last_chance``) or its own spot attempts did not pay
-    (``spot_did_not_pay`` at the spec's ``stall_limit``; ``since``: the job's submission, where the
-    schedule of its ``wall_limit`` starts)."""
-    return last_chance(spec, stalled_recoveries) or spot_did_not_pay(attempts, quotes, now, config,
-                                                                     stall_limit(spec), wall_limit(spec, since))
+    (``spot_did_not_pay`` at the spec's ``stall_limit``; ``since`` and ``earlier``: the job's submission,
+    where the schedule of its ``wall_limit`` starts, and its folded attempts)."""
+    return last_chance(spec, stalled_recoveries) or spot_did_not_pay(
+        attempts, quotes, now, config, stall_limit(spec), wall_limit(spec, since, earlier), earlier)
 
 
-def returns_to_on_demand(attempts: Sequence[Attempt]) -> int:
-    """How many times the job went back to on-demand after spot (on-demand attempts after a spot one)."""
-    return sum(1 for a, b in pairwise(attempts)
-               if a.pool is not None and b.pool is not None and a.pool.market == "spot" and b.pool.market != "spot")
+def returns_to_on_demand(attempts: Sequence[Attempt], earlier: Earlier | None = None) -> int:
+    """How many times the job went back to on-demand after spot (on-demand attempts after a spot one);
+    ``earlier``: the job record's folded attempts, counted too (and the step from the newest of them)."""
+    markets = [a.pool.market if a.pool is not None else None for a in attempts]
+    if earlier is not None and earlier.count:
+        markets.insert(0, earlier.last_market)
+    back = sum(1 for a, b in pairwise(markets) if a == "spot" and b is not None and b != "spot")
+    return back + (earlier.returns_to_on_demand if earlier is not None else 0)
 
 
 def off_on_demand_allowed(target_market: str, current_market: str, attempts: Sequence[Attempt],
                           quotes: Sequence[PoolQuote], now: float, config: PlacementConfig = DEFAULT_CONFIG,
-                          stalled: int = STALLED_SPOT_ATTEMPTS, wall: WallLimit | None = None) -> bool:
+                          stalled: int = STALLED_SPOT_ATTEMPTS, wall: WallLimit | None = None,
+                          earlier: Earlier | None = None) -> bool:
     """A review's move from on-demand to spot, unless the job's own spot attempts did not pay and the
     last of them ended less than the hold ago: ``HOLD_HOURS``, doubled for each earlier return to
     on-demand (a market where spot keeps not paying is tried less and less often; one where an
-    unlucky start said so is tried again)."""
+    unlucky start said so is tried again). ``earlier``: the job record's folded attempts."""
     if current_market == "spot" or target_market != "spot":
         return True
     if wall is not None and not wall.on_schedule(attempts, quotes, now, config):
         return False  # (behind the spec's max_slowdown: on-demand until the job is on schedule again)
     ends = [a.ended_at for a in attempts if a.pool is not None and a.pool.market == "spot" and a.ended_at]
-    if not ends or not spot_did_not_pay(attempts, quotes, now, config, stalled, wall):
+    if earlier is not None and earlier.last_spot_end:
+        ends.append(earlier.last_spot_end)
+    if not ends or not spot_did_not_pay(attempts, quotes, now, config, stalled, wall, earlier):
         return True
-    doublings = min(HOLD_DOUBLINGS, max(0, returns_to_on_demand(attempts) - 1))
+    doublings = min(HOLD_DOUBLINGS, max(0, returns_to_on_demand(attempts, earlier) - 1))
     return now - max(ends) >= HOLD_HOURS * 3600.0 * 2 ** doublings

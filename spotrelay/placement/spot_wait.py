@@ -81,7 +81,8 @@ def plan_view(spec: JobSpec, job: Job, quotes: list[PoolQuote], now: float, conf
     """The Plan's view of ``quotes``, with Plan's spot verdict (``spot_evidence.spot_given_up``, which
     reads only the on-demand quotes); ``did_not_pay``: that verdict, when the caller has it already."""
     if did_not_pay is None:
-        did_not_pay = spot_given_up(spec, job.attempts, job.stalled_recoveries, quotes, now, config, job.created_at)
+        did_not_pay = spot_given_up(spec, job.attempts, job.stalled_recoveries, quotes, now, config,
+                                    job.created_at, job.earlier)
     return PlanView(_bounds(quotes, config), did_not_pay, config)
 
 
@@ -95,7 +96,8 @@ def wait_minutes(spec: JobSpec, job: Job, quotes: list[PoolQuote], now: float,
     if stated is not None:
         return stated
     if did_not_pay is None:
-        did_not_pay = spot_given_up(spec, job.attempts, job.stalled_recoveries, quotes, now, config, job.created_at)
+        did_not_pay = spot_given_up(spec, job.attempts, job.stalled_recoveries, quotes, now, config,
+                                    job.created_at, job.earlier)
     return 0.0 if did_not_pay else EVIDENCE_WAIT_MINUTES
 
 

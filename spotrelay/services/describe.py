@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from spotrelay.domain.advice import job_advice
 from spotrelay.domain.cost import budget_reached_at, outlived_so_far, spent_at
-from spotrelay.domain.models import AnomalyRecord, Attempt, Job, Node
+from spotrelay.domain.models import AnomalyRecord, Attempt, Earlier, Job, Node
 from spotrelay.errors import JobCancelledError
 from spotrelay.placement.spot_evidence import SCHEDULE_GRACE_HOURS, progress, wall_limit
 from spotrelay.ports.market import MarketData, PoolQuote
@@ -97,6 +97,10 @@ class CostReport(_View):
     standby: float = 0.0  # rebalance standbys' own time charged so far (in ``total``, in no line)
     standing_by: int = 0  # standbys still waiting for a notice: billed, charged at their release or rank
     unbilled: float = 0.0  # the lines' ``unbilled``: left out of ``total`` (EC2's first-hour interruptions)
+    # attempts folded out of the job record (services/history.py) and what they cost: in ``on_demand``,
+    # ``saved``, ``unbilled`` and ``total``, in no line
+    earlier_attempts: int = 0
+    earlier_cost: float = 0.0
 
 
 class JobReport(_View):
@@ -154,7 +158,7 @@ def schedule(job: Job, now: float, market: MarketData) -> str | None:
     """``recovery.max_slowdown`` in words: the job's committed training against its schedule
     (spot_evidence.WallLimit, with ``market``'s on-demand prices). None without the limit."""
     read = _spec_and_quotes(job, market)
-    wall = wall_limit(read[0], job.created_at) if read else None
+    wall = wall_limit(read[0], job.created_at, job.earlier) if read else None
     if read is None or wall is None:
         return None
     standing = wall.standing(job.attempts, read[1], now)
@@ -173,20 +177,21 @@ def schedule(job: Job, now: float, market: MarketData) -> str | None:
 def slowdown_advice(job: Job, now: float, market: MarketData) -> str | None:
     """``slowdown_line`` of the job record, with ``market``'s on-demand prices."""
     read = _spec_and_quotes(job, market)
-    return None if read is None else slowdown_line(read[0], job.attempts, now, read[1], job.created_at)
+    return None if read is None else slowdown_line(read[0], job.attempts, now, read[1], job.created_at, job.earlier)
 
 
 def slowdown_line(spec: JobSpec, attempts: Sequence[Attempt], now: float, quotes: Sequence[PoolQuote],
-                  since: float | None = None) -> str | None:
+                  since: float | None = None, earlier: Earlier | None = None) -> str | None:
     """One line for a job without ``recovery.max_slowdown`` that has spot attempts and whose committed
     training took ``SLOW_ADVICE_FACTOR`` or more times the wall time a full on-demand gang would have
     (``quotes``: the on-demand prices that pick the schedule's pool; ``since``: the job's submission, from
     which the limit's schedule would count). The simulator's runs say it too."""
     if spec.recovery.max_slowdown is not None:
         return None
-    if not any(a.pool is not None and a.pool.market == "spot" for a in attempts):
+    if not any(a.pool is not None and a.pool.market == "spot" for a in attempts) and not (
+            earlier is not None and earlier.last_spot_end):
         return None
-    measured = progress(attempts, quotes, now, spec.resources.nodes, since=since)
+    measured = progress(attempts, quotes, now, spec.resources.nodes, since=since, earlier=earlier)
     if measured is None:
         return None
     elapsed, done, _ = measured  # (done: hours a full on-demand gang would have trained the committed steps in)
@@ -225,14 +230,21 @@ def cost_report(job: Job, now: float, nodes: Iterable[Node] = ()) -> CostReport:
     runs_out = budget_reached_at(job.cost_so_far, current, budget) if budget is not None else None
     total = spent_at(job.cost_so_far, current, now) + sum(outlived.values())
     on_demand = savings.total(line.on_demand_cost for line in lines)
+    paid = sum(line.cost for line in lines)
+    earlier = job.earlier
+    if earlier is not None:  # (attempts folded out of the record: services/history.py)
+        on_demand = None if on_demand is None or earlier.on_demand is None else on_demand + earlier.on_demand
+        paid += earlier.paid
     return CostReport(job_id=job.job_id, total=round(total, 4), budget=budget,
                       lines=lines, budget_warned_at=job.budget_warned_at,
                       budget_spent_at=None if runs_out is None else round(runs_out, 1),
                       on_demand=None if on_demand is None else round(on_demand, 4),
                       # the attempts' hours alone (a prewarmed standby's cost is in the total, in no line)
-                      saved=savings.saved_share(sum(line.cost for line in lines), on_demand),
+                      saved=savings.saved_share(paid, on_demand),
                       standby=round(job.standby_cost, 4), standing_by=len(standing_by(nodes)) if current else 0,
-                      unbilled=round(sum(a.unbilled for a in job.attempts), 4))
+                      unbilled=round(sum(a.unbilled for a in job.attempts) + (earlier.unbilled if earlier else 0.0), 4),
+                      earlier_attempts=earlier.count if earlier else 0,
+                      earlier_cost=round(earlier.paid, 4) if earlier else 0.0)
 
 
 def checkpoint_location(job: Job, bucket: str, default_prefix: str) -> tuple[str, str]:

@@ -30,6 +30,7 @@ from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import InsufficientCapacityError, MoveCancelledError, QuotaExceededError
 from spotrelay.placement import PoolEvent
 from spotrelay.ports.compute import LaunchRequest
+from spotrelay.services import history
 from spotrelay.services.controller import Controller, attempt_nodes, direct_nodes, price_in_effect, spec_of
 from spotrelay.services.recovery_flow import DRAIN_GRACE_S
 from spotrelay.services.workflow_tasks import _carry_survivors, _close_attempt, _launch_result
@@ -52,8 +53,9 @@ def _walk(ctl: Controller, job_id: str, now: float, record: Attempt, price: tupl
                 update.update(_close_attempt(cur, now, Verdict.MIGRATE.value, price=price))
                 update["task_tokens"] = {}
             if target is JobStatus.STARTING:
-                update.update({"attempt": record.number, "attempts": [*cur.attempts, record], "excluded_pools": [],
-                               "task_tokens": {}})
+                attempts, earlier = history.kept([*cur.attempts, record], cur.earlier)  # (the item's bound)
+                update.update({"attempt": record.number, "attempts": attempts, "earlier": earlier,
+                               "excluded_pools": [], "task_tokens": {}})
             return cur.model_copy(update=update)
 
         ctl.store.update_job(job_id, step)

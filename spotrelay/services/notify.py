@@ -13,7 +13,7 @@ from typing import Any
 from spotrelay.domain.cost import spent_at
 from spotrelay.domain.models import Job
 from spotrelay.ports.notifier import Notifier
-from spotrelay.services import savings
+from spotrelay.services import history, savings
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,7 @@ def recovery_downtime(job: Job, now: float) -> float | None:
 
 def total_downtime(job: Job) -> float:
     """Seconds without training between attempts (each gap from an attempt's end to the next start)."""
-    gaps = [b.started_at - a.ended_at for a, b in zip(job.attempts, job.attempts[1:], strict=False)
-            if a.ended_at and b.started_at]  # fmt: skip
-    return round(sum(max(0.0, g) for g in gaps), 1)
+    return round(history.downtime_s(job.attempts, job.earlier), 1)
 
 
 def console_url(execution_arn: str | None) -> str | None:
@@ -79,7 +77,7 @@ def job_context(job: Job, now: float, **extra: Any) -> dict[str, Any]:
     }
     if job.status.terminal:
         # what its instance-hours would have cost on on-demand (services/savings.py): the job's spot saving
-        paid, on_demand = savings.finished_job(job.attempts)
+        paid, on_demand = history.paid_and_on_demand(job.attempts, job.earlier)
         if on_demand:
             context["on_demand_usd"] = round(on_demand, 2)
             context["saved_vs_on_demand"] = savings.saved_share(paid, on_demand)

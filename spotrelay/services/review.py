@@ -151,14 +151,15 @@ def decide(ctl: Controller, job: Job, now: float, time_scale: float = 1.0, last_
              for m in probe_sizes(spec)}  # elastic sizes
     move = better_placement(spec, here, world, quotes, stats, now, frozenset(job.excluded_pools),
                             spot_hours=review_spot_hours(job.attempts, current.pool.market, now), sized=sized,
-                            stint_hours=spot_stint_hours(job.attempts),
+                            stint_hours=spot_stint_hours(job.attempts, earlier=job.earlier),
                             boot_s=_modeled_boot(ctl, time_scale))
     move, keep_pace = keep_to_schedule(spec, here, world, quotes, stats, now, job.attempts, move,  # max_slowdown
                                        frozenset(job.excluded_pools), boot_s=_modeled_boot(ctl, time_scale),
-                                       since=job.created_at)
+                                       since=job.created_at, earlier=job.earlier)
     if move is not None and not off_on_demand_allowed(move.target.pool.market, current.pool.market,
                                                       job.attempts, quotes, now, stalled=stall_limit(spec),
-                                                      wall=wall_limit(spec, job.created_at)):
+                                                      wall=wall_limit(spec, job.created_at, job.earlier),
+                                                      earlier=job.earlier):
         move = None  # the job's spot attempts cost more per useful step than on-demand (spot_evidence)
     return Decision(move, mark, True, keep_pace=keep_pace)
 

@@ -22,6 +22,7 @@ from spotrelay.placement import PoolEvent
 from spotrelay.placement.policy import gang_key, spare_count
 from spotrelay.ports.compute import Compute, Instance, LaunchRequest
 from spotrelay.recovery.spares import spare_ranks_to_launch
+from spotrelay.services import history
 from spotrelay.services.controller import (
     ENDED,
     SPARE_LIVE,
@@ -120,9 +121,10 @@ def provision(ctl: Controller, job_id: str, plan_result: LaunchPlan, now: float,
 
         def started(current: Job, record: Attempt = record, outlived: list[tuple[int, float]] = outlived) -> Job:
             charged, extra = charge_outlived(current.attempts, outlived, now)
+            attempts, earlier = history.kept([*charged, record], current.earlier)  # (the item's bound)
             return current.model_copy(update={
                 "status": transition(current.status, JobStatus.STARTING), "attempt": attempt,
-                "attempts": [*charged, record], "cost_so_far": current.cost_so_far + extra,
+                "attempts": attempts, "earlier": earlier, "cost_so_far": current.cost_so_far + extra,
                 "excluded_pools": [], "task_tokens": {}, "updated_at": now})
 
         launched = ctl.store.update_job(job_id, started)

@@ -26,10 +26,11 @@ from spotrelay.contracts.recovery import (
 )
 from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.cost import leave_to_ec2
-from spotrelay.domain.models import Attempt, Job, Node
+from spotrelay.domain.models import Attempt, Earlier, Job, Node
 from spotrelay.domain.status import JobStatus
 from spotrelay.placement import CooldownPolicy, PoolEvent
 from spotrelay.placement.policy import DEFAULT_CONFIG
+from spotrelay.services import history
 from spotrelay.services.waits import outcome_verdict, ready_verdict
 from spotrelay.sim import attempts, moves, recover, spares
 from spotrelay.sim.asl import Await, Finished, Sleep, Walker, load_asl
@@ -44,6 +45,7 @@ from spotrelay.sim.shortlist import Shortlist, SimPoolStats
 from spotrelay.spec.models import JobSpec
 
 _ASL_CACHE: dict[str, Any] = {}
+PLAN_ATTEMPTS = 50  # the newest attempts the Plan's light job record holds (it reads no further back)
 _GONE = frozenset({"DOOMED", "LOST", "TERMINATED", "EXITED"})  # a node that went away (no ready verdict waits)
 _WORKING = frozenset({"READY", "RUNNING"})  # every node so: the outcome wait has no verdict
 
@@ -79,6 +81,10 @@ class SpotrelayRun(Run):
         self.attempt_pool: Any = None
         self.attempt_start = 0.0
         self.created_at = 0.0  # the job record's created_at (start)
+        # the attempts before the newest PLAN_ATTEMPTS folded as the job record folds its old ones
+        # (services/history.fold), for the Plan's light job record
+        self.folded: Earlier | None = None
+        self.folded_n = 0
         self.attempts: list[Attempt] = []  # what the job record's attempts say (sim/attempts.py)
         self.cost_so_far = 0.0  # the job record's: its closed attempts' cost (sim/budget.py reads it)
         self.drained_usd = 0.0  # of which, instances billed past their attempt's close (sim/attempts.outlived)
@@ -347,11 +353,15 @@ class SpotrelayRun(Run):
 
     # --- the ASL's tasks ------------------------------------------------------------------------
     def _light_job(self) -> Job:
-        """The job record fields the services' pure helpers read."""
+        """The job record fields the services' pure helpers read: the newest ``PLAN_ATTEMPTS`` attempts
+        (what they read of them) and the ones before folded (where the schedule starts: ``Earlier``)."""
+        while self.folded_n < len(self.attempts) - PLAN_ATTEMPTS:
+            self.folded = history.fold(self.folded, self.attempts[self.folded_n])
+            self.folded_n += 1
         return Job(job_id="sim", name="sim", status=JobStatus.RECOVERING, attempt=self.attempt,
                    created_at=self.created_at, recoveries=self.recoveries, user_restarts=self.user_restarts,
                    stalled_recoveries=self.stalled,
-                   attempts=self.attempts[-50:],
+                   attempts=self.attempts[-PLAN_ATTEMPTS:], earlier=self.folded,
                    excluded_pools=sorted(self.excluded), spec={"resources": {"nodes": self.job.nodes}})
 
     def _quotes(self) -> list[Any]:

@@ -229,3 +229,37 @@ def test_plan_offers_only_gangs_the_budget_left_pays_to_boot_and_save(env: Env) 
     with pytest.raises(BudgetExceededError, match=r"the \$[\d.,]+ left of the \$[\d.,]+ budget would not pay for "
                                                   r"a gang to boot and save"):
         sfn_plan.handler({"job_id": job.job_id, "timings": TIMINGS}, ctx())
+
+
+def test_a_job_with_more_attempts_than_an_item_holds_keeps_launching(env: Env) -> None:
+    """DynamoDB (moto too) refuses an item over 400 KB: ~650 attempts of 600 bytes. Provision folds the oldest attempt
+    out of a record at ATTEMPTS_KEPT (services/history.py), so a job on a stormy market for months keeps
+    its record writable; what the folded attempts cost stays in the job's totals."""
+    from botocore.exceptions import ClientError
+
+    from spotrelay.services.history import ATTEMPTS_KEPT, kept
+
+    job = new_job(env.store)
+    plan = sfn_plan.handler({"job_id": job.job_id, "timings": TIMINGS}, ctx())
+    spot = next(Pool.model_validate(c["pool"]) for c in plan["candidates"] if c["pool"]["market"] == "spot")
+
+    def attempt(n: int) -> Attempt:
+        t = 1.79e9 + n * 1800.0
+        return Attempt(number=n, pool=spot, started_at=t, ended_at=t + 1700.0, end_reason="interrupted",
+                       resumed_from_step=10 * n, resumed_at=t + 400.0, saved_step=10 * n + 9, saved_at=t + 1600.0,
+                       reached_step=10 * n + 9, lost_steps=0, cost=123.456789, drain_cost=1.2345, unbilled=0.5,
+                       price_per_hour=31.4643567, price_in_effect=31.2345678, price_checked_at=t, nodes=16,
+                       world_size=16, loss_interval_s=3600.5)
+
+    many = [attempt(n) for n in range(1, 901)]
+    with pytest.raises(ClientError, match="maximum allowed size"):  # every attempt kept: refused
+        env.store.update_job(job.job_id, lambda j: j.model_copy(update={"attempts": many, "attempt": 900}))
+    attempts, earlier = kept(many, None)
+    env.store.update_job(job.job_id, lambda j: j.model_copy(update={"attempts": attempts, "earlier": earlier,
+                                                                    "attempt": 900}))
+    launched = sfn_provision.handler({"job_id": job.job_id, "plan": plan}, ctx())
+    assert launched["attempt"] == 901
+    record = env.store.get_job(job.job_id)
+    assert len(record.attempts) == ATTEMPTS_KEPT and record.attempts[-1].number == 901
+    assert record.earlier is not None and record.earlier.count == 901 - ATTEMPTS_KEPT
+    assert record.earlier.first_resumed_from_step == 10 and record.earlier.first_started_at == many[0].started_at
