@@ -20,6 +20,7 @@ from rich.console import Console
 from spotrelay.cli.common import EndpointOpt, JsonOpt, RegionOpt, TableOpt, connect
 from spotrelay.cli.errors import UsageProblem
 from spotrelay.cli.tables import show
+from spotrelay.cli.views import folded_line
 from spotrelay.ports.logs import LOG_GROUP_DEFAULT, LOG_GROUP_ENV
 
 out = Console()
@@ -78,6 +79,8 @@ def describe(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = No
          [[str(a.number), a.pool or "-", str(a.nodes), _when(a.started_at), _when(a.ended_at), a.end_reason or "-",
            str(a.resumed_from_step if a.resumed_from_step is not None else "-"),
            str(a.steps if a.steps is not None else "-"), f"{a.cost:.2f}"] for a in report.attempts], title="attempts")
+    if report.cost.earlier_attempts:
+        out.print(f"  {folded_line(report.cost.earlier_attempts, report.cost.earlier_cost)}", highlight=False)
     if report.recoveries_detail:
         show(out, ("after attempt", "reason", "downtime s", "resumed from step"),
              [[str(r.after_attempt), r.reason or "-", str(r.downtime_s if r.downtime_s is not None else "-"),
@@ -110,6 +113,8 @@ def cost(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, 
         rows.append([f"{line.attempt}{state}", line.pool or "-", str(line.nodes), f"{line.hours:.3f}",
                      f"{line.price_per_hour:.2f}", f"{line.cost:.2f}",
                      "-" if line.on_demand_cost is None else f"{line.on_demand_cost:.2f}"])
+    if report.earlier_attempts:  # (folded out of the job record: services/history.py)
+        rows.insert(0, [f"1-{report.earlier_attempts} (folded)", "-", "-", "-", "-", f"{report.earlier_cost:.2f}", "-"])
     show(out, ("attempt", "pool", "nodes", "hours", "$/instance-h", "cost $", "on-demand $"), rows)
     if report.standby or report.standing_by:  # (in the total, in no attempt: services/prewarm.py)
         waiting = (f"; {report.standing_by} standing by, charged when released or when it takes a rank"

@@ -37,6 +37,16 @@ def attempt_rows(job: Job, nodes: Iterable[Node] = ()) -> list[list[str]]:
 
 def show_attempts(console: Console, job: Job, nodes: Iterable[Node] = ()) -> None:
     show(console, ATTEMPT_HEADERS, attempt_rows(job, nodes), title="attempts")
+    if job.earlier is not None and job.earlier.count:
+        console.print(folded_line(job.earlier.count, job.earlier.paid), highlight=False)
+
+
+def folded_line(count: int, cost: float) -> str:
+    """The attempts a job record folded (services/history.py), under its attempts table."""
+    from spotrelay.services.history import ATTEMPTS_KEPT
+
+    return (f"and {count} earlier attempts (${cost:.2f}), folded out of the job record: it keeps the newest "
+            f"{ATTEMPTS_KEPT} (their costs are in the totals)")
 
 
 def show_nodes(console: Console, nodes: list[Node]) -> None:

@@ -232,3 +232,24 @@ def test_cost_says_what_ec2_did_not_bill(aws: dict[str, str]) -> None:
     assert costs["unbilled"] == 15.0 and costs["lines"][0]["unbilled"] == 15.0 and costs["total"] == 15.0
     shown = " ".join(runner.invoke(app, ["cost", "j-unbilled"]).output.split())
     assert "not billed: $15.00 of the attempts' clocks, instances EC2 interrupted in their first hour" in shown
+
+
+def test_describe_cost_and_status_show_the_attempts_folded_out_of_the_record(aws: dict[str, str]) -> None:
+    """A job past services/history.ATTEMPTS_KEPT attempts keeps the newest in full: the tables say how many
+    came before and what they cost, and the totals count them."""
+    from spotrelay.services.history import kept
+
+    attempts = [Attempt(number=n, pool=POOL, started_at=T0 + n * 3600, ended_at=T0 + n * 3600 + 1800, nodes=2,
+                        price_per_hour=30.0, cost=30.0, end_reason="interrupted") for n in range(1, 206)]
+    newest, earlier = kept(attempts, None)
+    store = DynamoDBJobStore()
+    store.create_job(Job(job_id="j-long", name="llm", status=JobStatus.SUCCEEDED, attempt=205, attempts=newest,
+                         earlier=earlier, cost_so_far=205 * 30.0, created_at=T0, updated_at=T0))
+    costs = json.loads(runner.invoke(app, ["cost", "j-long", "--json"]).stdout)
+    assert costs["earlier_attempts"] == 5 and costs["earlier_cost"] == 150.0 and len(costs["lines"]) == 200
+    assert costs["on_demand"] == pytest.approx(205 * 30.0 / 30.0 * catalog.on_demand_price("us-east-1", "p5.48xlarge"))
+    shown = " ".join(runner.invoke(app, ["cost", "j-long"]).output.split())
+    assert "1-5 (folded)" in shown
+    for command in ("describe", "status"):
+        out = " ".join(runner.invoke(app, [command, "j-long"]).output.split())
+        assert "and 5 earlier attempts ($150.00), folded out of the job record: it keeps the newest 200" in out, command
