@@ -31,17 +31,17 @@ class SfnWorkflow:
         # arn:aws:states:<region>:<acct>:stateMachine:<name> -> ...:execution:<name>:<job_id>
         return self.state_machine_arn.replace(":stateMachine:", ":execution:") + f":{job_id}"
 
-    def start(self, job_id: str, payload: dict[str, Any]) -> str:
+    def start(self, job_id: str, payload: dict[str, Any], name: str | None = None) -> str:
         try:
             response = self._sfn.start_execution(
-                stateMachineArn=self.state_machine_arn, name=job_id, input=json.dumps(payload)
+                stateMachineArn=self.state_machine_arn, name=name or job_id, input=json.dumps(payload)
             )
             return str(response["executionArn"])
         except ClientError as exc:
             code = error_code(exc)
             if code == "ExecutionAlreadyExists":
-                # a redelivered submission: the execution of this job already started
-                return self.execution_arn(job_id)
+                # a redelivered submission (or a retried hand-over): that execution already started
+                return self.execution_arn(name or job_id)
             if code in ("ThrottlingException", "ServiceUnavailable"):
                 raise RetryableError(f"start_execution throttled for {job_id}") from exc
             if code in ("StateMachineDoesNotExist", "InvalidArn"):

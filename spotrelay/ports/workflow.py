@@ -6,8 +6,9 @@ from typing import Any, Protocol
 
 
 class Workflow(Protocol):
-    def start(self, job_id: str, payload: dict[str, Any]) -> str:
-        """Start the job-run execution named after ``job_id``; return its ARN.
+    def start(self, job_id: str, payload: dict[str, Any], name: str | None = None) -> str:
+        """Start the job-run execution named after ``job_id`` (or ``name``: a handed-over one,
+        services/handover.py); return its ARN.
 
         Starting twice with the same name and input returns the existing execution (idempotent).
         """

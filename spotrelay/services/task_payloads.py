@@ -64,6 +64,11 @@ class TeardownTask(_Task):
     pass
 
 
+class HandOverTask(_Task):
+    resume_at: Literal["plan", "review"]
+    data: dict[str, Any]  # the execution's whole state
+
+
 class FinalizeTask(_Task):
     result: Literal["SUCCEEDED", "FAILED", "CANCELLED"]
     error: dict[str, Any] | None = None

@@ -2,7 +2,8 @@
 property tests take the workflow's paths as written.
 
 It reads ``functions/workflows/job_run.asl.json`` itself: Pass (InputPath/Result/Parameters/ResultPath), Task
-(Parameters with ``.$`` and ``$$.`` paths, ResultPath, Retry and Catch by error name,
+(Parameters with ``.$`` and ``$$.`` paths and the ``States.MathAdd(path, n)`` intrinsic, ResultPath, Retry and
+Catch by error name,
 TimeoutSeconds(Path)), Choice (the comparison operators below, And/Or/Not, Default), Wait
 (Seconds/SecondsPath), Succeed and Fail. A Task's resource names its handler: the ``${fn_...}``
 placeholder of ``Resource`` or, for ``.waitForTaskToken`` tasks, of ``Parameters.FunctionName``.
@@ -31,6 +32,7 @@ import spotrelay
 # (from the package, not this file: the native build's modules live under build/sim-native, spotrelay/sim_native.py)
 ASL_PATH = Path(spotrelay.__file__).resolve().parents[1] / "functions" / "workflows" / "job_run.asl.json"
 _PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
+_MATH_ADD = re.compile(r"States\.MathAdd\((\$[\w.]*),\s*(-?\d+)\)")
 
 
 class AslError(Exception):
@@ -139,7 +141,9 @@ def resolve(template: Any, data: Any, context: dict[str, Any], copy_values: bool
     if isinstance(template, dict):
         out = {}
         for key, value, is_path in _keys(template):
-            if is_path:
+            if is_path and value.startswith("States."):
+                out[key] = _intrinsic(value, data, context)
+            elif is_path:
                 got = get_path(data, value, context)
                 out[key] = copy.deepcopy(got) if copy_values else got
             else:
@@ -148,6 +152,17 @@ def resolve(template: Any, data: Any, context: dict[str, Any], copy_values: bool
     if isinstance(template, list):
         return [resolve(v, data, context, copy_values) for v in template]
     return template
+
+
+def _intrinsic(call: str, data: Any, context: dict[str, Any]) -> Any:
+    """The one intrinsic function the workflow uses: ``States.MathAdd(path, n)`` (an integer sum)."""
+    found = _MATH_ADD.fullmatch(call)
+    if found is None:
+        raise AslError(f"intrinsic {call!r} is not implemented by the simulator")
+    value = get_path(data, found.group(1), context)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise AslError(f"{call}: {found.group(1)} is {value!r}, not an integer")
+    return value + int(found.group(2))
 
 
 def _caught(names: list[str], error: str) -> bool:

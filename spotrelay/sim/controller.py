@@ -30,7 +30,7 @@ from spotrelay.domain.models import Attempt, Earlier, Job, Node
 from spotrelay.domain.status import JobStatus
 from spotrelay.placement import CooldownPolicy, PoolEvent
 from spotrelay.placement.policy import DEFAULT_CONFIG
-from spotrelay.services import history
+from spotrelay.services import handover, history
 from spotrelay.services.waits import outcome_verdict, ready_verdict
 from spotrelay.sim import attempts, moves, recover, spares
 from spotrelay.sim.asl import Await, Finished, Sleep, Walker, load_asl
@@ -112,14 +112,20 @@ class SpotrelayRun(Run):
         self.stint_memo: tuple[int, float | None] | None = None  # moves._stints': (attempts seen, answer)
         if asl is None:
             asl = _ASL_CACHE.get("job_run") or _ASL_CACHE.setdefault("job_run", load_asl())
-        self.walker = Walker(asl, {
-            "fn_sfn_plan": self.task_plan, "fn_sfn_provision": self.task_provision,
-            "fn_sfn_recover": self.task_recover, "fn_sfn_teardown": self.task_teardown,
-            "fn_sfn_review": self.task_review,
-            "fn_sfn_finalize": self.task_finalize,
-        }, {"job_id": "sim", "timings": self.timings.model_dump()})
+        self.asl = asl
+        self.handed_over: dict[str, Any] | None = None  # the next execution's input (task_handover)
+        self.executions = 1  # the job's workflow executions so far (services/handover.py)
+        self.walker = self._walker({"job_id": "sim", "timings": self.timings.model_dump()})
 
     # --- driving the walker ---------------------------------------------------------------------
+    def _walker(self, data: dict[str, Any]) -> Walker:
+        return Walker(self.asl, {
+            "fn_sfn_plan": self.task_plan, "fn_sfn_provision": self.task_provision,
+            "fn_sfn_recover": self.task_recover, "fn_sfn_teardown": self.task_teardown,
+            "fn_sfn_review": self.task_review, "fn_sfn_handover": self.task_handover,
+            "fn_sfn_finalize": self.task_finalize,
+        }, data)
+
     def drop_links(self) -> None:
         self.walker.handlers.clear()  # (its handlers are this run's bound methods)
 
@@ -142,6 +148,12 @@ class SpotrelayRun(Run):
             self._settle()
         elif what.failed:
             self.metrics.failed_reason = self.metrics.failed_reason or f"job failed ({what.state})"
+        elif what.state == "HandedOver" and self.handed_over is not None:  # the next execution goes on
+            data, self.handed_over = self.handed_over, None
+            self.walker.handlers.clear()
+            self.walker = self._walker(data)
+            self.executions += 1
+            self._handle(self.walker.advance())
         else:
             self.finish()
 
@@ -392,6 +404,11 @@ class SpotrelayRun(Run):
     def task_teardown(self, payload: dict[str, Any]) -> dict[str, Any]:
         self.release_all()
         return {"terminated": []}
+
+    def task_handover(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """services/handover.hand_over: the next execution's input (started when this one succeeds)."""
+        self.handed_over, generation = handover.next_input(payload["data"], payload["resume_at"])
+        return {"execution_arn": f"sim-h{generation}", "generation": generation}
 
     def task_finalize(self, payload: dict[str, Any]) -> dict[str, Any]:
         return {"status": payload.get("result"), "changed": True}

@@ -138,8 +138,8 @@ class AslWorkflow:
         self.sends: dict[str, set[str]] = {}  # token -> the distinct answers sent for it
         self.senders: dict[str, list[str]] = {}  # token -> who completed it (the call sites), for a failure
 
-    def start(self, job_id: str, payload: dict[str, Any]) -> str:
-        return f"arn:aws:states:us-east-1:123456789012:execution:spotrelay-job-run:{job_id}"
+    def start(self, job_id: str, payload: dict[str, Any], name: str | None = None) -> str:
+        return f"arn:aws:states:us-east-1:123456789012:execution:spotrelay-job-run:{name or job_id}"
 
     def stop(self, execution_arn: str, cause: str) -> None:
         assert self.execution is not None

@@ -239,6 +239,7 @@ class RecordingWorkflow:
         self.completed: list[tuple[str, str, dict[str, Any]]] = []  # (kind, token, output or error)
         self.heartbeats: list[str] = []
         self.executions: dict[str, str] = {}  # arn -> status
+        self.inputs: dict[str, dict[str, Any]] = {}  # arn -> its input
         self._closed: set[str] = set()
 
     def _close(self, token: str) -> None:
@@ -248,9 +249,10 @@ class RecordingWorkflow:
             raise ConflictError(f"task token {token} no longer valid")
         self._closed.add(token)
 
-    def start(self, job_id: str, payload: dict[str, Any]) -> str:
-        arn = f"arn:aws:states:us-east-1:123456789012:execution:spotrelay-job-run:{job_id}"
+    def start(self, job_id: str, payload: dict[str, Any], name: str | None = None) -> str:
+        arn = f"arn:aws:states:us-east-1:123456789012:execution:spotrelay-job-run:{name or job_id}"
         self.executions.setdefault(arn, "RUNNING")
+        self.inputs[arn] = payload
         return arn
 
     def stop(self, execution_arn: str, cause: str) -> None:

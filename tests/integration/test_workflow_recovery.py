@@ -216,3 +216,23 @@ def test_a_job_no_pool_takes_fails_after_max_placing_minutes(wf: Harness) -> Non
     assert "had no training gang for 0 minutes (recovery.max_placing_minutes 0.05)" in final.reasons[-1]
     assert "CapacityBackoff" in wf.states_entered(arn) and "FailJob" in wf.states_entered(arn)
     assert wf.compute.running(job.job_id) == []
+
+
+def test_the_workflow_goes_on_in_a_new_execution_before_its_history_fills(wf: Harness) -> None:
+    """Step Functions ends an execution at 25,000 history events: after timings.max_hops passes through
+    Plan or Review the job goes on in its next execution, at the same state with the same data
+    (services/handover.py), and the job record follows it (the reconcile's stuck check reads it)."""
+    job = new_job(wf.store)
+    arn = wf.start(job, FAST.model_copy(update={"max_hops": 2}))
+    first = wf.agents_ready(1)  # (pass 1: the first Plan)
+    on_instance_state.handler(ec2_event("ec2_instance_state_terminated.json", first[1].instance_id), ctx())
+    assert wf.finished(arn)["status"] == "SUCCEEDED"  # pass 2, after Recover: handed over
+    assert wf.states_entered(arn)[-2:] == ["HandOverPlan", "HandedOver"]
+    second = wf.agents_ready(2)  # the next execution planned and launched attempt 2
+    following = wf.job().execution_arn
+    assert following is not None and following.endswith(":job-under-test-h1")
+    assert wf.states_entered(following)[:2] == ["Entry", "Plan"]
+    wf.exit_all(second, 0)
+    assert wf.finished(following)["status"] == "SUCCEEDED"
+    done = wf.job()
+    assert done.status is JobStatus.SUCCEEDED and done.attempt == 2 and done.recoveries == 1

@@ -15,8 +15,9 @@ from tests.unit.test_sim_calibration import demo_run
 def test_simulated_job_takes_the_asl_states_in_order() -> None:
     run = demo_run((Fault("notice", rank=1, step=20, attempt=1),))
     visited = run.walker.visited
-    first = ["Init", "Plan", "Placed", "Provision", "WaitReady", "IsReady", "WaitOutcome", "Outcome", "GatherLosses",
-             "Recover", "Backoff", "Plan", "Placed", "Provision", "WaitReady", "IsReady", "WaitOutcome", "Outcome",
+    first = ["Entry", "Init", "InitHops", "HopPlan", "HopPlanCheck", "Plan", "Placed", "Provision", "WaitReady",
+             "IsReady", "WaitOutcome", "Outcome", "GatherLosses", "Recover", "Backoff", "HopPlan", "HopPlanCheck",
+             "Plan", "Placed", "Provision", "WaitReady", "IsReady", "WaitOutcome", "Outcome",
              "Teardown", "Finalize", "Succeeded"]
     assert visited == first
 
@@ -76,7 +77,8 @@ def test_a_plan_that_must_wait_for_a_cooldown_sleeps_then_plans_again() -> None:
     walker = Walker(asl, handlers, {"job_id": "j", "timings": {"ready_timeout_s": 7}})
     assert walker.advance() == Sleep(240.0)
     assert walker.resume() == Await("ready", 7.0)
-    assert walker.visited[:5] == ["Init", "Plan", "Placed", "PoolCooldown", "Plan"]
+    assert walker.visited[:9] == ["Entry", "Init", "InitHops", "HopPlan", "HopPlanCheck", "Plan", "Placed",
+                                  "PoolCooldown", "HopPlan"]
 
 
 def test_choice_rules() -> None:

@@ -1,0 +1,42 @@
+"""The job-run workflow goes on in a new execution before its history fills.
+
+Step Functions ends a standard execution at 25,000 history events, and a job's workflow loops for as
+long as the job trains: a 30-minute review poll writes ~22 events, a recovery ~50, so a job would have
+its execution ended under it after about three weeks of calm or a week of storms (the reconcile sweep
+then fails the job). The ASL counts its passes through Plan and Review (``$.hops``, ``States.MathAdd``);
+at ``timings.max_hops`` it calls this task instead (HandOverPlan / HandOverReview), which starts the
+job's next execution with the same data, resuming at the same state (the ASL's ``Entry`` choice), and
+points the job record at it; the old execution then succeeds (``HandedOver``). At either point no task
+token is open (the outcome wait has just timed out; Plan has not registered one), so nothing the agents
+send is lost: the next wait registers its token as the first one does.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from spotrelay.services.controller import Controller
+
+log = logging.getLogger(__name__)
+
+
+def next_input(data: dict[str, Any], resume_at: str) -> tuple[dict[str, Any], int]:
+    """(the next execution's input: ``data`` resuming at ``resume_at`` with its passes counted from 0;
+    its generation, 1 for the job's first hand-over)."""
+    hops = data.get("hops")
+    generation = int(hops.get("generation", 0) if isinstance(hops, dict) else 0) + 1
+    payload = {k: v for k, v in data.items() if k not in ("handover", "error")}
+    payload.update(resume_at=resume_at, hops={"count": 0, "generation": generation})
+    return payload, generation
+
+
+def hand_over(ctl: Controller, job_id: str, resume_at: str, data: dict[str, Any], now: float) -> dict[str, Any]:
+    """Start the job's next execution (named ``<job_id>-h<generation>``: a retry finds the same one) and
+    record it as the job's; returns its ARN and generation."""
+    payload, generation = next_input(data, resume_at)
+    arn = ctl.need_workflow().start(job_id, payload, name=f"{job_id}-h{generation}")
+    ctl.store.update_job(job_id, lambda j: None if j.execution_arn == arn else j.model_copy(
+        update={"execution_arn": arn, "updated_at": now}))
+    log.info("workflow handed over", extra={"job_id": job_id, "execution_arn": arn, "resume_at": resume_at})
+    return {"execution_arn": arn, "generation": generation}

@@ -1,0 +1,75 @@
+"""The job-run workflow hands over to a new execution before Step Functions' 25,000-event history fills
+(services/handover.py): the ASL counts its passes through Plan and Review with ``States.MathAdd`` and, at
+``timings.max_hops``, the job goes on in its next execution from the same state with the same data. The
+simulator walks the same states: a job handed over every few passes takes every decision it takes in one
+execution."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spotrelay.contracts.workflow import WorkflowTimings
+from spotrelay.services.handover import next_input
+from spotrelay.sim.asl import AslError, Walker, load_asl, resolve
+from spotrelay.sim.build import MarketOptions, build_market
+from spotrelay.sim.job import JobModel
+from spotrelay.sim.runner import SimOptions, job_starts, make_run, run_seed
+
+TRACE = str(Path(__file__).resolve().parents[2] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv")
+
+
+def test_math_add_is_the_one_intrinsic_the_walker_takes() -> None:
+    assert resolve({"count.$": "States.MathAdd($.hops.count, 1)"}, {"hops": {"count": 4}}, {}) == {"count": 5}
+    with pytest.raises(AslError, match="not implemented"):
+        resolve({"x.$": "States.Format('{}', $.a)"}, {"a": 1}, {})
+    with pytest.raises(AslError, match="not an integer"):
+        resolve({"x.$": "States.MathAdd($.a, 1)"}, {"a": "1"}, {})
+
+
+def test_the_next_input_resumes_at_the_same_state_with_its_passes_counted_again() -> None:
+    data = {"job_id": "j", "timings": {"max_hops": 3}, "hops": {"count": 3}, "launch": {"attempt": 2},
+            "error": {"Error": "States.Timeout"}, "handover": {"old": 1}}
+    first, generation = next_input(data, "review")
+    assert generation == 1 and first["resume_at"] == "review" and first["hops"] == {"count": 0, "generation": 1}
+    assert first["launch"] == {"attempt": 2} and "handover" not in first and "error" not in first
+    second, generation = next_input({**first, "hops": {"count": 3, "generation": 1}}, "plan")
+    assert generation == 2 and second["resume_at"] == "plan"
+
+
+def test_the_asl_hands_over_at_max_hops_and_a_new_execution_resumes_where_it_stopped() -> None:
+    asl = load_asl()
+    plans = iter([{"candidates": [], "launch_ranks": [0], "wait_s": 60}] * 3)
+    calls: list[dict[str, Any]] = []
+    handlers = {"fn_sfn_plan": lambda p: next(plans), "fn_sfn_handover": lambda p: calls.append(p) or {}}
+    walker = Walker(asl, handlers, {"job_id": "j", "timings": {"max_hops": 2}})
+    walker.advance()  # pass 1: Plan, then its cooldown
+    end = walker.resume()  # pass 2: hand over
+    assert walker.visited[-3:] == ["HopPlanCheck", "HandOverPlan", "HandedOver"] and not end.failed  # type: ignore[union-attr]
+    assert calls[0]["resume_at"] == "plan" and calls[0]["data"]["hops"]["count"] == 2
+    again = Walker(asl, handlers, next_input(calls[0]["data"], "plan")[0])
+    again.advance()
+    assert again.visited[:2] == ["Entry", "Plan"]
+    unbounded = Walker(asl, {"fn_sfn_plan": lambda p: {"candidates": [], "launch_ranks": [0], "wait_s": 60}},
+                       {"job_id": "j", "timings": {}})  # (an input without max_hops never hands over)
+    for _ in range(5):
+        unbounded.resume()
+    assert "HandOverPlan" not in unbounded.visited
+
+
+def test_a_simulated_job_handed_over_every_few_passes_takes_the_same_decisions() -> None:
+    def run(**switches: Any) -> tuple[dict[str, float], int]:
+        opts = SimOptions(market=MarketOptions(traces=[TRACE]), job=JobModel(nodes=16, job_hours=24.0),
+                          policies=("spotrelay",), spotrelay_switches=switches)
+        one = make_run("spotrelay", opts, build_market(opts.market, 0), 0, job_starts(0, 1)[0])
+        one.start()  # type: ignore[attr-defined]
+        one.loop()
+        return run_seed(opts, 0)[0].values, one.executions  # type: ignore[attr-defined]
+
+    default, once = run()  # (250 passes: this stormy day hands over about once already)
+    assert WorkflowTimings().max_hops == 250 and once <= 3
+    handed, executions = run(max_hops=3)
+    assert executions > 20 * once  # reviews and recoveries: a new execution every 3 passes
+    assert handed == default
