@@ -19,8 +19,8 @@ EVENT_SAMPLES = {
     "slack_notifier": "sns_notification.json",
 }
 # the workflow's tasks in the order the state machine calls them
-TASK_ORDER = ("sfn_plan", "sfn_provision", "sfn_register_wait", "sfn_review", "sfn_recover", "sfn_teardown",
-              "sfn_finalize")
+TASK_ORDER = ("sfn_plan", "sfn_provision", "sfn_register_wait", "sfn_review", "sfn_recover", "sfn_handover",
+              "sfn_teardown", "sfn_finalize")
 
 
 def task_input(handler: str, job_id: str) -> dict[str, Any]:
@@ -30,6 +30,7 @@ def task_input(handler: str, job_id: str) -> dict[str, Any]:
         "sfn_register_wait": {"wait": "ready", "attempt": 1, "task_token": "token"},
         "sfn_recover": {"outcome": {"outcome": "node-lost", "attempt": 1}},
         "sfn_review": {"attempt": 1},
+        "sfn_handover": {"resume_at": "plan", "data": {"job_id": job_id, "hops": {"count": 250}}},
         "sfn_finalize": {"result": "FAILED"},
     }
     return {"job_id": job_id, **inputs.get(handler, {})}

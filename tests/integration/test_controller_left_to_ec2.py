@@ -15,7 +15,7 @@ def test_a_noticed_node_released_in_its_first_hour_runs_until_ec2_takes_it() -> 
     terminates it once it outlives its reclaim by the grace."""
     m = ControllerRun()
     m.submit(nodes=2, fails=0, strategy="replace-cluster")
-    for _ in range(6):
+    for _ in range(10):
         m.workflow_step(False)
     for index in range(2):
         m.agent_event(index, "NodeReady", False, 0, 0, False)
@@ -23,7 +23,7 @@ def test_a_noticed_node_released_in_its_first_hour_runs_until_ec2_takes_it() -> 
         m.workflow_step(False)
     assert m._job().status is JobStatus.RUNNING
     m.notice_then_every_rank_exits(0, True)
-    for _ in range(8):
+    for _ in range(10):
         m.workflow_step(False)
     assert m._job().attempt == 2
     left = m.store.get_node(JOB, "a1-r0")

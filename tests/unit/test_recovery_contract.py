@@ -28,8 +28,8 @@ def _verdicts_named_by_the_asl() -> set[str]:
     named: set[str] = set()
     for state in _states().values():
         for rule in state.get("Choices", []):
-            if rule["Variable"] == "$.plan.wait_s":  # Placed: routes on the LaunchPlan, not on a verdict
-                continue
+            if rule["Variable"] in ("$.plan.wait_s", "$.resume_at", "$.timings.max_hops", "$.hops.count"):
+                continue  # Placed (the LaunchPlan), Entry and the hand-over checks (services/handover.py)
             assert rule["Variable"] == "$.outcome.outcome", rule
             named.add(rule["StringEquals"])
         if state["Type"] == "Pass" and state.get("ResultPath") == "$.outcome":
