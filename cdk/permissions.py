@@ -77,7 +77,8 @@ ACTIONS: dict[str, frozenset[str]] = {
     "sfn_review": _READ | MARKET,  # decides only: Migrate (sfn_provision) launches and writes
     "sfn_teardown": _READ | _WRITE | TEARDOWN,
     # starts the job's next execution before this one's history fills (services/handover.py)
-    "sfn_handover": frozenset({"dynamodb:GetItem"}) | _WRITE | {"states:StartExecution"},
+    "sfn_handover": frozenset({"dynamodb:GetItem"}) | _WRITE | {"states:StartExecution",
+                                                               "states:StopExecution"},  # (one it cannot record)
     "sfn_finalize": frozenset({"dynamodb:GetItem"}) | _WRITE | NOTIFY
     | {"ec2:DescribeSpotPriceHistory"},  # the last attempt closes at the price in effect
     "slack_notifier": frozenset({"secretsmanager:GetSecretValue"}),

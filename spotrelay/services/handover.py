@@ -14,8 +14,10 @@ send is lost: the next wait registers its token as the first one does.
 from __future__ import annotations
 
 import logging
+from contextlib import suppress
 from typing import Any
 
+from spotrelay.errors import PermanentError
 from spotrelay.services.controller import Controller
 
 log = logging.getLogger(__name__)
@@ -31,12 +33,27 @@ def next_input(data: dict[str, Any], resume_at: str) -> tuple[dict[str, Any], in
     return payload, generation
 
 
+def execution_name(job_id: str, data: dict[str, Any]) -> str:
+    """``<job_id>-h<generation>-<pass>``: the task's retries start (and find) the same execution; a later
+    try, after one that failed, another name (Step Functions keeps a closed execution's name)."""
+    hops = data.get("hops")
+    count = int(hops.get("count", 0)) if isinstance(hops, dict) else 0
+    return f"{job_id}-h{next_input(data, 'plan')[1]}-{count}"
+
+
 def hand_over(ctl: Controller, job_id: str, resume_at: str, data: dict[str, Any], now: float) -> dict[str, Any]:
-    """Start the job's next execution (named ``<job_id>-h<generation>``: a retry finds the same one) and
-    record it as the job's; returns its ARN and generation."""
+    """Start the job's next execution (``execution_name``) and record it as the job's; returns its ARN and
+    generation. If the record cannot be written, the new execution is stopped and this one goes on
+    (the ASL's catch): one execution drives a job at a time."""
     payload, generation = next_input(data, resume_at)
-    arn = ctl.need_workflow().start(job_id, payload, name=f"{job_id}-h{generation}")
-    ctl.store.update_job(job_id, lambda j: None if j.execution_arn == arn else j.model_copy(
-        update={"execution_arn": arn, "updated_at": now}))
+    workflow = ctl.need_workflow()
+    arn = workflow.start(job_id, payload, name=execution_name(job_id, data))
+    try:
+        ctl.store.update_job(job_id, lambda j: None if j.execution_arn == arn else j.model_copy(
+            update={"execution_arn": arn, "updated_at": now}))
+    except Exception as exc:
+        with suppress(Exception):
+            workflow.stop(arn, "the hand-over could not be recorded on the job; the last execution goes on")
+        raise PermanentError(f"hand-over of {job_id} not recorded: {exc}") from exc
     log.info("workflow handed over", extra={"job_id": job_id, "execution_arn": arn, "resume_at": resume_at})
     return {"execution_arn": arn, "generation": generation}

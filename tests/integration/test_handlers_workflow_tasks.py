@@ -263,3 +263,27 @@ def test_a_job_with_more_attempts_than_an_item_holds_keeps_launching(env: Env) -
     assert len(record.attempts) == ATTEMPTS_KEPT and record.attempts[-1].number == 901
     assert record.earlier is not None and record.earlier.count == 901 - ATTEMPTS_KEPT
     assert record.earlier.first_resumed_from_step == 10 and record.earlier.first_started_at == many[0].started_at
+
+
+def test_a_hand_over_the_job_record_cannot_follow_stops_the_new_execution(env: Env, monkeypatch: Any) -> None:
+    """One execution drives a job at a time: the next one started, the record could not be pointed at it,
+    so it is stopped and the task fails (the ASL's catch goes on in the last execution)."""
+    from functions import sfn_handover
+    from spotrelay.errors import ConflictError
+
+    job = new_job(env.store)
+    data = {"job_id": job.job_id, "hops": {"count": 250}, "timings": {"max_hops": 250}}
+    done = sfn_handover.handler({"job_id": job.job_id, "resume_at": "review", "data": data}, ctx())
+    arn = done["execution_arn"]
+    assert arn.endswith(f":{job.job_id}-h1-250") and env.store.get_job(job.job_id).execution_arn == arn
+    assert env.workflow.inputs[arn]["resume_at"] == "review" and env.workflow.inputs[arn]["hops"]["count"] == 0
+
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise ConflictError("the job changed under the write")
+
+    monkeypatch.setattr(type(env.store), "update_job", refused)  # (the handler's store is its own instance)
+    later = {**data, "hops": {"count": 251, "generation": 0}}
+    with pytest.raises(Exception, match="not recorded"):
+        sfn_handover.handler({"job_id": job.job_id, "resume_at": "plan", "data": later}, ctx())
+    stopped = [a for a, status in env.workflow.executions.items() if status == "ABORTED"]
+    assert stopped == [arn.replace("-h1-250", "-h1-251")]

@@ -230,7 +230,7 @@ def test_the_workflow_goes_on_in_a_new_execution_before_its_history_fills(wf: Ha
     assert wf.states_entered(arn)[-2:] == ["HandOverPlan", "HandedOver"]
     second = wf.agents_ready(2)  # the next execution planned and launched attempt 2
     following = wf.job().execution_arn
-    assert following is not None and following.endswith(":job-under-test-h1")
+    assert following is not None and following.endswith(":job-under-test-h1-2")  # generation 1, at pass 2
     assert wf.states_entered(following)[:2] == ["Entry", "Plan"]
     wf.exit_all(second, 0)
     assert wf.finished(following)["status"] == "SUCCEEDED"
