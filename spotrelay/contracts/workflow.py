@@ -4,8 +4,9 @@ ASL, so tests and the twin run the same graph with short times."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # A Standard execution lasts at most a year: a wait, timeout or duration longer than that can never end
 # its state (and Step Functions refuses a Wait over 99,999,999 s at run time, failing the execution there).
@@ -42,6 +43,14 @@ class WorkflowTimings(BaseModel):
     # time faster must shorten them where Plan computes them, not in the ASL's Wait (docs/local-twin.md)
     time_scale: float = Field(
         1.0, gt=0, description="clock seconds per second of Plan's waits (spot_wait_minutes, re-checks); 1 on AWS")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans(cls, value: Any) -> Any:
+        # every timing is a number: `--switch heartbeat_s=true` (read as YAML) is refused, not taken as 1
+        if isinstance(value, bool):
+            raise ValueError(f"expected a number, got {str(value).lower()}")
+        return value
 
     @classmethod
     def from_env(cls) -> WorkflowTimings:

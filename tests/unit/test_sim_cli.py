@@ -154,6 +154,9 @@ def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
     (["--seeds", "60000", "--jobs", "2"], "--seeds 60000 x --jobs 2 x 1 policy is 120,000 runs; at most 100,000"),
     (["--jobs", "1000000000"], "--jobs"),
     (["--workers", "100000"], "--workers"),  # a process per run
+    (["--switch", "max_hops=true"], "switch max_hops: max_hops: expected a number, got true"),  # was 1
+    (["--switch", "heartbeat_s=false"], "heartbeat_s: expected a number, got false"),  # was 0
+    (["--switch", "max_hops=0"], "max_hops: Input should be greater than or equal to 1"),
 ])
 def test_simulate_refuses_values_that_cannot_run_naming_them(args: list[str], named: str) -> None:
     """Hostile numbers and names end in one line naming the option or the value, exit 2, before any run."""
