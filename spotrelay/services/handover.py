@@ -23,11 +23,18 @@ from spotrelay.services.controller import Controller
 log = logging.getLogger(__name__)
 
 
+def _hops(data: dict[str, Any]) -> tuple[int, int]:
+    """(this execution's passes, its generation: 0 for the job's first execution) from ``$.hops``."""
+    hops = data.get("hops")
+    if not isinstance(hops, dict):
+        return 0, 0
+    return int(hops.get("count", 0)), int(hops.get("generation", 0))
+
+
 def next_input(data: dict[str, Any], resume_at: str) -> tuple[dict[str, Any], int]:
     """(the next execution's input: ``data`` resuming at ``resume_at`` with its passes counted from 0;
     its generation, 1 for the job's first hand-over)."""
-    hops = data.get("hops")
-    generation = int(hops.get("generation", 0) if isinstance(hops, dict) else 0) + 1
+    generation = _hops(data)[1] + 1
     payload = {k: v for k, v in data.items() if k not in ("handover", "error")}
     payload.update(resume_at=resume_at, hops={"count": 0, "generation": generation})
     return payload, generation
@@ -36,9 +43,8 @@ def next_input(data: dict[str, Any], resume_at: str) -> tuple[dict[str, Any], in
 def execution_name(job_id: str, data: dict[str, Any]) -> str:
     """``<job_id>-h<generation>-<pass>``: the task's retries start (and find) the same execution; a later
     try, after one that failed, another name (Step Functions keeps a closed execution's name)."""
-    hops = data.get("hops")
-    count = int(hops.get("count", 0)) if isinstance(hops, dict) else 0
-    return f"{job_id}-h{next_input(data, 'plan')[1]}-{count}"
+    count, generation = _hops(data)
+    return f"{job_id}-h{generation + 1}-{count}"
 
 
 def hand_over(ctl: Controller, job_id: str, resume_at: str, data: dict[str, Any], now: float) -> dict[str, Any]:
