@@ -32,13 +32,14 @@ class WorkflowTimings(BaseModel):
     loss_settle_s: int = Field(5, ge=0, le=MAX_WAIT_S,
                                description="after a notice or a loss, wait this long for the rest of its wave "
                                            "before recovering (GatherLosses)")
-    # Step Functions ends an execution at 25,000 history events; a pass through Plan or Review writes at
-    # most ~75 of them until the next (a recovery: the outcome, GatherLosses, Recover, Backoff, Plan,
-    # Provision and the waits; a poll ~22; a rebalance's prewarm between), so after this many passes the
-    # job goes on in a new execution (HandOverPlan / HandOverReview, services/handover.py): ~5 days of
-    # 30-minute polls, fewer on a stormy market
-    max_hops: int = Field(250, ge=1, le=300, description="passes through Plan or Review before the job's workflow "
-                                                        "goes on in a new execution (the 25,000-event history)")
+    # Step Functions ends an execution at 25,000 history events; a pass through Plan, Review or Prewarm
+    # writes at most ~75 of them until the next (a recovery: the outcome, GatherLosses, Recover, Backoff,
+    # Plan, Provision and the waits; a poll ~22; a rebalance's prewarm ~17), so after this many passes the
+    # job goes on in a new execution (HandOverPlan / HandOverReview / HandOverWait, services/handover.py):
+    # ~5 days of 30-minute polls, fewer on a stormy market
+    max_hops: int = Field(250, ge=1, le=300, description="passes through Plan, Review or Prewarm before the job's "
+                                                        "workflow goes on in a new execution (the 25,000-event "
+                                                        "history)")
     # Plan measures its waits (the wait for spot, its re-checks) on the clock: a twin that runs modeled
     # time faster must shorten them where Plan computes them, not in the ASL's Wait (docs/local-twin.md)
     time_scale: float = Field(

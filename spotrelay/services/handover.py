@@ -1,14 +1,16 @@
 """The job-run workflow goes on in a new execution before its history fills.
 
 Step Functions ends a standard execution at 25,000 history events, and a job's workflow loops for as
-long as the job trains: a 30-minute review poll writes ~22 events, a recovery ~50, so a job would have
-its execution ended under it after about three weeks of calm or a week of storms (the reconcile sweep
-then fails the job). The ASL counts its passes through Plan and Review (``$.hops``, ``States.MathAdd``);
-at ``timings.max_hops`` it calls this task instead (HandOverPlan / HandOverReview), which starts the
-job's next execution with the same data, resuming at the same state (the ASL's ``Entry`` choice), and
-points the job record at it; the old execution then succeeds (``HandedOver``). At either point no task
-token is open (the outcome wait has just timed out; Plan has not registered one), so nothing the agents
-send is lost: the next wait registers its token as the first one does.
+long as the job trains: a 30-minute review poll writes ~22 events, a recovery ~50, a rebalance's
+prewarm ~17, so a job would have its execution ended under it after about three weeks of calm or a week
+of storms (the reconcile sweep then fails the job). The ASL counts its passes through Plan, Review and
+Prewarm (``$.hops``, ``States.MathAdd``); at ``timings.max_hops`` it calls this task instead
+(HandOverPlan / HandOverReview / HandOverWait), which starts the job's next execution with the same
+data, resuming at the same state (the ASL's ``Entry`` choice), and points the job record at it; the old
+execution then succeeds (``HandedOver``). At each point no task token is open (the outcome wait has just
+timed out, or ended with a rebalance the prewarm has served; Plan has not registered one), so nothing
+the agents send is lost: the next wait registers its token as the first one does, and settles at once
+on what the nodes reported meanwhile.
 """
 
 from __future__ import annotations

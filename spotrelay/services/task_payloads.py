@@ -65,7 +65,7 @@ class TeardownTask(_Task):
 
 
 class HandOverTask(_Task):
-    resume_at: Literal["plan", "review"]
+    resume_at: Literal["plan", "review", "wait"]
     data: dict[str, Any]  # the execution's whole state
 
 

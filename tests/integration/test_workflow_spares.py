@@ -9,13 +9,14 @@ import time
 import pytest
 
 from functions import on_agent_event, on_instance_state, on_interruption_notice, on_rebalance
+from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.models import Node, NodeState
 from spotrelay.domain.status import JobStatus
 from spotrelay.services.controller import Controller
 from spotrelay.services.describe import cost_report
 from spotrelay.services.reconcile import reconcile
 from tests.integration.controller_doubles import agent_event, ctx, ec2_event, new_job, wait_until
-from tests.integration.test_workflow_job_run import Harness, wf
+from tests.integration.test_workflow_job_run import FAST, Harness, wf
 
 __all__ = ["wf"]
 
@@ -98,10 +99,10 @@ def test_a_doomed_spare_leaves_the_gang_alone(wf: Harness) -> None:
     assert wf.finished(arn)["status"] == "SUCCEEDED"
 
 
-def _prewarm_job(wf: Harness) -> tuple[str, list[Node]]:
+def _prewarm_job(wf: Harness, timings: WorkflowTimings = FAST) -> tuple[str, list[Node]]:
     job = new_job(wf.store, strategy="replace-lost-nodes", launch_at_notice=True, prewarm_on_rebalance=True,
                   prewarm_wait_s=60)
-    arn = wf.start(job)
+    arn = wf.start(job, timings)
     gang = wf.agents_ready(1)
     wait_until(lambda: "outcome" in wf.job().task_tokens, what="outcome wait registered")
     rebalance = ec2_event("ec2_rebalance_recommendation.json", gang[1].instance_id)
@@ -126,6 +127,26 @@ def test_a_rebalance_standby_takes_the_rank_when_the_notice_follows(wf: Harness)
     assert wf.job().standby_cost > 0  # its time before the new attempt: in the ledger, kept apart
     wf.exit_all([survivor, doomed], 75, last_step=8, last_committed_step=8)
     _finish(wf, arn, second)
+
+
+def test_a_prewarm_counts_toward_the_hand_over_and_the_next_execution_waits_for_the_outcome(wf: Harness) -> None:
+    """A rebalance loops back to the outcome wait without a Review: its Prewarm is a pass too, or a storm
+    of recommendations would fill the 25,000-event history uncounted (services/handover.py). At
+    max_hops the job goes on in a new execution at WaitOutcome, and what happens next happens there."""
+    arn, (survivor, doomed, standby) = _prewarm_job(wf, FAST.model_copy(update={"max_hops": 2}))
+    assert wf.finished(arn)["status"] == "SUCCEEDED"  # pass 1 Plan, pass 2 the Prewarm: handed over
+    assert wf.states_entered(arn)[-4:] == ["HopPrewarm", "HopPrewarmCheck", "HandOverWait", "HandedOver"]
+    following = wf.job().execution_arn
+    assert following is not None and following.endswith(":job-under-test-h1-2")
+    assert wf.states_entered(following)[:2] == ["Entry", "WaitOutcome"]
+    notice = ec2_event("ec2_spot_interruption_warning.json", doomed.instance_id)
+    assert on_interruption_notice.handler(notice, ctx())["result"] == "applied"
+    second = _attempt(wf, 2)  # the new execution's outcome wait took the notice; the standby takes rank 1
+    ranks = {n.rank: n for n in second if not n.spare}
+    assert (ranks[0].instance_id, ranks[1].instance_id) == (survivor.instance_id, standby.instance_id)
+    wf.exit_all([survivor, doomed], 75, last_step=8, last_committed_step=8)
+    _finish(wf, following, second)
+    assert wf.job().status is JobStatus.SUCCEEDED and wf.job().recoveries == 1
 
 
 def test_an_unused_standby_is_released_and_billed(wf: Harness) -> None:

@@ -59,6 +59,25 @@ def test_the_asl_hands_over_at_max_hops_and_a_new_execution_resumes_where_it_sto
     assert "HandOverPlan" not in unbounded.visited
 
 
+def test_a_prewarm_is_a_pass_and_its_hand_over_resumes_at_the_outcome_wait() -> None:
+    asl = load_asl()
+    calls: list[dict[str, Any]] = []
+    handlers = {"fn_sfn_provision": lambda p: {"launched": []}, "fn_sfn_handover": lambda p: calls.append(p) or {}}
+    data = {"job_id": "j", "timings": {"max_hops": 2, "heartbeat_s": 600}, "hops": {"count": 1},
+            "launch": {"attempt": 1, "review_s": 1800}}
+    walker = Walker(asl, handlers, {**data, "resume_at": "wait"})
+    walker.advance()  # the handed-over execution's first state is the outcome wait
+    assert walker.visited == ["Entry", "WaitOutcome"]
+    walker.resume({"outcome": "rebalance"})
+    assert walker.visited[-6:] == ["Outcome", "Prewarm", "HopPrewarm", "HopPrewarmCheck", "HandOverWait",
+                                   "HandedOver"]
+    assert calls[0]["resume_at"] == "wait" and calls[0]["data"]["hops"]["count"] == 2
+    below = Walker(asl, handlers, {**data, "resume_at": "wait", "timings": {"max_hops": 3, "heartbeat_s": 600}})
+    below.advance()
+    below.resume({"outcome": "rebalance"})
+    assert below.visited[-2:] == ["HopPrewarmCheck", "WaitOutcome"] and len(calls) == 1
+
+
 def test_a_simulated_job_handed_over_every_few_passes_takes_the_same_decisions() -> None:
     def run(**switches: Any) -> tuple[dict[str, float], int]:
         opts = SimOptions(market=MarketOptions(traces=[TRACE]), job=JobModel(nodes=16, job_hours=24.0),
@@ -73,3 +92,26 @@ def test_a_simulated_job_handed_over_every_few_passes_takes_the_same_decisions()
     handed, executions = run(max_hops=3)
     assert executions > 20 * once  # reviews and recoveries: a new execution every 3 passes
     assert handed == default
+
+
+def test_a_simulated_job_handed_over_at_its_prewarms_takes_the_same_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The synthetic market sends rebalance recommendations ahead of some notices (the trace's capacity
+    drops come with none): with prewarm on and a hand-over every other pass, some executions end at a
+    Prewarm and the next one starts at the outcome wait."""
+    from spotrelay.sim.controller import SpotrelayRun
+
+    resumed: list[str] = []
+    hand_over = SpotrelayRun.task_handover  # (a spy: the shipped task still runs)
+    monkeypatch.setattr(SpotrelayRun, "task_handover",
+                        lambda run, p: resumed.append(p["resume_at"]) or hand_over(run, p))
+
+    def run(**switches: Any) -> dict[str, float]:
+        opts = SimOptions(market=MarketOptions(trace_format="synthetic", synthetic_days=10),
+                          job=JobModel(nodes=32, job_hours=120.0), policies=("spotrelay",),
+                          spotrelay_switches={"prewarm_on_rebalance": True, **switches})
+        return run_seed(opts, 0)[0].values
+
+    default = run()
+    assert resumed == []
+    assert run(max_hops=2) == default
+    assert resumed.count("wait") >= 5 and {"plan", "review"} <= set(resumed)
