@@ -56,7 +56,7 @@ def test_error_names_are_our_exception_classes() -> None:
                 assert isinstance(cls, type) and issubclass(cls, errors.SpotrelayError), f"{name}: {error}"
 
 
-HAND_OVER = {"HandOverPlan": "Plan", "HandOverReview": "Review"}
+HAND_OVER = {"HandOverPlan": "Plan", "HandOverReview": "Review", "HandOverWait": "WaitOutcome"}
 
 
 def test_every_task_has_a_catch_all_that_tears_down() -> None:

@@ -29,6 +29,37 @@ def test_math_add_is_the_one_intrinsic_the_walker_takes() -> None:
         resolve({"x.$": "States.MathAdd($.a, 1)"}, {"a": "1"}, {})
 
 
+def _next_states(state: dict[str, Any]) -> set[str]:
+    found = {state.get("Next"), state.get("Default")}
+    found |= {rule.get("Next") for rule in (*state.get("Choices", ()), *state.get("Catch", ()))}
+    return {name for name in found if name}
+
+
+def test_every_loop_of_the_job_run_passes_a_hop() -> None:
+    """The hand-over bounds the history only if no loop can go round uncounted: with the Hop states
+    taken out, the graph has no cycle (a Prewarm once looped back to the outcome wait uncounted)."""
+    states = load_asl()["States"]
+    hops = {name for name, state in states.items() if "States.MathAdd($.hops.count" in str(state.get("Parameters"))}
+    assert hops == {"HopPlan", "HopReview", "HopPrewarm"}
+    edges = {name: _next_states(state) - hops for name, state in states.items() if name not in hops}
+    done: set[str] = set()
+
+    def cycle_from(name: str, path: tuple[str, ...]) -> tuple[str, ...] | None:
+        if name in path:
+            return (*path[path.index(name):], name)
+        if name in done:
+            return None
+        for following in sorted(edges[name]):
+            found = cycle_from(following, (*path, name))
+            if found:
+                return found
+        done.add(name)
+        return None
+
+    for name in sorted(edges):
+        assert cycle_from(name, ()) is None, f"a loop without a hop: {' -> '.join(cycle_from(name, ()) or ())}"
+
+
 def test_the_next_input_resumes_at_the_same_state_with_its_passes_counted_again() -> None:
     data = {"job_id": "j", "timings": {"max_hops": 3}, "hops": {"count": 3}, "launch": {"attempt": 2},
             "error": {"Error": "States.Timeout"}, "handover": {"old": 1}}
