@@ -10,12 +10,29 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from spotrelay.domain.cost import closed_attempt, mean_price, open_spot, outlived_cost
-from spotrelay.domain.models import Attempt
+from spotrelay.domain.models import Attempt, Job
+from spotrelay.domain.status import JobStatus
+from spotrelay.services import history
 from spotrelay.sim import budget
 
 if TYPE_CHECKING:
     from spotrelay.sim.controller import SpotrelayRun
     from spotrelay.sim.records import SimNode
+
+PLAN_ATTEMPTS = 50  # the newest attempts the Plan's light job record holds (it reads no further back)
+
+
+def light_job(run: SpotrelayRun) -> Job:
+    """The job record fields the services' pure helpers read: the newest ``PLAN_ATTEMPTS`` attempts
+    (what they read of them) and the ones before folded as the job record folds its old ones
+    (``services/history.fold``: where the schedule starts, ``Earlier``)."""
+    while run.folded_n < len(run.attempts) - PLAN_ATTEMPTS:
+        run.folded = history.fold(run.folded, run.attempts[run.folded_n])
+        run.folded_n += 1
+    return Job(job_id="sim", name="sim", status=JobStatus.RECOVERING, attempt=run.attempt,
+               created_at=run.created_at, recoveries=run.recoveries, user_restarts=run.user_restarts,
+               stalled_recoveries=run.stalled, attempts=run.attempts[-PLAN_ATTEMPTS:], earlier=run.folded,
+               excluded_pools=sorted(run.excluded), spec={"resources": {"nodes": run.job.nodes}})
 
 
 def opened(run: SpotrelayRun, number: int, pool: Any, price: float, nodes: int, world: int, kept: int = 0,

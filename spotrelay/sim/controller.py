@@ -20,17 +20,14 @@ from __future__ import annotations
 from typing import Any
 
 from spotrelay.contracts.exit_codes import ExitCode
-from spotrelay.contracts.recovery import (
-    AttemptEnd,
-    Verdict,
-)
+from spotrelay.contracts.recovery import AttemptEnd, Verdict
 from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.cost import leave_to_ec2
 from spotrelay.domain.models import Attempt, Earlier, Job, Node
 from spotrelay.domain.status import JobStatus
 from spotrelay.placement import CooldownPolicy, PoolEvent
 from spotrelay.placement.policy import DEFAULT_CONFIG
-from spotrelay.services import handover, history
+from spotrelay.services import handover
 from spotrelay.services.waits import outcome_verdict, ready_verdict
 from spotrelay.sim import attempts, moves, recover, spares
 from spotrelay.sim.asl import Await, Finished, Sleep, Walker, load_asl
@@ -45,7 +42,6 @@ from spotrelay.sim.shortlist import Shortlist, SimPoolStats
 from spotrelay.spec.models import JobSpec
 
 _ASL_CACHE: dict[str, Any] = {}
-PLAN_ATTEMPTS = 50  # the newest attempts the Plan's light job record holds (it reads no further back)
 _GONE = frozenset({"DOOMED", "LOST", "TERMINATED", "EXITED"})  # a node that went away (no ready verdict waits)
 _WORKING = frozenset({"READY", "RUNNING"})  # every node so: the outcome wait has no verdict
 
@@ -81,8 +77,7 @@ class SpotrelayRun(Run):
         self.attempt_pool: Any = None
         self.attempt_start = 0.0
         self.created_at = 0.0  # the job record's created_at (start)
-        # the attempts before the newest PLAN_ATTEMPTS folded as the job record folds its old ones
-        # (services/history.fold), for the Plan's light job record
+        # the attempts before the newest attempts.PLAN_ATTEMPTS, folded (attempts.light_job)
         self.folded: Earlier | None = None
         self.folded_n = 0
         self.attempts: list[Attempt] = []  # what the job record's attempts say (sim/attempts.py)
@@ -365,16 +360,7 @@ class SpotrelayRun(Run):
 
     # --- the ASL's tasks ------------------------------------------------------------------------
     def _light_job(self) -> Job:
-        """The job record fields the services' pure helpers read: the newest ``PLAN_ATTEMPTS`` attempts
-        (what they read of them) and the ones before folded (where the schedule starts: ``Earlier``)."""
-        while self.folded_n < len(self.attempts) - PLAN_ATTEMPTS:
-            self.folded = history.fold(self.folded, self.attempts[self.folded_n])
-            self.folded_n += 1
-        return Job(job_id="sim", name="sim", status=JobStatus.RECOVERING, attempt=self.attempt,
-                   created_at=self.created_at, recoveries=self.recoveries, user_restarts=self.user_restarts,
-                   stalled_recoveries=self.stalled,
-                   attempts=self.attempts[-PLAN_ATTEMPTS:], earlier=self.folded,
-                   excluded_pools=sorted(self.excluded), spec={"resources": {"nodes": self.job.nodes}})
+        return attempts.light_job(self)
 
     def _quotes(self) -> list[Any]:
         """The MarketData port's answer, placement scores sized for the launch as the services ask."""
