@@ -140,7 +140,7 @@ def stopping(job: Job) -> str | None:
 
 
 # a job without recovery.max_slowdown whose committed training took this many times on-demand's wall time,
-# over at least SLOW_ADVICE_HOURS since its first launch, is told of the limit
+# over at least SLOW_ADVICE_HOURS since its submission (where the limit would count from), is told of the limit
 SLOW_ADVICE_FACTOR = 1.5
 SLOW_ADVICE_HOURS = 6.0
 

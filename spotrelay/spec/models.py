@@ -263,7 +263,7 @@ class Recovery(Strict):
         "attempt's end; unset: wait as long as it takes")
     max_slowdown: float | None = Field(
         None, ge=1, le=100, allow_inf_nan=False,
-        description="finish within about this many times on-demand's wall time: h hours after its first launch the "
+        description="finish within about this many times on-demand's wall time: h hours after its submission the "
         "job should have committed what its full gang trains on on-demand in h / max_slowdown hours; more than an "
         "hour behind, its next gang goes on on-demand, and it returns to spot once on schedule "
         "(placement/spot_evidence.py); unset: cost alone decides")
