@@ -59,6 +59,16 @@ def test_every_loop_of_the_job_run_passes_a_hop() -> None:
     for name in sorted(edges):
         assert cycle_from(name, ()) is None, f"a loop without a hop: {' -> '.join(cycle_from(name, ()) or ())}"
 
+    longest: dict[str, int] = {}  # states on the longest way from a state to the next hop or the end
+
+    def states_to_hop(name: str) -> int:
+        if name not in longest:
+            longest[name] = 1 + max((states_to_hop(n) for n in edges[name]), default=0)
+        return longest[name]
+
+    # timings.max_hops (250) assumes a pass writes at most ~75 events (~5 a state): a longer pass needs it lower
+    assert max(states_to_hop(name) for name in edges) <= 15
+
 
 def test_the_next_input_resumes_at_the_same_state_with_its_passes_counted_again() -> None:
     data = {"job_id": "j", "timings": {"max_hops": 3}, "hops": {"count": 3}, "launch": {"attempt": 2},
