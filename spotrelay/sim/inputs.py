@@ -3,9 +3,10 @@
 Both readers are strict: a bad row raises ``SimInputError`` naming the file and the line, so the
 CLI can print one line and stop. Formats (docs/simulator.md has the full description):
 
-- Bamboo trace: ``ms,add|remove,node`` per line (no header), milliseconds from the trace start,
-  as in uclasystem/bamboo's ``project_pactum/simulation`` data. A node must be added before it is
-  removed; nodes still alive at the end are removed when the trace wraps.
+- Bamboo trace: ``ms,add|remove,node`` per line, milliseconds from the trace start (a decimal too), as in
+  uclasystem/bamboo's ``project_pactum/simulation`` data (no header there; a first row of column names,
+  one whose time is not a number nor its action ``add`` or ``remove``, is read as a header). A node
+  must be added before it is removed; nodes still alive at the end are removed when the trace wraps.
 - Pools CSV (header required): ``timestamp,region,availability_zone,instance_type,spot_price`` and
   optionally ``placement_score,capacity,interruptions_per_hour,product_description``. One row per
   pool and time slot: the slot lasts until that pool's next row. ``timestamp`` is seconds from the
@@ -78,6 +79,7 @@ def read_bamboo(path: str | Path) -> Trace:
     alive: dict[str, float] = {}
     done: list[TraceNode] = []
     last = 0.0
+    first = True
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -85,10 +87,16 @@ def read_bamboo(path: str | Path) -> Trace:
         if len(parts) != 3:
             raise SimInputError(f"{path}:{lineno}: expected 'ms,add|remove,node', got {line.strip()!r}")
         ms, action, node = parts
-        try:
-            t = int(ms) / 1000.0
+        if first and _header(ms, action):
+            first = False
+            continue
+        first = False
+        try:  # (whole milliseconds in Bamboo's files; "480000.0" from a dataframe is the same time)
+            t = float(ms) / 1000.0
         except ValueError:
-            raise SimInputError(f"{path}:{lineno}: time {ms!r} is not an integer number of milliseconds") from None
+            t = math.nan
+        if not (math.isfinite(t) and t >= 0):
+            raise SimInputError(f"{path}:{lineno}: time {ms!r} is not a number of milliseconds >= 0")
         if t < last:
             raise SimInputError(f"{path}:{lineno}: time {ms} goes backwards (previous row was later)")
         if not node:
@@ -109,6 +117,15 @@ def read_bamboo(path: str | Path) -> Trace:
     period = max(last, 1.0)
     done.extend(TraceNode(t, period) for t in alive.values())
     return Trace(source=str(path), period_s=period, nodes=tuple(sorted(done, key=lambda n: (n.add_s, n.remove_s))))
+
+
+def _header(ms: str, action: str) -> bool:
+    """A row of column names ("ms,add|remove,node", "time,event,node"): neither a time nor an action."""
+    try:
+        float(ms)
+    except ValueError:
+        return action not in ("add", "remove")
+    return False
 
 
 @dataclass(slots=True)
@@ -198,7 +215,7 @@ def _pool_tables(path: Path, reader: csv.DictReader[str]) -> dict[tuple[str, str
         if cap is not None and not (math.isfinite(cap) and cap >= 0 and cap == int(cap)):
             raise SimInputError(f"{path}:{lineno}: capacity {cap} is not a whole number >= 0")
         if rate is not None and not (math.isfinite(rate) and rate >= 0):
-            raise SimInputError(f"{path}:{lineno}: interruptions_per_hour {rate} must be >= 0")
+            raise SimInputError(f"{path}:{lineno}: interruptions_per_hour {rate} must be a finite rate >= 0")
         key = (row["region"].strip(), row["availability_zone"].strip(), row["instance_type"].strip())
         if not all(key):
             raise SimInputError(f"{path}:{lineno}: region, availability_zone and instance_type are required")

@@ -35,7 +35,10 @@ def test_the_p3_trace_reads_as_bamboos_64_node_recording() -> None:
 
 
 @pytest.mark.parametrize(("text", "line", "what"), [
-    ("1000,add,a\nxx,add,b\n", 2, "not an integer"),
+    ("1000,add,a\nxx,add,b\n", 2, "not a number of milliseconds"),
+    ("1000,add,a\nnan,add,b\n", 2, "not a number of milliseconds"),
+    ("1000,add,a\ninf,add,b\n", 2, "not a number of milliseconds"),
+    ("-1000,add,a\n", 1, "not a number of milliseconds >= 0"),
     ("1000,add,a\n2000,drop,a\n", 2, "not 'add' or 'remove'"),
     ("1000,remove,a\n", 1, "never added"),
     ("2000,add,a\n1000,add,b\n", 2, "backwards"),
@@ -46,6 +49,28 @@ def test_malformed_trace_names_file_and_line(tmp_path: Path, text: str, line: in
     path.write_text(text)
     with pytest.raises(SimInputError, match=f"{path}:{line}: .*{what}"):
         read_bamboo(path)
+
+
+@pytest.mark.parametrize("header", ["ms,add|remove,node", "time_ms,event,node", " ms , action , node "])
+def test_a_first_row_of_column_names_is_a_header(tmp_path: Path, header: str) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(f"# a comment\n{header}\n1000,add,a\n3000,remove,a\n")
+    assert [(n.add_s, n.remove_s) for n in read_bamboo(path).nodes] == [(1.0, 3.0)]
+    path.write_text(f"1000,add,a\n{header}\n3000,remove,a\n")  # only the first row may be one
+    with pytest.raises(SimInputError, match=f"{path}:2: time"):
+        read_bamboo(path)
+    path.write_text("x,add,a\n3000,remove,a\n")  # a first row with an action is data: its time is wrong
+    with pytest.raises(SimInputError, match=f"{path}:1: time 'x' is not a number"):
+        read_bamboo(path)
+    path.write_text(f"{header}\n")
+    with pytest.raises(SimInputError, match="no rows"):
+        read_bamboo(path)
+
+
+def test_a_time_written_as_a_decimal_is_the_same_time(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("480000.0,add,a\n540000.5,remove,a\n")  # (as a dataframe writes whole numbers)
+    assert [(n.add_s, n.remove_s) for n in read_bamboo(path).nodes] == [(480.0, 540.0005)]
 
 
 HEADER = "timestamp,region,availability_zone,instance_type,spot_price,placement_score,capacity,interruptions_per_hour\n"
