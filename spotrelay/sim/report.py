@@ -122,7 +122,8 @@ def print_report(report: Report, console: Console) -> None:
     console.print("where paid GPU-hours went (share, mean over seeds; useful = goodput):")
     for policy in report.policies():
         parts = [(c, report.loss(policy, c)) for c in CATEGORIES]
-        console.print(f"  {policy}: " + ", ".join(f"{c} {v:.3f}" for c, v in parts if math.isfinite(v) and v >= 0.0005))
+        shares = ", ".join(f"{c} {v:.3f}" for c, v in parts if math.isfinite(v) and v >= 0.0005)
+        console.print(f"  {policy}: {shares or 'nothing paid (no gang ever launched)'}")
     for policy in report.policies():  # spotrelay's variants (--variant) against spotrelay
         versus = report.vs_spotrelay(policy) if policy.startswith(VARIANT_PREFIX) else math.nan
         if math.isfinite(versus):

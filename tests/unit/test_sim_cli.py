@@ -296,3 +296,12 @@ def test_simulate_takes_your_models_checkpoint_size_and_step_time(tmp_path: Path
     assert a["job"]["total_steps"] == 2 * 3600 / 4
     bad = CliRunner().invoke(app, [*base, "--step-s", "0"])
     assert bad.exit_code == 2 and "--step-s" in bad.output
+
+
+def test_a_policy_that_never_launched_says_so_where_the_paid_hours_went(tmp_path: Path) -> None:
+    one = tmp_path / "one.csv"
+    one.write_text("ms,add|remove,node\n0,add,a\n")  # one spot node: no baseline's 2-node gang ever fits
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(one), "--nodes", "2", "--job-hours", "1"])
+    assert result.exit_code == 0, result.output
+    assert "skypilot-like: nothing paid (no gang ever launched)" in result.output
+    assert "on-demand: useful 0." in result.output  # (it paid: its shares)
