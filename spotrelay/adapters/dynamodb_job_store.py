@@ -164,6 +164,19 @@ class DynamoDBJobStore:
         )
         return [_node(i) for i in items]
 
+    def delete_node(self, node: Node) -> bool:
+        try:
+            self._ddb.delete_item(
+                TableName=self._nodes, Key={"job_id": {"S": node.job_id}, "node_id": {"S": node.node_id}},
+                ConditionExpression="#v = :v", ExpressionAttributeNames={"#v": "version"},
+                ExpressionAttributeValues={":v": {"N": str(node.version)}},
+            )
+        except ClientError as exc:
+            if error_code(exc) == _CONDITION_FAILED:
+                return False  # changed since read, or deleted already
+            raise
+        return True
+
     def node_by_instance(self, instance_id: str) -> Node | None:
         page = self._ddb.query(
             TableName=self._nodes,

@@ -91,6 +91,15 @@ class MemoryJobStore:
         keys = sorted(k for k in list(self._nodes) if k[0] == job_id)  # DynamoDB returns sort-key order
         return [Node.model_validate_json(self._nodes[k]) for k in keys]
 
+    def delete_node(self, node: Node) -> bool:
+        key = (node.job_id, node.node_id)
+        with self._lock:
+            doc = self._nodes.get(key)
+            if doc is None or Node.model_validate_json(doc).version != node.version:
+                return False
+            del self._nodes[key]
+            return True
+
     def node_by_instance(self, instance_id: str) -> Node | None:
         for doc in list(self._nodes.values()):
             node = Node.model_validate_json(doc)

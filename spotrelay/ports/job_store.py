@@ -41,6 +41,9 @@ class JobStore(Protocol):
 
     def node_by_instance(self, instance_id: str) -> Node | None: ...
 
+    def delete_node(self, node: Node) -> bool:
+        """Delete ``node``'s record if it is still at ``node.version``; False when it changed or is gone."""
+
     def update_node(
         self, job_id: str, node_id: str, change: Callable[[Node], Node | None], attempts: int = 3
     ) -> Node | None: ...

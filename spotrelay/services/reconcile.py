@@ -23,6 +23,9 @@
    ``heal_after_s`` is taken on to started, rejected or failed (``services/submit.py``).
 7. Leaked agent roles: a per-job agent role and instance profile whose job has ended (or does not
    exist) is deleted; teardown normally does it, this catches a teardown that failed half way.
+8. Old node records: a live job's records that no reader needs any more (ended, of an attempt five
+   or more behind, or carried into a newer one) are deleted, after the orphans' charges read them
+   (services/node_history.py): otherwise every read of a long job's nodes grows with its age.
 
 One job's failure (a record that keeps conflicting, an odd record, a call that fails for its region)
 does not stop the sweep of the others: each job's part of each step runs on its own, a failure is
@@ -41,7 +44,7 @@ from spotrelay.domain.cost import leave_to_ec2
 from spotrelay.domain.models import Job, Node, NodeState
 from spotrelay.domain.status import JobStatus, transition
 from spotrelay.errors import NotFoundError
-from spotrelay.services import budget
+from spotrelay.services import budget, node_history
 from spotrelay.services.controller import (
     SPARE_LIVE,
     Controller,
@@ -103,6 +106,7 @@ def reconcile(ctl: Controller, now: float, stale_after_s: float = 300.0, regions
             report["stuck"].append(job.job_id)
     report["orphans"] = _orphans(ctl, jobs, regions or [], now)
     report["profiles"] = _leaked_profiles(ctl, jobs)
+    report["pruned"] = sum(each("prune", job, 0, node_history.prune, ctl, job, now) for job in jobs)
     if report["failed"]:
         ctl.measure("ReconcileJobErrors", len(report["failed"]))
     log.info("reconciled", extra=report)

@@ -95,7 +95,7 @@ def test_healthy_jobs_are_left_alone(env: Env) -> None:
     before = env.store.get_job(job.job_id)
     report = _run(5)
     assert report == {"jobs": 1, "lost": [], "orphans": [], "stuck": [], "over_budget": [], "budget_warned": [],
-                      "stopped": [], "profiles": [], "standbys": [], "healed": [], "failed": []}
+                      "stopped": [], "profiles": [], "standbys": [], "healed": [], "failed": [], "pruned": 0}
     assert env.store.get_job(job.job_id) == before and len(env.compute.running(job.job_id)) == 2
 
 
