@@ -102,10 +102,13 @@ def jobs(endpoint_url: EndpointOpt = None, table: TableOpt = None, region: Regio
     show(out, ("job", "name", "status", "attempt", "step", "last checkpoint", "cost $", "saved"), rows)
 
 
+STATUS_ATTEMPTS = 10  # the newest attempts `status` lists (describe and cost list every kept one)
+
+
 @app.command()
 def status(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None,
            as_json: JsonOpt = False) -> None:
-    """Show one job: status, attempts, checkpoint, nodes, reasons."""
+    """Show one job: status, its newest attempts, checkpoint, nodes, reasons."""
     from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
     from spotrelay.cli.views import show_attempts, show_nodes
     from spotrelay.services.describe import cost_report, stopping
@@ -128,8 +131,8 @@ def status(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None
     for reason in job.reasons:
         out.print(f"  [yellow]{reason}[/]", markup=True, highlight=False)
     if job.attempts:
-        show_attempts(out, job, nodes)
-    show_nodes(out, nodes)
+        show_attempts(out, job, nodes, newest=STATUS_ATTEMPTS)
+    show_nodes(out, nodes, attempt=job.attempt)
 
 
 @app.command()

@@ -35,8 +35,14 @@ def attempt_rows(job: Job, nodes: Iterable[Node] = ()) -> list[list[str]]:
              "-" if a.lost_steps is None else str(a.lost_steps), f"{cost_of[a.number]:.2f}"] for a in job.attempts]
 
 
-def show_attempts(console: Console, job: Job, nodes: Iterable[Node] = ()) -> None:
-    show(console, ATTEMPT_HEADERS, attempt_rows(job, nodes), title="attempts")
+def show_attempts(console: Console, job: Job, nodes: Iterable[Node] = (), newest: int | None = None) -> None:
+    """The attempts table; ``newest``: only that many of the newest (a long job's status stays short)."""
+    rows = attempt_rows(job, nodes)
+    shown = rows if newest is None else rows[-newest:]
+    show(console, ATTEMPT_HEADERS, shown, title="attempts")
+    if len(shown) < len(rows):
+        console.print(f"and {len(rows) - len(shown)} earlier attempts in the job record (`spotrelay describe` and "
+                      "`spotrelay cost` list them)", highlight=False)
     if job.earlier is not None and job.earlier.count:
         console.print(folded_line(job.earlier.count, job.earlier.paid), highlight=False)
 
@@ -49,7 +55,15 @@ def folded_line(count: int, cost: float) -> str:
             f"{ATTEMPTS_KEPT} (their costs are in the totals)")
 
 
-def show_nodes(console: Console, nodes: list[Node]) -> None:
+def show_nodes(console: Console, nodes: list[Node], attempt: int | None = None) -> None:
+    """The node records; ``attempt``: only that attempt's and the live ones of earlier attempts (a hot spare
+    standing by, a rank still saving), with a count of the rest."""
+    from spotrelay.services.controller import ENDED
+
+    shown = nodes if attempt is None else [n for n in nodes if n.attempt >= attempt or n.state not in ENDED]
     rows = [[n.node_id, str(n.rank), n.instance_id, n.pool.key, n.state.value, n.private_ip or "-"]
-            for n in sorted(nodes, key=lambda n: (n.attempt, n.rank))]
+            for n in sorted(shown, key=lambda n: (n.attempt, n.rank))]
     show(console, NODE_HEADERS, rows, title="nodes")
+    if len(shown) < len(nodes):
+        console.print(f"and {len(nodes) - len(shown)} ended node records of earlier attempts (--json has them)",
+                      highlight=False)

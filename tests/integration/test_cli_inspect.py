@@ -253,3 +253,21 @@ def test_describe_cost_and_status_show_the_attempts_folded_out_of_the_record(aws
     for command in ("describe", "status"):
         out = " ".join(runner.invoke(app, [command, "j-long"]).output.split())
         assert "and 5 earlier attempts ($150.00), folded out of the job record: it keeps the newest 200" in out, command
+    status = " ".join(runner.invoke(app, ["status", "j-long"]).output.split())
+    assert "and 190 earlier attempts in the job record (`spotrelay describe` and `spotrelay cost` list them)" in status
+    assert "│ 205 │" in status and "│ 195 │" not in status  # the newest 10: 196-205
+
+
+def test_status_lists_the_current_attempts_nodes_and_the_live_ones(aws: dict[str, str]) -> None:
+    store = DynamoDBJobStore()
+    store.create_job(Job(job_id="j-nodes", name="llm", status=JobStatus.RUNNING, attempt=3, created_at=T0,
+                         updated_at=T0))
+    for attempt, rank, state, spare in ((1, 0, NodeState.TERMINATED, False), (2, 0, NodeState.LOST, False),
+                                        (2, 2, NodeState.READY, True), (3, 0, NodeState.RUNNING, False)):
+        store.put_node(Node(job_id="j-nodes", node_id=f"a{attempt}-r{rank}", attempt=attempt, rank=rank,
+                            instance_id=f"i-{attempt}{rank}", pool=POOL, state=state, spare=spare))
+    out = runner.invoke(app, ["status", "j-nodes"]).output
+    assert "a3-r0" in out and "a2-r2" in out and "a1-r0" not in out and "a2-r0" not in out
+    assert "and 2 ended node records of earlier attempts (--json has them)" in out
+    records = json.loads(runner.invoke(app, ["status", "j-nodes", "--json"]).stdout)["nodes"]
+    assert len(records) == 4
