@@ -14,14 +14,13 @@ from spotrelay.services.node_history import NODE_ATTEMPTS_KEPT, prunable
 from tests.integration.controller_doubles import Env, ctx, env, load_event, pool, running_job
 
 __all__ = ["env"]
-NOW = time.time()
 
 
 def _record(job_id: str, attempt: int, rank: int, state: NodeState, instance: str | None = None,
             **extra: object) -> Node:
     return Node(job_id=job_id, node_id=f"a{attempt}-r{rank}", attempt=attempt, rank=rank,
                 instance_id=instance or f"i-{attempt:03d}{rank:03d}", pool=pool(), state=state,
-                launched_at=NOW - (20 - attempt) * 600, **extra)  # type: ignore[arg-type]
+                launched_at=time.time() - (20 - attempt) * 600, **extra)  # type: ignore[arg-type]
 
 
 def _sweep(minute: int) -> dict[str, object]:
@@ -42,11 +41,11 @@ def _long_job(env: Env) -> str:
             if (attempt, rank) != (3, 1):
                 env.store.put_node(_record(job.job_id, attempt, rank, NodeState.TERMINATED))
     live = [
-        _record(job.job_id, 12, 0, NodeState.RUNNING, last_heartbeat=NOW),
-        _record(job.job_id, 12, 1, NodeState.RUNNING, instance="i-carried", last_heartbeat=NOW),
+        _record(job.job_id, 12, 0, NodeState.RUNNING, last_heartbeat=time.time()),
+        _record(job.job_id, 12, 1, NodeState.RUNNING, instance="i-carried", last_heartbeat=time.time()),
         _record(job.job_id, 3, 1, NodeState.RUNNING, instance="i-carried"),  # carried since: its old record
         _record(job.job_id, 2, 2, NodeState.READY, spare=True),  # a hot spare standing by since attempt 2
-        _record(job.job_id, 4, 5, NodeState.EXITED, release_after=NOW + 600),  # still draining (odd, but live)
+        _record(job.job_id, 4, 5, NodeState.EXITED, release_after=time.time() + 3600),  # still draining
     ]
     for node in live:
         env.store.put_node(node)
@@ -71,7 +70,7 @@ def test_the_sweep_deletes_the_records_no_reader_needs(env: Env) -> None:
 def test_a_record_that_changed_since_it_was_read_stays(env: Env) -> None:
     job_id = _long_job(env)
     job = env.store.get_job(job_id)
-    read = next(n for n in prunable(job, env.store.nodes_of(job_id), NOW) if n.node_id == "a2-r0")
+    read = next(n for n in prunable(job, env.store.nodes_of(job_id), time.time()) if n.node_id == "a2-r0")
     env.store.update_node(job_id, "a2-r0", lambda n: n.model_copy(update={"exit_code": 0}))  # a late event
     assert env.store.delete_node(read) is False
     assert env.store.get_node(job_id, "a2-r0").exit_code == 0
