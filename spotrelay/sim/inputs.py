@@ -3,7 +3,7 @@
 Both readers are strict: a bad row raises ``SimInputError`` naming the file and the line, so the
 CLI can print one line and stop. Formats (docs/simulator.md has the full description):
 
-- Bamboo trace: ``ms,add|remove,node`` per line, milliseconds from the trace start (a decimal too), as in
+- Bamboo trace: ``ms,add|remove,node`` per line, milliseconds from the trace start (a decimal is rounded to one), as in
   uclasystem/bamboo's ``project_pactum/simulation`` data (no header there; a first row of column names,
   one whose time is not a number nor its action ``add`` or ``remove``, is read as a header). A node
   must be added before it is removed; nodes still alive at the end are removed when the trace wraps.
@@ -92,11 +92,12 @@ def read_bamboo(path: str | Path) -> Trace:
             continue
         first = False
         try:  # (whole milliseconds in Bamboo's files; "480000.0" from a dataframe is the same time)
-            t = float(ms) / 1000.0
+            t = float(ms)
         except ValueError:
             t = math.nan
         if not (math.isfinite(t) and t >= 0):
             raise SimInputError(f"{path}:{lineno}: time {ms!r} is not a number of milliseconds >= 0")
+        t = round(t) / 1000.0  # to the millisecond: the engine takes trace times as whole ms (engine._watch)
         if t < last:
             raise SimInputError(f"{path}:{lineno}: time {ms} goes backwards (previous row was later)")
         if not node:

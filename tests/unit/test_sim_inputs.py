@@ -69,8 +69,8 @@ def test_a_first_row_of_column_names_is_a_header(tmp_path: Path, header: str) ->
 
 def test_a_time_written_as_a_decimal_is_the_same_time(tmp_path: Path) -> None:
     path = tmp_path / "t.csv"
-    path.write_text("480000.0,add,a\n540000.5,remove,a\n")  # (as a dataframe writes whole numbers)
-    assert [(n.add_s, n.remove_s) for n in read_bamboo(path).nodes] == [(480.0, 540.0005)]
+    path.write_text("480000.0,add,a\n540000.7,remove,a\n")  # (as a dataframe writes whole numbers)
+    assert [(n.add_s, n.remove_s) for n in read_bamboo(path).nodes] == [(480.0, 540.001)]  # to the ms
 
 
 HEADER = "timestamp,region,availability_zone,instance_type,spot_price,placement_score,capacity,interruptions_per_hour\n"
