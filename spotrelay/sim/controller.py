@@ -359,9 +359,6 @@ class SpotrelayRun(Run):
         self._settle()
 
     # --- the ASL's tasks ------------------------------------------------------------------------
-    def _light_job(self) -> Job:
-        return attempts.light_job(self)
-
     def _quotes(self) -> list[Any]:
         """The MarketData port's answer, placement scores sized for the launch as the services ask."""
         res = self.spec.resources

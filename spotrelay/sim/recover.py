@@ -32,7 +32,7 @@ def plan(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     """plan.plan: execute a keeping RecoveryPlan, else rank the pools for a new gang."""
     recovery = RecoveryPlan.model_validate(payload.get("recovery") or {})
     stats = self.stats.get_many(p.key for p in self.market.pools)
-    job = self._light_job()
+    job = attempts.light_job(self)
     budget.check_plan(self)  # plan.plan: the closed attempts spent the budget
     overdue = placing_overdue(self.spec, job, self.now)
     if overdue:  # plan.plan: recovery.max_placing_minutes without a gang
@@ -220,13 +220,13 @@ def recover(self: SpotrelayRun, payload: dict[str, Any]) -> dict[str, Any]:
     records = self._records()
     self.gang = {n.rank: n for n in self.gang.values() if n.end_t is None and n.instance_id in keep}
     self.note(current.key if current else "", f"recover: {end.outcome.value}, {action.value}")
-    result = recovery_result(self._light_job(), records, self.timings, end, end.reason, spares.records(self))
+    result = recovery_result(attempts.light_job(self), records, self.timings, end, end.reason, spares.records(self))
     return result.model_dump(mode="json")
 
 
 def _backoff_s(self: SpotrelayRun, end: AttemptEnd) -> int:
     """recovery_flow.recovery_backoff_s (the ending attempt is closed here already)."""
-    return recovery_backoff_s(self._light_job(), self.timings, end)
+    return recovery_backoff_s(attempts.light_job(self), self.timings, end)
 
 
 def _verify_recovery(self: SpotrelayRun, end: AttemptEnd, nodes: list[Any], stats: dict[str, Any],
