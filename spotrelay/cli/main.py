@@ -77,14 +77,21 @@ def submit(file: Path, endpoint_url: EndpointOpt = None, bucket: BucketOpt = Non
 
 @app.command()
 def jobs(endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None,
-         as_json: JsonOpt = False) -> None:
+         as_json: JsonOpt = False,
+         status: Annotated[str | None, typer.Option(
+             "--status", help="only these statuses, comma-separated, any case: running, failed, ... or "
+             "active (not ended), ended")] = None,
+         limit: Annotated[int | None, typer.Option("--limit", min=1, help="only the newest N")] = None) -> None:
     """List jobs, newest last."""
     from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
+    from spotrelay.cli.listing import parse_statuses, read_jobs
     from spotrelay.services.describe import cost_report
 
+    statuses = parse_statuses(status) if status is not None else None  # (before anything is read)
     connect(endpoint_url, None, table, region)
     store = DynamoDBJobStore()
-    found = store.all_jobs()
+    every = read_jobs(store, statuses)
+    found = every if limit is None else every[-limit:]
     if as_json:
         sys.stdout.write(json.dumps([j.model_dump(mode="json", exclude={"task_tokens", "spec"}) for j in found],
                                     indent=2) + "\n")
@@ -100,6 +107,8 @@ def jobs(endpoint_url: EndpointOpt = None, table: TableOpt = None, region: Regio
                      f"{report.total:.2f}", saved])  # (a running attempt: its clock so far)
     # ids are what every other command takes: never cut or wrapped (cli/tables.py), in every table
     show(out, ("job", "name", "status", "attempt", "step", "last checkpoint", "cost $", "saved"), rows)
+    if len(found) < len(every):
+        out.print(f"and {len(every) - len(found)} earlier jobs (--limit {limit})", highlight=False)
 
 
 STATUS_ATTEMPTS = 10  # the newest attempts `status` lists (describe and cost list every kept one)

@@ -32,6 +32,9 @@ class JobStore(Protocol):
 
     def jobs_by_status(self, status: JobStatus) -> list[Job]: ...
 
+    def all_jobs(self) -> list[Job]:
+        """Every job, oldest submission first: a scan of the whole table (the CLI's unfiltered listing)."""
+
     def put_node(self, node: Node, expected_version: int | None = None) -> Node:
         """Create (``expected_version`` None, must not exist) or conditionally replace a node."""
 

@@ -115,3 +115,49 @@ def test_status_shows_the_attempts(aws: dict[str, str], monkeypatch: pytest.Monk
     shown = CliRunner().invoke(app, ["status", "j-att"])
     assert shown.exit_code == 0, shown.output
     assert "interrupted" in shown.output and "step 40" in shown.output and pool.key in shown.output
+
+
+def test_jobs_by_status_and_limit(aws: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--status`` reads those statuses through the by-status index (the scan is never called), groups
+    ``active``/``ended`` take every status not ended / ended; ``--limit`` keeps the newest by submission."""
+    store = DynamoDBJobStore()
+    kinds = [("j-old-ok", JobStatus.SUCCEEDED), ("j-run-1", JobStatus.RUNNING), ("j-failed", JobStatus.FAILED),
+             ("j-sub", JobStatus.SUBMITTED), ("j-run-2", JobStatus.RUNNING), ("j-cancelling", JobStatus.CANCELLING)]
+    for n, (job_id, status) in enumerate(kinds):
+        store.create_job(Job(job_id=job_id, name="llm", status=status, created_at=100 + n, updated_at=100 + n))
+
+    def listed(*args: str) -> list[str]:
+        result = runner.invoke(app, ["jobs", "--json", *args])
+        assert result.exit_code == 0, result.output
+        return [j["job_id"] for j in json.loads(result.stdout)]
+
+    assert listed() == [job_id for job_id, _ in kinds]
+    assert listed("--limit", "2") == ["j-run-2", "j-cancelling"]
+
+    def no_scan(self: DynamoDBJobStore) -> list[Job]:
+        raise AssertionError("a status selection scanned the whole table")
+
+    monkeypatch.setattr(DynamoDBJobStore, "all_jobs", no_scan)
+    assert listed("--status", "running") == ["j-run-1", "j-run-2"]
+    assert listed("--status", "RUNNING,failed") == ["j-run-1", "j-failed", "j-run-2"]  # oldest first, one list
+    assert listed("--status", "active") == ["j-run-1", "j-sub", "j-run-2", "j-cancelling"]
+    assert listed("--status", "ended,ended") == ["j-old-ok", "j-failed"]
+    assert listed("--status", "active", "--limit", "1") == ["j-cancelling"]
+    assert listed("--status", "rejected") == []
+    table = runner.invoke(app, ["jobs", "--status", "running", "--limit", "1"])
+    assert table.exit_code == 0 and "j-run-2" in table.output and "j-run-1" not in table.output
+    assert "and 1 earlier jobs (--limit 1)" in table.output
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--status", "runing"], "--status: 'runing' is not a job status; it takes active, ended or submitted"),
+    (["--status", " , "], "--status: names no status"),
+    (["--limit", "0"], "--limit"),
+    (["--limit", "many"], "--limit"),
+])
+def test_jobs_refuses_a_bad_selection_in_one_line(aws: dict[str, str], args: list[str], named: str) -> None:
+    DynamoDBJobStore().create_job(Job(job_id="j-1", name="llm", status=JobStatus.RUNNING, created_at=1, updated_at=1))
+    result = runner.invoke(app, ["jobs", *args])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and named in lines[0], result.output
