@@ -40,7 +40,7 @@ from spotrelay.sim.inputs import SimInputError
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.losses import CATEGORIES
 from spotrelay.sim.parallel import default_workers
-from spotrelay.sim.report import cheapest_rival
+from spotrelay.sim.report import cheaper, cheapest_rival
 from spotrelay.sim.runner import POLICIES, Report, SimOptions, simulate
 from spotrelay.sim_native import in_use
 
@@ -90,7 +90,7 @@ def misses_but_limit(report: Report) -> list[str]:
     for seed in range(report.seeds):
         by = {r.policy: r.values["cost_per_useful_gpu_hour"] for r in report.runs if r.seed == seed}
         rival = cheapest_rival(by)
-        if rival is not None and by["spotrelay"] > rival[1]:
+        if rival is not None and cheaper(rival[1], by["spotrelay"]):
             out.append(f"seed {seed}: {rival[0]} {rival[1] / by['spotrelay']:.3f}")
     return out
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from bench.sim_sweep import MARKETS
 from spotrelay.sim.build import MarketOptions
 from spotrelay.sim.job import JobModel
-from spotrelay.sim.report import cheapest_rival
+from spotrelay.sim.report import cheaper, cheapest_rival
 from spotrelay.sim.runner import POLICIES, SimOptions, run_seed
 
 DEFAULT_MARKETS = "g4dn,bamboo,g4dn-nodes,synthetic,p3"
@@ -72,7 +72,7 @@ def main() -> int:
                 by = {r.policy: r.values for r in run_seed(opts, seed)}
                 cost = {p: v["cost_per_useful_gpu_hour"] for p, v in by.items()}
                 best, best_cost = cheapest_rival(cost) or ("spotrelay", cost["spotrelay"])
-                miss = cost["spotrelay"] > best_cost
+                miss = cheaper(best_cost, cost["spotrelay"])  # (a tie to float rounding is none)
                 if best != "spotrelay":
                     ratios.setdefault((market, nodes), []).append(cost["spotrelay"] / best_cost)
                 line = (f"{market:18} {nodes:>5} {seed:>4} " + " ".join(f"{cost[p]:>14.3f}" for p in policies)

@@ -29,6 +29,7 @@ from bench.sim_sweep import MARKETS
 from spotrelay.placement import catalog, spot_evidence
 from spotrelay.sim.build import MarketOptions
 from spotrelay.sim.job import JobModel
+from spotrelay.sim.report import cheaper
 from spotrelay.sim.runner import SimOptions, parse_switch, run_seed
 
 # constants the verdict reads at call time (a default argument bound at import would not follow a patch)
@@ -84,7 +85,8 @@ def _row(name: str, runs: list[dict[str, Any]], base: list[dict[str, Any]], widt
     ratio = [s["cost_per_useful_gpu_hour"] / b["spotrelay"]["cost_per_useful_gpu_hour"]
              for s, b in zip(sr, base, strict=True)]
     captured = [s["captured_saving"] for s in sr]
-    misses = sum(r["spotrelay"]["cost_per_useful_gpu_hour"] > r["on-demand"]["cost_per_useful_gpu_hour"] for r in runs)
+    misses = sum(cheaper(r["on-demand"]["cost_per_useful_gpu_hour"], r["spotrelay"]["cost_per_useful_gpu_hour"])
+                 for r in runs)
     return (f"  {name:{width}} {statistics.fmean(ratio):>7.3f} ({min(ratio):.2f}-{max(ratio):.2f}) "
             f"{statistics.fmean(captured):>8.3f} {statistics.fmean(s['goodput'] for s in sr):>7.3f} "
             f"{statistics.fmean(s['on_demand_share'] for s in sr):>6.0%} "

@@ -62,6 +62,16 @@ def tables(report: Report, width: int) -> list[Table]:
     return fitted(headers, rows, width, title=_title(report), justify=_JUSTIFY)
 
 
+# a tie is not a cheaper rival: two policies that paid the same (both on on-demand all along, where no spot
+# pool holds the gang) sum their bills in another order, and their costs differ in the last bits
+TIE_RELATIVE = 1e-9
+
+
+def cheaper(cost: float, than: float) -> bool:
+    """``cost`` is below ``than`` by more than float rounding: target (c)'s miss, counted one way everywhere."""
+    return cost < than * (1.0 - TIE_RELATIVE)
+
+
 def cheapest_rival(costs: Mapping[str, float]) -> tuple[str, float] | None:
     """Of one seed's costs per useful GPU-hour (policy -> USD), the baseline but ``price-limit`` that cost
     least and its cost (target (c)'s rival; spotrelay's variants are not rivals); None without one."""
@@ -88,7 +98,7 @@ def cheaper_rivals(report: Report) -> tuple[int, int, dict[str, int], float]:
             continue
         seeds += 1
         name, cheapest = rival
-        if cheapest < ours:
+        if cheaper(cheapest, ours):
             beaten[name] = beaten.get(name, 0) + 1
             excess.append(ours / cheapest - 1.0)
     return len(excess), seeds, beaten, statistics.fmean(excess) if excess else 0.0

@@ -74,3 +74,22 @@ def test_a_narrow_terminal_gets_the_columns_as_tables_that_fit_it_not_truncated_
         mean = f"{report.mean('spotrelay', 'cost_per_useful_gpu_hour'):.3f}"
         assert mean in text  # the number itself, whole
     assert len(tables(report, 240)) == 1  # a pipe or a file: one table, a row per policy (simulate.py)
+
+
+def test_a_tie_to_float_rounding_is_no_cheaper_rival(tmp_path: Path) -> None:
+    """No pool of this trace ever holds the 8-node gang, so spotrelay and on-demand both train on on-demand
+    and pay the same; their bills, summed in another order, differ in the last bits (seed 0 at 24 h), which
+    the target's count read as on-demand cheaper before ``report.cheaper``."""
+    from spotrelay.sim.report import cheaper
+
+    trace = tmp_path / "three.csv"  # a pool of three nodes, and a fourth for a moment an hour in
+    trace.write_text("0,add,a\n0,add,b\n0,add,c\n3600000,add,d\n3600000,remove,d\n")
+    report = simulate(SimOptions(market=MarketOptions(traces=[str(trace)]), job=JobModel(nodes=8, job_hours=24.0),
+                                 seeds=2))
+    by = {(r.seed, r.policy): r.values for r in report.runs}
+    for seed in (0, 1):
+        ours, theirs = by[(seed, "spotrelay")], by[(seed, "on-demand")]
+        assert ours["on_demand_share"] == 1.0
+        assert abs(ours["cost_per_useful_gpu_hour"] / theirs["cost_per_useful_gpu_hour"] - 1.0) < 1e-12
+    assert cheaper_rivals(report)[:2] == (0, 2)
+    assert not cheaper(1.0, 1.0 + 5e-15) and cheaper(1.0, 1.0001) and not cheaper(1.0001, 1.0)
