@@ -55,12 +55,16 @@ def folded_line(count: int, cost: float) -> str:
             f"{ATTEMPTS_KEPT} (their costs are in the totals)")
 
 
-def show_nodes(console: Console, nodes: list[Node], attempt: int | None = None) -> None:
+def show_nodes(console: Console, nodes: list[Node], attempt: int | None = None, now: float | None = None) -> None:
     """The node records; ``attempt``: only that attempt's and the live ones of earlier attempts (a hot spare
-    standing by, a rank still saving), with a count of the rest."""
+    standing by, a rank still saving: not ended, or ended but its instance kept for its save until
+    ``release_after``, as the reconcile sweep and ``cost``'s drains count it), with a count of the rest."""
     from spotrelay.services.controller import ENDED
 
-    shown = nodes if attempt is None else [n for n in nodes if n.attempt >= attempt or n.state not in ENDED]
+    at = time.time() if now is None else now
+    shown = nodes if attempt is None else [
+        n for n in nodes
+        if n.attempt >= attempt or n.state not in ENDED or (n.release_after is not None and n.release_after > at)]
     rows = [[n.node_id, str(n.rank), n.instance_id, n.pool.key, n.state.value, n.private_ip or "-"]
             for n in sorted(shown, key=lambda n: (n.attempt, n.rank))]
     show(console, NODE_HEADERS, rows, title="nodes")

@@ -262,12 +262,18 @@ def test_status_lists_the_current_attempts_nodes_and_the_live_ones(aws: dict[str
     store = DynamoDBJobStore()
     store.create_job(Job(job_id="j-nodes", name="llm", status=JobStatus.RUNNING, attempt=3, created_at=T0,
                          updated_at=T0))
-    for attempt, rank, state, spare in ((1, 0, NodeState.TERMINATED, False), (2, 0, NodeState.LOST, False),
-                                        (2, 2, NodeState.READY, True), (3, 0, NodeState.RUNNING, False)):
+    now = time.time()
+    for attempt, rank, state, spare, release in (
+            (1, 0, NodeState.TERMINATED, False, None), (2, 0, NodeState.LOST, False, None),
+            (2, 1, NodeState.EXITED, False, now - 60),  # its save done: ended
+            (2, 3, NodeState.EXITED, False, now + 600),  # its trainer exited, its save still uploading
+            (2, 2, NodeState.READY, True, None), (3, 0, NodeState.RUNNING, False, None)):
         store.put_node(Node(job_id="j-nodes", node_id=f"a{attempt}-r{rank}", attempt=attempt, rank=rank,
-                            instance_id=f"i-{attempt}{rank}", pool=POOL, state=state, spare=spare))
+                            instance_id=f"i-{attempt}{rank}", pool=POOL, state=state, spare=spare,
+                            release_after=release))
     out = runner.invoke(app, ["status", "j-nodes"]).output
-    assert "a3-r0" in out and "a2-r2" in out and "a1-r0" not in out and "a2-r0" not in out
-    assert "and 2 ended node records of earlier attempts (--json has them)" in out
+    assert "a3-r0" in out and "a2-r2" in out and "a2-r3" in out
+    assert "a1-r0" not in out and "a2-r0" not in out and "a2-r1" not in out
+    assert "and 3 ended node records of earlier attempts (--json has them)" in out
     records = json.loads(runner.invoke(app, ["status", "j-nodes", "--json"]).stdout)["nodes"]
-    assert len(records) == 4
+    assert len(records) == 6
