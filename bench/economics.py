@@ -1,10 +1,13 @@
 """What spotrelay saves, side by side with what teams run today, on the shipped g4dn trace.
 
-    .venv/bin/python bench/economics.py [--seeds 8] [--job-hours 168] [--nodes 8,16,32] [--json F] [--workers N]
+    .venv/bin/python bench/economics.py [--seeds 8] [--job-hours 168] [--nodes 8,16,32] [--trace FILE] [--json F]
+                                        [--workers N] [--boot-s-for TYPE=S]
 
-For each gang size it runs every policy on the same markets and seeds (spotrelay/sim) under two
-sets of assumptions and prints each policy's cost per useful GPU-hour relative to on-demand and to
-the price limit, its captured saving and its goodput (mean and min over seeds):
+``--trace``: any Bamboo-format file instead of the shipped g4dn trace (it drives every spot pool, as
+``spotrelay simulate --trace`` does). For each gang size it runs every policy on the same markets and
+seeds (spotrelay/sim) under two sets of assumptions and prints each policy's cost per useful GPU-hour
+relative to on-demand and to the price limit, its captured saving and its goodput (mean and min over
+seeds):
 
 - catalog: the catalog's P5/P4d prices (spot at the catalog's typical fraction) and a 300 s boot
   (``--boot-s-for p5.48xlarge=420`` gives one type its own: the product's EC2 estimate for a p5);
