@@ -47,12 +47,10 @@ def _takes() -> str:
     return f"it takes {', '.join(GROUPS)} or {', '.join(s.value.lower() for s in JobStatus)}, comma-separated"
 
 
-def read_jobs(store: JobStore, statuses: tuple[JobStatus, ...] | None = None) -> list[Job]:
-    """The jobs in ``statuses`` (each read through the by-status index), or every job (a scan), oldest
+def read_jobs(store: JobStore, statuses: tuple[JobStatus, ...]) -> list[Job]:
+    """The jobs in ``statuses``, each status read through the by-status index (never a scan), oldest
     submission first. A job that moved between two statuses' reads may come from both: its newer record
     is kept, whichever status it now holds."""
-    if statuses is None:
-        return store.all_jobs()
     newest: dict[str, Job] = {}
     for status in statuses:
         for job in store.jobs_by_status(status):

@@ -90,7 +90,7 @@ def jobs(endpoint_url: EndpointOpt = None, table: TableOpt = None, region: Regio
     statuses = parse_statuses(status) if status is not None else None  # (before anything is read)
     connect(endpoint_url, None, table, region)
     store = DynamoDBJobStore()
-    every = read_jobs(store, statuses)
+    every = store.all_jobs() if statuses is None else read_jobs(store, statuses)  # (all: a scan)
     found = every if limit is None else every[-limit:]
     if as_json:
         sys.stdout.write(json.dumps([j.model_dump(mode="json", exclude={"task_tokens", "spec"}) for j in found],

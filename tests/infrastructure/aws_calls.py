@@ -174,9 +174,13 @@ class Analyzer:
 
     def calls(self, handler: str) -> dict[str, Call]:
         """Action -> the first call chain found that needs it, for ``functions/<handler>.py``."""
+        return self.calls_from((f"functions.{handler}", "handler"), f"functions/{handler}.py:handler")
+
+    def calls_from(self, start: tuple[str, str], label: str) -> dict[str, Call]:
+        """Action -> the first call chain found that needs it, from the function ``start`` (module, name):
+        a handler, or a CLI command (tests/infrastructure/test_cli_permissions.py)."""
         found: dict[str, Call] = {}
-        start = (f"functions.{handler}", "handler")
-        todo: list[tuple[tuple[str, str], tuple[str, ...]]] = [(start, (f"functions/{handler}.py:handler",))]
+        todo: list[tuple[tuple[str, str], tuple[str, ...]]] = [(start, (label,))]
         seen: set[tuple[str, str]] = set()
         while todo:
             (module, qual), via = todo.pop(0)
@@ -202,6 +206,8 @@ class Analyzer:
         out: list[tuple[tuple[str, str] | None, str | None]] = []
         cls = qual.split(".")[0] if "." in qual else None
         ports = _local_ports(node)
+        instances = self._local_instances(mod, node)
+        shadowed = _parameters(node)  # (a parameter named like a module's function is not that function)
         adapter = mod.name.startswith(ADAPTER_PACKAGES)
         visible = {c: (mod.name, c) for c in mod.classes}
         for alias in mod.aliases:
@@ -209,9 +215,11 @@ class Analyzer:
             if hit and isinstance(_module(hit[0]).defs.get(hit[1]), ast.ClassDef):  # type: ignore[union-attr]
                 visible[alias] = hit
         for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
-            out += [(hit, None) for hit in self._callbacks(mod, call)]
+            out += [(hit, None) for hit in self._callbacks(mod, call, shadowed)]
             func = call.func
             if isinstance(func, ast.Name):
+                if func.id in shadowed:
+                    continue
                 if func.id in LIBRARY_CALLS:
                     out += [(None, a) for a in LIBRARY_CALLS[func.id]]
                 hit = self._resolve(mod.name, func.id)
@@ -231,6 +239,10 @@ class Analyzer:
                 if hit:
                     out.append((hit, None))
                 continue
+            made = self._instance_of(mod, value, instances)
+            if made is not None:  # (an adapter built here: ``source = CloudWatchTrainingLogs(...)``)
+                out.append(((made[0], f"{made[1]}.{attr}"), None))
+                continue
             port = _port_of(value, ports)
             if port is not None:
                 target_mod, target_cls = PORT_ADAPTERS[port]
@@ -247,12 +259,39 @@ class Analyzer:
                         if attr in _module(m).classes[c]]  # type: ignore[union-attr]
         return out
 
-    def _callbacks(self, mod: _Module, call: ast.Call) -> list[tuple[str, str]]:
+    def _instance_of(self, mod: _Module, value: ast.AST,
+                     instances: dict[str, tuple[str, str]]) -> tuple[str, str] | None:
+        """(module, class) of an adapter ``value`` is: a local assigned from its constructor, or the
+        constructor call itself (``S3ObjectStore().put``)."""
+        if isinstance(value, ast.Name):
+            return instances.get(value.id)
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+            return self._adapter_class(mod, value.func.id)
+        return None
+
+    def _adapter_class(self, mod: _Module, name: str) -> tuple[str, str] | None:
+        hit = self._resolve(mod.name, name)
+        if hit is None or not hit[0].startswith("spotrelay.adapters"):
+            return None
+        return hit if isinstance(_module(hit[0]).defs.get(hit[1]), ast.ClassDef) else None  # type: ignore[union-attr]
+
+    def _local_instances(self, mod: _Module, node: ast.AST) -> dict[str, tuple[str, str]]:
+        """Locals assigned from an adapter's constructor (``source = CloudWatchTrainingLogs(group)``)."""
+        found: dict[str, tuple[str, str]] = {}
+        for n in ast.walk(node):
+            if (isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+                    and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name)):
+                made = self._adapter_class(mod, n.value.func.id)
+                if made is not None:
+                    found[n.targets[0].id] = made
+        return found
+
+    def _callbacks(self, mod: _Module, call: ast.Call, shadowed: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
         """First-party functions passed to ``call`` (by name or ``module.name``): it may call them."""
         out: list[tuple[str, str]] = []
         for arg in (*call.args, *(k.value for k in call.keywords)):
             hit = None
-            if isinstance(arg, ast.Name):
+            if isinstance(arg, ast.Name) and arg.id not in shadowed:
                 hit = self._resolve(mod.name, arg.id)
             elif (isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name) and arg.value.id in mod.aliases
                   and mod.aliases[arg.value.id][1] is None):
@@ -271,6 +310,16 @@ class Analyzer:
             return []
         names = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
         return [op for name in names for op in self._ops_for(mod, name)]
+
+
+def _parameters(node: ast.AST) -> frozenset[str]:
+    """The names a function's parameters bind (none for a class or a module)."""
+    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        return frozenset()
+    a = node.args
+    names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+    names += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
+    return frozenset(names) - {"self", "cls"}
 
 
 def _dynamic_dispatch(node: ast.AST) -> bool:

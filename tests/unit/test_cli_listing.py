@@ -51,4 +51,4 @@ def test_a_job_read_under_two_statuses_is_listed_once_as_its_newer_record() -> N
     assert [(j.job_id, j.status) for j in listed] == [("j-first", JobStatus.RUNNING),
                                                       ("j-moved", JobStatus.RECOVERING)]
     assert [j.job_id for j in active_jobs(store)] == ["j-first", "j-moved"]
-    assert read_jobs(store) == store.all_jobs()
+    assert read_jobs(store, tuple(JobStatus)) == store.all_jobs()
