@@ -1,4 +1,4 @@
-"""Which jobs the CLI lists: ``spotrelay jobs --status`` and ``--limit``, and the live jobs ``resume`` checks.
+"""Which jobs ``spotrelay jobs --status`` lists.
 
 A deployment keeps every job it ever ran (``describe`` and ``resume`` read the ended ones), so a team's
 table grows for as long as it trains. Reading it whole is a scan of every job record (up to DynamoDB's
@@ -50,7 +50,8 @@ def _takes() -> str:
 def read_jobs(store: JobStore, statuses: tuple[JobStatus, ...]) -> list[Job]:
     """The jobs in ``statuses``, each status read through the by-status index (never a scan), oldest
     submission first. A job that moved between two statuses' reads may come from both: its newer record
-    is kept, whichever status it now holds."""
+    is kept, whichever status it now holds. (It may also come from neither, moving from a status not
+    read yet to one read already: fine for a listing, not for a check; ``resume`` scans.)"""
     newest: dict[str, Job] = {}
     for status in statuses:
         for job in store.jobs_by_status(status):
@@ -58,8 +59,3 @@ def read_jobs(store: JobStore, statuses: tuple[JobStatus, ...]) -> list[Job]:
             if seen is None or job.version > seen.version:
                 newest[job.job_id] = job
     return sorted(newest.values(), key=lambda j: (j.created_at, j.job_id))
-
-
-def active_jobs(store: JobStore) -> list[Job]:
-    """Every job not ended (submitted, placing, running, recovering, cancelling ...)."""
-    return read_jobs(store, GROUPS["active"])

@@ -38,7 +38,6 @@ def resume(job_id: str, budget: BudgetOpt = None, spec_file: SpecOpt = None,
     from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
     from spotrelay.adapters.s3_object_store import S3ObjectStore
     from spotrelay.cli.common import check_spec_suffix, connect, submission_key
-    from spotrelay.cli.listing import active_jobs
     from spotrelay.domain.models import job_id_for
     from spotrelay.resources import RESOURCES
     from spotrelay.services.describe import checkpoint_location, checkpoints
@@ -65,7 +64,9 @@ def resume(job_id: str, budget: BudgetOpt = None, spec_file: SpecOpt = None,
     job = store.get_job(job_id)
     where, prefix = checkpoint_location(job, settings().bucket, RESOURCES.checkpoints_prefix)
     location = f"s3://{where}/{prefix}".rstrip("/")
-    live = active_jobs(store)  # (the by-status index: not a scan of every job the deployment ran)
+    # a scan, not the by-status index: a job moving between two statuses while they were queried one by one
+    # could be missed, and this check keeps one writer per checkpoint location (a resume is rare)
+    live = [j for j in store.all_jobs() if not j.status.terminal]
     try:
         spec = resume_spec(job, location, live, budget, edited)
     except ValidationError as exc:  # (only --budget is validated there now: the specs were before)

@@ -6,7 +6,7 @@ import pytest
 
 from spotrelay.adapters.memory_job_store import MemoryJobStore
 from spotrelay.cli.errors import UsageProblem
-from spotrelay.cli.listing import GROUPS, active_jobs, parse_statuses, read_jobs
+from spotrelay.cli.listing import GROUPS, parse_statuses, read_jobs
 from spotrelay.domain.models import Job
 from spotrelay.domain.status import TERMINAL, JobStatus
 
@@ -50,5 +50,5 @@ def test_a_job_read_under_two_statuses_is_listed_once_as_its_newer_record() -> N
     listed = read_jobs(store, (JobStatus.RECOVERING, JobStatus.RUNNING))  # (the stale copy read last)
     assert [(j.job_id, j.status) for j in listed] == [("j-first", JobStatus.RUNNING),
                                                       ("j-moved", JobStatus.RECOVERING)]
-    assert [j.job_id for j in active_jobs(store)] == ["j-first", "j-moved"]
+    assert [j.job_id for j in read_jobs(store, GROUPS["active"])] == ["j-first", "j-moved"]
     assert read_jobs(store, tuple(JobStatus)) == store.all_jobs()
