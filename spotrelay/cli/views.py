@@ -55,16 +55,14 @@ def folded_line(count: int, cost: float) -> str:
             f"{ATTEMPTS_KEPT} (their costs are in the totals)")
 
 
-def show_nodes(console: Console, nodes: list[Node], attempt: int | None = None, now: float | None = None) -> None:
-    """The node records; ``attempt``: only that attempt's and the live ones of earlier attempts (a hot spare
-    standing by, a rank still saving: not ended, or ended but its instance kept for its save until
-    ``release_after``, as the reconcile sweep and ``cost``'s drains count it), with a count of the rest."""
-    from spotrelay.services.controller import ENDED
+def show_nodes(console: Console, nodes: list[Node], attempt: int | None = None) -> None:
+    """The node records; ``attempt``: only that attempt's and those of earlier attempts still in use (a hot
+    spare standing by, a rank still saving: the records the reconcile sweep keeps whatever their attempt,
+    ``node_history.in_use``), with a count of the rest."""
+    from spotrelay.services.node_history import in_use
 
-    at = time.time() if now is None else now
-    shown = nodes if attempt is None else [
-        n for n in nodes
-        if n.attempt >= attempt or n.state not in ENDED or (n.release_after is not None and n.release_after > at)]
+    now = time.time()
+    shown = nodes if attempt is None else [n for n in nodes if n.attempt >= attempt or in_use(n, now)]
     rows = [[n.node_id, str(n.rank), n.instance_id, n.pool.key, n.state.value, n.private_ip or "-"]
             for n in sorted(shown, key=lambda n: (n.attempt, n.rank))]
     show(console, NODE_HEADERS, rows, title="nodes")

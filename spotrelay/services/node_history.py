@@ -25,6 +25,12 @@ NODE_ATTEMPTS_KEPT = 5  # the newest attempts whose node records all stay (descr
 PRUNE_PER_SWEEP = 400  # deletions per job and sweep: a long job's backlog goes over a few sweeps
 
 
+def in_use(node: Node, now: float) -> bool:
+    """A record some reader still needs whatever its attempt: its node has not ended (a hot spare standing
+    by, a rank training or saving), or ended with its instance kept for its save until ``release_after``."""
+    return node.state not in ENDED or (node.release_after is not None and node.release_after > now)
+
+
 def prunable(job: Job, nodes: list[Node], now: float) -> list[Node]:
     """The records of ``nodes`` that no reader needs: of an attempt at least ``NODE_ATTEMPTS_KEPT``
     behind the job's, ended and not draining, or carried into a newer record of the same instance."""
@@ -32,9 +38,7 @@ def prunable(job: Job, nodes: list[Node], now: float) -> list[Node]:
     for n in nodes:
         newest[n.instance_id] = max(newest.get(n.instance_id, n.attempt), n.attempt)
     floor = job.attempt - NODE_ATTEMPTS_KEPT
-    out = [n for n in nodes if n.attempt <= floor and (
-        newest[n.instance_id] > n.attempt
-        or (n.state in ENDED and (n.release_after is None or n.release_after <= now)))]
+    out = [n for n in nodes if n.attempt <= floor and (newest[n.instance_id] > n.attempt or not in_use(n, now))]
     return out[:PRUNE_PER_SWEEP]
 
 
