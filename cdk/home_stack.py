@@ -11,6 +11,7 @@ from constructs import Construct
 
 from cdk import nag
 from cdk.agent_boundary import AgentBoundary, boundary_arn
+from cdk.cli_access import CliPolicies, logical_id
 from cdk.config import AppConfig
 from cdk.events import Events
 from cdk.functions import Functions, handler_env
@@ -96,6 +97,7 @@ class HomeStack(Stack):
             functions=functions.functions,
             dlqs=rules.dlqs,
         )
+        self.cli_policies = CliPolicies(self, "CliPolicies", config=config, state_machine=sm_name)
         self.storage, self.notifications, self.functions = storage, notifications, functions
         self.workflow, self.events, self.monitoring = workflow, rules, monitoring
 
@@ -103,6 +105,8 @@ class HomeStack(Stack):
         CfnOutput(self, "StateMachineArn", value=workflow.state_machine.state_machine_arn)
         CfnOutput(self, "TopicArn", value=notifications.topic.topic_arn)
         CfnOutput(self, "SlackSecretArn", value=notifications.slack_secret.secret_arn)
+        for name, policy in self.cli_policies.policies.items():  # attach one to each person's role
+            CfnOutput(self, f"{logical_id(name)}PolicyArn", value=policy.managed_policy_arn)
         for table in RESOURCES.tables:
             CfnOutput(self, f"{table.logical}TableName", value=table_names[table.logical])
         nag.acknowledge_cdk_internals(self)

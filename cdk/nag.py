@@ -76,6 +76,11 @@ WILDCARD_REASONS: tuple[tuple[str, str], ...] = (
         "limited to the training regions by aws:RequestedRegion",
     ),
     (
+        r"^Resource::arn:<AWS::Partition>:logs:[a-z0-9-]+:<AWS::AccountId>:log-group:/spotrelay/training:\*$",
+        "the training log group's streams (one per job, attempt and rank), which `spotrelay logs` reads "
+        "(cdk/cli_access.py)",
+    ),
+    (
         r"^Resource::arn:<AWS::Partition>:logs:[a-z0-9-<>:]+:log-group:[A-Za-z0-9/_.-]+:\*$",
         "log streams of this function's own log group",
     ),

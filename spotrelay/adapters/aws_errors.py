@@ -22,9 +22,10 @@ from botocore.exceptions import (
     UnauthorizedSSOTokenError,
 )
 
+# "403": botocore's code when the answer has no body to read one from (S3's HeadObject, as "404" below)
 _DENIED = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "AuthorizationError",
            "UnrecognizedClientException", "InvalidClientTokenId", "InvalidAccessKeyId", "SignatureDoesNotMatch",
-           "ExpiredToken", "ExpiredTokenException", "RequestExpired", "InvalidToken"}
+           "ExpiredToken", "ExpiredTokenException", "RequestExpired", "InvalidToken", "403"}
 _MISSING = {"ResourceNotFoundException", "NoSuchBucket", "StateMachineDoesNotExist", "NotFoundException",
             "NotFound", "404", "NoSuchEntity", "ExecutionDoesNotExist"}
 _TWIN_HINT = "start the twin with `spotrelay local up`, or fix --endpoint-url / AWS_ENDPOINT_URL / .spotrelay.toml"
@@ -53,7 +54,8 @@ def explain(exc: BaseException, endpoint: str | None) -> Explained | None:
         operation = exc.operation_name
         if code in _DENIED:
             return (f"access denied calling {operation} ({code}): your credentials are expired or lack "
-                    "spotrelay's permissions; log in again or ask for the spotrelay user policy", 1)
+                    "spotrelay's permissions; log in again, or attach the deployment's cli-user policy (the home "
+                    "stack's CliUserPolicyArn output; docs/security.md)", 1)
         if code in _MISSING:
             return (f"not found calling {operation}: {message}; is spotrelay deployed in this account and "
                     "region, and are --table / --bucket / --region right?", 1)

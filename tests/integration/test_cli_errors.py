@@ -111,6 +111,7 @@ def test_a_deployment_that_is_not_there(aws: dict[str, str], monkeypatch: pytest
 
 @pytest.mark.parametrize(("code", "expected"), [("AccessDeniedException", "access denied calling Scan"),
                                                 ("ExpiredTokenException", "log in again"),
+                                                ("403", "access denied calling Scan"),  # (a HEAD: no body)
                                                 ("ResourceNotFoundException", "not found calling Scan"),
                                                 ("ThrottlingException", "AWS refused Scan (ThrottlingException)")])
 def test_aws_refusals_read_as_one_line(code: str, expected: str) -> None:
