@@ -17,6 +17,7 @@ import os
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,6 +36,7 @@ from spotrelay.resources import RESOURCES
 from tests.conftest import ROOT
 from tests.infrastructure.aws_calls import ACTION_NAMES
 from tests.integration.test_cli_resume import _stop, _submitted
+from tests.integration.test_code_delivery_s3 import _project
 from tests.integration.test_on_submission import env
 
 __all__ = ["env"]
@@ -146,10 +148,11 @@ def enforced(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[C
         reset_clients()
 
 
-def _commands(ids: dict[str, str]) -> dict[str, list[list[str]]]:
+def _commands(ids: dict[str, str], coded: Path) -> dict[str, list[list[str]]]:
+    """Each command's runs; ``coded``: a spec with local code (packed and uploaded, then found there)."""
     running, stopped = ids["running"], ids["stopped"]
     return {
-        "submit": [["submit", TINY]],
+        "submit": [["submit", TINY], ["submit", str(coded)], ["submit", str(coded)]],
         "jobs": [["jobs"], ["jobs", "--status", "active"]],
         "status": [["status", running]],
         "cost": [["cost", running]],
@@ -166,10 +169,10 @@ def _keys() -> set[str]:
     return {o["Key"] for o in client("s3").list_objects_v2(Bucket=settings().bucket)["Contents"]}
 
 
-def test_the_user_policy_runs_every_command(enforced: Callable[..., Any]) -> None:
+def test_the_user_policy_runs_every_command(enforced: Callable[..., Any], tmp_path: Path) -> None:
     ids = enforced.ids  # type: ignore[attr-defined]
     made: set[str] = set()
-    for command, runs in _commands(ids).items():
+    for command, runs in _commands(ids, _project(tmp_path)).items():
         for args in runs:
             result, calls = enforced("cli-user", *args)
             denied = [a for a, code in calls if code in DENIED]
@@ -180,20 +183,21 @@ def test_the_user_policy_runs_every_command(enforced: Callable[..., Any]) -> Non
             if command == "logs":
                 assert result.stdout.splitlines() == ["step 40"]
     # each command reached the calls its policy is for (the test exercised them, not just the reads)
-    assert {"s3:PutObject", "dynamodb:Scan", "dynamodb:Query", "s3:ListBucket", "logs:GetLogEvents",
+    assert len([k for k in _keys() if k.startswith(RESOURCES.code_prefix)]) == 1  # the second found it there
+    assert {"s3:PutObject", "s3:GetObject", "dynamodb:Scan", "dynamodb:Query", "s3:ListBucket", "logs:GetLogEvents",
             "dynamodb:PutItem", "states:SendTaskFailure"} <= made, sorted(made)
     store = DynamoDBJobStore()
     assert store.get_job(ids["running"]).stop_save_by is not None  # cancel --save asked the ranks to save
     assert store.get_job(ids["waiting"]).status is JobStatus.CANCELLING
 
 
-def test_the_viewer_reads_and_changes_nothing(enforced: Callable[..., Any]) -> None:
+def test_the_viewer_reads_and_changes_nothing(enforced: Callable[..., Any], tmp_path: Path) -> None:
     ids = enforced.ids  # type: ignore[attr-defined]
     store = DynamoDBJobStore()
     before = {job_id: store.get_job(job_id).version for job_id in ids.values()}
     objects = _keys()
     reads = set(cli_access.POLICIES["cli-viewer"])
-    for command, runs in _commands(ids).items():
+    for command, runs in _commands(ids, _project(tmp_path)).items():
         for args in runs:
             result, calls = enforced("cli-viewer", *args)
             denied = [a for a, code in calls if code in DENIED]
