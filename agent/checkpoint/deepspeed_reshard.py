@@ -16,7 +16,9 @@ size we convert at restore time, in two steps, without DeepSpeed's pickle loader
    optimizer's hyper-parameters, the LR scheduler and DeepSpeed's step/sample counters. Nothing is
    consolidated: a rank reads about its share of the checkpoint, as a same-size resume does.
 
-Frozen parameters and tensor/pipeline parallelism are refused (only the data-parallel size may change).
+Frozen parameters and persistent buffers are not in the optimizer's partitions: they come whole from
+the model-states files (agent.checkpoint.deepspeed_module). Tensor/pipeline parallelism is refused
+(only the data-parallel size may change).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from typing import Any
 
 import torch
 
-from agent.checkpoint import arena_files
+from agent.checkpoint import arena_files, deepspeed_module
+from agent.checkpoint.deepspeed_module import ModuleTensors
 from agent.checkpoint.flat_view import FlatView, joined
 from spotrelay.errors import CorruptCheckpointError, IncompatibleCheckpointError
 
@@ -71,6 +74,7 @@ class FullState:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     scalars: dict[str, torch.Tensor] = field(default_factory=dict)  # the optimizer's 0-d state (step)
     param_groups: list[dict[str, Any]] = field(default_factory=list)
+    module: ModuleTensors = field(default_factory=ModuleTensors)  # frozen parameters and buffers, whole
 
 
 def _flat_states(
@@ -97,17 +101,19 @@ def merge(step_dir: Path, stage: int, world: int, model_states: dict[str, Any], 
         from agent.checkpoint import deepspeed_zero0
 
         return deepspeed_zero0.merge(step_dir, model_states, trainable)
-    if model_states.get("frozen_param_shapes"):
-        raise IncompatibleCheckpointError(
-            f"{step_dir}: has frozen parameters, which resuming DeepSpeed at another world size does not "
-            "support yet; resume it on the world size that wrote it"
-        )
     optims = [arena_files.load(optim_file(step_dir, r), lazy=True)["optimizer_state_dict"] for r in range(world)]
     groups: list[dict[str, Any]] = model_states["param_shapes"]
     try:
-        return _merge_zero3(groups, optims, world) if stage == 3 else _merge_zero12(groups, optims)
+        full = _merge_zero3(groups, optims, world) if stage == 3 else _merge_zero12(groups, optims)
     except CorruptCheckpointError as exc:  # name the checkpoint, not only the parameter
         raise CorruptCheckpointError(f"{step_dir}: {exc}") from exc
+    # (``model_states`` is the skeleton: the module's tensors are mapped from the file now)
+    with_tensors = arena_files.load(model_states_file(step_dir, stage), lazy=True)
+    try:
+        full.module = deepspeed_module.merge(step_dir, stage, world, with_tensors, set(saved_shapes(model_states)))
+    except IncompatibleCheckpointError as exc:
+        raise IncompatibleCheckpointError(f"{step_dir}: {exc}") from exc
+    return full
 
 
 def _merge_zero12(groups: list[dict[str, Any]], optims: list[dict[str, Any]]) -> FullState:
@@ -190,6 +196,7 @@ def scatter(engine: Any, full: FullState) -> None:
     else:
         _ensure_state(opt.optimizer, list(opt.single_partition_of_fp32_groups), full, keys)
         _scatter_zero12(opt, names, full, keys)
+    deepspeed_module.scatter(engine, full.module)
 
 
 def _scatter_zero12(opt: Any, names: dict[int, str], full: FullState, keys: set[str]) -> None:
@@ -215,6 +222,8 @@ def _scatter_zero3(engine: Any, opt: Any, names: dict[int, str], full: FullState
 
     rank = dist.get_rank(group=opt.dp_process_group)
     for param in engine.module.parameters():
+        if not param.requires_grad:  # frozen: not the optimizer's (deepspeed_module.scatter)
+            continue
         name = names[id(param)]
         saved = full.tensors[name]
         part = int(param.ds_tensor.ds_numel)

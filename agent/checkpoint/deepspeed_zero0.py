@@ -7,6 +7,7 @@ optimizer's state dict, indexed by parameter position) with no ``param_shapes`` 
 merge gives (agent.checkpoint.deepspeed_reshard.FullState); *scatter* copies them into a live
 stage-0 engine's parameters and optimizer state. The saved optimizer's positions are the trainable
 parameters in module order (``model.parameters()``, what ``deepspeed.initialize`` is given).
+Frozen parameters and buffers come whole from ``module`` (agent.checkpoint.deepspeed_module).
 Mixed-precision wrappers (an fp16/bf16 optimizer holding its own master weights) are refused.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 
+from agent.checkpoint import deepspeed_module
 from agent.checkpoint.deepspeed_reshard import FP32, FullState, add_views
 from agent.checkpoint.flat_view import FlatView
 from spotrelay.errors import IncompatibleCheckpointError
@@ -45,13 +47,13 @@ def merge(step_dir: Path, model_states: dict[str, Any], trainable: list[str]) ->
             f"master weights); {SAME_SHAPE}"
         )
     positions = [i for group in osd["param_groups"] for i in group["params"]]
-    frozen = set(saved_shapes(model_states)) - set(trainable)
-    if frozen or len(positions) != len(trainable):
+    if len(positions) != len(trainable) or not set(trainable) <= set(saved_shapes(model_states)):
         raise IncompatibleCheckpointError(
-            f"{step_dir}: has frozen parameters, which resuming DeepSpeed at another world size or stage does "
-            f"not support yet; {SAME_SHAPE}"
+            f"{step_dir}: its optimizer steps {len(positions)} parameters, this model trains {len(trainable)} "
+            f"(another set of frozen parameters); {SAME_SHAPE}"
         )
     full = FullState(param_groups=osd["param_groups"])
+    full.module = deepspeed_module.merge(step_dir, 0, 1, model_states, set(trainable))
     for position, name in zip(positions, trainable, strict=True):
         weight = module[name]
         views = {FP32: FlatView([weight.reshape(-1)])}
@@ -87,3 +89,4 @@ def scatter(engine: Any, full: FullState) -> None:
                 state[key] = saved[key].whole(name, shape).to(param.device)
             for key, value in full.scalars.items():
                 state[key] = value.clone()
+    deepspeed_module.scatter(engine, full.module)

@@ -36,9 +36,18 @@ def test_the_module_and_its_torch_optimizer_become_whole_tensors_by_name() -> No
     assert float(full.scalars["step"]) == 3.0 and full.param_groups[0]["lr"] == 0.1
 
 
-def test_frozen_parameters_and_mixed_precision_optimizers_are_refused_naming_the_checkpoint() -> None:
-    with pytest.raises(IncompatibleCheckpointError, match=r"^/c/step-00000003: has frozen parameters"):
-        merge(STEP, _model_states(), ["a"])  # "b" is saved but not trainable now
+def test_frozen_parameters_and_buffers_come_whole_from_the_module() -> None:
+    states = _model_states()
+    states["optimizer"]["param_groups"][0]["params"] = [0]  # "b" was frozen: the optimizer stepped "a" only
+    full = merge(STEP, states, ["a"])
+    assert set(full.tensors) == {"a"} and set(full.module.frozen) == {"b"} and set(full.module.buffers) == {"running"}
+    assert torch.equal(full.module.frozen["b"].whole("b", full.module.shapes["b"]), states["module"]["b"])
+
+
+def test_another_set_of_frozen_parameters_and_mixed_precision_optimizers_are_refused_naming_the_checkpoint() -> None:
+    with pytest.raises(IncompatibleCheckpointError, match=r"^/c/step-00000003: its optimizer steps 2 parameters, "
+                                                          r"this model trains 1"):
+        merge(STEP, _model_states(), ["a"])  # "b" was trained, and is frozen now
     fp16 = {"optimizer_state_dict": {}, "fp32_groups_flat": []}
     with pytest.raises(IncompatibleCheckpointError, match=r"^/c/step-00000003: a ZeRO stage 0 checkpoint whose"):
         merge(STEP, _model_states(fp16), ["a", "b"])

@@ -1,0 +1,90 @@
+"""examples/tiny's transformer fine-tuned the way people fine-tune: part of it frozen, and state in a buffer.
+
+    torchrun --nproc_per_node 2 tests/integration/frozen_train.py --zero-stage 2 --steps 6 --every 3 --out run
+
+On DeepSpeed (ZeRO stage 0-3). The embedding is frozen (``requires_grad`` off). A persistent buffer
+(``seen``: samples trained on, all ranks together) sets a temperature on the logits, so the losses depend
+on it. ``--init-seed`` builds the model from another seed (a process whose code initializes
+otherwise): only a restore that brings back the frozen weights and the buffer gives the straight run's
+losses. Same output contract as examples/tiny/train.py (``<out>.rank<R>.json``: losses, exit, resumed_from).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "examples" / "tiny")]
+
+from train import TinyLM, add_common_args, cli, ds_batch, make_loader, run_steps, seed_everything  # noqa: E402
+
+from spotrelay.training import spotrelay_session  # noqa: E402
+
+
+class FrozenTiny(nn.Module):
+    def __init__(self, d_model: int, per_forward: int, global_batch: int) -> None:
+        super().__init__()
+        self.lm = TinyLM(d_model=d_model, dropout=0.0)
+        self.lm.embed.weight.requires_grad_(False)
+        self.per_forward, self.global_batch = per_forward, global_batch  # world x micro-batch; samples a step
+        self.register_buffer("seen", torch.randint(0, 10, (), dtype=torch.float64) * global_batch)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        mask = nn.Transformer.generate_square_subsequent_mask(tokens.shape[1])
+        logits = self.lm.head(self.lm.body(self.lm.embed(tokens) + self.lm.pos, mask=mask, is_causal=True))
+        # a temperature from the steps trained (whole steps: every micro-batch of a step, at any world
+        # size, sees the same), so the losses depend on the buffer
+        out = logits / (1.0 + float(self.seen // self.global_batch) / 10.0)
+        if self.training:
+            self.seen += self.per_forward  # each step adds the global batch on every rank
+        return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--zero-stage", type=int, default=2)
+    p.add_argument("--init-seed", type=int, default=None, help="the model's initial values (default: --seed)")
+    add_common_args(p)
+    args = p.parse_args()
+    seed_everything(args.seed)
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    loader = make_loader(args)
+    plan = loader.batch_sampler.plan  # type: ignore[union-attr]
+    with torch.random.fork_rng():
+        torch.manual_seed(args.seed if args.init_seed is None else args.init_seed)
+        model = FrozenTiny(args.d_model, world * plan.micro_batch, plan.global_batch)
+    if args.zero_stage == 3:
+        from deepspeed.utils import set_z3_leaf_modules
+
+        set_z3_leaf_modules(model, [torch.nn.MultiheadAttention])  # (as sharded_train.py)
+    config = {
+        **ds_batch(loader),
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01, "torch_adam": True}},
+        "zero_optimization": {"stage": args.zero_stage, "stage3_param_persistence_threshold": 0},
+        "steps_per_print": 10**9,
+    }  # fmt: skip
+    trainable = [q for q in model.parameters() if q.requires_grad]
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=trainable, config=config)
+    session = spotrelay_session(engine, dataloader=loader, checkpoint_dir=args.checkpoint_dir, every_steps=args.every)
+    losses, samples = run_steps(session, engine, True, args, rank)
+    code = session.close()
+    result: dict[str, Any] = {"losses": losses, "samples": samples, "exit": code, "resumed_from": session.resumed_from,
+                              "seen": float(model.seen)}
+    Path(f"{args.out}.rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(cli(main))
