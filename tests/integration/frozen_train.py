@@ -2,11 +2,12 @@
 
     torchrun --nproc_per_node 2 tests/integration/frozen_train.py --zero-stage 2 --steps 6 --every 3 --out run
 
-On DeepSpeed (ZeRO stage 0-3). The embedding is frozen (``requires_grad`` off). A persistent buffer
-(``seen``: samples trained on, all ranks together) sets a temperature on the logits, so the losses depend
-on it. ``--init-seed`` builds the model from another seed (a process whose code initializes
-otherwise): only a restore that brings back the frozen weights and the buffer gives the straight run's
-losses. Same output contract as examples/tiny/train.py (``<out>.rank<R>.json``: losses, exit, resumed_from).
+On DeepSpeed (ZeRO stage 0-3), or DDP (``--engine ddp``). The embedding is frozen (``requires_grad``
+off). A persistent buffer (``seen``: samples trained on, all ranks together) sets a temperature on the
+logits, so the losses depend on it. ``--init-seed`` builds the model from another seed (a process whose
+code initializes otherwise): only a restore that brings back the frozen weights and the buffer gives
+the straight run's losses. Same output contract as examples/tiny/train.py (``<out>.rank<R>.json``:
+losses, exit, resumed_from).
 """
 
 from __future__ import annotations
@@ -50,20 +51,32 @@ class FrozenTiny(nn.Module):
 
 def main() -> int:
     p = argparse.ArgumentParser()
+    p.add_argument("--engine", choices=["deepspeed", "ddp"], default="deepspeed")
     p.add_argument("--zero-stage", type=int, default=2)
     p.add_argument("--init-seed", type=int, default=None, help="the model's initial values (default: --seed)")
     add_common_args(p)
     args = p.parse_args()
     seed_everything(args.seed)
-    import deepspeed
+    if args.engine == "ddp":
+        dist.init_process_group("gloo")
+    else:
+        import deepspeed
 
-    deepspeed.init_distributed(dist_backend="gloo")
+        deepspeed.init_distributed(dist_backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     loader = make_loader(args)
     plan = loader.batch_sampler.plan  # type: ignore[union-attr]
     with torch.random.fork_rng():
         torch.manual_seed(args.seed if args.init_seed is None else args.init_seed)
         model = FrozenTiny(args.d_model, world * plan.micro_batch, plan.global_batch)
+    trainable = [q for q in model.parameters() if q.requires_grad]
+    common = {"dataloader": loader, "checkpoint_dir": args.checkpoint_dir, "every_steps": args.every}
+    if args.engine == "ddp":  # (DCP: the state dict holds every tensor; the optimizer, the trainable ones)
+        ddp = nn.parallel.DistributedDataParallel(model)
+        optimizer = torch.optim.AdamW(trainable, lr=3e-3, weight_decay=0.01)
+        scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.2, total_iters=5)
+        session = spotrelay_session(ddp, optimizer, lr_scheduler=scheduler, **common)
+        return _run(session, (ddp, optimizer, scheduler), False, args, rank, model)
     if args.zero_stage == 3:
         from deepspeed.utils import set_z3_leaf_modules
 
@@ -74,10 +87,12 @@ def main() -> int:
         "zero_optimization": {"stage": args.zero_stage, "stage3_param_persistence_threshold": 0},
         "steps_per_print": 10**9,
     }  # fmt: skip
-    trainable = [q for q in model.parameters() if q.requires_grad]
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=trainable, config=config)
-    session = spotrelay_session(engine, dataloader=loader, checkpoint_dir=args.checkpoint_dir, every_steps=args.every)
-    losses, samples = run_steps(session, engine, True, args, rank)
+    return _run(spotrelay_session(engine, **common), engine, True, args, rank, model)
+
+
+def _run(session: Any, stepper: Any, deepspeed: bool, args: argparse.Namespace, rank: int, model: FrozenTiny) -> int:
+    losses, samples = run_steps(session, stepper, deepspeed, args, rank)
     code = session.close()
     result: dict[str, Any] = {"losses": losses, "samples": samples, "exit": code, "resumed_from": session.resumed_from,
                               "seen": float(model.seen)}

@@ -25,15 +25,20 @@ COMMON = ["--samples", "48", "--batch", "2"]
 GLOBAL, STEPS = 12, 6
 
 
-@pytest.mark.parametrize(("saved", "live"), [(0, 0), (1, 1), (2, 2), (3, 3), (3, 2), (1, 3)])
-def test_a_frozen_part_and_a_buffer_come_back_at_another_world_size(tmp_path: Path, saved: int, live: int) -> None:
-    """(ZeRO stage saved, ZeRO stage resumed)."""
+def _engine(which: object) -> list[str]:
+    return ["--engine", "ddp"] if which == "ddp" else ["--zero-stage", str(which)]
+
+
+@pytest.mark.parametrize(("saved", "live"), [(0, 0), (1, 1), (2, 2), (3, 3), (3, 2), (1, 3), ("ddp", "ddp")])
+def test_a_frozen_part_and_a_buffer_come_back_at_another_world_size(tmp_path: Path, saved: object,
+                                                                    live: object) -> None:
+    """(ZeRO stage saved, ZeRO stage resumed), or DDP on both sides (DCP reshards by itself)."""
     env = {"SPOTRELAY_KEEP_LOCAL": "10"}
-    torchrun(SCRIPT, tmp_path, "straight", tmp_path / "straight", ["--zero-stage", str(saved), *COMMON,
+    torchrun(SCRIPT, tmp_path, "straight", tmp_path / "straight", [*_engine(saved), *COMMON,
              "--global-batch", str(GLOBAL), "--steps", str(STEPS), "--every", "3"], env=env, timeout=600)
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tmp_path / "straight" / "step-00000003", ckpt / "step-00000003")
-    torchrun(SCRIPT, tmp_path, "resumed", ckpt, ["--zero-stage", str(live), *COMMON, "--steps", str(STEPS),
+    torchrun(SCRIPT, tmp_path, "resumed", ckpt, [*_engine(live), *COMMON, "--steps", str(STEPS),
              "--init-seed", "99"], nproc=1, env=env, timeout=600)
     straight, resumed = result(tmp_path, "straight", 0), result(tmp_path, "resumed", 0)
     assert resumed["exit"] == 0 and resumed["resumed_from"] == 3, resumed
