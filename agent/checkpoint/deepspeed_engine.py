@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from agent.checkpoint import arena_files
+from agent.checkpoint import arena_files, deepspeed_module
 from agent.checkpoint import deepspeed_reshard as reshard
 from agent.checkpoint.arena import Arena, ArenaPool, arena_size
 from agent.checkpoint.compat import check_optimizer_names, check_parameters, optimizer_names
@@ -94,8 +94,14 @@ class DeepSpeedEngine:
         return Snapshot(write=write, release=release)
 
     def live_shapes(self, trainable_only: bool = True) -> dict[str, tuple[int, ...]]:
-        params = self.engine.module.named_parameters()
-        return {n: tuple(getattr(p, "ds_shape", p.shape)) for n, p in params if p.requires_grad or not trainable_only}
+        """The trainable parameters' shapes; or (stage 0's saved list) every tensor of the state dict that
+        is no buffer: frozen parameters, and a tied weight under each of its names."""
+        module = self.engine.module
+        if not trainable_only:
+            buffers = {n for n, _ in deepspeed_module.persistent_buffers(module)}
+            return {n: tuple(t.shape) for n, t in module.state_dict().items() if n not in buffers}
+        params = module.named_parameters()
+        return {n: tuple(getattr(p, "ds_shape", p.shape)) for n, p in params if p.requires_grad}
 
     def load(self, root: Path, step_dir: Path, manifest: Manifest) -> None:
         stage = manifest.zero_stage

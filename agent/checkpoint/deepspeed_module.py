@@ -64,8 +64,14 @@ def merge(step_dir: Path, stage: int, world: int, model_states: dict[str, Any], 
                 view = joined([FlatView([p[name].reshape(-1)]) for p in pieces]).slice(0, numel)
                 out.add(out.frozen, name, view, tuple(shape))
         return out
-    for name, value in module.items():  # stages 0-2 save the whole module: what is not stepped is frozen
-        if name not in trainable and name not in out.buffers and isinstance(value, torch.Tensor):
+    # stages 0-2 save the whole module: what the optimizer does not step is frozen (ZeRO-2 lists them;
+    # a tied weight's second name is in ``shared_params``, or, on stages 0-1, left for check to tell)
+    listed = model_states.get("frozen_param_shapes")
+    aliases = set(model_states.get("shared_params") or {})
+    for name, value in module.items():
+        if (listed is not None and name not in listed) or name in trainable or name in out.buffers or name in aliases:
+            continue
+        if isinstance(value, torch.Tensor):
             out.add(out.frozen, name, FlatView([value.reshape(-1)]), tuple(value.shape))
     return out
 
@@ -82,11 +88,15 @@ def _numel(shape: tuple[int, ...]) -> int:
 def check(saved: ModuleTensors, engine: Any) -> None:
     """The live module's frozen parameters and persistent buffers are the saved ones, shape for shape."""
     module = engine.module
-    live = {n: _shape(p) for n, p in module.named_parameters() if not p.requires_grad and _numel(_shape(p))}
-    frozen = {n: s for n, s in saved.shapes.items() if n in saved.frozen and _numel(s)}
-    buffers = {n: tuple(b.shape) for n, b in _persistent_buffers(module)}
+    params = dict(module.named_parameters())
+    live = {n: _shape(p) for n, p in params.items() if not p.requires_grad and _numel(_shape(p))}
+    # a name the state dict has but no parameter goes by is a tied weight's second name: its first one counts
+    aliases = set(module.state_dict()) - set(params)
+    frozen = {n: s for n, s in saved.shapes.items() if n in saved.frozen and _numel(s) and n not in aliases}
+    buffers = {n: tuple(b.shape) for n, b in persistent_buffers(module)}
     problems = [f"frozen parameter {n} is not in the checkpoint" for n in sorted(set(live) - set(frozen))]
-    problems += [f"the checkpoint's frozen parameter {n} is not frozen here" for n in sorted(set(frozen) - set(live))]
+    problems += [f"the checkpoint's frozen parameter {n} is " + ("trained here" if n in params else "not in this model")
+                 for n in sorted(set(frozen) - set(live))]
     problems += [f"buffer {n} is not in the checkpoint" for n in sorted(set(buffers) - set(saved.buffers))]
     problems += [f"the checkpoint's buffer {n} is not in this model" for n in sorted(set(saved.buffers) - set(buffers))]
     both = {**live, **buffers}
@@ -97,7 +107,7 @@ def check(saved: ModuleTensors, engine: Any) -> None:
                                                                      if len(problems) > 5 else ""))
 
 
-def _persistent_buffers(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+def persistent_buffers(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     """What a state dict holds of the buffers (DeepSpeed's ``buffer_names``)."""
     out = []
     for prefix, sub in module.named_modules():
@@ -112,7 +122,7 @@ def scatter(engine: Any, saved: ModuleTensors) -> None:
     check(saved, engine)
     module = engine.module
     with torch.no_grad():
-        for name, buf in _persistent_buffers(module):
+        for name, buf in persistent_buffers(module):
             buf.copy_(saved.buffers[name].whole(name, saved.shapes[name]).to(buf.dtype))
         for name, param in module.named_parameters():
             if param.requires_grad or name not in saved.frozen:

@@ -26,10 +26,15 @@ GLOBAL, STEPS = 12, 6
 
 
 def _engine(which: object) -> list[str]:
-    return ["--engine", "ddp"] if which == "ddp" else ["--zero-stage", str(which)]
+    """``ddp``, a ZeRO stage, or ``<stage>-tied``: the head's weight tied to the frozen embedding's."""
+    if which == "ddp":
+        return ["--engine", "ddp"]
+    stage, _, tied = str(which).partition("-")
+    return ["--zero-stage", stage, *(["--tie"] if tied else [])]
 
 
-@pytest.mark.parametrize(("saved", "live"), [(0, 0), (1, 1), (2, 2), (3, 3), (3, 2), (1, 3), ("ddp", "ddp")])
+@pytest.mark.parametrize(("saved", "live"), [(0, 0), (1, 1), (2, 2), (3, 3), (3, 2), (1, 3), ("ddp", "ddp"),
+                                                 ("0-tied", "1-tied"), ("2-tied", "2-tied")])
 def test_a_frozen_part_and_a_buffer_come_back_at_another_world_size(tmp_path: Path, saved: object,
                                                                     live: object) -> None:
     """(ZeRO stage saved, ZeRO stage resumed), or DDP on both sides (DCP reshards by itself)."""
@@ -48,3 +53,17 @@ def test_a_frozen_part_and_a_buffer_come_back_at_another_world_size(tmp_path: Pa
     for step, loss in expected.items():
         assert abs(got[step] - loss) <= 1e-4 * abs(loss), (step, loss, got[step])
     assert resumed["seen"] == straight["seen"]
+
+
+def test_tied_weights_on_deepspeed_without_zero_resume_at_the_same_size(tmp_path: Path) -> None:
+    """Stage 0 saves a tied weight under both its names, where the model's parameters name it once:
+    every such checkpoint was refused as another model, at any size (7 December)."""
+    args = [*_engine("0-tied"), *COMMON]
+    env = {"SPOTRELAY_KEEP_LOCAL": "10"}
+    torchrun(SCRIPT, tmp_path, "straight", tmp_path / "straight",
+             [*args, "--global-batch", str(GLOBAL), "--steps", str(STEPS), "--every", "3"], env=env, timeout=600)
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tmp_path / "straight" / "step-00000003", ckpt / "step-00000003")
+    torchrun(SCRIPT, tmp_path, "resumed", ckpt, [*args, "--steps", str(STEPS)], env=env, timeout=600)
+    straight, resumed = result(tmp_path, "straight", 0), result(tmp_path, "resumed", 0)
+    assert resumed["resumed_from"] == 3 and resumed["losses"] == straight["losses"][3:]
