@@ -53,7 +53,8 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--engine", choices=["deepspeed", "ddp"], default="deepspeed")
     p.add_argument("--zero-stage", type=int, default=2)
-    p.add_argument("--tie", action="store_true", help="the head's weight is the (frozen) embedding's")
+    p.add_argument("--tie", action="store_true", help="the head's weight is the embedding's")
+    p.add_argument("--train-embedding", action="store_true", help="nothing frozen (the buffer stays)")
     p.add_argument("--init-seed", type=int, default=None, help="the model's initial values (default: --seed)")
     add_common_args(p)
     args = p.parse_args()
@@ -70,6 +71,8 @@ def main() -> int:
     with torch.random.fork_rng():
         torch.manual_seed(args.seed if args.init_seed is None else args.init_seed)
         model = FrozenTiny(args.d_model, world * plan.micro_batch, plan.global_batch)
+    if args.train_embedding:
+        model.lm.embed.weight.requires_grad_(True)
     if args.tie:  # one tensor under two names: the state dict has both, the parameters the first
         model.lm.head.weight = model.lm.embed.weight
     trainable = [q for q in model.parameters() if q.requires_grad]

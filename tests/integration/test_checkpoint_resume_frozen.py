@@ -26,15 +26,17 @@ GLOBAL, STEPS = 12, 6
 
 
 def _engine(which: object) -> list[str]:
-    """``ddp``, a ZeRO stage, or ``<stage>-tied``: the head's weight tied to the frozen embedding's."""
+    """``ddp``, a ZeRO stage, ``<stage>-tied`` (the head's weight tied to the frozen embedding's) or
+    ``<stage>-tied-trained`` (tied, and the embedding trained: nothing frozen but the buffer)."""
     if which == "ddp":
         return ["--engine", "ddp"]
-    stage, _, tied = str(which).partition("-")
-    return ["--zero-stage", stage, *(["--tie"] if tied else [])]
+    stage, *rest = str(which).split("-")
+    return ["--zero-stage", stage, *(["--tie"] if rest else []), *(["--train-embedding"] if "trained" in rest else [])]
 
 
-@pytest.mark.parametrize(("saved", "live"), [(0, 0), (1, 1), (2, 2), (3, 3), (3, 2), (1, 3), ("ddp", "ddp"),
-                                                 ("0-tied", "1-tied"), ("2-tied", "2-tied")])
+@pytest.mark.parametrize(("saved", "live"), [(0, 0), (1, 1), (3, 2), (1, 3), ("ddp", "ddp"),
+                                                 ("0-tied", "1-tied"), ("2-tied", "2-tied"),
+                                                 ("2-tied-trained", "3-tied-trained")])
 def test_a_frozen_part_and_a_buffer_come_back_at_another_world_size(tmp_path: Path, saved: object,
                                                                     live: object) -> None:
     """(ZeRO stage saved, ZeRO stage resumed), or DDP on both sides (DCP reshards by itself)."""
