@@ -90,10 +90,11 @@ def check(saved: ModuleTensors, engine: Any) -> None:
     module = engine.module
     params = dict(module.named_parameters())
     live = {n: _shape(p) for n, p in params.items() if not p.requires_grad and _numel(_shape(p))}
-    # a name the state dict has but no parameter goes by is a tied weight's second name: its first one counts
-    aliases = set(module.state_dict()) - set(params)
-    frozen = {n: s for n, s in saved.shapes.items() if n in saved.frozen and _numel(s) and n not in aliases}
     buffers = {n: tuple(b.shape) for n, b in persistent_buffers(module)}
+    # a name the state dict has but no parameter or buffer goes by is a tied weight's second name: its
+    # first one counts
+    aliases = set(module.state_dict()) - set(params) - set(buffers)
+    frozen = {n: s for n, s in saved.shapes.items() if n in saved.frozen and _numel(s) and n not in aliases}
     problems = [f"frozen parameter {n} is not in the checkpoint" for n in sorted(set(live) - set(frozen))]
     problems += [f"the checkpoint's frozen parameter {n} is " + ("trained here" if n in params else "not in this model")
                  for n in sorted(set(frozen) - set(live))]
