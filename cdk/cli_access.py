@@ -3,8 +3,9 @@
 The CLI calls AWS as whoever runs it. Each command's calls are listed here once, as (action, where it
 acts). The home stack turns that list into two managed policies: ``<prefix>-cli-user`` holds every
 command, and ``<prefix>-cli-viewer`` holds the commands that only read. Attach one to a person's role.
-Each resource is this deployment's own: its two tables, the by-status index, three key prefixes of
-the jobs bucket, the training log group and the job-run state machine. Nothing is granted on ``*``.
+Each resource is this deployment's own: its two tables, the by-status index, two key prefixes of the
+jobs bucket and its checkpoints' manifests (not their shards), the training log group and the
+job-run state machine. Nothing is granted on ``*``.
 
 The list is checked both ways. tests/infrastructure/test_cli_permissions.py compares it with what each
 command's code can call, and with docs/security.md's table. tests/integration/test_cli_policies.py runs
@@ -36,7 +37,7 @@ COMMANDS: dict[str, frozenset[tuple[str, str]]] = {
     "jobs": frozenset({("dynamodb:Scan", "jobs"), ("dynamodb:Query", "status_index"), ("dynamodb:Query", "nodes")}),
     "status": frozenset(_READ_JOB),
     "cost": frozenset(_READ_JOB),
-    "describe": frozenset(_READ_JOB | {(_LIST, "bucket"), (_GET, "checkpoints")}),  # the checkpoints' manifests
+    "describe": frozenset(_READ_JOB | {(_LIST, "bucket"), (_GET, "manifests")}),  # the checkpoints' manifests
     "logs": frozenset({("logs:DescribeLogStreams", "training_logs"), ("logs:GetLogEvents", "training_logs")}),
     # a conditional write of the job; the workflow woken; with --save, each rank's save directive
     "cancel": frozenset({("dynamodb:GetItem", "jobs"), ("dynamodb:PutItem", "jobs"),
@@ -44,7 +45,7 @@ COMMANDS: dict[str, frozenset[tuple[str, str]]] = {
                          ("dynamodb:GetItem", "nodes"), ("dynamodb:PutItem", "nodes")}),
     # the scan: no other live job may write to the same checkpoints (it must see every job once)
     "resume": frozenset({("dynamodb:GetItem", "jobs"), ("dynamodb:Scan", "jobs"), (_LIST, "bucket"),
-                         (_GET, "checkpoints"), (_PUT, "submissions"), (_PUT, "code"), (_GET, "code")}),
+                         (_GET, "manifests"), (_PUT, "submissions"), (_PUT, "code"), (_GET, "code")}),
 }
 # policy -> the commands it allows
 POLICIES: dict[str, tuple[str, ...]] = {
@@ -77,7 +78,8 @@ class Deployment:
             "bucket": [bucket],
             "submissions": [f"{bucket}/{RESOURCES.submissions_prefix}*"],
             "code": [f"{bucket}/{RESOURCES.code_prefix}*"],
-            "checkpoints": [f"{bucket}/{RESOURCES.checkpoints_prefix}*"],
+            # the manifests only: listing and resuming read no shard, and a viewer gets no weights
+            "manifests": [f"{bucket}/{RESOURCES.checkpoints_prefix}*/manifest.json"],
             # DescribeLogStreams acts on the group, GetLogEvents on its streams (log-group:NAME:log-stream:S)
             "training_logs": [logs, f"{logs}:*"],
             "state_machine": [f"arn:{self.partition}:states:{self.region}:{self.account}:stateMachine:"

@@ -76,6 +76,11 @@ WILDCARD_REASONS: tuple[tuple[str, str], ...] = (
         "limited to the training regions by aws:RequestedRegion",
     ),
     (
+        r"^Resource::arn:<AWS::Partition>:s3:::[A-Za-z0-9<>:.-]+/checkpoints/\*/manifest\.json$",
+        "the checkpoints' manifests of every job (job ids and steps are not known in advance), which "
+        "`spotrelay describe` and `resume` list; not their shards (cdk/cli_access.py)",
+    ),
+    (
         r"^Resource::arn:<AWS::Partition>:logs:[a-z0-9-]+:<AWS::AccountId>:log-group:/spotrelay/training:\*$",
         "the training log group's streams (one per job, attempt and rank), which `spotrelay logs` reads "
         "(cdk/cli_access.py)",

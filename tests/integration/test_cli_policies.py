@@ -43,6 +43,7 @@ __all__ = ["env"]
 runner = CliRunner()
 TINY = str(ROOT / "examples" / "tiny.yaml")
 POOL = Pool(region="us-east-1", az="us-east-1a", instance_type="p5.48xlarge", market="spot")
+SHARD = "step-00000040/rank-0/model.safetensors"
 DENIED = {"AccessDenied", "AccessDeniedException", "403"}  # (moto answers DynamoDB's in XML: botocore reads "403")
 
 
@@ -94,6 +95,7 @@ def _seed(env: dict[str, str]) -> dict[str, str]:
     for job in (ids["running"], ids["stopped"]):
         client("s3").put_object(Bucket=bucket, Key=f"{RESOURCES.checkpoints_prefix}{job}/step-00000040/manifest.json",
                                 Body=json.dumps({"step": 40, "created": time.time(), "shards": []}).encode())
+        client("s3").put_object(Bucket=bucket, Key=f"{RESOURCES.checkpoints_prefix}{job}/{SHARD}", Body=b"weights")
     client("logs").create_log_group(logGroupName=LOG_GROUP_DEFAULT)
     CloudWatchTrainingLogs(LOG_GROUP_DEFAULT).put(ids["running"], 1, 0, [(int(time.time() * 1000), "step 40")])
     return ids
@@ -123,7 +125,8 @@ def enforced(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[C
         calls.append((ACTION_NAMES.get(action, action), ""))
         return out
 
-    def run(user: str, *args: str) -> tuple[Any, list[tuple[str, str]]]:
+    def run(user: str, *args: str | Callable[[], Any]) -> tuple[Any, list[tuple[str, str]]]:
+        """The CLI with ``args``, or (one callable) that call, as ``user``."""
         for name, value in users[user].items():
             monkeypatch.setenv(name, value)
         monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)  # (moto's fake one would be checked too)
@@ -131,7 +134,12 @@ def enforced(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[C
         calls.clear()
         _reset_auth("0")
         try:
-            result = runner.invoke(app, [*args])
+            if len(args) == 1 and callable(args[0]):
+                try:
+                    return args[0](), list(calls)
+                except Exception as exc:
+                    return exc, list(calls)
+            result = runner.invoke(app, [str(a) for a in args])
         finally:
             _reset_auth("inf")
         return result, list(calls)
@@ -209,6 +217,19 @@ def test_the_viewer_reads_and_changes_nothing(enforced: Callable[..., Any], tmp_
             assert "\n" not in line and "access denied" in line and "cli-user" in line, line
     assert {job_id: store.get_job(job_id).version for job_id in ids.values()} == before
     assert _keys() == objects
+
+
+@pytest.mark.parametrize("user", ["cli-user", "cli-viewer"])
+def test_no_policy_reads_a_checkpoints_weights(enforced: Callable[..., Any], user: str) -> None:
+    """The commands read manifests only, so neither policy can download a model."""
+    from spotrelay.settings import settings
+
+    key = f"{RESOURCES.checkpoints_prefix}{enforced.ids['running']}/{SHARD}"  # type: ignore[attr-defined]
+    manifest = key.replace("rank-0/model.safetensors", "manifest.json")
+    got, _ = enforced(user, lambda: client("s3").get_object(Bucket=settings().bucket, Key=manifest)["Body"].read())
+    assert isinstance(got, bytes) and b'"step": 40' in got, got
+    denied, calls = enforced(user, lambda: client("s3").get_object(Bucket=settings().bucket, Key=key))
+    assert error_code(denied) == "AccessDenied" and calls == [("s3:GetObject", "AccessDenied")], (denied, calls)
 
 
 def test_enforcement_is_on_a_user_without_a_policy_is_denied(enforced: Callable[..., Any]) -> None:
