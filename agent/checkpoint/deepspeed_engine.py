@@ -105,17 +105,19 @@ class DeepSpeedEngine:
 
     def load(self, root: Path, step_dir: Path, manifest: Manifest) -> None:
         stage = manifest.zero_stage
-        # the skeleton (no tensor bytes) holds the parameter shapes, the scheduler and the counters;
-        # stage 0 lists no parameters: its module's tensors (mapped, read only where used) say them
+        saved_dp = int(manifest.layout.get("dp", manifest.world_size))
+        resize = saved_dp != int(self.engine.dp_world_size) or stage != self.engine.zero_optimization_stage()
+        # the skeleton (no tensor bytes) holds the parameter shapes, the scheduler and the counters; the
+        # module's tensors are mapped (read only where used) for a resize (its frozen parameters and
+        # buffers) and for stage 0, which lists no parameters: its module's tensors say them
         states_file = reshard.model_states_file(step_dir, stage)
         model_states = (
-            arena_files.load(states_file, lazy=True) if stage == 0 else arena_files.load_skeleton(states_file)
+            arena_files.load(states_file, lazy=True) if stage == 0 or resize else arena_files.load_skeleton(states_file)
         )
         # stage 0 saves no parameter list: its module's tensors, frozen parameters too
         check_parameters(step_dir, reshard.saved_shapes(model_states), self.live_shapes(trainable_only=stage != 0))
         self._check_optimizer(step_dir, stage, model_states)
-        saved_dp = int(manifest.layout.get("dp", manifest.world_size))
-        if saved_dp != int(self.engine.dp_world_size) or stage != self.engine.zero_optimization_stage():
+        if resize:
             # another world (or ZeRO stage): whole tensors from every saved partition, then our slices
             trainable = [n for n, p in self.engine.module.named_parameters() if p.requires_grad]
             full = reshard.merge(step_dir, stage, saved_dp, model_states, trainable)

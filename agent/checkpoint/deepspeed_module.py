@@ -39,6 +39,7 @@ class ModuleTensors:
 
 
 def zero3_states_file(step_dir: Path, rank: int) -> Path:
+    """ZeRO-3's model-states file of ``rank`` (each rank writes one; the other stages, rank 0 only)."""
     return step_dir / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt"
 
 
@@ -139,11 +140,22 @@ def _scatter_partition(engine: Any, param: Any, view: FlatView) -> None:
     import torch.distributed as dist
 
     rank = dist.get_rank(group=engine.optimizer.dp_process_group)
-    part = int(param.ds_tensor.ds_numel)
+    set_zero3_param(param, rank_piece(view, int(param.ds_tensor.ds_numel), rank), view)
+
+
+def rank_piece(view: FlatView, part: int, rank: int) -> torch.Tensor:
+    """ZeRO-3's partition ``rank`` of a whole tensor: its ``part`` values from ``part * rank``, zero-padded
+    past the tensor's end."""
     mine = torch.zeros(part, dtype=view.dtype)
     have = max(0, min(part, view.numel - part * rank))
     if have:
         view.copy_into(part * rank, mine.narrow(0, 0, have))
-    param.ds_tensor.data.copy_(mine[: param.ds_tensor.numel()].to(param.ds_tensor.dtype))
-    if param.numel() == view.numel:  # a persistent parameter is also held whole
-        param.data.copy_(view.whole("", tuple(param.shape)).to(param.dtype))
+    return mine
+
+
+def set_zero3_param(param: Any, piece: torch.Tensor, view: FlatView) -> None:
+    """A ZeRO-3 parameter's own partition from ``piece``; a persistent one is also held whole (``view``)."""
+    with torch.no_grad():
+        param.ds_tensor.data.copy_(piece[: param.ds_tensor.numel()].to(param.ds_tensor.dtype))
+        if param.numel() == view.numel:
+            param.data.copy_(view.whole("", tuple(param.shape)).view_as(param).to(param.dtype))

@@ -39,8 +39,7 @@ FP32 = "__fp32__"
 
 
 def model_states_file(step_dir: Path, stage: int) -> Path:
-    name = "zero_pp_rank_0_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"
-    return step_dir / name
+    return deepspeed_module.zero3_states_file(step_dir, 0) if stage == 3 else step_dir / "mp_rank_00_model_states.pt"
 
 
 def optim_file(step_dir: Path, rank: int) -> Path:
@@ -95,8 +94,9 @@ def _flat_states(
 
 
 def merge(step_dir: Path, stage: int, world: int, model_states: dict[str, Any], trainable: list[str]) -> FullState:
-    """``trainable``: the live model's trainable parameter names in module order (stage 0's optimizer
-    positions)."""
+    """``model_states``: the (rank 0) model-states file, loaded with its tensors mapped (the frozen
+    parameters and buffers are read from it); ``trainable``: the live model's trainable parameter names
+    in module order (stage 0's optimizer positions)."""
     if stage == 0:
         from agent.checkpoint import deepspeed_zero0
 
@@ -107,10 +107,8 @@ def merge(step_dir: Path, stage: int, world: int, model_states: dict[str, Any], 
         full = _merge_zero3(groups, optims, world) if stage == 3 else _merge_zero12(groups, optims)
     except CorruptCheckpointError as exc:  # name the checkpoint, not only the parameter
         raise CorruptCheckpointError(f"{step_dir}: {exc}") from exc
-    # (``model_states`` is the skeleton: the module's tensors are mapped from the file now)
-    with_tensors = arena_files.load(model_states_file(step_dir, stage), lazy=True)
     try:
-        full.module = deepspeed_module.merge(step_dir, stage, world, with_tensors, set(saved_shapes(model_states)))
+        full.module = deepspeed_module.merge(step_dir, stage, world, model_states, set(saved_shapes(model_states)))
     except IncompatibleCheckpointError as exc:
         raise IncompatibleCheckpointError(f"{step_dir}: {exc}") from exc
     return full
@@ -227,19 +225,12 @@ def _scatter_zero3(engine: Any, opt: Any, names: dict[int, str], full: FullState
         name = names[id(param)]
         saved = full.tensors[name]
         part = int(param.ds_tensor.ds_numel)
-        start = part * rank  # this rank's piece of the parameter, zero-padded past its end
         for key in (FP32, *keys):
-            mine = torch.zeros(part, dtype=saved[key].dtype)
-            have = max(0, min(part, saved[key].numel - start))
-            if have:
-                saved[key].copy_into(start, mine.narrow(0, 0, have))
+            mine = deepspeed_module.rank_piece(saved[key], part, rank)
             target, _ = opt._get_fp32_opt_state_partition(param, False, None if key == FP32 else key)
             target.data.copy_(mine[: target.numel()])
             if key == FP32:
-                with torch.no_grad():
-                    param.ds_tensor.data.copy_(mine[: param.ds_tensor.numel()].to(param.ds_tensor.dtype))
-                    if param.numel() == saved[key].numel:  # a persistent parameter is also held whole
-                        param.data.copy_(saved[key].whole(name, full.shapes[name]).view_as(param).to(param.dtype))
+                deepspeed_module.set_zero3_param(param, mine, saved[key])
 
 
 def restore_counters(engine: Any, model_states: dict[str, Any]) -> None:
