@@ -21,6 +21,7 @@ BucketOpt = Annotated[str | None, typer.Option("--bucket", help="jobs bucket")]
 TableOpt = Annotated[str | None, typer.Option("--table", help="jobs table")]
 RegionOpt = Annotated[str | None, typer.Option("--region", help="home region")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+MAX_JOB_ID = 200  # job_id_for makes at most 53 characters; DynamoDB refuses a key past 2,048 bytes
 CLI_AWS_ATTEMPTS = "3"  # a person is waiting: fail in seconds, not a minute of backoff
 
 
@@ -40,6 +41,21 @@ def number(low: float, high: float, *, above: bool = False) -> Callable[[str], f
         return value
 
     return parse
+
+
+def job_id(text: str) -> str:
+    """The JOB argument's parser: an id as `spotrelay jobs` lists it, or a ValueError (a usage error naming
+    JOB) before any AWS call (an empty key was DynamoDB's ValidationException, read as a runtime failure)."""
+    if not text.strip():
+        raise ValueError("empty; give a job id as `spotrelay jobs` lists it")
+    if text != text.strip() or any(not c.isprintable() for c in text) or len(text) > MAX_JOB_ID:
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        raise ValueError(f"{shown!r} is not a job id; ids look like 'train-0123456789ab' "
+                         "(`spotrelay jobs` lists them)")
+    return text
+
+
+JobArg = Annotated[str, typer.Argument(metavar="JOB", parser=job_id, help="the job's id (`spotrelay jobs`)")]
 
 
 def number_option(low: float, high: float, *, above: bool = False) -> dict[str, Any]:

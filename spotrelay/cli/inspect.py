@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from spotrelay.cli.common import EndpointOpt, JsonOpt, RegionOpt, TableOpt, connect
+from spotrelay.cli.common import EndpointOpt, JobArg, JsonOpt, RegionOpt, TableOpt, connect
 from spotrelay.cli.errors import UsageProblem
 from spotrelay.cli.tables import show
 from spotrelay.cli.views import folded_line
@@ -47,7 +47,7 @@ def _load(job_id: str) -> tuple[Any, list[Any]]:
     return store.get_job(job_id), store.nodes_of(job_id)
 
 
-def describe(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None,
+def describe(job_id: JobArg, endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None,
              as_json: JsonOpt = False) -> None:
     """Attempts (pool, nodes, times, end reason, steps, cost), checkpoints, recoveries, anomalies."""
     from spotrelay.adapters.s3_object_store import S3ObjectStore
@@ -96,7 +96,7 @@ def describe(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = No
                an.detail.splitlines()[0][:100] if an.detail else ""] for an in report.anomalies], title="anomalies")
 
 
-def cost(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None,
+def cost(job_id: JobArg, endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None,
          as_json: JsonOpt = False) -> None:
     """What the job has cost so far, per attempt, against its budget."""
     from spotrelay.services.describe import cost_report
@@ -135,7 +135,7 @@ def cost(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, 
                   f"(in {left_h:.1f} h); the job stops then")
 
 
-def logs(job_id: str, attempt: Annotated[int | None, typer.Option(
+def logs(job_id: JobArg, attempt: Annotated[int | None, typer.Option(
              "--attempt", min=0, help="default: the latest")] = None,
          rank: Annotated[int | None, typer.Option("--rank", min=0, help="node rank; default: every node")] = None,
          follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new lines")] = False,

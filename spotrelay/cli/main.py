@@ -14,6 +14,7 @@ from rich.console import Console
 from spotrelay.cli.common import (
     BucketOpt,
     EndpointOpt,
+    JobArg,
     JsonOpt,
     RegionOpt,
     TableOpt,
@@ -115,7 +116,7 @@ STATUS_ATTEMPTS = 10  # the newest attempts `status` lists (describe and cost li
 
 
 @app.command()
-def status(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None,
+def status(job_id: JobArg, endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None,
            as_json: JsonOpt = False) -> None:
     """Show one job: status, its newest attempts, checkpoint, nodes, reasons."""
     from spotrelay.adapters.dynamodb_job_store import DynamoDBJobStore
@@ -145,7 +146,7 @@ def status(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None
 
 
 @app.command()
-def cancel(job_id: str, endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None,
+def cancel(job_id: JobArg, endpoint_url: EndpointOpt = None, table: TableOpt = None, region: RegionOpt = None,
            reason: Annotated[str, typer.Option(help="recorded on the job")] = "",
            save: Annotated[bool, typer.Option("--save", help="a training job saves a checkpoint first")] = False,
            save_minutes: Annotated[float | None, typer.Option(

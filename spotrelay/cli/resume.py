@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from spotrelay.cli.common import BucketOpt, EndpointOpt, RegionOpt, TableOpt
+from spotrelay.cli.common import BucketOpt, EndpointOpt, JobArg, RegionOpt, TableOpt
 from spotrelay.cli.errors import UsageProblem
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ SpecOpt = Annotated[Path | None, typer.Option(
     "--spec", help="run this spec instead (other regions, types, cadence, budget); it must train the same")]
 
 
-def resume(job_id: str, budget: BudgetOpt = None, spec_file: SpecOpt = None,
+def resume(job_id: JobArg, budget: BudgetOpt = None, spec_file: SpecOpt = None,
            endpoint_url: EndpointOpt = None, bucket: BucketOpt = None, table: TableOpt = None,
            region: RegionOpt = None) -> None:
     """Go on from a failed or cancelled job's newest checkpoint as a new job (same spec, or --spec; --budget)."""

@@ -195,6 +195,24 @@ def test_usage_errors_are_one_line_and_exit_2(args: list[str]) -> None:
     assert any(word in line for word in ("no such", "missing", "invalid value")), line
 
 
+_JOB_COMMANDS = ("status", "cancel", "describe", "logs", "cost", "resume")
+
+
+@pytest.mark.parametrize("job", ["", "  ", " job-x", "a\tb", "a\nb", "x" * 3000], ids=repr)
+@pytest.mark.parametrize("command", _JOB_COMMANDS)
+def test_a_job_argument_that_is_no_id_is_a_usage_error_before_any_aws_call(
+        nowhere: Path, command: str, job: str) -> None:
+    """No credentials anywhere: an AWS call would end as "no AWS credentials found" (exit 1). An
+    empty JOB used to reach DynamoDB and come back as its ValidationException."""
+    line = _one_line([command, job], codes=(2,))
+    assert "invalid value for 'JOB'" in line and ("empty" in line or "is not a job id" in line), line
+    assert len(line) < 300, line
+
+
+def test_a_job_argument_shaped_like_an_id_goes_on_to_aws(nowhere: Path) -> None:
+    assert "no AWS credentials found" in _one_line(["status", "x/../y"])
+
+
 def test_the_usage_tree_covers_every_kind_of_mistake() -> None:
     """The enumeration above is not vacuous: every command, the sub-app, and some bad values."""
     names = {" ".join(path) for path, _ in _LEAVES}
