@@ -52,6 +52,12 @@ def event_bus_arn(config: AppConfig) -> str:
     return f"arn:{Aws.PARTITION}:events:{config.home_region}:{Aws.ACCOUNT_ID}:event-bus/default"
 
 
+def checkpoint_buckets(config: AppConfig) -> list[str]:
+    """The buckets whose ``checkpoints/`` a node may use: the boundary's, and the handlers'
+    ``SPOTRELAY_CHECKPOINT_ROOTS`` (a submission whose ``checkpoint.s3_prefix`` is elsewhere is refused)."""
+    return [jobs_bucket_name(config, config.home_region), *(_data_bucket(config, r) for r in config.training_regions)]
+
+
 def job_profiles_config(config: AppConfig) -> dict[str, Any]:
     """``Ec2ComputeConfig.job_profiles`` for the handlers (JSON in SPOTRELAY_EC2_CONFIG)."""
     return {
@@ -75,8 +81,7 @@ class AgentBoundary(Construct):
         super().__init__(scope, id)
         part, acct, home = Aws.PARTITION, Aws.ACCOUNT_ID, config.home_region
         ckpt = f"{RESOURCES.checkpoints_prefix}*"
-        home_bucket = f"arn:{part}:s3:::{jobs_bucket_name(config, home)}"
-        data = [f"arn:{part}:s3:::{_data_bucket(config, r)}" for r in config.training_regions]
+        home_bucket, *data = (f"arn:{part}:s3:::{b}" for b in checkpoint_buckets(config))
         table = f"arn:{part}:dynamodb:{home}:{acct}:table/"
         self.policy = iam.ManagedPolicy(
             self,

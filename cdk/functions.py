@@ -13,7 +13,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from cdk import staging
-from cdk.agent_boundary import job_profiles_config
+from cdk.agent_boundary import checkpoint_buckets, job_profiles_config
 from cdk.config import AppConfig
 from cdk.permissions import Grants, grant
 from spotrelay.resources import RESOURCES, function_name_for
@@ -157,6 +157,7 @@ def handler_env(
                 {"ssm_prefix": f"/{config.prefix}/training", "job_profiles": job_profiles_config(config)}
             ),
             "SPOTRELAY_ACCOUNT": Aws.ACCOUNT_ID,
+            r.checkpoint_roots_env: ",".join(f"s3://{b}/{r.checkpoints_prefix}" for b in checkpoint_buckets(config)),
         }
     )
     return HandlerEnv(values)

@@ -39,6 +39,7 @@ class Resources:
     tables: tuple[Table, ...]
     rules: tuple[Rule, ...]
     bucket_env: str = "SPOTRELAY_BUCKET"
+    checkpoint_roots_env: str = "SPOTRELAY_CHECKPOINT_ROOTS"  # s3://bucket/checkpoints/, comma-separated
     bucket_default: str = "spotrelay-jobs"
     topic_env: str = "SPOTRELAY_TOPIC_ARN"
     topic_default: str = "spotrelay-notifications"

@@ -24,6 +24,9 @@ class Settings:
     slack_secret_arn: str | None
     # botocore's own per-service override: the twin routes the nodes' S3 through a throttle
     s3_endpoint_url: str | None = None
+    # where a job's checkpoint.s3_prefix may point: what the agent roles' boundary lets a node write
+    # (the CDK app sets the jobs and data buckets' checkpoints/; default: the jobs bucket's)
+    checkpoint_roots: tuple[str, ...] = ()
 
     def endpoint_for(self, service: str) -> str | None:
         return (self.s3_endpoint_url if service == "s3" else None) or self.endpoint_url
@@ -34,9 +37,15 @@ def _env(name: str, default: str | None = None) -> str | None:
     return value if value else default
 
 
+def _roots(bucket: str) -> tuple[str, ...]:
+    listed = [r.strip() for r in (_env(RESOURCES.checkpoint_roots_env) or "").split(",") if r.strip()]
+    return tuple(listed) or (f"s3://{bucket}/{RESOURCES.checkpoints_prefix}",)
+
+
 @lru_cache(maxsize=1)
 def settings() -> Settings:
     r = RESOURCES
+    bucket = _env(r.bucket_env, r.bucket_default) or r.bucket_default
     return Settings(
         region=_env("AWS_REGION", _env("AWS_DEFAULT_REGION", "us-east-1")) or "us-east-1",
         endpoint_url=_env("AWS_ENDPOINT_URL"),
@@ -44,12 +53,13 @@ def settings() -> Settings:
         nodes_table=_env(NODES.env, NODES.default_name) or NODES.default_name,
         pools_table=_env(POOLS.env, POOLS.default_name) or POOLS.default_name,
         idempotency_table=_env(IDEMPOTENCY.env, IDEMPOTENCY.default_name) or IDEMPOTENCY.default_name,
-        bucket=_env(r.bucket_env, r.bucket_default) or r.bucket_default,
+        bucket=bucket,
         topic_arn=_env(r.topic_env),
         state_machine_arn=_env(r.state_machine_env),
         event_bus=_env(r.event_bus_env, "default") or "default",
         slack_secret_arn=_env(r.slack_secret_env),
         s3_endpoint_url=_env("AWS_ENDPOINT_URL_S3"),
+        checkpoint_roots=_roots(bucket),
     )
 
 

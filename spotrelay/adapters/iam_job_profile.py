@@ -6,7 +6,9 @@ node read other jobs' checkpoints. Before each launch the compute adapter ensure
 the stack's permissions boundary, with one inline policy naming this job's id everywhere:
 
 - S3 ``checkpoints/<job>/`` read/write/delete (and list with that prefix) on the home jobs bucket and
-  on each training region's data bucket; ``data/`` and ``artifacts/agent/`` (the agent wheel) read;
+  on each training region's data bucket, and the same on the spec's ``checkpoint.s3_prefix`` when it
+  names another (a resumed job's: the stopped job's checkpoints, where its agent restores and goes on
+  saving); ``data/`` and ``artifacts/agent/`` (the agent wheel) read;
 - GetObject on the job's spec object (``config_uri``);
 - DynamoDB GetItem/Query (read only) on the jobs and nodes tables with ``dynamodb:LeadingKeys`` = job
   id: the agent's port reads its records; it never writes one (the controller's handlers do);
@@ -37,6 +39,7 @@ from spotrelay.contracts.agent import AGENT_TABLE_ACTIONS
 from spotrelay.contracts.events import AGENT_SOURCE
 from spotrelay.ports.logs import LOG_GROUP_DEFAULT
 from spotrelay.resources import RESOURCES
+from spotrelay.spec.checks import IAM_PATTERN_CHARS
 
 PATH = "/spotrelay/"
 POLICY_NAME = "job"
@@ -76,7 +79,14 @@ def _spec_object(config_uri: str) -> str | None:
     return f"{bucket}/{key}" if bucket and key else None
 
 
-def job_policy(config: JobProfileConfig, job_id: str, config_uri: str = "") -> dict[str, Any]:
+def split_s3(uri: str) -> tuple[str, str]:
+    """``s3://bucket/key/`` -> (bucket, key without the slashes around it)."""
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return bucket, key.strip("/")
+
+
+def job_policy(config: JobProfileConfig, job_id: str, config_uri: str = "",
+               checkpoint_prefix: str = "") -> dict[str, Any]:
     from spotrelay.settings import settings
 
     s, part = settings(), config.partition
@@ -92,6 +102,14 @@ def job_policy(config: JobProfileConfig, job_id: str, config_uri: str = "") -> d
         {"Sid": "ListCheckpoints", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket_arns,
          "Condition": {"StringLike": {"s3:prefix": [ckpt, f"{ckpt}/*"]}}},
     ]
+    bucket, key = split_s3(checkpoint_prefix)
+    # the spec's durable tier (the boundary keeps it under a bucket's checkpoints/); never a pattern
+    # (submission refuses one: spec.checks.checkpoint_place_problems), which would reach other jobs'
+    if bucket and key and not any(c in checkpoint_prefix for c in IAM_PATTERN_CHARS):
+        statements[0]["Resource"].append(f"arn:{part}:s3:::{bucket}/{key}/*")
+        statements.append({"Sid": "ListSpecCheckpoints", "Effect": "Allow", "Action": "s3:ListBucket",
+                           "Resource": f"arn:{part}:s3:::{bucket}",
+                           "Condition": {"StringLike": {"s3:prefix": [key, f"{key}/*"]}}})
     reads = [f"arn:{part}:s3:::{b}/{p}*" for b in config.data_buckets.values() for p in ("data/", "artifacts/agent/")]
     reads.append(f"arn:{part}:s3:::{config.jobs_bucket or s.bucket}/{RESOURCES.code_prefix}*")  # entrypoint.code
     spec = _spec_object(config_uri)
@@ -125,7 +143,7 @@ class JobProfiles:
         self._config, self._iam = config, iam
         self._arns: dict[str, str] = {}  # job id -> profile ARN, while the Lambda stays warm
 
-    def ensure(self, job_id: str, config_uri: str = "") -> str:
+    def ensure(self, job_id: str, config_uri: str = "", checkpoint_prefix: str = "") -> str:
         name = profile_name(self._config.prefix, job_id)
         role_args: dict[str, Any] = {
             "Path": PATH, "RoleName": name, "AssumeRolePolicyDocument": json.dumps(TRUST),
@@ -138,7 +156,8 @@ class JobProfiles:
             self._iam.create_role(**role_args)
         # put every time: cheap, and a changed spec or deployment gets the current policy
         self._iam.put_role_policy(RoleName=name, PolicyName=POLICY_NAME,
-                                  PolicyDocument=json.dumps(job_policy(self._config, job_id, config_uri)))
+                                  PolicyDocument=json.dumps(job_policy(self._config, job_id, config_uri,
+                                                                             checkpoint_prefix)))
         if job_id in self._arns:
             return self._arns[job_id]
         try:

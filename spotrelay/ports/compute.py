@@ -21,6 +21,9 @@ class LaunchRequest(BaseModel):
     gang: int | None = None
     user_data: str = ""
     config_uri: str = ""  # where the agent reads the job spec
+    # the spec's checkpoint.s3_prefix (a resumed job's: the stopped job's checkpoints), which the
+    # node's role must reach; "": the job's own checkpoints/<job>/
+    checkpoint_prefix: str = ""
 
 
 class Instance(BaseModel):

@@ -17,6 +17,7 @@ from spotrelay.ports.metrics import METRICS, MetricsSink
 from spotrelay.ports.notifier import Notifier
 from spotrelay.ports.object_store import ObjectStore
 from spotrelay.ports.workflow import Workflow
+from spotrelay.settings import settings
 from spotrelay.spec.models import JobSpec
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,13 @@ class Controller:
 
 def spec_of(job: Job) -> JobSpec:
     return JobSpec.model_validate(job.spec)
+
+
+def launch_locations(job: Job, spec: JobSpec) -> dict[str, str]:
+    """A ``LaunchRequest``'s S3 places: the spec object the agent reads, and the durable tier its
+    checkpoints go to when the spec names one (the node's role is granted exactly that prefix)."""
+    return {"config_uri": f"s3://{settings().bucket}/{job.submission_key}",
+            "checkpoint_prefix": spec.checkpoint.s3_prefix or ""}
 
 
 def regions_of(job: Job, nodes: list[Node] | None = None) -> list[str]:

@@ -31,10 +31,16 @@ from spotrelay.errors import InsufficientCapacityError, MoveCancelledError, Quot
 from spotrelay.placement import PoolEvent
 from spotrelay.ports.compute import LaunchRequest
 from spotrelay.services import history
-from spotrelay.services.controller import Controller, attempt_nodes, direct_nodes, price_in_effect, spec_of
+from spotrelay.services.controller import (
+    Controller,
+    attempt_nodes,
+    direct_nodes,
+    launch_locations,
+    price_in_effect,
+    spec_of,
+)
 from spotrelay.services.recovery_flow import DRAIN_GRACE_S
 from spotrelay.services.workflow_tasks import _carry_survivors, _close_attempt, _launch_result
-from spotrelay.settings import settings
 
 log = logging.getLogger(__name__)
 _TRAINING = (NodeState.READY, NodeState.RUNNING)
@@ -79,7 +85,7 @@ def migrate(ctl: Controller, job_id: str, move: AttemptEnd, now: float,
     ranks = sorted(set(range(world)) - {n.rank for n in staying})
     attempt = job.attempt + 1
     request = LaunchRequest(job_id=job_id, attempt=attempt, pool=target.pool, count=len(ranks), ranks=ranks,
-                            gang=world, config_uri=f"s3://{settings().bucket}/{job.submission_key}")
+                            gang=world, **launch_locations(job, spec))
     try:
         instances = ctl.need_compute().launch(request) if ranks else []
     except (InsufficientCapacityError, QuotaExceededError) as exc:

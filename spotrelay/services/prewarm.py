@@ -30,12 +30,12 @@ from spotrelay.services.controller import (
     SPARE_LIVE,
     Controller,
     attempt_nodes,
+    launch_locations,
     release_nodes,
     spec_of,
     standing_by,
 )
 from spotrelay.services.waits import OUTCOME, deliver
-from spotrelay.settings import settings
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def prewarm(ctl: Controller, job_id: str, ask: AttemptEnd, now: float) -> dict[s
     rank = next(r for r in range(spec.resources.nodes, spec.resources.nodes + len(taken) + 1) if r not in taken)
     pool = at_risk[0].pool
     request = LaunchRequest(job_id=job_id, attempt=job.attempt, pool=pool, count=1, ranks=[rank],
-                            gang=spec.resources.nodes, config_uri=f"s3://{settings().bucket}/{job.submission_key}")
+                            gang=spec.resources.nodes, **launch_locations(job, spec))
     try:
         instances = ctl.need_compute().launch(request)
     except (InsufficientCapacityError, QuotaExceededError) as exc:

@@ -29,7 +29,8 @@ from spotrelay.ports.notifier import Notifier
 from spotrelay.ports.object_store import ObjectStore
 from spotrelay.ports.workflow import Workflow
 from spotrelay.resources import RESOURCES
-from spotrelay.spec.checks import dropped_problems
+from spotrelay.settings import settings
+from spotrelay.spec.checks import checkpoint_place_problems, dropped_problems
 from spotrelay.spec.load import MAX_SPEC_BYTES, parse_spec, spec_hash, suffix_problem, training_hash
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ def advance(job: Job, ports: Ports, now: float, size: int | None = None) -> Subm
         if job.status is JobStatus.SUBMITTED:
             try:
                 spec = parse_spec(_read(job.submission_key, size, ports.objects), source=job.submission_key)
-                if problems := dropped_problems(spec):
+                if problems := dropped_problems(spec) + checkpoint_place_problems(spec, settings().checkpoint_roots):
                     raise SpecError(job.submission_key, problems)
             except SpecError as exc:
                 return _reject(job, exc.errors, ports, now)

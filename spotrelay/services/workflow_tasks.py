@@ -28,6 +28,7 @@ from spotrelay.services.controller import (
     SPARE_LIVE,
     Controller,
     end_records,
+    launch_locations,
     price_in_effect,
     regions_of,
     spare_nodes,
@@ -37,7 +38,6 @@ from spotrelay.services.notify import announce
 from spotrelay.services.plan import live
 from spotrelay.services.prewarm import charge_torn_down
 from spotrelay.services.review import review_seconds
-from spotrelay.settings import settings
 from spotrelay.spec.models import JobSpec
 
 log = logging.getLogger(__name__)
@@ -85,8 +85,7 @@ def provision(ctl: Controller, job_id: str, plan_result: LaunchPlan, now: float,
         # spares boot with the ranks (spot pools only); nothing waits for them
         wanted = ranks + (spare_ranks if spare_count(spec, pool) else [])
         request = LaunchRequest(job_id=job_id, attempt=attempt, pool=pool, count=len(wanted), ranks=wanted,
-                                gang=world,
-                                config_uri=f"s3://{settings().bucket}/{job.submission_key}")
+                                gang=world, **launch_locations(job, spec))
         try:
             instances = _launch(compute, request, ranks)
         except (InsufficientCapacityError, QuotaExceededError) as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from spotrelay.spec.models import JobSpec
@@ -41,6 +42,7 @@ RESERVED_DEEPSPEED = {
 }
 
 Problems = list[tuple[str, str]]
+IAM_PATTERN_CHARS = ("*", "?", "$")  # a wildcard or a policy variable in an IAM resource
 
 
 def inside(path: str) -> str | None:
@@ -106,6 +108,22 @@ def dropped_problems(spec: JobSpec) -> Problems:
         return [("entrypoint.code", "is a local path; `spotrelay submit` packs and uploads it, a spec dropped "
                                     "in S3 must name an s3:// .tar.gz archive")]
     return []
+
+
+def checkpoint_place_problems(spec: JobSpec, roots: Sequence[str]) -> Problems:
+    """A ``checkpoint.s3_prefix`` under none of ``roots`` (``s3://bucket/checkpoints/``: where the
+    deployment's nodes may write at all) would fail on its first save, after paying for a gang: refused
+    at submission instead. No roots (the twin, which enforces no IAM): not checked."""
+    prefix = spec.checkpoint.s3_prefix
+    if not prefix or not roots:
+        return []
+    if any(c in prefix for c in IAM_PATTERN_CHARS):
+        return [("checkpoint.s3_prefix", f"{prefix!r} holds one of {' '.join(IAM_PATTERN_CHARS)}, which the node's "
+                                         "IAM policy would read as a pattern (other jobs' checkpoints); name a plain prefix")]
+    if any(prefix.startswith(r) and prefix.rstrip("/") != r.rstrip("/") for r in roots):
+        return []
+    where = " or ".join(f"{r}<name>/" for r in roots)
+    return [("checkpoint.s3_prefix", f"{prefix} is outside what this deployment's nodes may write; use {where}")]
 
 
 def deepspeed_problems(spec: JobSpec) -> Problems:

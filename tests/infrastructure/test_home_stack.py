@@ -316,6 +316,15 @@ def test_per_job_agent_profiles_only_with_the_boundary(synth: Synth) -> None:
     for region in synth.config.training_regions:  # checkpoints/<job>/ in every region's data bucket
         assert f'"{region}": "spotrelay-data-<AWS::AccountId>-{region}"' in ec2_config
 
+    # where a submission may point checkpoint.s3_prefix: exactly the boundary's object resources
+    objects = [s for s in props["PolicyDocument"]["Statement"] if "s3:PutObject" in _acts(s)]
+    assert len(objects) == 1
+    allowed = sorted(flatten(r).replace("arn:<AWS::Partition>:s3:::", "s3://") for r in objects[0]["Resource"])
+    for module, fn in functions.items():
+        roots = flatten(fn["Environment"]["Variables"][RESOURCES.checkpoint_roots_env]).split(",")
+        assert sorted(f"{r}*" for r in roots) == allowed, module
+    assert len(allowed) == 1 + len(synth.config.training_regions)
+
 
 def test_training_log_group_for_the_nodes_output(synth: Synth) -> None:
     groups = [g["Properties"] for g in synth.resources(synth.home, "AWS::Logs::LogGroup").values()]

@@ -287,3 +287,20 @@ def test_a_hand_over_the_job_record_cannot_follow_stops_the_new_execution(env: E
         sfn_handover.handler({"job_id": job.job_id, "resume_at": "plan", "data": later}, ctx())
     stopped = [a for a, status in env.workflow.executions.items() if status == "ABORTED"]
     assert stopped == [arn.replace("-h1-250", "-h1-251")]
+
+
+def test_provision_names_the_specs_checkpoint_prefix_for_the_nodes_role(env: Env) -> None:
+    """A resumed job's spec points checkpoint.s3_prefix at the stopped job's checkpoints: each launch
+    request carries it, so the compute adapter's per-job policy grants that prefix (not only the job's own)."""
+    job = new_job(env.store)
+    plain = sfn_plan.handler({"job_id": job.job_id, "timings": TIMINGS}, ctx())
+    sfn_provision.handler({"job_id": job.job_id, "plan": plain}, ctx())
+    assert env.compute.launched[-1].checkpoint_prefix == ""
+    resumed = new_job(env.store, job_id="job-resumed")
+    spec = {**resumed.spec, "checkpoint": {**resumed.spec["checkpoint"], "s3_prefix": "s3://bkt/checkpoints/old/"}}
+    env.store.save_job(resumed.model_copy(update={"spec": spec}), resumed.status, resumed.version)
+    plan = sfn_plan.handler({"job_id": "job-resumed", "timings": TIMINGS}, ctx())
+    sfn_provision.handler({"job_id": "job-resumed", "plan": plan}, ctx())
+    request = env.compute.launched[-1]
+    assert request.job_id == "job-resumed" and request.checkpoint_prefix == "s3://bkt/checkpoints/old/"
+    assert request.config_uri.endswith("/submissions/job-resumed.yaml")

@@ -164,3 +164,20 @@ def test_other_invalid_parameters_are_not_retryable() -> None:
         stub.add_response("delete_launch_template", {})
         with pytest.raises(ClientError):
             compute.launch(request())
+
+
+def test_a_launch_naming_a_checkpoint_prefix_grants_it_to_the_nodes(aws: dict[str, str]) -> None:
+    from spotrelay.adapters.aws import client
+
+    ec2, iam = RecordingTemplates(client("ec2", "us-east-1")), client("iam")
+    clients = {"ec2": ec2, "iam": iam}
+    config = Ec2ComputeConfig(**{**CONFIG.model_dump(), "job_profiles": PROFILES})
+    compute = Ec2Compute(config, client_factory=lambda service, region=None: clients[service])
+    compute.launch(LaunchRequest(job_id="job-r", attempt=1, pool=POOL, count=1, ranks=[0],
+                                 config_uri="s3://spotrelay-jobs/submissions/job-r.yaml",
+                                 checkpoint_prefix="s3://spotrelay-jobs/checkpoints/job-old/"))
+    statements = {s["Sid"]: s for s in policy_of(iam, "job-r")["Statement"]}
+    assert "arn:aws:s3:::spotrelay-jobs/checkpoints/job-old/*" in statements["Checkpoints"]["Resource"]
+    listing = statements["ListSpecCheckpoints"]
+    assert listing["Resource"] == "arn:aws:s3:::spotrelay-jobs"
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": ["checkpoints/job-old", "checkpoints/job-old/*"]}}

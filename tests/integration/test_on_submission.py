@@ -132,3 +132,45 @@ def test_crash_before_start_is_healed_by_redelivery(env: dict[str, str], monkeyp
 def test_other_prefixes_are_ignored(env: dict[str, str]) -> None:
     result = _invoke(_drop(env["bucket"], "checkpoints/x/manifest.json", b"{}"))
     assert result["outcome"] == "ignored"
+
+
+@pytest.mark.parametrize(("roots", "prefix", "outcome"), [
+    ("", "s3://{bucket}/checkpoints/team/run-1/", "started"),  # the jobs bucket's: the default root
+    ("", "s3://team-bucket/ckpt/", "rejected"),
+    ("s3://{bucket}/checkpoints/,s3://data-uw2/checkpoints/", "s3://data-uw2/checkpoints/run-1", "started"),
+    ("s3://{bucket}/checkpoints/,s3://data-uw2/checkpoints/", "s3://{bucket}/checkpoints/*/", "rejected"),
+])
+def test_a_checkpoint_prefix_the_nodes_could_not_write_is_rejected(
+        env: dict[str, str], monkeypatch: pytest.MonkeyPatch, roots: str, prefix: str, outcome: str) -> None:
+    """The agent roles' boundary lets a node write only under a deployment bucket's checkpoints/: a job
+    pointed elsewhere would pay for a gang that fails its first save. It ends as a rejection instead."""
+    import dataclasses
+
+    from spotrelay.services import submit
+    from spotrelay.settings import settings
+
+    listed = tuple(r for r in roots.format(bucket=env["bucket"]).split(",") if r)
+    placed = dataclasses.replace(settings(), checkpoint_roots=listed or settings().checkpoint_roots)
+    monkeypatch.setattr(submit, "settings", lambda: placed)
+    body = (ROOT / "examples" / "tiny.yaml").read_text()
+    doc = body.replace("checkpoint:\n", f"checkpoint:\n  s3_prefix: {prefix.format(bucket=env['bucket'])}\n", 1)
+    assert "s3_prefix:" in doc
+    result = _invoke(_drop(env["bucket"], "submissions/placed.yaml", doc.encode()))
+    assert result["outcome"] == outcome, result
+    if outcome == "rejected":
+        report = json.loads(client("s3").get_object(
+            Bucket=env["bucket"], Key="submissions/placed.yaml.rejected.json")["Body"].read())
+        assert [e["field"] for e in report["errors"]] == ["checkpoint.s3_prefix"]
+
+
+def test_the_checkpoint_roots_come_from_the_stack_else_the_jobs_bucket(aws: dict[str, str]) -> None:
+    from spotrelay.settings import reset, settings
+
+    assert settings().checkpoint_roots == (f"s3://{aws['bucket']}/checkpoints/",)
+    os.environ["SPOTRELAY_CHECKPOINT_ROOTS"] = " s3://a/checkpoints/, s3://b/checkpoints/ ,"
+    try:
+        reset()
+        assert settings().checkpoint_roots == ("s3://a/checkpoints/", "s3://b/checkpoints/")
+    finally:
+        del os.environ["SPOTRELAY_CHECKPOINT_ROOTS"]
+        reset()

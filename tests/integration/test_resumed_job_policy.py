@@ -1,0 +1,165 @@
+"""A resumed job's nodes reach the stopped job's checkpoints: every S3 call the agent's durable tier
+makes on moto (restore the newest commit, save, prune) is checked against the per-job policy the
+compute adapter writes for it (spotrelay/adapters/iam_job_profile.py).
+
+moto enforces no IAM here, so the calls are recorded from the real tier and weighed by IAM's own rules
+for S3 (the action each operation is authorized as, the object or bucket ARN, ``s3:prefix`` on a
+listing). Before 7 December the policy named ``checkpoints/<new job>/`` only, so on AWS every resumed
+job's first restore was denied; the last test shows that document still refusing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from botocore.client import BaseClient
+
+from agent.checkpoint.local_tier import LocalTier
+from agent.checkpoint.pipeline import Pipeline, Topology
+from agent.checkpoint.restore import choose
+from agent.checkpoint.s3_tier import MiB, S3Tier
+from spotrelay.adapters import aws as aws_clients
+from spotrelay.adapters.iam_job_profile import JobProfileConfig, job_policy
+from spotrelay.spec.checks import checkpoint_place_problems
+from spotrelay.spec.models import JobSpec
+from tests.conftest import ROOT
+from tests.infrastructure.aws_calls import ACTION_NAMES
+from tests.integration.test_checkpoint_s3 import _save
+
+# what IAM authorizes each S3 operation as, beyond ACTION_NAMES (the multipart upload is PutObject's)
+AUTHORIZED_AS = {**ACTION_NAMES, "s3:CreateMultipartUpload": "s3:PutObject", "s3:UploadPart": "s3:PutObject",
+                 "s3:CompleteMultipartUpload": "s3:PutObject"}
+Call = tuple[str, str, str | None]  # (IAM action, resource ARN, s3:prefix of a listing)
+
+
+def allowed(policy: dict[str, Any], call: Call) -> bool:
+    """IAM's Allow for one S3 call (no Deny statements here): an action, a resource and, where a
+    statement has one, its ``StringLike`` condition on ``s3:prefix`` all match."""
+    action, resource, prefix = call
+    for s in policy["Statement"]:
+        actions = s["Action"] if isinstance(s["Action"], list) else [s["Action"]]
+        resources = s["Resource"] if isinstance(s["Resource"], list) else [s["Resource"]]
+        if not any(fnmatchcase(action, a) for a in actions) or not any(fnmatchcase(resource, r) for r in resources):
+            continue
+        wanted = s.get("Condition", {}).get("StringLike", {}).get("s3:prefix")
+        if wanted is None or (prefix is not None and any(fnmatchcase(prefix, w) for w in wanted)):
+            return True
+    return False
+
+
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Call]]:
+    """Every S3 call from now on, as (action, resource, prefix); a DeleteObjects counts per key."""
+    calls: list[Call] = []
+    original = BaseClient._make_api_call  # type: ignore[attr-defined]
+
+    def recording(self: BaseClient, operation: str, params: dict[str, Any]) -> Any:
+        if self.meta.service_model.signing_name == "s3":
+            action = AUTHORIZED_AS.get(f"s3:{operation}", f"s3:{operation}")
+            bucket = f"arn:aws:s3:::{params['Bucket']}"
+            if action == "s3:ListBucket":
+                calls.append((action, bucket, params.get("Prefix", "")))
+            elif operation == "DeleteObjects":
+                calls.extend((action, f"{bucket}/{o['Key']}", None) for o in params["Delete"]["Objects"])
+            else:
+                calls.append((action, f"{bucket}/{params['Key']}", None))
+        return original(self, operation, params)
+
+    monkeypatch.setattr(BaseClient, "_make_api_call", recording)
+    yield calls
+
+
+def _stopped_job(bucket: str, tmp_path: Path) -> str:
+    """The stopped job's durable tier, three commits in it; its URI as ``spotrelay resume`` names it."""
+    uri = f"s3://{bucket}/checkpoints/old-job"
+    s3 = S3Tier(uri, client=lambda: aws_clients.client("s3"), part_size=5 * MiB)
+    local = LocalTier(tmp_path / "old-node")
+    pipeline = Pipeline(local, s3, Topology(), tmp_path / "old-control", keep_local=2, keep_s3=2, timeout_s=30)
+    try:
+        for step in (2, 4, 6):
+            assert _save(pipeline, local, step, numel=MiB).error is None
+    finally:
+        pipeline.close()
+    return uri + "/"
+
+
+def _resumed_node(uri: str, tmp_path: Path) -> None:
+    """What a node of the resumed job does with that tier: restore the newest commit, save two more
+    (a 12 MiB shard: a multipart upload), the retention pruning the oldest."""
+    s3 = S3Tier(uri.rstrip("/"), client=lambda: aws_clients.client("s3"), part_size=5 * MiB)
+    local = LocalTier(tmp_path / "new-node")
+    manifest = choose(local, s3)
+    assert manifest is not None and manifest.step == 6
+    pipeline = Pipeline(local, s3, Topology(), tmp_path / "new-control", keep_local=2, keep_s3=2, timeout_s=30)
+    try:
+        for step in (8, 10):
+            assert _save(pipeline, local, step).error is None
+    finally:
+        pipeline.close()
+    assert s3.steps() == [10, 8]
+
+
+def _policy(bucket: str, prefix: str) -> dict[str, Any]:
+    config = JobProfileConfig(account="123456789012", jobs_bucket=bucket, data_buckets={"us-west-2": "data-uw2"})
+    return job_policy(config, "new-job", f"s3://{bucket}/submissions/new.yaml", checkpoint_prefix=prefix)
+
+
+def test_a_resumed_jobs_nodes_may_do_all_they_do_on_the_stopped_jobs_checkpoints(
+        aws: dict[str, str], tmp_path: Path, recorded: list[Call]) -> None:
+    uri = _stopped_job(aws["bucket"], tmp_path)
+    recorded.clear()
+    _resumed_node(uri, tmp_path)
+    actions = {a for a, _, _ in recorded}
+    assert {"s3:ListBucket", "s3:GetObject", "s3:PutObject", "s3:DeleteObject"} <= actions, actions
+    policy = _policy(aws["bucket"], uri)
+    denied = [c for c in recorded if not allowed(policy, c)]
+    assert not denied, f"the resumed job's policy refuses {denied[:5]}"
+    # ... and no further than the stopped job's checkpoints and its own
+    for other in (("s3:GetObject", f"arn:aws:s3:::{aws['bucket']}/checkpoints/another-job/step-00000006/m", None),
+                  ("s3:ListBucket", f"arn:aws:s3:::{aws['bucket']}", "checkpoints/"),
+                  ("s3:ListBucket", f"arn:aws:s3:::{aws['bucket']}", "checkpoints/old-job-2/"),
+                  ("s3:PutObject", f"arn:aws:s3:::{aws['bucket']}/submissions/x.yaml", None)):
+        assert not allowed(policy, other), other
+
+
+def test_the_policy_without_the_specs_prefix_refuses_the_restore(
+        aws: dict[str, str], tmp_path: Path, recorded: list[Call]) -> None:
+    """The evaluator can fail: the job's own ``checkpoints/new-job/`` alone (the policy before the fix)
+    denies the restore's first listing."""
+    uri = _stopped_job(aws["bucket"], tmp_path)
+    recorded.clear()
+    _resumed_node(uri, tmp_path)
+    denied = [c for c in recorded if not allowed(_policy(aws["bucket"], ""), c)]
+    assert denied and denied[0][0] == "s3:ListBucket", denied[:3]
+
+
+@pytest.mark.parametrize(("prefix", "ok"), [
+    ("s3://jobs-b/checkpoints/old-job/", True),
+    ("s3://data-uw2/checkpoints/team/run-1", True),
+    ("s3://jobs-b/checkpoints/", False),  # the whole folder: every job's checkpoints
+    ("s3://jobs-b/submissions/x/", False),
+    ("s3://jobs-bx/checkpoints/old-job/", False),
+    ("s3://team-bucket/ckpt/", False),
+    ("s3://jobs-b/checkpoints/*/", False),  # IAM would read it as every job's checkpoints
+    ("s3://jobs-b/checkpoints/${aws:userid}/", False),
+])
+def test_a_prefix_outside_what_nodes_may_write_is_refused_at_submission(prefix: str, ok: bool) -> None:
+    doc = yaml.safe_load((ROOT / "examples" / "tiny.yaml").read_text())
+    spec = JobSpec.model_validate({**doc, "checkpoint": {**doc.get("checkpoint", {}), "s3_prefix": prefix}})
+    problems = checkpoint_place_problems(spec, ("s3://jobs-b/checkpoints/", "s3://data-uw2/checkpoints/"))
+    assert (problems == []) is ok, problems
+    if not ok:
+        assert problems[0][0] == "checkpoint.s3_prefix"
+        assert "s3://jobs-b/checkpoints/<name>/" in problems[0][1] or "pattern" in problems[0][1]
+
+
+def test_a_pattern_in_a_prefix_is_never_granted() -> None:
+    """A job recorded before submission refused patterns still gets none in its nodes' policy."""
+    policy = _policy("jobs-b", "s3://jobs-b/checkpoints/*/")
+    assert not allowed(policy, ("s3:GetObject", "arn:aws:s3:::jobs-b/checkpoints/other-job/step-00000002/m", None))
+    assert "ListSpecCheckpoints" not in {s["Sid"] for s in policy["Statement"]}
