@@ -118,8 +118,9 @@ def checkpoint_place_problems(spec: JobSpec, roots: Sequence[str]) -> Problems:
     if not prefix or not roots:
         return []
     if any(c in prefix for c in IAM_PATTERN_CHARS):
-        return [("checkpoint.s3_prefix", f"{prefix!r} holds one of {' '.join(IAM_PATTERN_CHARS)}, which the node's "
-                                         "IAM policy would read as a pattern (other jobs' checkpoints); name a plain prefix")]
+        chars = " ".join(IAM_PATTERN_CHARS)
+        return [("checkpoint.s3_prefix", f"{prefix!r} holds one of {chars}, which the node's IAM policy would "
+                                         "read as a pattern (other jobs' checkpoints); name a plain prefix")]
     if any(prefix.startswith(r) and prefix.rstrip("/") != r.rstrip("/") for r in roots):
         return []
     where = " or ".join(f"{r}<name>/" for r in roots)
