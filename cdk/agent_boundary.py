@@ -58,6 +58,23 @@ def checkpoint_buckets(config: AppConfig) -> list[str]:
     return [jobs_bucket_name(config, config.home_region), *(_data_bucket(config, r) for r in config.training_regions)]
 
 
+def dataset_roots(config: AppConfig) -> list[str]:
+    """Where a job's dataset may be (the handlers' ``SPOTRELAY_DATASET_ROOTS``): the data buckets' ``data/``
+    and the whole of each bucket the deployment lists in ``dataset_buckets``."""
+    data = [f"s3://{_data_bucket(config, r)}/data/" for r in config.training_regions]
+    return data + [f"s3://{b}/" for b in config.dataset_buckets]
+
+
+def _dataset_statements(config: AppConfig) -> list[iam.PolicyStatement]:
+    """Reading the team's own dataset buckets (``dataset_buckets``; each job's policy names its dataset)."""
+    if not config.dataset_buckets:
+        return []
+    part = Aws.PARTITION
+    buckets = [f"arn:{part}:s3:::{b}" for b in config.dataset_buckets]
+    return [iam.PolicyStatement(actions=["s3:GetObject"], resources=[f"{b}/*" for b in buckets]),
+            iam.PolicyStatement(actions=["s3:ListBucket"], resources=buckets)]
+
+
 def job_profiles_config(config: AppConfig) -> dict[str, Any]:
     """``Ec2ComputeConfig.job_profiles`` for the handlers (JSON in SPOTRELAY_EC2_CONFIG)."""
     return {
@@ -97,13 +114,14 @@ class AgentBoundary(Construct):
                 iam.PolicyStatement(
                     actions=["s3:ListBucket"],
                     resources=[home_bucket, *data],
-                    conditions={"StringLike": {"s3:prefix": [ckpt]}},
+                    conditions={"StringLike": {"s3:prefix": [ckpt, "data/*"]}},
                 ),
                 iam.PolicyStatement(
                     actions=["s3:GetObject"],
                     resources=[f"{home_bucket}/{p}*" for p in (RESOURCES.submissions_prefix, RESOURCES.code_prefix)]
                     + [f"{b}/{p}*" for b in data for p in ("data/", "artifacts/agent/")],
                 ),
+                *_dataset_statements(config),
                 iam.PolicyStatement(
                     actions=list(AGENT_TABLE_ACTIONS),  # read only: the agent reports events, it writes no item
                     resources=[table + table_name(config, NODES), table + table_name(config, JOBS)],

@@ -73,6 +73,10 @@ class AgentFleet(Construct):
             description="spotrelay agent: its checkpoints/data paths and its own agent calls only",
         )
         data_bucket.grant_read(self.role, "data/*")
+        for bucket in config.dataset_buckets:  # the team's own datasets (deploy.md: dataset_buckets)
+            arn = f"arn:{part}:s3:::{bucket}"
+            self.role.add_to_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[f"{arn}/*"]))
+            self.role.add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket"], resources=[arn]))
         data_bucket.grant_read(self.role, "artifacts/agent/*")
         data_bucket.grant_read_write(self.role, ckpt)
         data_bucket.grant_delete(self.role, ckpt)  # keep-newest-K pruning of the durable tier

@@ -7,7 +7,7 @@ deploy-time token, and AMIs come from SSM parameters that CloudFormation resolve
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -15,6 +15,7 @@ from spotrelay.errors import PermanentError
 
 # The base Deep Learning AMI (NVIDIA driver, EFA, NCCL, aws-ofi-nccl); the agent installs the job's
 # Python environment. Override with context key ``dlami_ssm_parameter``.
+BUCKET_RE = r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"  # an S3 bucket name
 DEFAULT_DLAMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 
 
@@ -42,6 +43,7 @@ CONTEXT_KEYS = (
     "reconcile_minutes",
     "vpc_cidrs",
     "availability_zones",
+    "dataset_buckets",
 )
 
 
@@ -71,8 +73,11 @@ class AppConfig(BaseModel):
     availability_zones: dict[str, tuple[str, ...]] = Field(
         default_factory=dict, description="region -> AZ names for the training VPC (up to 6)"
     )
+    # a team's datasets stay where they are: the nodes may read these buckets (each job only its
+    # spec's dataset.uri and replicas), as well as the data buckets' data/
+    dataset_buckets: tuple[Annotated[str, Field(pattern=BUCKET_RE)], ...] = ()
 
-    @field_validator("training_regions", "instance_types", mode="before")
+    @field_validator("training_regions", "instance_types", "dataset_buckets", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
         # ``-c training_regions=us-east-1,eu-west-1`` arrives as one string

@@ -13,7 +13,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from cdk import staging
-from cdk.agent_boundary import checkpoint_buckets, job_profiles_config
+from cdk.agent_boundary import checkpoint_buckets, dataset_roots, job_profiles_config
 from cdk.config import AppConfig
 from cdk.permissions import Grants, grant
 from spotrelay.resources import RESOURCES, function_name_for
@@ -158,6 +158,7 @@ def handler_env(
             ),
             "SPOTRELAY_ACCOUNT": Aws.ACCOUNT_ID,
             r.checkpoint_roots_env: ",".join(f"s3://{b}/{r.checkpoints_prefix}" for b in checkpoint_buckets(config)),
+            r.dataset_roots_env: ",".join(dataset_roots(config)),
         }
     )
     return HandlerEnv(values)

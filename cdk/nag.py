@@ -38,7 +38,8 @@ WILDCARD_REASONS: tuple[tuple[str, str], ...] = (
     ),
     (
         r"^Resource::(<[A-Za-z0-9]+\.Arn>|arn:<AWS::Partition>:s3:::[A-Za-z0-9<>:.-]+)/\*$",
-        "replication / log delivery reads or writes every object of this one bucket",
+        "every object of this one bucket: replication and log delivery, or reading a dataset bucket the "
+        "deployment lists in dataset_buckets (each job's own policy names its dataset's prefix)",
     ),
     (r"^Resource::<[A-Za-z0-9]+\.Arn>:\*$", "invoke any version or alias of this one function (CDK grantInvoke)"),
     (

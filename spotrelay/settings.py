@@ -27,6 +27,9 @@ class Settings:
     # where a job's checkpoint.s3_prefix may point: what the agent roles' boundary lets a node write
     # (the CDK app sets the jobs and data buckets' checkpoints/; default: the jobs bucket's)
     checkpoint_roots: tuple[str, ...] = ()
+    # where a job's dataset.uri and replicas may point (the data buckets' data/ and the deployment's
+    # dataset_buckets); none set: not checked (the twin enforces no IAM)
+    dataset_roots: tuple[str, ...] = ()
 
     def endpoint_for(self, service: str) -> str | None:
         return (self.s3_endpoint_url if service == "s3" else None) or self.endpoint_url
@@ -37,9 +40,12 @@ def _env(name: str, default: str | None = None) -> str | None:
     return value if value else default
 
 
+def _listed(name: str) -> tuple[str, ...]:
+    return tuple(r.strip() for r in (_env(name) or "").split(",") if r.strip())
+
+
 def _roots(bucket: str) -> tuple[str, ...]:
-    listed = [r.strip() for r in (_env(RESOURCES.checkpoint_roots_env) or "").split(",") if r.strip()]
-    return tuple(listed) or (f"s3://{bucket}/{RESOURCES.checkpoints_prefix}",)
+    return _listed(RESOURCES.checkpoint_roots_env) or (f"s3://{bucket}/{RESOURCES.checkpoints_prefix}",)
 
 
 @lru_cache(maxsize=1)
@@ -60,6 +66,7 @@ def settings() -> Settings:
         slack_secret_arn=_env(r.slack_secret_env),
         s3_endpoint_url=_env("AWS_ENDPOINT_URL_S3"),
         checkpoint_roots=_roots(bucket),
+        dataset_roots=_listed(RESOURCES.dataset_roots_env),
     )
 
 

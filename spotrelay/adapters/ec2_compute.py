@@ -128,7 +128,8 @@ class Ec2Compute:
         if existing:  # a retried call: the gang is already there
             return existing
         profiles = self._profiles()
-        profile = profiles.ensure(request.job_id, request.config_uri, request.checkpoint_prefix) if profiles else None
+        profile = profiles.ensure(request.job_id, request.config_uri, request.checkpoint_prefix,
+                                   request.dataset_uris) if profiles else None
         group = self._ensure_placement_group(ec2, request.job_id, pool.az)
         template = self._create_template(ec2, request, profile)
         try:

@@ -85,8 +85,29 @@ def split_s3(uri: str) -> tuple[str, str]:
     return bucket, key.strip("/")
 
 
+def _dataset_statements(part: str, uris: list[str]) -> list[dict[str, Any]]:
+    """Read-only on the spec's dataset (``dataset.uri`` and its replicas): each object under each prefix
+    (or the object itself), and listing exactly those prefixes; a URI holding a pattern is never granted
+    (submission refuses one: ``spec.checks.dataset_place_problems``)."""
+    places = [split_s3(u) for u in uris if not any(c in u for c in IAM_PATTERN_CHARS)]
+    if not places:
+        return []
+    objects = sorted({f"arn:{part}:s3:::{b}/{k}{suffix}" if k else f"arn:{part}:s3:::{b}/*"
+                      for b, k in places for suffix in ("", "/*")})
+    statements: list[dict[str, Any]] = [{"Sid": "Dataset", "Effect": "Allow", "Action": "s3:GetObject",
+                                         "Resource": objects}]
+    for i, bucket in enumerate(sorted({b for b, _ in places})):
+        keys = sorted({k for b, k in places if b == bucket})
+        listing: dict[str, Any] = {"Sid": f"ListDataset{i}", "Effect": "Allow", "Action": "s3:ListBucket",
+                                   "Resource": f"arn:{part}:s3:::{bucket}"}
+        if "" not in keys:  # (the whole bucket is the dataset: any prefix)
+            listing["Condition"] = {"StringLike": {"s3:prefix": [p for k in keys for p in (k, f"{k}/*")]}}
+        statements.append(listing)
+    return statements
+
+
 def job_policy(config: JobProfileConfig, job_id: str, config_uri: str = "",
-               checkpoint_prefix: str = "") -> dict[str, Any]:
+               checkpoint_prefix: str = "", dataset_uris: list[str] | None = None) -> dict[str, Any]:
     from spotrelay.settings import settings
 
     s, part = settings(), config.partition
@@ -117,6 +138,11 @@ def job_policy(config: JobProfileConfig, job_id: str, config_uri: str = "",
         reads.append(f"arn:{part}:s3:::{spec}")
     if reads:
         statements.append({"Sid": "Read", "Effect": "Allow", "Action": "s3:GetObject", "Resource": reads})
+    if config.data_buckets:  # the shared datasets under data/ are listed as well as read
+        statements.append({"Sid": "ListData", "Effect": "Allow", "Action": "s3:ListBucket",
+                           "Resource": [f"arn:{part}:s3:::{b}" for b in config.data_buckets.values()],
+                           "Condition": {"StringLike": {"s3:prefix": ["data/*"]}}})
+    statements.extend(_dataset_statements(part, dataset_uris or []))
     table = f"arn:{part}:dynamodb:{home}:{acct}:table/"
     statements.append({  # read only: one writer per record, the controller (spotrelay/contracts/agent.py)
         "Sid": "JobItems", "Effect": "Allow",
@@ -143,7 +169,8 @@ class JobProfiles:
         self._config, self._iam = config, iam
         self._arns: dict[str, str] = {}  # job id -> profile ARN, while the Lambda stays warm
 
-    def ensure(self, job_id: str, config_uri: str = "", checkpoint_prefix: str = "") -> str:
+    def ensure(self, job_id: str, config_uri: str = "", checkpoint_prefix: str = "",
+               dataset_uris: list[str] | None = None) -> str:
         name = profile_name(self._config.prefix, job_id)
         role_args: dict[str, Any] = {
             "Path": PATH, "RoleName": name, "AssumeRolePolicyDocument": json.dumps(TRUST),
@@ -157,7 +184,7 @@ class JobProfiles:
         # put every time: cheap, and a changed spec or deployment gets the current policy
         self._iam.put_role_policy(RoleName=name, PolicyName=POLICY_NAME,
                                   PolicyDocument=json.dumps(job_policy(self._config, job_id, config_uri,
-                                                                             checkpoint_prefix)))
+                                                                             checkpoint_prefix, dataset_uris)))
         if job_id in self._arns:
             return self._arns[job_id]
         try:

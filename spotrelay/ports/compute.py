@@ -24,6 +24,7 @@ class LaunchRequest(BaseModel):
     # the spec's checkpoint.s3_prefix (a resumed job's: the stopped job's checkpoints), which the
     # node's role must reach; "": the job's own checkpoints/<job>/
     checkpoint_prefix: str = ""
+    dataset_uris: list[str] = []  # the spec's dataset.uri and replicas: the node's role may read them
 
 
 class Instance(BaseModel):

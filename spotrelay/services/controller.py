@@ -18,6 +18,7 @@ from spotrelay.ports.notifier import Notifier
 from spotrelay.ports.object_store import ObjectStore
 from spotrelay.ports.workflow import Workflow
 from spotrelay.settings import settings
+from spotrelay.spec.checks import dataset_uris
 from spotrelay.spec.models import JobSpec
 
 log = logging.getLogger(__name__)
@@ -59,11 +60,12 @@ def spec_of(job: Job) -> JobSpec:
     return JobSpec.model_validate(job.spec)
 
 
-def launch_locations(job: Job, spec: JobSpec) -> dict[str, str]:
-    """A ``LaunchRequest``'s S3 places: the spec object the agent reads, and the durable tier its
-    checkpoints go to when the spec names one (the node's role is granted exactly that prefix)."""
+def launch_locations(job: Job, spec: JobSpec) -> dict[str, Any]:
+    """A ``LaunchRequest``'s S3 places: the spec object the agent reads, the durable tier its
+    checkpoints go to when the spec names one, and the dataset the training reads (the node's role is
+    granted exactly those)."""
     return {"config_uri": f"s3://{settings().bucket}/{job.submission_key}",
-            "checkpoint_prefix": spec.checkpoint.s3_prefix or ""}
+            "checkpoint_prefix": spec.checkpoint.s3_prefix or "", "dataset_uris": dataset_uris(spec)}
 
 
 def regions_of(job: Job, nodes: list[Node] | None = None) -> list[str]:

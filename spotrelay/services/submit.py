@@ -30,8 +30,9 @@ from spotrelay.ports.object_store import ObjectStore
 from spotrelay.ports.workflow import Workflow
 from spotrelay.resources import RESOURCES
 from spotrelay.settings import settings
-from spotrelay.spec.checks import checkpoint_place_problems, dropped_problems
+from spotrelay.spec.checks import checkpoint_place_problems, dataset_place_problems, dropped_problems
 from spotrelay.spec.load import MAX_SPEC_BYTES, parse_spec, spec_hash, suffix_problem, training_hash
+from spotrelay.spec.models import JobSpec
 
 log = logging.getLogger(__name__)
 REJECTED_SUFFIX = ".rejected.json"
@@ -100,7 +101,7 @@ def advance(job: Job, ports: Ports, now: float, size: int | None = None) -> Subm
         if job.status is JobStatus.SUBMITTED:
             try:
                 spec = parse_spec(_read(job.submission_key, size, ports.objects), source=job.submission_key)
-                if problems := dropped_problems(spec) + checkpoint_place_problems(spec, settings().checkpoint_roots):
+                if problems := _placement_problems(spec):
                     raise SpecError(job.submission_key, problems)
             except SpecError as exc:
                 return _reject(job, exc.errors, ports, now)
@@ -114,6 +115,13 @@ def advance(job: Job, ports: Ports, now: float, size: int | None = None) -> Subm
         return SubmissionResult("duplicate", job.job_id)
     except Exception as exc:
         return _failed_try(job, exc, ports, now)
+
+
+def _placement_problems(spec: JobSpec) -> list[tuple[str, str]]:
+    """What a dropped spec cannot have (local code), and S3 places its nodes could not reach."""
+    s = settings()
+    return (dropped_problems(spec) + checkpoint_place_problems(spec, s.checkpoint_roots)
+            + dataset_place_problems(spec, s.dataset_roots))
 
 
 def _read(key: str, size: int | None, objects: ObjectStore) -> bytes:

@@ -127,6 +127,33 @@ def checkpoint_place_problems(spec: JobSpec, roots: Sequence[str]) -> Problems:
     return [("checkpoint.s3_prefix", f"{prefix} is outside what this deployment's nodes may write; use {where}")]
 
 
+def dataset_uris(spec: JobSpec) -> list[str]:
+    """The S3 places the job's training reads its data from: ``dataset.uri`` and each replica."""
+    if spec.dataset is None:
+        return []
+    return [spec.dataset.uri, *spec.dataset.replicas.values()]
+
+
+def dataset_place_problems(spec: JobSpec, roots: Sequence[str]) -> Problems:
+    """A ``dataset.uri`` or replica under none of ``roots`` (the data buckets' ``data/`` and the buckets
+    the deployment lists in ``dataset_buckets``) is one the nodes may not read: the training would fail
+    on its first read, after paying for a gang. No roots (the twin, which enforces no IAM): not checked."""
+    if spec.dataset is None or not roots:
+        return []
+    where = " or ".join(f"{r}..." for r in roots)
+    fields = [("dataset.uri", spec.dataset.uri),
+              *((f"dataset.replicas.{region}", uri) for region, uri in spec.dataset.replicas.items())]
+    problems: Problems = []
+    for field, uri in fields:
+        if any(c in uri for c in IAM_PATTERN_CHARS):
+            problems.append((field, f"{uri!r} holds one of {' '.join(IAM_PATTERN_CHARS)}, which the node's IAM "
+                                    "policy would read as a pattern; name a plain prefix"))
+        elif not any(uri.startswith(r) or uri.rstrip("/") + "/" == r for r in roots):
+            problems.append((field, f"{uri} is not where this deployment's nodes may read: use {where} (deploy.md: "
+                                    "the dataset_buckets context key lists your own buckets)"))
+    return problems
+
+
 def deepspeed_problems(spec: JobSpec) -> Problems:
     config = spec.launcher.deepspeed_config
     where = "launcher.deepspeed_config"

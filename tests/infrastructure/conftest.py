@@ -1,6 +1,7 @@
 """ONE synth of the real app (app.make_app) shared by every infrastructure test.
 
-The context turns on the optional parts (FSx, alarm e-mail) so that cdk-nag and cfn-lint see them too.
+The context turns on the optional parts (FSx, alarm e-mail, dataset buckets) so that cdk-nag and cfn-lint
+see them too.
 A cdk-nag failure does not stop the fixture: the templates and the validation report are still
 written, and test_checks.py reports the findings by name.
 """
@@ -23,6 +24,7 @@ CONTEXT = {
     "alarm_email": "ml-platform@example.com",
     "prefix": "spotrelay",
     "availability_zones": {"us-west-2": ["us-west-2a", "us-west-2b", "us-west-2c"]},
+    "dataset_buckets": ["acme-ml-data", "acme-ml-data-usw2"],
 }
 
 

@@ -325,6 +325,16 @@ def test_per_job_agent_profiles_only_with_the_boundary(synth: Synth) -> None:
         assert sorted(f"{r}*" for r in roots) == allowed, module
     assert len(allowed) == 1 + len(synth.config.training_regions)
 
+    # where a dataset may be: the data buckets' data/, and each bucket of dataset_buckets, whole
+    reads = [s for s in props["PolicyDocument"]["Statement"] if _acts(s) == ["s3:GetObject"]]
+    readable = {flatten(r).replace("arn:<AWS::Partition>:s3:::", "s3://") for s in reads
+                for r in (s["Resource"] if isinstance(s["Resource"], list) else [s["Resource"]])}
+    for module, fn in functions.items():
+        datasets = flatten(fn["Environment"]["Variables"][RESOURCES.dataset_roots_env]).split(",")
+        assert {f"{d}*" for d in datasets} <= readable, (module, datasets, readable)
+        assert {"s3://acme-ml-data/", "s3://acme-ml-data-usw2/"} <= set(datasets)
+        assert len(datasets) == len(synth.config.training_regions) + 2
+
 
 def test_training_log_group_for_the_nodes_output(synth: Synth) -> None:
     groups = [g["Properties"] for g in synth.resources(synth.home, "AWS::Logs::LogGroup").values()]

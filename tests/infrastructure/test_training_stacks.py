@@ -106,8 +106,10 @@ def test_agent_role_limited_to_its_paths_and_agent_calls(synth: Synth) -> None:
             ):
                 text = json.dumps(resource)
                 if text.endswith('*"]]}') or text.endswith('*"'):
+                    datasets = tuple(f":s3:::{b}/*" for b in synth.config.dataset_buckets)  # read only
                     assert any(p in text for p in ("/checkpoints/*", "/data/*", "/artifacts/agent/*", "/code/*",
-                                                   "/spotrelay/training:log-stream:*")), text
+                                                   "/spotrelay/training:log-stream:*", *datasets)), text
+                    assert not any(p in text for p in datasets) or statement["Action"] == "s3:GetObject"
         ddb = [
             s
             for s in statements

@@ -289,7 +289,7 @@ def test_a_hand_over_the_job_record_cannot_follow_stops_the_new_execution(env: E
     assert stopped == [arn.replace("-h1-250", "-h1-251")]
 
 
-def test_provision_names_the_specs_checkpoint_prefix_for_the_nodes_role(env: Env) -> None:
+def test_provision_names_the_specs_checkpoint_prefix_and_dataset_for_the_nodes_role(env: Env) -> None:
     """A resumed job's spec points checkpoint.s3_prefix at the stopped job's checkpoints: each launch
     request carries it, so the compute adapter's per-job policy grants that prefix (not only the job's own)."""
     job = new_job(env.store)
@@ -297,10 +297,12 @@ def test_provision_names_the_specs_checkpoint_prefix_for_the_nodes_role(env: Env
     sfn_provision.handler({"job_id": job.job_id, "plan": plain}, ctx())
     assert env.compute.launched[-1].checkpoint_prefix == ""
     resumed = new_job(env.store, job_id="job-resumed")
-    spec = {**resumed.spec, "checkpoint": {**resumed.spec["checkpoint"], "s3_prefix": "s3://bkt/checkpoints/old/"}}
+    spec = {**resumed.spec, "checkpoint": {**resumed.spec["checkpoint"], "s3_prefix": "s3://bkt/checkpoints/old/"},
+            "dataset": {"uri": "s3://acme-ml-data/corpus/", "replicas": {"us-west-2": "s3://acme-usw2/corpus/"}}}
     env.store.save_job(resumed.model_copy(update={"spec": spec}), resumed.status, resumed.version)
     plan = sfn_plan.handler({"job_id": "job-resumed", "timings": TIMINGS}, ctx())
     sfn_provision.handler({"job_id": "job-resumed", "plan": plan}, ctx())
     request = env.compute.launched[-1]
     assert request.job_id == "job-resumed" and request.checkpoint_prefix == "s3://bkt/checkpoints/old/"
     assert request.config_uri.endswith("/submissions/job-resumed.yaml")
+    assert request.dataset_uris == ["s3://acme-ml-data/corpus/", "s3://acme-usw2/corpus/"]  # read by the training

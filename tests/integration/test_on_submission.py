@@ -174,3 +174,24 @@ def test_the_checkpoint_roots_come_from_the_stack_else_the_jobs_bucket(aws: dict
     finally:
         del os.environ["SPOTRELAY_CHECKPOINT_ROOTS"]
         reset()
+
+
+def test_a_dataset_the_nodes_could_not_read_is_rejected(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """On AWS the stack lists where datasets may be (the data buckets' data/, its dataset_buckets)."""
+    import dataclasses
+
+    from spotrelay.services import submit
+    from spotrelay.settings import settings
+
+    placed = dataclasses.replace(settings(), dataset_roots=("s3://acme-ml-data/", "s3://spotrelay-data-1-us-west-2/data/"))
+    monkeypatch.setattr(submit, "settings", lambda: placed)
+    tiny = (ROOT / "examples" / "tiny.yaml").read_text()
+    ok = tiny + "dataset:\n  uri: s3://acme-ml-data/corpus/\n"
+    assert _invoke(_drop(env["bucket"], "submissions/ok.yaml", ok.encode()))["outcome"] == "started"
+    bad = tiny + "dataset:\n  uri: s3://acme-ml-data/corpus/\n  replicas:\n    us-west-2: s3://elsewhere/corpus/\n"
+    result = _invoke(_drop(env["bucket"], "submissions/bad.yaml", bad.encode()))
+    assert result["outcome"] == "rejected"
+    report = json.loads(client("s3").get_object(
+        Bucket=env["bucket"], Key="submissions/bad.yaml.rejected.json")["Body"].read())
+    assert [e["field"] for e in report["errors"]] == ["dataset.replicas.us-west-2"]
+    assert "dataset_buckets" in report["errors"][0]["message"]

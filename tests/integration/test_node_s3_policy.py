@@ -1,11 +1,12 @@
-"""A resumed job's nodes reach the stopped job's checkpoints: every S3 call the agent's durable tier
-makes on moto (restore the newest commit, save, prune) is checked against the per-job policy the
-compute adapter writes for it (spotrelay/adapters/iam_job_profile.py).
+"""What a job's nodes do in S3 is what their per-job policy allows (spotrelay/adapters/iam_job_profile.py):
+a resumed job's agent restores and saves in the stopped job's checkpoints (its durable tier's real calls
+on moto: restore the newest commit, save, prune), and the training reads the spec's dataset in the
+team's own bucket (a listing and its shards).
 
 moto enforces no IAM here, so the calls are recorded from the real tier and weighed by IAM's own rules
 for S3 (the action each operation is authorized as, the object or bucket ARN, ``s3:prefix`` on a
 listing). Before 7 December the policy named ``checkpoints/<new job>/`` only, so on AWS every resumed
-job's first restore was denied; the last test shows that document still refusing.
+job's first restore was denied, and it named no dataset nor any listing of ``data/``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from agent.checkpoint.restore import choose
 from agent.checkpoint.s3_tier import MiB, S3Tier
 from spotrelay.adapters import aws as aws_clients
 from spotrelay.adapters.iam_job_profile import JobProfileConfig, job_policy
-from spotrelay.spec.checks import checkpoint_place_problems
+from spotrelay.spec.checks import checkpoint_place_problems, dataset_place_problems
 from spotrelay.spec.models import JobSpec
 from tests.conftest import ROOT
 from tests.infrastructure.aws_calls import ACTION_NAMES
@@ -66,8 +67,8 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Call]]:
                 calls.append((action, bucket, params.get("Prefix", "")))
             elif operation == "DeleteObjects":
                 calls.extend((action, f"{bucket}/{o['Key']}", None) for o in params["Delete"]["Objects"])
-            else:
-                calls.append((action, f"{bucket}/{params['Key']}", None))
+            else:  # (a bucket-level call, CreateBucket in a test's set-up, names the bucket)
+                calls.append((action, f"{bucket}/{params['Key']}" if "Key" in params else bucket, None))
         return original(self, operation, params)
 
     monkeypatch.setattr(BaseClient, "_make_api_call", recording)
@@ -104,9 +105,10 @@ def _resumed_node(uri: str, tmp_path: Path) -> None:
     assert s3.steps() == [10, 8]
 
 
-def _policy(bucket: str, prefix: str) -> dict[str, Any]:
+def _policy(bucket: str, prefix: str, datasets: list[str] | None = None) -> dict[str, Any]:
     config = JobProfileConfig(account="123456789012", jobs_bucket=bucket, data_buckets={"us-west-2": "data-uw2"})
-    return job_policy(config, "new-job", f"s3://{bucket}/submissions/new.yaml", checkpoint_prefix=prefix)
+    return job_policy(config, "new-job", f"s3://{bucket}/submissions/new.yaml", checkpoint_prefix=prefix,
+                      dataset_uris=datasets)
 
 
 def test_a_resumed_jobs_nodes_may_do_all_they_do_on_the_stopped_jobs_checkpoints(
@@ -163,3 +165,72 @@ def test_a_pattern_in_a_prefix_is_never_granted() -> None:
     policy = _policy("jobs-b", "s3://jobs-b/checkpoints/*/")
     assert not allowed(policy, ("s3:GetObject", "arn:aws:s3:::jobs-b/checkpoints/other-job/step-00000002/m", None))
     assert "ListSpecCheckpoints" not in {s["Sid"] for s in policy["Statement"]}
+
+
+def _read_dataset(bucket: str, prefix: str) -> list[bytes]:
+    """What a training script does with its dataset: list the shards under the prefix, read each."""
+    from spotrelay.adapters.aws import client
+
+    s3 = client("s3")
+    keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+            for o in page.get("Contents", [])]
+    return [s3.get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys]
+
+
+def test_the_training_may_list_and_read_its_dataset_in_the_teams_bucket_and_nothing_beside(
+        aws: dict[str, str], recorded: list[Call]) -> None:
+    from spotrelay.adapters.aws import client
+
+    s3 = client("s3")
+    s3.create_bucket(Bucket="acme-ml-data")
+    for key in ("redpajama/shard-000.bin", "redpajama/shard-001.bin", "secret-eval/answers.bin"):
+        s3.put_object(Bucket="acme-ml-data", Key=key, Body=key.encode())
+    s3.create_bucket(Bucket="data-uw2")
+    s3.put_object(Bucket="data-uw2", Key="data/redpajama/shard-000.bin", Body=b"replica")
+    recorded.clear()
+    assert len(_read_dataset("acme-ml-data", "redpajama/")) == 2
+    assert _read_dataset("data-uw2", "data/redpajama/") == [b"replica"]  # the replica in a data bucket
+    datasets = ["s3://acme-ml-data/redpajama/", "s3://data-uw2/data/redpajama/"]
+    policy = _policy(aws["bucket"], "", datasets)
+    denied = [c for c in recorded if not allowed(policy, c)]
+    assert not denied, f"the job's policy refuses its own dataset: {denied}"
+    assert {a for a, _, _ in recorded} == {"s3:ListBucket", "s3:GetObject"}
+    for beside in (("s3:GetObject", "arn:aws:s3:::acme-ml-data/secret-eval/answers.bin", None),
+                   ("s3:ListBucket", "arn:aws:s3:::acme-ml-data", "secret-eval/"),
+                   ("s3:ListBucket", "arn:aws:s3:::acme-ml-data", ""),
+                   ("s3:PutObject", "arn:aws:s3:::acme-ml-data/redpajama/shard-002.bin", None)):
+        assert not allowed(policy, beside), beside
+    # the policy before: no dataset named, and no listing of a data bucket's data/
+    before = [c for c in recorded if not allowed(_policy(aws["bucket"], ""), c)]
+    assert ("s3:ListBucket", "arn:aws:s3:::acme-ml-data", "redpajama/") in before
+
+
+def test_a_dataset_that_is_one_object_or_a_whole_bucket_is_granted_as_named() -> None:
+    one = _policy("jobs-b", "", ["s3://acme-ml-data/corpus.tar"])
+    assert allowed(one, ("s3:GetObject", "arn:aws:s3:::acme-ml-data/corpus.tar", None))
+    assert not allowed(one, ("s3:GetObject", "arn:aws:s3:::acme-ml-data/corpus.tar.bak", None))
+    whole = _policy("jobs-b", "", ["s3://acme-ml-data/"])
+    assert allowed(whole, ("s3:ListBucket", "arn:aws:s3:::acme-ml-data", ""))
+    assert allowed(whole, ("s3:GetObject", "arn:aws:s3:::acme-ml-data/any/key", None))
+    assert not allowed(_policy("jobs-b", "", ["s3://acme-ml-data/*"]),
+                       ("s3:GetObject", "arn:aws:s3:::acme-ml-data/x", None))  # a pattern is never granted
+
+
+@pytest.mark.parametrize(("uri", "replica", "fields"), [
+    ("s3://data-uw2/data/redpajama/", None, []),
+    ("s3://acme-ml-data/redpajama/", "s3://acme-ml-data-usw2/redpajama/", []),
+    ("s3://acme-ml-data", None, []),  # the whole listed bucket
+    ("s3://data-uw2/checkpoints/x/", None, ["dataset.uri"]),  # a data bucket outside data/
+    ("s3://someone-elses/corpus/", "s3://acme-ml-data/corpus/", ["dataset.uri"]),
+    ("s3://acme-ml-data/corpus/", "s3://acme-ml-datax/corpus/", ["dataset.replicas.us-west-2"]),
+    ("s3://acme-ml-data/*/", None, ["dataset.uri"]),
+])
+def test_a_dataset_the_nodes_could_not_read_is_refused_at_submission(
+        uri: str, replica: str | None, fields: list[str]) -> None:
+    doc = yaml.safe_load((ROOT / "examples" / "tiny.yaml").read_text())
+    dataset: dict[str, Any] = {"uri": uri, **({"replicas": {"us-west-2": replica}} if replica else {})}
+    spec = JobSpec.model_validate({**doc, "dataset": dataset})
+    roots = ("s3://data-uw2/data/", "s3://acme-ml-data/", "s3://acme-ml-data-usw2/")
+    problems = dataset_place_problems(spec, roots)
+    assert [f for f, _ in problems] == fields, problems
+    assert dataset_place_problems(spec, ()) == []  # no roots: the twin checks nothing
