@@ -65,6 +65,8 @@ class AgentConfig(BaseModel):
     checkpoint_uri: str | None = Field(None, description="durable tier; default: the spec's, else <durable_root><job>")
     durable_root: str | None = Field(None, description="s3://<bucket>/checkpoints/; default: the port's")
     python: str | None = Field(None, description="interpreter for the launcher; default: the agent's")
+    fsx_source: str | None = Field(None, description="the region's FSx for Lustre, <dns>@tcp:/<mount name> "
+                                   "(the spotrelay:fsx-source tag); mounted when the spec's dataset.fsx asks")
     # rendezvous and timing
     master_port: int = Field(29500, ge=1, le=65535)
     imds_poll_s: float = Field(2.0, gt=0, description="IMDS notices are checked this often")

@@ -17,6 +17,7 @@ from agent import reporting
 from agent.code import prepare as prepare_code
 from agent.config import AgentConfig, from_env, load_config, load_job_and_spec, with_instance_facts
 from agent.daemon import Agent
+from agent.fsx import FsxMountError, mount_dataset
 from agent.imds import DEFAULT_ENDPOINT, ImdsClient
 from agent.log_shipper import LogSink
 from agent.reporting import Reporter, warn
@@ -95,6 +96,11 @@ def run_agent(config_file: Path | None = None) -> int:
         signal.signal(sig, agent.on_signal)
     try:
         job, spec = load_job_and_spec(config, port)
+        try:
+            mount_dataset(spec, config.fsx_source)  # dataset.fsx, before any rank reads it
+        except FsxMountError as exc:
+            reporter.training_exited(ExitCode.INFRA_ERROR, f"infra-error: {exc}", None, None, str(exc))
+            return int(ExitCode.INFRA_ERROR)
         refused = prepare_code(agent, spec, config.work_dir, reporter)  # entrypoint.code, before any rank
         if refused is not None:
             return refused

@@ -159,6 +159,7 @@ def handler_env(
             "SPOTRELAY_ACCOUNT": Aws.ACCOUNT_ID,
             r.checkpoint_roots_env: ",".join(f"s3://{b}/{r.checkpoints_prefix}" for b in checkpoint_buckets(config)),
             r.dataset_roots_env: ",".join(dataset_roots(config)),
+            r.fsx_env: "true" if config.fsx_enabled else "false",
         }
     )
     return HandlerEnv(values)

@@ -41,6 +41,7 @@ class Resources:
     bucket_env: str = "SPOTRELAY_BUCKET"
     checkpoint_roots_env: str = "SPOTRELAY_CHECKPOINT_ROOTS"  # s3://bucket/checkpoints/, comma-separated
     dataset_roots_env: str = "SPOTRELAY_DATASET_ROOTS"  # s3://data-bucket/data/, s3://your-bucket/, ...
+    fsx_env: str = "SPOTRELAY_FSX_ENABLED"  # "true"/"false": the training regions have FSx for Lustre
     bucket_default: str = "spotrelay-jobs"
     topic_env: str = "SPOTRELAY_TOPIC_ARN"
     topic_default: str = "spotrelay-notifications"

@@ -30,6 +30,9 @@ class Settings:
     # where a job's dataset.uri and replicas may point (the data buckets' data/ and the deployment's
     # dataset_buckets); none set: not checked (the twin enforces no IAM)
     dataset_roots: tuple[str, ...] = ()
+    # whether the training regions have FSx for Lustre (the deployment's fsx_enabled); None: unknown,
+    # not checked (the twin)
+    fsx_enabled: bool | None = None
 
     def endpoint_for(self, service: str) -> str | None:
         return (self.s3_endpoint_url if service == "s3" else None) or self.endpoint_url
@@ -42,6 +45,11 @@ def _env(name: str, default: str | None = None) -> str | None:
 
 def _listed(name: str) -> tuple[str, ...]:
     return tuple(r.strip() for r in (_env(name) or "").split(",") if r.strip())
+
+
+def _flag(name: str) -> bool | None:
+    value = _env(name)
+    return None if value is None else value.strip().lower() == "true"
 
 
 def _roots(bucket: str) -> tuple[str, ...]:
@@ -67,6 +75,7 @@ def settings() -> Settings:
         s3_endpoint_url=_env("AWS_ENDPOINT_URL_S3"),
         checkpoint_roots=_roots(bucket),
         dataset_roots=_listed(RESOURCES.dataset_roots_env),
+        fsx_enabled=_flag(RESOURCES.fsx_env),
     )
 
 

@@ -45,6 +45,7 @@ from spotrelay.recovery.boot import ec2_boot_seconds
 __all__ = ["Ec2Compute", "Ec2ComputeConfig", "efa_interfaces", "placement_group_name"]
 
 TAG_JOB, TAG_ATTEMPT, TAG_RANK = "spotrelay:job", "spotrelay:attempt", "spotrelay:rank"
+TAG_FSX_SOURCE = "spotrelay:fsx-source"  # agent config field fsx_source, read from the tags
 TAG_JOB_ID = "spotrelay:job-id"  # the tag the controller's IAM conditions check (cdk/permissions.py)
 _BASE_KEYS = ("BlockDeviceMappings", "Monitoring", "TagSpecifications", "UserData", "KeyName", "EbsOptimized")
 _METADATA_KEYS = ("HttpTokens", "HttpPutResponseHopLimit", "HttpEndpoint", "HttpProtocolIpv6")
@@ -184,6 +185,9 @@ class Ec2Compute:
                 {"Key": TAG_ATTEMPT, "Value": str(request.attempt)}, {"Key": "spotrelay:pool", "Value": pool.key}]
         if request.config_uri:
             tags.append({"Key": "spotrelay:config-uri", "Value": request.config_uri[:256]})
+        fsx = self._setup(pool.region).fsx_source
+        if fsx:  # the agent mounts it where the spec's dataset.fsx says (agent/fsx.py)
+            tags.append({"Key": TAG_FSX_SOURCE, "Value": fsx})
         # all or nothing: MinTargetCapacity needs single type and single AZ (instant fleets only)
         single = {"SingleInstanceType": True, "SingleAvailabilityZone": True, "MinTargetCapacity": n}
         options = ({"SpotOptions": {"AllocationStrategy": "capacity-optimized", **single}} if market == "spot"

@@ -44,13 +44,15 @@ class RegionSetup(BaseModel):
     image_id: str | None
     instance_profile_arn: str | None
     base_data: dict[str, Any]  # launch template data to start each launch from
+    # the region's FSx for Lustre as mount names it (``<dns>@tcp:/<mount name>``), when the stack made one
+    fsx_source: str | None = None
 
 
 def _ssm(ssm: Any, prefix: str | None) -> dict[str, str]:
     if not prefix:
         return {}
     names = [f"{prefix.rstrip('/')}/{k}" for k in ("subnets", "security-group", "instance-profile",
-                                                    "launch-template")]
+                                                    "launch-template", "fsx-dns", "fsx-mount-name")]
     answer = ssm.get_parameters(Names=names)
     return {p["Name"].rsplit("/", 1)[-1]: p["Value"] for p in answer.get("Parameters", [])}
 
@@ -117,4 +119,10 @@ def resolve_region(config: Ec2ComputeConfig, region: str, ec2: Any, ssm: Any) ->
         subnets=_subnets(ec2, config, region, params.get("subnets")),
         security_groups=_groups(ec2, config, region, params.get("security-group"), base),
         image_id=_image(ec2, config, region, base), instance_profile_arn=profile, base_data=base,
+        fsx_source=_fsx_source(params),
     )
+
+
+def _fsx_source(params: dict[str, str]) -> str | None:
+    dns, name = params.get("fsx-dns"), params.get("fsx-mount-name")
+    return f"{dns}@tcp:/{name}" if dns and name else None

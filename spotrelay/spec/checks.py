@@ -154,6 +154,15 @@ def dataset_place_problems(spec: JobSpec, roots: Sequence[str]) -> Problems:
     return problems
 
 
+def fsx_problems(spec: JobSpec, fsx_enabled: bool | None) -> Problems:
+    """``dataset.fsx`` on a deployment without FSx for Lustre (``fsx_enabled`` off): no node could
+    mount it. None: unknown (the twin), not checked."""
+    if fsx_enabled is not False or spec.dataset is None or spec.dataset.fsx is None:
+        return []
+    return [("dataset.fsx", "this deployment has no FSx for Lustre file system (its fsx_enabled is off, "
+                            "deploy.md); drop dataset.fsx and read the dataset from S3, or deploy with FSx")]
+
+
 def deepspeed_problems(spec: JobSpec) -> Problems:
     config = spec.launcher.deepspeed_config
     where = "launcher.deepspeed_config"

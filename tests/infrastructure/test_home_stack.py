@@ -333,6 +333,7 @@ def test_per_job_agent_profiles_only_with_the_boundary(synth: Synth) -> None:
         datasets = flatten(fn["Environment"]["Variables"][RESOURCES.dataset_roots_env]).split(",")
         assert {f"{d}*" for d in datasets} <= readable, (module, datasets, readable)
         assert {"s3://acme-ml-data/", "s3://acme-ml-data-usw2/"} <= set(datasets)
+        assert fn["Environment"]["Variables"][RESOURCES.fsx_env] == str(synth.config.fsx_enabled).lower()
         assert len(datasets) == len(synth.config.training_regions) + 2
 
 

@@ -239,7 +239,8 @@ def test_settings_come_from_the_stacks_ssm_parameters_and_base_template(aws: dic
         "BlockDeviceMappings": [{"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 500, "VolumeType": "gp3"}}],
     })["LaunchTemplate"]["LaunchTemplateId"]
     for key, value in {"subnets": subnet["SubnetId"], "security-group": group, "launch-template": template,
-                       "instance-profile": "arn:aws:iam::123456789012:instance-profile/agent"}.items():
+                       "instance-profile": "arn:aws:iam::123456789012:instance-profile/agent",
+                       "fsx-dns": "fs-0123.fsx.us-east-1.amazonaws.com", "fsx-mount-name": "abcd1234"}.items():
         ssm.put_parameter(Name=f"/spotrelay/training/{key}", Value=value, Type="String")
     clients = {"ec2": ec2, "ssm": ssm}
     compute = Ec2Compute(Ec2ComputeConfig(ssm_prefix="/spotrelay/training"),
@@ -250,6 +251,10 @@ def test_settings_come_from_the_stacks_ssm_parameters_and_base_template(aws: dic
     assert raw["ImageId"] == "ami-0base0000"  # from the stack's template
     tags = {t["Key"]: t["Value"] for t in raw["Tags"]}
     assert tags["spotrelay:job"] == tags["spotrelay:job-id"] == "j2" and tags["spotrelay:rank"] == "0"
+    # the region's FSx, as the agent mounts it (agent/fsx.py reads it as its fsx_source field)
+    assert tags["spotrelay:fsx-source"] == "fs-0123.fsx.us-east-1.amazonaws.com@tcp:/abcd1234"
+    from agent.config import from_tags
+    assert from_tags(tags)["fsx_source"] == tags["spotrelay:fsx-source"]
     data = ec2.describe_instance_attribute(InstanceId=node.instance_id, Attribute="userData")["UserData"]["Value"]
     assert base64.b64decode(data) == b"#!/bin/bash\nbase"  # no user data in the request: the stack's
     (other,) = compute.launch(LaunchRequest(job_id="j2", attempt=2, pool=POOL, count=1, ranks=[0],

@@ -195,3 +195,22 @@ def test_a_dataset_the_nodes_could_not_read_is_rejected(env: dict[str, str], mon
         Bucket=env["bucket"], Key="submissions/bad.yaml.rejected.json")["Body"].read())
     assert [e["field"] for e in report["errors"]] == ["dataset.replicas.us-west-2"]
     assert "dataset_buckets" in report["errors"][0]["message"]
+
+
+def test_dataset_fsx_on_a_deployment_without_fsx_is_rejected(env: dict[str, str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from spotrelay.services import submit
+    from spotrelay.settings import settings
+
+    spec = (ROOT / "examples" / "tiny.yaml").read_text() + "dataset:\n  uri: s3://data-b/data/x/\n  fsx: {}\n"
+    for enabled, outcome, key in ((False, "rejected", "submissions/no-fsx.yaml"),
+                                  (True, "started", "submissions/fsx.yaml")):
+        placed = dataclasses.replace(settings(), fsx_enabled=enabled)
+        monkeypatch.setattr(submit, "settings", lambda placed=placed: placed)
+        result = _invoke(_drop(env["bucket"], key, spec.encode()))
+        assert result["outcome"] == outcome, (enabled, result)
+    report = json.loads(client("s3").get_object(
+        Bucket=env["bucket"], Key="submissions/no-fsx.yaml.rejected.json")["Body"].read())
+    assert [e["field"] for e in report["errors"]] == ["dataset.fsx"]
