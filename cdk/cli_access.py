@@ -22,6 +22,7 @@ from aws_cdk import Aws
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
+from cdk.agent_boundary import checkpoint_buckets
 from cdk.config import AppConfig
 from cdk.storage import jobs_bucket_name, table_name
 from spotrelay.ports.logs import LOG_GROUP_DEFAULT
@@ -37,7 +38,8 @@ COMMANDS: dict[str, frozenset[tuple[str, str]]] = {
     "jobs": frozenset({("dynamodb:Scan", "jobs"), ("dynamodb:Query", "status_index"), ("dynamodb:Query", "nodes")}),
     "status": frozenset(_READ_JOB),
     "cost": frozenset(_READ_JOB),
-    "describe": frozenset(_READ_JOB | {(_LIST, "bucket"), (_GET, "manifests")}),  # the checkpoints' manifests
+    "describe": frozenset(_READ_JOB | {(_LIST, "bucket"), (_LIST, "checkpoint_buckets"),
+                                       (_GET, "manifests")}),  # the checkpoints' manifests
     "logs": frozenset({("logs:DescribeLogStreams", "training_logs"), ("logs:GetLogEvents", "training_logs")}),
     # a conditional write of the job; the workflow woken; with --save, each rank's save directive
     "cancel": frozenset({("dynamodb:GetItem", "jobs"), ("dynamodb:PutItem", "jobs"),
@@ -45,6 +47,7 @@ COMMANDS: dict[str, frozenset[tuple[str, str]]] = {
                          ("dynamodb:GetItem", "nodes"), ("dynamodb:PutItem", "nodes")}),
     # the scan: no other live job may write to the same checkpoints (it must see every job once)
     "resume": frozenset({("dynamodb:GetItem", "jobs"), ("dynamodb:Scan", "jobs"), (_LIST, "bucket"),
+                         (_LIST, "checkpoint_buckets"),
                          (_GET, "manifests"), (_PUT, "submissions"), (_PUT, "code"), (_GET, "code")}),
 }
 # policy -> the commands it allows
@@ -66,20 +69,24 @@ class Deployment:
     nodes_table: str
     state_machine: str
     log_group: str = LOG_GROUP_DEFAULT
+    # the training regions' data buckets: a job's checkpoint.s3_prefix may be there (their manifests)
+    data_buckets: tuple[str, ...] = ()
 
     def arns(self, scope: str) -> list[str]:
         table = f"arn:{self.partition}:dynamodb:{self.region}:{self.account}:table/"
         bucket = f"arn:{self.partition}:s3:::{self.bucket}"
+        data = [f"arn:{self.partition}:s3:::{b}" for b in self.data_buckets]
         logs = f"arn:{self.partition}:logs:{self.region}:{self.account}:log-group:{self.log_group}"
         return {
             "jobs": [table + self.jobs_table],
             "status_index": [f"{table}{self.jobs_table}/index/by-status"],  # (the adapter's `jobs --status`)
             "nodes": [table + self.nodes_table],
             "bucket": [bucket],
+            "checkpoint_buckets": data,  # (listing a data bucket's checkpoints, for describe and resume)
             "submissions": [f"{bucket}/{RESOURCES.submissions_prefix}*"],
             "code": [f"{bucket}/{RESOURCES.code_prefix}*"],
             # the manifests only: listing and resuming read no shard, and a viewer gets no weights
-            "manifests": [f"{bucket}/{RESOURCES.checkpoints_prefix}*/manifest.json"],
+            "manifests": [f"{b}/{RESOURCES.checkpoints_prefix}*/manifest.json" for b in (bucket, *data)],
             # DescribeLogStreams acts on the group, GetLogEvents on its streams (log-group:NAME:log-stream:S)
             "training_logs": [logs, f"{logs}:*"],
             "state_machine": [f"arn:{self.partition}:states:{self.region}:{self.account}:stateMachine:"
@@ -115,7 +122,8 @@ def home_deployment(config: AppConfig, state_machine: str) -> Deployment:
     """The home stack's resources, by the names it gives them."""
     return Deployment(partition=Aws.PARTITION, account=Aws.ACCOUNT_ID, region=config.home_region,
                       bucket=jobs_bucket_name(config, config.home_region), jobs_table=table_name(config, JOBS),
-                      nodes_table=table_name(config, NODES), state_machine=state_machine)
+                      nodes_table=table_name(config, NODES), state_machine=state_machine,
+                      data_buckets=tuple(checkpoint_buckets(config)[1:]))
 
 
 class CliPolicies(Construct):

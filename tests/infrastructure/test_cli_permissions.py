@@ -111,8 +111,13 @@ def test_the_stack_holds_both_policies_on_its_own_resources_only(synth: Synth) -
                 assert resource.count("*") <= 1 and (not resource.endswith("*") or resource.endswith(
                     ("/code/*", "/submissions/*", "/spotrelay/training:*"))), resource
                 assert "/checkpoints/" not in resource or resource.endswith("/checkpoints/*/manifest.json")
-                assert re.search(r"table/spotrelay-(jobs|nodes)(/index/by-status)?$|s3:::spotrelay-jobs-"
+                assert re.search(r"table/spotrelay-(jobs|nodes)(/index/by-status)?$|s3:::spotrelay-(jobs|data)-"
                                  r"|log-group:/spotrelay/training|stateMachine:spotrelay-job-run$", resource), resource
+        # a job's checkpoints may be in a training region's data bucket: its manifests are readable there too
+        manifests = {flatten(r) for s in statements for r in (s["Resource"] if isinstance(s["Resource"], list)
+                                                             else [s["Resource"]]) if "manifest" in flatten(r)}
+        assert {m.split(":::")[1].split("-")[1] for m in manifests} == {"jobs", "data"}, manifests
+        assert len(manifests) == 1 + len(synth.config.training_regions), manifests
     viewer = {a for c in cli_access.POLICIES["cli-viewer"] for a in _listed(c)}
     assert all(a.split(":")[1].startswith(READS) for a in viewer), sorted(viewer)
     outputs = synth.template(synth.home)["Outputs"]
