@@ -109,13 +109,14 @@ def check(saved: ModuleTensors, engine: Any) -> None:
                                                                      if len(problems) > 5 else ""))
 
 
-def persistent_buffers(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """What a state dict holds of the buffers (DeepSpeed's ``buffer_names``)."""
-    out = []
-    for prefix, sub in module.named_modules():
-        for name, buf in sub.named_buffers(recurse=False):
-            if buf is not None and name not in sub._non_persistent_buffers_set:
-                out.append((f"{prefix}.{name}" if prefix else name, buf))
+def persistent_buffers(module: torch.nn.Module, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+    """What a state dict holds of the buffers, named as DeepSpeed's ``buffer_names`` are: each parent
+    names its children, so a submodule under two parents has its buffers under both names
+    (``named_modules`` would name them once, and the second parent's would be refused as unknown)."""
+    out = [(prefix + name, buf) for name, buf in module.named_buffers(recurse=False)
+           if buf is not None and name not in module._non_persistent_buffers_set]
+    for name, child in module.named_children():
+        out += persistent_buffers(child, f"{prefix}{name}.")
     return out
 
 
