@@ -94,14 +94,15 @@ class DeepSpeedEngine:
         return Snapshot(write=write, release=release)
 
     def live_shapes(self, trainable_only: bool = True) -> dict[str, tuple[int, ...]]:
-        """The trainable parameters' shapes; or (stage 0's saved list) every tensor of the state dict that
-        is no buffer: frozen parameters, and a tied weight under each of its names."""
+        """The shapes of the parameters a ZeRO optimizer owns (its saved ``param_shapes``: none of no
+        values); or (stage 0's saved list) every tensor of the state dict that is no buffer: frozen
+        parameters, and a tied weight under each of its names."""
         module = self.engine.module
         if not trainable_only:
             buffers = {n for n, _ in deepspeed_module.persistent_buffers(module)}
             return {n: tuple(t.shape) for n, t in module.state_dict().items() if n not in buffers}
         params = module.named_parameters()
-        return {n: tuple(getattr(p, "ds_shape", p.shape)) for n, p in params if p.requires_grad}
+        return {n: tuple(getattr(p, "ds_shape", p.shape)) for n, p in params if deepspeed_module.optimized(p)}
 
     def load(self, root: Path, step_dir: Path, manifest: Manifest) -> None:
         stage = manifest.zero_stage

@@ -86,6 +86,12 @@ def _numel(shape: tuple[int, ...]) -> int:
     return int(math.prod(shape))
 
 
+def optimized(param: torch.Tensor) -> bool:
+    """What a ZeRO optimizer owns (DeepSpeed's ``is_optimized_parameter``): a trainable parameter with
+    values. One of no values is left out of its partitions and saved with the frozen ones."""
+    return bool(param.requires_grad) and _numel(_shape(param)) > 0
+
+
 def check(saved: ModuleTensors, engine: Any) -> None:
     """The live module's frozen parameters and persistent buffers are the saved ones, shape for shape."""
     module = engine.module

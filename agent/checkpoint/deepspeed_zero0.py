@@ -81,6 +81,8 @@ def scatter(engine: Any, full: FullState) -> None:
     for group in opt.param_groups:
         for param in group["params"]:
             name = names[id(param)]
+            if name not in full.tensors and not param.numel():  # no values: ZeRO saves it with no state
+                continue
             saved, shape = full.tensors[name], full.shapes[name]
             with torch.no_grad():
                 param.data.copy_(saved[FP32].whole(name, shape).to(param.dtype))

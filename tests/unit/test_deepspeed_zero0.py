@@ -4,13 +4,15 @@ is refused (agent/checkpoint/deepspeed_zero0.py; real runs: tests/integration/te
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
-from agent.checkpoint.deepspeed_reshard import FP32
-from agent.checkpoint.deepspeed_zero0 import merge, saved_shapes
+from agent.checkpoint.deepspeed_reshard import FP32, FullState, add_views
+from agent.checkpoint.deepspeed_zero0 import merge, saved_shapes, scatter
+from agent.checkpoint.flat_view import FlatView
 from spotrelay.errors import IncompatibleCheckpointError
 
 STEP = Path("/c/step-00000003")
@@ -51,3 +53,16 @@ def test_another_set_of_frozen_parameters_and_mixed_precision_optimizers_are_ref
     fp16 = {"optimizer_state_dict": {}, "fp32_groups_flat": []}
     with pytest.raises(IncompatibleCheckpointError, match=r"^/c/step-00000003: a ZeRO stage 0 checkpoint whose"):
         merge(STEP, _model_states(fp16), ["a", "b"])
+
+
+def test_a_zero_checkpoint_scatters_into_stage_0_whose_optimizer_holds_a_parameter_of_no_values() -> None:
+    """ZeRO saves no state for a trainable parameter of no values (not its optimizer's); the stage-0
+    optimizer holds it (it steps every trainable parameter): it is left as it is, not a KeyError."""
+    net = torch.nn.Module()
+    net.a, net.extra = torch.nn.Parameter(torch.zeros(2, 3)), torch.nn.Parameter(torch.empty(0))
+    full = FullState(param_groups=[{"lr": 0.1, "params": [0]}])
+    add_views(full, "a", (2, 3), {FP32: FlatView([torch.arange(6.0)]), "exp_avg": FlatView([torch.ones(6)])})
+    engine = SimpleNamespace(module=net, optimizer=torch.optim.AdamW(list(net.parameters())))
+    scatter(engine, full)
+    assert torch.equal(net.a.detach(), torch.arange(6.0).reshape(2, 3))
+    assert torch.equal(engine.optimizer.state[net.a]["exp_avg"], torch.ones(2, 3))
