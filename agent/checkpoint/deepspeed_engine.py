@@ -100,7 +100,9 @@ class DeepSpeedEngine:
         module = self.engine.module
         if not trainable_only:
             buffers = {n for n, _ in deepspeed_module.persistent_buffers(module)}
-            return {n: tuple(t.shape) for n, t in module.state_dict().items() if n not in buffers}
+            # the parameters themselves: a ZeRO-3 one holds no values here, its shape is its ds_shape
+            tensors = module.state_dict(keep_vars=True).items()
+            return {n: tuple(getattr(t, "ds_shape", t.shape)) for n, t in tensors if n not in buffers}
         params = module.named_parameters()
         return {n: tuple(getattr(p, "ds_shape", p.shape)) for n, p in params if deepspeed_module.optimized(p)}
 

@@ -1,4 +1,4 @@
-"""The live model's parameter list a DeepSpeed checkpoint's is checked against
+"""The live model's parameter list a DeepSpeed checkpoint's list is checked against
 (agent.checkpoint.deepspeed_engine.DeepSpeedEngine.live_shapes): what the saving engine lists, on each
 side of a resume. Real engines: tests/integration/test_checkpoint_resume_frozen.py."""
 
@@ -25,3 +25,13 @@ def test_a_trainable_parameter_of_no_values_is_not_the_zero_optimizers() -> None
     ("the checkpoint has no extra"), even at the same size."""
     shapes = DeepSpeedEngine(SimpleNamespace(module=WithEmpty())).live_shapes()
     assert shapes == {"lin.weight": (2, 4), "lin.bias": (2,)}
+
+
+def test_stage_0s_list_names_a_zero3_parameter_with_its_whole_shape() -> None:
+    """A stage-0 checkpoint resumed on ZeRO-3: its list (every tensor of the module) was compared with the
+    live state dict's placeholders, so every such resume was refused ("lin.weight saved (2, 4), now (0,)")."""
+    net = WithEmpty()
+    for param in net.parameters():  # as ZeRO-3 partitions them: no values here, the shape in ds_shape
+        param.ds_shape, param.data = param.shape, torch.empty(0)
+    shapes = DeepSpeedEngine(SimpleNamespace(module=net)).live_shapes(trainable_only=False)
+    assert shapes == {"lin.weight": (2, 4), "lin.bias": (2,), "extra": (0,)}
