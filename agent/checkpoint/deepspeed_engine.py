@@ -110,6 +110,7 @@ class DeepSpeedEngine:
         stage = manifest.zero_stage
         saved_dp = int(manifest.layout.get("dp", manifest.world_size))
         resize = saved_dp != int(self.engine.dp_world_size) or stage != self.engine.zero_optimization_stage()
+        resize = resize or self._other_precision(step_dir, stage)
         # the skeleton (no tensor bytes) holds the parameter shapes, the scheduler and the counters; the
         # module's tensors are mapped (read only where used) for a resize (its frozen parameters and
         # buffers) and for stage 0, which lists no parameters: its module's tensors say them
@@ -136,6 +137,15 @@ class DeepSpeedEngine:
         )
         if path is None:
             raise FileNotFoundError(f"DeepSpeed found no checkpoint in {step_dir}")
+
+    def _other_precision(self, step_dir: Path, stage: int) -> bool:
+        """ZeRO saved with bf16 on and resumed with it off, or the reverse: DeepSpeed's own load looks only
+        for its own mode's file names (``bf16_zero_pp_rank_*``: its fallback to the other never runs) and
+        fails with FileNotFoundError; the reshard reads either, as at another size."""
+        if stage == 0:
+            return False
+        saved_bf16 = reshard.optim_file(step_dir, 0).name.startswith("bf16_")
+        return saved_bf16 != bool(self.engine.bfloat16_enabled())
 
     def _check_optimizer(self, step_dir: Path, stage: int, model_states: dict[str, Any]) -> None:
         """Another optimizer (DeepSpeed would load its state into this one without a word) is refused."""
