@@ -144,8 +144,9 @@ class DeepSpeedEngine:
         fails with FileNotFoundError; the reshard reads either, as at another size."""
         if stage == 0:
             return False
-        saved_bf16 = reshard.optim_file(step_dir, 0).name.startswith("bf16_")
-        return saved_bf16 != bool(self.engine.bfloat16_enabled())
+        mine, other = ("bf16_", "") if self.engine.bfloat16_enabled() else ("", "bf16_")
+        name = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+        return not (step_dir / f"{mine}{name}").is_file() and (step_dir / f"{other}{name}").is_file()
 
     def _check_optimizer(self, step_dir: Path, stage: int, model_states: dict[str, Any]) -> None:
         """Another optimizer (DeepSpeed would load its state into this one without a word) is refused."""
