@@ -1,8 +1,8 @@
 """A ZeRO checkpoint resumed with bf16 turned on or off at the same size and stage goes through the
 reshard (agent.checkpoint.deepspeed_engine.DeepSpeedEngine.load): DeepSpeed's own load looks only for its
 own mode's optimizer files (its fallback to the other mode never runs) and failed with FileNotFoundError
-(``.../zero_pp_rank_0_mp_rank_00_optim_states.pt``). Probed on real one-rank engines, ZeRO-1/2/3 both
-ways (7 December)."""
+(``.../zero_pp_rank_0_mp_rank_00_optim_states.pt``). Probed on real one-rank engines (7 December):
+ZeRO-1 fp32 -> bf16, ZeRO-2 bf16 -> fp32, ZeRO-3 both ways."""
 
 from __future__ import annotations
 
