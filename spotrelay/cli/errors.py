@@ -35,11 +35,14 @@ def check_writable(path: Path, option: str) -> None:
     """A usage problem naming ``option`` unless ``path`` can take an output file, checked before a
     command's work so a mistyped path does not throw it away. Nothing that exists is changed and
     nothing is left behind but the parent folders."""
-    if path.is_dir():
-        raise UsageProblem(f"{option} {path}: is a directory")
     try:
+        if path.is_dir():  # (inside: a name too long for the system raises here)
+            raise UsageProblem(f"{option} {path}: is a directory")
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists():
+        if path.exists() and not path.is_file():  # a pipe or a device: not opened (a pipe's open waits for a reader)
+            if not os.access(path, os.W_OK):
+                raise UsageProblem(f"{option} {path}: cannot be written (permission denied)")
+        elif path.exists():
             with path.open("a"):
                 pass
         else:

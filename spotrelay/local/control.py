@@ -12,9 +12,11 @@ from typing import Any
 
 import requests
 
+from spotrelay.files import read_bounded
 from spotrelay.local.compute import LocalCompute
 
 STATE_FILE = Path(".spotrelay-twin.json")  # in the directory `spotrelay local up` runs in
+MAX_STATE_BYTES = 64 * 1024  # the twin writes a few hundred bytes: a link to /dev/zero is not read for ever
 ENV_URL = "SPOTRELAY_TWIN_URL"
 
 
@@ -85,9 +87,19 @@ def control_url(state_file: Path = STATE_FILE) -> str:
     if os.environ.get(ENV_URL):
         return os.environ[ENV_URL]
     try:
-        return str(json.loads(state_file.read_text())["control_url"])
-    except (OSError, ValueError, KeyError) as exc:
+        data = read_bounded(state_file, MAX_STATE_BYTES)
+    except FileNotFoundError as exc:
         raise RuntimeError(f"no running twin: set {ENV_URL} or run `spotrelay local up` here") from exc
+    except OSError as exc:
+        raise RuntimeError(f"{state_file}: cannot read the twin's state file ({exc.strerror or exc})") from exc
+    try:
+        url = json.loads(data)["control_url"] if len(data) <= MAX_STATE_BYTES else None
+    except (ValueError, KeyError, TypeError):  # (TypeError: JSON that is no object, a list)
+        url = None
+    if not isinstance(url, str):
+        raise RuntimeError(f"{state_file}: not a twin state file (no control_url); `spotrelay local up` "
+                           "writes one")
+    return url
 
 
 def call(method: str, path: str, state_file: Path = STATE_FILE) -> tuple[int, dict[str, Any]]:

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from spotrelay.files import read_bounded
+
 MAX_INPUT_BYTES = 256 << 20  # a trace or table beyond this is refused (~13 million trace rows)
 
 
@@ -59,8 +61,7 @@ def _read_text(path: Path, what: str) -> str:
     """The file as UTF-8 text; a file that is not (a binary, another encoding) names its line. Read up
     to ``MAX_INPUT_BYTES``: a path to a device or a pipe that never ends is refused, not read for ever."""
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_INPUT_BYTES + 1)
+        data = read_bounded(path, MAX_INPUT_BYTES)
     except OSError as exc:
         raise SimInputError(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
     if len(data) > MAX_INPUT_BYTES:

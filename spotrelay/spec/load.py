@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from spotrelay.errors import SpecError, validation_message
+from spotrelay.files import read_bounded
 from spotrelay.spec.checks import launch_problems
 from spotrelay.spec.models import JobSpec
 from spotrelay.spec.safe_yaml import load_yaml
@@ -94,8 +95,7 @@ def read_spec_file(path: str | Path) -> bytes:
         size = p.stat().st_size
         if size > MAX_SPEC_BYTES:
             raise SpecError(str(p), [("(file)", f"is {size} bytes; the limit is {MAX_SPEC_BYTES}")])
-        with p.open("rb") as f:
-            body = f.read(MAX_SPEC_BYTES + 1)
+        body = read_bounded(p, MAX_SPEC_BYTES)
     except OSError as exc:
         raise SpecError(str(p), [("(file)", f"cannot be read: {exc.strerror}")]) from exc
     if len(body) > MAX_SPEC_BYTES:

@@ -5,8 +5,11 @@ cannot be written. And once a twin's logs own fd 2, an error line still reaches 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ from spotrelay.cli.main import app
 from spotrelay.local.demo import clear_out
 
 ROOT = Path(__file__).resolve().parents[2]
+HANG_S = 300.0  # a wait's bound that only catches a hang (a loaded CI machine may be slow, never this slow)
 
 
 def _refused(args: list[str]) -> str:
@@ -120,6 +124,28 @@ def test_local_up_refuses_a_state_file_it_cannot_write_before_the_twin_starts(tm
     text = _refused(["local", "up", "--dir", str(tmp_path / "twin"), "--state", str(tmp_path)])
     assert text == f"error: --state {tmp_path}: is a directory"
     assert not (tmp_path / "twin").exists()  # (the twin had started: its folder and log were made)
+
+
+@pytest.mark.parametrize(("make", "named"), [
+    (lambda p: p.write_text("[1]"), "not a twin state file"),  # was "unexpected TypeError" (exit 1)
+    (lambda p: p.write_bytes(b"\xff\xfe\x00"), "not a twin state file"),  # was "no running twin"
+    (lambda p: p.write_text('{"control_url": 5}'), "not a twin state file"),
+    (lambda p: p.mkdir(), "cannot read the twin's state file (Is a directory)"),
+    (lambda p: p.symlink_to("/dev/zero"), "not a twin state file"),  # read for ever
+    (lambda p: os.mkfifo(p), "not a twin state file"),  # waited for ever in open()
+])
+def test_a_state_file_that_is_not_one_is_named(make: Callable[[Path], object], named: str, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPOTRELAY_TWIN_URL", raising=False)
+    state = tmp_path / "twin.json"
+    make(state)
+    result: list[str] = []
+    caller = threading.Thread(target=lambda: result.append(_refused(["local", "nodes", "--state", str(state)])),
+                              daemon=True)
+    caller.start()
+    caller.join(HANG_S)
+    assert result, f"still reading {state} after {HANG_S:.0f} s"
+    assert result[0].startswith(f"error: {state}: {named}"), result[0]
 
 
 @pytest.mark.parametrize("command", [["local", "up", "--dir"], ["local", "chaos", "--out"]])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from spotrelay.sim.losses import CATEGORIES
 from spotrelay.sim.runner import METRICS, POLICIES
 
 TRACE = Path(__file__).resolve().parents[2] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv"
+HANG_S = 300.0  # a wait's bound that only catches a hang (a loaded CI machine may be slow, never this slow)
 
 
 def test_simulate_writes_the_contracts_json_and_a_plot(tmp_path: Path) -> None:
@@ -171,6 +174,7 @@ def test_simulate_refuses_values_that_cannot_run_naming_them(args: list[str], na
     ("--json", "blocker/x.json", "cannot be written"),  # its folder would be a file
     ("--plot", "sim.txt", "format '.txt' is not one matplotlib writes"),
     ("--json", "", "is a directory"),
+    ("--json", "x" * 300 + ".json", "cannot be written (File name too long)"),  # (the option was not named)
 ])
 def test_simulate_checks_its_output_paths_before_it_runs(tmp_path: Path, option: str, name: str, named: str) -> None:
     """A path that cannot take the output is refused in one line before the sweep runs (it used to fail
@@ -184,6 +188,24 @@ def test_simulate_checks_its_output_paths_before_it_runs(tmp_path: Path, option:
     assert result.output.strip().count("\n") == 0 and named in result.output and option in result.output
     assert "events" not in result.output  # refused before any run
     assert sorted(tmp_path.iterdir()) == before
+
+
+def test_simulate_writes_its_json_into_a_named_pipe_a_reader_waits_on(tmp_path: Path) -> None:
+    """The output check opened a FIFO to probe it: it waited there for a reader (for ever, with none), and
+    with one its close ended the reader's input, so the JSON, written after the runs, waited for ever."""
+    pipe = tmp_path / "sim.json"
+    os.mkfifo(pipe)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(pipe.read_text()), daemon=True)
+    reader.start()
+    done: list[int] = []
+    sim = threading.Thread(target=lambda: done.append(CliRunner().invoke(app, [
+        "simulate", "--trace", str(TRACE), "--nodes", "4", "--job-hours", "1", "--policies", "spotrelay",
+        "--json", str(pipe)]).exit_code), daemon=True)
+    sim.start()
+    for thread in (sim, reader):
+        thread.join(HANG_S)
+    assert done == [0] and got and "spotrelay" in json.loads(got[0])["policies"], (done, got)
 
 
 def test_simulate_switches_reach_spotrelays_spec(tmp_path: Path) -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,6 +17,7 @@ from spotrelay.sim.market import SlotCapacity, TraceCapacity
 
 TRACE = Path(__file__).resolve().parents[2] / "spotrelay" / "local" / "data" / "bamboo-g4dn-trace.csv"
 P3_TRACE = TRACE.with_name("bamboo-p3-64-trace.csv")
+HANG_S = 300.0  # a wait's bound that only catches a hang (a loaded CI machine may be slow, never this slow)
 
 
 def test_the_shipped_trace_reads_as_the_issue_describes_it() -> None:
@@ -218,3 +223,42 @@ def test_pool_traces_map_files_to_pools(tmp_path: Path) -> None:
     p4d = [p for p in market.pools if p.spot and p.pool.instance_type == "p4d.24xlarge"]
     assert all(isinstance(p.capacity, TraceCapacity) and p.capacity.trace.source == str(other) for p in p5)
     assert all(isinstance(p.capacity, TraceCapacity) and p.capacity.trace.source == str(TRACE) for p in p4d)
+
+
+def _answer(read: Callable[[], object]) -> object:
+    """What ``read`` returned or raised, or a failure (not a hung test) when it is still waiting."""
+    said: list[object] = []
+
+    def run() -> None:
+        try:
+            said.append(read())
+        except Exception as exc:  # (the test judges it)
+            said.append(exc)
+
+    reader = threading.Thread(target=run, daemon=True)
+    reader.start()
+    reader.join(HANG_S)  # only catches a hang: a read takes milliseconds
+    assert said, f"still waiting after {HANG_S:.0f} s"
+    return said[0]
+
+
+def test_a_named_pipe_nothing_writes_to_is_an_empty_trace_not_a_wait(tmp_path: Path) -> None:
+    """open() of a FIFO waits for a writer: `--trace PIPE` hung for ever before it read a byte. It reads as
+    empty now; a pipe that is written (``--trace <(zcat trace.gz)``) is still read whole."""
+    pipe = tmp_path / "trace.csv"
+    os.mkfifo(pipe)
+    said = _answer(lambda: read_bamboo(pipe))
+    assert isinstance(said, SimInputError) and f"{pipe}: the trace has no rows" in str(said)
+    said = _answer(lambda: read_pools_csv(pipe))
+    assert isinstance(said, SimInputError) and str(pipe) in str(said)
+
+    def write() -> None:
+        with pipe.open("w") as f:
+            f.write("1000,add,a\n")
+            time.sleep(0.2)  # (a slow writer: the reader waits for the rest, it does not stop at the pause)
+            f.write("3000,remove,a\n")
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    said = _answer(lambda: read_bamboo(pipe))
+    assert isinstance(said, inputs.Trace) and [(n.add_s, n.remove_s) for n in said.nodes] == [(1.0, 3.0)], said
