@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from spotrelay.cli.common import number_option
 from spotrelay.cli.errors import UsageProblem, check_writable
@@ -226,13 +227,13 @@ def simulate(
         with _progress(run_count(opts)) as told:
             report = run_simulation(opts, told)
     except (SimInputError, ValueError) as exc:
-        message = str(exc).splitlines()[0]
+        message = " ".join(str(exc).split())  # one line, all of it (a name with a newline was cut there)
         if spec_file is not None:  # the spec gave the regions and types: name its fields, not the flags
             for flag, field_name in (("--regions:", "resources.regions:"), ("--instance-types:",
                                                                             "resources.instance_types:")):
                 if message.startswith(flag):
                     message = f"--spec {spec_file}: {field_name}{message[len(flag):]}"
-        err.print(f"[red]error:[/] {message}", soft_wrap=True, highlight=False, markup=True)
+        err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True, highlight=False)  # ([bold]x.csv as written)
         raise typer.Exit(2) from None
     # a terminal gets as many tables as its width needs; a pipe or file one table, a row per policy (cli/tables.py)
     print_report(report, out if out.is_terminal else Console(width=REDIRECTED_WIDTH))

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.advice import job_advice
@@ -41,6 +41,16 @@ SPEC_SWITCHES = {"spares": "resources", "min_nodes": "resources", "wall_time_wei
 TIMING_SWITCHES = tuple(name for name in WorkflowTimings.model_fields if name != "time_scale")
 # every spotrelay switch the CLI's --switch NAME=VALUE takes (SimOptions.spotrelay_switches)
 SWITCHES = ("strategy", *SPEC_SWITCHES, "rebalance_checkpoint", "keep_margin", *TIMING_SWITCHES)
+
+
+class RunSwitches(BaseModel):
+    """The switches SpotrelayRun takes as they are, checked when a run is made: keep_margin's own check
+    (RecoveryContext's bound) came only at the run's first recovery, as a bare ValidationError naming no
+    switch, and rebalance_checkpoint took any word as true, "off" too."""
+
+    model_config = ConfigDict(extra="forbid")
+    rebalance_checkpoint: bool = True
+    keep_margin: float | None = Field(None, ge=0, allow_inf_nan=False)
 
 
 def parse_switch(text: str) -> tuple[str, Any]:
@@ -125,7 +135,9 @@ def make_run(policy: str, opts: SimOptions, market: Any, seed: int, start_t: flo
         if overrides:
             switches["spec_overrides"] = overrides
         timed = {name: switches.pop(name) for name in TIMING_SWITCHES if name in switches}
+        plain = {name: switches.pop(name) for name in RunSwitches.model_fields if name in switches}
         try:
+            switches.update(RunSwitches.model_validate(plain).model_dump(exclude_unset=True))
             if timed:
                 switches["timings"] = WorkflowTimings.model_validate(timed)
             run: Run = SpotrelayRun(market, job, seed, regions=regions, instance_types=types, **switches, **common)

@@ -160,6 +160,10 @@ def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
     (["--switch", "max_hops=true"], "switch max_hops: max_hops: expected a number, got true"),  # was 1
     (["--switch", "heartbeat_s=false"], "heartbeat_s: expected a number, got false"),  # was 0
     (["--switch", "max_hops=0"], "max_hops: Input should be greater than or equal to 1"),
+    # checked when the run is made: "1 validation error for RecoveryContext" at its first recovery, no switch named
+    (["--switch", "keep_margin=nan"], "switch keep_margin: keep_margin: Input should be a finite number"),
+    (["--switch", "keep_margin=-1"], "switch keep_margin: keep_margin: Input should be greater than or equal to 0"),
+    (["--switch", "rebalance_checkpoint=maybe"], "rebalance_checkpoint: Input should be a valid boolean"),  # ran
 ])
 def test_simulate_refuses_values_that_cannot_run_naming_them(args: list[str], named: str) -> None:
     """Hostile numbers and names end in one line naming the option or the value, exit 2, before any run."""
@@ -218,6 +222,29 @@ def test_simulate_switches_reach_spotrelays_spec(tmp_path: Path) -> None:
     spared = CliRunner().invoke(app, [*args, "--switch", "spares=2", "--switch", "launch_at_notice=false"])
     assert spared.exit_code == 0, spared.output
     assert json.loads(out.read_text())["policies"]["spotrelay"]["cost_usd"] > cost  # two more nodes billed
+
+
+@pytest.mark.parametrize(("value", "taken"), [("false", False), ("off", False), ("0", False), ("true", True)])
+def test_rebalance_checkpoint_switch_reads_a_word_as_a_boolean(value: str, taken: bool) -> None:
+    """Any word was taken as it was, and so as true: `rebalance_checkpoint=off` ran with the checkpoint."""
+    from spotrelay.sim.build import MarketOptions, build_market
+    from spotrelay.sim.job import JobModel
+    from spotrelay.sim.runner import SimOptions, make_run, parse_switch
+
+    opts = SimOptions(market=MarketOptions(traces=[str(TRACE)]), job=JobModel(nodes=8, job_hours=1),
+                      policies=("spotrelay",), spotrelay_switches=dict([parse_switch(f"rebalance_checkpoint={value}")]))
+    run = make_run("spotrelay", opts, build_market(opts.market, 0), 0, 0.0)
+    assert run.rebalance_checkpoint is taken  # type: ignore[attr-defined]
+    run.dispose()
+
+
+@pytest.mark.parametrize("name", ["[bold]x.csv", "a\nb.csv"])
+def test_a_trace_name_is_shown_whole_and_as_written(tmp_path: Path, name: str) -> None:
+    """The line was cut at a newline in the name ("error: a") and rich read [bold] in it as markup."""
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(tmp_path / name)])
+    shown = " ".join(str(tmp_path / name).split())
+    assert result.exit_code == 2 and result.output == f"error: {shown}: cannot read the trace (No such file or " \
+        "directory)\n", result.output
 
 
 def test_simulate_timing_switches_reach_the_workflow() -> None:
