@@ -28,6 +28,7 @@ from pathlib import Path
 from spotrelay.files import read_bounded
 
 MAX_INPUT_BYTES = 256 << 20  # a trace or table beyond this is refused (~13 million trace rows)
+SHOWN_CHARS = 60  # of a value an error quotes: a line of 50 MB is not echoed whole
 
 
 class SimInputError(ValueError):
@@ -74,6 +75,11 @@ def _read_text(path: Path, what: str) -> str:
                             f"is this the {what}?") from None
 
 
+def _shown(text: str) -> str:
+    """``text`` quoted as an error shows it, cut to ``SHOWN_CHARS`` with its length."""
+    return repr(text) if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]!r}... ({len(text):,} characters)"
+
+
 def read_bamboo(path: str | Path) -> Trace:
     path = Path(path)
     text = _read_text(path, "trace")
@@ -81,12 +87,13 @@ def read_bamboo(path: str | Path) -> Trace:
     done: list[TraceNode] = []
     last = 0.0
     first = True
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # lines as an editor counts them: \n, \r\n or \r (str.splitlines also breaks at \f, \x1c, \x85, ...)
+    for lineno, line in enumerate(io.StringIO(text, newline=None), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         parts = [p.strip() for p in line.split(",")]
         if len(parts) != 3:
-            raise SimInputError(f"{path}:{lineno}: expected 'ms,add|remove,node', got {line.strip()!r}")
+            raise SimInputError(f"{path}:{lineno}: expected 'ms,add|remove,node', got {_shown(line.strip())}")
         ms, action, node = parts
         if first and _header(ms, action):
             first = False
@@ -97,23 +104,23 @@ def read_bamboo(path: str | Path) -> Trace:
         except ValueError:
             t = math.nan
         if not (math.isfinite(t) and t >= 0):
-            raise SimInputError(f"{path}:{lineno}: time {ms!r} is not a number of milliseconds >= 0")
+            raise SimInputError(f"{path}:{lineno}: time {_shown(ms)} is not a number of milliseconds >= 0")
         t = round(t) / 1000.0  # to the millisecond: the engine takes trace times as whole ms (engine._watch)
         if t < last:
-            raise SimInputError(f"{path}:{lineno}: time {ms} goes backwards (previous row was later)")
+            raise SimInputError(f"{path}:{lineno}: time {_shown(ms)} goes backwards (previous row was later)")
         if not node:
             raise SimInputError(f"{path}:{lineno}: empty node name")
         last = t
         if action == "add":
             if node in alive:
-                raise SimInputError(f"{path}:{lineno}: node {node!r} added twice without a removal")
+                raise SimInputError(f"{path}:{lineno}: node {_shown(node)} added twice without a removal")
             alive[node] = t
         elif action == "remove":
             if node not in alive:
-                raise SimInputError(f"{path}:{lineno}: node {node!r} removed but never added")
+                raise SimInputError(f"{path}:{lineno}: node {_shown(node)} removed but never added")
             done.append(TraceNode(alive.pop(node), t))
         else:
-            raise SimInputError(f"{path}:{lineno}: action {action!r} is not 'add' or 'remove'")
+            raise SimInputError(f"{path}:{lineno}: action {_shown(action)} is not 'add' or 'remove'")
     if not done and not alive:
         raise SimInputError(f"{path}: the trace has no rows")
     period = max(last, 1.0)
@@ -157,12 +164,27 @@ def _timestamp(value: str) -> float:
     try:
         return float(value)
     except ValueError:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        pass
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"timestamp {_shown(value)} is neither seconds nor an ISO 8601 time") from None
+    try:
+        return when.timestamp()
+    except (ValueError, OverflowError, OSError):  # (a time without a zone is read as local: year 1 is out of range)
+        raise ValueError(f"timestamp {_shown(value)} is out of range") from None
 
 
 def _opt_float(row: dict[str, str], name: str) -> float | None:
+    """The column's number, None when empty; a ValueError naming the column and the value (float's own
+    named neither the column nor, past the csv module's field limit, a value of readable length)."""
     value = (row.get(name) or "").strip()
-    return None if not value else float(value)
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{name} {_shown(value)} is not a number") from None
 
 
 def read_pools_csv(path: str | Path) -> list[PoolTable]:
@@ -201,17 +223,19 @@ def _pool_tables(path: Path, reader: csv.DictReader[str]) -> dict[tuple[str, str
                                 f"{len(header)} (no {', '.join(short)})")
         try:
             start = _timestamp(row["timestamp"].strip())
-            price = float(row["spot_price"])
+            price = _opt_float(row, "spot_price")
+            if price is None:
+                raise ValueError("spot_price is empty")
             score = _opt_float(row, "placement_score")
             cap = _opt_float(row, "capacity")
             rate = _opt_float(row, "interruptions_per_hour")
         except (ValueError, AttributeError) as exc:
             raise SimInputError(f"{path}:{lineno}: {exc}") from None
         if not math.isfinite(start):
-            raise SimInputError(f"{path}:{lineno}: timestamp {row['timestamp']!r} is not a finite time")
+            raise SimInputError(f"{path}:{lineno}: timestamp {_shown(row['timestamp'])} is not a finite time")
         if not (math.isfinite(price) and price > 0):  # (a free pool ties every placement and bound at 0)
-            raise SimInputError(f"{path}:{lineno}: spot_price {row['spot_price']!r} must be a finite price above 0 "
-                                "(USD per node-hour)")
+            raise SimInputError(f"{path}:{lineno}: spot_price {_shown(row['spot_price'])} must be a finite price "
+                                "above 0 (USD per node-hour)")
         if score is not None and not 1 <= score <= 10:
             raise SimInputError(f"{path}:{lineno}: placement_score {score} is not within 1..10")
         if cap is not None and not (math.isfinite(cap) and cap >= 0 and cap == int(cap)):

@@ -135,7 +135,12 @@ def test_the_synthetic_market_near_on_demand_runs_its_slots_are_not_a_file() -> 
 
 
 @pytest.mark.parametrize(("rows", "line", "what"), [
-    ("0,us-east-1,us-east-1a,p5.48xlarge,cheap,,,\n", 2, "could not convert"),
+    ("0,us-east-1,us-east-1a,p5.48xlarge,cheap,,,\n", 2, "spot_price 'cheap' is not a number"),  # (no column named)
+    ("0,us-east-1,us-east-1a,p5.48xlarge,,,,\n", 2, "spot_price is empty"),
+    ("0,us-east-1,us-east-1a,p5.48xlarge,1,high,,\n", 2, "placement_score 'high' is not a number"),
+    ("0,us-east-1,us-east-1a,p5.48xlarge,1,,,often\n", 2, "interruptions_per_hour 'often' is not a number"),
+    ("yesterday,us-east-1,us-east-1a,p5.48xlarge,1,,,\n", 2, "timestamp 'yesterday' is neither seconds nor an ISO"),
+    ("0001-01-01T00:00:00,us-east-1,us-east-1a,p5.48xlarge,1,,,\n", 2, "timestamp '0001-01-01T00:00:00' is out of "),
     ("0,us-east-1,us-east-1a,p5.48xlarge,1,11,,\n", 2, "placement_score"),
     ("0,us-east-1,us-east-1a,p5.48xlarge,0,,,\n", 2, "spot_price '0' must be a finite price above 0"),
     ("0,us-east-1,us-east-1a,p5.48xlarge,inf,,,\n", 2, "spot_price 'inf' must be a finite price above 0"),
@@ -262,3 +267,31 @@ def test_a_named_pipe_nothing_writes_to_is_an_empty_trace_not_a_wait(tmp_path: P
     writer.start()
     said = _answer(lambda: read_bamboo(pipe))
     assert isinstance(said, inputs.Trace) and [(n.add_s, n.remove_s) for n in said.nodes] == [(1.0, 3.0)], said
+
+
+@pytest.mark.parametrize("text", ["x" * 1_000_000, ("0,add," + "n" * 1_000_000 + "\n") * 2,
+                                  "0,add,a\n5,drop" + "p" * 1_000_000 + ",a\n"])
+def test_an_error_quotes_a_long_value_cut_to_a_readable_length(tmp_path: Path, text: str) -> None:
+    """A trace of one 50 MB line was echoed whole: the error line was 50 MB."""
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    with pytest.raises(SimInputError) as caught:
+        read_bamboo(path)
+    assert len(str(caught.value)) < len(str(path)) + 200 and "characters)" in str(caught.value), str(caught.value)[:300]
+
+
+def test_a_pools_csv_value_is_quoted_cut_to_a_readable_length(tmp_path: Path) -> None:
+    path = tmp_path / "pools.csv"
+    path.write_text(HEADER + "0,us-east-1,us-east-1a,p5.48xlarge,1,,1" + "9" * 100_000 + "x,\n")
+    with pytest.raises(SimInputError, match=r"pools.csv:2: capacity '1999.*'... \(100,002 characters\) is not a "):
+        read_pools_csv(path)
+
+
+def test_trace_lines_are_counted_as_an_editor_counts_them(tmp_path: Path) -> None:
+    """str.splitlines also breaks at a form feed, \\x1c, \\x85 or \\u2028: the error named a later line."""
+    path = tmp_path / "t.csv"
+    path.write_text("1000,add,a\n2000,add,b\x0c\n3000,drop,c\n")
+    with pytest.raises(SimInputError, match=f"{path}:3: action 'drop'"):
+        read_bamboo(path)
+    path.write_bytes(b"1000,add,a\r2000,remove,a\r")  # (old Mac line ends still end lines)
+    assert [(n.add_s, n.remove_s) for n in read_bamboo(path).nodes] == [(1.0, 2.0)]
