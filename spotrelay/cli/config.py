@@ -32,8 +32,10 @@ KEYS = {
 
 
 def config_path() -> Path | None:
-    candidates = [os.environ.get("SPOTRELAY_CONFIG"), ".spotrelay.toml",
-                  str(Path.home() / ".config" / "spotrelay" / "config.toml")]
+    named = os.environ.get("SPOTRELAY_CONFIG")
+    if named and not Path(named).is_file():  # (a typo fell through to another file, or to AWS, silently)
+        raise ValueError(f"SPOTRELAY_CONFIG {named}: is not a file (point it at the config file, or unset it)")
+    candidates = [named, ".spotrelay.toml", str(Path.home() / ".config" / "spotrelay" / "config.toml")]
     for candidate in candidates:
         if candidate and Path(candidate).is_file():
             return Path(candidate)
@@ -43,7 +45,7 @@ def config_path() -> Path | None:
 def read_file(path: Path) -> dict[str, str]:
     try:
         data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:  # (not UTF-8: it named no file)
         raise ValueError(f"{path}: cannot read the spotrelay config: {exc}") from exc
     unknown = set(data) - set(KEYS)
     if unknown:

@@ -272,3 +272,19 @@ def test_a_broken_pipe_elsewhere_still_reads_as_a_connection_failure() -> None:
     result = CliRunner().invoke(tiny, ["fetch"])
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     assert result.output.startswith("error: cannot connect") and result.output.count("\n") == 1, result.output
+
+
+@pytest.mark.parametrize("where", ["missing.toml", "."])
+def test_a_config_named_by_spotrelay_config_that_is_not_there_is_named(
+        nowhere: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """A typo in $SPOTRELAY_CONFIG fell through to ./.spotrelay.toml, or to AWS, silently."""
+    monkeypatch.setenv("SPOTRELAY_CONFIG", where)
+    config.write_file(nowhere / ".spotrelay.toml", {"endpoint_url": f"http://127.0.0.1:{_closed_port()}"})
+    line = _one_line(["jobs"], codes=(2,))
+    assert line == f"error: SPOTRELAY_CONFIG {where}: is not a file (point it at the config file, or unset it)"
+
+
+def test_a_config_file_that_is_not_text_is_named(nowhere: Path) -> None:
+    (nowhere / ".spotrelay.toml").write_bytes(b"\xeb\xff binary")
+    line = _one_line(["jobs"], codes=(2,))
+    assert line.startswith("error: .spotrelay.toml: cannot read the spotrelay config: 'utf-8' codec"), line
