@@ -97,7 +97,9 @@ def print_spec_error(exc: SpecError) -> None:
     """Spec errors list every field, one per line, under the file's name."""
     # the file's name whole on its line (not wrapped at the terminal's width) and as written ([ ] kept)
     out = _err()
-    out.print(f"[red]invalid spec[/] {escape(str(exc.source))}", highlight=False, soft_wrap=True)
+    # (a control character in it escaped: a newline in the name broke the header into two lines)
+    name = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(exc.source))
+    out.print(f"[red]invalid spec[/] {escape(name)}", highlight=False, soft_wrap=True)
     for path, msg in exc.errors:
         out.print(f"  {path}: {msg}", highlight=False, markup=False, soft_wrap=True)
 

@@ -141,6 +141,13 @@ def test_an_invalid_spec_is_named_whole_and_as_written(tmp_path: Path) -> None:
     assert result.exit_code == 2 and result.output.splitlines()[0] == f"invalid spec {path}", result.output
 
 
+def test_a_spec_name_with_a_newline_keeps_the_header_on_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "a\nb.yaml"
+    result = CliRunner().invoke(app, ["validate", str(path)])
+    assert result.exit_code == 2 and result.output.splitlines() == [
+        f"invalid spec {tmp_path}/a\\nb.yaml", "  (file): cannot be read: No such file or directory"], result.output
+
+
 def test_validate_of_a_missing_file_is_a_usage_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["validate", str(tmp_path / "gone.yaml")])
     assert result.exit_code == 2 and "cannot be read" in result.output
