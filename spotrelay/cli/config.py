@@ -70,7 +70,22 @@ def apply(flags: dict[str, str | None]) -> None:
     reset()
 
 
-def write_file(path: Path, values: dict[str, str]) -> None:
+TWIN_MARK = "# written by `spotrelay local up`, removed when it stops"
+
+
+def write_file(path: Path, values: dict[str, str], header: str | None = None) -> None:
     lines = [f'{key} = "{value}"' for key, value in values.items() if key in KEYS]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join([header, *lines] if header else lines) + "\n")
+
+
+def twins_file(path: Path) -> bool:
+    """Whether ``path`` is missing or a config ``local up`` wrote (a twin killed before it stopped left
+    it): the twin may write or remove it. A user's own config is never overwritten nor deleted."""
+    try:
+        with path.open("rb") as f:
+            return f.readline().rstrip(b"\r\n") == TWIN_MARK.encode()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False

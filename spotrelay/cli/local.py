@@ -97,10 +97,13 @@ def up(
     env = {**twin.env, ENV_URL: control.url}
     write_state(state, control.url, env)
     cfg = Path(".spotrelay.toml")
+    write_config = write_config and config.twins_file(cfg)  # (a user's own file stays as it is)
     if write_config:
-        config.write_file(cfg, {k: env[v] for k, v in config.KEYS.items() if env.get(v)})
+        config.write_file(cfg, {k: env[v] for k, v in config.KEYS.items() if env.get(v)}, header=config.TWIN_MARK)
     term.print(f"[green]twin up[/] (moto at {twin.env['AWS_ENDPOINT_URL']}); logs in {work_dir}/twin.log")
-    term.print("# point the CLI at it (or use ./.spotrelay.toml, written now):")
+    term.print("# point the CLI at it (or use ./.spotrelay.toml, written now):" if write_config else
+               "# point the CLI at it with these (./.spotrelay.toml is your own: left as it is; the "
+               "environment wins over it):")
     for key, value in sorted(env.items()):
         term.print(f"export {key}={value}", highlight=False, soft_wrap=True)
     term.print(
@@ -119,7 +122,7 @@ def up(
         control.stop()
         twin.stop()
         state.unlink(missing_ok=True)
-        if write_config:
+        if write_config and config.twins_file(cfg):
             cfg.unlink(missing_ok=True)
         term.print("twin stopped")
 

@@ -174,3 +174,80 @@ def test_after_quiet_logs_a_captured_stderr_still_gets_the_error(tmp_path: Path)
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "MLFLOW_DISABLE_TELEMETRY": "true"}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, (done.stderr, (tmp_path / "twin.log").read_text()[-2000:])
+
+
+class _Twin:
+    """A twin that starts and stops at once (the command's file handling is under test, not the twin)."""
+
+    def __init__(self, options: object) -> None:
+        self.env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "SPOTRELAY_BUCKET": "twin-bucket"}
+        self.compute = object()
+
+    def start(self) -> _Twin:
+        return self
+
+    def stop(self) -> None: ...
+
+
+class _Part:
+    url = "http://127.0.0.1:9"
+
+    def __init__(self, *args: object) -> None: ...
+
+    def start(self) -> _Part:
+        return self
+
+    def stop(self) -> None: ...
+
+
+def _up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``spotrelay local up`` in ``tmp_path`` with a stand-in twin, stopped by SIGTERM at once."""
+    import io
+    import signal
+
+    import spotrelay.local.chaos as chaos
+    import spotrelay.local.control as control
+    import spotrelay.local.twin as twin
+    import spotrelay.local.twinlog as twinlog
+
+    shown = io.StringIO()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(twin, "Twin", _Twin)
+    monkeypatch.setattr(control, "ControlServer", _Part)
+    monkeypatch.setattr(chaos, "ChaosDriver", _Part)
+    monkeypatch.setattr(twinlog, "quiet_logs", lambda path: shown)
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: handler(signum, None))  # SIGTERM now
+    result = CliRunner().invoke(app, ["local", "up", "--dir", str(tmp_path / "twin")])
+    assert result.exit_code == 0, (result.output, result.exception)
+    return shown.getvalue()
+
+
+def test_local_up_writes_its_config_and_removes_it_when_it_stops(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from spotrelay.cli import config
+
+    seen: list[str] = []
+    original = config.write_file
+
+    def write(path: Path, values: dict[str, str], header: str | None = None) -> None:
+        original(path, values, header)
+        seen.append(path.read_text())
+
+    monkeypatch.setattr(config, "write_file", write)
+    shown = _up(tmp_path, monkeypatch)
+    assert seen and seen[0].startswith(config.TWIN_MARK) and 'bucket = "twin-bucket"' in seen[0]
+    assert not (tmp_path / ".spotrelay.toml").exists() and "written now" in shown
+    # a file a killed twin left (its mark on the first line) is the twin's to replace and remove
+    config.write_file(tmp_path / ".spotrelay.toml", {"bucket": "stale"}, header=config.TWIN_MARK)
+    _up(tmp_path, monkeypatch)
+    assert not (tmp_path / ".spotrelay.toml").exists()
+
+
+def test_local_up_leaves_a_users_own_config_as_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It wrote the twin's endpoint over the user's file and deleted it when it stopped: their AWS
+    settings were lost."""
+    mine = '# my team\nregion = "eu-west-1"\nbucket = "prod-jobs"\n'
+    (tmp_path / ".spotrelay.toml").write_text(mine)
+    shown = _up(tmp_path, monkeypatch)
+    assert (tmp_path / ".spotrelay.toml").read_text() == mine
+    assert "is your own: left as it is" in shown and "export AWS_ENDPOINT_URL=" in shown
