@@ -186,7 +186,7 @@ def simulate(
     if plot is not None:
         check_writable(plot, "--plot")
         _plot_format(plot)
-    chosen = POLICIES if policies == "all" else tuple(_split([policies]))
+    chosen = POLICIES if policies == "all" else tuple(dict.fromkeys(_split([policies])))  # (a name twice: once)
     named_regions, named_types = _split(regions), _split(instance_types)
     spec = _user_spec(spec_file, nodes=nodes, regions=regions, instance_types=instance_types,
                       checkpoint_minutes=checkpoint_minutes, strategy=strategy)

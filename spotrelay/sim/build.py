@@ -47,11 +47,19 @@ class MarketOptions:
     gang_scores: bool = True  # placement scores sized for the gang where capacity is known (sim/market.py)
 
 
+def split_trace(item: str) -> tuple[str, str, str]:
+    """``--trace``'s value as (pool glob, "=", file), or ("", "", file) for a file that drives every pool:
+    a file that exists is read as one even when its path holds "=" (``runs/lr=0.1/trace.csv``)."""
+    if "=" not in item or Path(item).is_file():
+        return "", "", item
+    return item.partition("=")
+
+
 def _load_traces(opts: MarketOptions) -> tuple[Trace | None, list[tuple[str, Trace]]]:
     default: Trace | None = None
     mapping: list[tuple[str, Trace]] = []
     for item in opts.traces:
-        pattern, sep, path = item.partition("=")
+        pattern, sep, path = split_trace(item)
         if sep and not (pattern.strip() and path.strip()):
             raise SimInputError(f"--trace {item!r}: expected POOL=FILE with both a pool glob and a file")
         if sep:
@@ -244,4 +252,4 @@ def _check_globs_drive(mapping: list[tuple[str, Trace]], spot_keys: list[str]) -
 def trace_label(opts: MarketOptions) -> str:
     if opts.trace_format == "synthetic":
         return "synthetic"
-    return ",".join(Path(t.partition("=")[2] or t).name if "=" in t else Path(t).name for t in opts.traces)
+    return ",".join(Path(split_trace(t)[2]).name for t in opts.traces)

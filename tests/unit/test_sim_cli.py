@@ -354,3 +354,21 @@ def test_a_policy_that_never_launched_says_so_where_the_paid_hours_went(tmp_path
     assert result.exit_code == 0, result.output
     assert "skypilot-like: nothing paid (no gang ever launched)" in result.output
     assert "on-demand: useful 0." in result.output  # (it paid: its shares)
+
+
+def test_a_trace_whose_path_holds_an_equals_sign_is_a_file(
+        tmp_path: Path) -> None:
+    """``--trace runs/lr=0.1/trace.csv`` was read as POOL=FILE (pool ``runs/lr``, file ``0.1/trace.csv``)."""
+    folder = tmp_path / "lr=0.1"
+    folder.mkdir()
+    trace = folder / "trace.csv"
+    trace.write_bytes(TRACE.read_bytes())
+    out = tmp_path / "sim.json"
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(trace), "--nodes", "4", "--job-hours", "1",
+                                      "--policies", "spotrelay,on-demand,spotrelay", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["trace"] == "trace.csv" and sorted(report["policies"]) == ["on-demand", "spotrelay"]
+    assert report["policies"]["spotrelay"]["cost_usd"] > 0
+    missing = CliRunner().invoke(app, ["simulate", "--trace", f"{tmp_path}/nowhere=x.csv", "--nodes", "4"])
+    assert missing.exit_code == 2 and "x.csv" in missing.output  # not a file: still POOL=FILE, named
