@@ -237,9 +237,12 @@ def simulate(
         raise typer.Exit(2) from None
     # a terminal gets as many tables as its width needs; a pipe or file one table, a row per policy (cli/tables.py)
     print_report(report, out if out.is_terminal else Console(width=REDIRECTED_WIDTH))
-    if json_path is not None:
-        write_json(report, json_path)
-        out.print(f"wrote {json_path}")
-    if plot is not None:
-        write_plot(report, plot)
-        out.print(f"wrote {plot}")
+    for option, path, write in (("--json", json_path, write_json), ("--plot", plot, write_plot)):
+        if path is None:
+            continue
+        try:  # (checked before the run; a disk that fills meanwhile is named, the table above stays)
+            write(report, path)
+        except OSError as exc:
+            raise UsageProblem(f"{option} {path}: cannot be written ({exc.strerror or exc}); the results "
+                               "are in the table above") from exc
+        out.print(f"wrote {path}")

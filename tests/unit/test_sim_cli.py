@@ -372,3 +372,15 @@ def test_a_trace_whose_path_holds_an_equals_sign_is_a_file(
     assert report["policies"]["spotrelay"]["cost_usd"] > 0
     missing = CliRunner().invoke(app, ["simulate", "--trace", f"{tmp_path}/nowhere=x.csv", "--nodes", "4"])
     assert missing.exit_code == 2 and "x.csv" in missing.output  # not a file: still POOL=FILE, named
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a file whose writes fail)")
+def test_an_output_that_fails_after_the_run_is_named_in_one_line() -> None:
+    """check_writable passes /dev/full (it opens, it exists); the write after the run failed with a bare
+    "No space left on device" that named no option and no file."""
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(TRACE), "--nodes", "4", "--job-hours", "1",
+                                      "--policies", "spotrelay", "--json", "/dev/full"])
+    assert result.exit_code == 2, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("error: --json /dev/full: cannot be written (No space left on device)"), last
+    assert "spotrelay" in result.output  # the table came first
