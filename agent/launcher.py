@@ -161,6 +161,21 @@ def _cadence_env(config: AgentConfig, job: JobView, spec: JobSpec) -> dict[str, 
     return env
 
 
+def deepspeed_config_path(config: AgentConfig, spec: JobSpec) -> str | None:
+    """Where the ranks find the spec's ``launcher.deepspeed_config``: an inline one written as JSON into
+    the control dir (each launch rewrites it: a resumed spec may carry another), a path as the spec gives
+    it (relative to ``working_dir``, the ranks' cwd)."""
+    given = spec.launcher.deepspeed_config
+    if given is None or isinstance(given, str):
+        return given
+    path = config.control / control.DEEPSPEED_CONFIG_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(given, indent=1))
+    tmp.replace(path)  # (a rank of a restarted launch never reads half a file)
+    return str(path.resolve())
+
+
 def contract_env(config: AgentConfig, job: JobView, spec: JobSpec, mlflow_run_id: str | None) -> dict[str, str]:
     """What the training API reads (spotrelay.contracts.control): control dir, tiers, cadence."""
     from spotrelay.contracts.health import ENV_HEALTH
@@ -186,6 +201,9 @@ def contract_env(config: AgentConfig, job: JobView, spec: JobSpec, mlflow_run_id
         env[control.ENV_MLFLOW_RUN_ID] = mlflow_run_id
     if spec.tracking.tracking_uri:
         env["MLFLOW_TRACKING_URI"] = spec.tracking.tracking_uri
+    ds_config = deepspeed_config_path(config, spec)
+    if ds_config is not None:
+        env[control.ENV_DEEPSPEED_CONFIG] = ds_config
     env[ENV_HEALTH] = spec.health.model_dump_json()
     return env
 

@@ -7,9 +7,14 @@ environment). Importing it needs the ``agent`` extra (torch). See docs/training-
 
 from __future__ import annotations
 
+import json
+import os
+from typing import Any
+
 from agent.batching import BatchPlan, GlobalBatchSampler, plan_batch
 from agent.checkpoint.config import SessionConfig
 from agent.training import Session, spotrelay_session
+from spotrelay.contracts.control import ENV_DEEPSPEED_CONFIG
 from spotrelay.contracts.exit_codes import ExitCode
 from spotrelay.contracts.health import AnomalyKind, HealthAction, HealthAnomaly, HealthPolicy
 
@@ -23,6 +28,20 @@ __all__ = [
     "HealthPolicy",
     "Session",
     "SessionConfig",
+    "deepspeed_config",
     "plan_batch",
     "spotrelay_session",
 ]
+
+
+def deepspeed_config() -> dict[str, Any]:
+    """The job spec's ``launcher.deepspeed_config`` as a dict, for ``deepspeed.initialize(config=...)``:
+    the agent writes an inline one to a file and names it in ``$SPOTRELAY_DEEPSPEED_CONFIG`` (a path in
+    the spec is named as given, relative to ``working_dir``)."""
+    path = os.environ.get(ENV_DEEPSPEED_CONFIG)
+    if not path:
+        raise RuntimeError(f"${ENV_DEEPSPEED_CONFIG} is not set: the job spec has no launcher.deepspeed_config "
+                           "(or this process was not started by the spotrelay agent)")
+    with open(path, encoding="utf-8") as f:
+        config: dict[str, Any] = json.load(f)
+    return config

@@ -52,6 +52,10 @@ ENV_ALLOW_SPEC_CHANGE = "SPOTRELAY_ALLOW_SPEC_CHANGE"  # "1": resume a checkpoin
 # "1": resume with a global batch other than the checkpoint's (a new run definition, logged)
 ENV_ALLOW_GLOBAL_BATCH_CHANGE = "SPOTRELAY_ALLOW_GLOBAL_BATCH_CHANGE"
 ENV_MLFLOW_RUN_ID = "SPOTRELAY_MLFLOW_RUN_ID"
+# the spec's launcher.deepspeed_config: a JSON file the agent wrote (inline config), or the spec's path
+# (relative to working_dir, where the ranks run); spotrelay.training.deepspeed_config() reads it
+ENV_DEEPSPEED_CONFIG = "SPOTRELAY_DEEPSPEED_CONFIG"
+DEEPSPEED_CONFIG_FILE = "deepspeed_config.json"  # (in the control dir)
 # Training through a spot notice (agent/notice_window.py): "0" stops at the notice instead; the
 # safety margin kept before the deadline on top of the predicted flush time.
 ENV_NOTICE_TRAINING = "SPOTRELAY_NOTICE_TRAINING"

@@ -208,3 +208,26 @@ def test_the_rank_wrapper_imports_none_of_the_agents_models() -> None:
         env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert out.strip() == "[]"
+
+
+def test_the_specs_deepspeed_config_reaches_the_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """launcher.deepspeed_config was validated (its batch sizes against the global batch) and then given
+    to no rank: a script had to carry its own copy. Inline, it is written to the control dir; a path is
+    named as the spec gives it (relative to working_dir, the ranks' cwd)."""
+    from spotrelay.training import deepspeed_config
+
+    config = AgentConfig(job_id="j-1", attempt=1, rank=0, work_dir=tmp_path, checkpoint_uri="s3://b/c/j-1")
+    inline = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}
+    spec = _spec(launcher={"type": "deepspeed", "deepspeed_config": inline})
+    env = contract_env(config, JobView(job_id="j-1"), spec, None)
+    path = Path(env[control.ENV_DEEPSPEED_CONFIG])
+    assert path.is_absolute() and path.parent == config.control.resolve()
+    monkeypatch.setenv(control.ENV_DEEPSPEED_CONFIG, str(path))
+    assert deepspeed_config() == inline  # what the rank gives deepspeed.initialize(config=...)
+    named = contract_env(config, JobView(job_id="j-1"), _spec(launcher={"type": "deepspeed",
+                                                                        "deepspeed_config": "ds/zero3.json"}), None)
+    assert named[control.ENV_DEEPSPEED_CONFIG] == "ds/zero3.json"
+    assert control.ENV_DEEPSPEED_CONFIG not in contract_env(config, JobView(job_id="j-1"), _spec(), None)
+    monkeypatch.delenv(control.ENV_DEEPSPEED_CONFIG)
+    with pytest.raises(RuntimeError, match="no launcher.deepspeed_config"):
+        deepspeed_config()
