@@ -83,6 +83,9 @@ def job_context(job: Job, now: float, **extra: Any) -> dict[str, Any]:
             context["saved_vs_on_demand"] = savings.saved_share(paid, on_demand)
     if job.reasons:
         context["reasons"] = list(job.reasons)
+    channel = (job.spec or {}).get("notifications", {}).get("slack_channel")
+    if channel:  # (the Slack notifier posts there; the deployment's webhook decides without it)
+        context["slack_channel"] = channel
     context.update(extra)
     return context
 
@@ -124,9 +127,11 @@ def _shown(key: str, value: Any) -> str:
 
 
 def slack_payload(message: dict[str, Any], channel: str | None = None) -> dict[str, Any]:
-    """A Slack incoming-webhook body for one SNS message published by :func:`announce`."""
+    """A Slack incoming-webhook body for one SNS message published by :func:`announce`; to ``channel``,
+    else the job spec's ``notifications.slack_channel`` (carried in the message), else the webhook's own."""
     kind = str(message.get("kind", "event"))
     context = message.get("context") or {}
+    channel = channel or context.get("slack_channel")
     subject = str(message.get("subject") or f"spotrelay: job {message.get('job_id')} {kind}")
     facts = [f"*{label}:* {_shown(key, context[key])}" for key, label in _FIELDS if context.get(key) not in (None, "")]
     for reason in context.get("reasons", [])[-2:]:

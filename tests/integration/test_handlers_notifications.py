@@ -114,6 +114,22 @@ def test_slack_end_to_end_from_the_sns_notifier(aws: dict[str, str], slack: Webh
     posted = slack.bodies[0]
     assert posted["text"] == ":x: spotrelay: job llama failed"
     assert "*Why:* RetryBudgetExhaustedError: spent" in posted["blocks"][1]["text"]["text"]
+    assert "channel" not in posted  # no channel in the spec: the webhook's own
+
+
+def test_the_specs_slack_channel_reaches_the_post(aws: dict[str, str], slack: Webhook) -> None:
+    """notifications.slack_channel was validated and then sent nowhere: every job posted to the webhook's
+    channel."""
+    url = _subscribe(aws["topic_arn"])
+    job = _job().model_copy(update={"status": JobStatus.FAILED,
+                                    "spec": {**(_job().spec or {}), "notifications": {"slack_channel": "#ml-alerts"}}})
+    announce(SnsNotifier(), "failed", job, 1031.5)
+    envelope = json.loads(client("sqs").receive_message(QueueUrl=url, WaitTimeSeconds=1)["Messages"][0]["Body"])
+    event = copy.deepcopy(load_event("sns_notification.json"))
+    event["Records"][0]["Sns"].update({"Message": envelope["Message"], "Subject": envelope["Subject"],
+                                       "MessageId": envelope["MessageId"]})
+    slack_notifier.handler(event, ctx())
+    assert slack.bodies[0]["channel"] == "#ml-alerts"
 
 
 def test_slack_failure_raises_so_sns_retries(slack: Webhook) -> None:

@@ -229,5 +229,5 @@ def test_the_specs_deepspeed_config_reaches_the_ranks(tmp_path: Path, monkeypatc
     assert named[control.ENV_DEEPSPEED_CONFIG] == "ds/zero3.json"
     assert control.ENV_DEEPSPEED_CONFIG not in contract_env(config, JobView(job_id="j-1"), _spec(), None)
     monkeypatch.delenv(control.ENV_DEEPSPEED_CONFIG)
-    with pytest.raises(RuntimeError, match="no launcher.deepspeed_config"):
+    with pytest.raises(RuntimeError, match=r"no launcher\.deepspeed_config"):
         deepspeed_config()
