@@ -72,8 +72,11 @@ def resume(job_id: JobArg, budget: BudgetOpt = None, spec_file: SpecOpt = None,
     except ValidationError as exc:  # (only --budget is validated there now: the specs were before)
         field, msg = first_error(exc)
         raise UsageProblem(f"--budget: {field}: {msg}") from None
-    saved = checkpoints(S3ObjectStore(where), prefix)
-    start = f"from step {saved[-1].step} (its newest checkpoint)" if saved else "from step 0: no checkpoint was saved"
+    unlisted: list[Exception] = []
+    saved = checkpoints(S3ObjectStore(where), prefix, unlisted)
+    start = (f"from step {saved[-1].step} (its newest checkpoint)" if saved else
+             f"from its newest checkpoint (they could not be listed here: {_why(unlisted[0])}; the new job's "
+             "nodes read them with their own role)" if unlisted else "from step 0: no checkpoint was saved")
     key = submission_key(spec.name, ".json", time.time())
     body = json.dumps(spec.model_dump(mode="json"), indent=2).encode()  # (an explicit null stays null)
     etag = S3ObjectStore().put(key, body, "application/json")
@@ -82,6 +85,12 @@ def resume(job_id: JobArg, budget: BudgetOpt = None, spec_file: SpecOpt = None,
               + (f"; budget ${limit:,.2f} for the new job (the stopped one spent ${job.cost_so_far:,.2f})"
                  if limit is not None else ""), highlight=False, soft_wrap=True)
     sys.stdout.write(job_id_for(key, etag) + "\n")
+
+
+def _why(exc: Exception) -> str:
+    from spotrelay.adapters.aws import error_code
+
+    return f"{error_code(exc) or type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
 
 
 def _with_code(spec: JobSpec, spec_file: Path) -> JobSpec:

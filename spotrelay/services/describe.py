@@ -257,14 +257,18 @@ def checkpoint_location(job: Job, bucket: str, default_prefix: str) -> tuple[str
     return bucket, f"{default_prefix}{job.job_id}/"
 
 
-def checkpoints(objects: ObjectStore | None, prefix: str) -> list[CheckpointView]:
-    """The committed checkpoints under ``prefix`` (a manifest exists), oldest first; [] when unreadable."""
+def checkpoints(objects: ObjectStore | None, prefix: str,
+                unlisted: list[Exception] | None = None) -> list[CheckpointView]:
+    """The committed checkpoints under ``prefix`` (a manifest exists), oldest first; [] when unreadable
+    (``unlisted`` gets why: "none" and "could not look" read differently to a person)."""
     if objects is None:
         return []
     try:
         keys = [k for k in objects.list_keys(prefix) if k.endswith("/manifest.json")]
     except Exception as exc:  # describe must still answer without the bucket
         log.warning("cannot list checkpoints: %s", exc)
+        if unlisted is not None:
+            unlisted.append(exc)
         return []
     found = []
     for key in sorted(keys):

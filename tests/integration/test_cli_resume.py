@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from spotrelay.adapters.aws import client
@@ -176,3 +177,25 @@ def test_a_stored_spec_that_no_longer_validates_resumes_with_the_users_file(env:
     [obj] = _new_objects(bucket, seen)
     spec = json.loads(client("s3").get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
     assert spec["tracking"]["tags"][RESUMED_FROM_TAG] == old_id and "gpu_kind" not in spec["resources"]
+
+
+def test_checkpoints_that_cannot_be_listed_are_not_called_none(env: dict[str, str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A person without the listing (another account's bucket, a narrower policy) read "from step 0: no
+    checkpoint was saved", though the new job's nodes, with their own role, resume the newest one."""
+    from botocore.exceptions import ClientError
+
+    from spotrelay.adapters.s3_object_store import S3ObjectStore
+
+    old_id = _submitted(env["bucket"])
+    _stop(old_id)
+
+    def denied(self: object, prefix: str) -> list[str]:
+        raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "ListObjectsV2")
+
+    monkeypatch.setattr(S3ObjectStore, "list_keys", denied)
+    result = runner.invoke(app, ["resume", old_id])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "from its newest checkpoint (they could not be listed here: AccessDenied: " in text, text
+    assert "no checkpoint was saved" not in text
