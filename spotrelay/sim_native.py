@@ -40,7 +40,7 @@ ROOT = Path(spotrelay.__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "sim-native"
 MANIFEST = BUILD / "manifest.json"
 LOG = BUILD.with_name("sim-native.log")
-INTERPRETED = frozenset({"__init__", "parallel", "job"})
+INTERPRETED = frozenset({"__init__", "parallel", "job", "switches"})
 OFF = frozenset({"0", "false", "no", "off"})  # SPOTRELAY_SIM_NATIVE values that mean the source
 
 _status: tuple[bool, str] | None = None

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from spotrelay.contracts.workflow import WorkflowTimings
 from spotrelay.domain.advice import job_advice
@@ -29,6 +29,7 @@ from spotrelay.sim.engine import Run
 from spotrelay.sim.job import JobModel
 from spotrelay.sim.losses import CATEGORIES, shares
 from spotrelay.sim.moves import on_demand_quotes
+from spotrelay.sim.switches import RunSwitches
 
 # spotrelay switches that are spec fields: switch name -> the spec section that holds it
 SPEC_SWITCHES = {"spares": "resources", "min_nodes": "resources", "wall_time_weight": "resources",
@@ -41,16 +42,6 @@ SPEC_SWITCHES = {"spares": "resources", "min_nodes": "resources", "wall_time_wei
 TIMING_SWITCHES = tuple(name for name in WorkflowTimings.model_fields if name != "time_scale")
 # every spotrelay switch the CLI's --switch NAME=VALUE takes (SimOptions.spotrelay_switches)
 SWITCHES = ("strategy", *SPEC_SWITCHES, "rebalance_checkpoint", "keep_margin", *TIMING_SWITCHES)
-
-
-class RunSwitches(BaseModel):
-    """The switches SpotrelayRun takes as they are, checked when a run is made: keep_margin's own check
-    (RecoveryContext's bound) came only at the run's first recovery, as a bare ValidationError naming no
-    switch, and rebalance_checkpoint took any word as true, "off" too."""
-
-    model_config = ConfigDict(extra="forbid")
-    rebalance_checkpoint: bool = True
-    keep_margin: float | None = Field(None, ge=0, allow_inf_nan=False)
 
 
 def parse_switch(text: str) -> tuple[str, Any]:
