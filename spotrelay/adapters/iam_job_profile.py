@@ -85,6 +85,13 @@ def split_s3(uri: str) -> tuple[str, str]:
     return bucket, key.strip("/")
 
 
+def _under(key: str) -> list[str]:
+    """A listing's ``s3:prefix`` inside the folder ``key`` only: ``key`` bare would also list the keys of
+    every folder it begins (``checkpoints/job-1`` lists ``checkpoints/job-10/...``); the agent lists
+    ``key/...`` only (agent/checkpoint/s3_tier.py)."""
+    return [f"{key}/*"]
+
+
 def _dataset_statements(part: str, uris: list[str]) -> list[dict[str, Any]]:
     """Read-only on the spec's dataset (``dataset.uri`` and its replicas): each object under each prefix
     (or the object itself), and listing exactly those prefixes; a URI holding a pattern is never granted
@@ -121,7 +128,7 @@ def job_policy(config: JobProfileConfig, job_id: str, config_uri: str = "",
          "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
          "Resource": [f"{arn}/{ckpt}/*" for arn in bucket_arns]},
         {"Sid": "ListCheckpoints", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket_arns,
-         "Condition": {"StringLike": {"s3:prefix": [ckpt, f"{ckpt}/*"]}}},
+         "Condition": {"StringLike": {"s3:prefix": _under(ckpt)}}},
     ]
     bucket, key = split_s3(checkpoint_prefix)
     # the spec's durable tier (the boundary keeps it under a bucket's checkpoints/); never a pattern
@@ -130,7 +137,7 @@ def job_policy(config: JobProfileConfig, job_id: str, config_uri: str = "",
         statements[0]["Resource"].append(f"arn:{part}:s3:::{bucket}/{key}/*")
         statements.append({"Sid": "ListSpecCheckpoints", "Effect": "Allow", "Action": "s3:ListBucket",
                            "Resource": f"arn:{part}:s3:::{bucket}",
-                           "Condition": {"StringLike": {"s3:prefix": [key, f"{key}/*"]}}})
+                           "Condition": {"StringLike": {"s3:prefix": _under(key)}}})
     reads = [f"arn:{part}:s3:::{b}/{p}*" for b in config.data_buckets.values() for p in ("data/", "artifacts/agent/")]
     reads.append(f"arn:{part}:s3:::{config.jobs_bucket or s.bucket}/{RESOURCES.code_prefix}*")  # entrypoint.code
     spec = _spec_object(config_uri)

@@ -180,4 +180,4 @@ def test_a_launch_naming_a_checkpoint_prefix_grants_it_to_the_nodes(aws: dict[st
     assert "arn:aws:s3:::spotrelay-jobs/checkpoints/job-old/*" in statements["Checkpoints"]["Resource"]
     listing = statements["ListSpecCheckpoints"]
     assert listing["Resource"] == "arn:aws:s3:::spotrelay-jobs"
-    assert listing["Condition"] == {"StringLike": {"s3:prefix": ["checkpoints/job-old", "checkpoints/job-old/*"]}}
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": ["checkpoints/job-old/*"]}}

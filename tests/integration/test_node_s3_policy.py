@@ -125,6 +125,9 @@ def test_a_resumed_jobs_nodes_may_do_all_they_do_on_the_stopped_jobs_checkpoints
     for other in (("s3:GetObject", f"arn:aws:s3:::{aws['bucket']}/checkpoints/another-job/step-00000006/m", None),
                   ("s3:ListBucket", f"arn:aws:s3:::{aws['bucket']}", "checkpoints/"),
                   ("s3:ListBucket", f"arn:aws:s3:::{aws['bucket']}", "checkpoints/old-job-2/"),
+                  # a bare prefix lists every folder it begins: old-job-2's keys, new-job-2's
+                  ("s3:ListBucket", f"arn:aws:s3:::{aws['bucket']}", "checkpoints/old-job"),
+                  ("s3:ListBucket", f"arn:aws:s3:::{aws['bucket']}", "checkpoints/new-job"),
                   ("s3:PutObject", f"arn:aws:s3:::{aws['bucket']}/submissions/x.yaml", None)):
         assert not allowed(policy, other), other
 
