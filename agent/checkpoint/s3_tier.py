@@ -151,11 +151,25 @@ class S3Tier:
             self.put_text(LATEST, step_name(manifest.step) + "\n")
 
     # --- reading -------------------------------------------------------------------------------
+    def absent(self, exc: ClientError, rel: str) -> bool:
+        """Whether a failed GetObject of ``rel`` means the object is not there. S3 answers a missing key
+        with 403, not 404, to a caller whose ListBucket is conditioned on ``s3:prefix`` (a GetObject
+        carries no prefix): the node roles' (spotrelay/adapters/iam_job_profile.py). A listing of exactly
+        that key, which the condition allows, tells a missing object from a real denial."""
+        code = exc.response.get("Error", {}).get("Code")  # by code: each client has its own exception classes
+        if code in ("NoSuchKey", "404"):
+            return True
+        if code not in ("AccessDenied", "403"):
+            return False
+        key = self.key(rel)
+        found = self.client.list_objects_v2(Bucket=self.bucket, Prefix=key, MaxKeys=1).get("Contents", [])
+        return not any(obj.get("Key") == key for obj in found)
+
     def get_text(self, rel: str) -> str | None:
         try:
             return str(self.client.get_object(Bucket=self.bucket, Key=self.key(rel))["Body"].read().decode())
-        except ClientError as exc:  # by code: each client instance has its own exception classes
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+        except ClientError as exc:
+            if self.absent(exc, rel):
                 return None
             raise
 
@@ -182,10 +196,11 @@ class S3Tier:
 
     def manifest(self, step: int) -> Manifest | None:
         source = f"{self.step_uri(step)}/{MANIFEST}"
+        rel = f"{step_name(step)}/{MANIFEST}"
         try:  # bounded: a hostile object must not fill memory
-            body = self.client.get_object(Bucket=self.bucket, Key=self.key(f"{step_name(step)}/{MANIFEST}"))["Body"]
+            body = self.client.get_object(Bucket=self.bucket, Key=self.key(rel))["Body"]
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            if self.absent(exc, rel):
                 return None
             raise
         return same_step(read_manifest(body.read(MAX_MANIFEST_BYTES + 1), source), step, source)

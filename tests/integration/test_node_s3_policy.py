@@ -237,3 +237,63 @@ def test_a_dataset_the_nodes_could_not_read_is_refused_at_submission(
     problems = dataset_place_problems(spec, roots)
     assert [f for f, _ in problems] == fields, problems
     assert dataset_place_problems(spec, ()) == []  # no roots: the twin checks nothing
+
+
+class ConditionedListing:
+    """The real S3 client, answering as S3 does a caller whose ListBucket is conditioned on ``s3:prefix``
+    (the node roles): GetObject of a missing key is 403 AccessDenied, not 404 (S3 says 404 only to one
+    that may list the bucket, and a GetObject carries no prefix). moto always says 404."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+
+    def get_object(self, **kwargs: Any) -> Any:
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.real.get_object(**kwargs)
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] in ("NoSuchKey", "404"):
+                raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}},
+                                  "GetObject") from None
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def test_a_fresh_jobs_first_commit_on_a_role_without_a_plain_listing(aws: dict[str, str], tmp_path: Path,
+                                                                     recorded: list[Call]) -> None:
+    """The first commit reads ``latest`` before writing it, and a rank waits for the others' parts and the
+    manifest: each read a missing key, which S3 answers with 403 to the node's role. Only NoSuchKey and
+    404 read as missing, so on AWS every job's first save failed; the tier now lists that one key."""
+    s3 = S3Tier(f"s3://{aws['bucket']}/checkpoints/new-job", client=lambda: ConditionedListing(
+        aws_clients.client("s3")), part_size=5 * MiB)
+    assert s3.latest() is None and s3.manifest(2) is None
+    local = LocalTier(tmp_path / "node")
+    pipeline = Pipeline(local, s3, Topology(), tmp_path / "control", keep_local=2, keep_s3=2, timeout_s=30)
+    recorded.clear()
+    try:
+        for step in (2, 4):
+            assert _save(pipeline, local, step, numel=MiB).error is None
+    finally:
+        pipeline.close()
+    assert s3.latest() == 4 and s3.manifest(4) is not None
+    # every call, the key's own listing included, is one this job's policy allows
+    assert not [c for c in recorded if not allowed(_policy_for("new-job", aws["bucket"]), c)], recorded
+    assert any(a == "s3:ListBucket" and p and p.endswith("/latest") for a, _, p in recorded)
+    # a key that is there but denied is a denial, never "missing"
+    from botocore.exceptions import ClientError
+
+    class Denied(ConditionedListing):
+        def get_object(self, **kwargs: Any) -> Any:
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "GetObject")
+
+    denied = S3Tier(s3.uri, client=lambda: Denied(aws_clients.client("s3")), part_size=5 * MiB)
+    with pytest.raises(ClientError):
+        denied.latest()
+
+
+def _policy_for(job: str, bucket: str) -> dict[str, Any]:
+    config = JobProfileConfig(account="123456789012", jobs_bucket=bucket, data_buckets={"us-west-2": "data-uw2"})
+    return job_policy(config, job, f"s3://{bucket}/submissions/{job}.yaml")
