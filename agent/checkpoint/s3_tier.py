@@ -238,7 +238,13 @@ class S3Tier:
         def fetch(rel: str) -> None:
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            self.client.download_file(self.bucket, self.key(f"{folder}/{rel}"), str(target))
+            try:
+                self.client.download_file(self.bucket, self.key(f"{folder}/{rel}"), str(target))
+            except ClientError as exc:  # a shard that is gone reads as gone (restore falls back), even as 403
+                if self.absent(exc, f"{folder}/{rel}"):
+                    raise ClientError({"Error": {"Code": "NoSuchKey", "Message": f"{rel} is not there"}},
+                                      "GetObject") from exc
+                raise
 
         futures = [self._pool.submit(fetch, shard.path) for shard in manifest.shards]
         try:

@@ -258,6 +258,13 @@ class ConditionedListing:
                                   "GetObject") from None
             raise
 
+    def download_file(self, bucket: str, key: str, filename: str) -> None:
+        from botocore.exceptions import ClientError
+
+        if not self.real.list_objects_v2(Bucket=bucket, Prefix=key).get("Contents"):
+            raise ClientError({"Error": {"Code": "403", "Message": "Forbidden"}}, "HeadObject")  # (no body)
+        self.real.download_file(bucket, key, filename)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
 
@@ -297,3 +304,29 @@ def test_a_fresh_jobs_first_commit_on_a_role_without_a_plain_listing(aws: dict[s
 def _policy_for(job: str, bucket: str) -> dict[str, Any]:
     config = JobProfileConfig(account="123456789012", jobs_bucket=bucket, data_buckets={"us-west-2": "data-uw2"})
     return job_policy(config, job, f"s3://{bucket}/submissions/{job}.yaml")
+
+
+def test_a_shard_gone_from_s3_reads_as_gone_under_a_403(aws: dict[str, str], tmp_path: Path) -> None:
+    """A commit whose shard was deleted is never usable: restore falls back to an older one (corrupt),
+    where a 403 read as a passing failure (unavailable) would fail attempt after attempt."""
+    from agent.checkpoint.restore import materialize
+    from spotrelay.errors import CorruptCheckpointError
+
+    s3 = S3Tier(f"s3://{aws['bucket']}/checkpoints/new-job", client=lambda: ConditionedListing(
+        aws_clients.client("s3")), part_size=5 * MiB)
+    local = LocalTier(tmp_path / "node")
+    pipeline = Pipeline(local, s3, Topology(), tmp_path / "control", keep_local=2, keep_s3=2, timeout_s=30)
+    try:
+        assert _save(pipeline, local, 2, numel=MiB).error is None
+    finally:
+        pipeline.close()
+    manifest = s3.manifest(2)
+    assert manifest is not None
+    shard = s3.key(f"step-00000002/{manifest.shards[0].path}")
+    aws_clients.client("s3").delete_object(Bucket=aws["bucket"], Key=shard)
+    fresh = S3Tier(s3.uri, client=lambda: ConditionedListing(aws_clients.client("s3")), part_size=5 * MiB)
+    try:
+        with pytest.raises(CorruptCheckpointError, match="a shard is missing"):
+            materialize(2, LocalTier(tmp_path / "fresh"), fresh)
+    finally:
+        fresh.close()
