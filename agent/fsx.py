@@ -10,6 +10,7 @@ user's: the submission handler already refused ``dataset.fsx`` on a deployment w
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,7 @@ def mounted(path: str, mounts: Path = Path("/proc/mounts")) -> bool:
         lines = mounts.read_text().splitlines()
     except OSError:
         return False
+    path = os.path.normpath(path)  # (/fsx/ is /fsx)
     return any(len(f) >= 3 and f[1] == path and f[2] == "lustre" for f in (line.split() for line in lines))
 
 

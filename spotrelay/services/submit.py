@@ -30,7 +30,13 @@ from spotrelay.ports.object_store import ObjectStore
 from spotrelay.ports.workflow import Workflow
 from spotrelay.resources import RESOURCES
 from spotrelay.settings import settings
-from spotrelay.spec.checks import checkpoint_place_problems, dataset_place_problems, dropped_problems, fsx_problems
+from spotrelay.spec.checks import (
+    checkpoint_place_problems,
+    dataset_place_problems,
+    dropped_problems,
+    fsx_problems,
+    named_places_problems,
+)
 from spotrelay.spec.load import MAX_SPEC_BYTES, parse_spec, spec_hash, suffix_problem, training_hash
 from spotrelay.spec.models import JobSpec
 
@@ -121,7 +127,8 @@ def _placement_problems(spec: JobSpec) -> list[tuple[str, str]]:
     """What a dropped spec cannot have (local code), and places its nodes could not reach (S3, FSx)."""
     s = settings()
     return (dropped_problems(spec) + checkpoint_place_problems(spec, s.checkpoint_roots)
-            + dataset_place_problems(spec, s.dataset_roots) + fsx_problems(spec, s.fsx_enabled))
+            + dataset_place_problems(spec, s.dataset_roots) + fsx_problems(spec, s.fsx_enabled)
+            + named_places_problems(spec))
 
 
 def _read(key: str, size: int | None, objects: ObjectStore) -> bytes:

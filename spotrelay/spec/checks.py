@@ -31,6 +31,8 @@ def agent_env() -> frozenset[str]:
         control.ENV_CONTROL_DIR, control.ENV_JOB_ID, control.ENV_ATTEMPT, control.ENV_CHECKPOINT_DIR,
         control.ENV_CHECKPOINT_URI, control.ENV_SPEC_HASH, control.ENV_CHECKPOINT_EVERY_STEPS,
         control.ENV_CHECKPOINT_EVERY_MINUTES, control.ENV_KEEP_LOCAL, control.ENV_KEEP_S3, control.ENV_MLFLOW_RUN_ID,
+        control.ENV_TRAINING_HASH, control.ENV_DEEPSPEED_CONFIG, control.ENV_CHECKPOINT_LOSS_INTERVAL_S,
+        control.ENV_CHECKPOINT_AUTO_MIN_MINUTES, control.ENV_CHECKPOINT_AUTO_MAX_MINUTES,
     })
 
 
@@ -152,6 +154,24 @@ def dataset_place_problems(spec: JobSpec, roots: Sequence[str]) -> Problems:
             problems.append((field, f"{uri} is not where this deployment's nodes may read: use {where} (deploy.md: "
                                     "the dataset_buckets context key lists your own buckets)"))
     return problems
+
+
+# The S3 places a job's nodes' IAM policy names one by one (dataset.uri, its replicas, checkpoint.s3_prefix):
+# IAM takes at most 10,240 characters of inline policy per role; the rest of it (4 regions) is ~3,600
+# and each place costs ~4x its length, so together they keep to this (else the first launch fails on IAM).
+MAX_NAMED_PLACES_CHARS = 1200
+
+
+def named_places_problems(spec: JobSpec) -> Problems:
+    """The dataset and checkpoint places together too long for the nodes' per-job IAM policy."""
+    places = dataset_uris(spec) + ([spec.checkpoint.s3_prefix] if spec.checkpoint.s3_prefix else [])
+    total = sum(len(p) for p in places)
+    if total <= MAX_NAMED_PLACES_CHARS:
+        return []
+    field = "dataset" if spec.dataset is not None else "checkpoint.s3_prefix"
+    return [(field, f"dataset.uri, its replicas and checkpoint.s3_prefix hold {total} characters together; the "
+                    f"nodes' IAM policy names each, and they may hold at most {MAX_NAMED_PLACES_CHARS}: use shorter "
+                    "prefixes")]
 
 
 def fsx_problems(spec: JobSpec, fsx_enabled: bool | None) -> Problems:

@@ -180,9 +180,23 @@ class Resources(Strict):
 S3_URI = Annotated[str, Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")]
 
 
+# a mount under one of these, or over one of the others, breaks the node
+SYSTEM_DIRS = frozenset({"bin", "boot", "dev", "etc", "lib", "lib64", "proc", "run", "sbin", "sys", "usr"})
+SYSTEM_ROOTS = frozenset({"/home", "/opt", "/root", "/tmp", "/var", "/opt/pytorch", "/opt/spotrelay"})
+
+
 class Fsx(Strict):
-    mount_path: str = Field("/fsx", pattern=r"^/")
+    mount_path: str = Field("/fsx", pattern=r"^(/[A-Za-z0-9_][A-Za-z0-9._-]*)+$",
+                            description="an absolute folder of plain names, outside the system's own")
     storage_capacity_gib: int = Field(1200, ge=1200)
+
+    @field_validator("mount_path")
+    @classmethod
+    def _not_a_system_folder(cls, path: str) -> str:
+        top = path.split("/")[1]
+        if top in SYSTEM_DIRS or path in SYSTEM_ROOTS or path.startswith(("/opt/pytorch/", "/opt/spotrelay/")):
+            raise ValueError(f"{path} is a folder the node's system uses; mount it elsewhere (/fsx)")
+        return path
 
 
 class Dataset(Strict):

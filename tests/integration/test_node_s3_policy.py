@@ -330,3 +330,30 @@ def test_a_shard_gone_from_s3_reads_as_gone_under_a_403(aws: dict[str, str], tmp
             materialize(2, LocalTier(tmp_path / "fresh"), fresh)
     finally:
         fresh.close()
+
+
+def test_the_places_a_submission_may_name_fit_the_nodes_iam_policy() -> None:
+    """IAM takes at most 10,240 characters of inline policy per role (whitespace aside): at the bound
+    submission keeps (MAX_NAMED_PLACES_CHARS), with long names everywhere else, the policy fits; past it
+    the submission is refused (the first launch would fail on IAM's LimitExceeded)."""
+    import json
+
+    from spotrelay.spec.checks import MAX_NAMED_PLACES_CHARS, named_places_problems
+
+    long = "spotrelay-long-pre"
+    config = JobProfileConfig(prefix=long, account="123456789012", jobs_bucket=f"{long}-jobs-123456789012-us-east-1",
+                              data_buckets={r: f"{long}-data-123456789012-{r}"
+                                            for r in ("us-east-1", "us-east-2", "us-west-2", "eu-west-1")})
+    each = MAX_NAMED_PLACES_CHARS // 6  # dataset.uri, 4 replicas, checkpoint.s3_prefix: each in its own bucket
+    places = [f"s3://bucket-{i}-{'b' * 40}/" + "k" * (each - 55) for i in range(6)]
+    assert sum(map(len, places)) <= MAX_NAMED_PLACES_CHARS
+    doc = job_policy(config, "a" * 40 + "-0123456789ab", f"s3://{config.jobs_bucket}/submissions/{'x' * 100}.yaml",
+                     checkpoint_prefix=places[5], dataset_uris=places[:5])
+    assert len(json.dumps(doc, separators=(",", ":"))) < 10_240
+    doc = yaml.safe_load((ROOT / "examples" / "tiny.yaml").read_text())
+    regions = ("us-east-1", "us-east-2", "us-west-2", "eu-west-1")
+    replicas = dict(zip(regions, places[1:5], strict=True))
+    fine = JobSpec.model_validate({**doc, "dataset": {"uri": places[0], "replicas": replicas}})
+    assert named_places_problems(fine) == []
+    past = JobSpec.model_validate({**doc, "dataset": {"uri": places[0] + "k" * 300, "replicas": replicas}})
+    assert [f for f, _ in named_places_problems(past)] == ["dataset"]

@@ -117,3 +117,23 @@ def test_the_agent_ends_the_attempt_as_infra_error_before_any_rank(monkeypatch: 
 
     assert main.run_agent(None) == ExitCode.INFRA_ERROR
     assert [c for c, _ in exits] == [ExitCode.INFRA_ERROR] and "no FSx for Lustre" in exits[0][1]
+
+
+@pytest.mark.parametrize(("path", "ok"), [("/fsx", True), ("/data/corpus", True), ("/opt/data", True),
+                                          ("/", False), ("/fsx/", False), ("/proc/x", False), ("/usr", False),
+                                          ("/opt", False), ("/opt/spotrelay/run", False), ("/a/../etc", False),
+                                          ("/my data", False)])
+def test_a_mount_path_is_a_plain_folder_outside_the_systems(path: str, ok: bool) -> None:
+    from pydantic import ValidationError
+
+    if ok:
+        assert _spec({"mount_path": path}).dataset.fsx.mount_path == path  # type: ignore[union-attr]
+    else:
+        with pytest.raises(ValidationError, match="mount_path"):
+            _spec({"mount_path": path})
+
+
+def test_a_mount_listed_with_a_trailing_slash_is_found(tmp_path: Path) -> None:
+    mounts = tmp_path / "mounts"
+    mounts.write_text("172.31.0.5@tcp:/abcd1234 /fsx lustre rw,flock 0 0\n")
+    assert mounted("/fsx/", mounts) and mounted("/fsx", mounts)
