@@ -65,8 +65,9 @@ def dataset_roots(config: AppConfig) -> list[str]:
     return data + [f"s3://{b}/" for b in config.dataset_buckets]
 
 
-def _dataset_statements(config: AppConfig) -> list[iam.PolicyStatement]:
-    """Reading the team's own dataset buckets (``dataset_buckets``; each job's policy names its dataset)."""
+def dataset_statements(config: AppConfig) -> list[iam.PolicyStatement]:
+    """Reading the team's own dataset buckets (``dataset_buckets``; each job's policy names its dataset):
+    the boundary's, and the shared agent role's (cdk/agent_fleet.py)."""
     if not config.dataset_buckets:
         return []
     part = Aws.PARTITION
@@ -121,7 +122,7 @@ class AgentBoundary(Construct):
                     resources=[f"{home_bucket}/{p}*" for p in (RESOURCES.submissions_prefix, RESOURCES.code_prefix)]
                     + [f"{b}/{p}*" for b in data for p in ("data/", "artifacts/agent/")],
                 ),
-                *_dataset_statements(config),
+                *dataset_statements(config),
                 iam.PolicyStatement(
                     actions=list(AGENT_TABLE_ACTIONS),  # read only: the agent reports events, it writes no item
                     resources=[table + table_name(config, NODES), table + table_name(config, JOBS)],

@@ -29,6 +29,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from agent.userdata import UserDataParams, render_user_data
+from cdk.agent_boundary import dataset_statements
 from cdk.config import AppConfig
 from cdk.storage import jobs_bucket_name, table_name
 from spotrelay.contracts.agent import AGENT_TABLE_ACTIONS
@@ -73,10 +74,8 @@ class AgentFleet(Construct):
             description="spotrelay agent: its checkpoints/data paths and its own agent calls only",
         )
         data_bucket.grant_read(self.role, "data/*")
-        for bucket in config.dataset_buckets:  # the team's own datasets (deploy.md: dataset_buckets)
-            arn = f"arn:{part}:s3:::{bucket}"
-            self.role.add_to_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[f"{arn}/*"]))
-            self.role.add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket"], resources=[arn]))
+        for statement in dataset_statements(config):  # the team's own datasets (deploy.md: dataset_buckets)
+            self.role.add_to_policy(statement)
         data_bucket.grant_read(self.role, "artifacts/agent/*")
         data_bucket.grant_read_write(self.role, ckpt)
         data_bucket.grant_delete(self.role, ckpt)  # keep-newest-K pruning of the durable tier

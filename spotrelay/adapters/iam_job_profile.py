@@ -39,7 +39,7 @@ from spotrelay.contracts.agent import AGENT_TABLE_ACTIONS
 from spotrelay.contracts.events import AGENT_SOURCE
 from spotrelay.ports.logs import LOG_GROUP_DEFAULT
 from spotrelay.resources import RESOURCES
-from spotrelay.spec.checks import IAM_PATTERN_CHARS
+from spotrelay.spec.checks import iam_pattern
 
 PATH = "/spotrelay/"
 POLICY_NAME = "job"
@@ -96,7 +96,7 @@ def _dataset_statements(part: str, uris: list[str]) -> list[dict[str, Any]]:
     """Read-only on the spec's dataset (``dataset.uri`` and its replicas): each object under each prefix
     (or the object itself), and listing exactly those prefixes; a URI holding a pattern is never granted
     (submission refuses one: ``spec.checks.dataset_place_problems``)."""
-    places = [split_s3(u) for u in uris if not any(c in u for c in IAM_PATTERN_CHARS)]
+    places = [split_s3(u) for u in uris if not iam_pattern(u)]
     if not places:
         return []
     objects = sorted({f"arn:{part}:s3:::{b}/{k}{suffix}" if k else f"arn:{part}:s3:::{b}/*"
@@ -133,7 +133,7 @@ def job_policy(config: JobProfileConfig, job_id: str, config_uri: str = "",
     bucket, key = split_s3(checkpoint_prefix)
     # the spec's durable tier (the boundary keeps it under a bucket's checkpoints/); never a pattern
     # (submission refuses one: spec.checks.checkpoint_place_problems), which would reach other jobs'
-    if bucket and key and not any(c in checkpoint_prefix for c in IAM_PATTERN_CHARS):
+    if bucket and key and not iam_pattern(checkpoint_prefix):
         statements[0]["Resource"].append(f"arn:{part}:s3:::{bucket}/{key}/*")
         statements.append({"Sid": "ListSpecCheckpoints", "Effect": "Allow", "Action": "s3:ListBucket",
                            "Resource": f"arn:{part}:s3:::{bucket}",

@@ -47,6 +47,16 @@ Problems = list[tuple[str, str]]
 IAM_PATTERN_CHARS = ("*", "?", "$")  # a wildcard or a policy variable in an IAM resource
 
 
+def iam_pattern(place: str) -> bool:
+    """Whether ``place`` holds what an IAM resource reads as a wildcard or a policy variable."""
+    return any(c in place for c in IAM_PATTERN_CHARS)
+
+
+def _pattern_problem(field: str, place: str, reach: str) -> tuple[str, str]:
+    return (field, f"{place!r} holds one of {' '.join(IAM_PATTERN_CHARS)}, which the node's IAM policy would "
+                   f"read as a pattern{reach}; name a plain prefix")
+
+
 def inside(path: str) -> str | None:
     """Why ``path`` is not a relative path that stays inside the working directory, or None."""
     if path.startswith(("/", "~")) or (len(path) > 1 and path[1] == ":"):
@@ -119,37 +129,37 @@ def checkpoint_place_problems(spec: JobSpec, roots: Sequence[str]) -> Problems:
     prefix = spec.checkpoint.s3_prefix
     if not prefix or not roots:
         return []
-    if any(c in prefix for c in IAM_PATTERN_CHARS):
-        chars = " ".join(IAM_PATTERN_CHARS)
-        return [("checkpoint.s3_prefix", f"{prefix!r} holds one of {chars}, which the node's IAM policy would "
-                                         "read as a pattern (other jobs' checkpoints); name a plain prefix")]
+    if iam_pattern(prefix):
+        return [_pattern_problem("checkpoint.s3_prefix", prefix, " (other jobs' checkpoints)")]
     if any(prefix.startswith(r) and prefix.rstrip("/") != r.rstrip("/") for r in roots):
         return []
     where = " or ".join(f"{r}<name>/" for r in roots)
     return [("checkpoint.s3_prefix", f"{prefix} is outside what this deployment's nodes may write; use {where}")]
 
 
-def dataset_uris(spec: JobSpec) -> list[str]:
-    """The S3 places the job's training reads its data from: ``dataset.uri`` and each replica."""
+def dataset_places(spec: JobSpec) -> list[tuple[str, str]]:
+    """(field, S3 place) the job's training reads its data from: ``dataset.uri`` and each replica."""
     if spec.dataset is None:
         return []
-    return [spec.dataset.uri, *spec.dataset.replicas.values()]
+    return [("dataset.uri", spec.dataset.uri),
+            *((f"dataset.replicas.{region}", uri) for region, uri in spec.dataset.replicas.items())]
+
+
+def dataset_uris(spec: JobSpec) -> list[str]:
+    return [uri for _, uri in dataset_places(spec)]
 
 
 def dataset_place_problems(spec: JobSpec, roots: Sequence[str]) -> Problems:
     """A ``dataset.uri`` or replica under none of ``roots`` (the data buckets' ``data/`` and the buckets
     the deployment lists in ``dataset_buckets``) is one the nodes may not read: the training would fail
     on its first read, after paying for a gang. No roots (the twin, which enforces no IAM): not checked."""
-    if spec.dataset is None or not roots:
+    if not roots:
         return []
     where = " or ".join(f"{r}..." for r in roots)
-    fields = [("dataset.uri", spec.dataset.uri),
-              *((f"dataset.replicas.{region}", uri) for region, uri in spec.dataset.replicas.items())]
     problems: Problems = []
-    for field, uri in fields:
-        if any(c in uri for c in IAM_PATTERN_CHARS):
-            problems.append((field, f"{uri!r} holds one of {' '.join(IAM_PATTERN_CHARS)}, which the node's IAM "
-                                    "policy would read as a pattern; name a plain prefix"))
+    for field, uri in dataset_places(spec):
+        if iam_pattern(uri):
+            problems.append(_pattern_problem(field, uri, ""))
         elif not any(uri.startswith(r) or uri.rstrip("/") + "/" == r for r in roots):
             problems.append((field, f"{uri} is not where this deployment's nodes may read: use {where} (deploy.md: "
                                     "the dataset_buckets context key lists your own buckets)"))
