@@ -102,15 +102,21 @@ def test_slack_posts_each_sns_record(slack: Webhook) -> None:
     assert "*Attempt:* 1" in facts and "*Cost so far (USD):* 412.8" in facts and "*Checkpoint step:* 1042" in facts
 
 
-def test_slack_end_to_end_from_the_sns_notifier(aws: dict[str, str], slack: Webhook) -> None:
-    url = _subscribe(aws["topic_arn"])
-    failed = _job().model_copy(update={"status": JobStatus.FAILED, "reasons": ["RetryBudgetExhaustedError: spent"]})
-    announce(SnsNotifier(), "failed", failed, 1031.5)
+def _relay_to_slack(url: str) -> None:
+    """What SNS does with the message the notifier published: hand it to the Slack notifier's handler
+    (the topic's SQS subscription ``url`` shows what SNS would deliver)."""
     envelope = json.loads(client("sqs").receive_message(QueueUrl=url, WaitTimeSeconds=1)["Messages"][0]["Body"])
     event = copy.deepcopy(load_event("sns_notification.json"))
     event["Records"][0]["Sns"].update({"Message": envelope["Message"], "Subject": envelope["Subject"],
                                        "MessageId": envelope["MessageId"]})
     slack_notifier.handler(event, ctx())
+
+
+def test_slack_end_to_end_from_the_sns_notifier(aws: dict[str, str], slack: Webhook) -> None:
+    url = _subscribe(aws["topic_arn"])
+    failed = _job().model_copy(update={"status": JobStatus.FAILED, "reasons": ["RetryBudgetExhaustedError: spent"]})
+    announce(SnsNotifier(), "failed", failed, 1031.5)
+    _relay_to_slack(url)
     posted = slack.bodies[0]
     assert posted["text"] == ":x: spotrelay: job llama failed"
     assert "*Why:* RetryBudgetExhaustedError: spent" in posted["blocks"][1]["text"]["text"]
@@ -124,11 +130,7 @@ def test_the_specs_slack_channel_reaches_the_post(aws: dict[str, str], slack: We
     job = _job().model_copy(update={"status": JobStatus.FAILED,
                                     "spec": {**(_job().spec or {}), "notifications": {"slack_channel": "#ml-alerts"}}})
     announce(SnsNotifier(), "failed", job, 1031.5)
-    envelope = json.loads(client("sqs").receive_message(QueueUrl=url, WaitTimeSeconds=1)["Messages"][0]["Body"])
-    event = copy.deepcopy(load_event("sns_notification.json"))
-    event["Records"][0]["Sns"].update({"Message": envelope["Message"], "Subject": envelope["Subject"],
-                                       "MessageId": envelope["MessageId"]})
-    slack_notifier.handler(event, ctx())
+    _relay_to_slack(url)
     assert slack.bodies[0]["channel"] == "#ml-alerts"
 
 

@@ -129,22 +129,29 @@ def test_oversized_file(tmp_path: Path) -> None:
         load_spec(big)
 
 
-def test_a_spec_path_that_never_ends_is_refused_not_read_for_ever(tmp_path: Path) -> None:
-    """A link to /dev/zero reports size 0: the read itself stops at the limit."""
-    endless = tmp_path / "job.yaml"
-    endless.symlink_to("/dev/zero")
+def _refused_without_hanging(path: Path, hung: str) -> list[BaseException]:
+    """``load_spec(path)`` in a thread: what it raised, or a failure (not a hang) when it has not
+    answered after HANG_S (only catches a hang: a bounded read takes milliseconds)."""
     refused: list[BaseException] = []
 
     def load() -> None:
         try:
-            load_spec(endless)
-        except BaseException as exc:  # (any answer: the test judges it below)
+            load_spec(path)
+        except BaseException as exc:  # (any answer: the test judges it)
             refused.append(exc)
 
-    reader = threading.Thread(target=load, daemon=True)  # (without the bound it reads for ever: fail, not hang)
+    reader = threading.Thread(target=load, daemon=True)
     reader.start()
-    reader.join(HANG_S)  # only catches a hang: the bounded read takes milliseconds
-    assert refused, f"load_spec still reading /dev/zero after {HANG_S:.0f} s"
+    reader.join(HANG_S)
+    assert refused, f"load_spec {hung} after {HANG_S:.0f} s"
+    return refused
+
+
+def test_a_spec_path_that_never_ends_is_refused_not_read_for_ever(tmp_path: Path) -> None:
+    """A link to /dev/zero reports size 0: the read itself stops at the limit."""
+    endless = tmp_path / "job.yaml"
+    endless.symlink_to("/dev/zero")
+    refused = _refused_without_hanging(endless, "still reading /dev/zero")
     assert isinstance(refused[0], SpecError) and "over the limit" in str(refused[0])
     assert refused[0].source == str(endless)
 
@@ -153,18 +160,7 @@ def test_a_spec_path_that_is_a_pipe_nothing_writes_to_is_refused_not_waited_on(t
     """open() of a FIFO waits for a writer: `spotrelay validate PIPE` (and submit, simulate --spec) hung."""
     pipe = tmp_path / "job.yaml"
     os.mkfifo(pipe)
-    refused: list[BaseException] = []
-
-    def load() -> None:
-        try:
-            load_spec(pipe)
-        except BaseException as exc:  # (any answer: the test judges it below)
-            refused.append(exc)
-
-    reader = threading.Thread(target=load, daemon=True)
-    reader.start()
-    reader.join(HANG_S)
-    assert refused, f"load_spec still waiting on a pipe after {HANG_S:.0f} s"
+    refused = _refused_without_hanging(pipe, "still waiting on a pipe")
     assert isinstance(refused[0], SpecError) and "is empty" in str(refused[0]) and refused[0].source == str(pipe)
 
 
