@@ -53,8 +53,10 @@ _READ = frozenset({"dynamodb:GetItem", "dynamodb:Query"})
 _WRITE = frozenset({"dynamodb:PutItem"})
 
 ACTIONS: dict[str, frozenset[str]] = {
-    "on_submission": frozenset({"dynamodb:GetItem", "s3:GetObject", "s3:PutObject", "states:StartExecution"})
-    | _WRITE | NOTIFY,
+    # ListBucket: a listing of the one key tells a submission deleted before it was read from a denial
+    # (S3 answers 403 for a missing key to a role whose listing is conditioned: adapters/s3_object_store.py)
+    "on_submission": frozenset({"dynamodb:GetItem", "s3:GetObject", "s3:PutObject", "s3:ListBucket",
+                                "states:StartExecution"}) | _WRITE | NOTIFY,
     "on_agent_event": IDEMPOTENCY | _READ | NOTIFY | {"states:SendTaskSuccess", "states:SendTaskHeartbeat",
                                                       "ec2:TerminateInstances",  # releases a drained rank
                                                       # ends a stop once its ranks saved (services/stop.py)
@@ -66,7 +68,8 @@ ACTIONS: dict[str, frozenset[str]] = {
     "reconcile": IDEMPOTENCY | _READ | NOTIFY | TEARDOWN | {
         "iam:ListRoles", "iam:ListRoleTags",  # the sweep of leaked per-job roles
         "states:DescribeExecution", "states:StopExecution", "states:SendTaskSuccess", "states:SendTaskFailure",
-        "s3:GetObject", "s3:PutObject", "states:StartExecution",  # heals stuck submissions (services/submit.py)
+        "s3:GetObject", "s3:PutObject", "s3:ListBucket",  # heals stuck submissions (services/submit.py)
+        "states:StartExecution",
         "ec2:DescribeSpotPriceHistory",  # a budget's open attempt at its price in effect (services/budget.py)
     },
     "sfn_plan": _READ | _WRITE | MARKET | {"ec2:TerminateInstances"},  # releases survivors it drops
@@ -83,7 +86,7 @@ ACTIONS: dict[str, frozenset[str]] = {
     | {"ec2:DescribeSpotPriceHistory"},  # the last attempt closes at the price in effect
     "slack_notifier": frozenset({"secretsmanager:GetSecretValue"}),
 }
-# Key prefixes of the jobs bucket a handler's S3 object actions may touch.
+# Key prefixes of the jobs bucket a handler's S3 object actions may touch (and its listings name).
 S3_PREFIXES: dict[str, tuple[str, ...]] = {
     "on_submission": (RESOURCES.submissions_prefix,),
     "reconcile": (RESOURCES.submissions_prefix,),
@@ -129,6 +132,12 @@ class Grants:
             raise ValueError(f"cdk/permissions.py: {module} calls {acts}; name its key prefixes in S3_PREFIXES")
         return [iam.PolicyStatement(actions=acts, resources=[self.bucket.arn_for_objects(f"{p}*")
                                                              for p in S3_PREFIXES[module]])]
+
+    def _listing(self, module: str, acts: list[str]) -> list[iam.PolicyStatement]:
+        if module not in S3_PREFIXES:
+            raise ValueError(f"cdk/permissions.py: {module} lists the bucket; name its key prefixes in S3_PREFIXES")
+        return [iam.PolicyStatement(actions=acts, resources=[self.bucket.bucket_arn], conditions={
+            "StringLike": {"s3:prefix": [f"{p}*" for p in S3_PREFIXES[module]]}})]
 
     def _executions(self, module: str, acts: list[str]) -> list[iam.PolicyStatement]:
         machine = [a for a in acts if a in ("states:StartExecution", "states:ListExecutions") or "Task" in a]
@@ -245,6 +254,7 @@ def _in(*names: str) -> Callable[[str], bool]:
 _SCOPES: tuple[tuple[str, Callable[[str], bool]], ...] = (
     ("tables", lambda a: a.startswith("dynamodb:")),
     ("objects", _in("s3:GetObject", "s3:PutObject", "s3:DeleteObject")),
+    ("listing", _in("s3:ListBucket")),
     ("executions", lambda a: a.startswith("states:")),
     ("describe", lambda a: a.startswith("ec2:Describe") or a == "ec2:GetSpotPlacementScores"),
     ("launch", _in("ec2:CreateFleet", "ec2:RunInstances", "ec2:CreatePlacementGroup", "ec2:CreateLaunchTemplate")),

@@ -12,6 +12,7 @@ from spotrelay.settings import settings
 
 _MISSING = ("404", "NoSuchKey", "NotFound")
 _EMPTY = ("416", "InvalidRange")  # a Range request on an empty object
+_DENIED = ("403", "AccessDenied")
 
 
 class S3ObjectStore:
@@ -26,7 +27,7 @@ class S3ObjectStore:
         try:
             meta = self._s3.head_object(Bucket=self.bucket, Key=key)
         except ClientError as exc:
-            if error_code(exc) in _MISSING:
+            if self._missing(exc, key):
                 raise NotFoundError(f"s3://{self.bucket}/{key} not found") from exc
             raise
         return int(meta["ContentLength"]), str(meta["ETag"]).strip('"')
@@ -40,12 +41,29 @@ class S3ObjectStore:
         except ClientError as exc:
             if max_bytes is not None and error_code(exc) in _EMPTY:
                 return b""
-            if error_code(exc) in _MISSING:
+            if self._missing(exc, key):
                 raise NotFoundError(f"s3://{self.bucket}/{key} not found") from exc
             raise
         if max_bytes is not None and len(body) > max_bytes:
             raise PermanentError(f"s3://{self.bucket}/{key} is larger than {max_bytes} bytes")
         return body
+
+    def _missing(self, exc: ClientError, key: str) -> bool:
+        """Whether a failed read of ``key`` means it is not there. S3 answers a missing key with 403, not
+        404, to a caller whose ListBucket is conditioned on ``s3:prefix`` (a GetObject carries no prefix):
+        the submission handlers' roles (cdk/permissions.py). A listing of exactly that key, which the
+        condition allows, tells a deleted submission from a real denial; a caller that may not list
+        keeps the denial."""
+        code = error_code(exc)
+        if code in _MISSING:
+            return True
+        if code not in _DENIED:
+            return False
+        try:
+            found = self._s3.list_objects_v2(Bucket=self.bucket, Prefix=key, MaxKeys=1).get("Contents", [])
+        except ClientError:
+            return False
+        return not any(obj.get("Key") == key for obj in found)
 
     def put(self, key: str, body: bytes, content_type: str = "application/octet-stream") -> str:
         out = self._s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType=content_type)

@@ -115,3 +115,27 @@ def test_security_doc_names_every_handler_role() -> None:
     doc = (staging.ROOT / "docs" / "security.md").read_text()
     missing = [h for h in staging.discover_handlers() if f"| `{h}` |" not in doc]
     assert not missing, f"docs/security.md's role table lacks {missing}"
+
+
+def test_a_handlers_listing_names_only_its_own_prefixes(synth: Synth) -> None:
+    """ListBucket lets a handler tell a deleted submission from a denial (S3 answers 403 for a missing key
+    otherwise); it must not show the key names of checkpoints or code, so it is conditioned on the prefix."""
+    from cdk.permissions import S3_PREFIXES
+
+    resources = synth.template(synth.home)["Resources"]
+    listing: dict[str, list[dict[str, Any]]] = {}
+    for resource in resources.values():
+        if resource["Type"] != "AWS::IAM::Policy":
+            continue
+        for statement in resource["Properties"]["PolicyDocument"]["Statement"]:
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            if "s3:ListBucket" in actions:
+                for role in resource["Properties"]["Roles"]:
+                    listing.setdefault(role["Ref"], []).append(statement)
+    held = _role_actions(synth)
+    listers = {h for h, acts in held.items() if "s3:ListBucket" in acts}
+    assert listers == {"on_submission", "reconcile"}, listers
+    assert len(listing) == len(listers)
+    for statements in listing.values():
+        assert all(s["Condition"] == {"StringLike": {"s3:prefix": [f"{p}*" for p in S3_PREFIXES["on_submission"]]}}
+                   and s["Action"] == "s3:ListBucket" for s in statements), statements

@@ -30,6 +30,7 @@ from spotrelay.spec.checks import checkpoint_place_problems, dataset_place_probl
 from spotrelay.spec.models import JobSpec
 from tests.conftest import ROOT
 from tests.infrastructure.aws_calls import ACTION_NAMES
+from tests.integration.s3_as_aws import ConditionedListing
 from tests.integration.test_checkpoint_s3 import _save
 
 # what IAM authorizes each S3 operation as, beyond ACTION_NAMES (the multipart upload is PutObject's)
@@ -237,36 +238,6 @@ def test_a_dataset_the_nodes_could_not_read_is_refused_at_submission(
     problems = dataset_place_problems(spec, roots)
     assert [f for f, _ in problems] == fields, problems
     assert dataset_place_problems(spec, ()) == []  # no roots: the twin checks nothing
-
-
-class ConditionedListing:
-    """The real S3 client, answering as S3 does a caller whose ListBucket is conditioned on ``s3:prefix``
-    (the node roles): GetObject of a missing key is 403 AccessDenied, not 404 (S3 says 404 only to one
-    that may list the bucket, and a GetObject carries no prefix). moto always says 404."""
-
-    def __init__(self, real: Any) -> None:
-        self.real = real
-
-    def get_object(self, **kwargs: Any) -> Any:
-        from botocore.exceptions import ClientError
-
-        try:
-            return self.real.get_object(**kwargs)
-        except ClientError as exc:
-            if exc.response["Error"]["Code"] in ("NoSuchKey", "404"):
-                raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}},
-                                  "GetObject") from None
-            raise
-
-    def download_file(self, bucket: str, key: str, filename: str) -> None:
-        from botocore.exceptions import ClientError
-
-        if not self.real.list_objects_v2(Bucket=bucket, Prefix=key).get("Contents"):
-            raise ClientError({"Error": {"Code": "403", "Message": "Forbidden"}}, "HeadObject")  # (no body)
-        self.real.download_file(bucket, key, filename)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
 
 
 def test_a_fresh_jobs_first_commit_on_a_role_without_a_plain_listing(aws: dict[str, str], tmp_path: Path,

@@ -214,3 +214,51 @@ def test_dataset_fsx_on_a_deployment_without_fsx_is_rejected(env: dict[str, str]
     report = json.loads(client("s3").get_object(
         Bucket=env["bucket"], Key="submissions/no-fsx.yaml.rejected.json")["Body"].read())
     assert [e["field"] for e in report["errors"]] == ["dataset.fsx"]
+
+
+def test_a_submission_deleted_before_it_was_read_is_rejected_as_deleted_on_a_conditioned_listing(
+        env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The handler's role may list only ``submissions/`` (cdk/permissions.py), so S3 answers the read of a
+    deleted submission with 403, not 404. It used to end as a rejection naming AccessDenied; the store
+    now lists that one key and says the file was deleted."""
+    from spotrelay.adapters.s3_object_store import S3ObjectStore
+    from tests.integration.s3_as_aws import ConditionedListing
+
+    monkeypatch.setattr(S3ObjectStore, "_s3", property(lambda self: ConditionedListing(client("s3"))))
+    event = _drop(env["bucket"], "submissions/gone.yaml", (ROOT / "examples" / "tiny.yaml").read_bytes())
+    client("s3").delete_object(Bucket=env["bucket"], Key="submissions/gone.yaml")
+    result = _invoke(event)
+    assert result["outcome"] == "rejected"
+    report = json.loads(client("s3").get_object(
+        Bucket=env["bucket"], Key="submissions/gone.yaml.rejected.json")["Body"].read())
+    assert "was deleted before it could be read" in json.dumps(report), report
+
+
+def test_a_submission_that_is_there_but_denied_stays_a_denial(env: dict[str, str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 403 on a key the listing shows is a real denial: never read as "deleted"."""
+    from botocore.exceptions import ClientError
+
+    from spotrelay.adapters.s3_object_store import S3ObjectStore
+    from spotrelay.errors import NotFoundError
+    from tests.integration.s3_as_aws import ConditionedListing
+
+    class Denied(ConditionedListing):
+        def get_object(self, **kwargs: Any) -> Any:
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "GetObject")
+
+    class Unlisted(ConditionedListing):  # a caller that may not list either: the denial stands
+        def list_objects_v2(self, **kwargs: Any) -> Any:
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "ListObjectsV2")
+
+    client("s3").put_object(Bucket=env["bucket"], Key="submissions/there.yaml", Body=b"x")
+    monkeypatch.setattr(S3ObjectStore, "_s3", property(lambda self: Denied(client("s3"))))
+    with pytest.raises(ClientError):
+        S3ObjectStore().get("submissions/there.yaml")
+    monkeypatch.setattr(S3ObjectStore, "_s3", property(lambda self: Unlisted(client("s3"))))
+    with pytest.raises(ClientError):
+        S3ObjectStore().get("submissions/missing.yaml")
+    monkeypatch.setattr(S3ObjectStore, "_s3", property(lambda self: ConditionedListing(client("s3"))))
+    with pytest.raises(NotFoundError):
+        S3ObjectStore().get("submissions/missing.yaml")
+    assert S3ObjectStore().get("submissions/there.yaml") == b"x"
