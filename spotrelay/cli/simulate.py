@@ -90,6 +90,16 @@ def _baseline_minutes(spec: Any, flag: float | None) -> float:
     return spec.checkpoint.fixed_minutes or 30.0
 
 
+def _checkpoint_region(region: str | None) -> str | None:
+    """``--checkpoint-region``: a region the catalog knows (any: the home region need not train)."""
+    from spotrelay.sim.inputs import SimInputError
+
+    known = sorted({r for r, _ in catalog.AZS})
+    if region is not None and region not in known:
+        raise SimInputError(f"--checkpoint-region: unknown region {region!r} (the catalog has {', '.join(known)})")
+    return region
+
+
 def _job_model(model: Any, nodes: int, checkpoint_gb: float | None, step_s: float | None, **fields: Any) -> Any:
     """The simulated job (``model``: sim.job.JobModel, imported late): the stated one, or your model's
     checkpoint size and your gang's step time on p5.48xlarge (the model keeps it for its reference gang)."""
@@ -151,6 +161,13 @@ def simulate(
     s3_gbps: Annotated[float | None, typer.Option(
         "--s3-gbps", **number_option(0.01, 1000), help="GB/s per node to or from S3 (restores, persists, the notice's "
         "flush; default 5)")] = None,
+    transfer_usd_per_gb: Annotated[float | None, typer.Option(
+        "--transfer-usd-per-gb", **number_option(0, 10), help="USD per GB of checkpoint sent between the "
+        "checkpoints' region and a gang elsewhere, each save and restore (default 0: not charged; AWS charges "
+        "0.02 between US regions)")] = None,
+    checkpoint_region: Annotated[str | None, typer.Option(
+        "--checkpoint-region", help="where the checkpoints live (default: the first of the regions, the home "
+        "region's jobs bucket)")] = None,
     unannounced_share: Annotated[float | None, typer.Option(
         "--unannounced-share", **number_option(0, 1),
         help="share of reclaims without the notice (default 0.1)")] = None,
@@ -216,7 +233,9 @@ def simulate(
                                  **_given(unannounced_share=unannounced_share, rebalance_share=rebalance_share)),
             job=_job_model(JobModel, spec.resources.nodes if spec else nodes or 16, checkpoint_gb, step_s,
                            job_hours=job_hours, checkpoint_minutes=_baseline_minutes(spec, checkpoint_minutes),
-                           strategy=strategy, deadline_hours=deadline_hours, **_given(s3_gbps=s3_gbps)),
+                           strategy=strategy, deadline_hours=deadline_hours,
+                           checkpoint_region=_checkpoint_region(checkpoint_region),
+                           **_given(s3_gbps=s3_gbps, transfer_usd_per_gb=transfer_usd_per_gb)),
             policies=with_variants(chosen, variants), variants=variants, seeds=seeds, jobs=jobs,
             timeline=plot is not None,
             spotrelay_switches={**({"spec": spec} if spec else {}), **dict(parse_switch(s) for s in switch or [])},

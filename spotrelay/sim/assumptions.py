@@ -60,7 +60,10 @@ def assumptions(opts: SimOptions) -> dict[str, Any]:
                    "usd_per_node_hour": _prices(opts)},
         # how EC2 bills (engine.end_node): per second from the launch call (pending included), except a
         # spot node EC2 interrupts within this long of its launch, which costs nothing (EC2 User Guide)
-        "billing": {"per_second_from": "launch", "spot_interrupted_free_within_s": SPOT_FREE_INTERRUPTION_S},
+        "billing": {"per_second_from": "launch", "spot_interrupted_free_within_s": SPOT_FREE_INTERRUPTION_S,
+                    # checkpoints sent between their region and a gang elsewhere (sim/training.py)
+                    "checkpoint_region": job.checkpoint_region or (m.regions[0] if m.regions else None),
+                    "transfer_usd_per_gb": job.transfer_usd_per_gb},
         "spotrelay": _spotrelay(opts.spotrelay_switches),
         # spotrelay:NAME -> its switches over spotrelay's (--variant; sim/variants.py)
         **({"variants": {name: _plain(switches) for name, switches in opts.variants.items()}} if opts.variants else {}),
@@ -107,7 +110,9 @@ def summary(a: dict[str, Any]) -> list[str]:
         f"{mk['unannounced_share']:.0%} of reclaims unannounced, {mk['rebalance_share']:.0%} with a rebalance "
         f"recommendation",
         f"prices USD per node-hour ({mk['price_source']}): {prices}; billed per second from launch, a spot "
-        f"node EC2 interrupts in its first {a['billing']['spot_interrupted_free_within_s'] / 3600:g} h not billed",
+        f"node EC2 interrupts in its first {a['billing']['spot_interrupted_free_within_s'] / 3600:g} h not billed; "
+        f"checkpoints in {a['billing']['checkpoint_region']}, each save and restore from another region "
+        f"${a['billing']['transfer_usd_per_gb']:g}/GB",
         *_spotrelay_line(a.get("spotrelay") or {}),
         *(["variants (their switches over spotrelay's): " + "; ".join(
             f"{name} {_switches_text(sw)}" for name, sw in a["variants"].items())]

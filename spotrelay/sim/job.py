@@ -43,6 +43,13 @@ class JobModel:
     ref_step_s: float = REF_STEP_S  # step time of REF_NODES x REF_TYPE
     checkpoint_bytes: float = CHECKPOINT_BYTES
     max_recoveries: int | None = None  # the spec's default: no lifetime cap (max_stalled_recoveries stays)
+    # Where the checkpoints live: the shipped default ``checkpoint.s3_prefix`` is the home region's jobs
+    # bucket (None: the run's first region). A gang elsewhere sends each save there and reads each restore
+    # from there; at ``transfer_usd_per_gb`` a GB (AWS charges 0.02 between US regions and EU -> US;
+    # sim/training.py). Off by default until placement weighs it (docs/simulator.md, "Checkpoints between
+    # regions"): the published numbers were measured without it.
+    checkpoint_region: str | None = None
+    transfer_usd_per_gb: float = 0.0
 
     def step_s(self, instance_type: str) -> float:
         info, ref = catalog.instance(instance_type), catalog.instance(REF_TYPE)

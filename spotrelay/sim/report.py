@@ -134,6 +134,11 @@ def print_report(report: Report, console: Console) -> None:
         parts = [(c, report.loss(policy, c)) for c in CATEGORIES]
         shares = ", ".join(f"{c} {v:.3f}" for c, v in parts if math.isfinite(v) and v >= 0.0005)
         console.print(f"  {policy}: {shares or 'nothing paid (no gang ever launched)'}")
+    moved = [(p, report.mean(p, "transfer_usd"), report.mean(p, "cost_usd")) for p in report.policies()]
+    moved = [(p, t, c) for p, t, c in moved if math.isfinite(t) and t > 0 and c > 0]
+    if moved:  # (in cost $ already: the share a gang away from its checkpoints paid to move them)
+        console.print("checkpoints sent between regions (in cost $; mean over seeds): " + ", ".join(
+            f"{p} ${t:,.0f} ({t / c:.0%})" for p, t, c in moved), highlight=False, soft_wrap=True)
     for policy in report.policies():  # spotrelay's variants (--variant) against spotrelay
         versus = report.vs_spotrelay(policy) if policy.startswith(VARIANT_PREFIX) else math.nan
         if math.isfinite(versus):

@@ -59,8 +59,8 @@ def parse_switch(text: str) -> tuple[str, Any]:
 Progress = Callable[[int], None]  # told how many more runs of a sweep are done
 POLICIES = ("spotrelay", "on-demand", "skypilot-like", "sagemaker-like", "price-limit")
 VARIANT_PREFIX = "spotrelay:"  # a variant's policy name is this and its own (SimOptions.variants)
-METRICS = ("cost_usd", "useful_gpu_hours", "cost_per_useful_gpu_hour", "goodput", "wall_hours", "steps_lost",
-           "interruptions", "recoveries", "recovery_s_p50", "recovery_s_p95", "on_demand_share",
+METRICS = ("cost_usd", "transfer_usd", "useful_gpu_hours", "cost_per_useful_gpu_hour", "goodput", "wall_hours",
+           "steps_lost", "interruptions", "recoveries", "recovery_s_p50", "recovery_s_p95", "on_demand_share",
            "captured_saving")
 
 
@@ -116,6 +116,8 @@ def make_run(policy: str, opts: SimOptions, market: Any, seed: int, start_t: flo
     horizon = HORIZON_JOBS * opts.job.job_hours * 3600.0 + 30 * 86400.0
     common: dict[str, Any] = {"start_t": start_t, "timeline": opts.timeline, "horizon_s": horizon}
     regions, types = opts.market.regions, opts.market.instance_types
+    if opts.job.checkpoint_region is None and regions:  # the home region's jobs bucket (JobModel)
+        opts = replace(opts, job=replace(opts.job, checkpoint_region=regions[0]))
     if policy == "spotrelay" or policy in opts.variants:
         switches = {**opts.spotrelay_switches, **opts.variants.get(policy, {})}
         job = replace(opts.job, strategy=switches.pop("strategy", opts.job.strategy))
@@ -140,7 +142,9 @@ def make_run(policy: str, opts: SimOptions, market: Any, seed: int, start_t: flo
             given = ", ".join(overrides.get(field_name, {})) or field_name.rsplit(".", 1)[-1]
             raise ValueError(f"{named}switch {given}: {field_name}: {validation_message(first)}") from None
     elif policy in BASELINES:
-        run = BaselineRun(market, opts.job, seed, policy=policy, regions=regions, instance_types=types, **common)
+        # the bound keeps its checkpoints where it trains: it sends none between regions
+        job = replace(opts.job, transfer_usd_per_gb=0.0) if policy == "price-limit" else opts.job
+        run = BaselineRun(market, job, seed, policy=policy, regions=regions, instance_types=types, **common)
     else:
         raise ValueError(f"unknown policy '{policy}'; known: {', '.join(POLICIES)}")
     return run
@@ -148,12 +152,13 @@ def make_run(policy: str, opts: SimOptions, market: Any, seed: int, start_t: flo
 
 def measure(policy: str, seed: int, run: Run) -> RunResult:
     end = run.now
-    cost = billing.billed_usd(run.entries, end)  # (CostLedger's cost_so_far, each shared entry once)
+    transfer = run.transfer_gb * run.job.transfer_usd_per_gb  # checkpoints across regions (sim/training.py)
+    cost = billing.billed_usd(run.entries, end) + transfer  # (the ledger's cost_so_far, each entry once)
     useful = run.useful_gpu_hours()
     paid = run.paid_gpu_s / 3600.0
     m = run.metrics
     values = {
-        "cost_usd": cost, "useful_gpu_hours": useful,
+        "cost_usd": cost, "transfer_usd": transfer, "useful_gpu_hours": useful,
         "cost_per_useful_gpu_hour": cost / useful if useful > 0 else math.inf,
         "goodput": useful / paid if paid > 0 else 0.0, "wall_hours": (end - run.start_t) / 3600.0,
         "steps_lost": float(m.steps_lost), "interruptions": float(m.interruptions),
@@ -246,7 +251,7 @@ def run_seed(opts: SimOptions, seed: int, progress: Progress | None = None) -> l
 
 
 def _sum(parts: list[RunResult]) -> RunResult:
-    add = ("cost_usd", "useful_gpu_hours", "wall_hours", "steps_lost", "interruptions", "recoveries",
+    add = ("cost_usd", "transfer_usd", "useful_gpu_hours", "wall_hours", "steps_lost", "interruptions", "recoveries",
            "cross_region_moves", "capacity_failures", "inconsistent")
     values = {k: sum(p.values[k] for p in parts) for k in add}
     values["cost_per_useful_gpu_hour"] = (values["cost_usd"] / values["useful_gpu_hours"]

@@ -39,6 +39,9 @@ class Training:
         self.stopped_at: float | None = None  # training stopped at (for the recovery time)
         self.seg_nodes: list[SimNode] = []
         self._speed: dict[str, float] = {}  # instance type -> job.speed (end_node's billing)
+        # checkpoint GB sent between the checkpoints' region and gang nodes elsewhere (saves and restores);
+        # billed at ``job.transfer_usd_per_gb`` (runner.measure)
+        self.transfer_gb = 0.0
 
     def at(self, t: float, fn: Callable[..., None], arg: Any = None) -> None:
         raise NotImplementedError  # (the event loop's: engine.Run)
@@ -56,6 +59,8 @@ class Training:
         self.step_pure_eff = self.job.step_s(instance_type) * scale  # the same without the snapshot stall
         self.seg_gpus = self.job.nodes * self.job.ref_gpus()
         self.seg_nodes = list(self.gang.values())
+        if self.ckpt_step > 0:  # new ranks read their shards from the bucket (survivors: their local tier)
+            self.transfer_gb += self._remote_gb(new_only=True)
         losses.segment_started(self.seg_nodes, self.now, self.job.restore_s())
         if self.stopped_at is not None:
             self.metrics.recovery_s.append(self.now - self.stopped_at)
@@ -97,7 +102,11 @@ class Training:
         if self.running:
             self.useful.append([self.seg_step0, float(reached), self.step_pure, float(self.seg_gpus)])
             self.stopped_at = self.now
-            self._segment_ended()
+            # resuming from a step that is neither a periodic save nor a notice's: the ranks saved it as
+            # they stopped (the notice's flush, a budget's or a deadline's stop)
+            at_stop = (resume_from > self.seg_step0 and resume_from % self.every != 0
+                       and all(step != resume_from for _, step in self.forced))
+            self._segment_ended(reached, 1 if at_stop else 0)
         self.running = False
         self.epoch += 1
         self.forced.clear()
@@ -116,16 +125,31 @@ class Training:
         if epoch != self.epoch or not self.running:
             return
         self.useful.append([self.seg_step0, float(self.total), self.step_pure, float(self.seg_gpus)])
-        self._segment_ended()
+        self._segment_ended(self.total)
         self.running = False
         self.ckpt_step = self.total
         self.on_training_done()
 
-    def _segment_ended(self) -> None:
-        """The training segment's nodes trained until now; the snapshot stall's share of it is counted."""
+    def _segment_ended(self, reached: float, stop_saves: int = 0) -> None:
+        """The training segment's nodes trained until now; the snapshot stall's share of it is counted, and
+        the checkpoints it sent: every periodic save it started (uploaded in the background, committed or
+        not), every notice or rebalance save and ``stop_saves`` taken as the ranks stopped."""
+        saves = int(reached // self.every) - int(self.seg_step0 // self.every) + len(self.forced) + stop_saves
+        if saves > 0:
+            self.transfer_gb += saves * self._remote_gb()
         took = self.now - self.seg_t0
         stall = took * (1.0 - self.step_pure_eff / self.step_eff) if self.step_eff > 0 else 0.0
         losses.segment_ended(self.loss_gpu_s, self.seg_nodes, self.now, took, stall, self._node_speed)
+
+    def _remote_gb(self, new_only: bool = False) -> float:
+        """GB of one checkpoint that cross regions: each rank's share, for the segment's ranks outside the
+        checkpoints' region (``new_only``: those that never trained, which have no local copy)."""
+        home = self.job.checkpoint_region
+        if not self.seg_nodes or home is None or self.job.transfer_usd_per_gb <= 0:
+            return 0.0
+        remote = sum(1 for n in self.seg_nodes
+                     if n.pool.pool.region != home and not (new_only and n.trained_s > 0))
+        return self.job.checkpoint_bytes / 1e9 * remote / len(self.seg_nodes)
 
     def _node_speed(self, node: SimNode) -> float:
         """The job's speed on ``node``'s instance type (kept per type: billing asks for every node)."""

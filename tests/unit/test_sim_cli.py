@@ -43,7 +43,8 @@ def test_simulate_writes_the_contracts_json_and_a_plot(tmp_path: Path) -> None:
     a = doc["assumptions"]
     assert a["times_s"]["boot"] == 300.0 and a["times_s"]["notice"] == 120.0
     assert a["market"]["price_source"] == "catalog"
-    assert a["billing"] == {"per_second_from": "launch", "spot_interrupted_free_within_s": 3600.0}
+    assert a["billing"] == {"per_second_from": "launch", "spot_interrupted_free_within_s": 3600.0,
+                            "checkpoint_region": "us-east-1", "transfer_usd_per_gb": 0.0}
     assert a["times_s"]["restore"] > a["times_s"]["bringup"] and a["bandwidth_gb_per_s"]["s3_per_node"] > 0
     assert set(a["market"]["usd_per_node_hour"]) == {"p5.48xlarge", "p4d.24xlarge"} and a["job"]["nodes"] == 4
     assert "assumed: boot 300 s" in result.output and "prices USD per node-hour (catalog): p5.48xlarge" in result.output

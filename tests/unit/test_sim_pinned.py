@@ -44,6 +44,8 @@ Re-pinned for the review's spot evidence counting a move as hours without a loss
 86,502 -> 85,018 USD; docs/simulator-tuning.md, "A move is not a loss"); the g4dn cases did not.
 Re-pinned for the running spot gang's hours counted in that evidence: synthetic-16-switches changed
 (85,018 -> 84,523 USD), synthetic-32 only in its moves' reasons (the horizon they print); g4dn did not.
+Re-pinned for a new result value, ``transfer_usd`` (checkpoints sent between regions, 0.0 by default:
+sim/training.py): every digest changed with it; without that key each is the same as before (checked).
 """
 
 from __future__ import annotations
@@ -86,26 +88,26 @@ CASES: dict[str, SimOptions] = {
 
 PINNED: dict[str, dict[str, list[Any]]] = {  # python -m tests.unit.test_sim_pinned prints these
     "g4dn-32": {
-        "spotrelay/0": [161, 423257.801649, "3e55fb1458268d5f"],
+        "spotrelay/0": [161, 423257.801649, "cfc83f500e57e4ca"],
     },
     "synthetic-32": {
-        "spotrelay/0": [512, 48657.928315, "1adc05b5eae317fc"],
+        "spotrelay/0": [512, 48657.928315, "5c6410d5677e0876"],
     },
     "g4dn-16-all": {
-        "spotrelay/0": [10842, 36439.14873, "9403001f5c4163c4"],
-        "on-demand/0": [19, 63550.06621, "ac9780a6af3830d9"],
-        "skypilot-like/0": [21988, 77964.855779, "b6ed94a080b271fa"],
-        "sagemaker-like/0": [17928, 63223.172267, "d7cef4bcb800f5a6"],
-        "price-limit/0": [19, 25420.166539, "97c9c669f84609af"],
+        "spotrelay/0": [10842, 36439.14873, "1aed77d35a3706f4"],
+        "on-demand/0": [19, 63550.06621, "1d986f695d77bedd"],
+        "skypilot-like/0": [21988, 77964.855779, "e1d5741acb49da76"],
+        "sagemaker-like/0": [17928, 63223.172267, "01679133ef309982"],
+        "price-limit/0": [19, 25420.166539, "c152d8afeffeba55"],
     },
     "g4dn-16-elastic": {
-        "spotrelay/0": [4444, 21485.760503, "096a7a13d4c8a139"],
+        "spotrelay/0": [4444, 21485.760503, "928f880722c19ebd"],
     },
     "g4dn-32-elastic": {
-        "spotrelay/0": [25508, 75400.294514, "35be4d49f87be07a"],
+        "spotrelay/0": [25508, 75400.294514, "f9ed19daa3f9c1c2"],
     },
     "synthetic-16-switches": {
-        "spotrelay/0": [1138, 84523.392323, "b2da81a5e029e64e"],
+        "spotrelay/0": [1138, 84523.392323, "d93dcc44ae2a229a"],
     },
 }
 
