@@ -323,6 +323,11 @@ class Budget(Strict):
         "null: no warning"))
 
 
+class Health(HealthPolicy, Strict):
+    """The spec's ``health`` section: the agent's policy (contracts, which the agent may import) read with
+    the spec's rule that a boolean is no number (``warmup_steps: yes`` was read as 1)."""
+
+
 class JobSpec(Strict):
     """A training job: what to run, on what, how to checkpoint and recover it."""
 
@@ -337,4 +342,4 @@ class JobSpec(Strict):
     tracking: Tracking = Field(default_factory=Tracking)
     notifications: Notifications = Field(default_factory=Notifications)
     budget: Budget = Field(default_factory=Budget)
-    health: HealthPolicy = Field(default_factory=HealthPolicy)
+    health: Health = Field(default_factory=Health)

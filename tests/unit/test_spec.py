@@ -195,3 +195,13 @@ def test_the_training_hash_ignores_how_and_where_it_runs(path: str, value: objec
     ("dataset", {"uri": "s3://data/v2/"})])
 def test_the_training_hash_follows_the_training_definition(path: str, value: object) -> None:
     assert training_hash(parse_spec(json.dumps(_with(path, value)))) != training_hash(parse_spec(json.dumps(MINIMAL)))
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("warmup_steps", "yes"), ("max_rollbacks", "no"), ("straggler_checks", "true"), ("hang_after_s", "on")])
+def test_a_boolean_is_no_number_in_the_health_section_either(field: str, value: str) -> None:
+    """`warmup_steps: yes` was read as 1 and `max_rollbacks: no` as 0 (job-spec.md: a number is a number)."""
+    with pytest.raises(SpecError) as info:
+        parse_spec(yaml.safe_dump(MINIMAL) + f"health:\n  {field}: {value}\n")
+    assert dict(info.value.errors)[f"health.{field}"].startswith("expected a number, got ")
+
