@@ -53,8 +53,9 @@ class HealthPolicy(BaseModel):
     straggler_factor: float | None = Field(1.5, gt=1, description="a rank's mean step time above this x the median")
     straggler_every: int = Field(20, ge=2, le=10_000, description="steps per straggler comparison")
     straggler_checks: int = Field(2, ge=1, le=100, description="consecutive comparisons that must flag the rank")
-    straggler_min_s: float = Field(0.05, ge=0, description="and at least this many seconds slower per step: "
-                                   "scheduling jitter on millisecond steps is not a bad node")
+    # finite: JSON writes infinity as null, which the ranks could not read back (SPOTRELAY_HEALTH)
+    straggler_min_s: float = Field(0.05, ge=0, allow_inf_nan=False, description="and at least this many seconds "
+                                   "slower per step: scheduling jitter on millisecond steps is not a bad node")
     hang_after_s: float | None = Field(1800.0, gt=0, description="no finished step for this long is a hang")
     max_rollbacks: int = Field(3, ge=0, le=100, description="rollbacks per attempt; then the action becomes stop")
     actions: dict[AnomalyKind, HealthAction] = Field(default_factory=lambda: dict(DEFAULT_ACTIONS))

@@ -205,3 +205,11 @@ def test_a_boolean_is_no_number_in_the_health_section_either(field: str, value: 
         parse_spec(yaml.safe_dump(MINIMAL) + f"health:\n  {field}: {value}\n")
     assert dict(info.value.errors)[f"health.{field}"].startswith("expected a number, got ")
 
+
+
+def test_a_health_bound_the_nodes_could_not_read_back_is_refused() -> None:
+    """`straggler_min_s: .inf` validated, then went to the ranks as null (JSON has no infinity): every
+    rank's SPOTRELAY_HEALTH failed to load, after the gang was paid for."""
+    with pytest.raises(SpecError) as info:
+        parse_spec(yaml.safe_dump(MINIMAL) + "health:\n  straggler_min_s: .inf\n")
+    assert "finite" in dict(info.value.errors)["health.straggler_min_s"]
