@@ -181,7 +181,8 @@ S3_URI = Annotated[str, Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/
 
 
 # a mount under one of these, or over one of the others, breaks the node
-SYSTEM_DIRS = frozenset({"bin", "boot", "dev", "etc", "lib", "lib64", "proc", "run", "sbin", "sys", "usr"})
+SYSTEM_DIRS = frozenset({"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sbin", "sys",
+                         "usr"})  # every /lib* job-spec.md names
 SYSTEM_ROOTS = frozenset({"/home", "/opt", "/root", "/tmp", "/var", "/opt/pytorch", "/opt/spotrelay"})
 
 

@@ -122,6 +122,7 @@ def test_the_agent_ends_the_attempt_as_infra_error_before_any_rank(monkeypatch: 
 @pytest.mark.parametrize(("path", "ok"), [("/fsx", True), ("/data/corpus", True), ("/opt/data", True),
                                           ("/", False), ("/fsx/", False), ("/proc/x", False), ("/usr", False),
                                           ("/opt", False), ("/opt/spotrelay/run", False), ("/a/../etc", False),
+                                          ("/lib32/x", False), ("/libx32", False), ("/library", True),
                                           ("/my data", False)])
 def test_a_mount_path_is_a_plain_folder_outside_the_systems(path: str, ok: bool) -> None:
     from pydantic import ValidationError
