@@ -269,7 +269,7 @@ class Recovery(Strict):
         None, ge=0, le=7 * 24 * 60,
         description="with no training gang, wait (unbilled) up to this long for a spot pool instead of launching "
         "on on-demand or on a spot pool that does far less work per dollar; 0: launch the best candidate at once; "
-        "unset: wait up to 60 minutes only while the job's own spot attempts paid per useful step against "
+        "unset: wait up to 120 minutes only while the job's own spot attempts paid per useful step against "
         "on-demand (placement/spot_evidence.py)")
     max_placing_minutes: float | None = Field(
         None, gt=0, le=30 * 24 * 60,

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from spotrelay.domain.models import Attempt, Job
 from spotrelay.domain.status import JobStatus
 from spotrelay.placement.spot_wait import (
+    EVIDENCE_WAIT_MINUTES,
     SPOT_WAIT_FACTOR,
     plan_view,
     saves,
@@ -133,6 +134,12 @@ def test_spot_wait_minutes_is_validated(bad: object) -> None:
     with pytest.raises(ValidationError, match="spot_wait_minutes"):
         JobSpec.model_validate(doc)
 
+
+
+def test_the_schema_states_the_unset_wait_plan_uses() -> None:
+    """`spotrelay schema` (an editor's hover) said 60 minutes; Plan waits EVIDENCE_WAIT_MINUTES (job-spec.md)."""
+    told = JobSpec.model_fields["recovery"].annotation.model_fields["spot_wait_minutes"].description  # type: ignore[union-attr]
+    assert f"unset: wait up to {EVIDENCE_WAIT_MINUTES:g} minutes" in (told or "")
 
 def test_spot_pools_that_failed_this_run_are_offered_again_once_no_longer_cooling() -> None:
     """Every spot pool failed a launch this run (excluded) but none cools down any more: the wait
