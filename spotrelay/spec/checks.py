@@ -26,13 +26,14 @@ LAUNCHER_ENV = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"
 def agent_env() -> frozenset[str]:
     """Set by the agent for the training API (agent/launcher.contract_env), over anything the spec says."""
     from spotrelay.contracts import control  # lazy: the spec loads without the contracts
+    from spotrelay.contracts.health import ENV_HEALTH
 
     return frozenset({
         control.ENV_CONTROL_DIR, control.ENV_JOB_ID, control.ENV_ATTEMPT, control.ENV_CHECKPOINT_DIR,
         control.ENV_CHECKPOINT_URI, control.ENV_SPEC_HASH, control.ENV_CHECKPOINT_EVERY_STEPS,
         control.ENV_CHECKPOINT_EVERY_MINUTES, control.ENV_KEEP_LOCAL, control.ENV_KEEP_S3, control.ENV_MLFLOW_RUN_ID,
         control.ENV_TRAINING_HASH, control.ENV_DEEPSPEED_CONFIG, control.ENV_CHECKPOINT_LOSS_INTERVAL_S,
-        control.ENV_CHECKPOINT_AUTO_MIN_MINUTES, control.ENV_CHECKPOINT_AUTO_MAX_MINUTES,
+        control.ENV_CHECKPOINT_AUTO_MIN_MINUTES, control.ENV_CHECKPOINT_AUTO_MAX_MINUTES, ENV_HEALTH,
     })
 
 
@@ -87,7 +88,7 @@ def entrypoint_problems(spec: JobSpec) -> Problems:
     reserved = agent_env() if entry.env else frozenset()
     for name in entry.env:
         if name in reserved:
-            problems.append((f"entrypoint.env.{name}", "is set by the agent (from the spec's checkpoint and the job)"))
+            problems.append((f"entrypoint.env.{name}", "is set by the agent (from the spec and the job)"))
         elif name in LAUNCHER_ENV:
             problems.append((f"entrypoint.env.{name}", "is set per rank by the launcher"))
     return problems

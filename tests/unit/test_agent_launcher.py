@@ -99,6 +99,20 @@ def test_contract_environment(tmp_path: Path) -> None:
     assert plan.env[control.ENV_CONTROL_DIR] == str(tmp_path / "control")
 
 
+
+def test_every_spotrelay_variable_the_agent_sets_is_refused_in_a_specs_env(tmp_path: Path) -> None:
+    """contract_env overrides entrypoint.env silently; the spec's check names each such variable instead
+    (job-spec.md). SPOTRELAY_HEALTH was set here but allowed there."""
+    from spotrelay.spec.checks import agent_env
+
+    config = AgentConfig(job_id="j-1", attempt=3, rank=0, work_dir=tmp_path, checkpoint_uri="s3://b/c/j-1")
+    job = JobView(job_id="j-1", spec_hash="abc", training_hash="t9", attempts=[AttemptView(number=3,
+                                                                                          loss_interval_s=900.0)])
+    spec = _spec(checkpoint={"every_steps": 10, "every_minutes": "auto"},
+                 launcher={"type": "deepspeed", "deepspeed_config": {"train_batch_size": 16}})
+    set_here = {k for k in contract_env(config, job, spec, "run-9") if k.startswith("SPOTRELAY_")}
+    assert set_here - agent_env() == set()
+
 def test_an_auto_cadence_carries_this_attempts_loss_interval_and_the_bounds(tmp_path: Path) -> None:
     config = AgentConfig(job_id="j-1", attempt=3, rank=0, work_dir=tmp_path, checkpoint_uri="s3://b/c/j-1")
     attempts = [AttemptView(number=2, loss_interval_s=900.0), AttemptView(number=3, loss_interval_s=14400.25)]
