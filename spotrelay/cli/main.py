@@ -162,7 +162,7 @@ def cancel(job_id: JobArg, endpoint_url: EndpointOpt = None, table: TableOpt = N
         raise UsageProblem("--save-minutes applies with --save only (the ranks save first, for that long at most)")
     save_minutes = 10.0 if save_minutes is None else save_minutes
     if save and not 0 < save_minutes * 60 <= MAX_SAVE_S:
-        raise UsageProblem(f"--save-minutes: 0 to {MAX_SAVE_S / 60:.0f} (got {save_minutes:g})")
+        raise UsageProblem(f"--save-minutes: above 0 and at most {MAX_SAVE_S / 60:.0f} (got {save_minutes:g})")
     connect(endpoint_url, None, table, region)
     job = request_cancel(job_id, store=DynamoDBJobStore(), workflow=SfnWorkflow(), now=time.time(), reason=reason,
                          save_s=save_minutes * 60 if save else None)

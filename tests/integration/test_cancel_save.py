@@ -96,7 +96,7 @@ def test_the_cli_refuses_a_save_time_it_cannot_wait_for() -> None:
     for bad in ("0", "-1", "61", "nan"):
         result = CliRunner().invoke(app, ["cancel", "job-x", "--save", "--save-minutes", bad])
         assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
-        assert "--save-minutes: 0 to 60" in result.output
+        assert f"--save-minutes: above 0 and at most 60 (got {bad})" in result.output  # (0 read as allowed)
     # without --save it would be ignored (the teardown would not wait): refused, before any AWS call
     result = CliRunner().invoke(app, ["cancel", "job-x", "--save-minutes", "30", "--endpoint-url", "http://127.0.0.1:1"])
     assert result.exit_code == 2 and "--save-minutes applies with --save only" in result.output, result.output
