@@ -17,8 +17,9 @@ With ``job_profiles`` configured, each job launches with its own instance profil
 A launch refused because that fresh profile has not yet propagated is retried a few times within the
 call (``PROFILE_RETRY_DELAYS``, about 14 s), then raised as ``RetryableError``.
 Instances carry ``spotrelay:job`` and ``spotrelay:job-id`` (the tag the controller's IAM policy
-requires on everything it creates), ``spotrelay:attempt``, ``spotrelay:pool`` and, per instance,
-``spotrelay:rank``; IMDS exposes them to the agent (``InstanceMetadataTags`` is always enabled).
+requires on everything it creates), ``spotrelay:attempt``, ``spotrelay:pool``, ``spotrelay:nodes`` (the
+gang's size) and, per instance, ``spotrelay:rank``; IMDS exposes them to the agent
+(``InstanceMetadataTags`` is always enabled).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from spotrelay.recovery.boot import ec2_boot_seconds
 __all__ = ["Ec2Compute", "Ec2ComputeConfig", "efa_interfaces", "placement_group_name"]
 
 TAG_JOB, TAG_ATTEMPT, TAG_RANK = "spotrelay:job", "spotrelay:attempt", "spotrelay:rank"
+TAG_NODES = "spotrelay:nodes"
 TAG_FSX_SOURCE = "spotrelay:fsx-source"  # agent config field fsx_source, read from the tags
 TAG_JOB_ID = "spotrelay:job-id"  # the tag the controller's IAM conditions check (cdk/permissions.py)
 _BASE_KEYS = ("BlockDeviceMappings", "Monitoring", "TagSpecifications", "UserData", "KeyName", "EbsOptimized")
@@ -182,7 +184,9 @@ class Ec2Compute:
         pool, n = request.pool, request.count
         market = "spot" if pool.market == "spot" else "on-demand"
         tags = [{"Key": TAG_JOB, "Value": request.job_id}, {"Key": TAG_JOB_ID, "Value": request.job_id},
-                {"Key": TAG_ATTEMPT, "Value": str(request.attempt)}, {"Key": "spotrelay:pool", "Value": pool.key}]
+                {"Key": TAG_ATTEMPT, "Value": str(request.attempt)}, {"Key": "spotrelay:pool", "Value": pool.key},
+                # the gang it trains in (agent config field nodes): a shrunk gang's or a replacement's is not the spec's
+                {"Key": TAG_NODES, "Value": str(request.gang or request.count)}]
         if request.config_uri:
             tags.append({"Key": "spotrelay:config-uri", "Value": request.config_uri[:256]})
         fsx = self._setup(pool.region).fsx_source

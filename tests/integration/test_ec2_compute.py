@@ -226,6 +226,22 @@ def test_launch_tags_ranks_lists_and_terminates_by_job(aws: dict[str, str]) -> N
     assert ec2.groups == {}
 
 
+
+def test_each_node_is_tagged_with_its_gangs_size_which_the_agent_reads_as_nodes(aws: dict[str, str]) -> None:
+    """A shrunk gang (resources.min_nodes) or a replacement rank trains in a gang of ``gang`` nodes, not the
+    spec's: the agent learns it from the spotrelay:nodes tag (agent.md). Untagged, it ran torchrun with the
+    spec's --nnodes and waited for nodes that were never launched."""
+    from agent.config import from_tags
+
+    compute, ec2 = moto_compute()
+    (node,) = compute.launch(LaunchRequest(job_id="llm-1", attempt=2, pool=POOL, count=1, ranks=[3], gang=8))
+    raw = ec2.describe_instances(InstanceIds=[node.instance_id])["Reservations"][0]["Instances"][0]
+    tags = {t["Key"]: t["Value"] for t in raw["Tags"]}
+    assert tags["spotrelay:nodes"] == "8" and from_tags(tags)["nodes"] == "8"
+    gang = compute.launch(request(count=3, attempt=3))  # no gang named: the launch is the whole gang
+    raw = ec2.describe_instances(InstanceIds=[gang[0].instance_id])["Reservations"][0]["Instances"][0]
+    assert {t["Key"]: t["Value"] for t in raw["Tags"]}["spotrelay:nodes"] == "3"
+
 def test_settings_come_from_the_stacks_ssm_parameters_and_base_template(aws: dict[str, str]) -> None:
     from spotrelay.adapters.aws import client
 
