@@ -50,6 +50,15 @@ class SpecError(PermanentError):
         super().__init__(f"{source}: {lines}")
 
 
+class SpecFileError(SpecError):
+    """The spec file itself cannot be read as text (missing, a folder, no permission, too large, not
+    UTF-8): one cause and no field, so the CLI says it in one line (the handler records it as a SpecError)."""
+
+    def __init__(self, source: str, cause: str) -> None:
+        self.cause = cause
+        super().__init__(source, [("(file)", cause)])
+
+
 class CodeArchiveError(PermanentError):
     """The job's code cannot be packed, fetched or unpacked safely (entrypoint.code)."""
 

@@ -21,7 +21,7 @@ from rich.markup import escape
 from typer import _click as click  # typer vendors click: its exceptions, not the click package's
 from typer.core import TyperGroup
 
-from spotrelay.errors import SpecError, SpotrelayError
+from spotrelay.errors import SpecError, SpecFileError, SpotrelayError
 
 err = Console(stderr=True)
 USAGE, RUNTIME = 2, 1
@@ -76,6 +76,8 @@ def explain(exc: BaseException) -> tuple[str, int]:
         return aws
     if isinstance(exc, UsageProblem):
         return str(exc), USAGE
+    if isinstance(exc, SpecFileError):  # the file, not a field: its name and the cause
+        return f"{printable(exc.source)}: {exc.cause}", USAGE
     if isinstance(exc, SpotrelayError):
         return str(exc), RUNTIME
     if isinstance(exc, (OSError, UnicodeDecodeError)) and not _network(exc):
@@ -93,13 +95,16 @@ def _network(exc: BaseException) -> bool:
     return isinstance(exc, ConnectionError) or type(exc).__module__.startswith(("requests", "urllib3"))
 
 
+def printable(name: str) -> str:
+    """A file's name with its control characters escaped: a newline in it broke a line in two."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
+
+
 def print_spec_error(exc: SpecError) -> None:
     """Spec errors list every field, one per line, under the file's name."""
     # the file's name whole on its line (not wrapped at the terminal's width) and as written ([ ] kept)
     out = _err()
-    # (a control character in it escaped: a newline in the name broke the header into two lines)
-    name = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(exc.source))
-    out.print(f"[red]invalid spec[/] {escape(name)}", highlight=False, soft_wrap=True)
+    out.print(f"[red]invalid spec[/] {escape(printable(str(exc.source)))}", highlight=False, soft_wrap=True)
     for path, msg in exc.errors:
         out.print(f"  {path}: {msg}", highlight=False, markup=False, soft_wrap=True)
 
@@ -143,6 +148,8 @@ class SpotrelayGroup(TyperGroup):
         except KeyboardInterrupt:
             _err().print("interrupted")
             raise typer.Exit(130) from None
+        except SpecFileError as exc:  # unreadable, not invalid: one line, as any other file's
+            raise_one_line(exc)
         except SpecError as exc:
             print_spec_error(exc)
             raise typer.Exit(USAGE) from None

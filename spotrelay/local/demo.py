@@ -37,7 +37,7 @@ from spotrelay.local.market import ChaosAction, MarketModel
 from spotrelay.local.reference import start_reference
 from spotrelay.local.twin import Twin, TwinOptions
 from spotrelay.local.twinlog import quiet_logs
-from spotrelay.spec.load import parse_spec
+from spotrelay.spec.load import parse_spec, read_spec_file
 from spotrelay.spec.models import JobSpec
 
 ENSURE_EXPERIMENT = (
@@ -88,8 +88,9 @@ def prepare_spec(path: Path, out: Path, step_sleep_s: float, steps: int | None =
                  spares: int | None = None, elastic: bool = False) -> tuple[str, JobSpec, str]:
     """The example spec with the demo's pacing and length, per-node results and the local MLflow store:
     its text, that text parsed, and the store's URI."""
-    text = path.read_text()
-    parse_spec(text, source=str(path))  # the file as written is a spec (SpecError names its fields)
+    body = read_spec_file(path)  # (bounded; unreadable or not UTF-8: one line naming the file, cli/errors.py)
+    parse_spec(body, source=str(path))  # the file as written is a spec (SpecError names its fields)
+    text = body.decode("utf-8-sig")
     data = yaml.safe_load(text)
     if elastic:
         data = elastic_spec(data)

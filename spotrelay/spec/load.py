@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from spotrelay.errors import SpecError, validation_message
+from spotrelay.errors import SpecError, SpecFileError, validation_message
 from spotrelay.files import read_bounded
 from spotrelay.spec.checks import launch_problems
 from spotrelay.spec.models import JobSpec
@@ -94,12 +94,12 @@ def read_spec_file(path: str | Path) -> bytes:
     try:
         size = p.stat().st_size
         if size > MAX_SPEC_BYTES:
-            raise SpecError(str(p), [("(file)", f"is {size} bytes; the limit is {MAX_SPEC_BYTES}")])
+            raise SpecFileError(str(p), f"is {size} bytes; the limit is {MAX_SPEC_BYTES}")
         body = read_bounded(p, MAX_SPEC_BYTES)
     except OSError as exc:
-        raise SpecError(str(p), [("(file)", f"cannot be read: {exc.strerror}")]) from exc
+        raise SpecFileError(str(p), f"cannot be read: {exc.strerror or exc}") from exc
     if len(body) > MAX_SPEC_BYTES:
-        raise SpecError(str(p), [("(file)", f"is over the limit of {MAX_SPEC_BYTES} bytes")])
+        raise SpecFileError(str(p), f"is over the limit of {MAX_SPEC_BYTES} bytes")
     return body
 
 

@@ -30,7 +30,7 @@ from yaml.reader import Reader
 from yaml.resolver import Resolver
 from yaml.scanner import Scanner
 
-from spotrelay.errors import SpecError
+from spotrelay.errors import SpecError, SpecFileError
 
 MAX_DEPTH = 64
 MAX_VALUES = 5_000
@@ -206,8 +206,8 @@ def decode(data: str | bytes, source: str) -> str:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         bad = data[exc.start : exc.start + 1].hex()
-        raise SpecError(source, [("(file)", f"is not UTF-8 text (byte 0x{bad} at offset {exc.start}); "
-                                            "save it as UTF-8")]) from exc
+        raise SpecFileError(source, f"is not UTF-8 text (byte 0x{bad} at offset {exc.start}); "
+                                    "save it as UTF-8") from exc
 
 
 def load_yaml(data: str | bytes, source: str = "<spec>") -> Any:

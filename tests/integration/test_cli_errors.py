@@ -5,7 +5,9 @@ traceback, and exits 1 (runtime) or 2 (usage)."""
 from __future__ import annotations
 
 import enum
+import errno
 import json
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -145,12 +147,40 @@ def test_a_spec_name_with_a_newline_keeps_the_header_on_one_line(tmp_path: Path)
     path = tmp_path / "a\nb.yaml"
     result = CliRunner().invoke(app, ["validate", str(path)])
     assert result.exit_code == 2 and result.output.splitlines() == [
-        f"invalid spec {tmp_path}/a\\nb.yaml", "  (file): cannot be read: No such file or directory"], result.output
+        f"error: {tmp_path}/a\\nb.yaml: cannot be read: No such file or directory"], result.output
 
 
 def test_validate_of_a_missing_file_is_a_usage_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["validate", str(tmp_path / "gone.yaml")])
     assert result.exit_code == 2 and "cannot be read" in result.output
+
+
+@pytest.mark.parametrize("command", ["validate", "submit"])
+def test_a_spec_file_that_cannot_be_read_is_one_line_naming_it(
+        tmp_path: Path, command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder, a file without read permission, a missing one, bytes that are not UTF-8: one line with the
+    file and the cause, exit 2, before anything is sent (it was `invalid spec FILE` over `(file): ...`, as if
+    a field were wrong)."""
+    from spotrelay.spec import load
+
+    folder, locked, latin = tmp_path / "folder.yaml", tmp_path / "locked.yaml", tmp_path / "latin.yaml"
+    folder.mkdir()
+    locked.write_text(Path(TINY).read_text())
+    locked.chmod(0)
+    latin.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    real = load.read_bounded
+
+    def read(path: str | Path, limit: int) -> bytes:  # (root reads a mode-000 file: its refusal stood in for)
+        if Path(path) == locked and os.access(locked, os.R_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real(path, limit)
+
+    monkeypatch.setattr(load, "read_bounded", read)
+    for path, cause in ((folder, "cannot be read: Is a directory"), (locked, "cannot be read: Permission denied"),
+                        (tmp_path / "gone.yaml", "cannot be read: No such file or directory"),
+                        (latin, "is not UTF-8 text (byte 0xe9 at offset 9); save it as UTF-8")):
+        result = CliRunner().invoke(app, [command, str(path)])
+        assert result.exit_code == 2 and result.output.splitlines() == [f"error: {path}: {cause}"], result.output
 
 
 def _tree() -> tuple[list[list[str]], list[tuple[list[str], Any]]]:

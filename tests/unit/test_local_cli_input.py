@@ -49,7 +49,11 @@ def test_bad_numbers_are_named_in_one_line(args: list[str], named: str, tmp_path
 def test_demo_refuses_a_spec_that_is_not_one_before_it_touches_out(tmp_path: Path) -> None:
     out = tmp_path / "out"
     missing = _refused(["demo", "--spec", str(tmp_path / "nope.yaml"), "--out", str(out)])
-    assert missing == f"error: {tmp_path / 'nope.yaml'}: No such file or directory"
+    assert missing == f"error: {tmp_path / 'nope.yaml'}: cannot be read: No such file or directory"
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("name: caf\xe9\n".encode("latin-1"))  # (was the codec's line, no file named)
+    assert _refused(["demo", "--spec", str(latin), "--out", str(out)]) == \
+        f"error: {latin}: is not UTF-8 text (byte 0xe9 at offset 9); save it as UTF-8"
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\n")  # (was a KeyError written only to out/twin.log: nothing on the terminal)
     text = _refused(["demo", "--spec", str(bad), "--out", str(out)])
@@ -169,7 +173,7 @@ def test_after_quiet_logs_a_captured_stderr_still_gets_the_error(tmp_path: Path)
         "from spotrelay.local.twinlog import quiet_logs\n"
         f"quiet_logs(Path({str(tmp_path / 'twin.log')!r}))\n"
         f"out = CliRunner().invoke(app, ['demo', '--spec', {str(tmp_path / 'nope.yaml')!r}]).output\n"
-        "assert 'nope.yaml: No such file or directory' in out, out\n"
+        "assert 'nope.yaml: cannot be read: No such file or directory' in out, out\n"
     )
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "MLFLOW_DISABLE_TELEMETRY": "true"}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
