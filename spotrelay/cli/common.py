@@ -55,6 +55,14 @@ def job_id(text: str) -> str:
     return text
 
 
+def given_path(text: str) -> Path:
+    """A file option's parser: an empty or blank value (an unset shell variable) is a usage error naming
+    the option; as a Path it was ".", the current folder, and was read or refused as that."""
+    if not text.strip():
+        raise ValueError(f"{text!r} names no file")
+    return Path(text)
+
+
 JobArg = Annotated[str, typer.Argument(metavar="JOB", parser=job_id, help="the job's id (`spotrelay jobs`)")]
 
 

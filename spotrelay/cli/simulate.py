@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from spotrelay.cli.common import number_option
+from spotrelay.cli.common import given_path, number_option
 from spotrelay.cli.errors import UsageProblem, check_writable
 from spotrelay.placement import catalog
 from spotrelay.sim.bounds import (
@@ -40,12 +40,14 @@ def _given(**values: float | None) -> dict[str, Any]:
 
 
 def _plot_format(plot: Path) -> None:
-    """A usage problem unless matplotlib writes ``--plot``'s suffix (checked before the runs)."""
-    if not plot.suffix:
-        return
+    """A usage problem unless matplotlib writes ``--plot``'s suffix (checked before the runs). A name
+    without one (``x``, ``x.``, ``.png``) is refused too: matplotlib would write ``x.png`` beside it."""
     from matplotlib.figure import Figure
 
     kinds = Figure().canvas.get_supported_filetypes()
+    if not plot.suffix:
+        raise UsageProblem(f"--plot {plot}: names no format; end it in .png or another matplotlib writes "
+                           f"({', '.join(sorted(kinds))})")
     if plot.suffix[1:].lower() not in kinds:
         raise UsageProblem(f"--plot {plot}: format {plot.suffix!r} is not one matplotlib writes "
                            f"({', '.join(sorted(kinds))})")
@@ -181,9 +183,11 @@ def simulate(
         "--spot-price", **number_option(0, MAX_USD_PER_HOUR),
         help="USD per node-hour for every spot pool instead of the catalog's (Bamboo's: 0.91); at most each "
         "pool's on-demand price")] = None,
-    json_path: Annotated[Path | None, typer.Option("--json", help="write every policy's figures as JSON")] = None,
+    json_path: Annotated[Path | None, typer.Option(
+        "--json", parser=given_path, help="write every policy's figures as JSON")] = None,
     plot: Annotated[Path | None, typer.Option(
-        "--plot", help="write a PNG (or another matplotlib format): cost against goodput, one run's timeline")] = None,
+        "--plot", parser=given_path, help="write a PNG, F.png (or another format matplotlib writes, by its "
+        "suffix): cost against goodput, one run's timeline")] = None,
     workers: Annotated[int | None, typer.Option(
         "--workers", min=1, max=MAX_WORKERS, help="processes for the runs (default: the CPU count for a sweep, 1 "
         "for a small run; 1: in this process); the results do not depend on it")] = None,

@@ -151,6 +151,8 @@ def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
     (["--boot-s-for", "p5.48xlarge"], "expected TYPE=SECONDS"),
     (["--boot-s-for", "p5.48xlarge=-1"], "a boot takes 0 to 86400 s"),
     (["--policies", ","], "--policies names nothing"),  # ran no policy and exited 0
+    (["--json", ""], "'--json': '' names no file"),  # was "--json .: is a directory"
+    (["--plot", " "], "'--plot': ' ' names no file"),  # wrote a PNG named " .png" and said "wrote  "
     (["--regions", " , "], "--regions names nothing"),  # silently every default region
     (["--instance-types", ""], "--instance-types names nothing"),
     (["--instance-types", "p5e.48xlarge", "--regions", "us-west-2"], "no p5e.48xlarge in us-west-2"),
@@ -178,6 +180,8 @@ def test_simulate_refuses_values_that_cannot_run_naming_them(args: list[str], na
 @pytest.mark.parametrize(("option", "name", "named"), [
     ("--json", "blocker/x.json", "cannot be written"),  # its folder would be a file
     ("--plot", "sim.txt", "format '.txt' is not one matplotlib writes"),
+    ("--plot", "sim.", "names no format; end it in .png"),  # matplotlib wrote sim.png; it said "wrote sim."
+    ("--plot", "sim", "names no format; end it in .png"),
     ("--json", "", "is a directory"),
     ("--json", "x" * 300 + ".json", "cannot be written (File name too long)"),  # (the option was not named)
 ])
