@@ -68,6 +68,30 @@ def _progress(total: int) -> Iterator[Callable[[int], None] | None]:
         yield lambda done: bar.advance(task, done)
 
 
+def _strategy(text: str) -> str:
+    """``--strategy``'s parser: a recovery strategy the spec takes (an empty one was silently the spec's
+    default; another, a line naming a switch instead of the option)."""
+    from typing import get_args
+
+    from spotrelay.spec.models import Recovery
+
+    known = get_args(Recovery.model_fields["strategy"].annotation)
+    if text not in known:
+        raise ValueError(f"{text!r} is not a recovery strategy ({' or '.join(known)})")
+    return text
+
+
+def _empty(trace: list[str] | None, **lists: tuple[list[str] | str | None, list[str]]) -> None:
+    """A usage problem naming the first option given with nothing in it (an empty shell variable), which
+    would run nothing, or every default. ``lists``: a comma list's option -> (what was typed, the names in
+    it); each ``--trace`` names one file (an empty one was read as ".", the current folder)."""
+    if any(not t.strip() for t in trace or []):
+        raise UsageProblem("--trace names nothing (give FILE or POOL=FILE, or leave the option out)")
+    for name, (typed, names) in lists.items():
+        if typed is not None and not names:
+            raise UsageProblem(f"--{name.replace('_', '-')} names nothing (give NAME,... or leave the option out)")
+
+
 def _user_spec(path: Path | None, **flags: Any) -> Any:
     """``--spec``'s JobSpec (None without one). It states what the flags it replaces would: giving both
     is a usage problem, not a silent choice. A bad spec is reported field by field (cli/errors.py)."""
@@ -119,9 +143,9 @@ def simulate(
         "--trace", help="FILE, or POOL=FILE (POOL: a glob over pool keys)")] = None,
     trace_format: Annotated[str, typer.Option("--trace-format", help="bamboo | pools-csv | synthetic")] = "bamboo",
     spec_file: Annotated[Path | None, typer.Option(
-        "--spec", help="your job spec: spotrelay runs its gang sizes, regions, instance types, markets, checkpoint "
-        "and recovery settings (the stated job's model and step times stay; the baselines take its sizes and "
-        "places)")] = None,
+        "--spec", parser=given_path, help="your job spec: spotrelay runs its gang sizes, regions, instance types, "
+        "markets, checkpoint and recovery settings (the stated job's model and step times stay; the baselines "
+        "take its sizes and places)")] = None,
     nodes: Annotated[int | None, typer.Option("--nodes", min=1, max=512, help="gang size (default 16)")] = None,
     instance_types: Annotated[list[str] | None, typer.Option(
         "--instance-types", help="comma list (default p5.48xlarge,p4d.24xlarge)")] = None,
@@ -140,7 +164,8 @@ def simulate(
         "--deadline-hours", **number_option(0.01, MAX_JOB_HOURS),
         help="stop each job this many wall hours after its start, done or not (a time-boxed run)")] = None,
     strategy: Annotated[str | None, typer.Option(
-        "--strategy", help="spotrelay's recovery strategy (default: the spec's)")] = None,
+        "--strategy", parser=_strategy,
+        help="spotrelay's recovery strategy, replace-cluster or replace-lost-nodes (default: the spec's)")] = None,
     switch: Annotated[list[str] | None, typer.Option(
         "--switch", help="a spotrelay variant, NAME=VALUE: spares=1, min_nodes=12, launch_at_notice=false, "
         "prewarm_on_rebalance=true, rebalance_checkpoint=false, keep_margin=0.2, every_minutes=auto")] = None,
@@ -211,14 +236,8 @@ def simulate(
     named_regions, named_types = _split(regions), _split(instance_types)
     spec = _user_spec(spec_file, nodes=nodes, regions=regions, instance_types=instance_types,
                       checkpoint_minutes=checkpoint_minutes, strategy=strategy)
-    # an option given with nothing in it (an empty shell variable) would run nothing, or every default
-    empty = [flag for flag, given, names in (("--policies", policies, chosen), ("--regions", regions, named_regions),
-                                             ("--instance-types", instance_types, named_types))
-             if given is not None and not names]
-    if empty:
-        err.print(f"[red]error:[/] {empty[0]} names nothing (give NAME,... or leave the option out)",
-                  soft_wrap=True, highlight=False)
-        raise typer.Exit(2)
+    _empty(trace, policies=(policies, list(chosen)), regions=(regions, named_regions),
+           instance_types=(instance_types, named_types))
     bad = [p for p in chosen if p not in POLICIES]
     if bad or trace_format not in ("bamboo", "pools-csv", "synthetic"):
         what = f"policy {bad[0]!r} (known: {', '.join(POLICIES)})" if bad else f"--trace-format {trace_format!r}"

@@ -117,5 +117,6 @@ class JobModel:
                           "markets": markets},
             "checkpoint": {"every_minutes": self.checkpoint_minutes},
             "recovery": {**({"max_recoveries": self.max_recoveries} if self.max_recoveries is not None else {}),
-                         **({"strategy": self.strategy} if self.strategy else {})},
+                         # (an empty one, `--switch strategy=`, is refused by the spec, not read as unset)
+                         **({"strategy": self.strategy} if self.strategy is not None else {})},
         })

@@ -151,6 +151,16 @@ def test_simulate_bad_input_is_one_line(tmp_path: Path) -> None:
     (["--boot-s-for", "p5.48xlarge"], "expected TYPE=SECONDS"),
     (["--boot-s-for", "p5.48xlarge=-1"], "a boot takes 0 to 86400 s"),
     (["--policies", ","], "--policies names nothing"),  # ran no policy and exited 0
+    (["--policies", ""], "--policies names nothing"),
+    (["--regions", ""], "--regions names nothing"),
+    (["--strategy", ""], "'--strategy': '' is not a recovery strategy"),  # silently the spec's default
+    (["--strategy", " "], "'--strategy': ' ' is not a recovery strategy"),  # named "switch strategy", not the option
+    (["--strategy", "replace-all"], "'--strategy': 'replace-all' is not a recovery strategy (replace-cluster or"),
+    (["--switch", "strategy="], "switch strategy: recovery.strategy: Input should be"),  # silently the default
+    (["--variant", "a:strategy="], "--variant a: switch strategy: recovery.strategy: Input should be"),
+    (["--trace", ""], "--trace names nothing"),  # was ".: cannot read the trace (Is a directory)"
+    (["--trace", " "], "--trace names nothing"),
+    (["--spec", ""], "'--spec': '' names no file"),  # was "--spec .: has no suffix"
     (["--json", ""], "'--json': '' names no file"),  # was "--json .: is a directory"
     (["--plot", " "], "'--plot': ' ' names no file"),  # wrote a PNG named " .png" and said "wrote  "
     (["--regions", " , "], "--regions names nothing"),  # silently every default region
