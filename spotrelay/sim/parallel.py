@@ -8,8 +8,8 @@ job, start)``), gets each run's ``RunResult`` back and merges them in the in-pro
 (``runner.merge_seed``), so the report, and its JSON, is the same for any number of workers. Workers
 use the 'spawn' context (a fresh interpreter: nothing inherited from the parent's state) and ignore
 SIGINT: Ctrl-C reaches the parent, which kills them; so do the first run that fails (its error comes
-back as a one-line ``ValueError``) and a worker that dies (killed, out of memory: its run's answer
-would never come). Each worker has a pipe of its own, not ``multiprocessing.Pool``'s shared queues:
+back as a one-line ``ValueError``, all of its message) and a worker that dies (killed, out of memory:
+its run's answer would never come). Each worker has a pipe of its own, not ``multiprocessing.Pool``'s shared queues:
 stopping a Pool terminates workers that may hold a queue's lock (one sending its result), and then
 waits for ever for it (seen once: a failed run's sweep hung in ``Pool.terminate``); a private pipe has
 no lock to leave held, and a dead worker shows as its process sentinel. As with any 'spawn' caller, a
@@ -72,7 +72,9 @@ def _work(task: Task) -> tuple[Task, str, Any]:
             _MARKETS[seed] = build_market(_OPTS.market, seed)
         return task, "ok", run_one(_OPTS, _MARKETS[seed], policy, seed, job, start)
     except Exception as exc:  # sent back as text: an exception's pickling is not to be relied on
-        text = str(exc).splitlines()[0] if str(exc) else ""
+        # all of it on one line, as the CLI prints an error of this process: a trace's name with a newline
+        # (its file and line after it) or pydantic's lines (the input under the field) were cut at the first
+        text = " ".join(str(exc).split())
         prefix = "" if isinstance(exc, ValueError) else f"{type(exc).__name__}: "
         return task, "error", f"{policy} seed {seed} job {job}: {prefix}{text}"
 
@@ -151,7 +153,8 @@ def run_parallel(opts: SimOptions, workers: int, progress: Progress | None = Non
                     continue  # (its answer was read above: a sentinel with it in one wake-up)
                 try:
                     task, status, value = conn.recv()
-                except EOFError:  # killed (out of memory, a signal): that run's answer never comes
+                except (EOFError, OSError):  # killed (out of memory, a signal): that run's answer never comes
+                    # (one gone before it read its task resets the pipe: ECONNRESET read "cannot connect")
                     raise ValueError(_DIED) from None
                 busy.discard(conn)
                 if status == "error":

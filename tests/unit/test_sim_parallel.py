@@ -4,6 +4,7 @@ ends every worker, with one line."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from spotrelay.cli.main import app
@@ -90,6 +92,40 @@ def test_a_run_failing_in_a_worker_is_one_line_and_ends_the_workers() -> None:
                                       "--switch", "wall_time_weight=2"])
     assert result.exit_code == 2 and result.output.strip().count("\n") == 0, result.output
     assert "resources.wall_time_weight" in result.output and "Traceback" not in result.output
+    assert set(_workers_of(os.getpid())) <= before
+
+
+def test_a_workers_error_comes_back_whole_on_one_line(tmp_path: Path) -> None:
+    """A worker sent back only its error's first line: a trace named with a newline came back as
+    "spotrelay seed 0 job 1: bad", without the file's line or the cause after it."""
+    bad = tmp_path / "bad\nname.csv"
+    bad.write_text("10,add,a\n20,vanish,a\n")
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(bad), "--nodes", "4", "--job-hours", "1",
+                                      "--jobs", "2", "--workers", "2", "--policies", "spotrelay"])
+    assert result.exit_code == 2 and result.output.strip().count("\n") == 0, result.output
+    assert f"{tmp_path}/bad name.csv:2: action 'vanish' is not 'add' or 'remove'" in result.output, result.output
+
+
+class _ExitWhenLoaded:
+    """Unpickled in a worker as it starts (in its options), it ends that worker before it reads a run."""
+
+    def __reduce__(self) -> tuple[Callable[[int], None], tuple[int]]:
+        return os._exit, (3,)
+
+
+def test_a_worker_gone_before_its_first_run_is_the_died_line() -> None:
+    """Its pipe, with the unread task in it, is reset: the parent's read raised ConnectionResetError, which
+    the CLI printed as "cannot connect: ...; is the endpoint (or the twin) running?"."""
+    from spotrelay.sim.build import MarketOptions
+    from spotrelay.sim.job import JobModel
+    from spotrelay.sim.parallel import _DIED, run_parallel
+    from spotrelay.sim.runner import SimOptions
+
+    before = set(_workers_of(os.getpid()))
+    opts = SimOptions(market=MarketOptions(trace_format="synthetic"), job=JobModel(nodes=4, job_hours=1),
+                      policies=("spotrelay",), jobs=2, spotrelay_switches={"x": _ExitWhenLoaded()})
+    with pytest.raises(ValueError, match=re.escape(_DIED)):
+        run_parallel(opts, 2)
     assert set(_workers_of(os.getpid())) <= before
 
 
