@@ -8,8 +8,9 @@ In short, for a gang of N nodes in a pool with price p (USD per instance-hour)::
     loss   = restore_hours + unannounced_share * checkpoint_interval_hours / 2
     useful = 1 / (1 + N * lambda * loss)                                      fraction of paid time
     speed  = throughput(type) * locality(region)                              vs N x p4d.24xlarge
-    score  = ((N + spares) * p + N * transfer_usd) * (1 + capacity_risk) / (useful * speed)
-             (with hot spares, restore_hours is the spare's takeover time, not a boot)
+    score  = ((N + spares) * p + N * transfer_usd + ckpt_usd) * (1 + capacity_risk) / (useful * speed)
+             (with hot spares, restore_hours is the spare's takeover time, not a boot; ckpt_usd: the
+             checkpoints a gang away from their region sends, per hour: checkpoint_transfer)
 
 With ``resources.min_nodes`` < nodes, (pool, gang size) pairs are ranked: a gang of n < N nodes does
 n/N of the work per hour and is charged ``(N / n) ** shrink_delay_weight`` for finishing later::
@@ -56,6 +57,8 @@ class PlacementConfig(BaseModel):
     spare_takeover_minutes: float = Field(1.0, ge=0, description="a hot spare restarts a lost rank from its local tier")
     remote_data_slowdown: float = Field(0.9, gt=0, le=1, description="speed factor without a replica")
     transfer_usd_per_node_hour: float = Field(0.5, ge=0, description="cross-region reads per node-hour")
+    checkpoint_transfer_usd_per_gb: float = Field(  # AWS between US regions, and from eu-west-1 to the US
+        0.02, ge=0, description="a checkpoint GB sent between regions (checkpoint.size_gb and region)")
     capacity_risk_weight: float = Field(0.1, ge=0, description="score uplift at certain launch failure")
     capacity_prior_weight: float = Field(4.0, gt=0, description="launches the placement-score prior weighs")
     throughput: dict[str, float] = Field(default_factory=dict, description="overrides of catalog throughput")
@@ -137,6 +140,19 @@ def checkpoint_hours(spec: JobSpec, config: PlacementConfig, gang_rate: float) -
     return (ckpt.fixed_minutes or config.assumed_checkpoint_minutes) / 60.0
 
 
+def checkpoint_transfer(spec: JobSpec, pool: Pool, gang_rate: float, interval_h: float,
+                        config: PlacementConfig) -> float:
+    """USD per hour a gang in ``pool`` pays to send its checkpoints to another region: every periodic
+    save whole, and after each of the gang's losses (``gang_rate`` per hour) the whole checkpoint read
+    back (a reclaim wave or a new gang restores every rank; one lost rank only its shard: the pessimistic
+    side, as restore_minutes are). Weighed only when the spec states the checkpoint's size and region
+    (``checkpoint.size_gb``, ``checkpoint.region``)."""
+    ckpt = spec.checkpoint
+    if ckpt.size_gb is None or ckpt.region is None or pool.region == ckpt.region or interval_h <= 0:
+        return 0.0
+    return ckpt.size_gb * config.checkpoint_transfer_usd_per_gb * (1.0 / interval_h + gang_rate)
+
+
 def loss_interval(scored: ScoredPool, config: PlacementConfig = DEFAULT_CONFIG, at_risk: float = 0.0) -> float | None:
     """Mean seconds between the scored gang's losses without a usable notice (the attempt record's
     ``loss_interval_s``: what the trainers' auto cadence reads). ``at_risk``: the share of the job's
@@ -162,13 +178,16 @@ def score_pool(
     rate = spot_rate + config.node_failure_rate
     gang_rate = n * rate
     # announced losses keep the work (emergency checkpoint); unannounced ones lose half an interval
-    loss_h = restore_h + config.unannounced_share * checkpoint_hours(spec, config, gang_rate) / 2.0
+    interval_h = checkpoint_hours(spec, config, gang_rate)
+    loss_h = restore_h + config.unannounced_share * interval_h / 2.0
     useful = 1.0 / (1.0 + gang_rate * loss_h)
     remote = (
         spec.dataset is not None and bool(spec.dataset.replicas) and pool.region not in spec.dataset.replicas
     )
     locality = config.remote_data_slowdown if remote else 1.0
     transfer = n * config.transfer_usd_per_node_hour if remote else 0.0
+    ckpt_transfer = checkpoint_transfer(spec, pool, gang_rate, interval_h, config)
+    transfer += ckpt_transfer
     # a running gang's own pool quotes a score for launching another gang there, lower by what it holds
     risk = 0.0 if staying else capacity_risk(quote, stats, config)
     gang_price = (n + spares) * quote.price_per_hour  # spares are billed like the ranks
@@ -188,6 +207,7 @@ def score_pool(
         "throughput": throughput,
         "locality": locality,
         "transfer_usd_per_hour": transfer,
+        "checkpoint_transfer_usd_per_hour": ckpt_transfer,
         "capacity_risk": risk,
         "spares": float(spares),
         "gang_share": share,

@@ -109,13 +109,20 @@ class JobModel:
         steps += [ckpt.every_steps] if ckpt.every_steps is not None else []
         return min(steps) if steps else self.every_steps(instance_type)
 
+    def checkpoint_hints(self) -> dict[str, object]:
+        """What a team states so placement weighs its checkpoints' distance (``checkpoint.size_gb`` and
+        ``region``): given when the run charges that transfer, so the default runs decide as before."""
+        if self.transfer_usd_per_gb <= 0 or self.checkpoint_region is None:
+            return {}
+        return {"size_gb": self.checkpoint_bytes / 1e9, "region": self.checkpoint_region}
+
     def spec(self, regions: list[str], instance_types: list[str], markets: list[str]) -> JobSpec:
         """The job spec the controller's decisions read (placement, strategy, retry budget)."""
         return JobSpec.model_validate({
             "version": 1, "name": "sim", "entrypoint": {"command": ["python", "train.py"]},
             "resources": {"nodes": self.nodes, "regions": regions, "instance_types": instance_types,
                           "markets": markets},
-            "checkpoint": {"every_minutes": self.checkpoint_minutes},
+            "checkpoint": {"every_minutes": self.checkpoint_minutes, **self.checkpoint_hints()},
             "recovery": {**({"max_recoveries": self.max_recoveries} if self.max_recoveries is not None else {}),
                          # (an empty one, `--switch strategy=`, is refused by the spec, not read as unset)
                          **({"strategy": self.strategy} if self.strategy is not None else {})},

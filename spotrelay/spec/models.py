@@ -226,6 +226,19 @@ class Checkpoint(Strict, MinutesOrAuto):
     keep_s3: int = Field(5, ge=1, le=1000)
     s3_prefix: S3_URI | None = Field(None, description="default: the jobs bucket's checkpoints/<job>/")
     local_dir: str = Field("/opt/spotrelay/checkpoints", description="fast tier: NVMe or FSx path")
+    # a gang away from its checkpoints sends every save there, at AWS's inter-region price: with both
+    # stated, placement weighs it (placement/policy.py, docs/placement.md "Checkpoint locality")
+    size_gb: float | None = Field(None, gt=0, le=1e6, description="the whole checkpoint, every rank's shards, "
+                                  "in GB: with region, placement weighs sending it from another region")
+    region: str | None = Field(None, description="the region of the bucket the checkpoints go to (the home "
+                               "region for the default s3_prefix): with size_gb, placement weighs the distance")
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, value: str | None) -> str | None:
+        if value is not None and not REGION_RE.fullmatch(value):
+            raise ValueError(f"not an AWS region name like us-east-1 (got {value[:60]!r})")
+        return value
 
     @field_validator("every_minutes", mode="before")
     @classmethod

@@ -134,6 +134,38 @@ def test_data_locality_prefers_the_region_with_a_replica() -> None:
     assert east.breakdown["locality"] < 1.0 and east.breakdown["transfer_usd_per_hour"] > 0
 
 
+def test_checkpoint_locality_weighs_sending_a_stated_checkpoint_between_regions() -> None:
+    """A gang away from its checkpoints' region sends every save there (and reads its restores back): a
+    1.12 TB checkpoint every 20 minutes is about $67 an hour at $0.02/GB, more than a $0.40 price gap."""
+    prices = {"us-east-1/p4d.24xlarge": 8.4, "us-west-2/p4d.24xlarge": 8.0}
+    unstated = make_spec(regions=["us-east-1", "us-west-2"], instance_types=["p4d.24xlarge"])
+    assert rank_pools(unstated, quotes_for(unstated, spot_prices=prices), {}, NOW)[0].pool.region == "us-west-2"
+    doc = unstated.model_dump(mode="json", exclude_none=True)
+    doc["checkpoint"].update(size_gb=1120, region="us-east-1")
+    spec = JobSpec.model_validate(doc)
+    ranked = rank_pools(spec, quotes_for(spec, spot_prices=prices), {}, NOW)
+    assert ranked[0].pool.region == "us-east-1"
+    west = next(s for s in ranked if s.pool.region == "us-west-2")
+    gang_rate = west.breakdown["gang_interruptions_per_hour"]
+    assert west.breakdown["checkpoint_transfer_usd_per_hour"] == pytest.approx(1120 * 0.02 * (3 + gang_rate))
+    assert ranked[0].breakdown["checkpoint_transfer_usd_per_hour"] == 0.0
+    # the price of a GB is the config's; at 0 the distance is free again
+    free = rank_pools(spec, quotes_for(spec, spot_prices=prices), {}, NOW,
+                      config=PlacementConfig(checkpoint_transfer_usd_per_gb=0.0))
+    assert free[0].pool.region == "us-west-2"
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("size_gb", 0, "greater than 0"), ("size_gb", True, "number"), ("size_gb", float("inf"), "1000000"),
+    ("region", "US East", "not an AWS region name"), ("region", "us-east-1\n", "not an AWS region name"),
+])
+def test_a_checkpoint_size_or_region_placement_could_not_use_is_refused(field: str, value: Any, says: str) -> None:
+    doc = make_spec().model_dump(mode="json", exclude_none=True)
+    doc["checkpoint"][field] = value
+    with pytest.raises(ValueError, match=says):
+        JobSpec.model_validate(doc)
+
+
 def test_spec_limits_exclusions_and_quota_drop_pools() -> None:
     spec = make_spec(markets=["spot", "on-demand"], max_hourly_price=30.0)
     quotes = quotes_for(spec)

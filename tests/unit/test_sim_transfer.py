@@ -69,3 +69,28 @@ def test_simulate_states_and_reports_it(tmp_path: Path) -> None:
     bad = CliRunner().invoke(app, [*args, "--checkpoint-region", "us-north-9"])
     assert bad.exit_code == 2 and "--checkpoint-region: unknown region 'us-north-9'" in bad.output
     assert len(bad.output.strip().splitlines()) == 1
+
+
+def test_spotrelay_states_its_checkpoint_to_placement_only_when_the_run_charges_it() -> None:
+    """The default runs decide as before (the pins hold); a charged run's spec says what a team with that
+    checkpoint would state, so the shipped placement weighs the distance."""
+    free = JobModel(nodes=16, checkpoint_region="us-east-1").spec(["us-east-1"], ["p5.48xlarge"], ["spot"])
+    assert free.checkpoint.size_gb is None and free.checkpoint.region is None
+    charged = JobModel(nodes=16, checkpoint_region="us-east-1", transfer_usd_per_gb=0.02).spec(
+        ["us-east-1"], ["p5.48xlarge"], ["spot"])
+    assert charged.checkpoint.size_gb == 1120.0 and charged.checkpoint.region == "us-east-1"
+
+
+def test_the_review_and_recovery_shortlists_decide_as_every_quote_with_the_checkpoints_weighed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """sim/shortlist.py skips pools by lower bounds of their scores: the checkpoint term must not break them."""
+    from spotrelay.sim import moves
+    from spotrelay.sim.build import MarketOptions
+    from spotrelay.sim.runner import SimOptions, simulate
+
+    monkeypatch.setattr(moves, "VERIFY_SHORTLIST", True)
+    opts = SimOptions(market=MarketOptions(trace_format="synthetic", synthetic_days=20),
+                      job=JobModel(nodes=16, job_hours=72.0, transfer_usd_per_gb=0.02), policies=("spotrelay",),
+                      jobs=2, spotrelay_switches={"min_nodes": 12, "spares": 1})
+    report = simulate(opts)
+    assert all(r.finished for r in report.runs)
