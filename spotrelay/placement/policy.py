@@ -153,6 +153,27 @@ def checkpoint_transfer(spec: JobSpec, pool: Pool, gang_rate: float, interval_h:
     return ckpt.size_gb * config.checkpoint_transfer_usd_per_gb * (1.0 / interval_h + gang_rate)
 
 
+def checkpoint_home(spec: JobSpec, home_region: str, jobs_bucket: str) -> JobSpec:
+    """``spec`` with ``checkpoint.region`` filled where the deployment knows it, so a team states only
+    ``checkpoint.size_gb``: the jobs bucket (the default ``s3_prefix``, or one naming it, as a resumed
+    job's does) is in the home region. A data bucket's region is left to the spec."""
+    ckpt = spec.checkpoint
+    if ckpt.size_gb is None or ckpt.region is not None or not home_region:
+        return spec
+    if ckpt.s3_prefix is not None and ckpt.s3_prefix.removeprefix("s3://").split("/", 1)[0] != jobs_bucket:
+        return spec
+    return spec.model_copy(update={"checkpoint": ckpt.model_copy(update={"region": home_region})})
+
+
+def checkpoint_restore_usd(spec: JobSpec, pool: Pool, share: float, config: PlacementConfig) -> float:
+    """USD to read ``share`` of a stated checkpoint into ``pool`` from another region (a move's restore:
+    the new ranks' shards); 0 beside it or unstated (``checkpoint_transfer``)."""
+    ckpt = spec.checkpoint
+    if ckpt.size_gb is None or ckpt.region is None or pool.region == ckpt.region:
+        return 0.0
+    return ckpt.size_gb * share * config.checkpoint_transfer_usd_per_gb
+
+
 def loss_interval(scored: ScoredPool, config: PlacementConfig = DEFAULT_CONFIG, at_risk: float = 0.0) -> float | None:
     """Mean seconds between the scored gang's losses without a usable notice (the attempt record's
     ``loss_interval_s``: what the trainers' auto cadence reads). ``at_risk``: the share of the job's

@@ -10,7 +10,8 @@ work) and the best candidate now (``evaluate_pools`` with gang sizes down to ``m
                     the job's own recent spot attempts' mean length, for a spot target)
     move_cost = new_gang_price * (boot_h + restore_h)                the new gang boots while the old
               + old_gang_price * save_h                              trains (make-before-break), then
-                                                                      restores; the old one's last save
+              + restore transfer                                     restores; the old one's last save;
+                                                                      its shards from another region
     move when gain * horizon > move_cost * (1 + margin)
 
 So a move pays for its boot, its restore and the double billing of the overlap within the time it
@@ -31,7 +32,14 @@ from spotrelay.domain.models import Attempt, Earlier, Pool
 from spotrelay.placement import catalog
 from spotrelay.placement.gang_fit import SizedScores
 from spotrelay.placement.payback import round_trip_cost
-from spotrelay.placement.policy import DEFAULT_CONFIG, PlacementConfig, ScoredPool, evaluate_pools, score_pool
+from spotrelay.placement.policy import (
+    DEFAULT_CONFIG,
+    PlacementConfig,
+    ScoredPool,
+    checkpoint_restore_usd,
+    evaluate_pools,
+    score_pool,
+)
 from spotrelay.placement.pool_stats import PoolStats
 from spotrelay.placement.spot_evidence import wall_limit
 from spotrelay.ports.market import PoolQuote
@@ -179,7 +187,7 @@ def better_placement(
         gang_rate = best.breakdown["gang_interruptions_per_hour"]
     if best.score >= now_scored.score:
         return None
-    move_cost, restore_h = _move_cost(best, current, world, config, review, boot_s)
+    move_cost, restore_h = _move_cost(spec, best, current, world, config, review, boot_s)
     gain = (now_scored.score - best.score) * work_rate(best)
     horizon = min(review.horizon_hours, 1.0 / gang_rate) if gang_rate > 0 else review.horizon_hours
     cost = move_cost
@@ -200,10 +208,11 @@ def better_placement(
     return Move(target=best, current=now_scored, gain_per_hour=gain, move_cost=move_cost, horizon_hours=horizon)
 
 
-def _move_cost(best: ScoredPool, current: PoolQuote, world: int, config: PlacementConfig, review: ReviewConfig,
-               boot_s: Callable[[Pool], float] | None) -> tuple[float, float]:
+def _move_cost(spec: JobSpec, best: ScoredPool, current: PoolQuote, world: int, config: PlacementConfig,
+               review: ReviewConfig, boot_s: Callable[[Pool], float] | None) -> tuple[float, float]:
     """(USD, the restore's hours): the new nodes' boot and the gang's restore at the target's price, the
-    old gang's last save at its own (make-before-break)."""
+    old gang's last save at its own (make-before-break), and the new ranks' shards read from another
+    region when the spec states where its checkpoints are (``checkpoint_restore_usd``)."""
     info = catalog.instance(best.pool.instance_type)
     boot_min = boot_s(best.pool) / 60 if boot_s is not None else review.boot_minutes
     restore_min = max(0.0, (info.restore_minutes if info else config.default_restore_minutes) - boot_min)
@@ -211,7 +220,8 @@ def _move_cost(best: ScoredPool, current: PoolQuote, world: int, config: Placeme
     price = best.quote.price_per_hour
     boot_h, restore_h, save_h = boot_min / 60, restore_min / 60, review.save_minutes / 60
     move_cost = (new_nodes * price * boot_h + best.nodes * price * restore_h
-                 + world * current.price_per_hour * save_h)
+                 + world * current.price_per_hour * save_h
+                 + checkpoint_restore_usd(spec, best.pool, new_nodes / best.nodes if best.nodes else 1.0, config))
     return move_cost, restore_h
 
 
@@ -232,7 +242,7 @@ def catch_up(
     if best is None:
         return None
     now_scored = score_pool(spec, current, stats.get(current.pool.key), config, nodes=world, staying=True)
-    move_cost, _ = _move_cost(best, current, world, config, review, boot_s)
+    move_cost, _ = _move_cost(spec, best, current, world, config, review, boot_s)
     return Move(target=best, current=now_scored, gain_per_hour=(now_scored.score - best.score) * work_rate(best),
                 move_cost=move_cost, horizon_hours=review.horizon_hours, behind_hours=behind_hours)
 

@@ -57,7 +57,12 @@ class Controller:
 
 
 def spec_of(job: Job) -> JobSpec:
-    return JobSpec.model_validate(job.spec)
+    """The job's spec as placement reads it: where the deployment knows its checkpoints' region (the
+    jobs bucket is the home region's) and the spec states their size, the distance is weighed."""
+    from spotrelay.placement.policy import checkpoint_home  # (placement's import: only the handlers that read it)
+
+    s = settings()
+    return checkpoint_home(JobSpec.model_validate(job.spec), s.region, s.bucket)
 
 
 def launch_locations(job: Job, spec: JobSpec) -> dict[str, Any]:

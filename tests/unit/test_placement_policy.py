@@ -210,3 +210,23 @@ def test_across_four_regions_every_spot_p5_pool_precedes_spot_p4d_then_on_demand
     kinds = [order.index(kind(s.pool)) for s in rank_pools(spec, quotes_for(spec), {}, NOW)]
     assert kinds == sorted(kinds) and set(kinds) == {0, 1, 2, 3}
     assert len(kinds) == len(quotes_for(spec))  # nothing dropped: all four regions compete
+
+
+def test_the_deployment_fills_the_region_of_checkpoints_in_its_jobs_bucket() -> None:
+    """A team states only checkpoint.size_gb: the jobs bucket (the default s3_prefix, or a resumed job's
+    prefix in it) is in the home region (services/controller.spec_of); a data bucket's is the spec's."""
+    from spotrelay.placement.policy import checkpoint_home
+
+    def spec_with(**ckpt: Any) -> JobSpec:
+        doc = make_spec().model_dump(mode="json", exclude_none=True)
+        doc["checkpoint"].update(ckpt)
+        return JobSpec.model_validate(doc)
+
+    assert checkpoint_home(spec_with(size_gb=10), "us-east-2", "jobs").checkpoint.region == "us-east-2"
+    resumed = spec_with(size_gb=10, s3_prefix="s3://jobs/checkpoints/old-job/")
+    assert checkpoint_home(resumed, "us-east-2", "jobs").checkpoint.region == "us-east-2"
+    data = spec_with(size_gb=10, s3_prefix="s3://data-usw2/checkpoints/x/")
+    assert checkpoint_home(data, "us-east-2", "jobs").checkpoint.region is None
+    stated = spec_with(size_gb=10, region="us-west-2")
+    assert checkpoint_home(stated, "us-east-2", "jobs").checkpoint.region == "us-west-2"
+    assert checkpoint_home(spec_with(), "us-east-2", "jobs").checkpoint.region is None  # no size: no weighing

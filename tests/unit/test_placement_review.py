@@ -163,3 +163,24 @@ def test_the_jobs_own_short_spot_attempts_keep_it_from_moving_back_to_spot() -> 
     od = _pick(quotes, "on-demand")
     assert better_placement(spec, od, 4, quotes, {}, NOW, spot_hours=hours) is None
     assert better_placement(spec, od, 4, quotes, {}, NOW, spot_hours=12.0) is not None
+
+
+def test_a_move_pays_for_reading_its_checkpoint_from_another_region() -> None:
+    """Both pools are away from the checkpoints (eu-west-1), so the hourly distance is the same either
+    side: what decides is the move's one restore read across regions, the new ranks' shards."""
+    from spotrelay.spec.models import JobSpec
+
+    def spec_with(size_gb: float) -> JobSpec:
+        doc = make_spec(regions=["us-east-1", "us-west-2"], instance_types=["p4d.24xlarge"],
+                        markets=["spot"]).model_dump(mode="json", exclude_none=True)
+        doc["checkpoint"].update(size_gb=size_gb, region="eu-west-1")
+        return JobSpec.model_validate(doc)
+
+    small = spec_with(1.0)
+    quotes = quotes_for(small, spot_prices={"us-east-1/p4d.24xlarge": 10.0, "us-west-2/p4d.24xlarge": 6.0})
+    here = next(q for q in quotes if q.pool.region == "us-east-1")
+    light = better_placement(small, here, 4, quotes, {}, NOW)
+    assert light is not None and light.target.pool.region == "us-west-2"
+    medium = better_placement(spec_with(101.0), here, 4, quotes, {}, NOW)
+    assert medium is not None and medium.move_cost == pytest.approx(light.move_cost + 100.0 * 0.02)
+    assert better_placement(spec_with(200_000.0), here, 4, quotes, {}, NOW) is None  # $4,000 to read it
