@@ -164,7 +164,8 @@ class Responder:
         if deadline is None and answers and pending is not None and event.emergency:
             deadline = pending.deadline
         met = None if deadline is None else when <= deadline
-        self.reporter.checkpoint_committed(event.step, event.uri, event.duration_s, event.emergency, deadline, met)
+        self.reporter.checkpoint_committed(event.step, event.uri, event.duration_s, event.emergency, deadline, met,
+                                           event.total_bytes)
         if self.last_committed is None or event.step >= self.last_committed.step:
             self.last_committed = event  # background uploads may commit out of order: keep the newest step
         if answers and pending is not None:

@@ -156,6 +156,7 @@ class Reporter:
         emergency: bool,
         deadline: float | None,
         met_deadline: bool | None,
+        total_bytes: int | None = None,
     ) -> bool:
         return self.publish(
             CheckpointCommitted(
@@ -166,6 +167,7 @@ class Reporter:
                 emergency=emergency,
                 deadline=deadline,
                 met_deadline=met_deadline,
+                total_bytes=total_bytes,
             )
         )
 

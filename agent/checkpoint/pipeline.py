@@ -62,6 +62,7 @@ class SaveJob:
     uri: str = ""
     timings: dict[str, float] = field(default_factory=dict)
     nbytes: int = 0  # what this rank writes for the save; known once the plan is written
+    total_bytes: int | None = None  # the whole checkpoint, on the rank that commits the durable manifest
 
     @property
     def flush_s(self) -> float:
@@ -246,7 +247,9 @@ class Pipeline:
         if self.topo.rank == 0:
             parts = self.s3.wait_parts(job.step, self.topo.world_size, self.timeout_s, have=part)
             with self._commit_lock:
-                self.s3.commit(self._manifest(job, parts))
+                manifest = self._manifest(job, parts)
+                self.s3.commit(manifest)
+                job.total_bytes = manifest.total_bytes
                 if not job.emergency:  # the node is going away: retention can wait for the next save
                     self.s3.prune(self.keep_s3, protect=self._inflight | {job.step})
         elif self.topo.local_rank == 0:
@@ -267,5 +270,6 @@ class Pipeline:
                 kind="checkpoint_committed", step=job.step, uri=job.uri, duration_s=duration,
                 emergency=job.emergency, deadline=job.deadline, request_id=job.request_id, time=time.time(),
                 stall_s=job.timings.get("snapshot_s"), attempt=self.attempt, world_size=self.topo.world_size,
+                total_bytes=job.total_bytes,
             )  # fmt: skip
             append_event(self.control_dir, event)

@@ -21,7 +21,7 @@ import tempfile
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from spotrelay.contracts.health import HealthAnomaly
 
@@ -98,6 +98,9 @@ class TrainerEvent(BaseModel):
     stall_s: float | None = None  # checkpoint_committed: what the training loop waited for the snapshot
     attempt: int | None = None  # the attempt the trainer runs in (SPOTRELAY_ATTEMPT), stamped on every event
     world_size: int | None = None  # ranks in this run, stamped on every event
+    # checkpoint_committed, from the rank that committed the durable manifest: the whole checkpoint's
+    # bytes, every rank's shards (the controller weighs sending it between regions: placement.md)
+    total_bytes: int | None = Field(None, ge=0)
     detail: str = ""  # kinds "refused", "unavailable": the error (the checkpoint, what differs, what to do)
 
 

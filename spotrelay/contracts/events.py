@@ -82,6 +82,7 @@ class CheckpointCommitted(_Event):
     emergency: bool = False
     deadline: float | None = None  # epoch seconds, when the save raced a notice
     met_deadline: bool | None = None
+    total_bytes: int | None = Field(None, ge=0)  # the whole checkpoint (rank 0's report; placement weighs it)
 
 
 class TrainingExited(_Event):

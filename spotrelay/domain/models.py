@@ -153,6 +153,9 @@ class Job(Record):
     user_restarts: int = 0
     excluded_pools: list[str] = Field(default_factory=list)  # pool keys not to use next placement
     last_checkpoint: CheckpointRef | None = None
+    # the newest durable checkpoint's whole size (every rank's shards), as its committing rank reported
+    # it: placement weighs sending it between regions when the spec does not state checkpoint.size_gb
+    checkpoint_bytes: int | None = None
     last_step: int = 0
     steps_lost: int = 0
     cost_so_far: float = 0.0

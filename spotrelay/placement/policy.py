@@ -153,16 +153,22 @@ def checkpoint_transfer(spec: JobSpec, pool: Pool, gang_rate: float, interval_h:
     return ckpt.size_gb * config.checkpoint_transfer_usd_per_gb * (1.0 / interval_h + gang_rate)
 
 
-def checkpoint_home(spec: JobSpec, home_region: str, jobs_bucket: str) -> JobSpec:
-    """``spec`` with ``checkpoint.region`` filled where the deployment knows it, so a team states only
-    ``checkpoint.size_gb``: the jobs bucket (the default ``s3_prefix``, or one naming it, as a resumed
-    job's does) is in the home region. A data bucket's region is left to the spec."""
+def checkpoint_home(spec: JobSpec, home_region: str, jobs_bucket: str, learned_bytes: int | None = None) -> JobSpec:
+    """``spec`` with what the deployment knows of its checkpoints, where the spec leaves it out, so the
+    distance is weighed without a team stating it: ``checkpoint.size_gb`` from ``learned_bytes`` (the
+    newest checkpoint's size its ranks reported: ``Job.checkpoint_bytes``), and ``checkpoint.region`` for
+    the jobs bucket (the default ``s3_prefix``, or one naming it, as a resumed job's does): the home
+    region. A data bucket's region is left to the spec."""
     ckpt = spec.checkpoint
-    if ckpt.size_gb is None or ckpt.region is not None or not home_region:
-        return spec
-    if ckpt.s3_prefix is not None and ckpt.s3_prefix.removeprefix("s3://").split("/", 1)[0] != jobs_bucket:
-        return spec
-    return spec.model_copy(update={"checkpoint": ckpt.model_copy(update={"region": home_region})})
+    update: dict[str, object] = {}
+    if ckpt.size_gb is None and learned_bytes:
+        update["size_gb"] = learned_bytes / 1e9
+    in_jobs_bucket = ckpt.s3_prefix is None or ckpt.s3_prefix.removeprefix("s3://").split("/", 1)[0] == jobs_bucket
+    if ckpt.region is None and home_region and in_jobs_bucket:
+        update["region"] = home_region
+    if (ckpt.size_gb is None and "size_gb" not in update) or not update:
+        return spec  # (no size: nothing to weigh, and the spec stays as written)
+    return spec.model_copy(update={"checkpoint": ckpt.model_copy(update=update)})
 
 
 def checkpoint_restore_usd(spec: JobSpec, pool: Pool, share: float, config: PlacementConfig) -> float:

@@ -57,12 +57,13 @@ class Controller:
 
 
 def spec_of(job: Job) -> JobSpec:
-    """The job's spec as placement reads it: where the deployment knows its checkpoints' region (the
-    jobs bucket is the home region's) and the spec states their size, the distance is weighed."""
+    """The job's spec as placement reads it: with its checkpoints' size (the spec's, else what its ranks
+    reported) and region (the spec's, else the home region for the jobs bucket), so the distance to
+    them is weighed (placement/policy.checkpoint_home)."""
     from spotrelay.placement.policy import checkpoint_home  # (placement's import: only the handlers that read it)
 
     s = settings()
-    return checkpoint_home(JobSpec.model_validate(job.spec), s.region, s.bucket)
+    return checkpoint_home(JobSpec.model_validate(job.spec), s.region, s.bucket, job.checkpoint_bytes)
 
 
 def launch_locations(job: Job, spec: JobSpec) -> dict[str, Any]:

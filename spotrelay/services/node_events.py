@@ -241,12 +241,17 @@ def _on_checkpoint(ctl: Controller, job: Job, event: CheckpointCommitted, now: f
                     for a in j.attempts]
         attempts = [a.model_copy(update={"reached_step": event.step}) if a.number == event.attempt and (
             a.reached_step is None or event.step > a.reached_step) else a for a in attempts]
-        if not newer and not back_to_running and attempts == j.attempts:
+        # only the rank that committed the manifest knows the checkpoint's size; its report may come second
+        sized = event.total_bytes is not None and event.total_bytes != j.checkpoint_bytes and (
+            j.last_checkpoint is None or event.step >= j.last_checkpoint.step)
+        if not newer and not back_to_running and attempts == j.attempts and not sized:
             return None  # every rank reports the same global commit: the first one wins
         update: dict[str, Any] = {"updated_at": now}
         if newer:
             update["last_checkpoint"] = ref
             update["last_step"] = max(j.last_step, event.step)
+        if sized:
+            update["checkpoint_bytes"] = event.total_bytes
         if back_to_running:  # the proactive (rebalance) checkpoint is durable: keep training
             update["status"] = transition(j.status, JobStatus.RUNNING)
         if attempts != j.attempts:

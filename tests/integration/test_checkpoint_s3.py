@@ -98,6 +98,8 @@ def test_commit_to_s3_then_resume_on_a_fresh_node(s3_setup: Any, tmp_path: Path)
     fresh = LocalTier(tmp_path / "node-b")
     manifest = choose(fresh, s3)
     assert manifest is not None and manifest.step == 4
+    # the committing rank reports the whole checkpoint's size (the controller weighs moving it: placement.md)
+    assert events[-1].total_bytes == manifest.total_bytes > 12 * MiB
     assert (fresh.step_dir(4) / "model.pt").read_bytes() == (local.step_dir(4) / "model.pt").read_bytes()
 
 
