@@ -55,15 +55,18 @@ def job_id(text: str) -> str:
     return text
 
 
-def given_path(text: str) -> Path:
+def given_path(text: str | Path) -> Path:
     """A file option's parser: an empty or blank value (an unset shell variable) is a usage error naming
     the option; as a Path it was ".", the current folder, and was read or refused as that."""
+    if isinstance(text, Path):  # an option's default (click parses it too), not what was typed
+        return text
     if not text.strip():
         raise ValueError(f"{text!r} names no file")
     return Path(text)
 
 
 JobArg = Annotated[str, typer.Argument(metavar="JOB", parser=job_id, help="the job's id (`spotrelay jobs`)")]
+SpecArg = Annotated[Path, typer.Argument(metavar="FILE", parser=given_path, help="the job spec (.yaml, .yml or .json)")]
 
 
 def number_option(low: float, high: float, *, above: bool = False) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from spotrelay.cli.common import number_option
+from spotrelay.cli.common import given_path, number_option
 from spotrelay.cli.errors import SpotrelayGroup, UsageProblem, check_folder, check_writable
 from spotrelay.cli.tables import show
 from spotrelay.errors import SpotrelayError
@@ -190,7 +190,7 @@ def demo(
         "demo-out"
     ),
     json_file: Annotated[Path | None, typer.Option("--json", help="write the summary as JSON here")] = None,
-    spec: Annotated[Path, typer.Option(help="the job to run")] = Path("examples/tiny.yaml"),
+    spec: Annotated[Path, typer.Option(parser=given_path, help="the job to run")] = Path("examples/tiny.yaml"),
     live: Annotated[bool, typer.Option(help="live Rich view (off: one line per change)")] = True,
     s3_mb_s: Annotated[float, typer.Option(
         **number_option(0, 1e6), help="the nodes' S3 bandwidth, MB/s (0: unthrottled)")] = 0.5,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -17,6 +16,7 @@ from spotrelay.cli.common import (
     JobArg,
     JsonOpt,
     RegionOpt,
+    SpecArg,
     TableOpt,
     check_spec_suffix,
     connect,
@@ -31,7 +31,7 @@ out = Console()
 err = Console(stderr=True)
 
 @app.command()
-def validate(file: Path) -> None:
+def validate(file: SpecArg) -> None:
     """Validate a job spec; exit 0 when good, 2 with every error when not."""
     from spotrelay.cli.code import local_code_dir
     from spotrelay.spec import load_spec
@@ -51,7 +51,7 @@ def schema() -> None:
 
 
 @app.command()
-def submit(file: Path, endpoint_url: EndpointOpt = None, bucket: BucketOpt = None, table: TableOpt = None,
+def submit(file: SpecArg, endpoint_url: EndpointOpt = None, bucket: BucketOpt = None, table: TableOpt = None,
            region: RegionOpt = None) -> None:
     """Validate locally, upload to the submissions prefix and print the job id."""
     from spotrelay.adapters.s3_object_store import S3ObjectStore

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from spotrelay.cli.common import BucketOpt, EndpointOpt, JobArg, RegionOpt, TableOpt
+from spotrelay.cli.common import BucketOpt, EndpointOpt, JobArg, RegionOpt, TableOpt, given_path
 from spotrelay.cli.errors import UsageProblem
 
 if TYPE_CHECKING:
@@ -26,7 +26,8 @@ BudgetOpt = Annotated[float | None, typer.Option(
 
 
 SpecOpt = Annotated[Path | None, typer.Option(
-    "--spec", help="run this spec instead (other regions, types, cadence, budget); it must train the same")]
+    "--spec", parser=given_path,
+    help="run this spec instead (other regions, types, cadence, budget); it must train the same")]
 
 
 def resume(job_id: JobArg, budget: BudgetOpt = None, spec_file: SpecOpt = None,

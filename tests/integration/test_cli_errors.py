@@ -183,6 +183,19 @@ def test_a_spec_file_that_cannot_be_read_is_one_line_naming_it(
         assert result.exit_code == 2 and result.output.splitlines() == [f"error: {path}: {cause}"], result.output
 
 
+@pytest.mark.parametrize("blank", ["", " "], ids=repr)
+@pytest.mark.parametrize(("args", "named"), [
+    (["validate"], "'FILE'"), (["submit"], "'FILE'"), (["resume", "job-x", "--spec"], "'--spec'"),
+    (["demo", "--spec"], "'--spec'"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_an_empty_spec_path_is_a_usage_error_naming_the_argument(
+        nowhere: Path, args: list[str], named: str, blank: str) -> None:
+    """An empty or blank path (an unset shell variable) names the argument, exit 2, before any AWS call (as a
+    Path it was ".", refused as `error: .: has no suffix` or read as the current folder)."""
+    line = _one_line([*args, blank], codes=(2,))
+    assert f"invalid value for {named}: {blank!r} names no file" in line, line
+
+
 def _tree() -> tuple[list[list[str]], list[tuple[list[str], Any]]]:
     """(group paths, (leaf path, command)) of the whole app, so a new command is covered by itself."""
     import typer.main
