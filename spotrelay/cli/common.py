@@ -65,6 +65,15 @@ def given_path(text: str | Path) -> Path:
     return Path(text)
 
 
+def output_path(text: str) -> Path:
+    """An output file option's parser: ``given_path``, and a value ending in a slash is a usage error (it
+    names a folder; Path drops the slash, and the file was written beside it as the name without one)."""
+    path = given_path(text)
+    if text.endswith(("/", os.sep)):
+        raise ValueError(f"{text!r} ends in a slash: it names a folder, not the file to write")
+    return path
+
+
 JobArg = Annotated[str, typer.Argument(metavar="JOB", parser=job_id, help="the job's id (`spotrelay jobs`)")]
 SpecArg = Annotated[Path, typer.Argument(metavar="FILE", parser=given_path, help="the job spec (.yaml, .yml or .json)")]
 

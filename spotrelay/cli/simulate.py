@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from spotrelay.cli.common import given_path, number_option
+from spotrelay.cli.common import given_path, number_option, output_path
 from spotrelay.cli.errors import UsageProblem, check_writable
 from spotrelay.placement import catalog
 from spotrelay.sim.bounds import (
@@ -209,9 +209,9 @@ def simulate(
         help="USD per node-hour for every spot pool instead of the catalog's (Bamboo's: 0.91); at most each "
         "pool's on-demand price")] = None,
     json_path: Annotated[Path | None, typer.Option(
-        "--json", parser=given_path, help="write every policy's figures as JSON")] = None,
+        "--json", parser=output_path, help="write every policy's figures as JSON")] = None,
     plot: Annotated[Path | None, typer.Option(
-        "--plot", parser=given_path, help="write a PNG, F.png (or another format matplotlib writes, by its "
+        "--plot", parser=output_path, help="write a PNG, F.png (or another format matplotlib writes, by its "
         "suffix): cost against goodput, one run's timeline")] = None,
     workers: Annotated[int | None, typer.Option(
         "--workers", min=1, max=MAX_WORKERS, help="processes for the runs (default: the CPU count for a sweep, 1 "

@@ -209,6 +209,18 @@ def test_simulate_checks_its_output_paths_before_it_runs(tmp_path: Path, option:
     assert sorted(tmp_path.iterdir()) == before
 
 
+@pytest.mark.parametrize("option", ["--json", "--plot"])
+def test_simulate_refuses_an_output_path_that_ends_in_a_slash(tmp_path: Path, option: str) -> None:
+    """`--plot a.png/` names a folder: Path dropped the slash and a.png was written beside it."""
+    given = f"{tmp_path}/out.{'png' if option == '--plot' else 'json'}/"
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(TRACE), "--nodes", "4", "--job-hours", "1",
+                                      "--policies", "spotrelay", option, given])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().count("\n") == 0, result.output
+    assert f"'{option}': '{given}' ends in a slash: it names a folder" in result.output, result.output
+    assert list(tmp_path.iterdir()) == []  # refused before the run: nothing written
+
+
 def test_simulate_writes_its_json_into_a_named_pipe_a_reader_waits_on(tmp_path: Path) -> None:
     """The output check opened a FIFO to probe it: it waited there for a reader (for ever, with none), and
     with one its close ended the reader's input, so the JSON, written after the runs, waited for ever."""
