@@ -134,6 +134,19 @@ class MoveCancelledError(PermanentError):
     The workflow waits for the outcome again; nothing was launched."""
 
 
+# --- other processes -------------------------------------------------------------------------
+class RemoteBug(Exception):
+    """An unexpected exception in another process (a simulation worker), carried back as its type's name
+    and message, not pickled: the CLI says it as it says that exception in its own process, a bug. Its
+    traceback there is a note, which SPOTRELAY_DEBUG=1 shows."""
+
+    def __init__(self, kind: str, message: str, traceback: str = "") -> None:
+        super().__init__(message)
+        self.kind = kind
+        if traceback:
+            self.add_note(f"in the other process:\n{traceback.rstrip()}")
+
+
 def validation_message(err: Mapping[str, Any]) -> str:
     """One pydantic error's message, without the "Value error, " pydantic puts before a validator's own."""
     return str(err["msg"]).removeprefix("Value error, ")

@@ -21,7 +21,7 @@ from rich.markup import escape
 from typer import _click as click  # typer vendors click: its exceptions, not the click package's
 from typer.core import TyperGroup
 
-from spotrelay.errors import SpecError, SpecFileError, SpotrelayError
+from spotrelay.errors import RemoteBug, SpecError, SpecFileError, SpotrelayError
 
 err = Console(stderr=True)
 USAGE, RUNTIME = 2, 1
@@ -88,7 +88,8 @@ def explain(exc: BaseException) -> tuple[str, int]:
         return f"cannot connect: {exc}; is the endpoint (or the twin) running?", RUNTIME
     if isinstance(exc, ValueError):
         return str(exc), USAGE
-    return f"unexpected {type(exc).__name__}: {exc} (a bug: rerun with SPOTRELAY_DEBUG=1 and report it)", RUNTIME
+    kind = exc.kind if isinstance(exc, RemoteBug) else type(exc).__name__  # (a worker's: named as its own)
+    return f"unexpected {kind}: {exc} (a bug: rerun with SPOTRELAY_DEBUG=1 and report it)", RUNTIME
 
 
 def _network(exc: BaseException) -> bool:

@@ -8,12 +8,14 @@ job, start)``), gets each run's ``RunResult`` back and merges them in the in-pro
 (``runner.merge_seed``), so the report, and its JSON, is the same for any number of workers. Workers
 use the 'spawn' context (a fresh interpreter: nothing inherited from the parent's state) and ignore
 SIGINT: Ctrl-C reaches the parent, which kills them; so do the first run that fails (its error comes
-back as a one-line ``ValueError``, all of its message) and a worker that dies (killed, out of memory:
-its run's answer would never come). Each worker has a pipe of its own, not ``multiprocessing.Pool``'s shared queues:
-stopping a Pool terminates workers that may hold a queue's lock (one sending its result), and then
-waits for ever for it (seen once: a failed run's sweep hung in ``Pool.terminate``); a private pipe has
-no lock to leave held, and a dead worker shows as its process sentinel. As with any 'spawn' caller, a
-script that asks for workers needs the ``if __name__ == "__main__":`` guard.
+back on one line, all of its message: a ``ValueError`` as one, a refusal; anything else as a
+``RemoteBug`` naming its type, a bug, as the CLI says it in its own process) and a worker that dies
+(killed, out of memory: its run's answer would never come). Each worker has a pipe of its own, not
+``multiprocessing.Pool``'s shared queues: stopping a Pool terminates workers that may hold a queue's
+lock (one sending its result), and then waits for ever for it (seen once: a failed run's sweep hung in
+``Pool.terminate``); a private pipe has no lock to leave held, and a dead worker shows as its process
+sentinel. As with any 'spawn' caller, a script that asks for workers needs the
+``if __name__ == "__main__":`` guard.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ import multiprocessing
 import os
 import signal
 import threading
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
 from typing import Any, cast
 
+from spotrelay.errors import RemoteBug
 from spotrelay.sim.job import REF_TYPE
 from spotrelay.sim.runner import Progress, RunResult, SimOptions, job_starts, merge_seed, run_count, run_one
 
@@ -61,7 +65,9 @@ def _init(opts: SimOptions) -> None:
 
 
 def _work(task: Task) -> tuple[Task, str, Any]:
-    """One run in a worker: (task, "ok", RunResult) or (task, "error", one-line message); never raises."""
+    """One run in a worker: (task, "ok", RunResult), (task, "error", one-line message) for a refusal (a
+    ValueError, as the CLI reads one in its own process) or (task, "bug", (type name, one-line message,
+    traceback)) for anything else; never raises."""
     from spotrelay.sim.build import build_market
 
     seed, policy, job, start = task
@@ -74,9 +80,10 @@ def _work(task: Task) -> tuple[Task, str, Any]:
     except Exception as exc:  # sent back as text: an exception's pickling is not to be relied on
         # all of it on one line, as the CLI prints an error of this process: a trace's name with a newline
         # (its file and line after it) or pydantic's lines (the input under the field) were cut at the first
-        text = " ".join(str(exc).split())
-        prefix = "" if isinstance(exc, ValueError) else f"{type(exc).__name__}: "
-        return task, "error", f"{policy} seed {seed} job {job}: {prefix}{text}"
+        text = f"{policy} seed {seed} job {job}: {' '.join(str(exc).split())}"
+        if isinstance(exc, ValueError):
+            return task, "error", text
+        return task, "bug", (type(exc).__name__, text, traceback.format_exc())
 
 
 @contextmanager
@@ -159,6 +166,8 @@ def run_parallel(opts: SimOptions, workers: int, progress: Progress | None = Non
                 busy.discard(conn)
                 if status == "error":
                     raise ValueError(value)
+                if status == "bug":  # not a refusal: the CLI says it as the same bug in its own process
+                    raise RemoteBug(*value)
                 results[task] = value
                 if progress is not None:
                     progress(1)

@@ -106,6 +106,40 @@ def test_a_workers_error_comes_back_whole_on_one_line(tmp_path: Path) -> None:
     assert f"{tmp_path}/bad name.csv:2: action 'vanish' is not 'add' or 'remove'" in result.output, result.output
 
 
+def test_a_bug_in_a_worker_reads_as_the_same_bug_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unexpected exception (a switch no run takes: SpotrelayRun's TypeError) is "unexpected TypeError ...
+    (a bug ...)", exit 1, in this process; from a worker it came back as a usage error, exit 2."""
+    import spotrelay.sim.runner as runner
+
+    monkeypatch.setattr(runner, "parse_switch", lambda text: ("no_such_switch", 1))  # (past the CLI's check)
+    args = ["simulate", "--trace", str(TRACE), "--nodes", "4", "--job-hours", "1", "--jobs", "2",
+            "--policies", "spotrelay", "--switch", "spares=1"]
+    here = CliRunner().invoke(app, [*args, "--workers", "1"])
+    before = set(_workers_of(os.getpid()))
+    there = CliRunner().invoke(app, [*args, "--workers", "2"])
+    for result in (here, there):
+        assert result.exit_code == 1 and result.output.strip().count("\n") == 0, result.output
+        assert result.output.startswith("error: unexpected TypeError: "), result.output
+        assert "no_such_switch" in result.output and result.output.rstrip().endswith("and report it)")
+    assert re.match(r"error: unexpected TypeError: spotrelay seed 0 job [01]: ", there.output), there.output
+    assert set(_workers_of(os.getpid())) <= before
+
+
+def test_a_bug_in_a_worker_keeps_its_traceback_for_a_report() -> None:
+    from spotrelay.errors import RemoteBug
+    from spotrelay.sim.build import MarketOptions
+    from spotrelay.sim.job import JobModel
+    from spotrelay.sim.parallel import run_parallel
+    from spotrelay.sim.runner import SimOptions
+
+    opts = SimOptions(market=MarketOptions(trace_format="synthetic"), job=JobModel(nodes=4, job_hours=1),
+                      policies=("spotrelay",), jobs=2, spotrelay_switches={"no_such_switch": 1})
+    with pytest.raises(RemoteBug) as caught:
+        run_parallel(opts, 2)
+    assert caught.value.kind == "TypeError" and "\n" not in str(caught.value)
+    assert "Traceback" in caught.value.__notes__[0] and "TypeError" in caught.value.__notes__[0]
+
+
 class _ExitWhenLoaded:
     """Unpickled in a worker as it starts (in its options), it ends that worker before it reads a run."""
 
