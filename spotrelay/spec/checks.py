@@ -167,6 +167,18 @@ def dataset_place_problems(spec: JobSpec, roots: Sequence[str]) -> Problems:
     return problems
 
 
+def pattern_problems(spec: JobSpec) -> Problems:
+    """A place the nodes' IAM policy names (``dataset.uri``, its replicas, ``checkpoint.s3_prefix``) that
+    holds a wildcard or a policy variable: it would grant a pattern. Needs no deployment's buckets, so every
+    spec read says it, ``spotrelay validate`` too (it was the submission handler's alone, with the buckets:
+    the place checks above keep theirs, so that each alone refuses what its policy must never name)."""
+    problems = [_pattern_problem(field, uri, "") for field, uri in dataset_places(spec) if iam_pattern(uri)]
+    prefix = spec.checkpoint.s3_prefix
+    if prefix and iam_pattern(prefix):
+        problems.append(_pattern_problem("checkpoint.s3_prefix", prefix, " (other jobs' checkpoints)"))
+    return problems
+
+
 # The S3 places a job's nodes' IAM policy names one by one (dataset.uri, its replicas, checkpoint.s3_prefix):
 # IAM takes at most 10,240 characters of inline policy per role; the rest of it (4 regions) is ~3,600
 # and each place costs ~4x its length, so together they keep to this (else the first launch fails on IAM).
@@ -257,4 +269,4 @@ def schedule_problems(spec: JobSpec) -> Problems:
 
 def launch_problems(spec: JobSpec) -> Problems:
     return (entrypoint_problems(spec) + code_problems(spec) + deepspeed_problems(spec) + gpu_problems(spec)
-            + schedule_problems(spec))
+            + schedule_problems(spec) + pattern_problems(spec))

@@ -213,3 +213,27 @@ def test_a_health_bound_the_nodes_could_not_read_back_is_refused() -> None:
     with pytest.raises(SpecError) as info:
         parse_spec(yaml.safe_dump(MINIMAL) + "health:\n  straggler_min_s: .inf\n")
     assert "finite" in dict(info.value.errors)["health.straggler_min_s"]
+
+
+def test_validate_refuses_a_place_the_nodes_policy_would_read_as_a_pattern(tmp_path: Path) -> None:
+    """`*`, `?` and `$` in dataset.uri, a replica or checkpoint.s3_prefix: IAM reads a pattern (other jobs'
+    data or checkpoints). Only the submission handler refused them, with the deployment's buckets; the check
+    needs none, so `spotrelay validate` says it too, in the handler's words."""
+    from typer.testing import CliRunner
+
+    from spotrelay.cli.main import app
+    from spotrelay.spec.checks import checkpoint_place_problems, dataset_place_problems
+
+    doc = _with("dataset", {"uri": "s3://data/corpus/*/", "replicas": {"us-west-2": "s3://data-usw2/c?/"}})
+    doc["checkpoint"] = {"every_steps": 100, "s3_prefix": "s3://jobs/checkpoints/${aws:userid}/"}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(app, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    fields = {line.split(":", 1)[0].strip(): line for line in result.output.splitlines()[1:]}
+    assert set(fields) == {"dataset.uri", "dataset.replicas.us-west-2", "checkpoint.s3_prefix"}, result.output
+    spec = JobSpec.model_validate(doc)  # (the models pass it: the handler's own checks, with buckets)
+    handler = dict(dataset_place_problems(spec, ("s3://data/",)) + checkpoint_place_problems(spec, ("s3://jobs/",)))
+    for field, line in fields.items():
+        assert line.strip() == f"{field}: {handler[field]}", (line, handler[field])
+        assert "which the node's IAM policy would read as a pattern" in line
