@@ -8,10 +8,12 @@ event, and the controller records it on the job and acts on ``action``. See docs
 
 from __future__ import annotations
 
+import math
 import os
 from enum import StrEnum
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 ENV_HEALTH = "SPOTRELAY_HEALTH"
 
@@ -40,6 +42,21 @@ DEFAULT_ACTIONS: dict[AnomalyKind, HealthAction] = {
 }
 
 
+def finite_limit(value: Any, unset: str) -> Any:
+    """``value`` as given, or a ValueError for infinity or NaN in any form read as a float (YAML's ``.inf``,
+    ``"inf"``, ``1e999``): JSON writes them as null, so an optional limit given one was silently no limit.
+    ``unset`` says how to ask for that instead. (A before-validator: NaN failed the bound's own check,
+    and infinity passed it.)"""
+    if isinstance(value, int | float | str) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except (ValueError, OverflowError):
+            return value  # (not a number: the field's own check says so)
+        if not math.isfinite(number):
+            raise ValueError(f"must be a finite number; {unset} (got {value!r})")
+    return value
+
+
 class HealthPolicy(BaseModel):
     """The spec's ``health`` section. Every check is on unless its limit is null."""
 
@@ -59,6 +76,12 @@ class HealthPolicy(BaseModel):
     hang_after_s: float | None = Field(1800.0, gt=0, description="no finished step for this long is a hang")
     max_rollbacks: int = Field(3, ge=0, le=100, description="rollbacks per attempt; then the action becomes stop")
     actions: dict[AnomalyKind, HealthAction] = Field(default_factory=lambda: dict(DEFAULT_ACTIONS))
+
+    @field_validator("loss_spike_z", "grad_norm_factor", "grad_norm_max", "straggler_factor", "hang_after_s",
+                     mode="before")
+    @classmethod
+    def _finite(cls, value: Any) -> Any:
+        return finite_limit(value, "null turns the check off")
 
     def action(self, kind: AnomalyKind) -> HealthAction:
         return self.actions.get(kind, DEFAULT_ACTIONS[kind])

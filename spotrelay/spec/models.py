@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from spotrelay.contracts.cadence import AUTO, MinutesOrAuto
-from spotrelay.contracts.health import HealthPolicy
+from spotrelay.contracts.health import HealthPolicy, finite_limit
 
 REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 INSTANCE_TYPE_RE = re.compile(r"^[a-z][a-z0-9-]*\d[a-z0-9-]*\.[a-z0-9]+$")
@@ -144,6 +144,11 @@ class Resources(Strict):
         if self.min_nodes is not None and self.min_nodes > self.nodes:
             raise ValueError(f"min_nodes {self.min_nodes} is more than nodes {self.nodes}")
         return self
+
+    @field_validator("max_hourly_price", mode="before")
+    @classmethod
+    def _finite_price(cls, value: Any) -> Any:
+        return finite_limit(value, "leave it out for no limit")
 
     @property
     def smallest_gang(self) -> int:

@@ -237,3 +237,32 @@ def test_validate_refuses_a_place_the_nodes_policy_would_read_as_a_pattern(tmp_p
     for field, line in fields.items():
         assert line.strip() == f"{field}: {handler[field]}", (line, handler[field])
         assert "which the node's IAM policy would read as a pattern" in line
+
+
+@pytest.mark.parametrize(("field", "value", "unset"), [
+    ("resources.max_hourly_price", ".inf", "leave it out for no limit"),
+    ("resources.max_hourly_price", "'1e999'", "leave it out for no limit"),
+    ("health.hang_after_s", ".inf", "null turns the check off"),
+    ("health.loss_spike_z", ".nan", "null turns the check off"),  # (NaN read "greater than 0")
+    ("health.grad_norm_factor", ".inf", "null turns the check off"),
+    ("health.grad_norm_max", "'inf'", "null turns the check off"),
+    ("health.straggler_factor", ".inf", "null turns the check off"),
+])
+def test_an_optional_limit_given_no_finite_number_is_refused_naming_it(
+        tmp_path: Path, field: str, value: str, unset: str) -> None:
+    """`max_hourly_price: .inf` validated and was stored as null (JSON has no infinity): no limit, without a
+    word; a health limit the same, its check silently off. `spotrelay validate` names the field instead."""
+    from typer.testing import CliRunner
+
+    from spotrelay.cli.main import app
+
+    section, name = field.split(".")
+    doc = json.loads(json.dumps(MINIMAL))
+    text = yaml.safe_dump(doc if section != "resources" else {k: v for k, v in doc.items() if k != section})
+    extra = f"{section}:\n" + ("  nodes: 2\n" if section == "resources" else "") + f"  {name}: {value}\n"
+    path = tmp_path / "job.yaml"
+    path.write_text(text + extra)
+    result = CliRunner().invoke(app, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    assert f"  {field}: must be a finite number; {unset} (got " in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 2, result.output  # that field alone
