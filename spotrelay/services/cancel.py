@@ -28,7 +28,7 @@ def request_cancel(job_id: str, *, store: JobStore, workflow: Workflow, now: flo
                    save_s: float | None = None) -> Job:
     """``save_s``: a RUNNING job's ranks save first, within that many seconds (else: at once, no save)."""
     if save_s is not None and not 0 < save_s <= MAX_SAVE_S:
-        raise ValueError(f"the save may take 0 to {MAX_SAVE_S:.0f} s (got {save_s:g})")
+        raise ValueError(f"the save may take above 0 and at most {MAX_SAVE_S:.0f} s (got {save_s:g})")
     why = reason or "cancelled by user"
     was: list[JobStatus] = []  # the status this call moved from (none: it was CANCELLING already)
 
