@@ -140,6 +140,15 @@ def checkpoint_hours(spec: JobSpec, config: PlacementConfig, gang_rate: float) -
     return (ckpt.fixed_minutes or config.assumed_checkpoint_minutes) / 60.0
 
 
+def _away_gb(spec: JobSpec, pool: Pool) -> float:
+    """GB of the whole checkpoint a gang in ``pool`` would send across regions per save or restore: the
+    spec's ``checkpoint.size_gb`` when its ``checkpoint.region`` is another; 0 beside it or unstated."""
+    ckpt = spec.checkpoint
+    if ckpt.size_gb is None or ckpt.region is None or pool.region == ckpt.region:
+        return 0.0
+    return ckpt.size_gb
+
+
 def checkpoint_transfer(spec: JobSpec, pool: Pool, gang_rate: float, interval_h: float,
                         config: PlacementConfig) -> float:
     """USD per hour a gang in ``pool`` pays to send its checkpoints to another region: every periodic
@@ -147,10 +156,16 @@ def checkpoint_transfer(spec: JobSpec, pool: Pool, gang_rate: float, interval_h:
     back (a reclaim wave or a new gang restores every rank; one lost rank only its shard: the pessimistic
     side, as restore_minutes are). Weighed only when the spec states the checkpoint's size and region
     (``checkpoint.size_gb``, ``checkpoint.region``)."""
-    ckpt = spec.checkpoint
-    if ckpt.size_gb is None or ckpt.region is None or pool.region == ckpt.region or interval_h <= 0:
+    away = _away_gb(spec, pool)
+    if away == 0.0 or interval_h <= 0:
         return 0.0
-    return ckpt.size_gb * config.checkpoint_transfer_usd_per_gb * (1.0 / interval_h + gang_rate)
+    return away * config.checkpoint_transfer_usd_per_gb * (1.0 / interval_h + gang_rate)
+
+
+def checkpoint_restore_usd(spec: JobSpec, pool: Pool, share: float, config: PlacementConfig) -> float:
+    """USD to read ``share`` of a stated checkpoint into ``pool`` from another region (a move's restore:
+    the new ranks' shards); 0 beside it or unstated."""
+    return _away_gb(spec, pool) * share * config.checkpoint_transfer_usd_per_gb
 
 
 def checkpoint_home(spec: JobSpec, home_region: str, jobs_bucket: str, learned_bytes: int | None = None) -> JobSpec:
@@ -158,26 +173,16 @@ def checkpoint_home(spec: JobSpec, home_region: str, jobs_bucket: str, learned_b
     distance is weighed without a team stating it: ``checkpoint.size_gb`` from ``learned_bytes`` (the
     newest checkpoint's size its ranks reported: ``Job.checkpoint_bytes``), and ``checkpoint.region`` for
     the jobs bucket (the default ``s3_prefix``, or one naming it, as a resumed job's does): the home
-    region. A data bucket's region is left to the spec."""
+    region. A data bucket's region is left to the spec. No size known: the spec as written."""
     ckpt = spec.checkpoint
-    update: dict[str, object] = {}
-    if ckpt.size_gb is None and learned_bytes:
-        update["size_gb"] = learned_bytes / 1e9
-    in_jobs_bucket = ckpt.s3_prefix is None or ckpt.s3_prefix.removeprefix("s3://").split("/", 1)[0] == jobs_bucket
-    if ckpt.region is None and home_region and in_jobs_bucket:
-        update["region"] = home_region
-    if (ckpt.size_gb is None and "size_gb" not in update) or not update:
-        return spec  # (no size: nothing to weigh, and the spec stays as written)
-    return spec.model_copy(update={"checkpoint": ckpt.model_copy(update=update)})
-
-
-def checkpoint_restore_usd(spec: JobSpec, pool: Pool, share: float, config: PlacementConfig) -> float:
-    """USD to read ``share`` of a stated checkpoint into ``pool`` from another region (a move's restore:
-    the new ranks' shards); 0 beside it or unstated (``checkpoint_transfer``)."""
-    ckpt = spec.checkpoint
-    if ckpt.size_gb is None or ckpt.region is None or pool.region == ckpt.region:
-        return 0.0
-    return ckpt.size_gb * share * config.checkpoint_transfer_usd_per_gb
+    size = ckpt.size_gb if ckpt.size_gb is not None else (learned_bytes / 1e9 if learned_bytes else None)
+    if size is None:
+        return spec
+    bucket = ckpt.s3_prefix.removeprefix("s3://").split("/", 1)[0] if ckpt.s3_prefix else jobs_bucket
+    region = ckpt.region or (home_region if bucket == jobs_bucket else None) or None
+    if (size, region) == (ckpt.size_gb, ckpt.region):
+        return spec
+    return spec.model_copy(update={"checkpoint": ckpt.model_copy(update={"size_gb": size, "region": region})})
 
 
 def loss_interval(scored: ScoredPool, config: PlacementConfig = DEFAULT_CONFIG, at_risk: float = 0.0) -> float | None:
